@@ -1,0 +1,143 @@
+use http::{HeaderMap, HeaderName, StatusCode};
+
+use super::{AttemptClass, Classification, Classified, ClassifyEos, DeliveryPhase, Pushback};
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
+/// A gRPC status code (the `grpc-status` header), as a number and its class.
+///
+/// | code | class |
+/// | --- | --- |
+/// | `OK` (0) | success |
+/// | `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `PERMISSION_DENIED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`, `UNAUTHENTICATED` | final |
+/// | `ABORTED` | conflict |
+/// | `RESOURCE_EXHAUSTED`; `UNAVAILABLE` in a trailers-only response | rejected, not processed |
+/// | `CANCELLED`, `UNKNOWN`, `DEADLINE_EXCEEDED`, `INTERNAL`, `DATA_LOSS`; `UNAVAILABLE` after the response headers | maybe committed |
+///
+/// `UNAVAILABLE` in a trailers-only response means the server answered before starting the
+/// call's response; after the response headers it may have done the work.
+///
+/// ```
+/// use surely::classify::{AttemptClass, GrpcCode};
+/// assert_eq!(GrpcCode::from_header(b"10").map(GrpcCode::class_after_headers), Some(AttemptClass::Conflict));
+/// assert_eq!(GrpcCode::from_header(b"x"), None);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GrpcCode(u16);
+
+impl GrpcCode {
+    /// `OK`.
+    pub const OK: GrpcCode = GrpcCode(0);
+    /// `INVALID_ARGUMENT`.
+    pub const INVALID_ARGUMENT: GrpcCode = GrpcCode(3);
+    /// `DEADLINE_EXCEEDED`.
+    pub const DEADLINE_EXCEEDED: GrpcCode = GrpcCode(4);
+    /// `RESOURCE_EXHAUSTED`.
+    pub const RESOURCE_EXHAUSTED: GrpcCode = GrpcCode(8);
+    /// `ABORTED`.
+    pub const ABORTED: GrpcCode = GrpcCode(10);
+    /// `INTERNAL`.
+    pub const INTERNAL: GrpcCode = GrpcCode(13);
+    /// `UNAVAILABLE`.
+    pub const UNAVAILABLE: GrpcCode = GrpcCode(14);
+    /// `UNKNOWN`.
+    pub const UNKNOWN: GrpcCode = GrpcCode(2);
+
+    /// Parses a `grpc-status` value (1 to 3 ASCII digits); `None` if malformed.
+    pub fn from_header(value: &[u8]) -> Option<GrpcCode> {
+        if value.is_empty() || value.len() > 3 || !value.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let n = value
+            .iter()
+            .fold(0u16, |acc, b| acc * 10 + u16::from(b - b'0'));
+        Some(GrpcCode(n))
+    }
+
+    /// The numeric code.
+    pub fn code(self) -> u16 {
+        self.0
+    }
+
+    /// The code's class in a trailers-only response, sent before any response headers.
+    pub fn class_trailers_only(self) -> AttemptClass {
+        match self {
+            GrpcCode::UNAVAILABLE => AttemptClass::Rejected,
+            other => other.class_after_headers(),
+        }
+    }
+
+    /// The code's class when it arrived in trailers after the response headers.
+    pub fn class_after_headers(self) -> AttemptClass {
+        match self.0 {
+            0 => AttemptClass::Success,
+            3 | 5 | 6 | 7 | 9 | 11 | 12 | 16 => AttemptClass::Final,
+            10 => AttemptClass::Conflict,
+            8 => AttemptClass::Rejected,
+            _ => AttemptClass::MaybeCommitted,
+        }
+    }
+
+    /// The gRPC code for a non-200 HTTP status of a gRPC response (gRPC's
+    /// `http-grpc-status-mapping`).
+    pub fn from_http_status(status: StatusCode) -> GrpcCode {
+        GrpcCode(match status.as_u16() {
+            400 => 13,
+            401 => 16,
+            403 => 7,
+            404 => 12,
+            429 | 502 | 503 | 504 => 14,
+            _ => 2,
+        })
+    }
+}
+
+/// End-of-stream classification of a gRPC response: reads `grpc-status` and
+/// `grpc-retry-pushback-ms` from the trailers. A stream that ends without a valid `grpc-status`
+/// is [`MaybeCommitted`](AttemptClass::MaybeCommitted).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GrpcEos {
+    _priv: (),
+}
+
+impl ClassifyEos for GrpcEos {
+    fn classify_eos(self, trailers: Option<&HeaderMap>) -> Classification {
+        let Some(trailers) = trailers else {
+            return Classification::failure_at(DeliveryPhase::ResponseStarted);
+        };
+        classify_status_headers(trailers, false)
+            .unwrap_or_else(|| Classification::failure_at(DeliveryPhase::ResponseStarted))
+    }
+}
+
+fn classify_status_headers(headers: &HeaderMap, trailers_only: bool) -> Option<Classification> {
+    let code =
+        GrpcCode::from_header(headers.get(GRPC_STATUS)?.as_bytes()).unwrap_or(GrpcCode::UNKNOWN);
+    let class = if trailers_only {
+        code.class_trailers_only()
+    } else {
+        code.class_after_headers()
+    };
+    let pushback = match class {
+        AttemptClass::Success => None,
+        _ => headers
+            .get(crate::pushback::GRPC_RETRY_PUSHBACK_MS)
+            .map(crate::pushback::parse_grpc_pushback),
+    };
+    Some(Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback))
+}
+
+/// Classifies the head of a gRPC response.
+pub(super) fn classify_head(status: StatusCode, headers: &HeaderMap) -> Classified<GrpcEos> {
+    if status != StatusCode::OK {
+        let class = GrpcCode::from_http_status(status).class_trailers_only();
+        let pushback: Option<Pushback> = None;
+        return Classified::Ready(
+            Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback),
+        );
+    }
+    match classify_status_headers(headers, true) {
+        Some(c) => Classified::Ready(c),
+        None => Classified::RequiresEos(GrpcEos::default()),
+    }
+}

@@ -1,0 +1,128 @@
+use http::{HeaderName, Response, StatusCode};
+
+use super::grpc::{self, GrpcEos};
+use super::{
+    AttemptClass, Classification, Classified, Classify, ClassifyError, DeliveryPhase,
+    MakeClassifier,
+};
+use crate::{Envelope, Semantics};
+
+/// The header with which a server-side idempotency layer marks a 409 as "the key's first request
+/// is still running": for a keyed request it means "retry later with the same key".
+pub const KEY_IN_FLIGHT: HeaderName = HeaderName::from_static("idempotency-key-in-flight");
+
+/// The built-in classifier for HTTP and gRPC over `http::Request` / `http::Response`.
+///
+/// HTTP statuses:
+///
+/// | status | class |
+/// | --- | --- |
+/// | 1xx, 2xx, 3xx | success |
+/// | 408, 425, 429; 503 with `Retry-After` | rejected, not processed |
+/// | 409 for a keyed request with `Retry-After` or [`KEY_IN_FLIGHT`] | rejected (the key is in flight) |
+/// | 409 otherwise | conflict |
+/// | other 4xx | final |
+/// | 500, 502, 504, 503 without `Retry-After`, other 5xx | maybe committed |
+///
+/// Requests whose `content-type` starts with `application/grpc` are classified by gRPC status
+/// (see [`GrpcCode`](super::GrpcCode)): from the headers of a trailers-only response, else at
+/// the end of the stream ([`GrpcEos`]). A non-200 HTTP status on a gRPC response is mapped to a
+/// gRPC code as the gRPC spec's HTTP-to-gRPC status mapping says.
+///
+/// Errors are classified by [`ClassifyError`].
+///
+/// ```
+/// use surely::classify::{AttemptClass, Classify, HttpClassifier, MakeClassifier};
+///
+/// let put = http::Request::put("/orders/o-1").body(()).unwrap();
+/// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+/// let classifier = HttpClassifier::new().make_classifier(&put);
+/// let c = Classify::<http::Response<()>, _>::classify_error(
+///     classifier,
+///     &refused,
+///     surely::classify::DeliveryPhase::Sent,
+/// );
+/// assert_eq!(c.class(), AttemptClass::Rejected);
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HttpClassifier {
+    _priv: (),
+}
+
+impl HttpClassifier {
+    /// The classifier.
+    pub fn new() -> Self {
+        HttpClassifier { _priv: () }
+    }
+}
+
+impl<Req: Envelope> MakeClassifier<Req> for HttpClassifier {
+    type Classifier = HttpRequestClassifier;
+
+    fn make_classifier(&self, req: &Req) -> HttpRequestClassifier {
+        HttpRequestClassifier {
+            semantics: req.semantics(),
+            grpc: req.is_grpc(),
+        }
+    }
+}
+
+/// The per-request classifier made by [`HttpClassifier`].
+#[derive(Clone, Copy, Debug)]
+pub struct HttpRequestClassifier {
+    semantics: Semantics,
+    grpc: bool,
+}
+
+impl HttpRequestClassifier {
+    /// A classifier for a request with these semantics, over plain HTTP or gRPC.
+    ///
+    /// ```
+    /// use surely::classify::HttpRequestClassifier;
+    /// let _ = HttpRequestClassifier::new(surely::Semantics::Keyed, false);
+    /// ```
+    pub fn new(semantics: Semantics, grpc: bool) -> Self {
+        HttpRequestClassifier { semantics, grpc }
+    }
+
+    /// Classifies an HTTP status with the response's headers.
+    pub fn classify_status(&self, status: StatusCode, headers: &http::HeaderMap) -> Classification {
+        let pushback = crate::pushback::from_headers(headers);
+        let class = match status.as_u16() {
+            100..=399 => AttemptClass::Success,
+            408 | 425 | 429 => AttemptClass::Rejected,
+            409 if self.semantics == Semantics::Keyed
+                && (headers.contains_key(http::header::RETRY_AFTER)
+                    || headers.contains_key(KEY_IN_FLIGHT)) =>
+            {
+                AttemptClass::Rejected
+            }
+            409 => AttemptClass::Conflict,
+            400..=499 => AttemptClass::Final,
+            503 if headers.contains_key(http::header::RETRY_AFTER) => AttemptClass::Rejected,
+            _ => AttemptClass::MaybeCommitted,
+        };
+        let pushback = if class == AttemptClass::Success {
+            None
+        } else {
+            pushback
+        };
+        Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback)
+    }
+}
+
+impl<B, E: ClassifyError> Classify<Response<B>, E> for HttpRequestClassifier {
+    type ClassifyEos = GrpcEos;
+
+    fn classify_response(self, res: &Response<B>) -> Classified<GrpcEos> {
+        if self.grpc {
+            grpc::classify_head(res.status(), res.headers())
+        } else {
+            Classified::Ready(self.classify_status(res.status(), res.headers()))
+        }
+    }
+
+    fn classify_error(self, error: &E, phase: DeliveryPhase) -> Classification {
+        error.classify_error(phase)
+    }
+}

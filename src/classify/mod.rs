@@ -1,0 +1,392 @@
+//! Classification: what one attempt's result means, and what a call's outcome is.
+//!
+//! A timeout says only that no answer came in time. Whether the attempt may be retried, and
+//! whether the call *failed* or has an *unknown* outcome, depends on three things:
+//!
+//! * **what came back**: a response or an error;
+//! * **how far the request got**: the [`DeliveryPhase`] (not sent, sent, response started);
+//! * **what the request is**: its [`Semantics`] (safe, idempotent, keyed, non-idempotent).
+//!
+//! The first two give the [`AttemptClass`]; with the third, the class says whether a retry is
+//! allowed ([`AttemptClass::is_retryable`]) and what the attempt means for the call
+//! ([`OutcomeTally`]). The full table:
+//!
+//! | class | examples | retried for |
+//! | --- | --- | --- |
+//! | [`Success`](AttemptClass::Success) | 2xx, gRPC `OK` | never (done) |
+//! | [`Final`](AttemptClass::Final) | 400, 401, 403, 404, 422, `INVALID_ARGUMENT` | never |
+//! | [`Conflict`](AttemptClass::Conflict) | 409, `ABORTED` | never: redo the read-modify-write above |
+//! | [`Rejected`](AttemptClass::Rejected) | connect refused, 408, 429, 503 + `Retry-After`, circuit open, a keyed request's 409 "in flight" | every request |
+//! | [`MaybeCommitted`](AttemptClass::MaybeCommitted) | timeout after send, reset after send, 500, 502, 504 | safe, idempotent and keyed requests only |
+//!
+//! # One abstraction for every layer
+//!
+//! Like [`tower-http`'s `classify`][th], a [`MakeClassifier`] looks at the request and makes a
+//! per-request classifier, which is consumed by classifying the response or error. Retry, the
+//! breaker, hedging and the records all use the same classifier, so they never disagree about what
+//! an attempt meant. The per-request step is what lets a classifier see the request's semantics:
+//! a 409 with `Retry-After` is "retry later with the same key" for a keyed request and a business
+//! conflict for anything else.
+//!
+//! Built in:
+//! * [`HttpClassifier`]: HTTP status codes, `Retry-After`, and gRPC (`grpc-status` in the headers
+//!   of a trailers-only response, or in the trailers through [`ClassifyEos`]) for requests whose
+//!   content type is `application/grpc`;
+//! * [`ClassifyError`]: `std::io::Error` kinds, the crate's own errors, boxed errors, and with the
+//!   `hyper` feature hyper and hyper-util client errors (`is_connect()` means not sent);
+//! * [`from_fn`]: a closure.
+//!
+//! ```
+//! use surely::classify::{AttemptClass, Classify, Classified, HttpClassifier, MakeClassifier};
+//! use surely::{Error, Semantics};
+//!
+//! let post = http::Request::post("/orders").body(()).unwrap();
+//! let classifier = HttpClassifier::new().make_classifier(&post);
+//! let reply = http::Response::builder().status(502).body(()).unwrap();
+//! let Classified::Ready(c) =
+//!     Classify::<_, Error<std::io::Error>>::classify_response(classifier, &reply)
+//! else {
+//!     unreachable!("HTTP responses are classified from their status")
+//! };
+//! assert_eq!(c.class(), AttemptClass::MaybeCommitted);
+//! // A POST without a key must not be sent again: the outcome is unknown.
+//! assert!(!c.is_retryable(Semantics::NonIdempotent));
+//! ```
+//!
+//! [th]: https://docs.rs/tower-http/latest/tower_http/classify/index.html
+
+use std::time::Duration;
+
+use crate::Semantics;
+
+mod error;
+mod func;
+mod grpc;
+mod http;
+mod tally;
+
+pub use self::error::{BoxError, ClassifyError};
+pub use self::func::{from_fn, Attempted, ClassifyFn, FnClassifier};
+pub use self::grpc::{GrpcCode, GrpcEos};
+pub use self::http::{HttpClassifier, HttpRequestClassifier, KEY_IN_FLIGHT};
+pub use self::tally::OutcomeTally;
+
+/// How far a request got before its attempt ended.
+///
+/// Ordered: `NotSent < Sent < ResponseStarted`. Only evidence moves a phase down: a transport
+/// error that proves nothing was written (a refused connection), or a timeout that fired before
+/// the inner service was called. Where a layer cannot tell, it assumes [`Sent`](Self::Sent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeliveryPhase {
+    /// No byte of the request left this process: the server cannot have seen it.
+    NotSent,
+    /// The request was (or may have been) written; no response has started.
+    Sent,
+    /// The response head arrived.
+    ResponseStarted,
+}
+
+impl DeliveryPhase {
+    /// A short lower-case name, for records and logs.
+    ///
+    /// ```
+    /// assert_eq!(surely::classify::DeliveryPhase::NotSent.as_str(), "not sent");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryPhase::NotSent => "not sent",
+            DeliveryPhase::Sent => "sent",
+            DeliveryPhase::ResponseStarted => "response started",
+        }
+    }
+}
+
+/// What one attempt's result means. See the [module docs](self) for the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptClass {
+    /// The server confirmed the effect (2xx, gRPC `OK`).
+    Success,
+    /// The server confirmed the effect did not and will not happen for this input.
+    Final,
+    /// A business conflict (409, gRPC `ABORTED`, a failed compare-and-set): the effect did not
+    /// happen, and replaying this one step would not help; the whole read-modify-write above
+    /// it must be redone.
+    Conflict,
+    /// The request was provably not processed (never sent, or refused before processing):
+    /// retryable for every request.
+    Rejected,
+    /// The request may have been committed and its reply lost: retryable only for requests
+    /// that can be repeated.
+    MaybeCommitted,
+}
+
+impl AttemptClass {
+    /// Whether an attempt of this class may be retried for a request with these semantics.
+    ///
+    /// ```
+    /// use surely::classify::AttemptClass;
+    /// use surely::Semantics;
+    ///
+    /// assert!(AttemptClass::Rejected.is_retryable(Semantics::NonIdempotent));
+    /// assert!(AttemptClass::MaybeCommitted.is_retryable(Semantics::Keyed));
+    /// assert!(!AttemptClass::MaybeCommitted.is_retryable(Semantics::NonIdempotent));
+    /// assert!(!AttemptClass::Conflict.is_retryable(Semantics::Safe));
+    /// ```
+    pub fn is_retryable(self, semantics: Semantics) -> bool {
+        match self {
+            AttemptClass::Success | AttemptClass::Final | AttemptClass::Conflict => false,
+            AttemptClass::Rejected => true,
+            AttemptClass::MaybeCommitted => semantics.is_repeatable(),
+        }
+    }
+
+    /// Whether the attempt says something about the server's health: rejections and
+    /// maybe-committed failures do, final answers and conflicts do not. Retry budgets and the
+    /// circuit breaker count only these.
+    ///
+    /// ```
+    /// use surely::classify::AttemptClass;
+    /// assert!(AttemptClass::MaybeCommitted.is_health_failure());
+    /// assert!(!AttemptClass::Final.is_health_failure());
+    /// ```
+    pub fn is_health_failure(self) -> bool {
+        matches!(self, AttemptClass::Rejected | AttemptClass::MaybeCommitted)
+    }
+
+    /// A short lower-case name, for records and logs.
+    ///
+    /// ```
+    /// assert_eq!(surely::classify::AttemptClass::MaybeCommitted.as_str(), "maybe committed");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptClass::Success => "success",
+            AttemptClass::Final => "final",
+            AttemptClass::Conflict => "conflict",
+            AttemptClass::Rejected => "rejected",
+            AttemptClass::MaybeCommitted => "maybe committed",
+        }
+    }
+}
+
+/// The outcome of a call that may have had side effects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The server confirmed the effect.
+    Succeeded,
+    /// The effect did not happen: every attempt was confirmed not to have taken effect, or the
+    /// request had no effect to lose track of.
+    Failed,
+    /// No confirmation either way: the effect may have happened. Query by the business key,
+    /// reconcile, or tell the user it is being confirmed; do not blindly try again.
+    Unknown,
+}
+
+impl Outcome {
+    /// A short lower-case name, for records and logs.
+    ///
+    /// ```
+    /// assert_eq!(surely::classify::Outcome::Unknown.as_str(), "unknown");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Unknown => "unknown",
+        }
+    }
+}
+
+/// What the server asked about retrying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pushback {
+    /// Retry no earlier than this (`Retry-After`, `grpc-retry-pushback-ms`).
+    After(Duration),
+    /// Do not retry (a negative or malformed `grpc-retry-pushback-ms`).
+    Stop,
+}
+
+/// The classification of one attempt: its [`AttemptClass`], the [`DeliveryPhase`] it reached,
+/// and the server's [`Pushback`], if any.
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::classify::{AttemptClass, Classification, DeliveryPhase, Pushback};
+///
+/// let c = Classification::new(AttemptClass::Rejected, DeliveryPhase::ResponseStarted)
+///     .with_pushback(Some(Pushback::After(Duration::from_secs(2))));
+/// assert_eq!(c.pushback(), Some(Pushback::After(Duration::from_secs(2))));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Classification {
+    class: AttemptClass,
+    phase: DeliveryPhase,
+    pushback: Option<Pushback>,
+}
+
+impl Classification {
+    /// A classification without pushback.
+    pub fn new(class: AttemptClass, phase: DeliveryPhase) -> Self {
+        Classification {
+            class,
+            phase,
+            pushback: None,
+        }
+    }
+
+    /// A successful attempt: the response started.
+    ///
+    /// ```
+    /// # use surely::classify::*;
+    /// assert_eq!(Classification::success().class(), AttemptClass::Success);
+    /// ```
+    pub fn success() -> Self {
+        Self::new(AttemptClass::Success, DeliveryPhase::ResponseStarted)
+    }
+
+    /// A failed attempt whose class follows from how far it got, with no other evidence:
+    /// [`Rejected`](AttemptClass::Rejected) if it was not sent, otherwise
+    /// [`MaybeCommitted`](AttemptClass::MaybeCommitted).
+    ///
+    /// ```
+    /// # use surely::classify::*;
+    /// assert_eq!(Classification::failure_at(DeliveryPhase::NotSent).class(), AttemptClass::Rejected);
+    /// assert_eq!(Classification::failure_at(DeliveryPhase::Sent).class(), AttemptClass::MaybeCommitted);
+    /// ```
+    pub fn failure_at(phase: DeliveryPhase) -> Self {
+        let class = match phase {
+            DeliveryPhase::NotSent => AttemptClass::Rejected,
+            DeliveryPhase::Sent | DeliveryPhase::ResponseStarted => AttemptClass::MaybeCommitted,
+        };
+        Self::new(class, phase)
+    }
+
+    /// This classification with the given pushback.
+    pub fn with_pushback(mut self, pushback: Option<Pushback>) -> Self {
+        self.pushback = pushback;
+        self
+    }
+
+    /// The attempt's class.
+    pub fn class(&self) -> AttemptClass {
+        self.class
+    }
+
+    /// How far the request got.
+    pub fn phase(&self) -> DeliveryPhase {
+        self.phase
+    }
+
+    /// What the server asked about retrying, if anything.
+    pub fn pushback(&self) -> Option<Pushback> {
+        self.pushback
+    }
+
+    /// Whether this attempt may be retried for a request with these semantics. A server's
+    /// [`Pushback::Stop`] forbids it too.
+    pub fn is_retryable(&self, semantics: Semantics) -> bool {
+        self.class.is_retryable(semantics) && self.pushback != Some(Pushback::Stop)
+    }
+}
+
+/// Makes a per-request classifier. Implemented by [`HttpClassifier`], by [`ClassifyFn`], and by
+/// closures `Fn(&Req) -> C`.
+pub trait MakeClassifier<Req> {
+    /// The per-request classifier.
+    type Classifier;
+
+    /// Looks at the request (its semantics, its protocol) and makes its classifier.
+    fn make_classifier(&self, req: &Req) -> Self::Classifier;
+}
+
+impl<F, Req, C> MakeClassifier<Req> for F
+where
+    F: Fn(&Req) -> C,
+{
+    type Classifier = C;
+
+    fn make_classifier(&self, req: &Req) -> C {
+        self(req)
+    }
+}
+
+/// Classifies one attempt's result; consumed by doing so.
+pub trait Classify<Res, E>: Sized {
+    /// Classifies at the end of the response stream, for protocols that put the status in
+    /// trailers (gRPC).
+    type ClassifyEos: ClassifyEos;
+
+    /// Classifies a response, or defers to the end of its stream.
+    fn classify_response(self, res: &Res) -> Classified<Self::ClassifyEos>;
+
+    /// Classifies an error. `phase` is how far the layer that saw the error knows the request
+    /// got; a classifier may lower it only with evidence from the error itself.
+    fn classify_error(self, error: &E, phase: DeliveryPhase) -> Classification;
+}
+
+/// The result of [`Classify::classify_response`].
+#[derive(Debug)]
+pub enum Classified<Eos> {
+    /// Classified from the response head.
+    Ready(Classification),
+    /// The answer is in the trailers: classify at the end of the stream.
+    RequiresEos(Eos),
+}
+
+/// Classifies at the end of a response stream.
+pub trait ClassifyEos: Sized {
+    /// Classifies from the trailers (`None` when the stream ended without any).
+    fn classify_eos(self, trailers: Option<&::http::HeaderMap>) -> Classification;
+
+    /// Classifies a stream that broke before its end: the response had started, so the
+    /// default is [`MaybeCommitted`](AttemptClass::MaybeCommitted).
+    fn classify_body_error(self) -> Classification {
+        Classification::failure_at(DeliveryPhase::ResponseStarted)
+    }
+}
+
+/// A [`ClassifyEos`] for classifiers that always classify from the head.
+#[derive(Debug, Clone, Copy)]
+pub enum NeverEos {}
+
+impl ClassifyEos for NeverEos {
+    fn classify_eos(self, _: Option<&::http::HeaderMap>) -> Classification {
+        match self {}
+    }
+}
+
+impl<Eos: ClassifyEos> Classified<Eos> {
+    /// Resolves the classification, classifying the end of stream with `trailers` if needed.
+    ///
+    /// ```
+    /// use surely::classify::{AttemptClass, Classified, ClassifyEos, GrpcEos};
+    ///
+    /// let mut trailers = http::HeaderMap::new();
+    /// trailers.insert("grpc-status", http::HeaderValue::from_static("14"));
+    /// let deferred: Classified<GrpcEos> = Classified::RequiresEos(GrpcEos::default());
+    /// assert_eq!(deferred.resolve(Some(&trailers)).class(), AttemptClass::MaybeCommitted);
+    /// ```
+    pub fn resolve(self, trailers: Option<&::http::HeaderMap>) -> Classification {
+        match self {
+            Classified::Ready(c) => c,
+            Classified::RequiresEos(eos) => eos.classify_eos(trailers),
+        }
+    }
+}
+
+impl<Eos> Classified<Eos> {
+    /// The classification as far as the head tells: a deferred one (the status is in trailers
+    /// the caller cannot see) reads as a success whose response started.
+    ///
+    /// ```
+    /// use surely::classify::{AttemptClass, Classified, GrpcEos};
+    /// let deferred: Classified<GrpcEos> = Classified::RequiresEos(GrpcEos::default());
+    /// assert_eq!(deferred.at_head().class(), AttemptClass::Success);
+    /// ```
+    pub fn at_head(self) -> Classification {
+        match self {
+            Classified::Ready(c) => c,
+            Classified::RequiresEos(_) => Classification::success(),
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Deadlines: one total budget per call, propagated down the chain.
+//!
+//! A per-attempt timeout says how long one try may take; a **deadline** says when the whole
+//! logical call, retries and all, stops being useful to the caller. `surely` keeps one absolute
+//! [`Deadline`] per call and hands it down:
+//!
+//! * **in the process**: the client [`DeadlineLayer`] makes the call's deadline the *current* one
+//!   (task-local) while its inner service runs, so inner layers (attempt timeout, retry) and any
+//!   client stack called further down see it with no plumbing. A caller may also put a
+//!   [`Deadline`] in an `http::Request`'s extensions; the earlier one always wins;
+//! * **on the wire**: the remaining budget, less a small reserve for transit, as a *relative*
+//!   value (no clock sync needed): `grpc-timeout` for gRPC and a millisecond header
+//!   (default [`DEFAULT_HEADER`]) for HTTP;
+//! * **in the server**: the [`ServerDeadlineLayer`] reads that header, caps it by the server's
+//!   own maximum, refuses a request whose budget is spent (504 / `DEADLINE_EXCEEDED`) without
+//!   calling the handler, and makes the deadline current for the handler, so the handler's own
+//!   outgoing calls inherit it.
+//!
+//! A call whose budget is already spent is refused before anything is sent, with a
+//! [`DeadlineExceeded`](error::DeadlineExceeded) error classified *rejected, not sent*: nothing
+//! happened, and the record says why.
+//!
+//! # How this differs from `tower::timeout`
+//!
+//! tower's `Timeout` bounds one call of one service. A deadline bounds a logical call across
+//! layers, retries and hops, and a child's budget is never longer than its parent's. The layers
+//! here also start no timer for a call whose inner future answers at once, which is most calls.
+//!
+//! ```
+//! use std::time::Duration;
+//! use surely::deadline::{Deadline, DeadlineLayer};
+//! use tower::{service_fn, Layer, Service, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let inner = service_fn(|req: http::Request<()>| async move {
+//!     // The budget left, as the server will see it.
+//!     let header = req.headers()["x-request-timeout-ms"].to_str().unwrap().to_owned();
+//!     // Inside the call, the deadline is current.
+//!     assert!(surely::deadline::current().is_some());
+//!     Ok::<_, std::io::Error>(header)
+//! });
+//! let layer = DeadlineLayer::builder().timeout(Duration::from_secs(2)).build().unwrap();
+//! let mut svc = layer.layer(inner);
+//! let header = svc.ready().await.unwrap().call(http::Request::new(())).await.unwrap();
+//! assert!(header.parse::<u64>().unwrap() <= 2_000);
+//! # }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+mod client;
+pub mod codec;
+pub mod error;
+mod server;
+
+pub use self::client::{DeadlineLayer, DeadlineLayerBuilder, ResponseFuture, WithDeadline};
+pub use self::server::{
+    Malformed, ServerDeadline, ServerDeadlineFuture, ServerDeadlineLayer,
+    ServerDeadlineLayerBuilder,
+};
+
+use crate::context::Context;
+
+/// The default HTTP header that carries the remaining budget in milliseconds.
+pub const DEFAULT_HEADER: http::HeaderName = http::HeaderName::from_static("x-request-timeout-ms");
+
+/// The gRPC deadline header.
+pub const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+
+/// About 30 years: what a deadline "infinitely far" away is clamped to, so that arithmetic on
+/// instants never overflows.
+const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+
+/// The instant a logical call stops being useful, on tokio's clock (so paused-time tests
+/// control it).
+///
+/// Put it in an `http::Request`'s extensions to give one call a deadline; the layers combine it
+/// with the [`current`] one, and the earlier wins.
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::deadline::Deadline;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let parent = Deadline::after(Duration::from_secs(5));
+/// let child = Deadline::after(Duration::from_secs(10)).min(parent);
+/// assert_eq!(child, parent);
+/// tokio::time::advance(Duration::from_secs(3)).await;
+/// assert_eq!(parent.remaining(), Duration::from_secs(2));
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Deadline(Instant);
+
+impl Deadline {
+    /// A deadline at `instant`.
+    pub fn at(instant: Instant) -> Self {
+        Deadline(instant)
+    }
+
+    /// A deadline `budget` from now. An absurdly long budget is clamped to about 30 years.
+    pub fn after(budget: Duration) -> Self {
+        Self::after_from(Instant::now(), budget)
+    }
+
+    /// A deadline `budget` after `now`, clamped like [`after`](Self::after).
+    pub fn after_from(now: Instant, budget: Duration) -> Self {
+        Deadline(now + budget.min(FAR_FUTURE))
+    }
+
+    /// The instant.
+    pub fn instant(self) -> Instant {
+        self.0
+    }
+
+    /// The budget left now; zero once passed.
+    pub fn remaining(self) -> Duration {
+        self.remaining_at(Instant::now())
+    }
+
+    /// The budget left at `now`; zero once passed.
+    pub fn remaining_at(self, now: Instant) -> Duration {
+        self.0.saturating_duration_since(now)
+    }
+
+    /// Whether the deadline has passed (no budget left).
+    pub fn is_expired(self) -> bool {
+        self.remaining().is_zero()
+    }
+
+    /// The earlier of two deadlines: a child deadline is never later than its parent.
+    #[must_use]
+    pub fn min(self, other: Deadline) -> Deadline {
+        Ord::min(self, other)
+    }
+
+    /// The earlier of `own` and `other`, where `None` means "no deadline".
+    pub fn earliest(own: Option<Deadline>, other: Option<Deadline>) -> Option<Deadline> {
+        match (own, other) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The current deadline: the one a deadline layer or the server deadline layer set for the call
+/// running on this task, or the one of a [`scope`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::time::Duration;
+/// assert_eq!(surely::deadline::current(), None);
+/// let d = surely::deadline::Deadline::after(Duration::from_secs(1));
+/// surely::deadline::scope(d, async move {
+///     assert_eq!(surely::deadline::current(), Some(d));
+/// }).await;
+/// # }
+/// ```
+pub fn current() -> Option<Deadline> {
+    Context::current().deadline
+}
+
+/// Runs `fut` with `deadline` as the current deadline (or the current one, if that is earlier),
+/// for code that calls client stacks outside a server deadline layer, such as a background job.
+pub async fn scope<F: Future>(deadline: Deadline, fut: F) -> F::Output {
+    let mut ctx = Context::current();
+    ctx.deadline = Deadline::earliest(Some(deadline), ctx.deadline);
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(move |cx| ctx.scope(|| fut.as_mut().poll(cx))).await
+}

@@ -1,0 +1,356 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::codec::{self, ParseTimeoutError};
+use super::{Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
+use crate::context::Context;
+use crate::{ConfigError, Envelope};
+
+/// What the [`ServerDeadlineLayer`] does with a malformed deadline header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Malformed {
+    /// Answer 400 (HTTP) or `INVALID_ARGUMENT` (gRPC) without calling the handler. The default:
+    /// a client that sends garbage has a bug worth seeing.
+    #[default]
+    Reject,
+    /// Ignore the header, as if it were absent (the server's own maximum still applies).
+    Ignore,
+}
+
+/// The server half of deadline propagation.
+///
+/// For each request it reads the remaining budget the client sent (`grpc-timeout` for gRPC,
+/// the configured millisecond header otherwise), caps it by the server's own maximum (an inbound
+/// header can shorten the server's budget, never lengthen it), and then:
+///
+/// * a budget that is spent, or below the configured minimum, is refused at once with 504
+///   (HTTP) or `grpc-status: 4` `DEADLINE_EXCEEDED` (gRPC), and the handler is not called;
+/// * a malformed header is refused with 400 / `INVALID_ARGUMENT`, or ignored, per [`Malformed`];
+/// * otherwise the deadline is put in the request's extensions and made the
+///   [`current`](super::current) deadline while the handler runs, so every client stack the
+///   handler calls inherits it.
+///
+/// The handler is not cancelled at the deadline: stopping work half done is how effects get
+/// lost; the handler's own calls are bounded by the inherited deadline instead.
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::deadline::ServerDeadlineLayer;
+/// use tower::{service_fn, Layer, Service, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let handler = service_fn(|_req: http::Request<()>| async {
+///     let left = surely::deadline::current().unwrap().remaining();
+///     assert!(left <= Duration::from_millis(250));
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// });
+/// let layer = ServerDeadlineLayer::builder().max(Duration::from_secs(10)).build().unwrap();
+/// let mut svc = layer.layer(handler);
+///
+/// let req = http::Request::get("/").header("x-request-timeout-ms", "250").body(()).unwrap();
+/// let res = svc.ready().await.unwrap().call(req).await.unwrap();
+/// assert_eq!(res.status(), 200);
+///
+/// let spent = http::Request::get("/").header("x-request-timeout-ms", "0").body(()).unwrap();
+/// let res = svc.ready().await.unwrap().call(spent).await.unwrap();
+/// assert_eq!(res.status(), 504);
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct ServerDeadlineLayer {
+    config: ServerConfig,
+}
+
+#[derive(Clone, Debug)]
+struct ServerConfig {
+    header: HeaderName,
+    max: Option<Duration>,
+    min: Duration,
+    malformed: Malformed,
+}
+
+/// Builds a [`ServerDeadlineLayer`], validating its settings.
+#[derive(Clone, Debug)]
+pub struct ServerDeadlineLayerBuilder {
+    config: ServerConfig,
+}
+
+impl ServerDeadlineLayer {
+    /// A layer with the default settings: the default header, no maximum, no minimum, malformed
+    /// headers rejected.
+    pub fn new() -> Self {
+        ServerDeadlineLayer {
+            config: ServerConfig {
+                header: DEFAULT_HEADER,
+                max: None,
+                min: Duration::ZERO,
+                malformed: Malformed::Reject,
+            },
+        }
+    }
+
+    /// A builder, starting from [`new`](Self::new)'s settings.
+    pub fn builder() -> ServerDeadlineLayerBuilder {
+        ServerDeadlineLayerBuilder {
+            config: Self::new().config,
+        }
+    }
+}
+
+impl Default for ServerDeadlineLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ServerDeadlineLayerBuilder {
+    /// The HTTP header carrying the remaining milliseconds (default
+    /// [`DEFAULT_HEADER`](super::DEFAULT_HEADER)).
+    pub fn http_header(mut self, header: HeaderName) -> Self {
+        self.config.header = header;
+        self
+    }
+
+    /// The server's own budget for a request: applies to requests without a header and caps
+    /// those with one. Must be greater than zero.
+    pub fn max(mut self, max: Duration) -> Self {
+        self.config.max = Some(max);
+        self
+    }
+
+    /// Refuse requests that arrive with less budget than this (default zero: only a spent
+    /// budget is refused). Must be less than the maximum.
+    pub fn min(mut self, min: Duration) -> Self {
+        self.config.min = min;
+        self
+    }
+
+    /// What to do with a malformed header (default [`Malformed::Reject`]).
+    pub fn on_malformed(mut self, malformed: Malformed) -> Self {
+        self.config.malformed = malformed;
+        self
+    }
+
+    /// Validates and builds.
+    pub fn build(self) -> Result<ServerDeadlineLayer, ConfigError> {
+        if let Some(max) = self.config.max {
+            if max.is_zero() {
+                return Err(ConfigError::new(
+                    "server deadline maximum",
+                    "must be greater than zero",
+                ));
+            }
+            if self.config.min >= max {
+                return Err(ConfigError::new(
+                    "server deadline minimum",
+                    "must be less than the maximum, or every request would be refused",
+                ));
+            }
+        }
+        Ok(ServerDeadlineLayer {
+            config: self.config,
+        })
+    }
+}
+
+impl<S> Layer<S> for ServerDeadlineLayer {
+    type Service = ServerDeadline<S>;
+
+    fn layer(&self, inner: S) -> ServerDeadline<S> {
+        ServerDeadline {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// The service made by [`ServerDeadlineLayer`].
+///
+/// # Readiness
+///
+/// `poll_ready` is the handler's. A refused request does not call the handler.
+#[derive(Clone, Debug)]
+pub struct ServerDeadline<S> {
+    inner: S,
+    config: ServerConfig,
+}
+
+impl<S> ServerDeadline<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the layer, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, ResB> Service<Request<B>> for ServerDeadline<S>
+where
+    S: Service<Request<B>, Response = Response<ResB>>,
+    ResB: Default,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = ServerDeadlineFuture<S::Future, ResB>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let now = Instant::now();
+        let grpc = req.is_grpc();
+        let inbound = match self.inbound_budget(&req, grpc) {
+            Ok(budget) => budget,
+            Err(_) if self.config.malformed == Malformed::Ignore => None,
+            Err(e) => return ServerDeadlineFuture::respond(malformed_response(grpc, &e)),
+        };
+        let budget = match (inbound, self.config.max) {
+            (Some(b), Some(max)) => Some(b.min(max)),
+            (b, max) => b.or(max),
+        };
+        let deadline = match budget {
+            Some(b) if b.is_zero() || b < self.config.min => {
+                return ServerDeadlineFuture::respond(exceeded_response(grpc));
+            }
+            Some(b) => {
+                let deadline = Deadline::after_from(now, b);
+                req.extensions_mut().insert(deadline);
+                Some(deadline)
+            }
+            None => None,
+        };
+        // A fresh context: the handler's calls are new logical calls under this deadline.
+        let ctx = Context {
+            deadline,
+            ..Context::default()
+        };
+        let inner = ctx.scope(|| self.inner.call(req));
+        ServerDeadlineFuture {
+            state: ServerState::Running { inner, ctx },
+        }
+    }
+}
+
+impl<S> ServerDeadline<S> {
+    fn inbound_budget<B>(
+        &self,
+        req: &Request<B>,
+        grpc: bool,
+    ) -> Result<Option<Duration>, ParseTimeoutError> {
+        let headers = req.headers();
+        if grpc {
+            headers
+                .get(GRPC_TIMEOUT)
+                .map(codec::parse_grpc_timeout_header)
+                .transpose()
+        } else {
+            headers
+                .get(&self.config.header)
+                .map(codec::parse_millis_header)
+                .transpose()
+        }
+    }
+}
+
+fn grpc_response<B: Default>(code: &'static str, message: &str) -> Response<B> {
+    let mut res = Response::new(B::default());
+    let headers = res.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert(
+        HeaderName::from_static("grpc-status"),
+        HeaderValue::from_static(code),
+    );
+    if let Ok(v) = HeaderValue::from_str(message) {
+        headers.insert(HeaderName::from_static("grpc-message"), v);
+    }
+    res
+}
+
+fn exceeded_response<B: Default>(grpc: bool) -> Response<B> {
+    if grpc {
+        return grpc_response("4", "deadline exceeded before the handler started");
+    }
+    let mut res = Response::new(B::default());
+    *res.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+    res
+}
+
+fn malformed_response<B: Default>(grpc: bool, error: &ParseTimeoutError) -> Response<B> {
+    if grpc {
+        return grpc_response("3", &error.to_string());
+    }
+    let mut res = Response::new(B::default());
+    *res.status_mut() = StatusCode::BAD_REQUEST;
+    res
+}
+
+pin_project! {
+    /// The future of [`ServerDeadline`].
+    pub struct ServerDeadlineFuture<F, B> {
+        #[pin]
+        state: ServerState<F, B>,
+    }
+}
+
+pin_project! {
+    #[project = ServerStateProj]
+    enum ServerState<F, B> {
+        Respond { response: Option<Response<B>> },
+        Running { #[pin] inner: F, ctx: Context },
+    }
+}
+
+impl<F, B> ServerDeadlineFuture<F, B> {
+    fn respond(response: Response<B>) -> Self {
+        ServerDeadlineFuture {
+            state: ServerState::Respond {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<F, B, E> Future for ServerDeadlineFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            ServerStateProj::Respond { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => Poll::Pending,
+            },
+            ServerStateProj::Running { inner, ctx } => ctx.scope(|| inner.poll(cx)),
+        }
+    }
+}
+
+impl<F, B> fmt::Debug for ServerDeadlineFuture<F, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerDeadlineFuture")
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,130 @@
+//! What surely needs to see of a request or a response.
+
+use http::{Extensions, HeaderMap, Method};
+
+use crate::deadline::Deadline;
+use crate::Semantics;
+
+/// The header that carries an idempotency key (IETF `Idempotency-Key` draft).
+pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+
+/// Access to the parts of a message that surely's layers read and write: headers, extensions,
+/// method, and the [`Semantics`] and [`Deadline`] derived from them.
+///
+/// It is implemented for [`http::Request`] and [`http::Response`], which covers hyper, tonic and
+/// any HTTP transport. A service with its own request type implements it in one line and gets
+/// the defaults: no headers, no extensions, [`Semantics::NonIdempotent`] (the cautious choice),
+/// and no deadline of its own (the deadline layers then carry the deadline in the task-local
+/// [`current`](crate::deadline::current) context, which costs no allocation):
+///
+/// ```
+/// use surely::{Envelope, Semantics};
+///
+/// struct GetUser(u64);
+///
+/// impl Envelope for GetUser {
+///     fn semantics(&self) -> Semantics {
+///         Semantics::Safe
+///     }
+/// }
+///
+/// struct CreateUser(String);
+/// impl Envelope for CreateUser {}
+///
+/// assert_eq!(GetUser(7).semantics(), Semantics::Safe);
+/// assert_eq!(CreateUser("ann".into()).semantics(), Semantics::NonIdempotent);
+/// ```
+pub trait Envelope {
+    /// The message's headers, if it has any.
+    fn headers(&self) -> Option<&HeaderMap> {
+        None
+    }
+
+    /// The message's headers, mutably, if it has any. Layers write wire headers here
+    /// (`grpc-timeout`, the deadline header, the idempotency key).
+    fn headers_mut(&mut self) -> Option<&mut HeaderMap> {
+        None
+    }
+
+    /// The message's extensions, if it has any.
+    fn extensions(&self) -> Option<&Extensions> {
+        None
+    }
+
+    /// The request method, if the message is an HTTP request.
+    fn method(&self) -> Option<&Method> {
+        None
+    }
+
+    /// The request's retry semantics.
+    ///
+    /// The default reads a [`Semantics`] extension, then the method and the `Idempotency-Key`
+    /// header, and falls back to [`Semantics::NonIdempotent`].
+    fn semantics(&self) -> Semantics {
+        if let Some(s) = self.extensions().and_then(|e| e.get::<Semantics>()) {
+            return *s;
+        }
+        match self.method().map(Semantics::from_method) {
+            Some(Semantics::NonIdempotent) | None => {
+                if self
+                    .headers()
+                    .is_some_and(|h| h.contains_key(IDEMPOTENCY_KEY))
+                {
+                    Semantics::Keyed
+                } else {
+                    Semantics::NonIdempotent
+                }
+            }
+            Some(s) => s,
+        }
+    }
+
+    /// The deadline the caller attached to this message, if any. The default reads a
+    /// [`Deadline`] extension.
+    ///
+    /// Layers combine it with the task-local [`current`](crate::deadline::current) deadline;
+    /// the earlier one wins.
+    fn deadline(&self) -> Option<Deadline> {
+        self.extensions().and_then(|e| e.get::<Deadline>()).copied()
+    }
+
+    /// Whether this message belongs to a gRPC exchange (its `content-type` starts with
+    /// `application/grpc`).
+    fn is_grpc(&self) -> bool {
+        self.headers()
+            .and_then(|h| h.get(http::header::CONTENT_TYPE))
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    }
+}
+
+impl<B> Envelope for http::Request<B> {
+    fn headers(&self) -> Option<&HeaderMap> {
+        Some(http::Request::headers(self))
+    }
+
+    fn headers_mut(&mut self) -> Option<&mut HeaderMap> {
+        Some(http::Request::headers_mut(self))
+    }
+
+    fn extensions(&self) -> Option<&Extensions> {
+        Some(http::Request::extensions(self))
+    }
+
+    fn method(&self) -> Option<&Method> {
+        Some(http::Request::method(self))
+    }
+}
+
+impl<B> Envelope for http::Response<B> {
+    fn headers(&self) -> Option<&HeaderMap> {
+        Some(http::Response::headers(self))
+    }
+
+    fn headers_mut(&mut self) -> Option<&mut HeaderMap> {
+        Some(http::Response::headers_mut(self))
+    }
+
+    fn extensions(&self) -> Option<&Extensions> {
+        Some(http::Response::extensions(self))
+    }
+}

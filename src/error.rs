@@ -1,0 +1,283 @@
+//! The crate's error type.
+
+use std::fmt;
+
+use crate::classify::{BoxError, Classification, ClassifyError, DeliveryPhase};
+use crate::deadline::error::DeadlineExceeded;
+use crate::fault::InjectedFault;
+use crate::timeout::error::Elapsed;
+
+/// The error of every surely client layer: the transport's own error `E`, kept as it is, or one
+/// of the crate's local errors (a deadline, a timeout, an injected fault), each carrying what the
+/// classifier needs, such as how far the request got.
+///
+/// The layers stack without nesting: a layer over a service whose error is already
+/// `Error<E>` returns `Error<E>` again (see [`IntoError`]).
+///
+/// ```
+/// use surely::Error;
+/// use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
+///
+/// let err: Error<std::io::Error> = Error::transport(std::io::ErrorKind::ConnectionReset.into());
+/// assert!(err.is_transport());
+/// assert_eq!(err.classify_error(DeliveryPhase::Sent).class(), AttemptClass::MaybeCommitted);
+/// ```
+pub struct Error<E> {
+    repr: Repr<E>,
+}
+
+enum Repr<E> {
+    Transport(E),
+    Deadline(DeadlineExceeded),
+    Elapsed(Elapsed),
+    Fault(InjectedFault),
+}
+
+impl<E> Error<E> {
+    /// Wraps a transport's error.
+    pub fn transport(error: E) -> Self {
+        Error {
+            repr: Repr::Transport(error),
+        }
+    }
+
+    /// Whether this is the transport's own error.
+    pub fn is_transport(&self) -> bool {
+        matches!(self.repr, Repr::Transport(_))
+    }
+
+    /// The transport's error, if this is one.
+    pub fn transport_ref(&self) -> Option<&E> {
+        match &self.repr {
+            Repr::Transport(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The transport's error, or `self` back if this is a local error.
+    pub fn into_transport(self) -> Result<E, Self> {
+        match self.repr {
+            Repr::Transport(e) => Ok(e),
+            repr => Err(Error { repr }),
+        }
+    }
+
+    /// The deadline error, if the call's deadline refused or ended it.
+    pub fn deadline_exceeded(&self) -> Option<&DeadlineExceeded> {
+        match &self.repr {
+            Repr::Deadline(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Whether the call's deadline refused or ended it.
+    pub fn is_deadline_exceeded(&self) -> bool {
+        self.deadline_exceeded().is_some()
+    }
+
+    /// The attempt timeout, if one fired.
+    pub fn elapsed(&self) -> Option<&Elapsed> {
+        match &self.repr {
+            Repr::Elapsed(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Whether an attempt timeout fired.
+    pub fn is_elapsed(&self) -> bool {
+        self.elapsed().is_some()
+    }
+
+    /// The injected fault, if the [`fault`](crate::fault) layer made this error.
+    pub fn injected(&self) -> Option<&InjectedFault> {
+        match &self.repr {
+            Repr::Fault(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// How far the request got, for the crate's local errors (`None` for a transport error,
+    /// whose classifier decides).
+    pub fn local_phase(&self) -> Option<DeliveryPhase> {
+        match &self.repr {
+            Repr::Transport(_) => None,
+            Repr::Deadline(e) => Some(e.phase()),
+            Repr::Elapsed(e) => Some(e.phase()),
+            Repr::Fault(e) => Some(e.phase()),
+        }
+    }
+
+    /// Maps the transport error, keeping local errors.
+    pub fn map_transport<F>(self, f: impl FnOnce(E) -> F) -> Error<F> {
+        Error {
+            repr: match self.repr {
+                Repr::Transport(e) => Repr::Transport(f(e)),
+                Repr::Deadline(e) => Repr::Deadline(e),
+                Repr::Elapsed(e) => Repr::Elapsed(e),
+                Repr::Fault(e) => Repr::Fault(e),
+            },
+        }
+    }
+}
+
+impl<E> From<DeadlineExceeded> for Error<E> {
+    fn from(e: DeadlineExceeded) -> Self {
+        Error {
+            repr: Repr::Deadline(e),
+        }
+    }
+}
+
+impl<E> From<Elapsed> for Error<E> {
+    fn from(e: Elapsed) -> Self {
+        Error {
+            repr: Repr::Elapsed(e),
+        }
+    }
+}
+
+impl<E> From<InjectedFault> for Error<E> {
+    fn from(e: InjectedFault) -> Self {
+        Error {
+            repr: Repr::Fault(e),
+        }
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for Error<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.repr {
+            Repr::Transport(e) => f.debug_tuple("Transport").field(e).finish(),
+            Repr::Deadline(e) => fmt::Debug::fmt(e, f),
+            Repr::Elapsed(e) => fmt::Debug::fmt(e, f),
+            Repr::Fault(e) => fmt::Debug::fmt(e, f),
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for Error<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.repr {
+            Repr::Transport(e) => write!(f, "transport error: {e}"),
+            Repr::Deadline(e) => fmt::Display::fmt(e, f),
+            Repr::Elapsed(e) => fmt::Display::fmt(e, f),
+            Repr::Fault(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl<E> std::error::Error for Error<E>
+where
+    E: std::error::Error + 'static,
+{
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.repr {
+            Repr::Transport(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl<E: ClassifyError> ClassifyError for Error<E> {
+    fn classify_error(&self, phase: DeliveryPhase) -> Classification {
+        match &self.repr {
+            Repr::Transport(e) => e.classify_error(phase),
+            Repr::Deadline(e) => Classification::failure_at(e.phase()),
+            Repr::Elapsed(e) => Classification::failure_at(e.phase()),
+            Repr::Fault(e) => Classification::failure_at(e.phase()),
+        }
+    }
+}
+
+/// Turns a service's error into [`Error`], so that layers stack without nesting: the identity
+/// for `Error<E>`, and [`Error::transport`] for the transport errors below. Every surely client
+/// layer over a service `S` returns `Error<<S::Error as IntoError>::Transport>`.
+///
+/// Implemented for `std::io::Error`, [`BoxError`] (tower's usual error),
+/// `std::convert::Infallible`, `http::Error`, and with the `hyper` feature `hyper::Error` and
+/// hyper-util's client error. For your own error type, implement it in three lines:
+///
+/// ```
+/// use surely::{Error, IntoError};
+///
+/// #[derive(Debug)]
+/// struct MyTransportError;
+///
+/// impl IntoError for MyTransportError {
+///     type Transport = Self;
+///     fn into_error(self) -> Error<Self> {
+///         Error::transport(self)
+///     }
+/// }
+/// ```
+///
+/// For a foreign error type, map it first, e.g. with tower's
+/// `ServiceBuilder::map_err(surely::Error::transport)`.
+pub trait IntoError {
+    /// The transport error inside.
+    type Transport;
+
+    /// Converts.
+    fn into_error(self) -> Error<Self::Transport>;
+}
+
+impl<E> IntoError for Error<E> {
+    type Transport = E;
+
+    fn into_error(self) -> Error<E> {
+        self
+    }
+}
+
+macro_rules! transport_errors {
+    ($($(#[$m:meta])* $t:ty),* $(,)?) => {$(
+        $(#[$m])*
+        impl IntoError for $t {
+            type Transport = $t;
+
+            fn into_error(self) -> Error<$t> {
+                Error::transport(self)
+            }
+        }
+    )*};
+}
+
+transport_errors!(
+    std::io::Error,
+    BoxError,
+    std::convert::Infallible,
+    http::Error,
+    #[cfg(feature = "hyper")]
+    hyper::Error,
+    #[cfg(feature = "hyper")]
+    hyper_util::client::legacy::Error,
+);
+
+/// A layer's configuration was rejected: a zero or out-of-range duration, a reserve larger than
+/// the budget, a probability that is not a number. Built by every `build()` that validates.
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::deadline::DeadlineLayer;
+///
+/// let err = DeadlineLayer::builder().timeout(Duration::ZERO).build().unwrap_err();
+/// assert_eq!(err.to_string(), "invalid deadline timeout: must be greater than zero");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what}: {why}")]
+pub struct ConfigError {
+    what: &'static str,
+    why: &'static str,
+}
+
+impl ConfigError {
+    /// A configuration error: `what` was wrong, and `why`.
+    pub fn new(what: &'static str, why: &'static str) -> Self {
+        ConfigError { what, why }
+    }
+
+    /// The setting that was rejected.
+    pub fn setting(&self) -> &'static str {
+        self.what
+    }
+}

@@ -1,0 +1,70 @@
+//! # surely
+//!
+//! Tower layers for calls whose outcome you cannot always know.
+//!
+//! A timeout only says that the caller got no answer in time. The server may never have seen
+//! the request, may have committed it and lost the reply, or may still be working. `surely`
+//! classifies every attempt as retryable, final, or *maybe committed*, using what the request is
+//! ([`Semantics`]) and how far it got ([`DeliveryPhase`](classify::DeliveryPhase)), and ends every
+//! call in one of three [`Outcome`](classify::Outcome)s: succeeded, failed, or **unknown**.
+//!
+//! The layers, outer to inner, for a client:
+//!
+//! ```text
+//! record::RecordCallLayer          one record per logical call, its outcome and stop reason
+//!   deadline::DeadlineLayer        one total budget, propagated in-process and on the wire
+//!     record::RecordAttemptLayer   one record per attempt: phase, class, budget left
+//!       timeout::AttemptTimeoutLayer   min(per-try timeout, remaining budget)
+//!         transport                hyper-util, tonic, any tower::Service
+//! ```
+//!
+//! On the server, [`deadline::ServerDeadlineLayer`] reads the caller's budget and makes it the
+//! current deadline for the handler, and [`fault::FaultLayer`] injects the failures this crate
+//! exists to handle, for tests and chaos drills.
+//!
+//! ```
+//! use std::time::Duration;
+//! use surely::classify::Outcome;
+//! use surely::deadline::DeadlineLayer;
+//! use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
+//! use surely::timeout::AttemptTimeoutLayer;
+//! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! // A transport that commits the order, then never answers.
+//! let transport = service_fn(|_req: http::Request<String>| async {
+//!     std::future::pending::<()>().await;
+//!     Ok::<_, std::io::Error>(http::Response::new(()))
+//! });
+//! let records = InMemoryRecorder::new();
+//! let mut client = ServiceBuilder::new()
+//!     .layer(RecordCallLayer::new(records.clone()))
+//!     .layer(DeadlineLayer::new(Duration::from_secs(2)).unwrap())
+//!     .layer(RecordAttemptLayer::new(records.clone()))
+//!     .layer(AttemptTimeoutLayer::new(Duration::from_millis(500)).unwrap())
+//!     .service(transport);
+//!
+//! let order = http::Request::post("/orders").body("o-1".to_owned()).unwrap();
+//! let err = client.ready().await.unwrap().call(order).await.unwrap_err();
+//! assert!(err.is_elapsed());
+//! // A POST without an idempotency key timed out after it was sent: nobody knows.
+//! assert_eq!(records.calls()[0].outcome, Outcome::Unknown);
+//! # }
+//! ```
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+pub mod classify;
+mod context;
+pub mod deadline;
+pub mod delivery;
+mod envelope;
+mod error;
+pub mod fault;
+pub mod pushback;
+pub mod record;
+mod semantics;
+pub mod timeout;
+
+pub use crate::envelope::{Envelope, IDEMPOTENCY_KEY};
+pub use crate::error::{ConfigError, Error, IntoError};
+pub use crate::semantics::Semantics;

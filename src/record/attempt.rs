@@ -1,0 +1,250 @@
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use http::HeaderName;
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::tally::CallTally;
+use super::{key_of, AttemptRecord, BusinessKey, CallId, Recorder, DEFAULT_REQUEST_ID_HEADER};
+use crate::classify::{Classification, Classify, DeliveryPhase, HttpClassifier, MakeClassifier};
+use crate::context::Context;
+use crate::deadline::Deadline;
+use crate::{Envelope, Error, IntoError};
+
+/// Records every attempt that passes through it. See the [module docs](super).
+///
+/// The classifier (default [`HttpClassifier`]) is the same one the other layers use, so the
+/// records say what retry decided on.
+#[derive(Clone, Debug)]
+pub struct RecordAttemptLayer<R, M = HttpClassifier> {
+    recorder: R,
+    classifier: M,
+    request_id: HeaderName,
+}
+
+impl<R> RecordAttemptLayer<R> {
+    /// Records to `recorder`, classifying with [`HttpClassifier`].
+    pub fn new(recorder: R) -> Self {
+        RecordAttemptLayer {
+            recorder,
+            classifier: HttpClassifier::new(),
+            request_id: DEFAULT_REQUEST_ID_HEADER,
+        }
+    }
+}
+
+impl<R, M> RecordAttemptLayer<R, M> {
+    /// Classifies with `classifier` instead.
+    pub fn with_classifier<M2>(self, classifier: M2) -> RecordAttemptLayer<R, M2> {
+        RecordAttemptLayer {
+            recorder: self.recorder,
+            classifier,
+            request_id: self.request_id,
+        }
+    }
+
+    /// Reads the downstream request id from this response header (default `x-request-id`).
+    pub fn request_id_header(mut self, header: HeaderName) -> Self {
+        self.request_id = header;
+        self
+    }
+}
+
+impl<S, R: Clone, M: Clone> Layer<S> for RecordAttemptLayer<R, M> {
+    type Service = RecordAttempt<S, R, M>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RecordAttempt {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service made by [`RecordAttemptLayer`].
+///
+/// # Readiness
+///
+/// `poll_ready` is the inner service's.
+#[derive(Clone, Debug)]
+pub struct RecordAttempt<S, R, M = HttpClassifier> {
+    inner: S,
+    layer: RecordAttemptLayer<R, M>,
+}
+
+impl<S, R, M> RecordAttempt<S, R, M> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the layer, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, R, M, Req, T> Service<Req> for RecordAttempt<S, R, M>
+where
+    S: Service<Req>,
+    S::Error: IntoError<Transport = T>,
+    S::Response: Envelope,
+    Req: Envelope,
+    R: Recorder + Clone,
+    M: MakeClassifier<Req>,
+    M::Classifier: Classify<S::Response, Error<T>>,
+{
+    type Response = S::Response;
+    type Error = Error<T>;
+    type Future = AttemptFuture<S::Future, R, M::Classifier, Error<T>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(IntoError::into_error)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        if !self.layer.recorder.enabled() {
+            return AttemptFuture {
+                inner: self.inner.call(req),
+                state: None,
+                _error: PhantomData,
+            };
+        }
+        let ctx = Context::current();
+        let attempt = CallTally::update(|t| {
+            t.started += 1;
+            t.started
+        })
+        .unwrap_or(1);
+        let started = Instant::now();
+        let deadline_left =
+            Deadline::earliest(req.deadline(), ctx.deadline).map(|d| d.remaining_at(started));
+        let span = self.layer.recorder.attempt_span(ctx.call, attempt);
+        let state = AttemptState {
+            recorder: self.layer.recorder.clone(),
+            classifier: Some(self.layer.classifier.make_classifier(&req)),
+            request_id: self.layer.request_id.clone(),
+            call: ctx.call,
+            key: key_of(&req),
+            attempt,
+            started,
+            deadline_left,
+            span: span.clone(),
+        };
+        let inner = span.in_scope(|| self.inner.call(req));
+        AttemptFuture {
+            inner,
+            state: Some(state),
+            _error: PhantomData,
+        }
+    }
+}
+
+struct AttemptState<R, C> {
+    recorder: R,
+    classifier: Option<C>,
+    request_id: HeaderName,
+    call: Option<CallId>,
+    key: Option<BusinessKey>,
+    attempt: u32,
+    started: Instant,
+    deadline_left: Option<std::time::Duration>,
+    span: tracing::Span,
+}
+
+impl<R: Recorder, C> AttemptState<R, C> {
+    fn finish(&mut self, classification: Classification, record: impl FnOnce(&mut AttemptRecord)) {
+        let mut rec = AttemptRecord {
+            call: self.call,
+            key: self.key.take(),
+            attempt: self.attempt,
+            started: self.started,
+            ended: Instant::now(),
+            deadline_left: self.deadline_left,
+            classification,
+            timeout: None,
+            cancelled: false,
+            request_id: None,
+        };
+        record(&mut rec);
+        CallTally::update(|t| t.observe(rec.attempt, classification));
+        self.span.in_scope(|| self.recorder.record_attempt(&rec));
+    }
+}
+
+pin_project! {
+    /// The future of [`RecordAttempt`].
+    pub struct AttemptFuture<F, R: Recorder, C, E> {
+        #[pin]
+        inner: F,
+        state: Option<AttemptState<R, C>>,
+        _error: PhantomData<fn() -> E>,
+    }
+
+    impl<F, R: Recorder, C, E> PinnedDrop for AttemptFuture<F, R, C, E> {
+        fn drop(this: Pin<&mut Self>) {
+            // Dropped before it ended: the caller went away. The request may have been sent.
+            if let Some(state) = this.project().state {
+                state.finish(Classification::failure_at(DeliveryPhase::Sent), |r| r.cancelled = true);
+            }
+        }
+    }
+}
+
+impl<F, R, C, Res, T, E0> Future for AttemptFuture<F, R, C, Error<T>>
+where
+    F: Future<Output = Result<Res, E0>>,
+    E0: IntoError<Transport = T>,
+    Res: Envelope,
+    R: Recorder,
+    C: Classify<Res, Error<T>>,
+{
+    type Output = Result<Res, Error<T>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Some(state) = this.state.as_mut() else {
+            return this.inner.poll(cx).map_err(IntoError::into_error);
+        };
+        let out = match state.span.in_scope(|| this.inner.poll(cx)) {
+            Poll::Ready(out) => out.map_err(IntoError::into_error),
+            Poll::Pending => return Poll::Pending,
+        };
+        if let Some(classifier) = state.classifier.take() {
+            match &out {
+                Ok(res) => {
+                    let classification = classifier.classify_response(res).at_head();
+                    let request_id = res
+                        .headers()
+                        .and_then(|h| h.get(&state.request_id))
+                        .cloned();
+                    state.finish(classification, |r| r.request_id = request_id);
+                }
+                Err(e) => {
+                    let classification = classifier.classify_error(e, DeliveryPhase::Sent);
+                    let timeout = e.elapsed().copied();
+                    state.finish(classification, |r| r.timeout = timeout);
+                }
+            }
+        }
+        *this.state = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<F, R: Recorder, C, E> fmt::Debug for AttemptFuture<F, R, C, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AttemptFuture").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,443 @@
+//! Records: the evidence of what every attempt and every call did.
+//!
+//! When a call's outcome is *unknown*, the records are how an operator finds out what happened:
+//! which attempts went out, how far each got, with how much budget left, what came back and
+//! why the call stopped.
+//!
+//! * [`RecordAttemptLayer`] yields one [`AttemptRecord`] per attempt. Put it **outside** the
+//!   attempt timeout, so that it sees where a timeout fired (DESIGN §8 lists it inside; outside
+//!   is what lets the record say "timed out after send").
+//! * [`RecordCallLayer`] yields one [`CallRecord`] per logical call: the attempts folded into the
+//!   call's [`Outcome`] and the [`StopReason`]. It is the outermost layer of a client stack, and
+//!   gives the call the [`CallId`] that its attempt records carry.
+//!
+//! Records go to a [`Recorder`]: [`TracingRecorder`] (a span per call and per attempt, with
+//! OpenTelemetry names such as `http.request.resend_count`), [`InMemoryRecorder`] for tests, any
+//! closure `Fn(Record<'_>)`, or `()` for none. With `()`, the record layers read no clock and
+//! build nothing: they cost a branch.
+//!
+//! ```
+//! use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
+//! use surely::classify::Outcome;
+//! use tower::{service_fn, ServiceBuilder, Service, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let recorder = InMemoryRecorder::new();
+//! let transport = service_fn(|_req: http::Request<()>| async {
+//!     Ok::<_, std::io::Error>(http::Response::builder().status(502).body(()).unwrap())
+//! });
+//! let mut client = ServiceBuilder::new()
+//!     .layer(RecordCallLayer::new(recorder.clone()))
+//!     .layer(RecordAttemptLayer::new(recorder.clone()))
+//!     .service(transport);
+//!
+//! let req = http::Request::post("/orders").body(()).unwrap();
+//! let _ = client.ready().await.unwrap().call(req).await;
+//!
+//! let call = &recorder.calls()[0];
+//! assert_eq!(call.outcome, Outcome::Unknown); // a 502 on a POST without a key
+//! assert_eq!(recorder.attempts()[0].attempt, 1);
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use http::HeaderValue;
+use tokio::time::Instant;
+
+use crate::classify::{AttemptClass, Classification, DeliveryPhase, Outcome};
+use crate::timeout::error::Elapsed;
+use crate::Semantics;
+
+mod attempt;
+mod call;
+mod tally;
+mod tracing_recorder;
+
+pub use self::attempt::{AttemptFuture, RecordAttempt, RecordAttemptLayer};
+pub use self::call::{CallFuture, RecordCall, RecordCallLayer};
+pub use self::tracing_recorder::TracingRecorder;
+
+/// The default response header read as the downstream request id.
+pub const DEFAULT_REQUEST_ID_HEADER: http::HeaderName =
+    http::HeaderName::from_static("x-request-id");
+
+/// A logical call's id, unique within the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CallId(u64);
+
+impl CallId {
+    pub(crate) fn next() -> CallId {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        CallId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The id as a number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for CallId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "call-{}", self.0)
+    }
+}
+
+/// A business key for the records: what an operator searches by (an order number). Put it in a
+/// request's extensions; without it, the records use the `Idempotency-Key` header.
+///
+/// ```
+/// let mut req = http::Request::post("/orders").body(()).unwrap();
+/// req.extensions_mut().insert(surely::record::BusinessKey::new("order o-1"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BusinessKey(Arc<str>);
+
+impl BusinessKey {
+    /// A business key.
+    pub fn new(key: impl Into<Arc<str>>) -> Self {
+        BusinessKey(key.into())
+    }
+
+    /// The key.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The key of a request, for its records: a [`BusinessKey`] extension, else the
+/// `Idempotency-Key` header.
+pub(crate) fn key_of<Req: crate::Envelope>(req: &Req) -> Option<BusinessKey> {
+    if let Some(k) = req.extensions().and_then(|e| e.get::<BusinessKey>()) {
+        return Some(k.clone());
+    }
+    let v = req.headers()?.get(crate::envelope::IDEMPOTENCY_KEY)?;
+    Some(BusinessKey::new(String::from_utf8_lossy(v.as_bytes())))
+}
+
+/// One attempt: what went out, how far it got, and what came back.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct AttemptRecord {
+    /// The logical call it belongs to, when a [`RecordCallLayer`] is outside.
+    pub call: Option<CallId>,
+    /// The business or idempotency key.
+    pub key: Option<BusinessKey>,
+    /// The attempt number, from 1.
+    pub attempt: u32,
+    /// When the attempt started.
+    pub started: Instant,
+    /// When it ended.
+    pub ended: Instant,
+    /// The call's budget left when the attempt started; `None` without a deadline.
+    pub deadline_left: Option<Duration>,
+    /// How the attempt was classified; its phase says how far the request got.
+    pub classification: Classification,
+    /// The timeout that ended the attempt, if one did: where it fired, and which limit.
+    pub timeout: Option<Elapsed>,
+    /// Whether the attempt was dropped before it finished (its caller went away).
+    pub cancelled: bool,
+    /// The downstream request id, from the configured response header.
+    pub request_id: Option<HeaderValue>,
+}
+
+impl AttemptRecord {
+    /// How long the attempt took.
+    pub fn duration(&self) -> Duration {
+        self.ended.saturating_duration_since(self.started)
+    }
+
+    /// How far the request got.
+    pub fn phase(&self) -> DeliveryPhase {
+        self.classification.phase()
+    }
+
+    /// The attempt's class.
+    pub fn class(&self) -> AttemptClass {
+        self.classification.class()
+    }
+}
+
+/// Why a call stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// An attempt succeeded.
+    Success,
+    /// A final answer: retrying would get the same.
+    Final,
+    /// A business conflict: redo the read-modify-write above, do not replay this step.
+    Conflict,
+    /// The last attempt may have committed and the request cannot be repeated.
+    Unknown,
+    /// The last attempt was rejected (retryable), and nothing retried it.
+    Rejected,
+    /// The call's deadline refused or ended it.
+    Deadline,
+    /// The call was dropped by its caller before it finished.
+    Cancelled,
+}
+
+impl StopReason {
+    /// A short lower-case name, for records and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Success => "success",
+            StopReason::Final => "final",
+            StopReason::Conflict => "conflict",
+            StopReason::Unknown => "unknown",
+            StopReason::Rejected => "rejected",
+            StopReason::Deadline => "deadline",
+            StopReason::Cancelled => "cancelled",
+        }
+    }
+
+    /// The reason a call stopped after an attempt of this class.
+    pub(crate) fn after(class: AttemptClass) -> Self {
+        match class {
+            AttemptClass::Success => StopReason::Success,
+            AttemptClass::Final => StopReason::Final,
+            AttemptClass::Conflict => StopReason::Conflict,
+            AttemptClass::Rejected => StopReason::Rejected,
+            AttemptClass::MaybeCommitted => StopReason::Unknown,
+        }
+    }
+}
+
+/// One logical call: its attempts folded into an outcome, and why it stopped.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct CallRecord {
+    /// The call's id; its attempt records carry the same.
+    pub call: CallId,
+    /// The business or idempotency key.
+    pub key: Option<BusinessKey>,
+    /// The request's semantics.
+    pub semantics: Semantics,
+    /// When the call started.
+    pub started: Instant,
+    /// When it ended.
+    pub ended: Instant,
+    /// The budget left when the call started; `None` without a deadline.
+    pub deadline_left: Option<Duration>,
+    /// How many attempts were made (0 if the call was refused before any).
+    pub attempts: u32,
+    /// The call's outcome.
+    pub outcome: Outcome,
+    /// The last attempt's classification, if any attempt was made.
+    pub last: Option<Classification>,
+    /// Why the call stopped.
+    pub stop: StopReason,
+}
+
+impl CallRecord {
+    /// How long the call took.
+    pub fn duration(&self) -> Duration {
+        self.ended.saturating_duration_since(self.started)
+    }
+}
+
+fn fmt_key(key: &Option<BusinessKey>) -> &str {
+    key.as_ref().map_or("-", BusinessKey::as_str)
+}
+
+fn fmt_left(left: Option<Duration>) -> String {
+    left.map_or_else(|| "none".to_owned(), |d| format!("{}ms", d.as_millis()))
+}
+
+impl fmt::Display for AttemptRecord {
+    /// One readable line: `call-7 attempt 1 key=o-1 left=1500ms phase=sent class=maybe committed ...`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.call {
+            Some(call) => write!(f, "{call} ")?,
+            None => f.write_str("call-? ")?,
+        }
+        write!(
+            f,
+            "attempt {} key={} left={} took={}ms phase={} class={}",
+            self.attempt,
+            fmt_key(&self.key),
+            fmt_left(self.deadline_left),
+            self.duration().as_millis(),
+            self.phase().as_str(),
+            self.class().as_str(),
+        )?;
+        if let Some(t) = &self.timeout {
+            write!(f, " timeout=\"{t}\"")?;
+        }
+        if self.cancelled {
+            f.write_str(" cancelled")?;
+        }
+        if let Some(id) = self.request_id.as_ref().and_then(|v| v.to_str().ok()) {
+            write!(f, " request-id={id}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for CallRecord {
+    /// One readable line: `call-7 key=o-1 attempts=2 outcome=unknown stop=unknown took=...`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} key={} semantics={:?} left={} attempts={} took={}ms outcome={} stop={}",
+            self.call,
+            fmt_key(&self.key),
+            self.semantics,
+            fmt_left(self.deadline_left),
+            self.attempts,
+            self.duration().as_millis(),
+            self.outcome.as_str(),
+            self.stop.as_str(),
+        )
+    }
+}
+
+/// A record, as a closure [`Recorder`] receives it.
+#[derive(Clone, Copy, Debug)]
+pub enum Record<'a> {
+    /// An attempt ended.
+    Attempt(&'a AttemptRecord),
+    /// A call ended.
+    Call(&'a CallRecord),
+}
+
+/// Where records go.
+///
+/// Shaped like tower-http's `on_failure` hooks: a no-op for `()`, a blanket impl for closures
+/// `Fn(Record<'_>)`, and named recorders ([`TracingRecorder`], [`InMemoryRecorder`]).
+///
+/// ```
+/// use surely::record::{Record, RecordCallLayer};
+///
+/// let layer = RecordCallLayer::new(|record: Record<'_>| {
+///     if let Record::Call(call) = record {
+///         println!("{call}");
+///     }
+/// });
+/// # let _ = layer;
+/// ```
+pub trait Recorder {
+    /// Whether records are wanted at all. When false, the record layers skip all work, clock
+    /// reads included.
+    fn enabled(&self) -> bool {
+        true
+    }
+
+    /// A span for a call, entered while the call runs. The default is none.
+    fn call_span(
+        &self,
+        call: CallId,
+        key: Option<&BusinessKey>,
+        semantics: Semantics,
+    ) -> tracing::Span {
+        let _ = (call, key, semantics);
+        tracing::Span::none()
+    }
+
+    /// A span for an attempt, entered while the attempt runs. The default is none.
+    fn attempt_span(&self, call: Option<CallId>, attempt: u32) -> tracing::Span {
+        let _ = (call, attempt);
+        tracing::Span::none()
+    }
+
+    /// An attempt ended. Called inside the attempt's span.
+    fn record_attempt(&self, record: &AttemptRecord);
+
+    /// A call ended. Called inside the call's span.
+    fn record_call(&self, record: &CallRecord);
+}
+
+impl Recorder for () {
+    #[inline(always)]
+    fn enabled(&self) -> bool {
+        false
+    }
+
+    fn record_attempt(&self, _: &AttemptRecord) {}
+
+    fn record_call(&self, _: &CallRecord) {}
+}
+
+impl<F> Recorder for F
+where
+    F: Fn(Record<'_>),
+{
+    fn record_attempt(&self, record: &AttemptRecord) {
+        self(Record::Attempt(record))
+    }
+
+    fn record_call(&self, record: &CallRecord) {
+        self(Record::Call(record))
+    }
+}
+
+/// Keeps every record in memory, for tests and demos. Clones share the same store.
+///
+/// ```
+/// let recorder = surely::record::InMemoryRecorder::new();
+/// assert!(recorder.attempts().is_empty());
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct InMemoryRecorder {
+    inner: Arc<Mutex<Store>>,
+}
+
+#[derive(Debug, Default)]
+struct Store {
+    attempts: Vec<AttemptRecord>,
+    calls: Vec<CallRecord>,
+}
+
+impl InMemoryRecorder {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        // A panic elsewhere while holding the lock leaves the records readable.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The attempt records so far, oldest first.
+    pub fn attempts(&self) -> Vec<AttemptRecord> {
+        self.store().attempts.clone()
+    }
+
+    /// The call records so far, oldest first.
+    pub fn calls(&self) -> Vec<CallRecord> {
+        self.store().calls.clone()
+    }
+
+    /// The attempt records of one call.
+    pub fn attempts_of(&self, call: CallId) -> Vec<AttemptRecord> {
+        self.store()
+            .attempts
+            .iter()
+            .filter(|a| a.call == Some(call))
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets every record.
+    pub fn clear(&self) {
+        let mut store = self.store();
+        store.attempts.clear();
+        store.calls.clear();
+    }
+}
+
+impl Recorder for InMemoryRecorder {
+    fn record_attempt(&self, record: &AttemptRecord) {
+        self.store().attempts.push(record.clone());
+    }
+
+    fn record_call(&self, record: &CallRecord) {
+        self.store().calls.push(record.clone());
+    }
+}

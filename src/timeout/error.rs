@@ -1,0 +1,58 @@
+//! Attempt timeout errors.
+
+use std::fmt;
+
+use crate::classify::DeliveryPhase;
+
+/// An attempt ran out of time: its per-try timeout, or the call's deadline, fired first.
+///
+/// It records how far the request had got when it fired, which decides its class: *rejected*
+/// if the transport reported that nothing was sent, otherwise *maybe committed*.
+///
+/// ```
+/// use surely::classify::DeliveryPhase;
+/// use surely::timeout::error::Elapsed;
+///
+/// let e = Elapsed::new(DeliveryPhase::Sent, false);
+/// assert_eq!(e.to_string(), "attempt timed out after the request was sent");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Elapsed {
+    phase: DeliveryPhase,
+    deadline: bool,
+}
+
+impl Elapsed {
+    /// A timeout that fired at `phase`; `deadline` says the call's deadline fired rather than
+    /// the per-try timeout.
+    pub fn new(phase: DeliveryPhase, deadline: bool) -> Self {
+        Elapsed { phase, deadline }
+    }
+
+    /// How far the request had got when the timeout fired.
+    pub fn phase(&self) -> DeliveryPhase {
+        self.phase
+    }
+
+    /// Whether the call's deadline, not the per-try timeout, ended the attempt.
+    pub fn is_deadline(&self) -> bool {
+        self.deadline
+    }
+}
+
+impl fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let limit = if self.deadline {
+            "call deadline reached"
+        } else {
+            "attempt timed out"
+        };
+        match self.phase {
+            DeliveryPhase::NotSent => write!(f, "{limit} before the request was sent"),
+            DeliveryPhase::Sent => write!(f, "{limit} after the request was sent"),
+            DeliveryPhase::ResponseStarted => write!(f, "{limit} while reading the response"),
+        }
+    }
+}
+
+impl std::error::Error for Elapsed {}

@@ -1,0 +1,212 @@
+//! The attempt timeout: one try gets `min(per-try timeout, the call's remaining budget)`.
+//!
+//! When it fires, the error ([`Elapsed`](error::Elapsed)) says where: before the request was
+//! sent or after. That is the difference between *rejected* (retry anything) and *maybe
+//! committed* (retry only what can be repeated). The phase comes from a
+//! [`Progress`](crate::delivery::Progress) handle in the request's extensions when the transport
+//! reports one; without it, a timeout after the inner service was called is *maybe committed*.
+//!
+//! # How this differs from `tower::timeout`
+//!
+//! tower's `Timeout` has one fixed duration and creates a timer on every call. This layer also
+//! obeys the call's deadline (from the [`DeadlineLayer`](crate::deadline::DeadlineLayer) or the
+//! request), says where it fired, and starts no timer, and reads no clock, for an inner future
+//! that answers on its first poll. The per-try clock starts at that first poll.
+//!
+//! ```
+//! use std::time::Duration;
+//! use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
+//! use surely::timeout::AttemptTimeoutLayer;
+//! use tower::{service_fn, Layer, Service, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! let slow = service_fn(|_: http::Request<()>| async {
+//!     tokio::time::sleep(Duration::from_secs(5)).await;
+//!     Ok::<_, std::io::Error>(())
+//! });
+//! let mut svc = AttemptTimeoutLayer::new(Duration::from_millis(200)).unwrap().layer(slow);
+//! let err = svc.ready().await.unwrap().call(http::Request::new(())).await.unwrap_err();
+//! assert!(err.is_elapsed());
+//! assert_eq!(err.classify_error(DeliveryPhase::Sent).class(), AttemptClass::MaybeCommitted);
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{ready, Context as TaskContext, Poll};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower_layer::Layer;
+use tower_service::Service;
+
+pub mod error;
+
+use self::error::Elapsed;
+use crate::classify::DeliveryPhase;
+use crate::context::Context;
+use crate::deadline::Deadline;
+use crate::delivery::Progress;
+use crate::{ConfigError, Envelope, Error, IntoError};
+
+/// Bounds each attempt by `min(per-try timeout, remaining budget)`. See the [module docs](self).
+#[derive(Clone, Copy, Debug)]
+pub struct AttemptTimeoutLayer {
+    per_try: Option<Duration>,
+}
+
+impl AttemptTimeoutLayer {
+    /// Each attempt gets at most `per_try`, and never more than the call's remaining budget.
+    /// `per_try` must be greater than zero.
+    pub fn new(per_try: Duration) -> Result<Self, ConfigError> {
+        if per_try.is_zero() {
+            return Err(ConfigError::new(
+                "attempt timeout",
+                "must be greater than zero",
+            ));
+        }
+        Ok(AttemptTimeoutLayer {
+            per_try: Some(per_try),
+        })
+    }
+
+    /// Each attempt is bounded by the call's deadline only.
+    pub fn deadline_only() -> Self {
+        AttemptTimeoutLayer { per_try: None }
+    }
+}
+
+impl<S> Layer<S> for AttemptTimeoutLayer {
+    type Service = AttemptTimeout<S>;
+
+    fn layer(&self, inner: S) -> AttemptTimeout<S> {
+        AttemptTimeout {
+            inner,
+            per_try: self.per_try,
+        }
+    }
+}
+
+/// The service made by [`AttemptTimeoutLayer`].
+///
+/// # Readiness
+///
+/// `poll_ready` is the inner service's and is not timed: time spent waiting for readiness is not
+/// part of an attempt. Put a deadline layer outside to bound the whole call.
+#[derive(Clone, Debug)]
+pub struct AttemptTimeout<S> {
+    inner: S,
+    per_try: Option<Duration>,
+}
+
+impl<S> AttemptTimeout<S> {
+    /// Wraps `inner` with the layer's settings.
+    pub fn new(inner: S, layer: AttemptTimeoutLayer) -> Self {
+        layer.layer(inner)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the layer, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, Req> Service<Req> for AttemptTimeout<S>
+where
+    S: Service<Req>,
+    S::Error: IntoError,
+    Req: Envelope,
+{
+    type Response = S::Response;
+    type Error = Error<<S::Error as IntoError>::Transport>;
+    type Future = ResponseFuture<S::Future, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(IntoError::into_error)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let deadline = Deadline::earliest(req.deadline(), Context::current().deadline);
+        let progress = req.extensions().and_then(|e| e.get::<Progress>()).cloned();
+        ResponseFuture {
+            inner: self.inner.call(req),
+            sleep: None,
+            per_try: self.per_try,
+            deadline,
+            by_deadline: false,
+            progress,
+            _error: PhantomData,
+        }
+    }
+}
+
+pin_project! {
+    /// The future of [`AttemptTimeout`].
+    pub struct ResponseFuture<F, E> {
+        #[pin]
+        inner: F,
+        #[pin]
+        sleep: Option<Sleep>,
+        per_try: Option<Duration>,
+        deadline: Option<Deadline>,
+        by_deadline: bool,
+        progress: Option<Progress>,
+        _error: PhantomData<fn() -> E>,
+    }
+}
+
+impl<F, T, E0> Future for ResponseFuture<F, Error<E0::Transport>>
+where
+    F: Future<Output = Result<T, E0>>,
+    E0: IntoError,
+{
+    type Output = Result<T, Error<E0::Transport>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Poll::Ready(out) = this.inner.poll(cx) {
+            return Poll::Ready(out.map_err(IntoError::into_error));
+        }
+        if this.sleep.is_none() {
+            let per_try = this
+                .per_try
+                .map(|t| Deadline::after_from(Instant::now(), t));
+            let Some(limit) = Deadline::earliest(per_try, *this.deadline) else {
+                return Poll::Pending;
+            };
+            *this.by_deadline = Some(limit) == *this.deadline;
+            this.sleep
+                .set(Some(tokio::time::sleep_until(limit.instant())));
+        }
+        if let Some(sleep) = this.sleep.as_pin_mut() {
+            ready!(sleep.poll(cx));
+        }
+        let phase = this
+            .progress
+            .as_ref()
+            .map_or(DeliveryPhase::Sent, Progress::phase);
+        Poll::Ready(Err(Elapsed::new(phase, *this.by_deadline).into()))
+    }
+}
+
+impl<F, E> fmt::Debug for ResponseFuture<F, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("per_try", &self.per_try)
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}
