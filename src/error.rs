@@ -158,7 +158,7 @@ impl<E: fmt::Debug> fmt::Debug for Error<E> {
 impl<E: fmt::Display> fmt::Display for Error<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.repr {
-            Repr::Transport(e) => write!(f, "transport error: {e}"),
+            Repr::Transport(e) => fmt::Display::fmt(e, f),
             Repr::Deadline(e) => fmt::Display::fmt(e, f),
             Repr::Elapsed(e) => fmt::Display::fmt(e, f),
             Repr::Fault(e) => fmt::Display::fmt(e, f),
@@ -172,7 +172,8 @@ where
 {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.repr {
-            Repr::Transport(e) => Some(e),
+            // Transparent: the transport error's own message is this error's.
+            Repr::Transport(e) => e.source(),
             _ => None,
         }
     }
