@@ -88,12 +88,14 @@ pub trait Envelope {
         self.extensions().and_then(|e| e.get::<Deadline>()).copied()
     }
 
-    /// Whether this message belongs to a gRPC exchange (its `content-type` starts with
-    /// `application/grpc`).
+    /// Whether this message belongs to a gRPC exchange: its `content-type` is `application/grpc`,
+    /// optionally followed by `+format` or parameters. gRPC-Web (`application/grpc-web`), whose
+    /// trailers travel in the body, is not.
     fn is_grpc(&self) -> bool {
         self.headers()
             .and_then(|h| h.get(http::header::CONTENT_TYPE))
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+            .and_then(|v| v.as_bytes().strip_prefix(b"application/grpc"))
+            .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';')))
     }
 }
 

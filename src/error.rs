@@ -194,7 +194,8 @@ impl<E: ClassifyError> ClassifyError for Error<E> {
 /// for `Error<E>`, and [`Error::transport`] for the transport errors below. Every surely client
 /// layer over a service `S` returns `Error<<S::Error as IntoError>::Transport>`.
 ///
-/// Implemented for `std::io::Error`, [`BoxError`] (tower's usual error),
+/// Implemented for `std::io::Error`, [`BoxError`] (tower's usual error, kept as a
+/// [`BoxedError`] so that the resulting `Error` is itself a `std::error::Error`),
 /// `std::convert::Infallible`, `http::Error`, and with the `hyper` feature `hyper::Error` and
 /// hyper-util's client error. For your own error type, implement it in three lines:
 ///
@@ -245,7 +246,7 @@ macro_rules! transport_errors {
 
 transport_errors!(
     std::io::Error,
-    BoxError,
+    BoxedError,
     std::convert::Infallible,
     http::Error,
     #[cfg(feature = "hyper")]
@@ -280,5 +281,73 @@ impl ConfigError {
     /// The setting that was rejected.
     pub fn setting(&self) -> &'static str {
         self.what
+    }
+}
+
+impl IntoError for BoxError {
+    type Transport = BoxedError;
+
+    fn into_error(self) -> Error<BoxedError> {
+        Error::transport(BoxedError(self))
+    }
+}
+
+/// A transport's boxed error ([`BoxError`], tower's usual error type), as the transport error
+/// inside an [`Error`].
+///
+/// `Box<dyn Error + Send + Sync>` does not itself implement `std::error::Error`, so an
+/// `Error<BoxError>` could not be boxed again (under `tower::buffer`, or with `?`). This wrapper
+/// does, transparently: its message and sources are the boxed error's.
+///
+/// ```
+/// use surely::{BoxedError, Error, IntoError};
+///
+/// let boxed: surely::classify::BoxError = "connection reset by peer".into();
+/// let err: Error<BoxedError> = boxed.into_error();
+/// assert_eq!(err.to_string(), "connection reset by peer");
+/// // And back into a box, as tower wants it.
+/// let again: surely::classify::BoxError = Box::new(err);
+/// # let _ = again;
+/// ```
+pub struct BoxedError(BoxError);
+
+impl BoxedError {
+    /// Wraps a boxed error.
+    pub fn new(error: BoxError) -> Self {
+        BoxedError(error)
+    }
+
+    /// The boxed error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+
+    /// Unwraps the boxed error.
+    pub fn into_inner(self) -> BoxError {
+        self.0
+    }
+}
+
+impl fmt::Debug for BoxedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for BoxedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for BoxedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl ClassifyError for BoxedError {
+    fn classify_error(&self, phase: DeliveryPhase) -> Classification {
+        crate::classify::error_chain(&*self.0, phase)
     }
 }

@@ -66,5 +66,5 @@ mod semantics;
 pub mod timeout;
 
 pub use crate::envelope::{Envelope, IDEMPOTENCY_KEY};
-pub use crate::error::{ConfigError, Error, IntoError};
+pub use crate::error::{BoxedError, ConfigError, Error, IntoError};
 pub use crate::semantics::Semantics;

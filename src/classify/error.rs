@@ -21,9 +21,12 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 ///
 /// | kind | class |
 /// | --- | --- |
-/// | `ConnectionRefused`, `AddrNotAvailable`, `AddrInUse`, `NotConnected` | rejected, not sent |
+/// | `ConnectionRefused`, `AddrNotAvailable`, `AddrInUse` | rejected, not sent |
 /// | `InvalidInput`, `PermissionDenied`, `Unsupported` | final, not sent |
-/// | anything else (`TimedOut`, `ConnectionReset`, `BrokenPipe`, `UnexpectedEof`, ...) | by phase: rejected if not sent, else maybe committed |
+/// | anything else (`TimedOut`, `ConnectionReset`, `BrokenPipe`, `NotConnected`, ...) | by phase: rejected if not sent, else maybe committed |
+///
+/// An `io::Error` that wraps another error (`io::Error::other(e)`) is classified by the wrapped
+/// error when the crate knows it, and by its kind otherwise.
 ///
 /// ```
 /// use std::io::{Error, ErrorKind};
@@ -48,7 +51,7 @@ impl ClassifyError for io::Error {
 fn classify_io_kind(kind: io::ErrorKind, phase: DeliveryPhase) -> Classification {
     use io::ErrorKind::*;
     match kind {
-        ConnectionRefused | AddrNotAvailable | AddrInUse | NotConnected => {
+        ConnectionRefused | AddrNotAvailable | AddrInUse => {
             Classification::failure_at(DeliveryPhase::NotSent)
         }
         InvalidInput | PermissionDenied | Unsupported => {
@@ -96,7 +99,12 @@ fn classify_known(
     phase: DeliveryPhase,
 ) -> Option<Classification> {
     if let Some(e) = e.downcast_ref::<io::Error>() {
-        return Some(e.classify_error(phase));
+        // `io::Error::source` skips the error it wraps; look at it first.
+        let wrapped = e.get_ref().and_then(|inner| classify_known(inner, phase));
+        return Some(wrapped.unwrap_or_else(|| e.classify_error(phase)));
+    }
+    if let Some(c) = classify_surely_error(e, phase) {
+        return Some(c);
     }
     if let Some(e) = e.downcast_ref::<crate::deadline::error::DeadlineExceeded>() {
         return Some(Classification::failure_at(e.phase()));
@@ -116,6 +124,31 @@ fn classify_known(
             return Some(e.classify_error(phase));
         }
     }
+    None
+}
+
+/// A boxed [`crate::Error`] of one of the known transports: its local errors carry the phase.
+fn classify_surely_error(
+    e: &(dyn std::error::Error + 'static),
+    phase: DeliveryPhase,
+) -> Option<Classification> {
+    macro_rules! try_transports {
+        ($($(#[$m:meta])* $t:ty),* $(,)?) => {$(
+            $(#[$m])*
+            if let Some(e) = e.downcast_ref::<crate::Error<$t>>() {
+                return Some(e.classify_error(phase));
+            }
+        )*};
+    }
+    try_transports!(
+        io::Error,
+        crate::error::BoxedError,
+        http::Error,
+        #[cfg(feature = "hyper")]
+        hyper::Error,
+        #[cfg(feature = "hyper")]
+        hyper_util::client::legacy::Error,
+    );
     None
 }
 

@@ -1,6 +1,6 @@
 use http::{HeaderMap, HeaderName, StatusCode};
 
-use super::{AttemptClass, Classification, Classified, ClassifyEos, DeliveryPhase, Pushback};
+use super::{AttemptClass, Classification, Classified, ClassifyEos, DeliveryPhase};
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
@@ -78,8 +78,10 @@ impl GrpcCode {
         }
     }
 
-    /// The gRPC code for a non-200 HTTP status of a gRPC response (gRPC's
-    /// `http-grpc-status-mapping`).
+    /// The gRPC code a gRPC library reports for a non-200 HTTP status (gRPC's
+    /// `http-grpc-status-mapping`). The classifiers do not use it: such a status comes from a
+    /// proxy or gateway, and the HTTP table says more (a 504 after forwarding may have committed,
+    /// which `UNAVAILABLE` would hide).
     pub fn from_http_status(status: StatusCode) -> GrpcCode {
         GrpcCode(match status.as_u16() {
             400 => 13,
@@ -127,15 +129,9 @@ fn classify_status_headers(headers: &HeaderMap, trailers_only: bool) -> Option<C
     Some(Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback))
 }
 
-/// Classifies the head of a gRPC response.
-pub(super) fn classify_head(status: StatusCode, headers: &HeaderMap) -> Classified<GrpcEos> {
-    if status != StatusCode::OK {
-        let class = GrpcCode::from_http_status(status).class_trailers_only();
-        let pushback: Option<Pushback> = None;
-        return Classified::Ready(
-            Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback),
-        );
-    }
+/// Classifies the head of a gRPC response whose HTTP status is 200: from `grpc-status` in the
+/// headers of a trailers-only response, else at the end of the stream.
+pub(super) fn classify_head(headers: &HeaderMap) -> Classified<GrpcEos> {
     match classify_status_headers(headers, true) {
         Some(c) => Classified::Ready(c),
         None => Classified::RequiresEos(GrpcEos::default()),

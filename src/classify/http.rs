@@ -26,8 +26,8 @@ pub const KEY_IN_FLIGHT: HeaderName = HeaderName::from_static("idempotency-key-i
 ///
 /// Requests whose `content-type` starts with `application/grpc` are classified by gRPC status
 /// (see [`GrpcCode`](super::GrpcCode)): from the headers of a trailers-only response, else at
-/// the end of the stream ([`GrpcEos`]). A non-200 HTTP status on a gRPC response is mapped to a
-/// gRPC code as the gRPC spec's HTTP-to-gRPC status mapping says.
+/// the end of the stream ([`GrpcEos`]). A gRPC response with a non-200 HTTP status comes from a
+/// proxy or gateway and is classified by the HTTP table above.
 ///
 /// Errors are classified by [`ClassifyError`].
 ///
@@ -115,8 +115,8 @@ impl<B, E: ClassifyError> Classify<Response<B>, E> for HttpRequestClassifier {
     type ClassifyEos = GrpcEos;
 
     fn classify_response(self, res: &Response<B>) -> Classified<GrpcEos> {
-        if self.grpc {
-            grpc::classify_head(res.status(), res.headers())
+        if self.grpc && res.status() == StatusCode::OK {
+            grpc::classify_head(res.headers())
         } else {
             Classified::Ready(self.classify_status(res.status(), res.headers()))
         }

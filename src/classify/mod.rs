@@ -65,6 +65,7 @@ mod grpc;
 mod http;
 mod tally;
 
+pub(crate) use self::error::classify_dyn as error_chain;
 pub use self::error::{BoxError, ClassifyError};
 pub use self::func::{from_fn, Attempted, ClassifyFn, FnClassifier};
 pub use self::grpc::{GrpcCode, GrpcEos};

@@ -641,7 +641,7 @@ async fn a_closure_policy_sees_the_request() {
 #[test]
 fn composes_with_service_builder() {
     fn assert_service<
-        S: Service<Req, Response = Res, Error = Error<tower::BoxError>> + Clone + Send,
+        S: Service<Req, Response = Res, Error = Error<surely::BoxedError>> + Clone + Send,
     >(
         _: &S,
     ) {

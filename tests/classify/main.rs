@@ -1,0 +1,13 @@
+//! Classification through the public API: the DESIGN §1 attempt table for the four request
+//! semantics, the call outcome over several attempts, pushback parsing, error classification
+//! (including a real hyper-util client against 127.0.0.1), and closure classifiers.
+
+mod closure;
+mod errors;
+#[cfg(feature = "hyper")]
+mod hyper_client;
+mod pushback;
+mod semantics;
+mod support;
+mod table;
+mod tally;
