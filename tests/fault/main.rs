@@ -322,7 +322,7 @@ async fn readiness_is_the_inner_services() {
         type Error = std::io::Error;
         type Future = std::future::Ready<Result<Res, std::io::Error>>;
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-            Poll::Ready(Err(std::io::ErrorKind::NotConnected.into()))
+            Poll::Ready(Err(std::io::ErrorKind::ConnectionRefused.into()))
         }
         fn call(&mut self, _: Req) -> Self::Future {
             unreachable!("never ready")
