@@ -115,7 +115,9 @@ impl ClassifyEos for GrpcEos {
 fn classify_status_headers(headers: &HeaderMap, trailers_only: bool) -> Option<Classification> {
     let code =
         GrpcCode::from_header(headers.get(GRPC_STATUS)?.as_bytes()).unwrap_or(GrpcCode::UNKNOWN);
-    let class = if trailers_only {
+    let class = if code != GrpcCode::OK && headers.contains_key(super::NOT_PROCESSED) {
+        AttemptClass::Rejected
+    } else if trailers_only {
         code.class_trailers_only()
     } else {
         code.class_after_headers()

@@ -11,6 +11,12 @@ use crate::{Envelope, Semantics};
 /// is still running": for a keyed request it means "retry later with the same key".
 pub const KEY_IN_FLIGHT: HeaderName = HeaderName::from_static("idempotency-key-in-flight");
 
+/// The header with which a server says it did not process a request (its handler never ran),
+/// whatever the status: [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) sets it on
+/// its refusals. The built-in classifiers take the server at its word: the attempt is
+/// [`Rejected`](AttemptClass::Rejected).
+pub const NOT_PROCESSED: HeaderName = HeaderName::from_static("surely-not-processed");
+
 /// The built-in classifier for HTTP and gRPC over `http::Request` / `http::Response`.
 ///
 /// HTTP statuses:
@@ -18,7 +24,7 @@ pub const KEY_IN_FLIGHT: HeaderName = HeaderName::from_static("idempotency-key-i
 /// | status | class |
 /// | --- | --- |
 /// | 1xx, 2xx, 3xx | success |
-/// | 408, 425, 429; 503 with `Retry-After` | rejected, not processed |
+/// | 408, 425, 429; 503 with `Retry-After`; any failure with [`NOT_PROCESSED`] | rejected, not processed |
 /// | 409 for a keyed request with `Retry-After` or [`KEY_IN_FLIGHT`] | rejected (the key is in flight) |
 /// | 409 otherwise | conflict |
 /// | other 4xx | final |
@@ -90,6 +96,7 @@ impl HttpRequestClassifier {
         let pushback = crate::pushback::from_headers(headers);
         let class = match status.as_u16() {
             100..=399 => AttemptClass::Success,
+            _ if headers.contains_key(NOT_PROCESSED) => AttemptClass::Rejected,
             408 | 425 | 429 => AttemptClass::Rejected,
             409 if self.semantics == Semantics::Keyed
                 && (headers.contains_key(http::header::RETRY_AFTER)

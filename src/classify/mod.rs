@@ -69,7 +69,7 @@ pub(crate) use self::error::classify_dyn as error_chain;
 pub use self::error::{BoxError, ClassifyError};
 pub use self::func::{from_fn, Attempted, ClassifyFn, FnClassifier};
 pub use self::grpc::{GrpcCode, GrpcEos};
-pub use self::http::{HttpClassifier, HttpRequestClassifier, KEY_IN_FLIGHT};
+pub use self::http::{HttpClassifier, HttpRequestClassifier, KEY_IN_FLIGHT, NOT_PROCESSED};
 pub use self::tally::OutcomeTally;
 
 /// How far a request got before its attempt ended.

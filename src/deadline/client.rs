@@ -14,6 +14,7 @@ use tower_service::Service;
 use super::error::DeadlineExceeded;
 use super::{codec, Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::context::Context;
+use crate::record::CallTally;
 use crate::{ConfigError, Envelope, Error, IntoError};
 
 /// The default transit reserve: budget shaved off what is written on the wire.
@@ -29,7 +30,9 @@ const DEFAULT_RESERVE: Duration = Duration::from_millis(1);
 ///   [`DeadlineExceeded`] (not sent) and the inner service is not called;
 /// * the remaining budget less the reserve is written to the request: `grpc-timeout` for gRPC
 ///   requests, the configured millisecond header (default `x-request-timeout-ms`) for other HTTP
-///   requests; request types without headers are left alone;
+///   requests; request types without headers are left alone. A budget that would be written as
+///   zero (under a millisecond for the millisecond header) is refused here: the server would
+///   refuse it anyway, and its refusal would look like a failure after send;
 /// * the deadline is the *current* one while the inner service runs;
 /// * if the inner future has not answered by the deadline, the call ends with
 ///   [`DeadlineExceeded`] (in flight, maybe committed). No timer is created for a call that
@@ -103,7 +106,8 @@ impl DeadlineLayerBuilder {
         self
     }
 
-    /// Whether to write `grpc-timeout` on gRPC requests (default true).
+    /// Whether to write `grpc-timeout` on gRPC requests (default true). When false, nothing is
+    /// written on gRPC requests: the millisecond header means nothing to a gRPC server.
     pub fn grpc_timeout(mut self, enabled: bool) -> Self {
         self.config.grpc = enabled;
         self
@@ -199,10 +203,13 @@ where
             let deadline = Deadline::earliest(own, inherited);
             if let Some(deadline) = deadline {
                 let remaining = deadline.remaining_at(now);
-                if remaining <= self.config.reserve {
+                if remaining <= self.config.reserve
+                    || !self.write_budget(&mut req, remaining - self.config.reserve)
+                {
                     return ResponseFuture::refused();
                 }
-                self.write_budget(&mut req, remaining - self.config.reserve);
+                // Tell a record layer outside what the call's deadline is.
+                CallTally::update(|t| t.deadline = Some(deadline));
             }
             ctx.deadline = deadline;
         }
@@ -219,16 +226,24 @@ where
 }
 
 impl<S> WithDeadline<S> {
-    fn write_budget<Req: Envelope>(&self, req: &mut Req, budget: Duration) {
-        let grpc = self.config.grpc && req.is_grpc();
+    /// Writes the budget on the wire; false if it would be written as zero (under a millisecond
+    /// for the millisecond header), which the server would take as spent.
+    fn write_budget<Req: Envelope>(&self, req: &mut Req, budget: Duration) -> bool {
+        let grpc = req.is_grpc();
         let Some(headers) = req.headers_mut() else {
-            return;
+            return true;
         };
         if grpc {
-            headers.insert(GRPC_TIMEOUT, codec::encode_grpc_timeout(budget));
+            if self.config.grpc {
+                headers.insert(GRPC_TIMEOUT, codec::encode_grpc_timeout(budget));
+            }
         } else if let Some(name) = &self.config.header {
+            if budget < Duration::from_millis(1) {
+                return false;
+            }
             headers.insert(name.clone(), codec::encode_millis(budget));
         }
+        true
     }
 }
 
@@ -272,7 +287,8 @@ where
     type Output = Result<T, Error<E0::Transport>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
+        let mut state = self.project().state;
+        match state.as_mut().project() {
             StateProj::Refused => Poll::Ready(Err(DeadlineExceeded::refused().into())),
             StateProj::Running {
                 inner,
@@ -291,6 +307,9 @@ where
                 if let Some(sleep) = sleep.as_pin_mut() {
                     ready!(sleep.poll(cx));
                 }
+                // Let the attempt go now, so that it is cancelled (and recorded) before the call
+                // ends, not whenever the caller drops this future.
+                state.set(State::Refused);
                 Poll::Ready(Err(DeadlineExceeded::in_flight().into()))
             }
         }

@@ -12,7 +12,9 @@ use tower_service::Service;
 
 use super::codec::{self, ParseTimeoutError};
 use super::{Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
+use crate::classify::NOT_PROCESSED;
 use crate::context::Context;
+use crate::record::CallTally;
 use crate::{ConfigError, Envelope};
 
 /// What the [`ServerDeadlineLayer`] does with a malformed deadline header.
@@ -33,11 +35,16 @@ pub enum Malformed {
 /// header can shorten the server's budget, never lengthen it), and then:
 ///
 /// * a budget that is spent, or below the configured minimum, is refused at once with 504
-///   (HTTP) or `grpc-status: 4` `DEADLINE_EXCEEDED` (gRPC), and the handler is not called;
+///   (HTTP) or `grpc-status: 4` `DEADLINE_EXCEEDED` (gRPC), and the handler is not called; the
+///   refusal carries [`NOT_PROCESSED`](crate::classify::NOT_PROCESSED), so the client's
+///   classifier knows nothing happened;
 /// * a malformed header is refused with 400 / `INVALID_ARGUMENT`, or ignored, per [`Malformed`];
 /// * otherwise the deadline is put in the request's extensions and made the
 ///   [`current`](super::current) deadline while the handler runs, so every client stack the
 ///   handler calls inherits it.
+///
+/// A handler served in-process inside a caller's call (same task) never gets more than the
+/// caller's current deadline.
 ///
 /// The handler is not cancelled at the deadline: stopping work half done is how effects get
 /// lost; the handler's own calls are bounded by the inherited deadline instead.
@@ -222,10 +229,15 @@ where
             Err(_) if self.config.malformed == Malformed::Ignore => None,
             Err(e) => return ServerDeadlineFuture::respond(malformed_response(grpc, &e)),
         };
-        let budget = match (inbound, self.config.max) {
+        let mut budget = match (inbound, self.config.max) {
             (Some(b), Some(max)) => Some(b.min(max)),
             (b, max) => b.or(max),
         };
+        // Served in-process, inside a caller's call: never longer than the caller's budget.
+        if let Some(outer) = Context::current().deadline {
+            let left = outer.remaining_at(now);
+            budget = Some(budget.map_or(left, |b| b.min(left)));
+        }
         let deadline = match budget {
             Some(b) if b.is_zero() || b < self.config.min => {
                 return ServerDeadlineFuture::respond(exceeded_response(grpc));
@@ -242,7 +254,7 @@ where
             deadline,
             ..Context::default()
         };
-        let inner = ctx.scope(|| self.inner.call(req));
+        let inner = CallTally::isolate(|| ctx.scope(|| self.inner.call(req)));
         ServerDeadlineFuture {
             state: ServerState::Running { inner, ctx },
         }
@@ -288,11 +300,16 @@ fn grpc_response<B: Default>(code: &'static str, message: &str) -> Response<B> {
 }
 
 fn exceeded_response<B: Default>(grpc: bool) -> Response<B> {
-    if grpc {
-        return grpc_response("4", "deadline exceeded before the handler started");
-    }
-    let mut res = Response::new(B::default());
-    *res.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+    let mut res = if grpc {
+        grpc_response("4", "deadline exceeded before the handler started")
+    } else {
+        let mut res = Response::new(B::default());
+        *res.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+        res
+    };
+    // The handler never ran: say so, or the client must assume it may have.
+    res.headers_mut()
+        .insert(NOT_PROCESSED, HeaderValue::from_static("deadline"));
     res
 }
 
@@ -343,7 +360,9 @@ where
                 Some(response) => Poll::Ready(Ok(response)),
                 None => Poll::Pending,
             },
-            ServerStateProj::Running { inner, ctx } => ctx.scope(|| inner.poll(cx)),
+            ServerStateProj::Running { inner, ctx } => {
+                CallTally::isolate(|| ctx.scope(|| inner.poll(cx)))
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ use super::{key_of, AttemptRecord, BusinessKey, CallId, Recorder, DEFAULT_REQUES
 use crate::classify::{Classification, Classify, DeliveryPhase, HttpClassifier, MakeClassifier};
 use crate::context::Context;
 use crate::deadline::Deadline;
+use crate::timeout::error::Elapsed;
 use crate::{Envelope, Error, IntoError};
 
 /// Records every attempt that passes through it. See the [module docs](super).
@@ -128,9 +129,12 @@ where
         })
         .unwrap_or(1);
         let started = Instant::now();
-        let deadline_left =
-            Deadline::earliest(req.deadline(), ctx.deadline).map(|d| d.remaining_at(started));
+        let deadline = Deadline::earliest(req.deadline(), ctx.deadline);
+        let deadline_left = deadline.map(|d| d.remaining_at(started));
         let span = self.layer.recorder.attempt_span(ctx.call, attempt);
+        // Inside the attempt, the deadline still holds, but a nested client (a token fetch in
+        // the transport, an in-process server) is not part of this call.
+        let inner_ctx = Context { call: None, ..ctx };
         let state = AttemptState {
             recorder: self.layer.recorder.clone(),
             classifier: Some(self.layer.classifier.make_classifier(&req)),
@@ -140,9 +144,11 @@ where
             attempt,
             started,
             deadline_left,
+            deadline,
             span: span.clone(),
+            ctx: inner_ctx,
         };
-        let inner = span.in_scope(|| self.inner.call(req));
+        let inner = state.run(|| self.inner.call(req));
         AttemptFuture {
             inner,
             state: Some(state),
@@ -160,10 +166,18 @@ struct AttemptState<R, C> {
     attempt: u32,
     started: Instant,
     deadline_left: Option<std::time::Duration>,
+    deadline: Option<Deadline>,
     span: tracing::Span,
+    ctx: Context,
 }
 
 impl<R: Recorder, C> AttemptState<R, C> {
+    /// Runs `f` inside the attempt's span and context, outside the call's tally.
+    fn run<O>(&self, f: impl FnOnce() -> O) -> O {
+        let (span, ctx) = (&self.span, self.ctx);
+        CallTally::isolate(|| ctx.scope(|| span.in_scope(f)))
+    }
+
     fn finish(&mut self, classification: Classification, record: impl FnOnce(&mut AttemptRecord)) {
         let mut rec = AttemptRecord {
             call: self.call,
@@ -194,9 +208,17 @@ pin_project! {
 
     impl<F, R: Recorder, C, E> PinnedDrop for AttemptFuture<F, R, C, E> {
         fn drop(this: Pin<&mut Self>) {
-            // Dropped before it ended: the caller went away. The request may have been sent.
+            // Dropped before it ended: the call's deadline ended it (a deadline layer outside
+            // let it go), or the caller went away. The request may have been sent.
             if let Some(state) = this.project().state {
-                state.finish(Classification::failure_at(DeliveryPhase::Sent), |r| r.cancelled = true);
+                let timeout = state
+                    .deadline
+                    .filter(|d| d.is_expired())
+                    .map(|_| Elapsed::new(DeliveryPhase::Sent, true));
+                state.finish(Classification::failure_at(DeliveryPhase::Sent), |r| {
+                    r.timeout = timeout;
+                    r.cancelled = timeout.is_none();
+                });
             }
         }
     }
@@ -217,7 +239,8 @@ where
         let Some(state) = this.state.as_mut() else {
             return this.inner.poll(cx).map_err(IntoError::into_error);
         };
-        let out = match state.span.in_scope(|| this.inner.poll(cx)) {
+        let inner = this.inner;
+        let out = match state.run(|| inner.poll(cx)) {
             Poll::Ready(out) => out.map_err(IntoError::into_error),
             Poll::Pending => return Poll::Pending,
         };

@@ -168,13 +168,17 @@ impl<R: Recorder, C> CallState<R, C> {
         last: Option<Classification>,
         stop: StopReason,
     ) {
+        // A deadline layer inside the call layer reports the deadline it set.
+        let deadline_left = self
+            .deadline_left
+            .or_else(|| self.tally.deadline.map(|d| d.remaining_at(self.started)));
         let rec = CallRecord {
             call: self.call,
             key: self.key.take(),
             semantics: self.semantics,
             started: self.started,
             ended: Instant::now(),
-            deadline_left: self.deadline_left,
+            deadline_left,
             attempts,
             outcome,
             last,
@@ -205,7 +209,7 @@ impl<R: Recorder, C> CallState<R, C> {
         let stop = match (tally.stop, deadline_error, last) {
             (Some(stop), _, _) => stop,
             (None, Some(_), _) => StopReason::Deadline,
-            (None, None, Some(c)) => StopReason::after(c.class()),
+            (None, None, Some(c)) => StopReason::after(c.class(), self.semantics),
             (None, None, None) => StopReason::Deadline,
         };
         self.finish(attempts, outcome, last, stop);

@@ -55,6 +55,8 @@ use crate::Semantics;
 mod attempt;
 mod call;
 mod tally;
+
+pub(crate) use self::tally::CallTally;
 mod tracing_recorder;
 
 pub use self::attempt::{AttemptFuture, RecordAttempt, RecordAttemptLayer};
@@ -174,8 +176,9 @@ pub enum StopReason {
     Conflict,
     /// The last attempt may have committed and the request cannot be repeated.
     Unknown,
-    /// The last attempt was rejected (retryable), and nothing retried it.
-    Rejected,
+    /// The last attempt could have been retried (it was rejected, or the request can be
+    /// repeated), and nothing retried it.
+    NotRetried,
     /// The call's deadline refused or ended it.
     Deadline,
     /// The call was dropped by its caller before it finished.
@@ -190,20 +193,20 @@ impl StopReason {
             StopReason::Final => "final",
             StopReason::Conflict => "conflict",
             StopReason::Unknown => "unknown",
-            StopReason::Rejected => "rejected",
+            StopReason::NotRetried => "not retried",
             StopReason::Deadline => "deadline",
             StopReason::Cancelled => "cancelled",
         }
     }
 
-    /// The reason a call stopped after an attempt of this class.
-    pub(crate) fn after(class: AttemptClass) -> Self {
+    /// The reason a call stopped after an attempt of this class, when nothing else stopped it.
+    pub(crate) fn after(class: AttemptClass, semantics: Semantics) -> Self {
         match class {
             AttemptClass::Success => StopReason::Success,
             AttemptClass::Final => StopReason::Final,
             AttemptClass::Conflict => StopReason::Conflict,
-            AttemptClass::Rejected => StopReason::Rejected,
-            AttemptClass::MaybeCommitted => StopReason::Unknown,
+            AttemptClass::MaybeCommitted if !semantics.is_repeatable() => StopReason::Unknown,
+            AttemptClass::Rejected | AttemptClass::MaybeCommitted => StopReason::NotRetried,
         }
     }
 }

@@ -3,11 +3,13 @@
 use std::cell::Cell;
 
 use crate::classify::{Classification, OutcomeTally};
+use crate::deadline::Deadline;
 use crate::record::StopReason;
 use crate::Semantics;
 
 tokio::task_local! {
-    static TALLY: Cell<CallTally>;
+    /// `None` inside an attempt: a nested client there is not part of this call.
+    static TALLY: Cell<Option<CallTally>>;
 }
 
 /// What the attempts of one call have shown so far.
@@ -21,6 +23,8 @@ pub(crate) struct CallTally {
     pub(crate) last: Option<Classification>,
     /// Set by a layer that stopped the call for its own reason.
     pub(crate) stop: Option<StopReason>,
+    /// The call's deadline, as the deadline layer inside the call layer set it.
+    pub(crate) deadline: Option<Deadline>,
 }
 
 impl CallTally {
@@ -31,29 +35,38 @@ impl CallTally {
             outcome: OutcomeTally::new(semantics),
             last: None,
             stop: None,
+            deadline: None,
         }
     }
 
     /// Runs `f` with this tally as the current one, and keeps what `f` added to it.
     pub(crate) fn scope<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        let (out, after) = TALLY.sync_scope(Cell::new(*self), || {
+        let (out, after) = TALLY.sync_scope(Cell::new(Some(*self)), || {
             let out = f();
             (out, TALLY.with(Cell::get))
         });
-        *self = after;
+        if let Some(after) = after {
+            *self = after;
+        }
         out
+    }
+
+    /// Runs `f` outside any call: what it records belongs to no call of this task's.
+    pub(crate) fn isolate<R>(f: impl FnOnce() -> R) -> R {
+        TALLY.sync_scope(Cell::new(None), f)
     }
 
     /// Updates the current call's tally, if a call layer is outside; returns what `f` returned.
     pub(crate) fn update<R>(f: impl FnOnce(&mut CallTally) -> R) -> Option<R> {
         TALLY
             .try_with(|cell| {
-                let mut tally = cell.get();
+                let mut tally = cell.get()?;
                 let out = f(&mut tally);
-                cell.set(tally);
-                out
+                cell.set(Some(tally));
+                Some(out)
             })
             .ok()
+            .flatten()
     }
 
     /// Adds an ended attempt.

@@ -8,7 +8,7 @@ use crate::Semantics;
 /// each closed with an event carrying the record.
 ///
 /// Field names follow the OpenTelemetry semantic conventions where one exists
-/// (`http.request.resend_count`, `http.response.header.x-request-id`, `error.type`), and are
+/// (`http.request.resend_count`, `error.type`), and are
 /// prefixed `surely.` otherwise. Calls whose outcome is unknown are logged at `WARN`, other
 /// calls at `INFO`, attempts at `DEBUG`.
 ///
@@ -56,7 +56,7 @@ impl Recorder for TracingRecorder {
             surely.phase = Empty,
             surely.class = Empty,
             error.type = Empty,
-            http.response.header.x_request_id = Empty,
+            surely.request_id = Empty,
         );
         if attempt > 1 {
             span.record("http.request.resend_count", attempt - 1);
@@ -69,7 +69,7 @@ impl Recorder for TracingRecorder {
         span.record("surely.phase", r.phase().as_str());
         span.record("surely.class", r.class().as_str());
         if let Some(id) = r.request_id.as_ref().and_then(|v| v.to_str().ok()) {
-            span.record("http.response.header.x_request_id", id);
+            span.record("surely.request_id", id);
         }
         if r.timeout.is_some() {
             span.record("error.type", "timeout");
