@@ -49,16 +49,26 @@ struct Shop {
     requests: AtomicUsize,
 }
 
-async fn handle(shop: Arc<Shop>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(
+    shop: Arc<Shop>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     shop.requests.fetch_add(1, Ordering::SeqCst);
     let budget = surely::deadline::current().map(|d| d.remaining());
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let orders = &shop.orders;
     let (status, reply) = match (parts.method, parts.uri.path()) {
         (Method::POST, "/orders") => {
             let id = String::from_utf8_lossy(&body).into_owned();
-            println!("  server   committed order {id} (budget left {})", fmt_budget(budget));
+            println!(
+                "  server   committed order {id} (budget left {})",
+                fmt_budget(budget)
+            );
             orders.lock().unwrap().push(id.clone());
             (StatusCode::CREATED, id)
         }
@@ -172,7 +182,11 @@ async fn main() -> Result<(), BoxError> {
     let get = Request::get(format!("http://{addr}/orders/o-0")).body(Full::default())?;
     let res = client.ready().await?.call(get).await?;
     let call = records.calls().last().cloned().expect("a call record");
-    println!("  client   {}: outcome {}", res.status(), call.outcome.as_str());
+    println!(
+        "  client   {}: outcome {}",
+        res.status(),
+        call.outcome.as_str()
+    );
     check(call.outcome == Outcome::Succeeded, "the plain GET succeeds");
 
     println!("\n2. POST /orders o-1 without a key; the server commits, the reply is lost");
@@ -180,23 +194,38 @@ async fn main() -> Result<(), BoxError> {
         .header(DEMO_FAULT, "reset-after-send")
         .body(Full::from("o-1"))?;
     let semantics = post.semantics();
-    let err = client.ready().await?.call(post).await.expect_err("the reply was lost");
+    let err = client
+        .ready()
+        .await?
+        .call(post)
+        .await
+        .expect_err("the reply was lost");
     let call = records.calls().last().cloned().expect("a call record");
     println!("  client   error: {}", chain(&err));
     println!(
         "  client   outcome {}: the order may exist; a {semantics:?} request is not sent again blindly",
         call.outcome.as_str()
     );
-    check(call.outcome == Outcome::Unknown, "the POST without a key whose reply was lost is unknown");
     check(
-        call.last.is_some_and(|c| c.class() == AttemptClass::MaybeCommitted && !c.is_retryable(semantics)),
+        call.outcome == Outcome::Unknown,
+        "the POST without a key whose reply was lost is unknown",
+    );
+    check(
+        call.last.is_some_and(|c| {
+            c.class() == AttemptClass::MaybeCommitted && !c.is_retryable(semantics)
+        }),
         "the lost reply is maybe committed and not retryable for a POST without a key",
     );
 
     println!("\n3. GET /orders/o-1 from a replica that is down: refused before send");
     let get = Request::get(format!("http://{down}/orders/o-1")).body(Full::default())?;
     let semantics = get.semantics();
-    let err = client.ready().await?.call(get).await.expect_err("the replica is down");
+    let err = client
+        .ready()
+        .await?
+        .call(get)
+        .await
+        .expect_err("the replica is down");
     let call = records.calls().last().cloned().expect("a call record");
     let last = call.last.expect("one attempt");
     println!("  client   error: {}", chain(&err));
@@ -210,26 +239,47 @@ async fn main() -> Result<(), BoxError> {
         last.class() == AttemptClass::Rejected && last.is_retryable(semantics),
         "the refused GET is rejected and retryable",
     );
-    check(call.outcome == Outcome::Failed, "the refused GET failed cleanly");
+    check(
+        call.outcome == Outcome::Failed,
+        "the refused GET failed cleanly",
+    );
 
     println!("\n4. A call whose budget is already spent");
     let seen_before = shop.requests.load(Ordering::SeqCst);
     let mut late = Request::post(format!("http://{addr}/orders")).body(Full::from("o-2"))?;
-    late.extensions_mut().insert(Deadline::after(Duration::ZERO));
-    let err = client.ready().await?.call(late).await.expect_err("no budget");
+    late.extensions_mut()
+        .insert(Deadline::after(Duration::ZERO));
+    let err = client
+        .ready()
+        .await?
+        .call(late)
+        .await
+        .expect_err("no budget");
     println!("  client   error: {}", chain(&err));
-    check(err.deadline_exceeded().is_some_and(|d| d.is_refused()), "the spent call is refused before send");
+    check(
+        err.deadline_exceeded().is_some_and(|d| d.is_refused()),
+        "the spent call is refused before send",
+    );
     check(
         shop.requests.load(Ordering::SeqCst) == seen_before,
         "the server never saw the refused call",
     );
 
     println!("\nThe server holds: {:?}", shop.orders.lock().unwrap());
-    check(*shop.orders.lock().unwrap() == ["o-1"], "exactly one order, o-1, exists");
+    check(
+        *shop.orders.lock().unwrap() == ["o-1"],
+        "exactly one order, o-1, exists",
+    );
     check(records.calls().len() == 4, "one call record per call");
     // Two of the four calls reached the shop, one was refused by the down replica, one never left.
-    check(records.attempts().len() == 3, "one attempt record per transport call");
-    check(shop.requests.load(Ordering::SeqCst) == 2, "the server saw exactly two requests");
+    check(
+        records.attempts().len() == 3,
+        "one attempt record per transport call",
+    );
+    check(
+        shop.requests.load(Ordering::SeqCst) == 2,
+        "the server saw exactly two requests",
+    );
 
     if failures.is_empty() {
         println!("invariants: ok");
