@@ -1,0 +1,495 @@
+//! What surely's client layers cost per call, next to the bare service and to tower's
+//! `Timeout`, all measured in the same run, the same way.
+//!
+//! Every case drives an in-memory `tower::service_fn` on a current-thread tokio runtime (time
+//! driver only): criterion's `iter_custom` runs one `block_on` of a loop of `iters` calls, each
+//! `ready().await` then `call(req).await`, with the request built inside the loop. One criterion
+//! iteration is therefore one call, and the runtime's `block_on` entry is amortised over the
+//! whole loop.
+//!
+//! Groups (`family/request`):
+//!
+//! * `ready/…`: the inner future answers on its first poll (`std::future::ready`), the path of
+//!   most calls. surely's layers start no timer here; tower's `Timeout` builds a `Sleep`.
+//! * `pending_once/…`: the inner future wakes its task and returns `Pending` once, then answers,
+//!   so every timeout layer has to arm its timer and disarm it when the answer comes.
+//! * `…/plain`: a request type of the bench's own, `Req(u64)`, with the default [`Envelope`]
+//!   (no headers, no extensions); the response is `Res` and the error `std::io::Error`.
+//! * `…/http`: an `http::Request<()>` built with a `content-type` header (so its `HeaderMap`
+//!   storage exists before any layer writes to it); the deadline layer writes
+//!   `x-request-timeout-ms` into it.
+//!
+//! Cases (the layers of a stack listed outermost first, as a `ServiceBuilder` lists them):
+//!
+//! * `bare`: the service alone, the baseline;
+//! * `tower_timeout`: `tower::timeout::Timeout` (1 s), the tower layer doing the nearest job;
+//! * `surely_deadline`: `DeadlineLayer::new(1 s)`;
+//! * `surely_attempt_timeout`: `AttemptTimeoutLayer::new(1 s)`;
+//! * `surely_stack`: `DeadlineLayer` → `RecordAttemptLayer::new(())` → `AttemptTimeoutLayer`,
+//!   the client stack of the crate docs without a call record;
+//! * `surely_stack_call`: the same under `RecordCallLayer::new(())`, the full client stack.
+//!
+//! Before criterion starts, the bench prints heap allocations per call for every case (10 000
+//! calls counted by a `stats_alloc` global allocator, outside any timing), in total and over
+//! `bare` (which includes building the request). After the last case it prints a summary: the
+//! median ns per call of each case (the median of criterion's last `SAMPLE_SIZE` samples of the
+//! case), its overhead over `bare`, its ratio to `tower_timeout` both as per-call times and as
+//! overheads, and whether the targets are met:
+//!
+//! * `surely_stack` per-call time ≤ 0.75 × `tower_timeout` on `ready`, ≤ 1.0 × on
+//!   `pending_once` (the ratio of per-call times is the target; the ratio of overheads is shown
+//!   too);
+//! * surely adds 0 allocations per call for `plain` requests, and at most one per header
+//!   written for `http` requests.
+//!
+//! Run it with `cargo bench --bench overhead` (about a minute and a half); one group with e.g.
+//! `cargo bench --bench overhead -- ready/plain`. The machine is noisy: compare ratios from one
+//! run, not absolute times across runs or machines.
+
+use std::alloc::System;
+use std::fmt::Debug;
+use std::future::{ready, Future, Ready};
+use std::hint::black_box;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use surely::classify::{self, Attempted, Classification, HttpClassifier};
+use surely::deadline::DeadlineLayer;
+use surely::record::{RecordAttemptLayer, RecordCallLayer};
+use surely::timeout::AttemptTimeoutLayer;
+use surely::{Envelope, Semantics};
+use tokio::runtime::Runtime;
+use tower::timeout::Timeout;
+use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
+
+/// Counts every allocation of the process; the bench reads it around loops of calls.
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// The budget of every timeout and deadline: long enough never to fire.
+const BUDGET: Duration = Duration::from_secs(1);
+/// Criterion's settings: short, for a 2-core machine.
+const WARM_UP: Duration = Duration::from_secs(1);
+const MEASUREMENT: Duration = Duration::from_secs(2);
+const SAMPLE_SIZE: usize = 50;
+/// Calls counted per case in the allocation table, after `ALLOC_WARM_UP` uncounted ones.
+const ALLOC_CALLS: u64 = 10_000;
+const ALLOC_WARM_UP: u64 = 100;
+
+const BARE: &str = "bare";
+const TOWER: &str = "tower_timeout";
+const STACK: &str = "surely_stack";
+
+// ---- the services -------------------------------------------------------------------------
+
+/// A request type without headers or extensions. It carries an id, as a real request carries
+/// data, which no layer reads.
+#[allow(dead_code)]
+struct Req(u64);
+
+impl Envelope for Req {}
+
+/// Its response.
+struct Res;
+
+impl Envelope for Res {}
+
+fn plain_req(i: u64) -> Req {
+    Req(i)
+}
+
+/// A GET with one header already in place, as a client would send.
+fn http_req(_: u64) -> http::Request<()> {
+    let mut req = http::Request::new(());
+    req.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    req
+}
+
+fn plain_ready(_: Req) -> Ready<io::Result<Res>> {
+    ready(Ok(Res))
+}
+
+fn plain_pending(_: Req) -> PendingOnce<io::Result<Res>> {
+    PendingOnce::new(Ok(Res))
+}
+
+fn http_ready(_: http::Request<()>) -> Ready<io::Result<http::Response<()>>> {
+    ready(Ok(http::Response::new(())))
+}
+
+fn http_pending(_: http::Request<()>) -> PendingOnce<io::Result<http::Response<()>>> {
+    PendingOnce::new(Ok(http::Response::new(())))
+}
+
+/// The record layers' classifier for `Res` (they never call it with the `()` recorder, but
+/// their bounds need one).
+fn classify_plain(
+    attempt: Attempted<'_, Res, surely::Error<io::Error>>,
+    _: Semantics,
+) -> Classification {
+    match attempt {
+        Attempted::Response(_) => Classification::success(),
+        Attempted::Error(_, phase) => Classification::failure_at(phase),
+    }
+}
+
+/// A future that is pending exactly once: its first poll wakes the task and returns `Pending`,
+/// as a transport does when its answer is not there yet but is on its way.
+struct PendingOnce<T> {
+    value: Option<T>,
+    polled: bool,
+}
+
+impl<T> PendingOnce<T> {
+    fn new(value: T) -> Self {
+        PendingOnce {
+            value: Some(value),
+            polled: false,
+        }
+    }
+}
+
+impl<T: Unpin> Future for PendingOnce<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        if !self.polled {
+            self.polled = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(self.value.take().expect("polled after completion"))
+    }
+}
+
+fn deadline() -> DeadlineLayer {
+    DeadlineLayer::new(BUDGET).expect("a valid deadline")
+}
+
+fn attempt_timeout() -> AttemptTimeoutLayer {
+    AttemptTimeoutLayer::new(BUDGET).expect("a valid attempt timeout")
+}
+
+// ---- driving them -------------------------------------------------------------------------
+
+/// A service and the requests to give it, behind one object-safe method so that the cases,
+/// each a different type, fit in one list. The loop itself is monomorphic.
+trait Drive {
+    /// Makes `n` successful calls on `rt` and returns how long they took.
+    fn run(&mut self, rt: &Runtime, n: u64) -> Duration;
+}
+
+struct Driver<S, F> {
+    svc: S,
+    make_req: F,
+}
+
+impl<S, F, Rq> Drive for Driver<S, F>
+where
+    S: Service<Rq>,
+    S::Error: Debug,
+    F: Fn(u64) -> Rq,
+{
+    fn run(&mut self, rt: &Runtime, n: u64) -> Duration {
+        let Driver { svc, make_req } = self;
+        rt.block_on(async {
+            let start = Instant::now();
+            for i in 0..n {
+                let req = make_req(i);
+                let svc = svc.ready().await.expect("always ready");
+                black_box(svc.call(req).await.expect("the success path"));
+            }
+            start.elapsed()
+        })
+    }
+}
+
+fn driver<S, Rq>(svc: S, make_req: fn(u64) -> Rq) -> Box<dyn Drive>
+where
+    S: Service<Rq> + 'static,
+    S::Error: Debug,
+    Rq: 'static,
+{
+    Box::new(Driver { svc, make_req })
+}
+
+/// One benchmarked case: its group, its name, how many headers its layers write, and how to
+/// build it.
+struct Case {
+    group: &'static str,
+    name: &'static str,
+    headers_written: u32,
+    make: fn() -> Box<dyn Drive>,
+}
+
+/// The six cases of one group.
+macro_rules! group {
+    ($group:literal, $svc:expr, $req:expr, $classifier:expr, headers = $headers:literal) => {
+        [
+            Case {
+                group: $group,
+                name: BARE,
+                headers_written: 0,
+                make: || driver(service_fn($svc), $req),
+            },
+            Case {
+                group: $group,
+                name: TOWER,
+                headers_written: 0,
+                make: || driver(Timeout::new(service_fn($svc), BUDGET), $req),
+            },
+            Case {
+                group: $group,
+                name: "surely_deadline",
+                headers_written: $headers,
+                make: || driver(deadline().layer(service_fn($svc)), $req),
+            },
+            Case {
+                group: $group,
+                name: "surely_attempt_timeout",
+                headers_written: 0,
+                make: || driver(attempt_timeout().layer(service_fn($svc)), $req),
+            },
+            Case {
+                group: $group,
+                name: STACK,
+                headers_written: $headers,
+                make: || {
+                    let svc = ServiceBuilder::new()
+                        .layer(deadline())
+                        .layer(RecordAttemptLayer::new(()).with_classifier($classifier))
+                        .layer(attempt_timeout())
+                        .service(service_fn($svc));
+                    driver(svc, $req)
+                },
+            },
+            Case {
+                group: $group,
+                name: "surely_stack_call",
+                headers_written: $headers,
+                make: || {
+                    let svc = ServiceBuilder::new()
+                        .layer(RecordCallLayer::new(()).with_classifier($classifier))
+                        .layer(deadline())
+                        .layer(RecordAttemptLayer::new(()).with_classifier($classifier))
+                        .layer(attempt_timeout())
+                        .service(service_fn($svc));
+                    driver(svc, $req)
+                },
+            },
+        ]
+    };
+}
+
+fn cases() -> Vec<Case> {
+    [
+        group!(
+            "ready/plain",
+            plain_ready,
+            plain_req,
+            classify::from_fn(classify_plain),
+            headers = 0
+        ),
+        group!(
+            "ready/http",
+            http_ready,
+            http_req,
+            HttpClassifier::new(),
+            headers = 1
+        ),
+        group!(
+            "pending_once/plain",
+            plain_pending,
+            plain_req,
+            classify::from_fn(classify_plain),
+            headers = 0
+        ),
+        group!(
+            "pending_once/http",
+            http_pending,
+            http_req,
+            HttpClassifier::new(),
+            headers = 1
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a current-thread runtime")
+}
+
+// ---- allocations --------------------------------------------------------------------------
+
+/// Allocations (and reallocations) per call of each case, in case order.
+fn count_allocations(rt: &Runtime, cases: &[Case]) -> Vec<f64> {
+    cases
+        .iter()
+        .map(|case| {
+            let mut drive = (case.make)();
+            drive.run(rt, ALLOC_WARM_UP);
+            let region = Region::new(GLOBAL);
+            drive.run(rt, ALLOC_CALLS);
+            let change = region.change();
+            (change.allocations + change.reallocations) as f64 / ALLOC_CALLS as f64
+        })
+        .collect()
+}
+
+/// The index of `name` in `group`.
+fn find(cases: &[Case], group: &str, name: &str) -> Option<usize> {
+    cases
+        .iter()
+        .position(|c| c.group == group && c.name == name)
+}
+
+fn print_allocations(cases: &[Case], allocs: &[f64]) {
+    println!("heap allocations per successful call ({ALLOC_CALLS} calls per case)");
+    println!(
+        "{:<20} {:<24} {:>7} {:>11} {:>8}  target",
+        "group", "case", "total", "over bare", "headers"
+    );
+    for (i, case) in cases.iter().enumerate() {
+        let bare = find(cases, case.group, BARE).map_or(0.0, |b| allocs[b]);
+        let added = allocs[i] - bare;
+        let verdict = if case.name == BARE || case.name == TOWER {
+            "-"
+        } else if added <= f64::from(case.headers_written) {
+            "met"
+        } else {
+            "MISSED"
+        };
+        println!(
+            "{:<20} {:<24} {:>7.2} {:>11.2} {:>8}  {verdict}",
+            case.group, case.name, allocs[i], added, case.headers_written
+        );
+    }
+    println!();
+}
+
+// ---- timing -------------------------------------------------------------------------------
+
+fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 0 {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    } else {
+        sorted[mid]
+    }
+}
+
+/// Runs every case under criterion and returns each one's median ns per call, if criterion
+/// measured it (not filtered out, not in `--test` mode).
+fn bench(c: &mut Criterion, rt: &Runtime, cases: &[Case]) -> Vec<Option<f64>> {
+    let mut medians = vec![None; cases.len()];
+    let mut i = 0;
+    while i < cases.len() {
+        let group_name = cases[i].group;
+        let mut group = c.benchmark_group(group_name);
+        while i < cases.len() && cases[i].group == group_name {
+            let mut drive = (cases[i].make)();
+            let mut per_call = Vec::new();
+            group.bench_function(cases[i].name, |b| {
+                b.iter_custom(|iters| {
+                    let took = drive.run(rt, iters);
+                    per_call.push(took.as_nanos() as f64 / iters as f64);
+                    took
+                })
+            });
+            // Criterion's measured samples are its last calls; the ones before are warm-up.
+            if per_call.len() >= SAMPLE_SIZE {
+                medians[i] = Some(median(&per_call[per_call.len() - SAMPLE_SIZE..]));
+            }
+            i += 1;
+        }
+        group.finish();
+    }
+    medians
+}
+
+fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
+    if medians.iter().all(Option::is_none) {
+        return;
+    }
+    println!();
+    println!("median ns per call (same run)");
+    println!(
+        "{:<20} {:<24} {:>8} {:>9} {:>10} {:>12}",
+        "group", "case", "ns/call", "overhead", "÷ tower", "overhead ÷"
+    );
+    let at = |group: &str, name: &str| find(cases, group, name).and_then(|i| medians[i]);
+    for (i, case) in cases.iter().enumerate() {
+        let Some(t) = medians[i] else { continue };
+        let bare = at(case.group, BARE);
+        let tower = at(case.group, TOWER);
+        let overhead = bare.map(|b| t - b);
+        let cell = |v: Option<f64>, prec: usize| {
+            v.map_or_else(|| "-".to_owned(), |v| format!("{v:.prec$}"))
+        };
+        let ratio = tower.map(|tw| t / tw);
+        let overhead_ratio = match (overhead, bare, tower) {
+            (Some(o), Some(b), Some(tw)) => Some(o / (tw - b)),
+            _ => None,
+        };
+        println!(
+            "{:<20} {:<24} {:>8.1} {:>9} {:>10} {:>12}",
+            case.group,
+            case.name,
+            t,
+            cell(overhead, 1),
+            cell(ratio, 2),
+            cell(overhead_ratio, 2),
+        );
+    }
+    println!();
+    println!("targets: {STACK} ÷ {TOWER}, per-call time (the target) and overheads over {BARE}");
+    for (group, limit) in [
+        ("ready/plain", 0.75),
+        ("ready/http", 0.75),
+        ("pending_once/plain", 1.0),
+        ("pending_once/http", 1.0),
+    ] {
+        let (Some(b), Some(s), Some(tw)) = (at(group, BARE), at(group, STACK), at(group, TOWER))
+        else {
+            continue;
+        };
+        let ratio = s / tw;
+        let verdict = if ratio <= limit { "met" } else { "MISSED" };
+        // No layer can be faster than the bare service: `bare ÷ tower` is the floor.
+        println!(
+            "  {group:<20} per call {ratio:.2} (≤ {limit:.2}) {verdict:<6}  overheads {:.2}  \
+             floor {:.2}",
+            (s - b) / (tw - b),
+            b / tw,
+        );
+    }
+}
+
+fn main() {
+    let rt = runtime();
+    let cases = cases();
+    let allocs = count_allocations(&rt, &cases);
+    print_allocations(&cases, &allocs);
+
+    let mut c = Criterion::default()
+        .warm_up_time(WARM_UP)
+        .measurement_time(MEASUREMENT)
+        .sample_size(SAMPLE_SIZE)
+        .configure_from_args();
+    let medians = bench(&mut c, &rt, &cases);
+    c.final_summary();
+    print_summary(&cases, &medians);
+}
