@@ -26,7 +26,9 @@
 //! * `surely_deadline`: `DeadlineLayer::new(1 s)`;
 //! * `surely_attempt_timeout`: `AttemptTimeoutLayer::new(1 s)`;
 //! * `surely_stack`: `DeadlineLayer` → `RecordAttemptLayer::new(())` → `AttemptTimeoutLayer`,
-//!   the client stack of the crate docs without a call record;
+//!   the client stack of the crate docs without a call record. Its deadline layer counts on the
+//!   attempt timeout inside to end attempts by the deadline (`enforce_in_attempts()`), as the
+//!   canonical stack does, so it keeps no timer of its own;
 //! * `surely_stack_call`: the same under `RecordCallLayer::new(())`, the full client stack.
 //!
 //! Before criterion starts, the bench prints heap allocations per call for every case (10 000
@@ -59,7 +61,7 @@ use criterion::Criterion;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use surely::classify::{self, Attempted, Classification, HttpClassifier};
-use surely::deadline::DeadlineLayer;
+use surely::deadline::{AttemptTimers, DeadlineLayer};
 use surely::record::{RecordAttemptLayer, RecordCallLayer};
 use surely::timeout::AttemptTimeoutLayer;
 use surely::{Envelope, Semantics};
@@ -172,6 +174,17 @@ fn deadline() -> DeadlineLayer {
     DeadlineLayer::new(BUDGET).expect("a valid deadline")
 }
 
+/// The deadline layer of a stack with an attempt timeout inside: that timeout ends each
+/// attempt by the deadline, so the deadline layer keeps no timer of its own
+/// (`surely::deadline::AttemptTimers`), as the canonical stack does.
+fn stack_deadline() -> DeadlineLayer<AttemptTimers> {
+    DeadlineLayer::builder()
+        .timeout(BUDGET)
+        .enforce_in_attempts()
+        .build()
+        .expect("a valid deadline")
+}
+
 fn attempt_timeout() -> AttemptTimeoutLayer {
     AttemptTimeoutLayer::new(BUDGET).expect("a valid attempt timeout")
 }
@@ -262,7 +275,7 @@ macro_rules! group {
                 headers_written: $headers,
                 make: || {
                     let svc = ServiceBuilder::new()
-                        .layer(deadline())
+                        .layer(stack_deadline())
                         .layer(RecordAttemptLayer::new(()).with_classifier($classifier))
                         .layer(attempt_timeout())
                         .service(service_fn($svc));
@@ -276,7 +289,7 @@ macro_rules! group {
                 make: || {
                     let svc = ServiceBuilder::new()
                         .layer(RecordCallLayer::new(()).with_classifier($classifier))
-                        .layer(deadline())
+                        .layer(stack_deadline())
                         .layer(RecordAttemptLayer::new(()).with_classifier($classifier))
                         .layer(attempt_timeout())
                         .service(service_fn($svc));

@@ -14,8 +14,8 @@ pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("ide
 /// It is implemented for [`http::Request`] and [`http::Response`], which covers hyper, tonic and
 /// any HTTP transport. A service with its own request type implements it in one line and gets
 /// the defaults: no headers, no extensions, [`Semantics::NonIdempotent`] (the cautious choice),
-/// and no deadline of its own (the deadline layers then carry the deadline in the task-local
-/// [`current`](crate::deadline::current) context, which costs no allocation):
+/// and no deadline of its own (the deadline layers then carry the deadline in the
+/// [`current`](crate::deadline::current) call context, which costs no allocation):
 ///
 /// ```
 /// use surely::{Envelope, Semantics};
@@ -82,7 +82,7 @@ pub trait Envelope {
     /// The deadline the caller attached to this message, if any. The default reads a
     /// [`Deadline`] extension.
     ///
-    /// Layers combine it with the task-local [`current`](crate::deadline::current) deadline;
+    /// Layers combine it with the [`current`](crate::deadline::current) deadline;
     /// the earlier one wins.
     fn deadline(&self) -> Option<Deadline> {
         self.extensions().and_then(|e| e.get::<Deadline>()).copied()

@@ -2,29 +2,36 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::task::{ready, Context as TaskContext, Poll};
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use super::error::DeadlineExceeded;
+use super::timer::sealed::Timer;
+use super::timer::{AttemptTimers, Enforcement, OwnTimer};
 use super::{codec, Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
-use crate::context::Context;
+use crate::context::{CallDeadline, Context, Report};
 use crate::record::CallTally;
 use crate::{ConfigError, Envelope, Error, IntoError};
 
 /// The default transit reserve: budget shaved off what is written on the wire.
 const DEFAULT_RESERVE: Duration = Duration::from_millis(1);
 
+/// The least budget the millisecond header can carry: less is written as zero.
+const MIN_WIRE_MILLIS: Duration = Duration::from_millis(1);
+
 /// Gives each call a total budget, propagates it, and refuses a call with none left.
 ///
-/// For each call, the deadline is the earliest of: now + the layer's own timeout (if set), a
+/// For each call, the deadline is the earliest of: the layer's own timeout (if set), a
 /// [`Deadline`] in the request's extensions, and the [`current`](super::current) deadline
-/// inherited from an outer layer or a server handler. Then:
+/// inherited from an outer layer or a server handler. (When the clock starts for the layer's own
+/// budget is explained in the [module docs](super#when-the-clock-starts-and-who-ends-a-call-at-its-deadline).)
+/// Then:
 ///
 /// * if less than the transit reserve is left, the call is refused with
 ///   [`DeadlineExceeded`] (not sent) and the inner service is not called;
@@ -36,12 +43,15 @@ const DEFAULT_RESERVE: Duration = Duration::from_millis(1);
 /// * the deadline is the *current* one while the inner service runs;
 /// * if the inner future has not answered by the deadline, the call ends with
 ///   [`DeadlineExceeded`] (in flight, maybe committed). No timer is created for a call that
-///   answers on its first poll.
+///   answers on its first poll, nor while an attempt timeout inside ends the attempt by the
+///   deadline; the type parameter `T` ([`Enforcement`]) says where the layer's own timer lives
+///   when it needs one.
 ///
 /// See the [module docs](super) for an example.
 #[derive(Clone, Debug)]
-pub struct DeadlineLayer {
+pub struct DeadlineLayer<T = OwnTimer> {
     config: Config,
+    _timer: PhantomData<T>,
 }
 
 #[derive(Clone, Debug)]
@@ -50,12 +60,22 @@ struct Config {
     reserve: Duration,
     header: Option<HeaderName>,
     grpc: bool,
+    /// The wire values of the layer's own budget (`timeout - reserve`), encoded once: most calls
+    /// write exactly these, and cloning a `HeaderValue` does not allocate.
+    own_wire: Option<Wire>,
+}
+
+#[derive(Clone, Debug)]
+struct Wire {
+    millis: HeaderValue,
+    grpc: HeaderValue,
 }
 
 /// Builds a [`DeadlineLayer`], validating its settings.
 #[derive(Clone, Debug)]
-pub struct DeadlineLayerBuilder {
+pub struct DeadlineLayerBuilder<T = OwnTimer> {
     config: Config,
+    _timer: PhantomData<T>,
 }
 
 impl DeadlineLayer {
@@ -68,11 +88,13 @@ impl DeadlineLayer {
     /// (from the request or the current context) and does nothing for calls without one.
     pub fn inherit() -> Self {
         DeadlineLayer {
+            _timer: PhantomData,
             config: Config {
                 timeout: None,
                 reserve: DEFAULT_RESERVE,
                 header: Some(DEFAULT_HEADER),
                 grpc: true,
+                own_wire: None,
             },
         }
     }
@@ -81,12 +103,13 @@ impl DeadlineLayer {
     pub fn builder() -> DeadlineLayerBuilder {
         DeadlineLayerBuilder {
             config: Self::inherit().config,
+            _timer: PhantomData,
         }
     }
 }
 
-impl DeadlineLayerBuilder {
-    /// The call's own total budget, from the moment it is made. Must be greater than zero.
+impl<T> DeadlineLayerBuilder<T> {
+    /// The call's own total budget. Must be greater than zero.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.config.timeout = Some(timeout);
         self
@@ -113,8 +136,18 @@ impl DeadlineLayerBuilder {
         self
     }
 
+    /// Count on an [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer) inside to end
+    /// each attempt by the deadline, keeping no timer in the call's future; see
+    /// [`AttemptTimers`].
+    pub fn enforce_in_attempts(self) -> DeadlineLayerBuilder<AttemptTimers> {
+        DeadlineLayerBuilder {
+            config: self.config,
+            _timer: PhantomData,
+        }
+    }
+
     /// Validates and builds.
-    pub fn build(self) -> Result<DeadlineLayer, ConfigError> {
+    pub fn build(mut self) -> Result<DeadlineLayer<T>, ConfigError> {
         if let Some(timeout) = self.config.timeout {
             if timeout.is_zero() {
                 return Err(ConfigError::new(
@@ -128,20 +161,33 @@ impl DeadlineLayerBuilder {
                     "must be less than the timeout, or every call would be refused",
                 ));
             }
+            let budget = timeout - self.config.reserve;
+            if self.config.header.is_some() && budget < MIN_WIRE_MILLIS {
+                return Err(ConfigError::new(
+                    "deadline reserve",
+                    "must leave at least a millisecond of the timeout to write on the wire",
+                ));
+            }
+            self.config.own_wire = Some(Wire {
+                millis: codec::encode_millis(budget),
+                grpc: codec::encode_grpc_timeout(budget),
+            });
         }
         Ok(DeadlineLayer {
             config: self.config,
+            _timer: PhantomData,
         })
     }
 }
 
-impl<S> Layer<S> for DeadlineLayer {
-    type Service = WithDeadline<S>;
+impl<S, T> Layer<S> for DeadlineLayer<T> {
+    type Service = WithDeadline<S, T>;
 
-    fn layer(&self, inner: S) -> WithDeadline<S> {
+    fn layer(&self, inner: S) -> WithDeadline<S, T> {
         WithDeadline {
             inner,
             config: self.config.clone(),
+            _timer: PhantomData,
         }
     }
 }
@@ -153,14 +199,15 @@ impl<S> Layer<S> for DeadlineLayer {
 /// `poll_ready` is the inner service's. A refused call does not call the inner service, so the
 /// readiness it reserved stays reserved for the next call, as with tower's `Filter`.
 #[derive(Clone, Debug)]
-pub struct WithDeadline<S> {
+pub struct WithDeadline<S, T = OwnTimer> {
     inner: S,
     config: Config,
+    _timer: PhantomData<T>,
 }
 
-impl<S> WithDeadline<S> {
+impl<S, T> WithDeadline<S, T> {
     /// Wraps `inner` with the layer's settings.
-    pub fn new(inner: S, layer: &DeadlineLayer) -> Self {
+    pub fn new(inner: S, layer: &DeadlineLayer<T>) -> Self {
         layer.layer(inner)
     }
 
@@ -180,15 +227,16 @@ impl<S> WithDeadline<S> {
     }
 }
 
-impl<S, Req> Service<Req> for WithDeadline<S>
+impl<S, T, Req> Service<Req> for WithDeadline<S, T>
 where
     S: Service<Req>,
     S::Error: IntoError,
     Req: Envelope,
+    T: Enforcement,
 {
     type Response = S::Response;
     type Error = Error<<S::Error as IntoError>::Transport>;
-    type Future = ResponseFuture<S::Future, Self::Error>;
+    type Future = ResponseFuture<S::Future, Self::Error, T>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(IntoError::into_error)
@@ -196,28 +244,19 @@ where
 
     fn call(&mut self, mut req: Req) -> Self::Future {
         let mut ctx = Context::current();
-        let inherited = Deadline::earliest(req.deadline(), ctx.deadline);
-        if self.config.timeout.is_some() || inherited.is_some() {
-            let now = Instant::now();
-            let own = self.config.timeout.map(|t| Deadline::after_from(now, t));
-            let deadline = Deadline::earliest(own, inherited);
-            if let Some(deadline) = deadline {
-                let remaining = deadline.remaining_at(now);
-                if remaining <= self.config.reserve
-                    || !self.write_budget(&mut req, remaining - self.config.reserve)
-                {
-                    return ResponseFuture::refused();
-                }
-                // Tell a record layer outside what the call's deadline is.
-                CallTally::update(|t| t.deadline = Some(deadline));
-            }
-            ctx.deadline = deadline;
+        let Some(deadline) = self.resolve(&mut req, ctx.deadline) else {
+            return ResponseFuture::refused();
+        };
+        if deadline.is_some() {
+            // Tell a record layer outside what the call's deadline is.
+            CallTally::update(|t| t.deadline = deadline);
         }
+        ctx.deadline = deadline;
         let inner = ctx.scope(|| self.inner.call(req));
         ResponseFuture {
             state: State::Running {
                 inner,
-                sleep: None,
+                timer: Default::default(),
                 ctx,
             },
             _error: PhantomData,
@@ -225,23 +264,67 @@ where
     }
 }
 
-impl<S> WithDeadline<S> {
+impl<S, T> WithDeadline<S, T> {
+    /// The call's deadline, with its budget written on the wire; `None` if the call must be
+    /// refused.
+    ///
+    /// The clock is read only for a deadline that is already an instant (from the request or
+    /// an outer layer that anchored it); a budget of the layer's own, or an outer layer's not
+    /// yet anchored, is passed on as a budget.
+    fn resolve<Req: Envelope>(
+        &self,
+        req: &mut Req,
+        current: Option<CallDeadline>,
+    ) -> Option<Option<CallDeadline>> {
+        let fixed = Deadline::earliest(req.deadline(), current.and_then(CallDeadline::fixed));
+        let unanchored = match current {
+            Some(CallDeadline::Budget(b)) => Some(b),
+            _ => None,
+        };
+        let budget = match (self.config.timeout, unanchored) {
+            (Some(own), Some(outer)) => Some(own.min(outer)),
+            (own, outer) => own.or(outer),
+        };
+        let (deadline, remaining) = match (fixed, budget) {
+            (None, None) => return Some(None),
+            (None, Some(b)) => (CallDeadline::Budget(b), b),
+            (Some(fixed), budget) => {
+                let now = Instant::now();
+                let d =
+                    Deadline::earliest(Some(fixed), budget.map(|b| Deadline::after_from(now, b)))
+                        .unwrap_or(fixed);
+                (CallDeadline::At(d), d.remaining_at(now))
+            }
+        };
+        if remaining <= self.config.reserve {
+            return None;
+        }
+        let own = matches!(deadline, CallDeadline::Budget(b) if Some(b) == self.config.timeout);
+        self.write_budget(req, remaining - self.config.reserve, own)
+            .then_some(Some(deadline))
+    }
+
     /// Writes the budget on the wire; false if it would be written as zero (under a millisecond
-    /// for the millisecond header), which the server would take as spent.
-    fn write_budget<Req: Envelope>(&self, req: &mut Req, budget: Duration) -> bool {
+    /// for the millisecond header), which the server would take as spent. `own` says the budget
+    /// is the layer's own, whose encoding is kept.
+    fn write_budget<Req: Envelope>(&self, req: &mut Req, budget: Duration, own: bool) -> bool {
         let grpc = req.is_grpc();
         let Some(headers) = req.headers_mut() else {
             return true;
         };
+        let own_wire = self.config.own_wire.as_ref().filter(|_| own);
         if grpc {
             if self.config.grpc {
-                headers.insert(GRPC_TIMEOUT, codec::encode_grpc_timeout(budget));
+                let value =
+                    own_wire.map_or_else(|| codec::encode_grpc_timeout(budget), |w| w.grpc.clone());
+                headers.insert(GRPC_TIMEOUT, value);
             }
         } else if let Some(name) = &self.config.header {
-            if budget < Duration::from_millis(1) {
+            if budget < MIN_WIRE_MILLIS {
                 return false;
             }
-            headers.insert(name.clone(), codec::encode_millis(budget));
+            let value = own_wire.map_or_else(|| codec::encode_millis(budget), |w| w.millis.clone());
+            headers.insert(name.clone(), value);
         }
         true
     }
@@ -249,28 +332,28 @@ impl<S> WithDeadline<S> {
 
 pin_project! {
     /// The future of [`WithDeadline`].
-    pub struct ResponseFuture<F, E> {
+    pub struct ResponseFuture<F, E, T: Enforcement = OwnTimer> {
         #[pin]
-        state: State<F>,
+        state: State<F, T>,
         _error: PhantomData<fn() -> E>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F, T: Enforcement> {
         Refused,
         Running {
             #[pin]
             inner: F,
             #[pin]
-            sleep: Option<Sleep>,
+            timer: <T as Timer>::Slot,
             ctx: Context,
         },
     }
 }
 
-impl<F, E> ResponseFuture<F, E> {
+impl<F, E, T: Enforcement> ResponseFuture<F, E, T> {
     fn refused() -> Self {
         ResponseFuture {
             state: State::Refused,
@@ -279,12 +362,13 @@ impl<F, E> ResponseFuture<F, E> {
     }
 }
 
-impl<F, T, E0> Future for ResponseFuture<F, Error<E0::Transport>>
+impl<F, R, E0, T> Future for ResponseFuture<F, Error<E0::Transport>, T>
 where
-    F: Future<Output = Result<T, E0>>,
+    F: Future<Output = Result<R, E0>>,
     E0: IntoError,
+    T: Enforcement,
 {
-    type Output = Result<T, Error<E0::Transport>>;
+    type Output = Result<R, Error<E0::Transport>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
@@ -292,20 +376,47 @@ where
             StateProj::Refused => Poll::Ready(Err(DeadlineExceeded::refused().into())),
             StateProj::Running {
                 inner,
-                mut sleep,
+                mut timer,
                 ctx,
             } => {
-                if let Poll::Ready(out) = ctx.scope(|| inner.poll(cx)) {
+                let (out, inside) = ctx.scope_collect(|| inner.poll(cx));
+                let Some(deadline) = ctx.deadline else {
+                    Report::publish(inside);
+                    return out.map_err(IntoError::into_error);
+                };
+                if let Poll::Ready(out) = out {
+                    Report::publish(inside);
                     return Poll::Ready(out.map_err(IntoError::into_error));
                 }
-                let Some(deadline) = ctx.deadline else {
-                    return Poll::Pending;
+                // The call waits: from now on its deadline is an instant.
+                let (deadline, now) = match deadline {
+                    CallDeadline::At(d) => (d, inside.now),
+                    CallDeadline::Budget(b) => {
+                        let now = inside.now.unwrap_or_else(Instant::now);
+                        let d = Deadline::after_from(now, b);
+                        ctx.deadline = Some(CallDeadline::At(d));
+                        (d, Some(now))
+                    }
                 };
-                if sleep.is_none() {
-                    sleep.set(Some(tokio::time::sleep_until(deadline.instant())));
+                let armed = T::is_armed(&timer);
+                if !armed && inside.ends_by.is_some_and(|e| e <= deadline.instant()) {
+                    // A layer inside (an attempt timeout) will end the call by the deadline:
+                    // one timer is enough.
+                    Report::publish(Report { now, ..inside });
+                    return Poll::Pending;
                 }
-                if let Some(sleep) = sleep.as_pin_mut() {
-                    ready!(sleep.poll(cx));
+                if !armed {
+                    T::arm(timer.as_mut(), deadline.instant());
+                }
+                if T::poll(timer, cx).is_pending() {
+                    let ends_by = inside
+                        .ends_by
+                        .map_or(deadline.instant(), |e| e.min(deadline.instant()));
+                    Report::publish(Report {
+                        now,
+                        ends_by: Some(ends_by),
+                    });
+                    return Poll::Pending;
                 }
                 // Let the attempt go now, so that it is cancelled (and recorded) before the call
                 // ends, not whenever the caller drops this future.
@@ -316,7 +427,7 @@ where
     }
 }
 
-impl<F, E> fmt::Debug for ResponseFuture<F, E> {
+impl<F, E, T: Enforcement> fmt::Debug for ResponseFuture<F, E, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

@@ -5,8 +5,8 @@
 //! [`Deadline`] per call and hands it down:
 //!
 //! * **in the process**: the client [`DeadlineLayer`] makes the call's deadline the *current* one
-//!   (task-local) while its inner service runs, so inner layers (attempt timeout, retry) and any
-//!   client stack called further down see it with no plumbing. A caller may also put a
+//!   while its inner service is called and polled, so inner layers (attempt timeout, retry) and
+//!   any client stack called further down see it with no plumbing. A caller may also put a
 //!   [`Deadline`] in an `http::Request`'s extensions; the earlier one always wins;
 //! * **on the wire**: the remaining budget, less a small reserve for transit, as a *relative*
 //!   value (no clock sync needed): `grpc-timeout` for gRPC and a millisecond header
@@ -19,6 +19,26 @@
 //! A call whose budget is already spent is refused before anything is sent, with a
 //! [`DeadlineExceeded`](error::DeadlineExceeded) error classified *rejected, not sent*: nothing
 //! happened, and the record says why.
+//!
+//! # When the clock starts, and who ends a call at its deadline
+//!
+//! A layer with a budget of its own hands the budget down as a budget and writes it on the wire
+//! without reading the clock: most calls answer on their first poll, and for them the instant
+//! never matters. The budget becomes an instant the first time the call waits (or a layer or
+//! nested client inside asks for it), so the clock starts at the end of the call's first,
+//! synchronous, poll rather than at `call`: a difference of the time it takes to hand the
+//! request to the transport. A deadline inherited as an instant (from the request, or a server
+//! handler) is an instant from the start.
+//!
+//! A call still waiting at its deadline ends with
+//! [`DeadlineExceeded`](error::DeadlineExceeded). When an
+//! [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer) is inside, as in the canonical
+//! stack, its timer ends the attempt by the deadline and the deadline layer arms none; see
+//! [`Enforcement`] for where the deadline layer's own timer lives when it needs one.
+//!
+//! The current context is held per thread and set only while the layers' synchronous code runs
+//! (a `call`, a `poll`), so it follows the call's task across threads. Code that polls another
+//! task's future by hand inside a call (a nested executor) would see the call's context.
 //!
 //! # How this differs from `tower::timeout`
 //!
@@ -55,14 +75,16 @@ mod client;
 pub mod codec;
 pub mod error;
 mod server;
+mod timer;
 
 pub use self::client::{DeadlineLayer, DeadlineLayerBuilder, ResponseFuture, WithDeadline};
 pub use self::server::{
     Malformed, ServerDeadline, ServerDeadlineFuture, ServerDeadlineLayer,
     ServerDeadlineLayerBuilder,
 };
+pub use self::timer::{AttemptTimers, Enforcement, OwnTimer};
 
-use crate::context::Context;
+use crate::context::{CallDeadline, Context};
 
 /// The default HTTP header that carries the remaining budget in milliseconds.
 pub const DEFAULT_HEADER: http::HeaderName = http::HeaderName::from_static("x-request-timeout-ms");
@@ -160,14 +182,17 @@ impl Deadline {
 /// # }
 /// ```
 pub fn current() -> Option<Deadline> {
-    Context::current().deadline
+    Context::current()
+        .deadline
+        .map(|d| d.anchor(Instant::now()))
 }
 
 /// Runs `fut` with `deadline` as the current deadline (or the current one, if that is earlier),
 /// for code that calls client stacks outside a server deadline layer, such as a background job.
 pub async fn scope<F: Future>(deadline: Deadline, fut: F) -> F::Output {
     let mut ctx = Context::current();
-    ctx.deadline = Deadline::earliest(Some(deadline), ctx.deadline);
+    let outer = ctx.deadline.map(|d| d.anchor(Instant::now()));
+    ctx.deadline = Deadline::earliest(Some(deadline), outer).map(CallDeadline::At);
     let mut fut = std::pin::pin!(fut);
     std::future::poll_fn(move |cx| ctx.scope(|| fut.as_mut().poll(cx))).await
 }

@@ -13,7 +13,7 @@ use tower_service::Service;
 use super::codec::{self, ParseTimeoutError};
 use super::{Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::classify::NOT_PROCESSED;
-use crate::context::Context;
+use crate::context::{CallDeadline, Context};
 use crate::record::CallTally;
 use crate::{ConfigError, Envelope};
 
@@ -235,7 +235,7 @@ where
         };
         // Served in-process, inside a caller's call: never longer than the caller's budget.
         if let Some(outer) = Context::current().deadline {
-            let left = outer.remaining_at(now);
+            let left = outer.anchor(now).remaining_at(now);
             budget = Some(budget.map_or(left, |b| b.min(left)));
         }
         let deadline = match budget {
@@ -250,10 +250,7 @@ where
             None => None,
         };
         // A fresh context: the handler's calls are new logical calls under this deadline.
-        let ctx = Context {
-            deadline,
-            ..Context::default()
-        };
+        let ctx = Context::fresh(deadline.map(CallDeadline::At));
         let inner = CallTally::isolate(|| ctx.scope(|| self.inner.call(req)));
         ServerDeadlineFuture {
             state: ServerState::Running { inner, ctx },

@@ -129,7 +129,7 @@ where
         })
         .unwrap_or(1);
         let started = Instant::now();
-        let deadline = Deadline::earliest(req.deadline(), ctx.deadline);
+        let deadline = Deadline::earliest(req.deadline(), ctx.deadline.map(|d| d.anchor(started)));
         let deadline_left = deadline.map(|d| d.remaining_at(started));
         let span = self.layer.recorder.attempt_span(ctx.call, attempt);
         // Inside the attempt, the deadline still holds, but a nested client (a token fetch in
@@ -151,7 +151,7 @@ where
         let inner = state.run(|| self.inner.call(req));
         AttemptFuture {
             inner,
-            state: Some(state),
+            state: Some(Box::new(state)),
             _error: PhantomData,
         }
     }
@@ -202,7 +202,8 @@ pin_project! {
     pub struct AttemptFuture<F, R: Recorder, C, E> {
         #[pin]
         inner: F,
-        state: Option<AttemptState<R, C>>,
+        // Boxed: a disabled recorder (`()`) keeps the future small.
+        state: Option<Box<AttemptState<R, C>>>,
         _error: PhantomData<fn() -> E>,
     }
 

@@ -126,8 +126,11 @@ where
             key,
             semantics,
             started,
-            deadline_left: Deadline::earliest(req.deadline(), ctx.deadline)
-                .map(|d| d.remaining_at(started)),
+            deadline_left: Deadline::earliest(
+                req.deadline(),
+                ctx.deadline.map(|d| d.anchor(started)),
+            )
+            .map(|d| d.remaining_at(started)),
             span,
             ctx,
             tally: CallTally::new(semantics),
@@ -135,7 +138,7 @@ where
         let inner = state.run(|| self.inner.call(req));
         CallFuture {
             inner,
-            state: Some(state),
+            state: Some(Box::new(state)),
             _error: PhantomData,
         }
     }
@@ -169,9 +172,11 @@ impl<R: Recorder, C> CallState<R, C> {
         stop: StopReason,
     ) {
         // A deadline layer inside the call layer reports the deadline it set.
-        let deadline_left = self
-            .deadline_left
-            .or_else(|| self.tally.deadline.map(|d| d.remaining_at(self.started)));
+        let deadline_left = self.deadline_left.or_else(|| {
+            self.tally
+                .deadline
+                .map(|d| d.anchor(self.started).remaining_at(self.started))
+        });
         let rec = CallRecord {
             call: self.call,
             key: self.key.take(),
@@ -221,7 +226,8 @@ pin_project! {
     pub struct CallFuture<F, R: Recorder, C, E> {
         #[pin]
         inner: F,
-        state: Option<CallState<R, C>>,
+        // Boxed: a disabled recorder (`()`) keeps the future small.
+        state: Option<Box<CallState<R, C>>>,
         _error: PhantomData<fn() -> E>,
     }
 

@@ -41,6 +41,7 @@
 //! ```
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -69,17 +70,19 @@ pub const DEFAULT_REQUEST_ID_HEADER: http::HeaderName =
 
 /// A logical call's id, unique within the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CallId(u64);
+pub struct CallId(NonZeroU64);
 
 impl CallId {
     pub(crate) fn next() -> CallId {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        CallId(NEXT.fetch_add(1, Ordering::Relaxed))
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        // After 2^64 calls the counter wraps to zero; skip it.
+        CallId(NonZeroU64::new(id).unwrap_or(NonZeroU64::MIN))
     }
 
     /// The id as a number.
     pub fn get(self) -> u64 {
-        self.0
+        self.0.get()
     }
 }
 

@@ -1,15 +1,17 @@
-//! How attempt records report to their call: a task-local tally scoped by the call layer.
+//! How attempt records report to their call: a tally the call layer sets around each poll.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 
 use crate::classify::{Classification, OutcomeTally};
-use crate::deadline::Deadline;
+use crate::context::CallDeadline;
 use crate::record::StopReason;
 use crate::Semantics;
 
-tokio::task_local! {
-    /// `None` inside an attempt: a nested client there is not part of this call.
-    static TALLY: Cell<Option<CallTally>>;
+thread_local! {
+    /// The tally of the call being polled on this thread; `None` outside any call, and inside an
+    /// attempt (a nested client there is not part of the call). Set and restored around
+    /// synchronous code only, like the [`Context`](crate::context::Context).
+    static TALLY: RefCell<Option<CallTally>> = const { RefCell::new(None) };
 }
 
 /// What the attempts of one call have shown so far.
@@ -24,7 +26,7 @@ pub(crate) struct CallTally {
     /// Set by a layer that stopped the call for its own reason.
     pub(crate) stop: Option<StopReason>,
     /// The call's deadline, as the deadline layer inside the call layer set it.
-    pub(crate) deadline: Option<Deadline>,
+    pub(crate) deadline: Option<CallDeadline>,
 }
 
 impl CallTally {
@@ -41,9 +43,9 @@ impl CallTally {
 
     /// Runs `f` with this tally as the current one, and keeps what `f` added to it.
     pub(crate) fn scope<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        let (out, after) = TALLY.sync_scope(Cell::new(Some(*self)), || {
+        let (out, after) = swapped(Some(*self), || {
             let out = f();
-            (out, TALLY.with(Cell::get))
+            (out, TALLY.with(|t| *t.borrow()))
         });
         if let Some(after) = after {
             *self = after;
@@ -51,22 +53,16 @@ impl CallTally {
         out
     }
 
-    /// Runs `f` outside any call: what it records belongs to no call of this task's.
+    /// Runs `f` outside any call: what it records belongs to no call of this thread's.
     pub(crate) fn isolate<R>(f: impl FnOnce() -> R) -> R {
-        TALLY.sync_scope(Cell::new(None), f)
+        swapped(None, f)
     }
 
-    /// Updates the current call's tally, if a call layer is outside; returns what `f` returned.
+    /// Updates the current call's tally in place, if a call layer is outside; returns what `f`
+    /// returned.
+    #[inline]
     pub(crate) fn update<R>(f: impl FnOnce(&mut CallTally) -> R) -> Option<R> {
-        TALLY
-            .try_with(|cell| {
-                let mut tally = cell.get()?;
-                let out = f(&mut tally);
-                cell.set(Some(tally));
-                Some(out)
-            })
-            .ok()
-            .flatten()
+        TALLY.with(|t| t.borrow_mut().as_mut().map(f))
     }
 
     /// Adds an ended attempt.
@@ -75,4 +71,19 @@ impl CallTally {
         self.outcome.observe(classification.class());
         self.last = Some(classification);
     }
+}
+
+/// Runs `f` with `tally` as the current one, restoring the one before afterwards (also on
+/// unwind).
+fn swapped<R>(tally: Option<CallTally>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<CallTally>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let old = self.0.take();
+            TALLY.with(|t| *t.borrow_mut() = old);
+        }
+    }
+    let old = TALLY.with(|t| t.replace(tally));
+    let _restore = Restore(old);
+    f()
 }

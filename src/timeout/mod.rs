@@ -35,7 +35,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::task::{ready, Context as TaskContext, Poll};
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
@@ -47,7 +47,7 @@ pub mod error;
 
 use self::error::Elapsed;
 use crate::classify::DeliveryPhase;
-use crate::context::Context;
+use crate::context::{Context, Report};
 use crate::deadline::Deadline;
 use crate::delivery::Progress;
 use crate::{ConfigError, Envelope, Error, IntoError};
@@ -139,7 +139,7 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let deadline = Deadline::earliest(req.deadline(), Context::current().deadline);
+        let deadline = req.deadline();
         let progress = req.extensions().and_then(|e| e.get::<Progress>()).cloned();
         ResponseFuture {
             inner: self.inner.call(req),
@@ -161,7 +161,9 @@ pin_project! {
         #[pin]
         sleep: Option<Sleep>,
         per_try: Option<Duration>,
+        // The request's own deadline; the call's comes from the context when the timer is armed.
         deadline: Option<Deadline>,
+        // Whether the armed timer is the call's deadline rather than the per-try timeout.
         by_deadline: bool,
         progress: Option<Progress>,
         _error: PhantomData<fn() -> E>,
@@ -180,19 +182,36 @@ where
         if let Poll::Ready(out) = this.inner.poll(cx) {
             return Poll::Ready(out.map_err(IntoError::into_error));
         }
+        let mut now = None;
         if this.sleep.is_none() {
-            let per_try = this
-                .per_try
-                .map(|t| Deadline::after_from(Instant::now(), t));
-            let Some(limit) = Deadline::earliest(per_try, *this.deadline) else {
+            // The first wait: read the clock once, and arm one timer for the earlier of the
+            // per-try timeout and the call's deadline.
+            let current = Context::current().deadline;
+            if this.per_try.is_none() && this.deadline.is_none() && current.is_none() {
+                return Poll::Pending;
+            }
+            let at = Instant::now();
+            now = Some(at);
+            let call = Deadline::earliest(*this.deadline, current.map(|d| d.anchor(at)));
+            let per_try = this.per_try.map(|t| Deadline::after_from(at, t));
+            let Some(limit) = Deadline::earliest(per_try, call) else {
                 return Poll::Pending;
             };
-            *this.by_deadline = Some(limit) == *this.deadline;
+            *this.by_deadline = Some(limit) == call;
             this.sleep
                 .set(Some(tokio::time::sleep_until(limit.instant())));
         }
-        if let Some(sleep) = this.sleep.as_pin_mut() {
-            ready!(sleep.poll(cx));
+        let Some(sleep) = this.sleep.as_pin_mut() else {
+            return Poll::Pending;
+        };
+        let limit = sleep.deadline();
+        if sleep.poll(cx).is_pending() {
+            // This attempt ends by `limit`: an outer deadline layer needs no timer of its own.
+            Report::publish(Report {
+                now,
+                ends_by: Some(limit),
+            });
+            return Poll::Pending;
         }
         let phase = this
             .progress

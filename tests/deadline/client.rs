@@ -577,3 +577,98 @@ async fn a_budget_that_would_be_written_as_zero_is_refused_locally() {
     assert_refused(&err);
     assert_eq!(log.count(), 0, "sent {:?}", log.all()[0].headers);
 }
+
+// ---- how the deadline is enforced -----------------------------------------------------------
+
+/// A deadline layer that counts on attempt timeouts still ends a call whose inner service has
+/// none: it falls back to a timer of its own.
+#[tokio::test(start_paused = true)]
+async fn attempt_timers_enforcement_falls_back_to_its_own_timer() {
+    let calls = counter();
+    let layer = DeadlineLayer::builder()
+        .timeout(secs(2))
+        .enforce_in_attempts()
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(hanging(calls.clone()));
+    let start = Instant::now();
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(Instant::now() - start, secs(2));
+    assert!(err.deadline_exceeded().is_some_and(|d| !d.is_refused()));
+    assert_eq!(get(&calls), 1);
+}
+
+/// With an attempt timeout inside, the attempt ends at the call's deadline, and says so: the
+/// error is the attempt timeout's, fired by the deadline, whichever enforcement the deadline
+/// layer uses.
+#[tokio::test(start_paused = true)]
+async fn the_attempt_timeout_inside_ends_the_call_at_its_deadline() {
+    use surely::timeout::AttemptTimeoutLayer;
+    use tower::ServiceBuilder;
+
+    for enforce_in_attempts in [false, true] {
+        let calls = counter();
+        let builder = DeadlineLayer::builder().timeout(secs(2));
+        let start = Instant::now();
+        let err = if enforce_in_attempts {
+            let mut svc = ServiceBuilder::new()
+                .layer(builder.enforce_in_attempts().build().unwrap())
+                .layer(AttemptTimeoutLayer::new(secs(10)).unwrap())
+                .service(hanging(calls.clone()));
+            call(&mut svc, req()).await.unwrap_err()
+        } else {
+            let mut svc = ServiceBuilder::new()
+                .layer(builder.build().unwrap())
+                .layer(AttemptTimeoutLayer::new(secs(10)).unwrap())
+                .service(hanging(calls.clone()));
+            call(&mut svc, req()).await.unwrap_err()
+        };
+        assert_eq!(Instant::now() - start, secs(2));
+        let elapsed = err.elapsed().expect("the attempt timeout fired");
+        assert!(elapsed.is_deadline());
+        assert_eq!(elapsed.phase(), DeliveryPhase::Sent);
+    }
+}
+
+/// The budget of a deadline layer is handed down as a budget: a nested layer with a longer
+/// budget of its own writes the outer one's, less its reserve.
+#[tokio::test(start_paused = true)]
+async fn a_nested_layer_inherits_the_outer_budget() {
+    let log = Log::default();
+    let outer = DeadlineLayer::builder()
+        .timeout(secs(1))
+        .reserve(ms(5))
+        .build()
+        .unwrap();
+    let inner = DeadlineLayer::builder()
+        .timeout(secs(30))
+        .reserve(ms(10))
+        .build()
+        .unwrap();
+    let mut svc = outer.layer(inner.layer(recording(log.clone())));
+    call(&mut svc, req()).await.unwrap();
+    assert_eq!(log.header("x-request-timeout-ms").as_deref(), Some("990"));
+    let seen = &log.all()[0];
+    assert_eq!(
+        seen.current_at_poll.map(|d| d.remaining()),
+        Some(secs(1)),
+        "the handler sees the outer budget as its deadline"
+    );
+}
+
+#[test]
+fn a_reserve_that_leaves_less_than_a_millisecond_on_the_wire_is_a_config_error() {
+    let err = DeadlineLayer::builder()
+        .timeout(Duration::from_micros(1500))
+        .reserve(ms(1))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "deadline reserve");
+    // Without the millisecond header there is nothing to write, and the budget is fine.
+    DeadlineLayer::builder()
+        .timeout(Duration::from_micros(1500))
+        .reserve(ms(1))
+        .http_header(None)
+        .build()
+        .unwrap();
+}
