@@ -121,8 +121,13 @@ impl Context {
     /// Runs `f` with this context as the current one.
     #[inline]
     pub(crate) fn scope<R>(self, f: impl FnOnce() -> R) -> R {
-        let outer = STATE.with(|s| s.get());
-        scoped(&STATE, State { ctx: self, ..outer }, f)
+        let old = STATE.with(|s| {
+            let old = s.get();
+            s.set(State { ctx: self, ..old });
+            old
+        });
+        let _restore = Restore { key: &STATE, old };
+        f()
     }
 
     /// Runs `f` with this context as the current one and an empty report, and returns what

@@ -247,8 +247,8 @@ where
         let Some(deadline) = self.resolve(&mut req, ctx.deadline) else {
             return ResponseFuture::refused();
         };
-        if deadline.is_some() {
-            // Tell a record layer outside what the call's deadline is.
+        if deadline.is_some() && ctx.call.is_some() {
+            // Tell the record layer outside (the one that set the call id) the call's deadline.
             CallTally::update(|t| t.deadline = deadline);
         }
         ctx.deadline = deadline;
