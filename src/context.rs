@@ -87,7 +87,7 @@ impl<T: Copy + 'static> Drop for Restore<T> {
 }
 
 #[inline]
-pub(crate) fn scoped<T: Copy + 'static, R>(
+fn scoped<T: Copy + 'static, R>(
     key: &'static std::thread::LocalKey<Cell<T>>,
     value: T,
     f: impl FnOnce() -> R,

@@ -26,6 +26,34 @@ pub struct OwnTimer;
 
 /// The deadline layer counts on an [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer)
 /// inside to end each attempt by the deadline, and boxes a timer only for a call where none does.
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::deadline::DeadlineLayer;
+/// use surely::timeout::AttemptTimeoutLayer;
+/// use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let hangs = service_fn(|_req: http::Request<()>| async {
+///     std::future::pending::<()>().await;
+///     Ok::<_, std::io::Error>(())
+/// });
+/// let mut client = ServiceBuilder::new()
+///     .layer(
+///         DeadlineLayer::builder()
+///             .timeout(Duration::from_secs(2))
+///             .enforce_in_attempts()
+///             .build()
+///             .unwrap(),
+///     )
+///     .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)).unwrap())
+///     .service(hangs);
+///
+/// let err = client.ready().await.unwrap().call(http::Request::new(())).await.unwrap_err();
+/// // The attempt timeout ended the attempt at the call's deadline, with one timer.
+/// assert!(err.elapsed().is_some_and(|e| e.is_deadline()));
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttemptTimers;
 
