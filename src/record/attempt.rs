@@ -13,7 +13,7 @@ use tower_service::Service;
 use super::tally::CallTally;
 use super::{key_of, AttemptRecord, BusinessKey, CallId, Recorder, DEFAULT_REQUEST_ID_HEADER};
 use crate::classify::{Classification, Classify, DeliveryPhase, HttpClassifier, MakeClassifier};
-use crate::context::Context;
+use crate::context::{CallDeadline, Context};
 use crate::deadline::Deadline;
 use crate::timeout::error::Elapsed;
 use crate::{Envelope, Error, IntoError};
@@ -132,9 +132,13 @@ where
         let deadline = Deadline::earliest(req.deadline(), ctx.deadline.map(|d| d.anchor(started)));
         let deadline_left = deadline.map(|d| d.remaining_at(started));
         let span = self.layer.recorder.attempt_span(ctx.call, attempt);
-        // Inside the attempt, the deadline still holds, but a nested client (a token fetch in
-        // the transport, an in-process server) is not part of this call.
-        let inner_ctx = Context { call: None, ..ctx };
+        // Inside the attempt, the deadline still holds (anchored where this record measured
+        // it), but a nested client (a token fetch in the transport, an in-process server) is not
+        // part of this call.
+        let inner_ctx = Context {
+            call: None,
+            deadline: deadline.map(CallDeadline::At),
+        };
         let state = AttemptState {
             recorder: self.layer.recorder.clone(),
             classifier: Some(self.layer.classifier.make_classifier(&req)),
