@@ -62,6 +62,7 @@ mod error;
 pub mod fault;
 pub mod pushback;
 pub mod record;
+pub mod retry;
 mod semantics;
 pub mod timeout;
 
