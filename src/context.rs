@@ -14,6 +14,7 @@
 //! runs on next. This costs no allocation and works for any request type.
 
 use std::cell::Cell;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -98,19 +99,34 @@ fn scoped<T: Copy + 'static, R>(
 }
 
 /// What is known about the call being made on this thread's current poll.
+///
+/// Kept to 16 bytes (the deadline packed into a `u64`), because it is copied in and out of its
+/// cell around every poll of every layer that sets it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Context {
-    /// The call's deadline.
-    pub(crate) deadline: Option<CallDeadline>,
+    /// The call's deadline, packed (see [`pack_deadline`]).
+    deadline: u64,
     /// The logical call the code running now belongs to.
     pub(crate) call: Option<CallId>,
 }
 
 impl Context {
     const EMPTY: Context = Context {
-        deadline: None,
+        deadline: 0,
         call: None,
     };
+
+    /// The call's deadline.
+    #[inline]
+    pub(crate) fn deadline(&self) -> Option<CallDeadline> {
+        unpack_deadline(self.deadline)
+    }
+
+    /// Sets the call's deadline.
+    #[inline]
+    pub(crate) fn set_deadline(&mut self, deadline: Option<CallDeadline>) {
+        self.deadline = pack_deadline(deadline);
+    }
 
     /// The current context, or the empty one.
     #[inline]
@@ -147,29 +163,47 @@ impl Context {
         )
     }
 
-    /// An empty context with this one's deadline.
+    /// An empty context with this deadline.
     pub(crate) fn fresh(deadline: Option<CallDeadline>) -> Context {
         Context {
-            deadline,
+            deadline: pack_deadline(deadline),
             ..Context::EMPTY
         }
     }
 }
 
-/// What the layers inside left for the layers outside during one poll.
+/// What the layers inside left for the layers outside during one poll: instants packed as in
+/// [`pack_instant`], zero for none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Report {
-    /// A clock reading taken during this poll.
-    pub(crate) now: Option<Instant>,
-    /// The earliest instant by which a layer inside will end the call (return) by itself.
-    pub(crate) ends_by: Option<Instant>,
+    now: u64,
+    ends_by: u64,
 }
 
 impl Report {
-    const EMPTY: Report = Report {
-        now: None,
-        ends_by: None,
-    };
+    const EMPTY: Report = Report { now: 0, ends_by: 0 };
+
+    /// A report: a clock reading taken during this poll, and the earliest instant by which a
+    /// layer inside will end the call (return) by itself.
+    #[inline]
+    pub(crate) fn new(now: Option<Instant>, ends_by: Option<Instant>) -> Report {
+        Report {
+            now: now.map_or(0, pack_instant),
+            ends_by: ends_by.map_or(0, pack_instant),
+        }
+    }
+
+    /// The clock reading, if a layer inside took one.
+    #[inline]
+    pub(crate) fn now(&self) -> Option<Instant> {
+        (self.now != 0).then(|| unpack_instant(self.now))
+    }
+
+    /// When a layer inside will end the call by itself, if one will.
+    #[inline]
+    pub(crate) fn ends_by(&self) -> Option<Instant> {
+        (self.ends_by != 0).then(|| unpack_instant(self.ends_by))
+    }
 
     /// Adds to the current poll's report: the first clock reading is kept, the earliest end.
     #[inline]
@@ -181,13 +215,71 @@ impl Report {
             let mut state = c.get();
             let old = state.report;
             state.report = Report {
-                now: old.now.or(report.now),
+                now: if old.now != 0 { old.now } else { report.now },
                 ends_by: match (old.ends_by, report.ends_by) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
+                    (0, b) => b,
+                    (a, 0) => a,
+                    (a, b) => a.min(b),
                 },
             };
             c.set(state);
         });
     }
+}
+
+/// The flag of a packed deadline that is a budget, not an instant.
+const BUDGET: u64 = 1 << 63;
+
+/// Packs a deadline into a `u64`: 0 for none, a budget in nanoseconds with the top bit set, an
+/// instant as [`pack_instant`] does. Budgets and instants are clamped far beyond any deadline the
+/// crate makes (about 30 years).
+#[inline]
+fn pack_deadline(deadline: Option<CallDeadline>) -> u64 {
+    match deadline {
+        None => 0,
+        Some(CallDeadline::Budget(b)) => BUDGET | saturating_nanos(b).min(BUDGET - 1),
+        Some(CallDeadline::At(d)) => pack_instant(d.instant()),
+    }
+}
+
+#[inline]
+fn unpack_deadline(packed: u64) -> Option<CallDeadline> {
+    match packed {
+        0 => None,
+        p if p & BUDGET != 0 => Some(CallDeadline::Budget(Duration::from_nanos(p & !BUDGET))),
+        p => Some(CallDeadline::At(Deadline::at(unpack_instant(p)))),
+    }
+}
+
+/// The instants of this process are counted in nanoseconds from an epoch a day before the first
+/// one was packed; an instant before the epoch is packed as the epoch (only deadlines long past
+/// are that old, and the past is the past).
+#[inline]
+fn epoch() -> std::time::Instant {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    *EPOCH.get_or_init(|| {
+        let now = std::time::Instant::now();
+        now.checked_sub(Duration::from_secs(24 * 3600))
+            .unwrap_or(now)
+    })
+}
+
+/// The latest instant packed: a century after the epoch, far beyond any deadline.
+const CENTURY_NANOS: u64 = 100 * 365 * 24 * 3600 * 1_000_000_000;
+
+/// Packs an instant as 1 + nanoseconds since the epoch (never 0, never the budget flag).
+#[inline]
+fn pack_instant(at: Instant) -> u64 {
+    let since = at.into_std().saturating_duration_since(epoch());
+    1 + saturating_nanos(since).min(CENTURY_NANOS)
+}
+
+#[inline]
+fn unpack_instant(packed: u64) -> Instant {
+    Instant::from_std(epoch() + Duration::from_nanos(packed - 1))
+}
+
+#[inline]
+fn saturating_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -244,14 +244,14 @@ where
 
     fn call(&mut self, mut req: Req) -> Self::Future {
         let mut ctx = Context::current();
-        let Some(deadline) = self.resolve(&mut req, ctx.deadline) else {
+        let Some(deadline) = self.resolve(&mut req, ctx.deadline()) else {
             return ResponseFuture::refused();
         };
         if deadline.is_some() && ctx.call.is_some() {
             // Tell the record layer outside (the one that set the call id) the call's deadline.
             CallTally::update(|t| t.deadline = deadline);
         }
-        ctx.deadline = deadline;
+        ctx.set_deadline(deadline);
         let inner = ctx.scope(|| self.inner.call(req));
         ResponseFuture {
             state: State::Running {
@@ -380,7 +380,7 @@ where
                 ctx,
             } => {
                 let (out, inside) = ctx.scope_collect(|| inner.poll(cx));
-                let Some(deadline) = ctx.deadline else {
+                let Some(deadline) = ctx.deadline() else {
                     Report::publish(inside);
                     return out.map_err(IntoError::into_error);
                 };
@@ -390,32 +390,29 @@ where
                 }
                 // The call waits: from now on its deadline is an instant.
                 let (deadline, now) = match deadline {
-                    CallDeadline::At(d) => (d, inside.now),
+                    CallDeadline::At(d) => (d, inside.now()),
                     CallDeadline::Budget(b) => {
-                        let now = inside.now.unwrap_or_else(Instant::now);
+                        let now = inside.now().unwrap_or_else(Instant::now);
                         let d = Deadline::after_from(now, b);
-                        ctx.deadline = Some(CallDeadline::At(d));
+                        ctx.set_deadline(Some(CallDeadline::At(d)));
                         (d, Some(now))
                     }
                 };
                 let armed = T::is_armed(&timer);
-                if !armed && inside.ends_by.is_some_and(|e| e <= deadline.instant()) {
+                let inside_ends_by = inside.ends_by();
+                if !armed && inside_ends_by.is_some_and(|e| e <= deadline.instant()) {
                     // A layer inside (an attempt timeout) will end the call by the deadline:
                     // one timer is enough.
-                    Report::publish(Report { now, ..inside });
+                    Report::publish(Report::new(now, inside_ends_by));
                     return Poll::Pending;
                 }
                 if !armed {
                     T::arm(timer.as_mut(), deadline.instant());
                 }
                 if T::poll(timer, cx).is_pending() {
-                    let ends_by = inside
-                        .ends_by
-                        .map_or(deadline.instant(), |e| e.min(deadline.instant()));
-                    Report::publish(Report {
-                        now,
-                        ends_by: Some(ends_by),
-                    });
+                    let ends_by =
+                        inside_ends_by.map_or(deadline.instant(), |e| e.min(deadline.instant()));
+                    Report::publish(Report::new(now, Some(ends_by)));
                     return Poll::Pending;
                 }
                 // Let the attempt go now, so that it is cancelled (and recorded) before the call

@@ -183,7 +183,7 @@ impl Deadline {
 /// ```
 pub fn current() -> Option<Deadline> {
     Context::current()
-        .deadline
+        .deadline()
         .map(|d| d.anchor(Instant::now()))
 }
 
@@ -191,8 +191,8 @@ pub fn current() -> Option<Deadline> {
 /// for code that calls client stacks outside a server deadline layer, such as a background job.
 pub async fn scope<F: Future>(deadline: Deadline, fut: F) -> F::Output {
     let mut ctx = Context::current();
-    let outer = ctx.deadline.map(|d| d.anchor(Instant::now()));
-    ctx.deadline = Deadline::earliest(Some(deadline), outer).map(CallDeadline::At);
+    let outer = ctx.deadline().map(|d| d.anchor(Instant::now()));
+    ctx.set_deadline(Deadline::earliest(Some(deadline), outer).map(CallDeadline::At));
     let mut fut = std::pin::pin!(fut);
     std::future::poll_fn(move |cx| ctx.scope(|| fut.as_mut().poll(cx))).await
 }

@@ -234,7 +234,7 @@ where
             (b, max) => b.or(max),
         };
         // Served in-process, inside a caller's call: never longer than the caller's budget.
-        if let Some(outer) = Context::current().deadline {
+        if let Some(outer) = Context::current().deadline() {
             let left = outer.anchor(now).remaining_at(now);
             budget = Some(budget.map_or(left, |b| b.min(left)));
         }

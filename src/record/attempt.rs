@@ -129,16 +129,14 @@ where
         })
         .unwrap_or(1);
         let started = Instant::now();
-        let deadline = Deadline::earliest(req.deadline(), ctx.deadline.map(|d| d.anchor(started)));
+        let deadline =
+            Deadline::earliest(req.deadline(), ctx.deadline().map(|d| d.anchor(started)));
         let deadline_left = deadline.map(|d| d.remaining_at(started));
         let span = self.layer.recorder.attempt_span(ctx.call, attempt);
         // Inside the attempt, the deadline still holds (anchored where this record measured
         // it), but a nested client (a token fetch in the transport, an in-process server) is not
         // part of this call.
-        let inner_ctx = Context {
-            call: None,
-            deadline: deadline.map(CallDeadline::At),
-        };
+        let inner_ctx = Context::fresh(deadline.map(CallDeadline::At));
         let state = AttemptState {
             recorder: self.layer.recorder.clone(),
             classifier: Some(self.layer.classifier.make_classifier(&req)),

@@ -128,7 +128,7 @@ where
             started,
             deadline_left: Deadline::earliest(
                 req.deadline(),
-                ctx.deadline.map(|d| d.anchor(started)),
+                ctx.deadline().map(|d| d.anchor(started)),
             )
             .map(|d| d.remaining_at(started)),
             span,

@@ -186,7 +186,7 @@ where
         if this.sleep.is_none() {
             // The first wait: read the clock once, and arm one timer for the earlier of the
             // per-try timeout and the call's deadline.
-            let current = Context::current().deadline;
+            let current = Context::current().deadline();
             if this.per_try.is_none() && this.deadline.is_none() && current.is_none() {
                 return Poll::Pending;
             }
@@ -207,10 +207,7 @@ where
         let limit = sleep.deadline();
         if sleep.poll(cx).is_pending() {
             // This attempt ends by `limit`: an outer deadline layer needs no timer of its own.
-            Report::publish(Report {
-                now,
-                ends_by: Some(limit),
-            });
+            Report::publish(Report::new(now, Some(limit)));
             return Poll::Pending;
         }
         let phase = this
