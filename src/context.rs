@@ -283,3 +283,67 @@ fn unpack_instant(packed: u64) -> Instant {
 fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_pack_and_unpack() {
+        let now = Instant::now();
+        let cases = [
+            None,
+            Some(CallDeadline::Budget(Duration::ZERO)),
+            Some(CallDeadline::Budget(Duration::from_millis(1500))),
+            Some(CallDeadline::At(Deadline::at(now))),
+            Some(CallDeadline::At(Deadline::after_from(
+                now,
+                Duration::from_secs(3600),
+            ))),
+        ];
+        for d in cases {
+            assert_eq!(unpack_deadline(pack_deadline(d)), d, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn extremes_are_clamped_not_wrapped() {
+        // A budget beyond the packed range stays a budget, and a huge one.
+        let huge = unpack_deadline(pack_deadline(Some(CallDeadline::Budget(Duration::MAX))));
+        assert!(
+            matches!(huge, Some(CallDeadline::Budget(b)) if b > Duration::from_secs(100 * 365 * 24 * 3600))
+        );
+        // An instant long before the epoch is packed as the epoch: still in the past.
+        let now = Instant::now();
+        let long_ago = now
+            .checked_sub(Duration::from_secs(7 * 24 * 3600))
+            .unwrap_or(now);
+        let packed = unpack_deadline(pack_deadline(Some(CallDeadline::At(Deadline::at(
+            long_ago,
+        )))));
+        assert!(matches!(packed, Some(CallDeadline::At(d)) if d.instant() <= now));
+    }
+
+    #[test]
+    fn reports_merge_the_first_reading_and_the_earliest_end() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        let (_, report) = Context::current().scope_collect(|| {
+            Report::publish(Report::new(Some(now), Some(later)));
+            Report::publish(Report::new(Some(later), Some(now)));
+        });
+        assert_eq!(report.now(), Some(now));
+        assert_eq!(report.ends_by(), Some(now));
+        // Outside, nothing was left behind.
+        let (_, outside) = Context::current().scope_collect(|| ());
+        assert_eq!(outside, Report::EMPTY);
+    }
+
+    #[test]
+    fn scopes_restore_on_unwind() {
+        let ctx = Context::fresh(Some(CallDeadline::Budget(Duration::from_secs(1))));
+        let result = std::panic::catch_unwind(|| ctx.scope(|| panic!("inside")));
+        assert!(result.is_err());
+        assert_eq!(Context::current(), Context::EMPTY);
+    }
+}
