@@ -53,6 +53,7 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+pub mod budget;
 pub mod classify;
 mod context;
 pub mod deadline;

@@ -1,0 +1,432 @@
+//! The ratio form: retries are at most a fraction of recent first attempts, plus a reserve.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{to_milli, BudgetExhausted, RetryBudget, MILLI};
+use crate::classify::AttemptClass;
+use crate::ConfigError;
+
+/// The default [ratio](RatioBudgetBuilder::ratio): one retry per ten first attempts.
+pub const DEFAULT_RATIO: f64 = 0.1;
+
+/// The default [window](RatioBudgetBuilder::ttl): first attempts and retries count for ten
+/// seconds, as in Finagle and tower.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+
+/// The default [reserve](RatioBudgetBuilder::min_per_sec): ten retries a second whatever the
+/// traffic, as in Finagle and tower.
+pub const DEFAULT_MIN_PER_SEC: f64 = 10.0;
+
+/// The window is cut into this many slots; amounts expire a slot at a time.
+const SLOTS_PER_TTL: u32 = 10;
+/// The ring holds one slot more than the window, so that an amount counts for at least `ttl`.
+const RING: u64 = SLOTS_PER_TTL as u64 + 1;
+
+// Each slot is one `AtomicU64`: a 24-bit tag (the slot's epoch, wrapping) over a 40-bit signed
+// balance in milli-retries. One compare-and-swap moves a slot to a new epoch and updates it.
+const VALUE_BITS: u32 = 40;
+const TAG_MASK: u64 = (1 << (64 - VALUE_BITS)) - 1;
+const VALUE_MASK: u64 = (1 << VALUE_BITS) - 1;
+const VALUE_MAX: i64 = (1 << (VALUE_BITS - 1)) - 1;
+const VALUE_MIN: i64 = -(1 << (VALUE_BITS - 1));
+
+fn pack(tag: u64, value: i64) -> u64 {
+    (tag << VALUE_BITS) | (value as u64 & VALUE_MASK)
+}
+
+fn unpack(raw: u64) -> (u64, i64) {
+    // Sign-extend the low 40 bits.
+    let value = ((raw << (64 - VALUE_BITS)) as i64) >> (64 - VALUE_BITS);
+    (raw >> VALUE_BITS, value)
+}
+
+/// Whether tag `a` is a later epoch than tag `b` (wrapping, like TCP sequence numbers).
+fn is_newer(a: u64, b: u64) -> bool {
+    let d = a.wrapping_sub(b) & TAG_MASK;
+    d != 0 && d < (TAG_MASK >> 1)
+}
+
+/// A retry budget of the ratio form (Finagle's `RetryBudget`, tower's `TpsBudget`): over a
+/// sliding window of `ttl`, retries may be at most `ratio` times the first attempts, plus a
+/// reserve of `min_per_sec` retries a second for low traffic.
+///
+/// - [`deposit`](RetryBudget::deposit) (each first attempt) adds `ratio` retries to the
+///   balance;
+/// - [`withdraw`](RetryBudget::withdraw) (each retry or hedge) takes one retry from it, and is
+///   refused if less than one is left;
+/// - [`record_outcome`](RetryBudget::record_outcome) does nothing: the ratio form counts
+///   attempts, not their outcomes.
+///
+/// The balance is `min_per_sec × ttl` plus what the deposits and withdrawals of the window
+/// left. Each deposit and withdrawal stops counting between `ttl` and `ttl × 1.1` after it was
+/// made (the window moves in tenths of `ttl`), so in any stretch of time no longer than `ttl`,
+/// the retries granted are at most `ratio` times the first attempts of the last `ttl × 1.1`,
+/// plus the reserve. The ratio and the reserve are kept to a thousandth of a retry, rounding
+/// down, so the budget never grants more than that bound.
+///
+/// Lock-free: every call is a few atomic loads and one compare-and-swap, and a refusal writes
+/// nothing, so an outage (when every caller is refused) causes no contention. Concurrent
+/// callers never get more retries than the bound: a withdrawal that raced another one below
+/// zero is undone and refused.
+///
+/// Time is [`tokio::time::Instant`], so tests with paused time control the window.
+///
+/// Not `Clone`, on purpose: a clone would be a second budget. Share one with
+/// [`Arc`](std::sync::Arc), as the [module docs](super) show.
+///
+/// ```
+/// use surely::budget::{RatioBudget, RetryBudget};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), surely::ConfigError> {
+/// // 20% of first attempts, and no reserve: 100 first attempts pay for 20 retries.
+/// let budget = RatioBudget::builder().ratio(0.2).min_per_sec(0.0).build()?;
+/// for _ in 0..100 {
+///     budget.deposit();
+/// }
+/// assert_eq!((0..50).filter(|_| budget.withdraw().is_ok()).count(), 20);
+/// # Ok(()) }
+/// ```
+pub struct RatioBudget {
+    slots: Box<[AtomicU64]>,
+    start: Instant,
+    /// The width of one slot, in nanoseconds; at least 100 ms.
+    slot_nanos: u64,
+    /// Milli-retries added by each deposit.
+    deposit_amount: i64,
+    /// Milli-retries that are always there.
+    reserve: i64,
+    ratio: f64,
+    ttl: Duration,
+    min_per_sec: f64,
+}
+
+impl RatioBudget {
+    /// Starts a budget with the defaults: ratio [`DEFAULT_RATIO`] (10%), window
+    /// [`DEFAULT_TTL`] (10 s), reserve [`DEFAULT_MIN_PER_SEC`] (10 a second).
+    pub fn builder() -> RatioBudgetBuilder {
+        RatioBudgetBuilder {
+            ratio: DEFAULT_RATIO,
+            ttl: DEFAULT_TTL,
+            min_per_sec: DEFAULT_MIN_PER_SEC,
+        }
+    }
+
+    /// The retries allowed per first attempt.
+    pub fn ratio(&self) -> f64 {
+        self.ratio
+    }
+
+    /// How long a first attempt or a retry counts.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The retries a second allowed whatever the traffic.
+    pub fn min_per_sec(&self) -> f64 {
+        self.min_per_sec
+    }
+
+    /// How many retries the budget would grant now, if nobody else asked first.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::budget::RatioBudget;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), surely::ConfigError> {
+    /// // The default reserve: 10 a second over a 10 s window.
+    /// assert_eq!(RatioBudget::default().available(), 100);
+    /// let budget = RatioBudget::builder().ttl(Duration::from_secs(2)).min_per_sec(1.5).build()?;
+    /// assert_eq!(budget.available(), 3);
+    /// # Ok(()) }
+    /// ```
+    pub fn available(&self) -> u64 {
+        let balance = self.balance(self.epoch(Instant::now()));
+        u64::try_from(balance / MILLI).unwrap_or(0)
+    }
+
+    fn from_valid(ratio: f64, ttl: Duration, min_per_sec: f64) -> Self {
+        // `as` saturates; the inputs are validated to be finite and non-negative.
+        let deposit_amount = to_milli(ratio) as i64;
+        let reserve = to_milli(min_per_sec * ttl.as_secs_f64()) as i64;
+        let slot_nanos = u64::try_from((ttl / SLOTS_PER_TTL).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        RatioBudget {
+            slots: (0..RING).map(|_| AtomicU64::new(pack(0, 0))).collect(),
+            start: Instant::now(),
+            slot_nanos,
+            deposit_amount: deposit_amount.min(VALUE_MAX),
+            reserve,
+            ratio,
+            ttl,
+            min_per_sec,
+        }
+    }
+
+    fn epoch(&self, now: Instant) -> u64 {
+        let nanos = now.saturating_duration_since(self.start).as_nanos();
+        u64::try_from(nanos / u128::from(self.slot_nanos)).unwrap_or(u64::MAX)
+    }
+
+    fn slot(&self, epoch: u64) -> &AtomicU64 {
+        // `epoch % RING` is less than the ring's length.
+        &self.slots[(epoch % RING) as usize]
+    }
+
+    /// The value the slot holds for `epoch`, or zero if it holds another epoch.
+    fn value_at(&self, epoch: u64) -> i64 {
+        let (tag, value) = unpack(self.slot(epoch).load(Ordering::SeqCst));
+        if tag == epoch & TAG_MASK {
+            value
+        } else {
+            0
+        }
+    }
+
+    /// The epochs of the window ending at `epoch`, newest first.
+    fn window(epoch: u64) -> impl Iterator<Item = u64> {
+        (0..RING).map_while(move |k| epoch.checked_sub(k))
+    }
+
+    /// The reserve plus every slot of the window, in milli-retries.
+    fn balance(&self, epoch: u64) -> i64 {
+        Self::window(epoch).fold(self.reserve, |sum, e| sum.saturating_add(self.value_at(e)))
+    }
+
+    /// Adds `amount` to the slot of `epoch`, moving the slot to that epoch if it held an older
+    /// one. Returns the slot's epoch tag, or `None` (writing nothing) if a withdrawal would
+    /// overflow the slot. A caller whose `epoch` is already stale adds to the newer epoch,
+    /// which only makes the amount count longer.
+    fn add(&self, epoch: u64, amount: i64) -> Option<u64> {
+        let want = epoch & TAG_MASK;
+        let slot = self.slot(epoch);
+        let mut current = slot.load(Ordering::SeqCst);
+        loop {
+            let (tag, value) = unpack(current);
+            let (tag, base) = if tag == want || is_newer(tag, want) {
+                (tag, value)
+            } else {
+                (want, 0)
+            };
+            let next = base.saturating_add(amount);
+            let next = if next < VALUE_MIN {
+                return None;
+            } else {
+                next.min(VALUE_MAX)
+            };
+            match slot.compare_exchange_weak(
+                current,
+                pack(tag, next),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return Some(tag),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Gives back a withdrawal made into the slot of `epoch` under `tag`, unless the slot has
+    /// moved on (and the withdrawal with it).
+    fn undo(&self, epoch: u64, tag: u64) {
+        let slot = self.slot(epoch);
+        let mut current = slot.load(Ordering::SeqCst);
+        loop {
+            let (now_tag, value) = unpack(current);
+            if now_tag != tag {
+                return;
+            }
+            let next = value.saturating_add(MILLI).min(VALUE_MAX);
+            match slot.compare_exchange_weak(
+                current,
+                pack(tag, next),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// The refusal, with how long until expiring slots (oldest first) would leave a whole
+    /// retry, if no new first attempts arrive.
+    fn exhausted(&self, now: Instant, epoch: u64, balance: i64) -> BudgetExhausted {
+        let mut remaining = balance;
+        let mut oldest_first: Vec<u64> = Self::window(epoch).collect();
+        oldest_first.reverse();
+        for e in oldest_first {
+            remaining = remaining.saturating_sub(self.value_at(e));
+            if remaining >= MILLI {
+                // The slot of epoch `e` leaves the window when epoch `e + RING` begins.
+                let expiry = e
+                    .checked_add(RING)
+                    .and_then(|n| n.checked_mul(self.slot_nanos))
+                    .and_then(|nanos| self.start.checked_add(Duration::from_nanos(nanos)));
+                return BudgetExhausted::new(expiry.map(|at| at.saturating_duration_since(now)));
+            }
+        }
+        BudgetExhausted::new(None)
+    }
+}
+
+impl RetryBudget for RatioBudget {
+    /// Adds `ratio` retries to the balance, for `ttl`.
+    fn deposit(&self) {
+        if self.deposit_amount > 0 {
+            // A deposit is never refused; one that would overflow its slot saturates, which
+            // only lowers the balance.
+            let _ = self.add(self.epoch(Instant::now()), self.deposit_amount);
+        }
+    }
+
+    /// Takes one retry from the balance, for `ttl`, or refuses if less than one is left. The
+    /// refusal says when the oldest amounts leave the window far enough to allow one, if that
+    /// would happen without new first attempts.
+    fn withdraw(&self) -> Result<(), BudgetExhausted> {
+        let now = Instant::now();
+        let epoch = self.epoch(now);
+        let balance = self.balance(epoch);
+        if balance < MILLI {
+            return Err(self.exhausted(now, epoch, balance));
+        }
+        let Some(tag) = self.add(epoch, -MILLI) else {
+            return Err(BudgetExhausted::new(None));
+        };
+        // Another caller may have withdrawn at the same time. Whichever of the racing
+        // withdrawals came last sees all of them, so re-checking after writing keeps the total
+        // within the bound.
+        if self.balance(epoch) < 0 {
+            self.undo(epoch, tag);
+            let balance = self.balance(epoch);
+            return Err(self.exhausted(now, epoch, balance));
+        }
+        Ok(())
+    }
+
+    /// Does nothing: the ratio form counts attempts, not outcomes.
+    fn record_outcome(&self, _class: AttemptClass) {}
+}
+
+impl Default for RatioBudget {
+    /// The defaults of [`RatioBudget::builder`]: 10% of first attempts over 10 s, plus 10
+    /// retries a second.
+    fn default() -> Self {
+        RatioBudget::from_valid(DEFAULT_RATIO, DEFAULT_TTL, DEFAULT_MIN_PER_SEC)
+    }
+}
+
+impl fmt::Debug for RatioBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RatioBudget")
+            .field("ratio", &self.ratio)
+            .field("ttl", &self.ttl)
+            .field("min_per_sec", &self.min_per_sec)
+            .field("available", &self.available())
+            .finish()
+    }
+}
+
+/// Builds a [`RatioBudget`]; made by [`RatioBudget::builder`]. Nothing is checked until
+/// [`build`](RatioBudgetBuilder::build), which returns an error rather than panicking.
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct RatioBudgetBuilder {
+    ratio: f64,
+    ttl: Duration,
+    min_per_sec: f64,
+}
+
+impl RatioBudgetBuilder {
+    /// Retries allowed per first attempt: finite, from 0 to 1000. Default [`DEFAULT_RATIO`]
+    /// (0.1: one retry per ten first attempts). Kept to three decimal places, rounding down.
+    /// Zero leaves only the reserve.
+    pub fn ratio(mut self, ratio: f64) -> Self {
+        self.ratio = ratio;
+        self
+    }
+
+    /// How long a first attempt or a retry counts: from 1 to 60 seconds. Default
+    /// [`DEFAULT_TTL`] (10 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Retries a second allowed whatever the traffic, so that a client with few calls can
+    /// still retry: finite and not negative. Default [`DEFAULT_MIN_PER_SEC`] (10). The reserve
+    /// is `min_per_sec × ttl` retries, spent and restored over the window like the rest.
+    pub fn min_per_sec(mut self, min_per_sec: f64) -> Self {
+        self.min_per_sec = min_per_sec;
+        self
+    }
+
+    /// Validates the configuration.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] if the ratio is not a number from 0 to 1000, the window is shorter
+    /// than 1 s or longer than 60 s, or the reserve is not a finite, non-negative number.
+    ///
+    /// ```
+    /// use surely::budget::RatioBudget;
+    ///
+    /// let err = RatioBudget::builder().ratio(f64::NAN).build().unwrap_err();
+    /// assert_eq!(err.to_string(), "invalid retry budget ratio: must be a finite number");
+    /// ```
+    pub fn build(self) -> Result<RatioBudget, ConfigError> {
+        const RATIO: &str = "retry budget ratio";
+        const MIN_PER_SEC: &str = "retry budget min_per_sec";
+        if !self.ratio.is_finite() {
+            return Err(ConfigError::new(RATIO, "must be a finite number"));
+        }
+        if !(0.0..=1000.0).contains(&self.ratio) {
+            return Err(ConfigError::new(RATIO, "must be between 0 and 1000"));
+        }
+        if self.ttl < Duration::from_secs(1) || self.ttl > Duration::from_secs(60) {
+            return Err(ConfigError::new(
+                "retry budget ttl",
+                "must be between 1 and 60 seconds",
+            ));
+        }
+        if !self.min_per_sec.is_finite() {
+            return Err(ConfigError::new(MIN_PER_SEC, "must be a finite number"));
+        }
+        if self.min_per_sec < 0.0 {
+            return Err(ConfigError::new(MIN_PER_SEC, "must not be negative"));
+        }
+        Ok(RatioBudget::from_valid(
+            self.ratio,
+            self.ttl,
+            self.min_per_sec,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_round_trips() {
+        for value in [0, 1, -1, 1000, -1000, VALUE_MAX, VALUE_MIN] {
+            for tag in [0, 1, TAG_MASK] {
+                assert_eq!(unpack(pack(tag, value)), (tag, value));
+            }
+        }
+    }
+
+    #[test]
+    fn newer_wraps() {
+        assert!(is_newer(1, 0));
+        assert!(!is_newer(0, 1));
+        assert!(!is_newer(5, 5));
+        assert!(is_newer(0, TAG_MASK));
+    }
+}
