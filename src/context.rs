@@ -128,6 +128,20 @@ impl Context {
         self.deadline = pack_deadline(deadline);
     }
 
+    /// Anchors an unanchored budget at `now`, both packed, and returns the packed instant of the
+    /// deadline (`None` without one). Packing is linear in time, so this is an addition.
+    #[inline]
+    pub(crate) fn anchor_packed(&mut self, now: u64) -> Option<u64> {
+        match self.deadline {
+            0 => None,
+            p if p & BUDGET != 0 => {
+                self.deadline = now.saturating_add(p & !BUDGET).min(BUDGET - 1);
+                Some(self.deadline)
+            }
+            p => Some(p),
+        }
+    }
+
     /// The current context, or the empty one.
     #[inline]
     pub(crate) fn current() -> Context {
@@ -191,6 +205,24 @@ impl Report {
             now: now.map_or(0, pack_instant),
             ends_by: ends_by.map_or(0, pack_instant),
         }
+    }
+
+    /// A report of a clock reading `now` and a layer that ends the call by `ends_by`, packing the
+    /// clock once.
+    #[inline]
+    pub(crate) fn ending(now: Instant, ends_by: Instant) -> Report {
+        let now_packed = pack_instant(now);
+        let after = saturating_nanos(ends_by.saturating_duration_since(now));
+        Report {
+            now: now_packed,
+            ends_by: now_packed.saturating_add(after).min(BUDGET - 1),
+        }
+    }
+
+    /// The clock reading and the end, packed, when a layer inside reported both.
+    #[inline]
+    pub(crate) fn packed(&self) -> Option<(u64, u64)> {
+        (self.now != 0 && self.ends_by != 0).then_some((self.now, self.ends_by))
     }
 
     /// The clock reading, if a layer inside took one.

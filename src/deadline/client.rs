@@ -388,6 +388,18 @@ where
                     Report::publish(inside);
                     return Poll::Ready(out.map_err(IntoError::into_error));
                 }
+                let armed = T::is_armed(&timer);
+                if !armed {
+                    if let Some((now, ends_by)) = inside.packed() {
+                        // The common case, in packed time: anchor the deadline at the clock
+                        // reading of the layer inside, and if that layer ends the call by the
+                        // deadline, one timer is enough.
+                        if ctx.anchor_packed(now).is_some_and(|d| ends_by <= d) {
+                            Report::publish(inside);
+                            return Poll::Pending;
+                        }
+                    }
+                }
                 // The call waits: from now on its deadline is an instant.
                 let (deadline, now) = match deadline {
                     CallDeadline::At(d) => (d, inside.now()),
@@ -398,7 +410,6 @@ where
                         (d, Some(now))
                     }
                 };
-                let armed = T::is_armed(&timer);
                 let inside_ends_by = inside.ends_by();
                 if !armed && inside_ends_by.is_some_and(|e| e <= deadline.instant()) {
                     // A layer inside (an attempt timeout) will end the call by the deadline:

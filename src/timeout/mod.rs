@@ -207,7 +207,11 @@ where
         let limit = sleep.deadline();
         if sleep.poll(cx).is_pending() {
             // This attempt ends by `limit`: an outer deadline layer needs no timer of its own.
-            Report::publish(Report::new(now, Some(limit)));
+            if let Some(now) = now {
+                Report::publish(Report::ending(now, limit));
+            } else {
+                Report::publish(Report::new(None, Some(limit)));
+            }
             return Poll::Pending;
         }
         let phase = this
