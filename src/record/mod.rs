@@ -255,6 +255,15 @@ fn fmt_left(left: Option<Duration>) -> String {
     left.map_or_else(|| "none".to_owned(), |d| format!("{}ms", d.as_millis()))
 }
 
+/// A duration for a human: whole milliseconds, or microseconds below one.
+fn fmt_took(d: Duration) -> String {
+    if d < Duration::from_millis(1) {
+        format!("{}µs", d.as_micros())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
 impl fmt::Display for AttemptRecord {
     /// One readable line: `call-7 attempt 1 key=o-1 left=1500ms phase=sent class=maybe committed ...`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -264,11 +273,11 @@ impl fmt::Display for AttemptRecord {
         }
         write!(
             f,
-            "attempt {} key={} left={} took={}ms phase={} class={}",
+            "attempt {} key={} left={} took={} phase={} class={}",
             self.attempt,
             fmt_key(&self.key),
             fmt_left(self.deadline_left),
-            self.duration().as_millis(),
+            fmt_took(self.duration()),
             self.phase().as_str(),
             self.class().as_str(),
         )?;
@@ -290,13 +299,13 @@ impl fmt::Display for CallRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} key={} semantics={:?} left={} attempts={} took={}ms outcome={} stop={}",
+            "{} key={} semantics={:?} left={} attempts={} took={} outcome={} stop={}",
             self.call,
             fmt_key(&self.key),
             self.semantics,
             fmt_left(self.deadline_left),
             self.attempts,
-            self.duration().as_millis(),
+            fmt_took(self.duration()),
             self.outcome.as_str(),
             self.stop.as_str(),
         )
