@@ -51,6 +51,12 @@ pub trait Envelope {
         None
     }
 
+    /// The message's extensions, mutably, if it has any. The idempotency key layer puts the
+    /// call's key here.
+    fn extensions_mut(&mut self) -> Option<&mut Extensions> {
+        None
+    }
+
     /// The request method, if the message is an HTTP request.
     fn method(&self) -> Option<&Method> {
         None
@@ -112,6 +118,10 @@ impl<B> Envelope for http::Request<B> {
         Some(http::Request::extensions(self))
     }
 
+    fn extensions_mut(&mut self) -> Option<&mut Extensions> {
+        Some(http::Request::extensions_mut(self))
+    }
+
     fn method(&self) -> Option<&Method> {
         Some(http::Request::method(self))
     }
@@ -128,5 +138,9 @@ impl<B> Envelope for http::Response<B> {
 
     fn extensions(&self) -> Option<&Extensions> {
         Some(http::Response::extensions(self))
+    }
+
+    fn extensions_mut(&mut self) -> Option<&mut Extensions> {
+        Some(http::Response::extensions_mut(self))
     }
 }

@@ -2,13 +2,14 @@
 
 use std::fmt;
 
-use crate::classify::{BoxError, Classification, ClassifyError, DeliveryPhase};
+use crate::classify::{AttemptClass, BoxError, Classification, ClassifyError, DeliveryPhase};
 use crate::deadline::error::DeadlineExceeded;
 use crate::fault::InjectedFault;
+use crate::idempotency::error::InvalidKey;
 use crate::timeout::error::Elapsed;
 
 /// The error of every surely client layer: the transport's own error `E`, kept as it is, or one
-/// of the crate's local errors (a deadline, a timeout, an injected fault), each carrying what the
+/// of the crate's local errors (a deadline, a timeout, an injected fault, an invalid idempotency key), each carrying what the
 /// classifier needs, such as how far the request got.
 ///
 /// The layers stack without nesting: a layer over a service whose error is already
@@ -31,6 +32,7 @@ enum Repr<E> {
     Deadline(DeadlineExceeded),
     Elapsed(Elapsed),
     Fault(InjectedFault),
+    Key(InvalidKey),
 }
 
 impl<E> Error<E> {
@@ -96,6 +98,15 @@ impl<E> Error<E> {
         }
     }
 
+    /// The caller's invalid idempotency key, if the [`idempotency`](crate::idempotency) layer
+    /// refused the call for it.
+    pub fn invalid_key(&self) -> Option<&InvalidKey> {
+        match &self.repr {
+            Repr::Key(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// How far the request got, for the crate's local errors (`None` for a transport error,
     /// whose classifier decides).
     pub fn local_phase(&self) -> Option<DeliveryPhase> {
@@ -104,6 +115,7 @@ impl<E> Error<E> {
             Repr::Deadline(e) => Some(e.phase()),
             Repr::Elapsed(e) => Some(e.phase()),
             Repr::Fault(e) => Some(e.phase()),
+            Repr::Key(_) => Some(DeliveryPhase::NotSent),
         }
     }
 
@@ -115,6 +127,7 @@ impl<E> Error<E> {
                 Repr::Deadline(e) => Repr::Deadline(e),
                 Repr::Elapsed(e) => Repr::Elapsed(e),
                 Repr::Fault(e) => Repr::Fault(e),
+                Repr::Key(e) => Repr::Key(e),
             },
         }
     }
@@ -144,6 +157,12 @@ impl<E> From<InjectedFault> for Error<E> {
     }
 }
 
+impl<E> From<InvalidKey> for Error<E> {
+    fn from(e: InvalidKey) -> Self {
+        Error { repr: Repr::Key(e) }
+    }
+}
+
 impl<E: fmt::Debug> fmt::Debug for Error<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.repr {
@@ -151,6 +170,7 @@ impl<E: fmt::Debug> fmt::Debug for Error<E> {
             Repr::Deadline(e) => fmt::Debug::fmt(e, f),
             Repr::Elapsed(e) => fmt::Debug::fmt(e, f),
             Repr::Fault(e) => fmt::Debug::fmt(e, f),
+            Repr::Key(e) => fmt::Debug::fmt(e, f),
         }
     }
 }
@@ -162,6 +182,7 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Repr::Deadline(e) => fmt::Display::fmt(e, f),
             Repr::Elapsed(e) => fmt::Display::fmt(e, f),
             Repr::Fault(e) => fmt::Display::fmt(e, f),
+            Repr::Key(e) => fmt::Display::fmt(e, f),
         }
     }
 }
@@ -186,6 +207,7 @@ impl<E: ClassifyError> ClassifyError for Error<E> {
             Repr::Deadline(e) => Classification::failure_at(e.phase()),
             Repr::Elapsed(e) => Classification::failure_at(e.phase()),
             Repr::Fault(e) => Classification::failure_at(e.phase()),
+            Repr::Key(_) => Classification::new(AttemptClass::Final, DeliveryPhase::NotSent),
         }
     }
 }

@@ -61,6 +61,7 @@ pub mod delivery;
 mod envelope;
 mod error;
 pub mod fault;
+pub mod idempotency;
 pub mod pushback;
 pub mod record;
 pub mod retry;

@@ -115,6 +115,12 @@ fn classify_known(
     if let Some(e) = e.downcast_ref::<crate::fault::InjectedFault>() {
         return Some(Classification::failure_at(e.phase()));
     }
+    if e.is::<crate::idempotency::error::InvalidKey>() {
+        return Some(Classification::new(
+            super::AttemptClass::Final,
+            DeliveryPhase::NotSent,
+        ));
+    }
     #[cfg(feature = "hyper")]
     {
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
