@@ -22,6 +22,10 @@
 //! current deadline for the handler, and [`fault::FaultLayer`] injects the failures this crate
 //! exists to handle, for tests and chaos drills.
 //!
+//! For the retry layer to come, the parts are here: [`idempotency::IdempotencyKeyLayer`] gives a
+//! call one key for all its attempts, [`retry::backoff`] spaces the attempts, and [`budget`]
+//! keeps retries a small share of the traffic.
+//!
 //! ```
 //! use std::time::Duration;
 //! use surely::classify::Outcome;
