@@ -11,20 +11,22 @@
 //! The layers, outer to inner, for a client:
 //!
 //! ```text
-//! record::RecordCallLayer          one record per logical call, its outcome and stop reason
-//!   deadline::DeadlineLayer        one total budget, propagated in-process and on the wire
-//!     record::RecordAttemptLayer   one record per attempt: phase, class, budget left
-//!       timeout::AttemptTimeoutLayer   min(per-try timeout, remaining budget)
-//!         transport                hyper-util, tonic, any tower::Service
+//! record::RecordCallLayer                one record per logical call, its outcome and stop reason
+//!   deadline::DeadlineLayer              one total budget, propagated in-process and on the wire
+//!     idempotency::IdempotencyKeyLayer   one key per logical call, the same on every attempt
+//!       retry::RetryLayer                retry what may be retried: budget, backoff, pushback
+//!         record::RecordAttemptLayer     one record per attempt: phase, class, budget left
+//!           timeout::AttemptTimeoutLayer min(per-try timeout, remaining budget)
+//!             transport                  hyper-util, tonic, any tower::Service
 //! ```
 //!
 //! On the server, [`deadline::ServerDeadlineLayer`] reads the caller's budget and makes it the
 //! current deadline for the handler, and [`fault::FaultLayer`] injects the failures this crate
 //! exists to handle, for tests and chaos drills.
 //!
-//! For the retry layer to come, the parts are here: [`idempotency::IdempotencyKeyLayer`] gives a
-//! call one key for all its attempts, [`retry::backoff`] spaces the attempts, and [`budget`]
-//! keeps retries a small share of the traffic.
+//! [`retry::RetryLayer`] puts the classification to work: it retries only what may be retried,
+//! waits as [`retry::backoff`] or the server's pushback says, stops at the call's deadline, and
+//! spends a [`budget`] so that retries stay a small share of the traffic.
 //!
 //! ```
 //! use std::time::Duration;

@@ -182,8 +182,16 @@ pub enum StopReason {
     /// The last attempt could have been retried (it was rejected, or the request can be
     /// repeated), and nothing retried it.
     NotRetried,
-    /// The call's deadline refused or ended it.
+    /// The call's deadline refused or ended it, or left too little for another attempt.
     Deadline,
+    /// The last attempt could have been retried, but the attempt limit was reached.
+    AttemptsExhausted,
+    /// The last attempt could have been retried, but the retry budget refused.
+    BudgetExhausted,
+    /// The server said not to retry (a negative or malformed `grpc-retry-pushback-ms`).
+    PushbackStop,
+    /// The last attempt could have been retried, but the request could not be sent again.
+    NotReplayable,
     /// The call was dropped by its caller before it finished.
     Cancelled,
 }
@@ -198,6 +206,10 @@ impl StopReason {
             StopReason::Unknown => "unknown",
             StopReason::NotRetried => "not retried",
             StopReason::Deadline => "deadline",
+            StopReason::AttemptsExhausted => "attempts exhausted",
+            StopReason::BudgetExhausted => "budget exhausted",
+            StopReason::PushbackStop => "pushback said stop",
+            StopReason::NotReplayable => "not replayable",
             StopReason::Cancelled => "cancelled",
         }
     }

@@ -1,7 +1,82 @@
-//! Retries that cannot make things worse: capped exponential backoff with jitter, so that
-//! clients that failed together do not come back together.
+//! Retries that cannot make things worse.
 //!
-//! This module holds the backoff schedule, [`backoff::Backoff`]. The retry layer, which decides
-//! whether an attempt may be repeated at all and spends a retry budget to do so, is coming.
+//! [`RetryLayer`] sends an attempt again only when the shared classifier says it may be sent
+//! again for this request (DESIGN §1):
+//!
+//! * a *rejected, not processed* attempt (refused before send, 429, 503 with `Retry-After`, a
+//!   keyed request's "in flight" 409) is retried for every request, a POST without a key
+//!   included: nothing happened;
+//! * a *maybe committed* attempt (a timeout or reset after send, a 502) is retried only for
+//!   safe, idempotent and keyed requests. A POST without a key stops there, and its outcome is
+//!   *unknown*;
+//! * success, final answers and conflicts are never retried.
+//!
+//! And only while nothing else says stop:
+//!
+//! * the **attempt limit** (default 3, the first included);
+//! * the server's **pushback**: `Retry-After` or `grpc-retry-pushback-ms` replaces the backoff,
+//!   up to a maximum (default 30 s) beyond which it is ignored rather than obeyed; a negative or
+//!   malformed `grpc-retry-pushback-ms` means do not retry;
+//! * the call's **deadline**: no wait is begun that would leave the next attempt less than the
+//!   minimum attempt time (default 10 ms), so no attempt starts that cannot finish;
+//! * the **retry budget** ([`budget`](crate::budget)): retries stay a small share of first
+//!   attempts, so an outage is not multiplied by the attempt limit. The budget is asked last,
+//!   so a retry refused for another reason spends nothing.
+//!
+//! The waits come from a [`backoff::Backoff`] (exponential, capped, full jitter by default).
+//! When the call stops with a retryable attempt, the call's record says why
+//! ([`StopReason`](crate::record::StopReason): attempts exhausted, budget exhausted, deadline,
+//! pushback said stop, not replayable), and the call returns that last attempt's outcome.
+//!
+//! Retries go out as copies of the first request (`Req: Clone`), with the same idempotency key
+//! when an [`IdempotencyKeyLayer`](crate::idempotency::IdempotencyKeyLayer) is outside. gRPC
+//! requests say how many attempts came before in `grpc-previous-rpc-attempts`.
+//!
+//! # Where it goes
+//!
+//! Inside the deadline and idempotency-key layers, outside the attempt timeout and the attempt
+//! record (DESIGN §8), so that every attempt is timed and recorded, and the deadline bounds
+//! them all.
+//!
+//! # How this differs from `tower::retry`
+//!
+//! tower's `Retry` asks you to write the policy; this layer has one, driven by the same
+//! classifier as the records, and knows what tower's cannot: whether an attempt may have
+//! committed, what the request's semantics allow, the call's deadline, and the server's
+//! pushback.
+//!
+//! ```
+//! use std::time::Duration;
+//! use surely::fault::{Fault, FaultLayer, Reply, Schedule};
+//! use surely::retry::{backoff::Backoff, RetryLayer};
+//! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! // The first request meets an overloaded upstream that asks to come back in 2 s.
+//! let overloaded = Reply::new(http::StatusCode::SERVICE_UNAVAILABLE).retry_after(Duration::from_secs(2));
+//! let mut client = ServiceBuilder::new()
+//!     .layer(RetryLayer::builder().backoff(Backoff::none()).build().unwrap())
+//!     .layer(FaultLayer::new(Schedule::new().at(0, Fault::Respond(overloaded))))
+//!     .service(service_fn(|_req: http::Request<String>| async {
+//!         Ok::<_, std::io::Error>(http::Response::new(String::from("created")))
+//!     }));
+//!
+//! let start = tokio::time::Instant::now();
+//! let order = http::Request::post("/orders").body("o-1".to_owned()).unwrap();
+//! let res = client.ready().await.unwrap().call(order).await.unwrap();
+//! assert_eq!(res.body(), "created");
+//! // A 503 with Retry-After was not processed: even a POST without a key may go again, after
+//! // the wait the server asked for.
+//! assert_eq!(start.elapsed(), Duration::from_secs(2));
+//! # }
+//! ```
 
 pub mod backoff;
+mod future;
+mod layer;
+
+pub use self::future::ResponseFuture;
+pub use self::layer::{
+    Retry, RetryLayer, RetryLayerBuilder, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PUSHBACK,
+    DEFAULT_MIN_ATTEMPT, GRPC_PREVIOUS_RPC_ATTEMPTS,
+};

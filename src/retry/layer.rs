@@ -1,0 +1,308 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use http::HeaderName;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::backoff::{Backoff, Jitter};
+use super::future::ResponseFuture;
+use crate::budget::{RatioBudget, RetryBudget};
+use crate::classify::{Classify, HttpClassifier, MakeClassifier};
+use crate::{ConfigError, Envelope, Error, IntoError};
+
+/// The default attempt limit, the first attempt included.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+/// The default longest server pushback obeyed.
+pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(30);
+
+/// The default least time an attempt needs: a retry that would leave less of the call's budget
+/// is not started.
+pub const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
+
+/// The gRPC header that tells the server how many attempts came before this one.
+pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
+    HeaderName::from_static("grpc-previous-rpc-attempts");
+
+/// Retries attempts that may be retried, within the attempt limit, the retry budget and the
+/// call's deadline. See the [module docs](super).
+#[derive(Clone)]
+pub struct RetryLayer<M = HttpClassifier> {
+    config: Arc<Config<M>>,
+}
+
+pub(super) struct Config<M> {
+    pub(super) classifier: M,
+    pub(super) max_attempts: u32,
+    pub(super) backoff: Backoff,
+    pub(super) budget: Option<Arc<dyn RetryBudget>>,
+    pub(super) max_pushback: Duration,
+    pub(super) min_attempt: Duration,
+    pub(super) attempt_header: Option<HeaderName>,
+}
+
+/// Builds a [`RetryLayer`], validating its settings.
+pub struct RetryLayerBuilder<M = HttpClassifier> {
+    classifier: M,
+    max_attempts: u32,
+    backoff: Option<Backoff>,
+    budget: Option<Arc<dyn RetryBudget>>,
+    own_budget: bool,
+    max_pushback: Duration,
+    min_attempt: Duration,
+    attempt_header: Option<HeaderName>,
+}
+
+impl RetryLayer {
+    /// A layer with the defaults: [`HttpClassifier`], 3 attempts, exponential backoff from
+    /// 100 ms with full jitter capped at 20 s, a [`RatioBudget`] of its own (10% of first
+    /// attempts plus 10 a second, shared by every service the layer makes), pushback obeyed up
+    /// to 30 s, and no retry that would leave less than 10 ms of the call's budget.
+    pub fn new() -> Self {
+        RetryLayer {
+            config: Arc::new(Config {
+                classifier: HttpClassifier::new(),
+                max_attempts: DEFAULT_MAX_ATTEMPTS,
+                backoff: default_backoff(),
+                budget: Some(Arc::new(RatioBudget::default())),
+                max_pushback: DEFAULT_MAX_PUSHBACK,
+                min_attempt: DEFAULT_MIN_ATTEMPT,
+                attempt_header: None,
+            }),
+        }
+    }
+
+    /// A builder, starting from [`new`](Self::new)'s settings.
+    pub fn builder() -> RetryLayerBuilder {
+        RetryLayerBuilder {
+            classifier: HttpClassifier::new(),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff: None,
+            budget: None,
+            own_budget: true,
+            max_pushback: DEFAULT_MAX_PUSHBACK,
+            min_attempt: DEFAULT_MIN_ATTEMPT,
+            attempt_header: None,
+        }
+    }
+}
+
+impl Default for RetryLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<M> RetryLayerBuilder<M> {
+    /// The classifier that decides what each attempt means (default [`HttpClassifier`]).
+    pub fn classifier<M2>(self, classifier: M2) -> RetryLayerBuilder<M2> {
+        RetryLayerBuilder {
+            classifier,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            budget: self.budget,
+            own_budget: self.own_budget,
+            max_pushback: self.max_pushback,
+            min_attempt: self.min_attempt,
+            attempt_header: self.attempt_header,
+        }
+    }
+
+    /// At most this many attempts per call, the first included (default 3). At least 1.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// The wait before each retry when the server says nothing.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = Some(backoff);
+        self
+    }
+
+    /// Spend retries from this budget, which may be shared with other services.
+    pub fn budget(mut self, budget: Arc<dyn RetryBudget>) -> Self {
+        self.budget = Some(budget);
+        self.own_budget = false;
+        self
+    }
+
+    /// No retry budget: only the attempt limit bounds retries. For tests; in production, an
+    /// outage then multiplies the load by the attempt limit.
+    pub fn no_budget(mut self) -> Self {
+        self.budget = None;
+        self.own_budget = false;
+        self
+    }
+
+    /// Obey a server's `Retry-After` or `grpc-retry-pushback-ms` up to this long (default
+    /// 30 s); a longer one is ignored and the backoff applies.
+    pub fn max_pushback(mut self, max_pushback: Duration) -> Self {
+        self.max_pushback = max_pushback;
+        self
+    }
+
+    /// Start no retry that would leave the call less than this (default 10 ms) after its wait.
+    pub fn min_attempt_time(mut self, min_attempt: Duration) -> Self {
+        self.min_attempt = min_attempt;
+        self
+    }
+
+    /// Also write the number of earlier attempts in this HTTP header on retries (off by default;
+    /// gRPC requests always get `grpc-previous-rpc-attempts`).
+    pub fn attempt_header(mut self, header: Option<HeaderName>) -> Self {
+        self.attempt_header = header;
+        self
+    }
+
+    /// Validates and builds.
+    pub fn build(self) -> Result<RetryLayer<M>, ConfigError> {
+        if self.max_attempts == 0 {
+            return Err(ConfigError::new(
+                "retry attempt limit",
+                "must be at least 1 (the first attempt)",
+            ));
+        }
+        let backoff = self.backoff.unwrap_or_else(default_backoff);
+        let budget = if self.own_budget {
+            Some(Arc::new(RatioBudget::default()) as Arc<dyn RetryBudget>)
+        } else {
+            self.budget
+        };
+        Ok(RetryLayer {
+            config: Arc::new(Config {
+                classifier: self.classifier,
+                max_attempts: self.max_attempts,
+                backoff,
+                budget,
+                max_pushback: self.max_pushback,
+                min_attempt: self.min_attempt,
+                attempt_header: self.attempt_header,
+            }),
+        })
+    }
+}
+
+/// 100 ms, doubling, full jitter, capped at 20 s.
+fn default_backoff() -> Backoff {
+    Backoff::exponential(Duration::from_millis(100))
+        .jitter(Jitter::Full)
+        .build()
+        .unwrap_or_else(|_| Backoff::constant(Duration::from_millis(100)))
+}
+
+impl<S, M> Layer<S> for RetryLayer<M> {
+    type Service = Retry<S, M>;
+
+    fn layer(&self, inner: S) -> Retry<S, M> {
+        Retry {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// The service made by [`RetryLayer`].
+///
+/// # Readiness
+///
+/// `poll_ready` is the inner service's, for the first attempt. The inner service is cloned for
+/// each call (as tower's `Retry` does); a retry waits for the clone's readiness, so a
+/// concurrency limit or a buffer below sees every attempt.
+pub struct Retry<S, M = HttpClassifier> {
+    inner: S,
+    config: Arc<Config<M>>,
+}
+
+impl<S: Clone, M> Clone for Retry<S, M> {
+    fn clone(&self) -> Self {
+        Retry {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S, M> Retry<S, M> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the layer, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, M, Req, T> Service<Req> for Retry<S, M>
+where
+    S: Service<Req> + Clone,
+    S::Error: IntoError<Transport = T>,
+    Req: Envelope + Clone,
+    M: MakeClassifier<Req>,
+    M::Classifier: Classify<S::Response, Error<T>>,
+{
+    type Response = S::Response;
+    type Error = Error<T>;
+    type Future = ResponseFuture<S, Req, M>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(IntoError::into_error)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        if let Some(budget) = &self.config.budget {
+            budget.deposit();
+        }
+        let classifier = self.config.classifier.make_classifier(&req);
+        let semantics = req.semantics();
+        let template = (self.config.max_attempts > 1).then(|| req.clone());
+        let future = self.inner.call(req);
+        ResponseFuture::new(
+            future,
+            classifier,
+            semantics,
+            template,
+            self.inner.clone(),
+            self.config.clone(),
+        )
+    }
+}
+
+impl<M> fmt::Debug for RetryLayer<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryLayer")
+            .field("max_attempts", &self.config.max_attempts)
+            .field("backoff", &self.config.backoff)
+            .field("budget", &self.config.budget)
+            .field("max_pushback", &self.config.max_pushback)
+            .field("min_attempt", &self.config.min_attempt)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M> fmt::Debug for RetryLayerBuilder<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryLayerBuilder")
+            .field("max_attempts", &self.max_attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: fmt::Debug, M> fmt::Debug for Retry<S, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Retry")
+            .field("inner", &self.inner)
+            .field("max_attempts", &self.config.max_attempts)
+            .finish_non_exhaustive()
+    }
+}
