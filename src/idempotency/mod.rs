@@ -126,6 +126,8 @@ mod key;
 pub use self::key::IdempotencyKey;
 
 use self::error::InvalidKey;
+use crate::context::Context as CallContext;
+use crate::record::{BusinessKey, CallTally};
 use crate::{Envelope, Error, IntoError, Semantics, IDEMPOTENCY_KEY};
 
 /// Which requests without a key of their own get a generated one.
@@ -350,18 +352,35 @@ where
 
     fn call(&mut self, mut req: Req) -> Self::Future {
         match attach_key(&self.policy, &mut req) {
-            Ok(()) => ResponseFuture {
-                state: State::Call {
-                    future: self.inner.call(req),
-                },
-                _error: PhantomData,
-            },
+            Ok(()) => {
+                report_key(&req);
+                ResponseFuture {
+                    state: State::Call {
+                        future: self.inner.call(req),
+                    },
+                    _error: PhantomData,
+                }
+            }
             Err(error) => ResponseFuture {
                 state: State::Invalid { error },
                 _error: PhantomData,
             },
         }
     }
+}
+
+/// Tells a call record outside the key this call goes out with, and that it is keyed: the
+/// record layer saw the request before the key was written.
+fn report_key<Req: Envelope>(req: &Req) {
+    if CallContext::current().call.is_none() {
+        return;
+    }
+    let Some(key) = req.headers().and_then(|h| h.get(IDEMPOTENCY_KEY)) else {
+        return;
+    };
+    let key = BusinessKey::new(String::from_utf8_lossy(key.as_bytes()));
+    let semantics = req.semantics();
+    CallTally::update(|t| t.keyed(key, semantics));
 }
 
 /// Validates the caller's key, or writes one if the policy wants it.

@@ -179,8 +179,9 @@ impl<R: Recorder, C> CallState<R, C> {
         });
         let rec = CallRecord {
             call: self.call,
-            key: self.key.take(),
-            semantics: self.semantics,
+            // A key layer inside may have given the call its key, and made it keyed.
+            key: self.key.take().or_else(|| self.tally.key.take()),
+            semantics: self.tally.outcome.semantics(),
             started: self.started,
             ended: Instant::now(),
             deadline_left,
@@ -198,12 +199,13 @@ impl<R: Recorder, C> CallState<R, C> {
         deadline_error: Option<bool>,
         fallback: impl FnOnce(&mut Self) -> Option<Classification>,
     ) {
-        let tally = self.tally;
+        let tally = self.tally.clone();
         let (attempts, outcome, last) = match tally.outcome.outcome() {
             Some(outcome) => (tally.ended.max(tally.started), outcome, tally.last),
             None => match fallback(self) {
                 Some(c) => {
-                    let mut single = crate::classify::OutcomeTally::new(self.semantics);
+                    let mut single =
+                        crate::classify::OutcomeTally::new(self.tally.outcome.semantics());
                     single.observe(c.class());
                     (1, single.outcome().unwrap_or(Outcome::Failed), Some(c))
                 }
@@ -214,7 +216,7 @@ impl<R: Recorder, C> CallState<R, C> {
         let stop = match (tally.stop, deadline_error, last) {
             (Some(stop), _, _) => stop,
             (None, Some(_), _) => StopReason::Deadline,
-            (None, None, Some(c)) => StopReason::after(c.class(), self.semantics),
+            (None, None, Some(c)) => StopReason::after(c.class(), self.tally.outcome.semantics()),
             (None, None, None) => StopReason::Deadline,
         };
         self.finish(attempts, outcome, last, stop);
@@ -234,7 +236,7 @@ pin_project! {
     impl<F, R: Recorder, C, E> PinnedDrop for CallFuture<F, R, C, E> {
         fn drop(this: Pin<&mut Self>) {
             if let Some(state) = this.project().state {
-                let tally = state.tally;
+                let tally = state.tally.clone();
                 let outcome = match (tally.outcome.outcome(), tally.started) {
                     (Some(o), _) => o,
                     (None, 0) => Outcome::Failed,

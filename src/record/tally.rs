@@ -4,7 +4,7 @@ use std::cell::RefCell;
 
 use crate::classify::{Classification, OutcomeTally};
 use crate::context::CallDeadline;
-use crate::record::StopReason;
+use crate::record::{BusinessKey, StopReason};
 use crate::Semantics;
 
 thread_local! {
@@ -15,7 +15,7 @@ thread_local! {
 }
 
 /// What the attempts of one call have shown so far.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct CallTally {
     /// Attempts started.
     pub(crate) started: u32,
@@ -27,6 +27,8 @@ pub(crate) struct CallTally {
     pub(crate) stop: Option<StopReason>,
     /// The call's deadline, as the deadline layer inside the call layer set it.
     pub(crate) deadline: Option<CallDeadline>,
+    /// The call's idempotency key, as the key layer inside the call layer set it.
+    pub(crate) key: Option<BusinessKey>,
 }
 
 impl CallTally {
@@ -38,14 +40,26 @@ impl CallTally {
             last: None,
             stop: None,
             deadline: None,
+            key: None,
+        }
+    }
+
+    /// A key layer inside gave the call an idempotency key: the call is keyed from its first
+    /// attempt on.
+    pub(crate) fn keyed(&mut self, key: BusinessKey, semantics: Semantics) {
+        self.key.get_or_insert(key);
+        if self.outcome.outcome().is_none() {
+            self.outcome = OutcomeTally::new(semantics);
         }
     }
 
     /// Runs `f` with this tally as the current one, and keeps what `f` added to it.
     pub(crate) fn scope<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        let (out, after) = swapped(Some(*self), || {
+        let placeholder = CallTally::new(self.outcome.semantics());
+        let current = std::mem::replace(self, placeholder);
+        let (out, after) = swapped(Some(current), || {
             let out = f();
-            (out, TALLY.with(|t| *t.borrow()))
+            (out, TALLY.with(|t| t.borrow_mut().take()))
         });
         if let Some(after) = after {
             *self = after;

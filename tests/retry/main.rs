@@ -1012,6 +1012,9 @@ async fn a_generated_key_is_the_same_on_every_attempt() {
     assert_eq!(call.attempts, 2);
     assert_eq!(call.outcome, Outcome::Succeeded);
     assert_eq!(call.stop, StopReason::Success);
+    // The call record sits outside the key layer and still says what the call was.
+    assert_eq!(call.key.as_ref().unwrap().as_str(), key.to_str().unwrap());
+    assert_eq!(call.semantics, Semantics::Keyed);
 }
 
 #[tokio::test(start_paused = true)]
