@@ -59,6 +59,26 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+/// `get_ref`, `get_mut` and `into_inner` for a service whose inner service `S` is in `inner`.
+macro_rules! inner_accessors {
+    () => {
+        /// The inner service.
+        pub fn get_ref(&self) -> &S {
+            &self.inner
+        }
+
+        /// The inner service, mutably.
+        pub fn get_mut(&mut self) -> &mut S {
+            &mut self.inner
+        }
+
+        /// Consumes the layer, returning the inner service.
+        pub fn into_inner(self) -> S {
+            self.inner
+        }
+    };
+}
+
 pub mod budget;
 pub mod classify;
 mod context;

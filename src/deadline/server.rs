@@ -192,20 +192,7 @@ pub struct ServerDeadline<S> {
 }
 
 impl<S> ServerDeadline<S> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes the layer, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!();
 }
 
 impl<S, B, ResB> Service<Request<B>> for ServerDeadline<S>

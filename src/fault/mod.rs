@@ -265,20 +265,7 @@ impl<S, P, M> FaultService<S, P, M> {
         &self.policy
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes `self`, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!();
 }
 
 impl<S, P, M, Req> Service<Req> for FaultService<S, P, M>

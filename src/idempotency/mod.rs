@@ -310,20 +310,7 @@ impl<S, P: Clone> IdempotencyKeyService<S, P> {
 }
 
 impl<S, P> IdempotencyKeyService<S, P> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes the layer, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!();
 }
 
 impl<S: fmt::Debug, P> fmt::Debug for IdempotencyKeyService<S, P> {

@@ -80,20 +80,7 @@ pub struct RecordAttempt<S, R, M = HttpClassifier> {
 }
 
 impl<S, R, M> RecordAttempt<S, R, M> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes the layer, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!();
 }
 
 impl<S, R, M, Req, T> Service<Req> for RecordAttempt<S, R, M>

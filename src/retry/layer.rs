@@ -227,20 +227,7 @@ impl<S: Clone, M> Clone for Retry<S, M> {
 }
 
 impl<S, M> Retry<S, M> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes the layer, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!();
 }
 
 impl<S, M, Req, T> Service<Req> for Retry<S, M>

@@ -108,20 +108,7 @@ impl<S> AttemptTimeout<S> {
         layer.layer(inner)
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes the layer, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!();
 }
 
 impl<S, Req> Service<Req> for AttemptTimeout<S>
