@@ -31,41 +31,70 @@
 //!   canonical stack does, so it keeps no timer of its own;
 //! * `surely_stack_call`: the same under `RecordCallLayer::new(())`, the full client stack.
 //!
+//! The retry family (`retry_success/plain`, `retry_fail_once/plain`) compares retry layers over
+//! the `plain` request, with the error `io::ErrorKind::ConnectionRefused` (built from its kind,
+//! so it does not allocate; classified *rejected*, so retried whatever the request):
+//!
+//! * `retry_success/…`: the inner service answers at once (`std::future::ready`);
+//! * `retry_fail_once/…`: the inner service refuses the first attempt of every call and
+//!   answers the retry (even inner calls fail, odd ones answer, counted per thread, so tower's
+//!   and surely's cases see the same pattern). No backoff. Both budgets allow one retry per first
+//!   attempt here (ratio 1.0, default window and reserve): at their defaults they would refuse
+//!   after about a hundred calls.
+//!
+//! Its cases: `bare` (the inner answers alone: one on `success`, both on `fail_once`);
+//! `tower_retry_tps`, tower's `Retry` with a policy as tower's budget docs write one (retry
+//! every error, at most 2 retries, `TpsBudget`, default on `success`); `tower_retry_tps_timeout`,
+//! the same over tower's `Timeout` (1 s), the reference of the family; `surely_retry`,
+//! `RetryLayer` with the bench's classifier, `Backoff::none()` and its own `RatioBudget`; and
+//! `surely_full`, `DeadlineLayer` (`enforce_in_attempts`) → `IdempotencyKeyLayer` (a pass-through
+//! for `plain`) → `RetryLayer` → `RecordAttemptLayer::new(())` → `AttemptTimeoutLayer`.
+//!
 //! Before criterion starts, the bench prints heap allocations per call for every case (10 000
 //! calls counted by a `stats_alloc` global allocator, outside any timing), in total and over
 //! `bare` (which includes building the request). After the last case it prints a summary: the
 //! median ns per call of each case (the median of criterion's last `SAMPLE_SIZE` samples of the
-//! case), its overhead over `bare`, its ratio to `tower_timeout` both as per-call times and as
-//! overheads, and whether the targets are met:
+//! case), its overhead over `bare`, its ratio to `tower_timeout` (`tower_retry_tps_timeout` in
+//! the retry family) both as per-call times and as overheads, and whether the targets are met:
 //!
 //! * `surely_stack` per-call time ≤ 0.75 × `tower_timeout` on `ready`, ≤ 1.0 × on
 //!   `pending_once` (the ratio of per-call times is the target; the ratio of overheads is shown
 //!   too);
-//! * surely adds 0 allocations per call for `plain` requests, and at most one per header
-//!   written for `http` requests.
+//! * `surely_full` per-call time ≤ 0.6 × `tower_retry_tps_timeout` on `retry_success`, ≤ 0.75 ×
+//!   on `retry_fail_once`;
+//! * surely adds 0 allocations per call for `plain` requests (retries included), and at most
+//!   one per header written for `http` requests.
 //!
-//! Run it with `cargo bench --bench overhead` (about a minute and a half); one group with e.g.
-//! `cargo bench --bench overhead -- ready/plain`. The machine is noisy: compare ratios from one
+//! Run it with `cargo bench --bench overhead` (about two minutes and a half); one group with
+//! e.g. `cargo bench --bench overhead -- ready/plain`, the retry family with `-- retry`. The machine is noisy: compare ratios from one
 //! run, not absolute times across runs or machines.
 
 use std::alloc::System;
+use std::cell::Cell;
 use std::fmt::Debug;
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use surely::classify::{self, Attempted, Classification, HttpClassifier};
+use surely::budget::{RatioBudget, RetryBudget};
+use surely::classify::{self, Attempted, Classification, ClassifyError, HttpClassifier};
 use surely::deadline::{AttemptTimers, DeadlineLayer};
+use surely::idempotency::IdempotencyKeyLayer;
 use surely::record::{RecordAttemptLayer, RecordCallLayer};
+use surely::retry::backoff::Backoff;
+use surely::retry::RetryLayer;
 use surely::timeout::AttemptTimeoutLayer;
 use surely::{Envelope, Semantics};
 use tokio::runtime::Runtime;
+use tower::retry::budget::{Budget, TpsBudget};
+use tower::retry::{Policy, Retry};
 use tower::timeout::Timeout;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 
@@ -86,12 +115,21 @@ const ALLOC_WARM_UP: u64 = 100;
 const BARE: &str = "bare";
 const TOWER: &str = "tower_timeout";
 const STACK: &str = "surely_stack";
+const TOWER_RETRY: &str = "tower_retry_tps_timeout";
+const FULL: &str = "surely_full";
+/// The retry families' groups.
+const RETRY_SUCCESS: &str = "retry_success/plain";
+const RETRY_FAIL_ONCE: &str = "retry_fail_once/plain";
+/// Retries allowed per call by the hand-written tower policy: surely's default attempt limit
+/// (3, the first included) less the first.
+const TOWER_RETRIES: u32 = 2;
 
 // ---- the services -------------------------------------------------------------------------
 
 /// A request type without headers or extensions. It carries an id, as a real request carries
 /// data, which no layer reads.
 #[allow(dead_code)]
+#[derive(Clone)]
 struct Req(u64);
 
 impl Envelope for Req {}
@@ -129,16 +167,51 @@ fn http_pending(_: http::Request<()>) -> PendingOnce<io::Result<http::Response<(
     PendingOnce::new(Ok(http::Response::new(())))
 }
 
-/// The record layers' classifier for `Res` (they never call it with the `()` recorder, but
-/// their bounds need one).
+/// The classifier for `Res`: every response a success, every error as the error's kind says
+/// (`surely::classify::ClassifyError`; a refused connection is *rejected*, so retried whatever
+/// the request). The record layers never call it with the `()` recorder, but their bounds need
+/// one; the retry layer calls it on every attempt.
 fn classify_plain(
     attempt: Attempted<'_, Res, surely::Error<io::Error>>,
     _: Semantics,
 ) -> Classification {
     match attempt {
         Attempted::Response(_) => Classification::success(),
-        Attempted::Error(_, phase) => Classification::failure_at(phase),
+        Attempted::Error(e, phase) => e.classify_error(phase),
     }
+}
+
+thread_local! {
+    /// The inner calls made by the `fail_once` service on this thread (the runtime's), so that
+    /// every case, tower's and surely's, sees the same pattern.
+    static INNER_CALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The `fail_once` pattern: the even inner calls (each call's first attempt) are refused,
+/// the odd ones (its retry) answer. A call that retries once makes two inner calls, so every
+/// call starts on an even one. The error is an `io::Error` made from its kind, which does not
+/// allocate.
+fn fail_once_answer() -> io::Result<Res> {
+    let n = INNER_CALLS.with(|c| c.replace(c.get() + 1));
+    if n % 2 == 0 {
+        Err(io::ErrorKind::ConnectionRefused.into())
+    } else {
+        Ok(Res)
+    }
+}
+
+fn plain_fail_once(_: Req) -> Ready<io::Result<Res>> {
+    ready(fail_once_answer())
+}
+
+/// The `fail_once` baseline: both inner answers of a call, with no layer deciding anything.
+fn plain_fail_once_twice(_: Req) -> Ready<io::Result<Res>> {
+    ready(fail_once_answer().or_else(|_| fail_once_answer()))
+}
+
+/// Starts a `fail_once` case on a call's first attempt.
+fn reset_inner_calls() {
+    INNER_CALLS.with(|c| c.set(0));
 }
 
 /// A future that is pending exactly once: its first poll wakes the task and returns `Pending`,
@@ -187,6 +260,87 @@ fn stack_deadline() -> DeadlineLayer<AttemptTimers> {
 
 fn attempt_timeout() -> AttemptTimeoutLayer {
     AttemptTimeoutLayer::new(BUDGET).expect("a valid attempt timeout")
+}
+
+/// A tower retry policy as tower's budget docs write one: retry every error, up to
+/// `TOWER_RETRIES` times a call, while the budget allows; deposit on success.
+#[derive(Clone)]
+struct TowerPolicy {
+    budget: Arc<TpsBudget>,
+    retries_left: u32,
+}
+
+impl TowerPolicy {
+    fn new(budget: TpsBudget) -> Self {
+        TowerPolicy {
+            budget: Arc::new(budget),
+            retries_left: TOWER_RETRIES,
+        }
+    }
+}
+
+impl<Res, E> Policy<Req, Res, E> for TowerPolicy {
+    type Future = Ready<()>;
+
+    fn retry(&mut self, _: &mut Req, result: &mut Result<Res, E>) -> Option<Ready<()>> {
+        match result {
+            Ok(_) => {
+                self.budget.deposit();
+                None
+            }
+            Err(_) => {
+                if self.retries_left == 0 || !self.budget.withdraw() {
+                    return None;
+                }
+                self.retries_left -= 1;
+                Some(ready(()))
+            }
+        }
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        Some(req.clone())
+    }
+}
+
+/// The budgets of the `success` path: tower's `TpsBudget` and surely's `RatioBudget` at their
+/// defaults (20% and 10% of first attempts, plus a reserve of 10 retries a second).
+fn tps_default() -> TpsBudget {
+    TpsBudget::default()
+}
+
+fn ratio_default() -> Option<Arc<dyn RetryBudget>> {
+    None
+}
+
+/// The budgets of the `fail_once` path, where every call retries once: at their defaults both
+/// would refuse retries after about a hundred calls (the reserve), so both allow one retry per
+/// first attempt (ratio 1.0), with the default window and reserve. The work per deposit and
+/// withdrawal is the same whatever the ratio.
+fn tps_one_per_call() -> TpsBudget {
+    TpsBudget::new(Duration::from_secs(10), 10, 1.0)
+}
+
+fn ratio_one_per_call() -> Option<Arc<dyn RetryBudget>> {
+    let budget = RatioBudget::builder()
+        .ratio(1.0)
+        .build()
+        .expect("a valid budget");
+    Some(Arc::new(budget))
+}
+
+/// surely's retry layer with `classifier`, no backoff, and its own default budget (`None`) or
+/// the one given.
+fn retry<M>(classifier: M, budget: Option<Arc<dyn RetryBudget>>) -> RetryLayer<M> {
+    let builder = RetryLayer::builder()
+        .classifier(classifier)
+        .backoff(Backoff::none());
+    match budget {
+        Some(budget) => builder.budget(budget),
+        None => builder,
+    }
+    .build()
+    .expect("a valid retry layer")
 }
 
 // ---- driving them -------------------------------------------------------------------------
@@ -300,6 +454,79 @@ macro_rules! group {
     };
 }
 
+/// The five cases of one retry group, all over the `plain` request: the inner service
+/// `$svc`, the baseline `$bare` (the same inner answers without any layer), and the budgets
+/// `$tps` (tower's) and `$ratio` (surely's).
+macro_rules! retry_group {
+    ($group:expr, $svc:expr, $bare:expr, $tps:expr, $ratio:expr) => {
+        [
+            Case {
+                group: $group,
+                name: BARE,
+                headers_written: 0,
+                make: || {
+                    reset_inner_calls();
+                    driver(service_fn($bare), plain_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: "tower_retry_tps",
+                headers_written: 0,
+                make: || {
+                    reset_inner_calls();
+                    driver(
+                        Retry::new(TowerPolicy::new($tps), service_fn($svc)),
+                        plain_req,
+                    )
+                },
+            },
+            Case {
+                group: $group,
+                name: TOWER_RETRY,
+                headers_written: 0,
+                make: || {
+                    reset_inner_calls();
+                    let svc = Retry::new(
+                        TowerPolicy::new($tps),
+                        Timeout::new(service_fn($svc), BUDGET),
+                    );
+                    driver(svc, plain_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: "surely_retry",
+                headers_written: 0,
+                make: || {
+                    reset_inner_calls();
+                    let layer = retry(classify::from_fn(classify_plain), $ratio);
+                    driver(layer.layer(service_fn($svc)), plain_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: FULL,
+                headers_written: 0,
+                make: || {
+                    reset_inner_calls();
+                    let svc = ServiceBuilder::new()
+                        .layer(stack_deadline())
+                        .layer(IdempotencyKeyLayer::new())
+                        .layer(retry(classify::from_fn(classify_plain), $ratio))
+                        .layer(
+                            RecordAttemptLayer::new(())
+                                .with_classifier(classify::from_fn(classify_plain)),
+                        )
+                        .layer(attempt_timeout())
+                        .service(service_fn($svc));
+                    driver(svc, plain_req)
+                },
+            },
+        ]
+    };
+}
+
 fn cases() -> Vec<Case> {
     [
         group!(
@@ -333,7 +560,30 @@ fn cases() -> Vec<Case> {
     ]
     .into_iter()
     .flatten()
+    .chain(retry_group!(
+        RETRY_SUCCESS,
+        plain_ready,
+        plain_ready,
+        tps_default(),
+        ratio_default()
+    ))
+    .chain(retry_group!(
+        RETRY_FAIL_ONCE,
+        plain_fail_once,
+        plain_fail_once_twice,
+        tps_one_per_call(),
+        ratio_one_per_call()
+    ))
     .collect()
+}
+
+/// The tower case a group's cases are compared with.
+fn reference(group: &str) -> &'static str {
+    if group.starts_with("retry_") {
+        TOWER_RETRY
+    } else {
+        TOWER
+    }
 }
 
 fn runtime() -> Runtime {
@@ -370,13 +620,13 @@ fn find(cases: &[Case], group: &str, name: &str) -> Option<usize> {
 fn print_allocations(cases: &[Case], allocs: &[f64]) {
     println!("heap allocations per successful call ({ALLOC_CALLS} calls per case)");
     println!(
-        "{:<20} {:<24} {:>7} {:>11} {:>8}  target",
+        "{:<22} {:<24} {:>7} {:>11} {:>8}  target",
         "group", "case", "total", "over bare", "headers"
     );
     for (i, case) in cases.iter().enumerate() {
         let bare = find(cases, case.group, BARE).map_or(0.0, |b| allocs[b]);
         let added = allocs[i] - bare;
-        let verdict = if case.name == BARE || case.name == TOWER {
+        let verdict = if case.name == BARE || case.name.starts_with("tower") {
             "-"
         } else if added <= f64::from(case.headers_written) {
             "met"
@@ -384,7 +634,7 @@ fn print_allocations(cases: &[Case], allocs: &[f64]) {
             "MISSED"
         };
         println!(
-            "{:<20} {:<24} {:>7.2} {:>11.2} {:>8}  {verdict}",
+            "{:<22} {:<24} {:>7.2} {:>11.2} {:>8}  {verdict}",
             case.group, case.name, allocs[i], added, case.headers_written
         );
     }
@@ -440,14 +690,15 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
     println!();
     println!("median ns per call (same run)");
     println!(
-        "{:<20} {:<24} {:>8} {:>9} {:>10} {:>12}",
+        "{:<22} {:<24} {:>8} {:>9} {:>10} {:>12}",
         "group", "case", "ns/call", "overhead", "÷ tower", "overhead ÷"
     );
+    println!("(÷ tower: ÷ {TOWER}, and ÷ {TOWER_RETRY} in the retry groups)");
     let at = |group: &str, name: &str| find(cases, group, name).and_then(|i| medians[i]);
     for (i, case) in cases.iter().enumerate() {
         let Some(t) = medians[i] else { continue };
         let bare = at(case.group, BARE);
-        let tower = at(case.group, TOWER);
+        let tower = at(case.group, reference(case.group));
         let overhead = bare.map(|b| t - b);
         let cell = |v: Option<f64>, prec: usize| {
             v.map_or_else(|| "-".to_owned(), |v| format!("{v:.prec$}"))
@@ -458,7 +709,7 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
             _ => None,
         };
         println!(
-            "{:<20} {:<24} {:>8.1} {:>9} {:>10} {:>12}",
+            "{:<22} {:<24} {:>8.1} {:>9} {:>10} {:>12}",
             case.group,
             case.name,
             t,
@@ -468,22 +719,30 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
         );
     }
     println!();
-    println!("targets: {STACK} ÷ {TOWER}, per-call time (the target) and overheads over {BARE}");
-    for (group, limit) in [
-        ("ready/plain", 0.75),
-        ("ready/http", 0.75),
-        ("pending_once/plain", 1.0),
-        ("pending_once/http", 1.0),
+    println!(
+        "targets: {STACK} ÷ {TOWER} and {FULL} ÷ {TOWER_RETRY}, per-call time (the target) and \
+         overheads over {BARE}"
+    );
+    for (group, case, limit) in [
+        ("ready/plain", STACK, 0.75),
+        ("ready/http", STACK, 0.75),
+        ("pending_once/plain", STACK, 1.0),
+        ("pending_once/http", STACK, 1.0),
+        (RETRY_SUCCESS, FULL, 0.6),
+        (RETRY_FAIL_ONCE, FULL, 0.75),
     ] {
-        let (Some(b), Some(s), Some(tw)) = (at(group, BARE), at(group, STACK), at(group, TOWER))
-        else {
+        let (Some(b), Some(s), Some(tw)) = (
+            at(group, BARE),
+            at(group, case),
+            at(group, reference(group)),
+        ) else {
             continue;
         };
         let ratio = s / tw;
         let verdict = if ratio <= limit { "met" } else { "MISSED" };
         // No layer can be faster than the bare service: `bare ÷ tower` is the floor.
         println!(
-            "  {group:<20} per call {ratio:.2} (≤ {limit:.2}) {verdict:<6}  overheads {:.2}  \
+            "  {group:<24} per call {ratio:.2} (≤ {limit:.2}) {verdict:<6}  overheads {:.2}  \
              floor {:.2}",
             (s - b) / (tw - b),
             b / tw,
