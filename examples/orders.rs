@@ -1,14 +1,14 @@
 //! The order story, on real hyper over 127.0.0.1.
 //!
 //! A shop's server sits behind surely's server deadline layer and a fault layer; a client calls it
-//! through the deadline, attempt-timeout and record layers. Four calls:
+//! through the deadline, retry, attempt-timeout and record layers. Four calls:
 //!
 //! 1. `GET /orders/o-0` succeeds, and the server sees the client's budget arrive on the wire.
 //! 2. `POST /orders` without an idempotency key: the server commits order `o-1`, then the reply is
-//!    lost (the connection is reset). The client cannot know: the outcome is **unknown**, and a
-//!    POST without a key must not be sent again blindly.
+//!    lost (the connection is reset). The client cannot know: the outcome is **unknown**, and the
+//!    retry layer does not send a POST without a key again.
 //! 3. `GET /orders/o-1` to a replica that is down: the connection is refused before anything was
-//!    sent. Nothing happened, so it is safe to retry.
+//!    sent. Nothing happened, so the retry layer tries again, until its attempt limit.
 //! 4. A call whose budget is already spent is refused before sending: the server never sees it.
 //!
 //! Every attempt and call record is printed as it is made. The demo checks its own invariants and
@@ -31,7 +31,9 @@ use hyper_util::service::TowerToHyperService;
 use surely::classify::{AttemptClass, Outcome};
 use surely::deadline::{Deadline, DeadlineLayer, ServerDeadlineLayer};
 use surely::fault::{Fault, FaultLayer};
-use surely::record::{InMemoryRecorder, Record, RecordAttemptLayer, RecordCallLayer};
+use surely::record::{InMemoryRecorder, Record, RecordAttemptLayer, RecordCallLayer, StopReason};
+use surely::retry::backoff::Backoff;
+use surely::retry::RetryLayer;
 use surely::timeout::AttemptTimeoutLayer;
 use surely::Envelope;
 use tokio::net::TcpListener;
@@ -167,6 +169,11 @@ async fn main() -> Result<(), BoxError> {
                 .reserve(Duration::from_millis(5))
                 .build()?,
         )
+        .layer(
+            RetryLayer::builder()
+                .backoff(Backoff::constant(Duration::from_millis(20)))
+                .build()?,
+        )
         .layer(RecordAttemptLayer::new(recorder))
         .layer(AttemptTimeoutLayer::new(Duration::from_millis(500))?)
         .service(transport);
@@ -217,7 +224,7 @@ async fn main() -> Result<(), BoxError> {
         "the lost reply is maybe committed and not retryable for a POST without a key",
     );
 
-    println!("\n3. GET /orders/o-1 from a replica that is down: refused before send");
+    println!("\n3. GET /orders/o-1 from a replica that is down: refused before send, retried");
     let get = Request::get(format!("http://{down}/orders/o-1")).body(Full::default())?;
     let semantics = get.semantics();
     let err = client
@@ -242,6 +249,10 @@ async fn main() -> Result<(), BoxError> {
     check(
         call.outcome == Outcome::Failed,
         "the refused GET failed cleanly",
+    );
+    check(
+        call.attempts == 3 && call.stop == StopReason::AttemptsExhausted,
+        "the refused GET was tried three times",
     );
 
     println!("\n4. A call whose budget is already spent");
@@ -271,9 +282,10 @@ async fn main() -> Result<(), BoxError> {
         "exactly one order, o-1, exists",
     );
     check(records.calls().len() == 4, "one call record per call");
-    // Two of the four calls reached the shop, one was refused by the down replica, one never left.
+    // Two of the four calls reached the shop (the POST once, never retried), the GET to the down
+    // replica was tried three times, the spent call never left.
     check(
-        records.attempts().len() == 3,
+        records.attempts().len() == 5,
         "one attempt record per transport call",
     );
     check(
