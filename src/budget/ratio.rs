@@ -170,8 +170,13 @@ impl RatioBudget {
     }
 
     fn epoch(&self, now: Instant) -> u64 {
-        let nanos = now.saturating_duration_since(self.start).as_nanos();
-        u64::try_from(nanos / u128::from(self.slot_nanos)).unwrap_or(u64::MAX)
+        // In u64 (a u128 division is a slow library call on the hot path); 2^64 ns is 584 years.
+        let since = now.saturating_duration_since(self.start);
+        let nanos = since
+            .as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(since.subsec_nanos()));
+        nanos / self.slot_nanos
     }
 
     fn slot(&self, epoch: u64) -> &AtomicU64 {
