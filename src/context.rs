@@ -119,26 +119,45 @@ impl Context {
     /// The call's deadline.
     #[inline]
     pub(crate) fn deadline(&self) -> Option<CallDeadline> {
-        unpack_deadline(self.deadline)
+        unpack_deadline(self.deadline & !OWNED)
     }
 
     /// Sets the call's deadline.
     #[inline]
     pub(crate) fn set_deadline(&mut self, deadline: Option<CallDeadline>) {
-        self.deadline = pack_deadline(deadline);
+        self.deadline = pack_deadline(deadline) | (self.deadline & OWNED);
     }
 
     /// Anchors an unanchored budget at `now`, both packed, and returns the packed instant of the
     /// deadline (`None` without one). Packing is linear in time, so this is an addition.
     #[inline]
     pub(crate) fn anchor_packed(&mut self, now: u64) -> Option<u64> {
-        match self.deadline {
+        let owned = self.deadline & OWNED;
+        match self.deadline & !OWNED {
             0 => None,
             p if p & BUDGET != 0 => {
-                self.deadline = now.saturating_add(p & !BUDGET).min(BUDGET - 1);
-                Some(self.deadline)
+                let at = now.saturating_add(p & !BUDGET).min(OWNED - 1);
+                self.deadline = at | owned;
+                Some(at)
             }
             p => Some(p),
+        }
+    }
+
+    /// Whether a retry layer upstream (in the client that sent the request this code serves)
+    /// owns retries for this call.
+    #[inline]
+    pub(crate) fn retry_owned(&self) -> bool {
+        self.deadline & OWNED != 0
+    }
+
+    /// Marks that a retry layer upstream owns retries for this call.
+    #[inline]
+    pub(crate) fn set_retry_owned(&mut self, owned: bool) {
+        if owned {
+            self.deadline |= OWNED;
+        } else {
+            self.deadline &= !OWNED;
         }
     }
 
@@ -215,7 +234,7 @@ impl Report {
         let after = saturating_nanos(ends_by.saturating_duration_since(now));
         Report {
             now: now_packed,
-            ends_by: now_packed.saturating_add(after).min(BUDGET - 1),
+            ends_by: now_packed.saturating_add(after).min(OWNED - 1),
         }
     }
 
@@ -262,14 +281,18 @@ impl Report {
 /// The flag of a packed deadline that is a budget, not an instant.
 const BUDGET: u64 = 1 << 63;
 
+/// The flag, beside the packed deadline, that a retry layer upstream owns retries. Packed values
+/// stay below it.
+const OWNED: u64 = 1 << 62;
+
 /// Packs a deadline into a `u64`: 0 for none, a budget in nanoseconds with the top bit set, an
-/// instant as [`pack_instant`] does. Budgets and instants are clamped far beyond any deadline the
+/// instant as [`pack_instant`] does; the bit below the top one is left for [`OWNED`]. Budgets and instants are clamped far beyond any deadline the
 /// crate makes (about 30 years).
 #[inline]
 fn pack_deadline(deadline: Option<CallDeadline>) -> u64 {
     match deadline {
         None => 0,
-        Some(CallDeadline::Budget(b)) => BUDGET | saturating_nanos(b).min(BUDGET - 1),
+        Some(CallDeadline::Budget(b)) => BUDGET | saturating_nanos(b).min(OWNED - 1),
         Some(CallDeadline::At(d)) => pack_instant(d.instant()),
     }
 }
@@ -369,6 +392,22 @@ mod tests {
         // Outside, nothing was left behind.
         let (_, outside) = Context::current().scope_collect(|| ());
         assert_eq!(outside, Report::EMPTY);
+    }
+
+    #[test]
+    fn the_owner_flag_survives_deadline_changes() {
+        let mut ctx = Context::fresh(Some(CallDeadline::Budget(Duration::from_secs(1))));
+        ctx.set_retry_owned(true);
+        assert_eq!(ctx.deadline(), Some(CallDeadline::Budget(Duration::from_secs(1))));
+        let now = pack_instant(Instant::now());
+        let at = ctx.anchor_packed(now).unwrap();
+        assert!(ctx.retry_owned());
+        assert_eq!(at, now + 1_000_000_000);
+        ctx.set_deadline(None);
+        assert!(ctx.retry_owned());
+        assert_eq!(ctx.deadline(), None);
+        ctx.set_retry_owned(false);
+        assert_eq!(ctx, Context::EMPTY);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::{Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::classify::NOT_PROCESSED;
 use crate::context::{CallDeadline, Context};
 use crate::record::CallTally;
+use crate::retry::RETRY_OWNER;
 use crate::{ConfigError, Envelope};
 
 /// What the [`ServerDeadlineLayer`] does with a malformed deadline header.
@@ -44,7 +45,8 @@ pub enum Malformed {
 ///   handler calls inherits it.
 ///
 /// A handler served in-process inside a caller's call (same task) never gets more than the
-/// caller's current deadline.
+/// caller's current deadline. A request marked with [`RETRY_OWNER`] (its client's retry layer
+/// owns retries) makes the retry layers of the handler's own clients leave retries to it.
 ///
 /// The handler is not cancelled at the deadline: stopping work half done is how effects get
 /// lost; the handler's own calls are bounded by the inherited deadline instead.
@@ -237,7 +239,9 @@ where
             None => None,
         };
         // A fresh context: the handler's calls are new logical calls under this deadline.
-        let ctx = Context::fresh(deadline.map(CallDeadline::At));
+        let mut ctx = Context::fresh(deadline.map(CallDeadline::At));
+        // The caller's retry layer owns retries: the handler's own clients leave them to it.
+        ctx.set_retry_owned(req.headers().contains_key(RETRY_OWNER));
         let inner = CallTally::isolate(|| ctx.scope(|| self.inner.call(req)));
         ServerDeadlineFuture {
             state: ServerState::Running { inner, ctx },

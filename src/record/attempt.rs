@@ -123,7 +123,9 @@ where
         // Inside the attempt, the deadline still holds (anchored where this record measured
         // it), but a nested client (a token fetch in the transport, an in-process server) is not
         // part of this call.
-        let inner_ctx = Context::fresh(deadline.map(CallDeadline::At));
+        let mut inner_ctx = ctx;
+        inner_ctx.call = None;
+        inner_ctx.set_deadline(deadline.map(CallDeadline::At));
         let state = AttemptState {
             recorder: self.layer.recorder.clone(),
             classifier: Some(self.layer.classifier.make_classifier(&req)),

@@ -192,6 +192,9 @@ pub enum StopReason {
     PushbackStop,
     /// The last attempt could have been retried, but the request could not be sent again.
     NotReplayable,
+    /// The last attempt may have committed, and a retry layer upstream owns retries: this
+    /// layer, inside a server handler, leaves them to it.
+    UpstreamOwnsRetries,
     /// The call was dropped by its caller before it finished.
     Cancelled,
 }
@@ -210,6 +213,7 @@ impl StopReason {
             StopReason::BudgetExhausted => "budget exhausted",
             StopReason::PushbackStop => "pushback said stop",
             StopReason::NotReplayable => "not replayable",
+            StopReason::UpstreamOwnsRetries => "upstream owns retries",
             StopReason::Cancelled => "cancelled",
         }
     }

@@ -14,7 +14,9 @@ use tower_service::Service;
 
 use super::backoff::Delays;
 use super::layer::{Config, GRPC_PREVIOUS_RPC_ATTEMPTS};
-use crate::classify::{Classification, Classify, DeliveryPhase, MakeClassifier, Pushback};
+use crate::classify::{
+    AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, Pushback,
+};
 use crate::context::Context;
 use crate::deadline::Deadline;
 use crate::record::{CallTally, StopReason};
@@ -182,6 +184,13 @@ fn decide<M, Req: Envelope>(
     let Some(template) = template else {
         return Next::Stop(StopReason::NotReplayable);
     };
+    // Inside a handler whose caller retries: leave retries to it, but for attempts that were
+    // provably not sent, which cost the chain nothing.
+    let not_sent = classification.class() == AttemptClass::Rejected
+        && classification.phase() == DeliveryPhase::NotSent;
+    if !not_sent && Context::current().retry_owned() {
+        return Next::Stop(StopReason::UpstreamOwnsRetries);
+    }
     let wait = match classification.pushback() {
         Some(Pushback::Stop) => return Next::Stop(StopReason::PushbackStop),
         Some(Pushback::After(d)) if d <= config.max_pushback => d,

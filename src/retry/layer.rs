@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -22,6 +22,12 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(30);
 /// The default least time an attempt needs: a retry that would leave less of the call's budget
 /// is not started.
 pub const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
+
+/// The header with which a retry layer tells the next hop that it owns retries for the request.
+/// The [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) carries it into the
+/// handler's context, and a retry layer inside that handler then retries only attempts that
+/// were provably not sent: retries do not multiply with the depth of the chain.
+pub const RETRY_OWNER: HeaderName = HeaderName::from_static("surely-retry-owner");
 
 /// The gRPC header that tells the server how many attempts came before this one.
 pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
@@ -42,6 +48,7 @@ pub(super) struct Config<M> {
     pub(super) max_pushback: Duration,
     pub(super) min_attempt: Duration,
     pub(super) attempt_header: Option<HeaderName>,
+    pub(super) mark_owner: bool,
 }
 
 /// Builds a [`RetryLayer`], validating its settings.
@@ -54,6 +61,7 @@ pub struct RetryLayerBuilder<M = HttpClassifier> {
     max_pushback: Duration,
     min_attempt: Duration,
     attempt_header: Option<HeaderName>,
+    mark_owner: bool,
 }
 
 impl RetryLayer {
@@ -71,6 +79,7 @@ impl RetryLayer {
                 max_pushback: DEFAULT_MAX_PUSHBACK,
                 min_attempt: DEFAULT_MIN_ATTEMPT,
                 attempt_header: None,
+                mark_owner: true,
             }),
         }
     }
@@ -86,6 +95,7 @@ impl RetryLayer {
             max_pushback: DEFAULT_MAX_PUSHBACK,
             min_attempt: DEFAULT_MIN_ATTEMPT,
             attempt_header: None,
+            mark_owner: true,
         }
     }
 }
@@ -108,6 +118,7 @@ impl<M> RetryLayerBuilder<M> {
             max_pushback: self.max_pushback,
             min_attempt: self.min_attempt,
             attempt_header: self.attempt_header,
+            mark_owner: self.mark_owner,
         }
     }
 
@@ -158,6 +169,13 @@ impl<M> RetryLayerBuilder<M> {
         self
     }
 
+    /// Whether to tell the next hop that this layer owns retries, with [`RETRY_OWNER`] on every
+    /// attempt (default true).
+    pub fn mark_owner(mut self, mark: bool) -> Self {
+        self.mark_owner = mark;
+        self
+    }
+
     /// Validates and builds.
     pub fn build(self) -> Result<RetryLayer<M>, ConfigError> {
         if self.max_attempts == 0 {
@@ -181,6 +199,7 @@ impl<M> RetryLayerBuilder<M> {
                 max_pushback: self.max_pushback,
                 min_attempt: self.min_attempt,
                 attempt_header: self.attempt_header,
+                mark_owner: self.mark_owner,
             }),
         })
     }
@@ -246,9 +265,14 @@ where
         self.inner.poll_ready(cx).map_err(IntoError::into_error)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, mut req: Req) -> Self::Future {
         if let Some(budget) = &self.config.budget {
             budget.deposit();
+        }
+        if self.config.mark_owner {
+            if let Some(headers) = req.headers_mut() {
+                headers.insert(RETRY_OWNER, HeaderValue::from_static("1"));
+            }
         }
         let classifier = self.config.classifier.make_classifier(&req);
         let semantics = req.semantics();

@@ -28,6 +28,17 @@
 //! ([`StopReason`](crate::record::StopReason): attempts exhausted, budget exhausted, deadline,
 //! pushback said stop, not replayable), and the call returns that last attempt's outcome.
 //!
+//! # One retry owner per chain
+//!
+//! If every hop of a call chain retries three times, a failure at the bottom of five hops is
+//! tried 3⁵ = 243 times. So the layer marks each attempt with [`RETRY_OWNER`]; the next hop's
+//! [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) carries the mark into its
+//! handler's context, and a retry layer inside that handler then retries only attempts that
+//! were provably not sent (refused before any byte left), stopping with
+//! [`UpstreamOwnsRetries`](crate::record::StopReason::UpstreamOwnsRetries) otherwise. Retries
+//! then happen once, at the top. Turn the mark off with
+//! [`mark_owner(false)`](RetryLayerBuilder::mark_owner) for a hop whose caller is not surely.
+//!
 //! Retries go out as copies of the first request (`Req: Clone`), with the same idempotency key
 //! when an [`IdempotencyKeyLayer`](crate::idempotency::IdempotencyKeyLayer) is outside. gRPC
 //! requests say how many attempts came before in `grpc-previous-rpc-attempts`.
@@ -78,5 +89,5 @@ mod layer;
 pub use self::future::ResponseFuture;
 pub use self::layer::{
     Retry, RetryLayer, RetryLayerBuilder, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PUSHBACK,
-    DEFAULT_MIN_ATTEMPT, GRPC_PREVIOUS_RPC_ATTEMPTS,
+    DEFAULT_MIN_ATTEMPT, GRPC_PREVIOUS_RPC_ATTEMPTS, RETRY_OWNER,
 };
