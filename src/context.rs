@@ -398,7 +398,10 @@ mod tests {
     fn the_owner_flag_survives_deadline_changes() {
         let mut ctx = Context::fresh(Some(CallDeadline::Budget(Duration::from_secs(1))));
         ctx.set_retry_owned(true);
-        assert_eq!(ctx.deadline(), Some(CallDeadline::Budget(Duration::from_secs(1))));
+        assert_eq!(
+            ctx.deadline(),
+            Some(CallDeadline::Budget(Duration::from_secs(1)))
+        );
         let now = pack_instant(Instant::now());
         let at = ctx.anchor_packed(now).unwrap();
         assert!(ctx.retry_owned());
