@@ -7,7 +7,6 @@
 
 use std::convert::Infallible;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -16,38 +15,11 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
+use hyper_util::rt::TokioExecutor;
 use surely::deadline::{Deadline, DeadlineLayer, ServerDeadlineLayer};
-use tokio::net::TcpListener;
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 use crate::support::{call, secs};
-
-/// Serves `svc` on 127.0.0.1 over HTTP/1 until the test ends.
-async fn serve<S>(svc: S) -> SocketAddr
-where
-    S: Service<Request<Incoming>, Response = Response<Full<Bytes>>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let svc = TowerToHyperService::new(svc.clone());
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    addr
-}
 
 fn header_u64(res: &Response<Incoming>, name: &str) -> u64 {
     res.headers()[name].to_str().unwrap().parse().unwrap()
@@ -163,3 +135,5 @@ async fn a_budget_below_the_server_minimum_is_refused_over_the_wire() {
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+use crate::serve::serve;

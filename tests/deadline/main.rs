@@ -2,6 +2,9 @@
 //! `ServerDeadlineLayer`, both together over a real hyper server, and property tests for the
 //! deadline arithmetic.
 
+#[path = "../common/serve.rs"]
+mod serve;
+
 mod client;
 mod e2e;
 mod props;

@@ -2,6 +2,9 @@
 //! of the handler's own clients leave retries to the caller, but for attempts provably not sent.
 //! In process (paused time) and over two real hyper hops on 127.0.0.1.
 
+#[path = "../common/serve.rs"]
+mod serve;
+
 mod support;
 
 use std::convert::Infallible;

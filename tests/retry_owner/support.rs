@@ -1,21 +1,11 @@
 //! Shared helpers for the retry-owner tests: a counter, request builders, and a hyper server on
 //! 127.0.0.1.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use surely::retry::backoff::Backoff;
 use surely::retry::RetryLayer;
-use tokio::net::TcpListener;
-use tower::Service;
 
 /// A shared counter of calls.
 #[derive(Clone, Debug, Default)]
@@ -41,27 +31,4 @@ pub(crate) fn retry(mark_owner: bool) -> RetryLayer {
         .unwrap()
 }
 
-/// Serves `svc` on 127.0.0.1 over HTTP/1 until the test ends.
-pub(crate) async fn serve<S>(svc: S) -> SocketAddr
-where
-    S: Service<Request<Incoming>, Response = Response<Full<Bytes>>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let svc = TowerToHyperService::new(svc.clone());
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    addr
-}
+pub(crate) use crate::serve::serve;

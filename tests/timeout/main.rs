@@ -1,6 +1,9 @@
 //! The attempt timeout through the public API: which limit fires, where it fired, and how that
 //! is classified; and, over a real hyper client, what a `TrackBody` proves.
 
+#[path = "../common/serve.rs"]
+mod serve;
+
 mod hyper_progress;
 mod support;
 
