@@ -9,6 +9,7 @@ use tower_service::Service;
 
 use super::backoff::{Backoff, Jitter};
 use super::future::ResponseFuture;
+use super::replay::NotReplayable;
 use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::{Classify, HttpClassifier, MakeClassifier};
 use crate::{ConfigError, Envelope, Error, IntoError};
@@ -276,7 +277,11 @@ where
         }
         let classifier = self.config.classifier.make_classifier(&req);
         let semantics = req.semantics();
-        let template = (self.config.max_attempts > 1).then(|| req.clone());
+        let replayable = self.config.max_attempts > 1
+            && req
+                .extensions()
+                .is_none_or(|e| e.get::<NotReplayable>().is_none());
+        let template = replayable.then(|| req.clone());
         let future = self.inner.call(req);
         ResponseFuture::new(
             future,

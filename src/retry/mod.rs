@@ -40,7 +40,11 @@
 //! [`mark_owner(false)`](RetryLayerBuilder::mark_owner) for a hop whose caller is not surely.
 //!
 //! Retries go out as copies of the first request (`Req: Clone`), with the same idempotency key
-//! when an [`IdempotencyKeyLayer`](crate::idempotency::IdempotencyKeyLayer) is outside. gRPC
+//! when an [`IdempotencyKeyLayer`](crate::idempotency::IdempotencyKeyLayer) is outside. A
+//! streaming HTTP body cannot be copied: a [`ReplayBodyLayer`] outside buffers bodies up to
+//! 64 KiB so that every attempt sends the same bytes, and marks larger ones [`NotReplayable`],
+//! which this layer sends once (the record says
+//! [`NotReplayable`](crate::record::StopReason::NotReplayable) when a retry was wanted). gRPC
 //! requests say how many attempts came before in `grpc-previous-rpc-attempts`.
 //!
 //! # Where it goes
@@ -85,9 +89,14 @@
 pub mod backoff;
 mod future;
 mod layer;
+mod replay;
 
 pub use self::future::ResponseFuture;
 pub use self::layer::{
     Retry, RetryLayer, RetryLayerBuilder, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PUSHBACK,
     DEFAULT_MIN_ATTEMPT, GRPC_PREVIOUS_RPC_ATTEMPTS, RETRY_OWNER,
+};
+pub use self::replay::{
+    BodyNotReplayable, NotReplayable, ReplayBodies, ReplayBody, ReplayBodyLayer, ReplayFuture,
+    DEFAULT_REPLAY_LIMIT,
 };

@@ -1,0 +1,474 @@
+//! Replayable request bodies: buffer small bodies once so that every attempt sends the same bytes.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes};
+use http::{HeaderMap, Request};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::classify::BoxError;
+
+/// The default buffering limit: 64 KiB.
+pub const DEFAULT_REPLAY_LIMIT: usize = 64 * 1024;
+
+/// Marks a request whose body could not be buffered (too large, or it failed while being read):
+/// it can be sent once. [`RetryLayer`](super::RetryLayer) does not retry such a request, and the
+/// call's record says [`NotReplayable`](crate::record::StopReason::NotReplayable) when a retry
+/// was wanted.
+///
+/// Insert it yourself for a request that must not be sent twice for reasons of its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NotReplayable;
+
+/// Buffers request bodies up to a limit (default [64 KiB](DEFAULT_REPLAY_LIMIT)), so that the
+/// [`RetryLayer`](super::RetryLayer) inside can send the same bytes on every attempt.
+///
+/// A retry sends a copy of the request (`Req: Clone`), and a streaming body such as hyper's
+/// `Incoming` cannot be copied. This layer turns `Request<B>` into `Request<ReplayBody<B>>`,
+/// which is `Clone`:
+///
+/// * a body that ends within the limit is read once into memory, trailers included, and every
+///   copy replays it;
+/// * a larger body (by its size hint, or found while reading), or one that fails while being
+///   read, is sent as it comes, once: the request is marked [`NotReplayable`] and its copies
+///   have no body to give (they fail if polled). The retry layer does not make copies of such a
+///   request, so the call is single-attempt, and its record says why.
+///
+/// Reading happens before the inner service is called, inside the call's deadline when a
+/// [`DeadlineLayer`](crate::deadline::DeadlineLayer) is outside. Place the layer between the
+/// idempotency-key layer and the retry layer (DESIGN §8).
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use surely::retry::{ReplayBody, ReplayBodyLayer, RetryLayer};
+/// use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let mut client = ServiceBuilder::new()
+///     .layer(ReplayBodyLayer::new())
+///     .layer(RetryLayer::new())
+///     .service(service_fn(|req: http::Request<ReplayBody<Full<Bytes>>>| async move {
+///         let body = req.into_body().collect().await?.to_bytes();
+///         Ok::<_, surely::classify::BoxError>(http::Response::new(body))
+///     }));
+///
+/// let req = http::Request::put("/orders/o-1").body(Full::new(Bytes::from("qty=1"))).unwrap();
+/// let res = client.ready().await.unwrap().call(req).await.unwrap();
+/// assert_eq!(res.body(), "qty=1");
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayBodyLayer {
+    limit: usize,
+}
+
+impl ReplayBodyLayer {
+    /// Buffers bodies of up to 64 KiB.
+    pub fn new() -> Self {
+        ReplayBodyLayer {
+            limit: DEFAULT_REPLAY_LIMIT,
+        }
+    }
+
+    /// Buffers bodies of up to `limit` bytes; larger ones are sent once. Zero makes every
+    /// request with a body single-attempt (an empty body is still replayable).
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
+impl Default for ReplayBodyLayer {
+    fn default() -> Self {
+        ReplayBodyLayer::new()
+    }
+}
+
+impl<S> Layer<S> for ReplayBodyLayer {
+    type Service = ReplayBodies<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ReplayBodies {
+            inner,
+            limit: self.limit,
+        }
+    }
+}
+
+/// The service made by [`ReplayBodyLayer`].
+#[derive(Clone, Debug)]
+pub struct ReplayBodies<S> {
+    inner: S,
+    limit: usize,
+}
+
+impl<S> ReplayBodies<S> {
+    inner_accessors!();
+}
+
+impl<S, B> Service<Request<B>> for ReplayBodies<S>
+where
+    S: Service<Request<ReplayBody<B>>> + Clone,
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = ReplayFuture<S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The service that was made ready takes the call; a fresh clone stays behind, as in
+        // tower's `Buffer` and `Steer`.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let (parts, body) = req.into_parts();
+        let state = if body.is_end_stream() {
+            ReadState::Done(ReplayBody::buffered(VecDeque::new(), None))
+        } else if body.size_hint().lower() > self.limit as u64 {
+            // Known to be too large: read nothing ahead, send it as it comes.
+            ReadState::Done(ReplayBody::once(VecDeque::new(), body))
+        } else {
+            ReadState::Reading {
+                body,
+                chunks: VecDeque::new(),
+                read: 0,
+            }
+        };
+        ReplayFuture {
+            inner: Some(inner),
+            parts: Some(parts),
+            limit: self.limit,
+            state,
+            call: None,
+        }
+    }
+}
+
+enum ReadState<B> {
+    Reading {
+        body: B,
+        chunks: VecDeque<Bytes>,
+        read: usize,
+    },
+    Done(ReplayBody<B>),
+    Taken,
+}
+
+pin_project! {
+    /// The future of [`ReplayBodies`]: reads the body (up to the limit), then runs the call.
+    pub struct ReplayFuture<S, B>
+    where
+        S: Service<Request<ReplayBody<B>>>,
+    {
+        inner: Option<S>,
+        parts: Option<http::request::Parts>,
+        limit: usize,
+        state: ReadState<B>,
+        #[pin]
+        call: Option<S::Future>,
+    }
+}
+
+/// What one read from the body says about it.
+enum Read {
+    More,
+    Ended(Option<HeaderMap>),
+    /// Over the limit, or an unknown frame: send what was read, then the rest, once.
+    Once,
+    /// The body failed: send what was read, then the error, once.
+    Failed(BoxError),
+}
+
+impl<S, B> Future for ReplayFuture<S, B>
+where
+    S: Service<Request<ReplayBody<B>>>,
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            if let Some(call) = this.call.as_mut().as_pin_mut() {
+                return call.poll(cx);
+            }
+            if let ReadState::Reading { body, chunks, read } = this.state {
+                let read = match ready!(Pin::new(body).poll_frame(cx)) {
+                    None => Read::Ended(None),
+                    // The error is the transport's to report: the inner service reads what
+                    // came before it, then the error itself, once.
+                    Some(Err(e)) => Read::Failed(e.into()),
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(mut data) => {
+                            let bytes = data.copy_to_bytes(data.remaining());
+                            *read += bytes.len();
+                            if !bytes.is_empty() {
+                                chunks.push_back(bytes);
+                            }
+                            if *read > *this.limit {
+                                Read::Once
+                            } else {
+                                Read::More
+                            }
+                        }
+                        Err(frame) => match frame.into_trailers() {
+                            Ok(trailers) => Read::Ended(Some(trailers)),
+                            // A frame of a kind this crate does not know: it cannot be
+                            // replayed faithfully.
+                            Err(_) => Read::Once,
+                        },
+                    },
+                };
+                if matches!(read, Read::More) {
+                    continue;
+                }
+                let ReadState::Reading { body, chunks, .. } =
+                    std::mem::replace(this.state, ReadState::Taken)
+                else {
+                    unreachable!("checked above")
+                };
+                *this.state = ReadState::Done(match read {
+                    Read::Ended(trailers) => ReplayBody::buffered(chunks, trailers),
+                    Read::More | Read::Once => ReplayBody::once(chunks, body),
+                    Read::Failed(e) => ReplayBody {
+                        kind: Kind::Once {
+                            prefix: chunks,
+                            rest: None,
+                            error: Some(e),
+                        },
+                    },
+                });
+            }
+            let (ReadState::Done(body), Some(mut parts), Some(mut inner)) = (
+                std::mem::replace(this.state, ReadState::Taken),
+                this.parts.take(),
+                this.inner.take(),
+            ) else {
+                panic!("`ReplayFuture` polled after completion");
+            };
+            if body.is_once() {
+                parts.extensions.insert(NotReplayable);
+            }
+            let call = inner.call(Request::from_parts(parts, body));
+            this.call.set(Some(call));
+        }
+    }
+}
+
+impl<S, B> fmt::Debug for ReplayFuture<S, B>
+where
+    S: Service<Request<ReplayBody<B>>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match (&self.state, self.call.is_some()) {
+            (_, true) => "calling",
+            (ReadState::Reading { .. }, _) => "reading",
+            _ => "ready",
+        };
+        f.debug_struct("ReplayFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request body that can be sent again: the body of a request that went through a
+/// [`ReplayBodyLayer`].
+///
+/// A buffered body is replayed by every copy of the request (cloning it copies no bytes). A body
+/// that could not be buffered is sent as it comes by the original request; its copies have
+/// nothing to send and fail with an error if polled (the request carries [`NotReplayable`], so
+/// the retry layer makes no copies).
+pub struct ReplayBody<B> {
+    kind: Kind<B>,
+}
+
+enum Kind<B> {
+    Buffered {
+        data: Bytes,
+        trailers: Option<HeaderMap>,
+    },
+    Once {
+        prefix: VecDeque<Bytes>,
+        /// The rest of the body; `None` once it failed.
+        rest: Option<B>,
+        /// The error the body failed with while it was read ahead, to be given after `prefix`.
+        error: Option<BoxError>,
+    },
+    Gone,
+}
+
+impl<B> ReplayBody<B> {
+    fn buffered(mut chunks: VecDeque<Bytes>, trailers: Option<HeaderMap>) -> Self {
+        let data = match chunks.len() {
+            0 => Bytes::new(),
+            1 => chunks.pop_front().unwrap_or_default(),
+            _ => {
+                let len = chunks.iter().map(Bytes::len).sum();
+                let mut all = Vec::with_capacity(len);
+                for chunk in chunks {
+                    all.extend_from_slice(&chunk);
+                }
+                Bytes::from(all)
+            }
+        };
+        ReplayBody {
+            kind: Kind::Buffered { data, trailers },
+        }
+    }
+
+    fn once(prefix: VecDeque<Bytes>, rest: B) -> Self {
+        ReplayBody {
+            kind: Kind::Once {
+                prefix,
+                rest: Some(rest),
+                error: None,
+            },
+        }
+    }
+
+    /// A body of these bytes, replayable.
+    pub fn from_bytes(data: impl Into<Bytes>) -> Self {
+        ReplayBody {
+            kind: Kind::Buffered {
+                data: data.into(),
+                trailers: None,
+            },
+        }
+    }
+
+    /// Whether the body was buffered, so that copies of it send the same bytes.
+    pub fn is_replayable(&self) -> bool {
+        matches!(self.kind, Kind::Buffered { .. })
+    }
+
+    /// The buffered bytes, for a replayable body.
+    pub fn buffered_bytes(&self) -> Option<&Bytes> {
+        match &self.kind {
+            Kind::Buffered { data, .. } => Some(data),
+            _ => None,
+        }
+    }
+
+    fn is_once(&self) -> bool {
+        matches!(self.kind, Kind::Once { .. })
+    }
+}
+
+impl<B> Clone for ReplayBody<B> {
+    fn clone(&self) -> Self {
+        let kind = match &self.kind {
+            Kind::Buffered { data, trailers } => Kind::Buffered {
+                data: data.clone(),
+                trailers: trailers.clone(),
+            },
+            Kind::Once { .. } | Kind::Gone => Kind::Gone,
+        };
+        ReplayBody { kind }
+    }
+}
+
+impl<B> fmt::Debug for ReplayBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Buffered { data, .. } => f
+                .debug_struct("ReplayBody")
+                .field("buffered", &data.len())
+                .finish(),
+            Kind::Once { .. } => f.debug_struct("ReplayBody").field("once", &true).finish(),
+            Kind::Gone => f.debug_struct("ReplayBody").field("gone", &true).finish(),
+        }
+    }
+}
+
+/// The error of a copy of a request whose body was not buffered.
+#[derive(Clone, Copy, Debug, thiserror::Error)]
+#[error("request body was not buffered (too large, or it failed while being read), so it cannot be sent again")]
+#[non_exhaustive]
+pub struct BodyNotReplayable;
+
+impl<B> Body for ReplayBody<B>
+where
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.kind {
+            Kind::Buffered { data, trailers } => {
+                if !data.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(std::mem::take(data)))));
+                }
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+            }
+            Kind::Once {
+                prefix,
+                rest,
+                error,
+            } => {
+                if let Some(chunk) = prefix.pop_front() {
+                    return Poll::Ready(Some(Ok(Frame::data(chunk))));
+                }
+                if let Some(e) = error.take() {
+                    return Poll::Ready(Some(Err(e)));
+                }
+                let Some(rest) = rest else {
+                    return Poll::Ready(None);
+                };
+                let frame = ready!(Pin::new(rest).poll_frame(cx));
+                Poll::Ready(frame.map(|r| {
+                    r.map(|f| f.map_data(|mut d| d.copy_to_bytes(d.remaining())))
+                        .map_err(Into::into)
+                }))
+            }
+            Kind::Gone => Poll::Ready(Some(Err(BodyNotReplayable.into()))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Buffered { data, trailers } => data.is_empty() && trailers.is_none(),
+            Kind::Once {
+                prefix,
+                rest,
+                error,
+            } => prefix.is_empty() && error.is_none() && rest.as_ref().is_none_or(B::is_end_stream),
+            Kind::Gone => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Buffered { data, .. } => SizeHint::with_exact(data.len() as u64),
+            Kind::Once { prefix, rest, .. } => {
+                let read: u64 = prefix.iter().map(|c| c.len() as u64).sum();
+                let rest = rest.as_ref().map(B::size_hint).unwrap_or_default();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower().saturating_add(read));
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(read));
+                }
+                hint
+            }
+            Kind::Gone => SizeHint::default(),
+        }
+    }
+}
