@@ -164,6 +164,12 @@ impl<R: Recorder, C> CallState<R, C> {
                 .deadline
                 .map(|d| d.anchor(self.started).remaining_at(self.started))
         });
+        // A resolver's answer settles an unknown outcome.
+        let resolution = self.tally.resolution.take();
+        let outcome = match resolution {
+            Some(q) if q.answer != Outcome::Unknown => q.answer,
+            _ => outcome,
+        };
         let rec = CallRecord {
             call: self.call,
             // A key layer inside may have given the call its key, and made it keyed.
@@ -176,6 +182,7 @@ impl<R: Recorder, C> CallState<R, C> {
             outcome,
             last,
             stop,
+            resolution,
         };
         self.span.in_scope(|| self.recorder.record_call(&rec));
     }

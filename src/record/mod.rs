@@ -114,6 +114,12 @@ impl BusinessKey {
     }
 }
 
+impl fmt::Display for BusinessKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The key of a request, for its records: a [`BusinessKey`] extension, else the
 /// `Idempotency-Key` header.
 pub(crate) fn key_of<Req: crate::Envelope>(req: &Req) -> Option<BusinessKey> {
@@ -254,6 +260,23 @@ pub struct CallRecord {
     pub last: Option<Classification>,
     /// Why the call stopped.
     pub stop: StopReason,
+    /// The query that settled an unknown outcome, if a
+    /// [resolver](crate::retry::Resolve) was asked; `outcome` is then its answer (unless it
+    /// said "still unknown").
+    pub resolution: Option<ResolutionRecord>,
+}
+
+/// A resolver's query for a call whose outcome was unknown: what it answered, and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ResolutionRecord {
+    /// What the query found: [`Succeeded`](Outcome::Succeeded) (the server did the work),
+    /// [`Failed`](Outcome::Failed) (it did not), or still [`Unknown`](Outcome::Unknown).
+    pub answer: Outcome,
+    /// When the query started.
+    pub started: Instant,
+    /// When it answered.
+    pub ended: Instant,
 }
 
 impl CallRecord {
@@ -324,7 +347,16 @@ impl fmt::Display for CallRecord {
             fmt_took(self.duration()),
             self.outcome.as_str(),
             self.stop.as_str(),
-        )
+        )?;
+        if let Some(q) = &self.resolution {
+            write!(
+                f,
+                " resolved={} query-took={}",
+                q.answer.as_str(),
+                fmt_took(q.ended.saturating_duration_since(q.started))
+            )?;
+        }
+        Ok(())
     }
 }
 

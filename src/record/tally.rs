@@ -4,7 +4,7 @@ use std::cell::RefCell;
 
 use crate::classify::{Classification, OutcomeTally};
 use crate::context::CallDeadline;
-use crate::record::{BusinessKey, StopReason};
+use crate::record::{BusinessKey, ResolutionRecord, StopReason};
 use crate::Semantics;
 
 thread_local! {
@@ -29,6 +29,7 @@ pub(crate) struct CallTally {
     pub(crate) deadline: Option<CallDeadline>,
     /// The call's idempotency key, as the key layer inside the call layer set it.
     pub(crate) key: Option<BusinessKey>,
+    pub(crate) resolution: Option<ResolutionRecord>,
 }
 
 impl CallTally {
@@ -41,6 +42,7 @@ impl CallTally {
             stop: None,
             deadline: None,
             key: None,
+            resolution: None,
         }
     }
 

@@ -99,6 +99,15 @@ impl Recorder for TracingRecorder {
                 surely.duration_ms = r.duration().as_millis() as u64,
                 "call outcome unknown: the effect may have happened"
             );
+        } else if let Some(q) = &r.resolution {
+            tracing::info!(
+                surely.attempts = r.attempts,
+                surely.outcome = r.outcome.as_str(),
+                surely.stop_reason = r.stop.as_str(),
+                surely.duration_ms = r.duration().as_millis() as u64,
+                surely.resolution = q.answer.as_str(),
+                "call outcome settled by a query"
+            );
         } else {
             tracing::info!(
                 surely.attempts = r.attempts,

@@ -14,70 +14,82 @@ use tower_service::Service;
 
 use super::backoff::Delays;
 use super::layer::{Config, GRPC_PREVIOUS_RPC_ATTEMPTS};
+use super::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};
 use crate::classify::{
-    AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, Pushback,
+    AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, Outcome, OutcomeTally,
+    Pushback,
 };
 use crate::context::Context;
 use crate::deadline::Deadline;
-use crate::record::{CallTally, StopReason};
+use crate::record::{BusinessKey, CallTally, ResolutionRecord, StopReason};
 use crate::{Envelope, Error, IntoError, Semantics};
 
 pin_project! {
     /// The future of [`Retry`](super::Retry): one call, with as many attempts as it may have.
-    pub struct ResponseFuture<S, Req, M>
+    pub struct ResponseFuture<S, Req, M, Z = NoResolver>
     where
         S: Service<Req>,
         S::Error: IntoError,
         M: MakeClassifier<Req>,
     {
         #[pin]
-        state: State<S::Future>,
+        state: State<S::Future, S::Response>,
         classifier: Option<M::Classifier>,
-        semantics: Semantics,
+        tally: OutcomeTally,
         template: Option<Req>,
         service: S,
-        config: Arc<Config<M>>,
+        config: Arc<Config<M, Z>>,
         attempts: u32,
         delays: Option<Delays>,
-        // The outcome of the attempt being retried, until the retry is sent: the call's outcome
-        // if the retry cannot be.
+        // The outcome of the attempt being retried, until the retry is sent, or of the last
+        // attempt while a resolver is asked: the call's outcome if nothing replaces it.
         last: Option<Result<S::Response, Error<<S::Error as IntoError>::Transport>>>,
+        // The business key, kept for a resolver.
+        key: Option<BusinessKey>,
+        // When the attempt in flight (or the resolver's query) started, when it is timed.
+        started: Option<Instant>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F, Res> {
         Attempt { #[pin] future: F },
         Waiting { #[pin] sleep: Sleep },
         Readying,
+        Resolving { query: Resolving<Res> },
     }
 }
 
-impl<S, Req, M> ResponseFuture<S, Req, M>
+impl<S, Req, M, Z> ResponseFuture<S, Req, M, Z>
 where
     S: Service<Req>,
     S::Error: IntoError,
     M: MakeClassifier<Req>,
 {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         future: S::Future,
         classifier: M::Classifier,
         semantics: Semantics,
         template: Option<Req>,
+        key: Option<BusinessKey>,
         service: S,
-        config: Arc<Config<M>>,
+        config: Arc<Config<M, Z>>,
     ) -> Self {
+        let started = config.learned.as_ref().map(|_| Instant::now());
         ResponseFuture {
             state: State::Attempt { future },
             classifier: Some(classifier),
-            semantics,
+            tally: OutcomeTally::new(semantics),
             template,
             service,
             config,
             attempts: 1,
             delays: None,
             last: None,
+            key,
+            started,
         }
     }
 }
@@ -88,15 +100,18 @@ enum Next {
     Retry(Duration),
     /// Stop, for this reason.
     Stop(StopReason),
+    /// Not retryable: stop; the record knows why from the attempt's class.
+    Done,
 }
 
-impl<S, Req, M, T> Future for ResponseFuture<S, Req, M>
+impl<S, Req, M, Z, T> Future for ResponseFuture<S, Req, M, Z>
 where
     S: Service<Req>,
     S::Error: IntoError<Transport = T>,
     Req: Envelope + Clone,
     M: MakeClassifier<Req>,
     M::Classifier: Classify<S::Response, Error<T>>,
+    Z: Resolve<S::Response>,
 {
     type Output = Result<S::Response, Error<T>>;
 
@@ -113,23 +128,49 @@ where
                         Ok(res) => classifier.classify_response(res).at_head(),
                         Err(e) => classifier.classify_error(e, DeliveryPhase::Sent),
                     };
+                    this.tally.observe(classification.class());
                     let config = &**this.config;
+                    if let (Some(learned), Some(started)) = (&config.learned, *this.started) {
+                        // Only answered attempts say how long the server takes.
+                        if classification.phase() == DeliveryPhase::ResponseStarted {
+                            learned.observe(started.elapsed());
+                        }
+                    }
                     if let Some(budget) = &config.budget {
                         budget.record_outcome(classification.class());
                     }
-                    if !classification.class().is_retryable(*this.semantics) {
-                        return Poll::Ready(out);
-                    }
-                    let next = decide(
-                        config,
-                        &classification,
-                        *this.attempts,
-                        this.template.as_ref(),
-                        this.delays,
-                    );
+                    let next = if classification.class().is_retryable(this.tally.semantics()) {
+                        decide(
+                            config,
+                            &classification,
+                            *this.attempts,
+                            this.template.as_ref(),
+                            this.delays,
+                        )
+                    } else {
+                        Next::Done
+                    };
                     match next {
-                        Next::Stop(reason) => {
-                            report_stop(reason);
+                        Next::Done | Next::Stop(_) => {
+                            if let Next::Stop(reason) = next {
+                                report_stop(reason);
+                            }
+                            // An unknown outcome is settled by the resolver, when there is one
+                            // and it takes the question.
+                            if this.tally.outcome() == Some(Outcome::Unknown) {
+                                let query = Query {
+                                    key: this.key.take(),
+                                    semantics: this.tally.semantics(),
+                                    attempts: *this.attempts,
+                                    last: classification,
+                                };
+                                if let Some(query) = config.resolver.resolve(query) {
+                                    *this.last = Some(out);
+                                    *this.started = Some(Instant::now());
+                                    this.state.set(State::Resolving { query });
+                                    continue;
+                                }
+                            }
                             return Poll::Ready(out);
                         }
                         Next::Retry(wait) if wait.is_zero() => {
@@ -162,8 +203,26 @@ where
                     *this.attempts += 1;
                     write_attempts(&mut req, previous, this.config.attempt_header.as_ref());
                     *this.classifier = Some(this.config.classifier.make_classifier(&req));
+                    if this.config.learned.is_some() {
+                        *this.started = Some(Instant::now());
+                    }
                     let future = this.service.call(req);
                     this.state.set(State::Attempt { future });
+                }
+                StateProj::Resolving { query } => {
+                    let answer = ready!(query.future().poll(cx));
+                    let last = this
+                        .last
+                        .take()
+                        .expect("the last result is kept while resolving");
+                    let (outcome, out) = match answer {
+                        Resolution::Succeeded(res) => (Outcome::Succeeded, Ok(res)),
+                        Resolution::Failed => (Outcome::Failed, last),
+                        Resolution::Unknown => (Outcome::Unknown, last),
+                    };
+                    let started = this.started.unwrap_or_else(Instant::now);
+                    report_resolution(outcome, started);
+                    return Poll::Ready(out);
                 }
             }
         }
@@ -171,8 +230,8 @@ where
 }
 
 /// After a retryable attempt: retry after how long, or stop and why.
-fn decide<M, Req: Envelope>(
-    config: &Config<M>,
+fn decide<M, Z, Req: Envelope>(
+    config: &Config<M, Z>,
     classification: &Classification,
     attempts: u32,
     template: Option<&Req>,
@@ -208,7 +267,9 @@ fn decide<M, Req: Envelope>(
         let now = Instant::now();
         let deadline = Deadline::earliest(own, current.map(|d| d.anchor(now)));
         let left = deadline.map_or(Duration::MAX, |d| d.remaining_at(now));
-        if wait.saturating_add(config.min_attempt) > left {
+        let learned = config.learned.as_ref().and_then(|l| l.estimate());
+        let min_attempt = learned.map_or(config.min_attempt, |l| l.max(config.min_attempt));
+        if wait.saturating_add(min_attempt) > left {
             return Next::Stop(StopReason::Deadline);
         }
     }
@@ -218,6 +279,18 @@ fn decide<M, Req: Envelope>(
         }
     }
     Next::Retry(wait)
+}
+
+/// Tells the call's record what the resolver said, when a record layer is outside.
+fn report_resolution(answer: Outcome, started: Instant) {
+    if Context::current().call.is_some() {
+        let query = ResolutionRecord {
+            answer,
+            started,
+            ended: Instant::now(),
+        };
+        CallTally::update(|t| t.resolution = Some(query));
+    }
 }
 
 /// Tells the call's record why the call stopped, when a record layer is outside.
@@ -242,7 +315,7 @@ fn write_attempts<Req: Envelope>(req: &mut Req, previous: u32, header: Option<&h
     }
 }
 
-impl<S, Req, M> fmt::Debug for ResponseFuture<S, Req, M>
+impl<S, Req, M, Z> fmt::Debug for ResponseFuture<S, Req, M, Z>
 where
     S: Service<Req>,
     S::Error: IntoError,
@@ -251,7 +324,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
             .field("attempts", &self.attempts)
-            .field("semantics", &self.semantics)
+            .field("semantics", &self.tally.semantics())
             .finish_non_exhaustive()
     }
 }

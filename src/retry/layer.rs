@@ -9,9 +9,12 @@ use tower_service::Service;
 
 use super::backoff::{Backoff, Jitter};
 use super::future::ResponseFuture;
+use super::learn::AttemptTimes;
 use super::replay::NotReplayable;
+use super::resolve::{NoResolver, Resolve};
 use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::{Classify, HttpClassifier, MakeClassifier};
+use crate::record::key_of;
 use crate::{ConfigError, Envelope, Error, IntoError};
 
 /// The default attempt limit, the first attempt included.
@@ -37,11 +40,13 @@ pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
 /// Retries attempts that may be retried, within the attempt limit, the retry budget and the
 /// call's deadline. See the [module docs](super).
 #[derive(Clone)]
-pub struct RetryLayer<M = HttpClassifier> {
-    config: Arc<Config<M>>,
+pub struct RetryLayer<M = HttpClassifier, Z = NoResolver> {
+    config: Arc<Config<M, Z>>,
 }
 
-pub(super) struct Config<M> {
+pub(super) struct Config<M, Z = NoResolver> {
+    pub(super) resolver: Z,
+    pub(super) learned: Option<AttemptTimes>,
     pub(super) classifier: M,
     pub(super) max_attempts: u32,
     pub(super) backoff: Backoff,
@@ -53,8 +58,10 @@ pub(super) struct Config<M> {
 }
 
 /// Builds a [`RetryLayer`], validating its settings.
-pub struct RetryLayerBuilder<M = HttpClassifier> {
+pub struct RetryLayerBuilder<M = HttpClassifier, Z = NoResolver> {
     classifier: M,
+    resolver: Z,
+    learn: Option<f64>,
     max_attempts: u32,
     backoff: Option<Backoff>,
     budget: Option<Arc<dyn RetryBudget>>,
@@ -73,6 +80,8 @@ impl RetryLayer {
     pub fn new() -> Self {
         RetryLayer {
             config: Arc::new(Config {
+                resolver: NoResolver,
+                learned: None,
                 classifier: HttpClassifier::new(),
                 max_attempts: DEFAULT_MAX_ATTEMPTS,
                 backoff: default_backoff(),
@@ -89,6 +98,8 @@ impl RetryLayer {
     pub fn builder() -> RetryLayerBuilder {
         RetryLayerBuilder {
             classifier: HttpClassifier::new(),
+            resolver: NoResolver,
+            learn: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: None,
             budget: None,
@@ -107,11 +118,13 @@ impl Default for RetryLayer {
     }
 }
 
-impl<M> RetryLayerBuilder<M> {
+impl<M, Z> RetryLayerBuilder<M, Z> {
     /// The classifier that decides what each attempt means (default [`HttpClassifier`]).
-    pub fn classifier<M2>(self, classifier: M2) -> RetryLayerBuilder<M2> {
+    pub fn classifier<M2>(self, classifier: M2) -> RetryLayerBuilder<M2, Z> {
         RetryLayerBuilder {
             classifier,
+            resolver: self.resolver,
+            learn: self.learn,
             max_attempts: self.max_attempts,
             backoff: self.backoff,
             budget: self.budget,
@@ -157,9 +170,38 @@ impl<M> RetryLayerBuilder<M> {
         self
     }
 
+    /// Settles calls that would end with an unknown outcome by asking the server (see
+    /// [`Resolve`]); by default ([`NoResolver`]) an unknown outcome stays unknown.
+    pub fn resolver<Z2>(self, resolver: Z2) -> RetryLayerBuilder<M, Z2> {
+        RetryLayerBuilder {
+            classifier: self.classifier,
+            resolver,
+            learn: self.learn,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            budget: self.budget,
+            own_budget: self.own_budget,
+            max_pushback: self.max_pushback,
+            min_attempt: self.min_attempt,
+            attempt_header: self.attempt_header,
+            mark_owner: self.mark_owner,
+        }
+    }
+
     /// Start no retry that would leave the call less than this (default 10 ms) after its wait.
+    /// With [`learn_min_attempt_time`](Self::learn_min_attempt_time), this is the floor.
     pub fn min_attempt_time(mut self, min_attempt: Duration) -> Self {
         self.min_attempt = min_attempt;
+        self
+    }
+
+    /// Learns the minimum attempt time from the attempts themselves: the `quantile` (say 0.9)
+    /// of the last 64 answered attempts' times, shared by every service the layer makes, and
+    /// never below [`min_attempt_time`](Self::min_attempt_time). A retry is then not started
+    /// when the call has less left than a typical attempt takes. Until 8 attempts have been
+    /// answered, the fixed minimum applies. `quantile` must be in (0, 1].
+    pub fn learn_min_attempt_time(mut self, quantile: f64) -> Self {
+        self.learn = Some(quantile);
         self
     }
 
@@ -178,12 +220,20 @@ impl<M> RetryLayerBuilder<M> {
     }
 
     /// Validates and builds.
-    pub fn build(self) -> Result<RetryLayer<M>, ConfigError> {
+    pub fn build(self) -> Result<RetryLayer<M, Z>, ConfigError> {
         if self.max_attempts == 0 {
             return Err(ConfigError::new(
                 "retry attempt limit",
                 "must be at least 1 (the first attempt)",
             ));
+        }
+        if let Some(q) = self.learn {
+            if !(q > 0.0 && q <= 1.0) {
+                return Err(ConfigError::new(
+                    "learned minimum attempt time",
+                    "the quantile must be greater than 0 and at most 1",
+                ));
+            }
         }
         let backoff = self.backoff.unwrap_or_else(default_backoff);
         let budget = if self.own_budget {
@@ -193,6 +243,8 @@ impl<M> RetryLayerBuilder<M> {
         };
         Ok(RetryLayer {
             config: Arc::new(Config {
+                resolver: self.resolver,
+                learned: self.learn.map(AttemptTimes::new),
                 classifier: self.classifier,
                 max_attempts: self.max_attempts,
                 backoff,
@@ -214,10 +266,10 @@ fn default_backoff() -> Backoff {
         .unwrap_or_else(|_| Backoff::constant(Duration::from_millis(100)))
 }
 
-impl<S, M> Layer<S> for RetryLayer<M> {
-    type Service = Retry<S, M>;
+impl<S, M, Z> Layer<S> for RetryLayer<M, Z> {
+    type Service = Retry<S, M, Z>;
 
-    fn layer(&self, inner: S) -> Retry<S, M> {
+    fn layer(&self, inner: S) -> Retry<S, M, Z> {
         Retry {
             inner,
             config: self.config.clone(),
@@ -232,12 +284,12 @@ impl<S, M> Layer<S> for RetryLayer<M> {
 /// `poll_ready` is the inner service's, for the first attempt. The inner service is cloned for
 /// each call (as tower's `Retry` does); a retry waits for the clone's readiness, so a
 /// concurrency limit or a buffer below sees every attempt.
-pub struct Retry<S, M = HttpClassifier> {
+pub struct Retry<S, M = HttpClassifier, Z = NoResolver> {
     inner: S,
-    config: Arc<Config<M>>,
+    config: Arc<Config<M, Z>>,
 }
 
-impl<S: Clone, M> Clone for Retry<S, M> {
+impl<S: Clone, M, Z> Clone for Retry<S, M, Z> {
     fn clone(&self) -> Self {
         Retry {
             inner: self.inner.clone(),
@@ -246,21 +298,22 @@ impl<S: Clone, M> Clone for Retry<S, M> {
     }
 }
 
-impl<S, M> Retry<S, M> {
+impl<S, M, Z> Retry<S, M, Z> {
     inner_accessors!();
 }
 
-impl<S, M, Req, T> Service<Req> for Retry<S, M>
+impl<S, M, Z, Req, T> Service<Req> for Retry<S, M, Z>
 where
     S: Service<Req> + Clone,
     S::Error: IntoError<Transport = T>,
     Req: Envelope + Clone,
     M: MakeClassifier<Req>,
     M::Classifier: Classify<S::Response, Error<T>>,
+    Z: Resolve<S::Response>,
 {
     type Response = S::Response;
     type Error = Error<T>;
-    type Future = ResponseFuture<S, Req, M>;
+    type Future = ResponseFuture<S, Req, M, Z>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(IntoError::into_error)
@@ -282,19 +335,25 @@ where
                 .extensions()
                 .is_none_or(|e| e.get::<NotReplayable>().is_none());
         let template = replayable.then(|| req.clone());
+        let key = if self.config.resolver.enabled() {
+            key_of(&req)
+        } else {
+            None
+        };
         let future = self.inner.call(req);
         ResponseFuture::new(
             future,
             classifier,
             semantics,
             template,
+            key,
             self.inner.clone(),
             self.config.clone(),
         )
     }
 }
 
-impl<M> fmt::Debug for RetryLayer<M> {
+impl<M, Z> fmt::Debug for RetryLayer<M, Z> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryLayer")
             .field("max_attempts", &self.config.max_attempts)
@@ -306,7 +365,7 @@ impl<M> fmt::Debug for RetryLayer<M> {
     }
 }
 
-impl<M> fmt::Debug for RetryLayerBuilder<M> {
+impl<M, Z> fmt::Debug for RetryLayerBuilder<M, Z> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryLayerBuilder")
             .field("max_attempts", &self.max_attempts)
@@ -314,7 +373,7 @@ impl<M> fmt::Debug for RetryLayerBuilder<M> {
     }
 }
 
-impl<S: fmt::Debug, M> fmt::Debug for Retry<S, M> {
+impl<S: fmt::Debug, M, Z> fmt::Debug for Retry<S, M, Z> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Retry")
             .field("inner", &self.inner)

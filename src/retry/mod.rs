@@ -89,7 +89,9 @@
 pub mod backoff;
 mod future;
 mod layer;
+mod learn;
 mod replay;
+mod resolve;
 
 pub use self::future::ResponseFuture;
 pub use self::layer::{
@@ -100,3 +102,4 @@ pub use self::replay::{
     BodyNotReplayable, NotReplayable, ReplayBodies, ReplayBody, ReplayBodyLayer, ReplayFuture,
     DEFAULT_REPLAY_LIMIT,
 };
+pub use self::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};

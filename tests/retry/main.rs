@@ -1,6 +1,7 @@
 //! The retry layer through the public API, in the canonical stack: what is retried for which
 //! request, how many side effects that commits, how long it waits, and why a call stops.
 
+mod resolve;
 mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
