@@ -1,7 +1,6 @@
 //! A real hyper server on 127.0.0.1, shared by the test crates that need one
 //! (`#[path = "../common/serve.rs"] mod serve;`).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
@@ -13,13 +12,12 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::Service;
 
-/// Serves `svc` on 127.0.0.1 over HTTP/1 until the test ends.
+/// Serves `svc` on 127.0.0.1 over HTTP/1 until the test ends. An error from `svc` makes hyper
+/// drop the connection without an answer, as a crashed or reset server would.
 pub(crate) async fn serve<S>(svc: S) -> SocketAddr
 where
-    S: Service<Request<Incoming>, Response = Response<Full<Bytes>>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<Request<Incoming>, Response = Response<Full<Bytes>>> + Clone + Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     S::Future: Send + 'static,
 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
