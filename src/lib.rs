@@ -81,6 +81,7 @@ macro_rules! inner_accessors {
 
 pub mod budget;
 pub mod classify;
+pub mod client;
 mod context;
 pub mod deadline;
 pub mod delivery;
@@ -94,6 +95,7 @@ pub mod retry;
 mod semantics;
 pub mod timeout;
 
+pub use crate::client::client;
 pub use crate::envelope::{Envelope, IDEMPOTENCY_KEY};
 pub use crate::error::{BoxedError, ConfigError, Error, IntoError};
 pub use crate::semantics::Semantics;

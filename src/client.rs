@@ -1,0 +1,420 @@
+//! The canonical client stack in one call.
+//!
+//! [`client()`] starts a [`ClientBuilder`] with documented defaults; [`build`](ClientBuilder::build)
+//! wraps a transport (hyper-util's `Client`, a tonic `Channel`, any `tower::Service`) in the
+//! layers of DESIGN §8, outer to inner:
+//!
+//! ```text
+//! call record        RecordCallLayer       one record per logical call
+//!   deadline         DeadlineLayer         total budget (default 10 s), propagated on the wire
+//!     key            IdempotencyKeyLayer   one key per call for POST and PATCH
+//!       replay       ReplayBodyLayer       HTTP bodies buffered up to 64 KiB (`http()` preset)
+//!         retry      RetryLayer            3 attempts, backoff, pushback, budget, owner marker
+//!           hedge    (off by default)      safe reads only
+//!             breaker  (off by default)    fail fast while the server is down
+//!               attempt record  RecordAttemptLayer
+//!                 attempt timeout  AttemptTimeoutLayer  min(per-try, remaining)
+//!                   transport
+//! ```
+//!
+//! Every layer is configurable, and every optional one removable (`no_*`); each one also works
+//! on its own in a `tower::ServiceBuilder`, which is the way to build any other order. The
+//! retry layer and the records share one classifier ([`classifier`](ClientBuilder::classifier)),
+//! so they never disagree about what an attempt meant.
+//!
+//! ```
+//! use std::time::Duration;
+//! use surely::record::InMemoryRecorder;
+//! use tower::{service_fn, Service, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! let transport = service_fn(|_req: http::Request<String>| async {
+//!     Ok::<_, std::io::Error>(http::Response::new(String::from("created")))
+//! });
+//! let recorder = InMemoryRecorder::new();
+//! let mut client = surely::client()
+//!     .timeout(Duration::from_secs(2))
+//!     .per_try_timeout(Duration::from_millis(500))
+//!     .retry(|retry| retry.max_attempts(4))
+//!     .recorder(recorder.clone())
+//!     .build(transport)
+//!     .unwrap();
+//!
+//! let order = http::Request::post("/orders").body("o-1".to_owned()).unwrap();
+//! let res = client.ready().await.unwrap().call(order).await.unwrap();
+//! assert_eq!(res.body(), "created");
+//! // The POST got an idempotency key, and the call a record.
+//! assert!(recorder.calls()[0].key.is_some());
+//! # }
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use tower_layer::{Identity, Layer};
+
+use crate::classify::HttpClassifier;
+use crate::deadline::{AttemptTimers, DeadlineLayer, DeadlineLayerBuilder, WithDeadline};
+use crate::idempotency::IdempotencyKeyLayer;
+use crate::record::{RecordAttempt, RecordAttemptLayer, RecordCall, RecordCallLayer};
+use crate::retry::{NoResolver, ReplayBodyLayer, Retry, RetryLayer, RetryLayerBuilder};
+use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
+use crate::ConfigError;
+
+/// The default total budget of a call made through [`client()`]: 10 s.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A [`ClientBuilder`] with the defaults, for any transport. Without the body-buffering layer:
+/// add it with [`replay_bodies`](ClientBuilder::replay_bodies) for HTTP transports whose body
+/// is not `Clone` (or use [`http()`]).
+pub fn client() -> ClientBuilder {
+    ClientBuilder::new()
+}
+
+/// The preset for HTTP transports such as hyper-util's legacy `Client`: the defaults, with
+/// request bodies buffered up to 64 KiB so that retries send the same bytes
+/// ([`ReplayBodyLayer`]).
+///
+/// ```
+/// # #[cfg(feature = "hyper")] {
+/// use bytes::Bytes;
+/// use http_body_util::Full;
+/// use hyper_util::client::legacy::Client;
+/// use hyper_util::rt::TokioExecutor;
+///
+/// let transport = Client::builder(TokioExecutor::new()).build_http::<surely::retry::ReplayBody<Full<Bytes>>>();
+/// let client = surely::client::http().build(transport).unwrap();
+/// # let _ = client;
+/// # }
+/// ```
+pub fn http() -> ClientBuilder<(), HttpClassifier, NoResolver, IdempotencyKeyLayer, ReplayBodyLayer>
+{
+    ClientBuilder::new().replay_bodies(ReplayBodyLayer::new())
+}
+
+/// The preset for gRPC: the defaults. The [`HttpClassifier`] reads `grpc-status` (in the headers
+/// of a trailers-only response, or at the end of the stream for the records), the deadline is
+/// written as `grpc-timeout`, and retries carry `grpc-previous-rpc-attempts`. gRPC methods are
+/// POSTs, so set their [`Semantics`](crate::Semantics) per request (an extension) for the
+/// retry layer to treat reads as safe.
+pub fn grpc() -> ClientBuilder {
+    ClientBuilder::new()
+}
+
+/// Builds the canonical client stack; see the [module docs](self).
+///
+/// The type parameters are the recorder `R`, the classifier `M`, the resolver `Z`, and the
+/// optional layers: key `K`, replay `P`, hedge `H`, breaker `B` (`Identity` when absent).
+pub struct ClientBuilder<
+    R = (),
+    M = HttpClassifier,
+    Z = NoResolver,
+    K = IdempotencyKeyLayer,
+    P = Identity,
+    H = Identity,
+    B = Identity,
+> {
+    recorder: R,
+    classifier: M,
+    deadline: DeadlineLayerBuilder<AttemptTimers>,
+    key: K,
+    replay: P,
+    retry: RetryLayerBuilder<M, Z>,
+    hedge: H,
+    breaker: B,
+    per_try: Option<Duration>,
+}
+
+impl ClientBuilder {
+    /// The defaults: no records (`()`), [`HttpClassifier`], a 10 s total budget written on the
+    /// wire, keys for POST and PATCH, [`RetryLayer::new`]'s retry settings, and attempts bounded
+    /// by the remaining budget only.
+    pub fn new() -> Self {
+        ClientBuilder {
+            recorder: (),
+            classifier: HttpClassifier::new(),
+            deadline: DeadlineLayer::builder()
+                .timeout(DEFAULT_TIMEOUT)
+                .enforce_in_attempts(),
+            key: IdempotencyKeyLayer::new(),
+            replay: Identity::new(),
+            retry: RetryLayer::builder(),
+            hedge: Identity::new(),
+            breaker: Identity::new(),
+            per_try: None,
+        }
+    }
+}
+
+impl Default for ClientBuilder {
+    fn default() -> Self {
+        ClientBuilder::new()
+    }
+}
+
+impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
+    /// The call's total budget (default 10 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.deadline = self.deadline.timeout(timeout);
+        self
+    }
+
+    /// Configures the deadline layer beyond its budget: the wire header, the reserve, gRPC.
+    pub fn deadline(
+        mut self,
+        f: impl FnOnce(DeadlineLayerBuilder<AttemptTimers>) -> DeadlineLayerBuilder<AttemptTimers>,
+    ) -> Self {
+        self.deadline = f(self.deadline);
+        self
+    }
+
+    /// No budget of the client's own: calls keep only a deadline they inherit (from the request
+    /// or the current context), which is still enforced and propagated.
+    pub fn inherit_deadline(mut self) -> Self {
+        self.deadline = DeadlineLayer::builder().enforce_in_attempts();
+        self
+    }
+
+    /// Ends each attempt after `per_try` at most (default: only the remaining budget bounds an
+    /// attempt). A retry then has time left after a hung attempt.
+    pub fn per_try_timeout(mut self, per_try: Duration) -> Self {
+        self.per_try = Some(per_try);
+        self
+    }
+
+    /// Configures the retry layer (attempts, backoff, budget, pushback, resolver...).
+    pub fn retry<Z2>(
+        self,
+        f: impl FnOnce(RetryLayerBuilder<M, Z>) -> RetryLayerBuilder<M, Z2>,
+    ) -> ClientBuilder<R, M, Z2, K, P, H, B> {
+        ClientBuilder {
+            recorder: self.recorder,
+            classifier: self.classifier,
+            deadline: self.deadline,
+            key: self.key,
+            replay: self.replay,
+            retry: f(self.retry),
+            hedge: self.hedge,
+            breaker: self.breaker,
+            per_try: self.per_try,
+        }
+    }
+
+    /// No retries: one attempt per call. The layer stays, so the call is still classified and
+    /// its record says why it stopped.
+    pub fn no_retry(mut self) -> Self {
+        self.retry = self.retry.max_attempts(1);
+        self
+    }
+
+    /// Where the records go (default nowhere): a [`TracingRecorder`](crate::record::TracingRecorder),
+    /// an [`InMemoryRecorder`](crate::record::InMemoryRecorder), a closure.
+    pub fn recorder<R2>(self, recorder: R2) -> ClientBuilder<R2, M, Z, K, P, H, B> {
+        ClientBuilder {
+            recorder,
+            classifier: self.classifier,
+            deadline: self.deadline,
+            key: self.key,
+            replay: self.replay,
+            retry: self.retry,
+            hedge: self.hedge,
+            breaker: self.breaker,
+            per_try: self.per_try,
+        }
+    }
+
+    /// The classifier shared by the retry layer and the records (default [`HttpClassifier`]).
+    pub fn classifier<M2: Clone>(self, classifier: M2) -> ClientBuilder<R, M2, Z, K, P, H, B> {
+        ClientBuilder {
+            recorder: self.recorder,
+            retry: self.retry.classifier(classifier.clone()),
+            classifier,
+            deadline: self.deadline,
+            key: self.key,
+            replay: self.replay,
+            hedge: self.hedge,
+            breaker: self.breaker,
+            per_try: self.per_try,
+        }
+    }
+
+    /// The idempotency-key layer (default [`IdempotencyKeyLayer::new`]: POST and PATCH).
+    pub fn idempotency_keys<K2>(self, key: K2) -> ClientBuilder<R, M, Z, K2, P, H, B> {
+        ClientBuilder {
+            recorder: self.recorder,
+            classifier: self.classifier,
+            deadline: self.deadline,
+            key,
+            replay: self.replay,
+            retry: self.retry,
+            hedge: self.hedge,
+            breaker: self.breaker,
+            per_try: self.per_try,
+        }
+    }
+
+    /// No idempotency keys: a POST without a key of its own is then never retried after it
+    /// may have committed.
+    pub fn no_idempotency_keys(self) -> ClientBuilder<R, M, Z, Identity, P, H, B> {
+        self.idempotency_keys(Identity::new())
+    }
+
+    /// Buffers request bodies so that retries send the same bytes (the [`http()`] preset's
+    /// default).
+    pub fn replay_bodies<P2>(self, replay: P2) -> ClientBuilder<R, M, Z, K, P2, H, B> {
+        ClientBuilder {
+            recorder: self.recorder,
+            classifier: self.classifier,
+            deadline: self.deadline,
+            key: self.key,
+            replay,
+            retry: self.retry,
+            hedge: self.hedge,
+            breaker: self.breaker,
+            per_try: self.per_try,
+        }
+    }
+
+    /// No body buffering: requests must be `Clone` themselves to be retried.
+    pub fn no_replay(self) -> ClientBuilder<R, M, Z, K, Identity, H, B> {
+        self.replay_bodies(Identity::new())
+    }
+
+    /// A hedging layer between the retry layer and the breaker (none by default).
+    pub fn hedge<H2>(self, hedge: H2) -> ClientBuilder<R, M, Z, K, P, H2, B> {
+        ClientBuilder {
+            recorder: self.recorder,
+            classifier: self.classifier,
+            deadline: self.deadline,
+            key: self.key,
+            replay: self.replay,
+            retry: self.retry,
+            hedge,
+            breaker: self.breaker,
+            per_try: self.per_try,
+        }
+    }
+
+    /// No hedging.
+    pub fn no_hedge(self) -> ClientBuilder<R, M, Z, K, P, Identity, B> {
+        self.hedge(Identity::new())
+    }
+
+    /// A circuit breaker inside the retry layer (none by default), so that its fast rejections
+    /// are retried after the time it advertises when the deadline allows.
+    pub fn breaker<B2>(self, breaker: B2) -> ClientBuilder<R, M, Z, K, P, H, B2> {
+        ClientBuilder {
+            recorder: self.recorder,
+            classifier: self.classifier,
+            deadline: self.deadline,
+            key: self.key,
+            replay: self.replay,
+            retry: self.retry,
+            hedge: self.hedge,
+            breaker,
+            per_try: self.per_try,
+        }
+    }
+
+    /// No circuit breaker.
+    pub fn no_breaker(self) -> ClientBuilder<R, M, Z, K, P, H, Identity> {
+        self.breaker(Identity::new())
+    }
+
+    /// Validates every setting and makes the stack's layer, to apply to many transports.
+    #[allow(clippy::type_complexity)]
+    pub fn into_layer(self) -> Result<ClientLayer<R, M, Z, K, P, H, B>, ConfigError>
+    where
+        R: Clone,
+        M: Clone,
+    {
+        let timeout = match self.per_try {
+            Some(per_try) => AttemptTimeoutLayer::new(per_try)?,
+            None => AttemptTimeoutLayer::deadline_only(),
+        };
+        Ok(ClientLayer {
+            record_attempt: RecordAttemptLayer::new(self.recorder.clone())
+                .with_classifier(self.classifier.clone()),
+            record_call: RecordCallLayer::new(self.recorder).with_classifier(self.classifier),
+            deadline: self.deadline.build()?,
+            key: self.key,
+            replay: self.replay,
+            retry: self.retry.build()?,
+            hedge: self.hedge,
+            breaker: self.breaker,
+            timeout,
+        })
+    }
+
+    /// Validates every setting and wraps `transport` in the stack.
+    #[allow(clippy::type_complexity)]
+    pub fn build<S>(
+        self,
+        transport: S,
+    ) -> Result<<ClientLayer<R, M, Z, K, P, H, B> as Layer<S>>::Service, ConfigError>
+    where
+        M: Clone,
+        R: Clone,
+        ClientLayer<R, M, Z, K, P, H, B>: Layer<S>,
+    {
+        Ok(self.into_layer()?.layer(transport))
+    }
+}
+
+impl<R, M, Z, K, P, H, B> fmt::Debug for ClientBuilder<R, M, Z, K, P, H, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("deadline", &self.deadline)
+            .field("retry", &self.retry)
+            .field("per_try", &self.per_try)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The canonical client stack as one layer, made by [`ClientBuilder::into_layer`].
+#[derive(Clone)]
+pub struct ClientLayer<R, M, Z, K, P, H, B> {
+    record_call: RecordCallLayer<R, M>,
+    record_attempt: RecordAttemptLayer<R, M>,
+    deadline: DeadlineLayer<AttemptTimers>,
+    key: K,
+    replay: P,
+    retry: RetryLayer<M, Z>,
+    hedge: H,
+    breaker: B,
+    timeout: AttemptTimeoutLayer,
+}
+
+/// The services from the transport up to the breaker.
+type Attempts<S, R, M> = RecordAttempt<AttemptTimeout<S>, R, M>;
+
+impl<S, R, M, Z, K, P, H, B> Layer<S> for ClientLayer<R, M, Z, K, P, H, B>
+where
+    R: Clone,
+    M: Clone,
+    B: Layer<Attempts<S, R, M>>,
+    H: Layer<B::Service>,
+    P: Layer<Retry<H::Service, M, Z>>,
+    K: Layer<P::Service>,
+{
+    type Service = RecordCall<WithDeadline<K::Service, AttemptTimers>, R, M>;
+
+    fn layer(&self, transport: S) -> Self::Service {
+        let attempts = self.record_attempt.layer(self.timeout.layer(transport));
+        let retried = self
+            .retry
+            .layer(self.hedge.layer(self.breaker.layer(attempts)));
+        let keyed = self.key.layer(self.replay.layer(retried));
+        self.record_call.layer(self.deadline.layer(keyed))
+    }
+}
+
+impl<R, M, Z, K, P, H, B> fmt::Debug for ClientLayer<R, M, Z, K, P, H, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientLayer")
+            .field("deadline", &self.deadline)
+            .field("retry", &self.retry)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,200 @@
+//! The one-call client stack around hyper-util's client, against a real hyper server on
+//! 127.0.0.1 (paused time).
+
+#[path = "../common/serve.rs"]
+mod serve;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use surely::classify::Outcome;
+use surely::deadline::DEFAULT_HEADER;
+use surely::fault::{Fault, FaultLayer, Reply, Schedule};
+use surely::record::{InMemoryRecorder, StopReason};
+use surely::retry::backoff::Backoff;
+use surely::retry::{ReplayBody, RETRY_OWNER};
+use surely::IDEMPOTENCY_KEY;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+
+use crate::serve::serve;
+
+type Body = ReplayBody<Full<Bytes>>;
+
+/// A server that records each request's headers and body, behind a fault script.
+async fn server(faults: Schedule) -> (String, Arc<Mutex<Vec<(HeaderMap, Bytes)>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let handler = service_fn(move |req: Request<Incoming>| {
+        let log = log.clone();
+        async move {
+            let headers = req.headers().clone();
+            let body = req.into_body().collect().await?.to_bytes();
+            log.lock().unwrap().push((headers, body));
+            Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from_static(b"created"))))
+        }
+    });
+    let addr = serve(
+        ServiceBuilder::new()
+            .layer(FaultLayer::new(faults))
+            .service(handler),
+    )
+    .await;
+    (format!("http://{addr}"), seen)
+}
+
+fn transport() -> Client<hyper_util::client::legacy::connect::HttpConnector, Body> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+fn order(base: &str) -> Request<Full<Bytes>> {
+    Request::post(format!("{base}/orders"))
+        .body(Full::new(Bytes::from_static(b"o-1")))
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_reply_is_retried_with_the_same_key_and_the_same_bytes() {
+    let (base, seen) = server(Schedule::new().at(0, Fault::ResetAfterSend)).await;
+    let recorder = InMemoryRecorder::new();
+    let mut client = surely::client::http()
+        .timeout(Duration::from_secs(5))
+        .per_try_timeout(Duration::from_secs(1))
+        .retry(|r| r.backoff(Backoff::none()))
+        .recorder(recorder.clone())
+        .build(transport())
+        .unwrap();
+
+    let res = client
+        .ready()
+        .await
+        .unwrap()
+        .call(order(&base))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.len(),
+        2,
+        "the lost attempt and its retry reached the server"
+    );
+    let keys: Vec<_> = seen
+        .iter()
+        .map(|(h, _)| h[IDEMPOTENCY_KEY].clone())
+        .collect();
+    assert_eq!(keys[0], keys[1], "one key per call, on every attempt");
+    assert!(seen.iter().all(|(_, body)| body == "o-1"));
+    // The deadline and the retry owner travel with every attempt.
+    for (headers, _) in &seen {
+        let left: u64 = headers[DEFAULT_HEADER].to_str().unwrap().parse().unwrap();
+        assert!(left > 0 && left < 5000, "{left}");
+        assert!(headers.contains_key(RETRY_OWNER));
+    }
+    // Records: one call, two attempts, as many as reached the transport.
+    let call = &recorder.calls()[0];
+    assert_eq!(call.outcome, Outcome::Succeeded);
+    assert_eq!(call.attempts, 2);
+    assert_eq!(recorder.attempts().len(), 2);
+    assert_eq!(
+        call.key.as_ref().unwrap().as_str(),
+        keys[0].to_str().unwrap()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_keys_a_lost_post_is_unknown_and_not_retried() {
+    let (base, seen) = server(Schedule::new().at(0, Fault::ResetAfterSend)).await;
+    let recorder = InMemoryRecorder::new();
+    let mut client = surely::client::http()
+        .no_idempotency_keys()
+        .recorder(recorder.clone())
+        .build(transport())
+        .unwrap();
+
+    let out = client.ready().await.unwrap().call(order(&base)).await;
+    assert!(out.is_err());
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    let call = &recorder.calls()[0];
+    assert_eq!(call.outcome, Outcome::Unknown);
+    assert_eq!(call.stop, StopReason::Unknown);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_overloaded_server_is_retried_after_its_retry_after() {
+    let busy = Reply::new(StatusCode::SERVICE_UNAVAILABLE).retry_after(Duration::from_secs(1));
+    let (base, seen) = server(Schedule::new().at(0, Fault::Respond(busy))).await;
+    let mut client = surely::client::http().build(transport()).unwrap();
+
+    let start = tokio::time::Instant::now();
+    let res = client
+        .ready()
+        .await
+        .unwrap()
+        .call(order(&base))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(start.elapsed() >= Duration::from_secs(1));
+    // The 503 was answered by the fault layer: one request reached the handler.
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_layer_wraps_many_transports() {
+    let (base, seen) = server(Schedule::new()).await;
+    let layer = surely::client::http().into_layer().unwrap();
+    for _ in 0..2 {
+        let mut client = tower::Layer::layer(&layer, transport());
+        client
+            .ready()
+            .await
+            .unwrap()
+            .call(order(&base))
+            .await
+            .unwrap();
+    }
+    assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+#[test]
+fn bad_settings_are_refused_with_what_is_wrong() {
+    let zero = Duration::ZERO;
+    let errors = [
+        surely::client().timeout(zero).into_layer().map(drop),
+        surely::client()
+            .per_try_timeout(zero)
+            .into_layer()
+            .map(drop),
+        surely::client()
+            .retry(|r| r.max_attempts(0))
+            .into_layer()
+            .map(drop),
+    ];
+    let messages: Vec<String> = errors
+        .into_iter()
+        .map(|e| e.unwrap_err().to_string())
+        .collect();
+    assert!(messages[0].contains("deadline"), "{messages:?}");
+    assert!(messages[1].contains("timeout"), "{messages:?}");
+    assert!(messages[2].contains("attempt"), "{messages:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn any_tower_service_can_be_the_transport() {
+    let mut client = surely::client()
+        .no_retry()
+        .build(service_fn(|_req: Request<String>| async {
+            Ok::<_, std::io::Error>(Response::new(String::from("ok")))
+        }))
+        .unwrap();
+    let req = Request::get("/health").body(String::new()).unwrap();
+    let res = client.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(res.body(), "ok");
+}
