@@ -85,6 +85,7 @@ pub mod client;
 mod context;
 pub mod deadline;
 pub mod delivery;
+pub mod docs;
 mod envelope;
 mod error;
 pub mod fault;

@@ -1,0 +1,35 @@
+//! A guide for the reviewer of an API built on surely: the questions to ask of every call
+//! whose outcome you cannot always know, and where surely answers each.
+//!
+//! 1. [Which outcome states exist](outcomes): succeeded, failed, and *unknown*; and what each
+//!    attempt's class means for the call.
+//! 2. [Who retries](retries): one retry owner per chain, a budget so that an outage is not
+//!    multiplied, and the requests that are never sent twice.
+//! 3. [What the key means](keys): one idempotency key per logical intent, the same on every
+//!    attempt, and a server that honours it.
+//! 4. [What happens at the deadline](deadlines): one budget per call, carried to every hop; no
+//!    attempt started that cannot finish.
+//! 5. [How to read the records](records): one line per attempt and per call, with the evidence
+//!    for each decision.
+//!
+//! Every example here is compiled and run as a test.
+
+pub mod outcomes {
+    #![doc = include_str!("outcomes.md")]
+}
+
+pub mod retries {
+    #![doc = include_str!("retries.md")]
+}
+
+pub mod keys {
+    #![doc = include_str!("keys.md")]
+}
+
+pub mod deadlines {
+    #![doc = include_str!("deadlines.md")]
+}
+
+pub mod records {
+    #![doc = include_str!("records.md")]
+}
