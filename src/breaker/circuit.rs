@@ -14,8 +14,7 @@ use super::event::{BreakerEvent, BreakerEventKind, BreakerState, TransitionReaso
 use super::window::{Window, WindowCounts};
 use super::{
     DEFAULT_BREAK, DEFAULT_BREAK_MULTIPLIER, DEFAULT_FAILURE_RATIO, DEFAULT_HALF_OPEN_PROBES,
-    DEFAULT_JITTER, DEFAULT_MAX_BREAK, DEFAULT_MIN_THROUGHPUT, DEFAULT_WINDOW,
-    DEFAULT_WINDOW_BUCKETS,
+    DEFAULT_JITTER, DEFAULT_MAX_BREAK, DEFAULT_MIN_THROUGHPUT, DEFAULT_WINDOW_CALLS,
 };
 use crate::record::{Recorder, TracingRecorder};
 use crate::ConfigError;
@@ -24,12 +23,16 @@ use crate::ConfigError;
 pub const MAX_HALF_OPEN_PROBES: u32 = 1000;
 
 /// The sliding window over which the failure rate is measured.
+///
+/// A count window costs two atomic operations per call; a time window one compare-and-swap
+/// and a clock read, which on some virtual machines costs more than the rest of the breaker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlidingWindow {
-    /// The last `n` calls, however old.
+    /// The last `n` calls, however old (the default: the last 100).
     Count(u32),
     /// The calls of the last `length`, counted in `buckets` slices (the oldest slice leaves the
-    /// window whole, so the window slides by `length / buckets`).
+    /// window whole, so the window slides by `length / buckets`). Polly's sampling duration is
+    /// such a window (30 s), Hystrix's too (10 s in 10 buckets).
     Time {
         /// How far back the window reaches.
         length: Duration,
@@ -39,12 +42,9 @@ pub enum SlidingWindow {
 }
 
 impl Default for SlidingWindow {
-    /// The last 10 s, in 10 buckets of 1 s.
+    /// The last 100 calls.
     fn default() -> Self {
-        SlidingWindow::Time {
-            length: DEFAULT_WINDOW,
-            buckets: DEFAULT_WINDOW_BUCKETS,
-        }
+        SlidingWindow::Count(DEFAULT_WINDOW_CALLS)
     }
 }
 
@@ -523,13 +523,14 @@ impl CircuitBreakerBuilder {
         self
     }
 
-    /// The window the failure ratio is measured over (default the last 10 s, in 1 s buckets).
+    /// The window the failure ratio is measured over (default the last 100 calls).
     pub fn window(mut self, window: SlidingWindow) -> Self {
         self.window = window;
         self
     }
 
-    /// Never open with fewer calls than this in the window (default 20). At least 1.
+    /// Never open with fewer calls than this in the window (default 20). At least 1, and at
+    /// most the size of a count window.
     pub fn min_throughput(mut self, calls: u32) -> Self {
         self.min_throughput = calls;
         self
@@ -640,6 +641,12 @@ impl CircuitBreakerBuilder {
                 return Err(ConfigError::new(
                     "breaker count window",
                     "must hold at least 1 call",
+                ))
+            }
+            SlidingWindow::Count(n) if n < self.min_throughput => {
+                return Err(ConfigError::new(
+                    "breaker minimum throughput",
+                    "must not exceed the count window, or the breaker could never open",
                 ))
             }
             SlidingWindow::Count(n) => Window::count(n),

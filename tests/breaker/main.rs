@@ -767,6 +767,65 @@ fn bad_settings_are_errors() {
     assert_eq!(ok.state(), BreakerState::Closed);
 }
 
+/// Many tasks on a multi-threaded runtime record into the closed breaker's window at once: no
+/// count is lost, in either kind of window.
+#[test]
+fn concurrent_records_are_all_counted() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .build()
+        .unwrap();
+    let windows = [
+        SlidingWindow::Count(1000),
+        SlidingWindow::Time {
+            length: Duration::from_secs(3600),
+            buckets: 10,
+        },
+    ];
+    for window in windows {
+        let breaker = CircuitBreaker::builder()
+            .window(window)
+            .min_throughput(1000)
+            .failure_ratio(1.0)
+            .recorder(())
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut tasks = Vec::new();
+            for t in 0..8u16 {
+                let svc = tower::service_fn(move |_req: Request<()>| async move {
+                    let status = if t % 2 == 0 { 200 } else { 503 };
+                    Ok::<_, Infallible>(Response::builder().status(status).body(()).unwrap())
+                });
+                let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(svc);
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..100 {
+                        svc.ready()
+                            .await
+                            .unwrap()
+                            .call(Request::new(()))
+                            .await
+                            .unwrap();
+                        tokio::task::yield_now().await;
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        assert_eq!(
+            breaker.window(),
+            WindowCounts {
+                calls: 800,
+                failures: 400
+            },
+            "{window:?}"
+        );
+        assert_eq!(breaker.state(), BreakerState::Closed);
+    }
+}
+
 /// Many tasks on a multi-threaded runtime hit a breaker whose break has just ended: exactly
 /// `probes` calls reach the service, whatever the interleaving, round after round.
 #[test]
