@@ -189,7 +189,7 @@ impl CircuitBreaker {
 
     /// The calls and failures in the window now.
     pub fn window(&self) -> WindowCounts {
-        self.shared.window.counts(Instant::now())
+        self.shared.window.counts(Some(Instant::now()))
     }
 
     /// The breaker's name, if it was given one.
@@ -262,7 +262,7 @@ impl CircuitBreaker {
                 let now = now.or_else(|| shared.window.needs_clock().then(Instant::now));
                 shared.window.record(failure, now);
                 if failure {
-                    let counts = shared.window.counts(now.unwrap_or_else(Instant::now));
+                    let counts = shared.window.counts(now);
                     if counts.calls >= shared.config.min_throughput
                         && f64::from(counts.failures)
                             >= shared.config.failure_ratio * f64::from(counts.calls)
@@ -332,7 +332,11 @@ impl Default for CircuitBreaker {
 
 impl Shared {
     fn open_until(&self) -> Instant {
-        self.epoch + Duration::from_nanos(self.open_until.load(Acquire))
+        let since = Duration::from_nanos(self.open_until.load(Acquire));
+        // Past what the clock can hold: far enough.
+        self.epoch
+            .checked_add(since)
+            .unwrap_or_else(|| self.epoch + Duration::from_secs(100 * 365 * 24 * 3600))
     }
 
     fn lock(&self) -> MutexGuard<'_, Slow> {
@@ -421,8 +425,11 @@ impl Shared {
             }
             BreakerState::Open => {
                 let d = self.next_break(slow, from == BreakerState::HalfOpen);
-                let until = (now + d).saturating_duration_since(self.epoch);
-                let nanos = u64::try_from(until.as_nanos()).unwrap_or(u64::MAX);
+                // A break too long for the clock never ends (short of a reset).
+                let nanos = now.checked_add(d).map_or(u64::MAX, |until| {
+                    let since = until.saturating_duration_since(self.epoch);
+                    u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+                });
                 self.open_until.store(nanos, Relaxed);
                 Some(d)
             }

@@ -50,10 +50,11 @@ impl Window {
         }
     }
 
-    pub(super) fn counts(&self, now: Instant) -> WindowCounts {
+    /// The counts now (`now` is read if the window needs it and it is `None`).
+    pub(super) fn counts(&self, now: Option<Instant>) -> WindowCounts {
         match self {
             Window::Count(w) => w.counts(),
-            Window::Time(w) => w.counts(now),
+            Window::Time(w) => w.counts(now.unwrap_or_else(Instant::now)),
         }
     }
 

@@ -703,6 +703,25 @@ async fn jitter_spreads_breaks_and_a_seed_repeats_them() {
     assert_ne!(a, breaks(8).await);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_break_longer_than_the_clock_can_hold_does_not_panic() {
+    let rec = InMemoryRecorder::new();
+    let breaker = builder(&rec)
+        .break_duration(Duration::MAX)
+        .break_growth(2.0, Duration::MAX)
+        .build()
+        .unwrap();
+    let backend = Backend::new();
+    let mut svc = backend.guarded(&breaker);
+    open_it(&backend, &mut svc, &breaker).await;
+    advance(Duration::from_secs(3600 * 24 * 365)).await;
+    let err = call(&mut svc).await.unwrap_err();
+    assert!(err.circuit_open().unwrap().retry_after().unwrap() > Duration::from_secs(3600));
+    breaker.reset();
+    backend.answer(200);
+    assert_eq!(status(&mut svc).await, 200);
+}
+
 #[test]
 fn bad_settings_are_errors() {
     let b = CircuitBreaker::builder;
