@@ -54,8 +54,12 @@ impl Backend {
 
     fn service(
         &self,
-    ) -> impl Service<Request<()>, Response = Response<()>, Error = std::io::Error, Future = impl Send>
-           + Clone
+    ) -> impl Service<
+        Request<()>,
+        Response = Response<()>,
+        Error = std::io::Error,
+        Future = impl std::future::Future<Output = std::io::Result<Response<()>>> + Send,
+    > + Clone
            + Send {
         let b = self.clone();
         tower::service_fn(move |_req: Request<()>| {
@@ -990,4 +994,76 @@ async fn inside_a_retry_a_refusal_waits_out_the_break_only_if_the_deadline_allow
     assert_eq!(call.stop, StopReason::Deadline);
     // Nothing was sent: the POST failed cleanly, it is not unknown.
     assert_eq!(call.outcome, Outcome::Failed);
+}
+
+/// A writer for tracing-subscriber that keeps what it is given.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn by_default_state_changes_go_to_tracing() {
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let breaker = CircuitBreaker::builder().name("payments").build().unwrap();
+        breaker.isolate();
+        breaker.reset();
+    });
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].contains("WARN"), "{text}");
+    assert!(lines[0].contains("circuit breaker isolated"), "{text}");
+    assert!(lines[0].contains("surely.breaker=\"payments\""), "{text}");
+    assert!(
+        lines[0].contains("surely.breaker.from=\"closed\""),
+        "{text}"
+    );
+    assert!(lines[1].contains("INFO"), "{text}");
+    assert!(
+        lines[1].contains("surely.breaker.reason=reset by hand"),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_breakers_refusal_counts_for_nothing() {
+    let rec = InMemoryRecorder::new();
+    let outer = builder(&rec).build().unwrap();
+    let inner = builder(&rec).build().unwrap();
+    let backend = Backend::new();
+    let mut svc = ServiceBuilder::new()
+        .layer(CircuitBreakerLayer::new(outer.clone()))
+        .layer(CircuitBreakerLayer::new(inner.clone()))
+        .service(backend.service());
+    inner.isolate();
+    for _ in 0..10 {
+        let err = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap_err();
+        assert!(err.is_circuit_open());
+    }
+    assert_eq!(outer.window(), WindowCounts::default());
+    assert_eq!(outer.state(), BreakerState::Closed);
+    assert_eq!(backend.calls(), 0);
 }
