@@ -50,6 +50,15 @@
 //! `surely_full`, `DeadlineLayer` (`enforce_in_attempts`) → `IdempotencyKeyLayer` (a pass-through
 //! for `plain`) → `RetryLayer` → `RecordAttemptLayer::new(())` → `AttemptTimeoutLayer`.
 //!
+//! The breaker family (`breaker_success/plain`) compares circuit breakers in the closed state on
+//! the success path, over the `plain` request and the `ready` service: `bare`; `failsafe`,
+//! failsafe's `StateMachine` at its default `Config` wrapping the inner future with its
+//! futures-aware `CircuitBreaker::call`; `surely_breaker`, `CircuitBreakerLayer` over
+//! `CircuitBreaker::new()` (its default window, the last 100 calls) with the bench's
+//! classifier; and `surely_breaker_time`, the same with a time window (10 s in 10 buckets),
+//! which reads the clock on every call. The target: surely's overhead over `bare` at most
+//! 0.5 × failsafe's, with 0 allocations per call.
+//!
 //! Before criterion starts, the bench prints heap allocations per call for every case (10 000
 //! calls counted by a `stats_alloc` global allocator, outside any timing), in total and over
 //! `bare` (which includes building the request). After the last case it prints a summary: the
@@ -66,7 +75,8 @@
 //!   one per header written for `http` requests.
 //!
 //! Run it with `cargo bench --bench overhead` (about two minutes and a half); one group with
-//! e.g. `cargo bench --bench overhead -- ready/plain`, the retry family with `-- retry`. The machine is noisy: compare ratios from one
+//! e.g. `cargo bench --bench overhead -- ready/plain`, the retry family with `-- retry`, the
+//! breaker family with `-- breaker`. The machine is noisy: compare ratios from one
 //! run, not absolute times across runs or machines.
 
 use std::alloc::System;
@@ -83,6 +93,7 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use surely::breaker::{CircuitBreaker, CircuitBreakerLayer, SlidingWindow};
 use surely::budget::{RatioBudget, RetryBudget};
 use surely::classify::{self, Attempted, Classification, ClassifyError, HttpClassifier};
 use surely::deadline::{AttemptTimers, DeadlineLayer};
@@ -120,6 +131,9 @@ const FULL: &str = "surely_full";
 /// The retry families' groups.
 const RETRY_SUCCESS: &str = "retry_success/plain";
 const RETRY_FAIL_ONCE: &str = "retry_fail_once/plain";
+/// The breaker family's group and its reference.
+const BREAKER_SUCCESS: &str = "breaker_success/plain";
+const FAILSAFE: &str = "failsafe";
 /// Retries allowed per call by the hand-written tower policy: surely's default attempt limit
 /// (3, the first included) less the first.
 const TOWER_RETRIES: u32 = 2;
@@ -343,6 +357,49 @@ fn retry<M>(classifier: M, budget: Option<Arc<dyn RetryBudget>>) -> RetryLayer<M
     .expect("a valid retry layer")
 }
 
+/// failsafe's circuit breaker as a tower service: its futures-aware `CircuitBreaker::call`
+/// around the inner service's future (failsafe asks for permission on the future's first poll
+/// and counts the result when it ends).
+struct Failsafe<S, B> {
+    inner: S,
+    breaker: B,
+}
+
+impl<S, B> Service<Req> for Failsafe<S, B>
+where
+    S: Service<Req>,
+    B: failsafe::futures::CircuitBreaker,
+{
+    type Response = S::Response;
+    type Error = failsafe::Error<S::Error>;
+    type Future = failsafe::futures::ResponseFuture<
+        S::Future,
+        B::FailurePolicy,
+        B::Instrument,
+        failsafe::Any,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(failsafe::Error::Inner)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        self.breaker.call(self.inner.call(req))
+    }
+}
+
+/// The bench's classifier, as a function pointer.
+type PlainClassifier =
+    fn(Attempted<'_, Res, surely::Error<io::Error>>, Semantics) -> Classification;
+
+/// surely's breaker with the bench's classifier, over `breaker`.
+fn surely_breaker(
+    breaker: CircuitBreaker,
+) -> CircuitBreakerLayer<classify::ClassifyFn<PlainClassifier>> {
+    CircuitBreakerLayer::new(breaker)
+        .classifier(classify::from_fn(classify_plain as PlainClassifier))
+}
+
 // ---- driving them -------------------------------------------------------------------------
 
 /// A service and the requests to give it, behind one object-safe method so that the cases,
@@ -527,6 +584,57 @@ macro_rules! retry_group {
     };
 }
 
+/// The breaker family: closed breakers on the success path.
+fn breaker_group() -> [Case; 4] {
+    [
+        Case {
+            group: BREAKER_SUCCESS,
+            name: BARE,
+            headers_written: 0,
+            make: || driver(service_fn(plain_ready), plain_req),
+        },
+        Case {
+            group: BREAKER_SUCCESS,
+            name: FAILSAFE,
+            headers_written: 0,
+            make: || {
+                let svc = Failsafe {
+                    inner: service_fn(plain_ready),
+                    breaker: failsafe::Config::new().build(),
+                };
+                driver(svc, plain_req)
+            },
+        },
+        Case {
+            group: BREAKER_SUCCESS,
+            name: "surely_breaker",
+            headers_written: 0,
+            make: || {
+                let layer = surely_breaker(CircuitBreaker::new());
+                driver(layer.layer(service_fn(plain_ready)), plain_req)
+            },
+        },
+        Case {
+            group: BREAKER_SUCCESS,
+            name: "surely_breaker_time",
+            headers_written: 0,
+            make: || {
+                let breaker = CircuitBreaker::builder()
+                    .window(SlidingWindow::Time {
+                        length: Duration::from_secs(10),
+                        buckets: 10,
+                    })
+                    .build()
+                    .expect("a valid breaker");
+                driver(
+                    surely_breaker(breaker).layer(service_fn(plain_ready)),
+                    plain_req,
+                )
+            },
+        },
+    ]
+}
+
 fn cases() -> Vec<Case> {
     [
         group!(
@@ -574,6 +682,7 @@ fn cases() -> Vec<Case> {
         tps_one_per_call(),
         ratio_one_per_call()
     ))
+    .chain(breaker_group())
     .collect()
 }
 
@@ -581,6 +690,8 @@ fn cases() -> Vec<Case> {
 fn reference(group: &str) -> &'static str {
     if group.starts_with("retry_") {
         TOWER_RETRY
+    } else if group == BREAKER_SUCCESS {
+        FAILSAFE
     } else {
         TOWER
     }
@@ -626,13 +737,14 @@ fn print_allocations(cases: &[Case], allocs: &[f64]) {
     for (i, case) in cases.iter().enumerate() {
         let bare = find(cases, case.group, BARE).map_or(0.0, |b| allocs[b]);
         let added = allocs[i] - bare;
-        let verdict = if case.name == BARE || case.name.starts_with("tower") {
-            "-"
-        } else if added <= f64::from(case.headers_written) {
-            "met"
-        } else {
-            "MISSED"
-        };
+        let verdict =
+            if case.name == BARE || case.name.starts_with("tower") || case.name == FAILSAFE {
+                "-"
+            } else if added <= f64::from(case.headers_written) {
+                "met"
+            } else {
+                "MISSED"
+            };
         println!(
             "{:<22} {:<24} {:>7.2} {:>11.2} {:>8}  {verdict}",
             case.group, case.name, allocs[i], added, case.headers_written
@@ -693,7 +805,10 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
         "{:<22} {:<24} {:>8} {:>9} {:>10} {:>12}",
         "group", "case", "ns/call", "overhead", "÷ tower", "overhead ÷"
     );
-    println!("(÷ tower: ÷ {TOWER}, and ÷ {TOWER_RETRY} in the retry groups)");
+    println!(
+        "(÷ tower: ÷ {TOWER}, ÷ {TOWER_RETRY} in the retry groups, ÷ {FAILSAFE} in \
+         {BREAKER_SUCCESS})"
+    );
     let at = |group: &str, name: &str| find(cases, group, name).and_then(|i| medians[i]);
     for (i, case) in cases.iter().enumerate() {
         let Some(t) = medians[i] else { continue };
@@ -746,6 +861,24 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
              floor {:.2}",
             (s - b) / (tw - b),
             b / tw,
+        );
+    }
+    // The breaker's target is on overheads: surely's ≤ 0.5 × failsafe's.
+    for case in ["surely_breaker", "surely_breaker_time"] {
+        let (Some(b), Some(s), Some(fs)) = (
+            at(BREAKER_SUCCESS, BARE),
+            at(BREAKER_SUCCESS, case),
+            at(BREAKER_SUCCESS, FAILSAFE),
+        ) else {
+            continue;
+        };
+        let ratio = (s - b) / (fs - b);
+        let verdict = if ratio <= 0.5 { "met" } else { "MISSED" };
+        println!(
+            "  {BREAKER_SUCCESS:<24} {case} overhead {:.1} ns ÷ {FAILSAFE} {:.1} ns = {ratio:.2} \
+             (≤ 0.50) {verdict}",
+            s - b,
+            fs - b,
         );
     }
 }

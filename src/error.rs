@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::breaker::CircuitOpen;
 use crate::classify::{AttemptClass, BoxError, Classification, ClassifyError, DeliveryPhase};
 use crate::deadline::error::DeadlineExceeded;
 use crate::fault::InjectedFault;
@@ -9,7 +10,7 @@ use crate::idempotency::error::InvalidKey;
 use crate::timeout::error::Elapsed;
 
 /// The error of every surely client layer: the transport's own error `E`, kept as it is, or one
-/// of the crate's local errors (a deadline, a timeout, an injected fault, an invalid idempotency key), each carrying what the
+/// of the crate's local errors (a deadline, a timeout, an injected fault, an invalid idempotency key, an open circuit breaker), each carrying what the
 /// classifier needs, such as how far the request got.
 ///
 /// The layers stack without nesting: a layer over a service whose error is already
@@ -33,6 +34,7 @@ enum Repr<E> {
     Elapsed(Elapsed),
     Fault(InjectedFault),
     Key(InvalidKey),
+    Open(CircuitOpen),
 }
 
 impl<E> Error<E> {
@@ -107,6 +109,20 @@ impl<E> Error<E> {
         }
     }
 
+    /// The breaker's refusal, if an open [circuit breaker](crate::breaker) refused the call
+    /// without calling the service inside it.
+    pub fn circuit_open(&self) -> Option<&CircuitOpen> {
+        match &self.repr {
+            Repr::Open(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Whether a [circuit breaker](crate::breaker) refused the call.
+    pub fn is_circuit_open(&self) -> bool {
+        self.circuit_open().is_some()
+    }
+
     /// How far the request got, for the crate's local errors (`None` for a transport error,
     /// whose classifier decides).
     pub fn local_phase(&self) -> Option<DeliveryPhase> {
@@ -116,6 +132,7 @@ impl<E> Error<E> {
             Repr::Elapsed(e) => Some(e.phase()),
             Repr::Fault(e) => Some(e.phase()),
             Repr::Key(_) => Some(DeliveryPhase::NotSent),
+            Repr::Open(_) => Some(DeliveryPhase::NotSent),
         }
     }
 
@@ -128,6 +145,7 @@ impl<E> Error<E> {
                 Repr::Elapsed(e) => Repr::Elapsed(e),
                 Repr::Fault(e) => Repr::Fault(e),
                 Repr::Key(e) => Repr::Key(e),
+                Repr::Open(e) => Repr::Open(e),
             },
         }
     }
@@ -163,6 +181,14 @@ impl<E> From<InvalidKey> for Error<E> {
     }
 }
 
+impl<E> From<CircuitOpen> for Error<E> {
+    fn from(e: CircuitOpen) -> Self {
+        Error {
+            repr: Repr::Open(e),
+        }
+    }
+}
+
 impl<E: fmt::Debug> fmt::Debug for Error<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.repr {
@@ -171,6 +197,7 @@ impl<E: fmt::Debug> fmt::Debug for Error<E> {
             Repr::Elapsed(e) => fmt::Debug::fmt(e, f),
             Repr::Fault(e) => fmt::Debug::fmt(e, f),
             Repr::Key(e) => fmt::Debug::fmt(e, f),
+            Repr::Open(e) => fmt::Debug::fmt(e, f),
         }
     }
 }
@@ -183,6 +210,7 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Repr::Elapsed(e) => fmt::Display::fmt(e, f),
             Repr::Fault(e) => fmt::Display::fmt(e, f),
             Repr::Key(e) => fmt::Display::fmt(e, f),
+            Repr::Open(e) => fmt::Display::fmt(e, f),
         }
     }
 }
@@ -208,6 +236,7 @@ impl<E: ClassifyError> ClassifyError for Error<E> {
             Repr::Elapsed(e) => Classification::failure_at(e.phase()),
             Repr::Fault(e) => Classification::failure_at(e.phase()),
             Repr::Key(_) => Classification::new(AttemptClass::Final, DeliveryPhase::NotSent),
+            Repr::Open(e) => e.classification(),
         }
     }
 }

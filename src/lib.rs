@@ -79,6 +79,7 @@ macro_rules! inner_accessors {
     };
 }
 
+pub mod breaker;
 pub mod budget;
 pub mod classify;
 pub mod client;

@@ -115,6 +115,9 @@ fn classify_known(
     if let Some(e) = e.downcast_ref::<crate::fault::InjectedFault>() {
         return Some(Classification::failure_at(e.phase()));
     }
+    if let Some(e) = e.downcast_ref::<crate::breaker::CircuitOpen>() {
+        return Some(e.classification());
+    }
     if e.is::<crate::idempotency::error::InvalidKey>() {
         return Some(Classification::new(
             super::AttemptClass::Final,

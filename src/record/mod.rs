@@ -49,6 +49,7 @@ use std::time::Duration;
 use http::HeaderValue;
 use tokio::time::Instant;
 
+use crate::breaker::BreakerEvent;
 use crate::classify::{AttemptClass, Classification, DeliveryPhase, Outcome};
 use crate::timeout::error::Elapsed;
 use crate::Semantics;
@@ -413,6 +414,12 @@ pub trait Recorder {
 
     /// A call ended. Called inside the call's span.
     fn record_call(&self, record: &CallRecord);
+
+    /// A [circuit breaker](crate::breaker) changed state or refused a call. The default
+    /// ignores it.
+    fn record_breaker(&self, event: &BreakerEvent) {
+        let _ = event;
+    }
 }
 
 impl Recorder for () {
@@ -454,6 +461,7 @@ pub struct InMemoryRecorder {
 struct Store {
     attempts: Vec<AttemptRecord>,
     calls: Vec<CallRecord>,
+    breaker: Vec<BreakerEvent>,
 }
 
 impl InMemoryRecorder {
@@ -487,11 +495,17 @@ impl InMemoryRecorder {
             .collect()
     }
 
+    /// The circuit breakers' events so far, oldest first.
+    pub fn breaker_events(&self) -> Vec<BreakerEvent> {
+        self.store().breaker.clone()
+    }
+
     /// Forgets every record.
     pub fn clear(&self) {
         let mut store = self.store();
         store.attempts.clear();
         store.calls.clear();
+        store.breaker.clear();
     }
 }
 
@@ -502,5 +516,9 @@ impl Recorder for InMemoryRecorder {
 
     fn record_call(&self, record: &CallRecord) {
         self.store().calls.push(record.clone());
+    }
+
+    fn record_breaker(&self, event: &BreakerEvent) {
+        self.store().breaker.push(event.clone());
     }
 }

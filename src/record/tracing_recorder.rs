@@ -1,6 +1,7 @@
 use tracing::field::Empty;
 
 use super::{AttemptRecord, BusinessKey, CallId, CallRecord, Recorder};
+use crate::breaker::{BreakerEvent, BreakerEventKind, BreakerState};
 use crate::classify::Outcome;
 use crate::Semantics;
 
@@ -10,7 +11,8 @@ use crate::Semantics;
 /// Field names follow the OpenTelemetry semantic conventions where one exists
 /// (`http.request.resend_count`, `error.type`), and are
 /// prefixed `surely.` otherwise. Calls whose outcome is unknown are logged at `WARN`, other
-/// calls at `INFO`, attempts at `DEBUG`.
+/// calls at `INFO`, attempts at `DEBUG`. A circuit breaker opening (or isolated) is logged at
+/// `WARN`, its other state changes at `INFO`, its refusals at `DEBUG`.
 ///
 /// ```
 /// use surely::record::{RecordCallLayer, TracingRecorder};
@@ -116,6 +118,46 @@ impl Recorder for TracingRecorder {
                 surely.duration_ms = r.duration().as_millis() as u64,
                 "call ended"
             );
+        }
+    }
+
+    fn record_breaker(&self, e: &BreakerEvent) {
+        let name = e.breaker.as_deref().unwrap_or("-");
+        match e.kind {
+            BreakerEventKind::Transition {
+                from,
+                to,
+                reason,
+                break_duration,
+            } => {
+                let break_ms = break_duration.map(|d| d.as_millis() as u64);
+                if matches!(to, BreakerState::Open | BreakerState::Isolated) {
+                    tracing::warn!(
+                        surely.breaker = name,
+                        surely.breaker.from = from.as_str(),
+                        surely.breaker.to = to.as_str(),
+                        surely.breaker.reason = %reason,
+                        surely.breaker.break_ms = break_ms,
+                        "circuit breaker {}", to.as_str()
+                    );
+                } else {
+                    tracing::info!(
+                        surely.breaker = name,
+                        surely.breaker.from = from.as_str(),
+                        surely.breaker.to = to.as_str(),
+                        surely.breaker.reason = %reason,
+                        "circuit breaker {}", to.as_str()
+                    );
+                }
+            }
+            BreakerEventKind::Rejected { state, retry_after } => {
+                tracing::debug!(
+                    surely.breaker = name,
+                    surely.breaker.state = state.as_str(),
+                    surely.breaker.retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
+                    "call refused by the circuit breaker"
+                );
+            }
         }
     }
 }

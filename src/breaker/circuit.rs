@@ -1,0 +1,735 @@
+//! The shared breaker: its state word, its window, its configuration.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use super::error::CircuitOpen;
+use super::event::{BreakerEvent, BreakerEventKind, BreakerState, TransitionReason};
+use super::window::{Window, WindowCounts};
+use super::{
+    DEFAULT_BREAK, DEFAULT_BREAK_MULTIPLIER, DEFAULT_FAILURE_RATIO, DEFAULT_HALF_OPEN_PROBES,
+    DEFAULT_JITTER, DEFAULT_MAX_BREAK, DEFAULT_MIN_THROUGHPUT, DEFAULT_WINDOW_CALLS,
+};
+use crate::record::{Recorder, TracingRecorder};
+use crate::ConfigError;
+
+/// The most half-open probes a breaker may allow.
+pub const MAX_HALF_OPEN_PROBES: u32 = 1000;
+
+/// The sliding window over which the failure rate is measured.
+///
+/// A count window costs two atomic operations per call; a time window one compare-and-swap
+/// and a clock read, which on some virtual machines costs more than the rest of the breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlidingWindow {
+    /// The last `n` calls, however old (the default: the last 100).
+    Count(u32),
+    /// The calls of the last `length`, counted in `buckets` slices (the oldest slice leaves the
+    /// window whole, so the window slides by `length / buckets`). Polly's sampling duration is
+    /// such a window (30 s), Hystrix's too (10 s in 10 buckets).
+    Time {
+        /// How far back the window reaches.
+        length: Duration,
+        /// How many slices it is counted in.
+        buckets: u32,
+    },
+}
+
+impl Default for SlidingWindow {
+    /// The last 100 calls.
+    fn default() -> Self {
+        SlidingWindow::Count(DEFAULT_WINDOW_CALLS)
+    }
+}
+
+/// A circuit breaker's state, shared by every service that uses it: clones share it (it is an
+/// `Arc` inside), so one breaker can guard several services that reach the same dependency.
+/// See the [module docs](super) for how it decides.
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::breaker::{BreakerState, CircuitBreaker, SlidingWindow};
+///
+/// let breaker = CircuitBreaker::builder()
+///     .name("payments")
+///     .failure_ratio(0.5)
+///     .window(SlidingWindow::Count(50))
+///     .min_throughput(20)
+///     .break_duration(Duration::from_secs(5))
+///     .build()
+///     .unwrap();
+/// assert_eq!(breaker.state(), BreakerState::Closed);
+/// let shared = breaker.clone();
+/// breaker.isolate();
+/// assert_eq!(shared.state(), BreakerState::Isolated);
+/// shared.reset();
+/// assert_eq!(breaker.state(), BreakerState::Closed);
+/// ```
+#[derive(Clone)]
+pub struct CircuitBreaker {
+    shared: Arc<Shared>,
+}
+
+struct Config {
+    name: Option<Arc<str>>,
+    failure_ratio: f64,
+    min_throughput: u32,
+    slow_call: Option<Duration>,
+    break_duration: Duration,
+    break_multiplier: f64,
+    max_break: Duration,
+    jitter: f64,
+    probes: u32,
+}
+
+struct Shared {
+    // The state word: generation | probe successes | probes admitted | state. Hot operations
+    // (admitting a probe, counting a probe's success) are compare-and-swaps that keep the
+    // generation; transitions happen under `slow` and start a new generation, so a result
+    // from an earlier state can never count in a later one.
+    word: AtomicU64,
+    // The end of the current break, in nanoseconds after `epoch`.
+    open_until: AtomicU64,
+    epoch: Instant,
+    window: Window,
+    config: Config,
+    slow: Mutex<Slow>,
+    recorder: Option<Arc<dyn Recorder + Send + Sync>>,
+}
+
+struct Slow {
+    // Breaks in a row without the breaker closing in between, less one.
+    reopens: u32,
+    rng: SmallRng,
+}
+
+// The state word's fields.
+const STATE_BITS: u32 = 2;
+const COUNT_BITS: u32 = 12;
+const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+const ADMITTED_SHIFT: u32 = STATE_BITS;
+const SUCCESS_SHIFT: u32 = STATE_BITS + COUNT_BITS;
+const GEN_SHIFT: u32 = STATE_BITS + 2 * COUNT_BITS;
+const ADMIT_ONE: u64 = 1 << ADMITTED_SHIFT;
+const SUCCESS_ONE: u64 = 1 << SUCCESS_SHIFT;
+
+const CLOSED: u64 = 0;
+const OPEN: u64 = 1;
+const HALF_OPEN: u64 = 2;
+const ISOLATED: u64 = 3;
+
+fn state_of(word: u64) -> u64 {
+    word & STATE_MASK
+}
+
+fn gen_of(word: u64) -> u64 {
+    word >> GEN_SHIFT
+}
+
+fn admitted_of(word: u64) -> u64 {
+    (word >> ADMITTED_SHIFT) & COUNT_MASK
+}
+
+fn successes_of(word: u64) -> u64 {
+    (word >> SUCCESS_SHIFT) & COUNT_MASK
+}
+
+fn public_state(state: u64) -> BreakerState {
+    match state {
+        CLOSED => BreakerState::Closed,
+        OPEN => BreakerState::Open,
+        HALF_OPEN => BreakerState::HalfOpen,
+        _ => BreakerState::Isolated,
+    }
+}
+
+fn code(state: BreakerState) -> u64 {
+    match state {
+        BreakerState::Closed => CLOSED,
+        BreakerState::Open => OPEN,
+        BreakerState::HalfOpen => HALF_OPEN,
+        BreakerState::Isolated => ISOLATED,
+    }
+}
+
+/// Leave to pass one call: a call counted in the closed state, or a half-open probe, each of
+/// one generation of the state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pass {
+    Closed(u64),
+    Probe(u64),
+}
+
+impl CircuitBreaker {
+    /// A breaker with the defaults (see [`CircuitBreakerBuilder`]).
+    pub fn new() -> Self {
+        // The defaults are valid.
+        Self::builder()
+            .build()
+            .expect("the default breaker configuration is valid")
+    }
+
+    /// A builder, starting from the defaults.
+    pub fn builder() -> CircuitBreakerBuilder {
+        CircuitBreakerBuilder::default()
+    }
+
+    /// The breaker's state now. An open breaker whose break has ended reads
+    /// [`Open`](BreakerState::Open) until the next call, which turns it half-open.
+    pub fn state(&self) -> BreakerState {
+        public_state(state_of(self.shared.word.load(Acquire)))
+    }
+
+    /// The calls and failures in the window now.
+    pub fn window(&self) -> WindowCounts {
+        self.shared.window.counts(Some(Instant::now()))
+    }
+
+    /// The breaker's name, if it was given one.
+    pub fn name(&self) -> Option<&str> {
+        self.shared.config.name.as_deref()
+    }
+
+    /// Shuts the breaker by hand: every call is refused with an [`Isolated`](BreakerState::Isolated)
+    /// [`CircuitOpen`], which tells a retry layer not to retry, until [`reset`](Self::reset).
+    pub fn isolate(&self) {
+        self.shared
+            .force(BreakerState::Isolated, TransitionReason::Isolated);
+    }
+
+    /// Closes the breaker by hand, whatever its state, with an empty window and the break
+    /// duration back at its start.
+    pub fn reset(&self) {
+        self.shared
+            .force(BreakerState::Closed, TransitionReason::Reset);
+    }
+
+    /// Whether the slow-call threshold is set, so a call must be timed.
+    pub(super) fn times_calls(&self) -> bool {
+        self.shared.config.slow_call.is_some()
+    }
+
+    /// Asks to pass one call: leave, or the error to refuse it with.
+    pub(super) fn admit(&self) -> Result<Pass, CircuitOpen> {
+        let shared = &*self.shared;
+        let mut word = shared.word.load(Acquire);
+        loop {
+            match state_of(word) {
+                CLOSED => return Ok(Pass::Closed(gen_of(word))),
+                OPEN => {
+                    let now = Instant::now();
+                    let until = shared.open_until();
+                    if now < until {
+                        return Err(shared.reject(CircuitOpen::open(until, now), now));
+                    }
+                    shared.transition(word, BreakerState::HalfOpen, TransitionReason::BreakEnded);
+                    word = shared.word.load(Acquire);
+                }
+                HALF_OPEN => {
+                    if admitted_of(word) >= u64::from(shared.config.probes) {
+                        return Err(shared.reject(CircuitOpen::half_open(), Instant::now()));
+                    }
+                    match shared
+                        .word
+                        .compare_exchange_weak(word, word + ADMIT_ONE, AcqRel, Acquire)
+                    {
+                        Ok(_) => return Ok(Pass::Probe(gen_of(word))),
+                        Err(actual) => word = actual,
+                    }
+                }
+                _ => return Err(shared.reject(CircuitOpen::isolated(), Instant::now())),
+            }
+        }
+    }
+
+    /// Counts a passed call's result: `Some(true)` a failure, `Some(false)` a success, `None`
+    /// neither (cancelled, or a refusal that says nothing about the server).
+    pub(super) fn complete(&self, pass: Pass, failure: Option<bool>, now: Option<Instant>) {
+        let shared = &*self.shared;
+        match (pass, failure) {
+            (Pass::Closed(gen), Some(failure)) => {
+                let word = shared.word.load(Acquire);
+                if word & STATE_MASK != CLOSED || gen_of(word) != gen {
+                    return;
+                }
+                let now = now.or_else(|| shared.window.needs_clock().then(Instant::now));
+                shared.window.record(failure, now);
+                if failure {
+                    let counts = shared.window.counts(now);
+                    if counts.calls >= shared.config.min_throughput
+                        && f64::from(counts.failures)
+                            >= shared.config.failure_ratio * f64::from(counts.calls)
+                    {
+                        shared.transition(
+                            word,
+                            BreakerState::Open,
+                            TransitionReason::FailureRate {
+                                failures: counts.failures,
+                                calls: counts.calls,
+                            },
+                        );
+                    }
+                }
+            }
+            (Pass::Closed(_), None) => {}
+            (Pass::Probe(gen), Some(true)) => {
+                let word = shared.word.load(Acquire);
+                if state_of(word) == HALF_OPEN && gen_of(word) == gen {
+                    shared.transition(word, BreakerState::Open, TransitionReason::ProbeFailed);
+                }
+            }
+            (Pass::Probe(gen), Some(false)) => {
+                let mut word = shared.word.load(Acquire);
+                while state_of(word) == HALF_OPEN && gen_of(word) == gen {
+                    let new = word + SUCCESS_ONE;
+                    match shared
+                        .word
+                        .compare_exchange_weak(word, new, AcqRel, Acquire)
+                    {
+                        Ok(_) => {
+                            if successes_of(new) >= u64::from(shared.config.probes) {
+                                shared.transition(
+                                    new,
+                                    BreakerState::Closed,
+                                    TransitionReason::ProbesSucceeded,
+                                );
+                            }
+                            return;
+                        }
+                        Err(actual) => word = actual,
+                    }
+                }
+            }
+            (Pass::Probe(gen), None) => {
+                // The probe said nothing: give its place back for another.
+                let mut word = shared.word.load(Acquire);
+                while state_of(word) == HALF_OPEN && gen_of(word) == gen && admitted_of(word) > 0 {
+                    match shared
+                        .word
+                        .compare_exchange_weak(word, word - ADMIT_ONE, AcqRel, Acquire)
+                    {
+                        Ok(_) => return,
+                        Err(actual) => word = actual,
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Shared {
+    fn open_until(&self) -> Instant {
+        let since = Duration::from_nanos(self.open_until.load(Acquire));
+        // Past what the clock can hold: far enough.
+        self.epoch
+            .checked_add(since)
+            .unwrap_or_else(|| self.epoch + Duration::from_secs(100 * 365 * 24 * 3600))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slow> {
+        self.slow.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn reject(&self, err: CircuitOpen, now: Instant) -> CircuitOpen {
+        self.emit(
+            now,
+            BreakerEventKind::Rejected {
+                state: err.state(),
+                retry_after: err.retry_after(),
+            },
+        );
+        err
+    }
+
+    fn emit(&self, at: Instant, kind: BreakerEventKind) {
+        if let Some(recorder) = &self.recorder {
+            let event = BreakerEvent {
+                breaker: self.config.name.clone(),
+                at,
+                kind,
+            };
+            recorder.record_breaker(&event);
+        }
+    }
+
+    /// Moves from the state of `seen` to `to`, if no one else moved it since `seen` was read.
+    fn transition(&self, seen: u64, to: BreakerState, reason: TransitionReason) {
+        let mut slow = self.lock();
+        let mut word = self.word.load(Acquire);
+        if state_of(word) != state_of(seen) || gen_of(word) != gen_of(seen) {
+            return;
+        }
+        let now = Instant::now();
+        let from = public_state(state_of(word));
+        let break_duration = self.prepare(&mut slow, from, to, now);
+        let new = ((gen_of(word) + 1) << GEN_SHIFT) | code(to);
+        // Probes may be admitted or counted meanwhile (same generation): try again with them.
+        while let Err(actual) = self.word.compare_exchange(word, new, AcqRel, Acquire) {
+            if gen_of(actual) != gen_of(seen) || state_of(actual) != state_of(seen) {
+                return;
+            }
+            word = actual;
+        }
+        drop(slow);
+        self.announce(now, from, to, reason, break_duration);
+    }
+
+    /// Moves to `to` whatever the state (isolate, reset).
+    fn force(&self, to: BreakerState, reason: TransitionReason) {
+        let mut slow = self.lock();
+        let now = Instant::now();
+        let word = self.word.load(Acquire);
+        let from = public_state(state_of(word));
+        let break_duration = self.prepare(&mut slow, from, to, now);
+        if to == BreakerState::Closed {
+            slow.reopens = 0;
+        }
+        // Under the lock no transition races; hot operations keep the generation, so the
+        // loop only picks up their changes, which the new generation then wipes.
+        let mut word = word;
+        let new = |w: u64| ((gen_of(w) + 1) << GEN_SHIFT) | code(to);
+        while let Err(actual) = self.word.compare_exchange(word, new(word), AcqRel, Acquire) {
+            word = actual;
+        }
+        drop(slow);
+        self.announce(now, from, to, reason, break_duration);
+    }
+
+    /// Gets the breaker ready for `to`: the window emptied before closing, the break's end set
+    /// before opening.
+    fn prepare(
+        &self,
+        slow: &mut Slow,
+        from: BreakerState,
+        to: BreakerState,
+        now: Instant,
+    ) -> Option<Duration> {
+        match to {
+            BreakerState::Closed => {
+                self.window.clear();
+                slow.reopens = 0;
+                None
+            }
+            BreakerState::Open => {
+                let d = self.next_break(slow, from == BreakerState::HalfOpen);
+                // A break too long for the clock never ends (short of a reset).
+                let nanos = now.checked_add(d).map_or(u64::MAX, |until| {
+                    let since = until.saturating_duration_since(self.epoch);
+                    u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+                });
+                self.open_until.store(nanos, Relaxed);
+                Some(d)
+            }
+            BreakerState::HalfOpen | BreakerState::Isolated => None,
+        }
+    }
+
+    /// The next break: the first after closed is `break_duration`; each one after a failed
+    /// probe is `multiplier` times the last, up to `max_break`; then jittered.
+    fn next_break(&self, slow: &mut Slow, after_probe: bool) -> Duration {
+        let c = &self.config;
+        if after_probe {
+            slow.reopens = slow.reopens.saturating_add(1);
+        } else {
+            slow.reopens = 0;
+        }
+        let exp = i32::try_from(slow.reopens.min(64)).unwrap_or(64);
+        let grown = c.break_duration.as_secs_f64() * c.break_multiplier.powi(exp);
+        let max = c.max_break.as_secs_f64();
+        let mut secs = if grown.is_finite() {
+            grown.min(max)
+        } else {
+            max
+        };
+        if c.jitter > 0.0 {
+            secs *= 1.0 + slow.rng.random_range(-c.jitter..=c.jitter);
+        }
+        Duration::try_from_secs_f64(secs.clamp(0.0, max)).unwrap_or(c.max_break)
+    }
+
+    fn announce(
+        &self,
+        at: Instant,
+        from: BreakerState,
+        to: BreakerState,
+        reason: TransitionReason,
+        break_duration: Option<Duration>,
+    ) {
+        self.emit(
+            at,
+            BreakerEventKind::Transition {
+                from,
+                to,
+                reason,
+                break_duration,
+            },
+        );
+    }
+}
+
+/// Builds a [`CircuitBreaker`], validating its settings. The defaults and why they are what
+/// they are are in the [module docs](super#defaults).
+pub struct CircuitBreakerBuilder {
+    name: Option<Arc<str>>,
+    failure_ratio: f64,
+    window: SlidingWindow,
+    min_throughput: u32,
+    slow_call: Option<Duration>,
+    break_duration: Duration,
+    break_multiplier: f64,
+    max_break: Duration,
+    jitter: f64,
+    seed: Option<u64>,
+    probes: u32,
+    recorder: Option<Arc<dyn Recorder + Send + Sync>>,
+}
+
+impl Default for CircuitBreakerBuilder {
+    fn default() -> Self {
+        CircuitBreakerBuilder {
+            name: None,
+            failure_ratio: DEFAULT_FAILURE_RATIO,
+            window: SlidingWindow::default(),
+            min_throughput: DEFAULT_MIN_THROUGHPUT,
+            slow_call: None,
+            break_duration: DEFAULT_BREAK,
+            break_multiplier: DEFAULT_BREAK_MULTIPLIER,
+            max_break: DEFAULT_MAX_BREAK,
+            jitter: DEFAULT_JITTER,
+            seed: None,
+            probes: DEFAULT_HALF_OPEN_PROBES,
+            recorder: Some(Arc::new(TracingRecorder::new())),
+        }
+    }
+}
+
+impl CircuitBreakerBuilder {
+    /// A name for the records and logs (default none).
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Open when at least this share of the calls in the window failed (default 0.5). In
+    /// `(0, 1]`.
+    pub fn failure_ratio(mut self, ratio: f64) -> Self {
+        self.failure_ratio = ratio;
+        self
+    }
+
+    /// The window the failure ratio is measured over (default the last 100 calls).
+    pub fn window(mut self, window: SlidingWindow) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// Never open with fewer calls than this in the window (default 20). At least 1, and at
+    /// most the size of a count window.
+    pub fn min_throughput(mut self, calls: u32) -> Self {
+        self.min_throughput = calls;
+        self
+    }
+
+    /// Count a call that took longer than this as a failure, whatever its answer (default off).
+    pub fn slow_call_threshold(mut self, threshold: Option<Duration>) -> Self {
+        self.slow_call = threshold;
+        self
+    }
+
+    /// The first break (default 5 s).
+    pub fn break_duration(mut self, duration: Duration) -> Self {
+        self.break_duration = duration;
+        self
+    }
+
+    /// Each break after a failed probe lasts `multiplier` times the one before (default 2.0;
+    /// 1.0 for a fixed break), up to `max` (default 60 s).
+    pub fn break_growth(mut self, multiplier: f64, max: Duration) -> Self {
+        self.break_multiplier = multiplier;
+        self.max_break = max;
+        self
+    }
+
+    /// Spread each break by up to this share either way (default 0.1: ±10%), so that clients
+    /// that opened together do not probe together. In `[0, 1)`.
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Seed the jitter, for reproducible tests (default: seeded from the OS).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// How many probes a half-open breaker lets through (default 1): it closes when they all
+    /// succeed, opens again as soon as one fails, and refuses other calls meanwhile. From 1 to
+    /// [`MAX_HALF_OPEN_PROBES`].
+    pub fn half_open_probes(mut self, probes: u32) -> Self {
+        self.probes = probes;
+        self
+    }
+
+    /// Where state changes and rejections are recorded (default [`TracingRecorder`]);
+    /// [`Recorder::record_breaker`] receives them. `()` records nothing.
+    pub fn recorder<R: Recorder + Send + Sync + 'static>(mut self, recorder: R) -> Self {
+        self.recorder = Some(Arc::new(recorder));
+        self
+    }
+
+    /// Validates and builds.
+    pub fn build(self) -> Result<CircuitBreaker, ConfigError> {
+        let ratio = self.failure_ratio;
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            return Err(ConfigError::new(
+                "breaker failure ratio",
+                "must be greater than 0 and at most 1",
+            ));
+        }
+        if self.min_throughput == 0 {
+            return Err(ConfigError::new(
+                "breaker minimum throughput",
+                "must be at least 1 call",
+            ));
+        }
+        if self.slow_call == Some(Duration::ZERO) {
+            return Err(ConfigError::new(
+                "breaker slow-call threshold",
+                "must be greater than zero",
+            ));
+        }
+        if self.break_duration.is_zero() {
+            return Err(ConfigError::new(
+                "breaker break duration",
+                "must be greater than zero",
+            ));
+        }
+        if !(self.break_multiplier >= 1.0 && self.break_multiplier.is_finite()) {
+            return Err(ConfigError::new(
+                "breaker break multiplier",
+                "must be a finite number of at least 1",
+            ));
+        }
+        if self.max_break < self.break_duration {
+            return Err(ConfigError::new(
+                "breaker maximum break",
+                "must be at least the break duration",
+            ));
+        }
+        if !(self.jitter >= 0.0 && self.jitter < 1.0) {
+            return Err(ConfigError::new(
+                "breaker jitter",
+                "must be at least 0 and less than 1",
+            ));
+        }
+        if self.probes == 0 || self.probes > MAX_HALF_OPEN_PROBES {
+            return Err(ConfigError::new(
+                "breaker half-open probes",
+                "must be from 1 to 1000",
+            ));
+        }
+        let epoch = Instant::now();
+        let window = match self.window {
+            SlidingWindow::Count(0) => {
+                return Err(ConfigError::new(
+                    "breaker count window",
+                    "must hold at least 1 call",
+                ))
+            }
+            SlidingWindow::Count(n) if n < self.min_throughput => {
+                return Err(ConfigError::new(
+                    "breaker minimum throughput",
+                    "must not exceed the count window, or the breaker could never open",
+                ))
+            }
+            SlidingWindow::Count(n) => Window::count(n),
+            SlidingWindow::Time { length, buckets } => {
+                if buckets == 0 || buckets > 1000 {
+                    return Err(ConfigError::new(
+                        "breaker time window buckets",
+                        "must be from 1 to 1000",
+                    ));
+                }
+                if length < Duration::from_millis(1) * buckets {
+                    return Err(ConfigError::new(
+                        "breaker time window",
+                        "must be at least 1 ms per bucket",
+                    ));
+                }
+                Window::time(epoch, length, buckets)
+            }
+        };
+        let rng = match self.seed {
+            Some(seed) => SmallRng::seed_from_u64(seed),
+            None => SmallRng::from_os_rng(),
+        };
+        Ok(CircuitBreaker {
+            shared: Arc::new(Shared {
+                word: AtomicU64::new(CLOSED),
+                open_until: AtomicU64::new(0),
+                epoch,
+                window,
+                config: Config {
+                    name: self.name,
+                    failure_ratio: ratio,
+                    min_throughput: self.min_throughput,
+                    slow_call: self.slow_call,
+                    break_duration: self.break_duration,
+                    break_multiplier: self.break_multiplier,
+                    max_break: self.max_break,
+                    jitter: self.jitter,
+                    probes: self.probes,
+                },
+                slow: Mutex::new(Slow { reopens: 0, rng }),
+                recorder: self.recorder,
+            }),
+        })
+    }
+}
+
+impl CircuitBreaker {
+    pub(super) fn slow_call(&self) -> Option<Duration> {
+        self.shared.config.slow_call
+    }
+}
+
+impl fmt::Debug for CircuitBreaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.shared.config;
+        f.debug_struct("CircuitBreaker")
+            .field("name", &c.name)
+            .field("state", &self.state())
+            .field("failure_ratio", &c.failure_ratio)
+            .field("min_throughput", &c.min_throughput)
+            .field("break_duration", &c.break_duration)
+            .field("half_open_probes", &c.probes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for CircuitBreakerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitBreakerBuilder")
+            .field("name", &self.name)
+            .field("failure_ratio", &self.failure_ratio)
+            .field("window", &self.window)
+            .field("min_throughput", &self.min_throughput)
+            .field("break_duration", &self.break_duration)
+            .field("half_open_probes", &self.probes)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,128 @@
+//! The breaker's error.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::BreakerState;
+use crate::classify::{AttemptClass, Classification, DeliveryPhase, Pushback};
+
+/// A call the [`CircuitBreaker`](super::CircuitBreaker) refused: the inner service was not
+/// called, so nothing was sent.
+///
+/// It says when to come back, the way governor's `NotUntil` does: an open breaker knows when
+/// its break ends ([`retry_after`](Self::retry_after)); a half-open breaker whose probes are all
+/// out does not (the probes decide); an isolated breaker stays shut until someone
+/// [`reset`](super::CircuitBreaker::reset)s it.
+///
+/// Classified [`Rejected`](AttemptClass::Rejected) at [`NotSent`](DeliveryPhase::NotSent), so
+/// that a retry layer outside may try again, a POST without a key included (nothing happened),
+/// with the pushback [`Pushback::After`] the remaining break (an open breaker),
+/// [`Pushback::Stop`] (an isolated one) or none (half-open: the backoff decides).
+///
+/// ```
+/// use surely::breaker::{BreakerState, CircuitBreaker, CircuitBreakerLayer};
+/// use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase, Pushback};
+/// use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let breaker = CircuitBreaker::new();
+/// let mut client = ServiceBuilder::new()
+///     .layer(CircuitBreakerLayer::new(breaker.clone()))
+///     .service(service_fn(|_req: http::Request<()>| async {
+///         Ok::<_, std::io::Error>(http::Response::new(()))
+///     }));
+/// breaker.isolate();
+/// let err = client.ready().await.unwrap().call(http::Request::new(())).await.unwrap_err();
+/// let open = err.circuit_open().unwrap();
+/// assert_eq!(open.state(), BreakerState::Isolated);
+/// assert_eq!(err.to_string(), "circuit breaker isolated: calls refused until it is reset");
+/// let c = err.classify_error(DeliveryPhase::Sent);
+/// assert_eq!((c.class(), c.phase()), (AttemptClass::Rejected, DeliveryPhase::NotSent));
+/// assert_eq!(c.pushback(), Some(Pushback::Stop));
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CircuitOpen {
+    state: BreakerState,
+    until: Option<Instant>,
+    retry_after: Option<Duration>,
+}
+
+impl CircuitOpen {
+    pub(super) fn open(until: Instant, now: Instant) -> Self {
+        CircuitOpen {
+            state: BreakerState::Open,
+            until: Some(until),
+            retry_after: Some(until.saturating_duration_since(now)),
+        }
+    }
+
+    pub(super) fn half_open() -> Self {
+        CircuitOpen {
+            state: BreakerState::HalfOpen,
+            until: None,
+            retry_after: None,
+        }
+    }
+
+    pub(super) fn isolated() -> Self {
+        CircuitOpen {
+            state: BreakerState::Isolated,
+            until: None,
+            retry_after: None,
+        }
+    }
+
+    /// The breaker's state when it refused the call: [`Open`](BreakerState::Open),
+    /// [`HalfOpen`](BreakerState::HalfOpen) (every probe is out) or
+    /// [`Isolated`](BreakerState::Isolated).
+    pub fn state(&self) -> BreakerState {
+        self.state
+    }
+
+    /// How long the break still had to run when the call was refused (open breakers only).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// When the break ends and the breaker lets a probe through (open breakers only).
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.until
+    }
+
+    /// The classification: rejected, not sent, with the remaining break as pushback.
+    pub(crate) fn classification(&self) -> Classification {
+        let pushback = match self.state {
+            BreakerState::Isolated => Some(Pushback::Stop),
+            _ => self.retry_after.map(Pushback::After),
+        };
+        Classification::new(AttemptClass::Rejected, DeliveryPhase::NotSent).with_pushback(pushback)
+    }
+}
+
+impl fmt::Display for CircuitOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.state {
+            BreakerState::Isolated => {
+                f.write_str("circuit breaker isolated: calls refused until it is reset")
+            }
+            BreakerState::HalfOpen => {
+                f.write_str("circuit breaker half-open: its probes are in flight, call refused")
+            }
+            _ => match self.retry_after {
+                Some(d) => write!(f, "circuit breaker open: retry after {}ms", d.as_millis()),
+                None => f.write_str("circuit breaker open"),
+            },
+        }
+    }
+}
+
+impl std::error::Error for CircuitOpen {}
+
+impl crate::classify::ClassifyError for CircuitOpen {
+    fn classify_error(&self, _: DeliveryPhase) -> Classification {
+        self.classification()
+    }
+}
