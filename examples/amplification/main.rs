@@ -21,19 +21,22 @@ use sim::{Cell, Failure, Params, Strategy, MAX_ATTEMPTS};
 const MAX_LAYERS: usize = 5;
 
 const USAGE: &str = "\
-usage: amplification [--csv] [--svg PATH] [--calls N] [--rate R] [--seed S]
+usage: amplification [--csv] [--svg PATH] [--calls N] [--rate R] [--seed S] [--proposed]
 
   --csv        print `strategy,layers,failure,amplification,success_rate` rows instead of a table
   --svg PATH   also write a plot of amplification against depth per strategy to PATH
-  --calls N    top-level calls per cell (default 12000; at least 1)
+  --calls N    top-level calls per cell (default 8000; at least 1)
   --rate R     top-level calls per simulated second (default 400; more than 0)
   --seed S     seed of every random draw (default 6)
+  --proposed   also simulate `surely-floor*`: surely-default with the ratio budget's reserve a
+               floor under the 10% instead of an addition to it (a proposed library change)
   -h, --help   print this message";
 
 #[derive(Debug)]
 struct Args {
     csv: bool,
     svg: Option<String>,
+    proposed: bool,
     params: Params,
 }
 
@@ -41,6 +44,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
     let mut out = Args {
         csv: false,
         svg: None,
+        proposed: false,
         params: Params::default(),
     };
     while let Some(arg) = args.next() {
@@ -48,6 +52,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
         match arg.as_str() {
             "-h" | "--help" => return Ok(None),
             "--csv" => out.csv = true,
+            "--proposed" => out.proposed = true,
             "--svg" => out.svg = Some(value("--svg")?),
             "--calls" => {
                 let v = value("--calls")?;
@@ -89,9 +94,14 @@ fn main() -> ExitCode {
         }
     };
 
+    let strategies: &[Strategy] = if args.proposed {
+        &Strategy::WITH_PROPOSED
+    } else {
+        &Strategy::ALL
+    };
     let mut cells = Vec::new();
     for failure in Failure::ALL {
-        for strategy in Strategy::ALL {
+        for &strategy in strategies {
             for layers in 1..=MAX_LAYERS {
                 match sim::run_cell(strategy, layers, failure, &args.params) {
                     Ok(cell) => cells.push(cell),
@@ -107,10 +117,10 @@ fn main() -> ExitCode {
     if args.csv {
         print!("{}", csv(&cells));
     } else {
-        print!("{}", table(&cells, &args.params));
+        print!("{}", table(&cells, strategies, &args.params));
     }
     if let Some(path) = &args.svg {
-        if let Err(e) = svg(&cells, path) {
+        if let Err(e) = svg(&cells, strategies, path) {
             eprintln!("error: cannot write the plot to {path}: {e}");
             return ExitCode::FAILURE;
         }
@@ -155,7 +165,7 @@ fn csv(cells: &[Cell]) -> String {
     out
 }
 
-fn table(cells: &[Cell], params: &Params) -> String {
+fn table(cells: &[Cell], strategies: &[Strategy], params: &Params) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -168,6 +178,13 @@ fn table(cells: &[Cell], params: &Params) -> String {
         "the bottom service answers 503 (no Retry-After) to a GET: maybe committed, safe, \
          retryable by every strategy; at most {MAX_ATTEMPTS} attempts per layer"
     );
+    let _ = writeln!(
+        out,
+        "strategies, the same at every layer, one budget per hop:"
+    );
+    for &strategy in strategies {
+        let _ = writeln!(out, "  {:<16}{}", strategy.name(), describe(strategy));
+    }
     for failure in Failure::ALL {
         let _ = writeln!(out);
         let title = match failure {
@@ -193,7 +210,7 @@ fn table(cells: &[Cell], params: &Params) -> String {
             let _ = write!(out, "{:>8}", format!("N={layers}"));
         }
         let _ = writeln!(out);
-        for strategy in Strategy::ALL {
+        for &strategy in strategies {
             let _ = write!(out, "  {:<16}", strategy.name());
             for layers in 1..=MAX_LAYERS {
                 let a =
@@ -208,8 +225,36 @@ fn table(cells: &[Cell], params: &Params) -> String {
             let _ = writeln!(out);
         }
     }
+    if strategies.contains(&Strategy::SurelyFloor) {
+        let _ = writeln!(
+            out,
+            "  * surely-floor: surely-default with the ratio budget's reserve a floor under the \
+             10% instead of an addition to it; a proposed change, not the shipped library"
+        );
+    }
     let _ = writeln!(out);
     out
+}
+
+fn describe(strategy: Strategy) -> &'static str {
+    match strategy {
+        Strategy::Naive => "3 attempts, no budget, no backoff",
+        Strategy::TowerTps => {
+            "tower Retry + TpsBudget::default() (20% + 10/s over 10 s, one deposit per call), \
+             3 attempts, no backoff"
+        }
+        Strategy::SurelyDefault => {
+            "RetryLayer::new() settings (RatioBudget 10% + 10/s over 10 s, backoff 100 ms \
+             full jitter), retry-owner marker on"
+        }
+        Strategy::SurelyRatio => "RetryLayer, RatioBudget::default(), no owner marker",
+        Strategy::SurelyBucket => {
+            "RetryLayer, TokenBucket::default() (10 tokens, 0.1 per success), no owner marker"
+        }
+        Strategy::SurelyFloor => {
+            "PROPOSED: surely-default with the reserve a floor under the 10%, not added to it"
+        }
+    }
 }
 
 /// The targets of issue 6. Returns the report, and whether the simulator itself is sane (the
@@ -255,7 +300,11 @@ fn checks(cells: &[Cell]) -> (String, bool) {
     (out, sane)
 }
 
-fn svg(cells: &[Cell], path: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn svg(
+    cells: &[Cell],
+    strategies: &[Strategy],
+    path: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
 
     let root = SVGBackend::new(path, (1500, 520)).into_drawing_area();
@@ -265,7 +314,7 @@ fn svg(cells: &[Cell], path: &str) -> Result<(), Box<dyn std::error::Error>> {
         ("sans-serif", 22),
     )?;
     let panels = root.split_evenly((1, Failure::ALL.len()));
-    let colors = [RED, BLUE, GREEN, MAGENTA, BLACK];
+    let colors = [RED, BLUE, GREEN, MAGENTA, BLACK, CYAN];
     for (panel, failure) in panels.iter().zip(Failure::ALL) {
         let caption = match failure {
             Failure::Always => "failure 1.0".to_owned(),
@@ -285,7 +334,7 @@ fn svg(cells: &[Cell], path: &str) -> Result<(), Box<dyn std::error::Error>> {
             .x_labels(MAX_LAYERS)
             .x_label_formatter(&|x| format!("{x:.0}"))
             .draw()?;
-        for (strategy, color) in Strategy::ALL.into_iter().zip(colors) {
+        for (&strategy, color) in strategies.iter().zip(colors) {
             let points: Vec<(f64, f64)> = (1..=MAX_LAYERS)
                 .filter_map(|n| {
                     find(cells, strategy, n, failure).map(|c| (n as f64, c.amplification()))
