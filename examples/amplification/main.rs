@@ -14,6 +14,8 @@ mod sim;
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use sim::{Cell, Failure, Params, Strategy, MAX_ATTEMPTS};
 
@@ -99,20 +101,13 @@ fn main() -> ExitCode {
     } else {
         &Strategy::ALL
     };
-    let mut cells = Vec::new();
-    for failure in Failure::ALL {
-        for &strategy in strategies {
-            for layers in 1..=MAX_LAYERS {
-                match sim::run_cell(strategy, layers, failure, &args.params) {
-                    Ok(cell) => cells.push(cell),
-                    Err(e) => {
-                        eprintln!("error: cannot start the simulation's runtime: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                }
-            }
+    let cells = match simulate(strategies, &args.params) {
+        Ok(cells) => cells,
+        Err(e) => {
+            eprintln!("error: cannot run the simulation: {e}");
+            return ExitCode::FAILURE;
         }
-    }
+    };
 
     if args.csv {
         print!("{}", csv(&cells));
@@ -141,6 +136,47 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Runs every (failure, strategy, layers) cell, each on its own current-thread runtime, spread
+/// over the machine's cores (the results do not depend on how: each cell is deterministic on
+/// its own). Returns them in output order.
+fn simulate(strategies: &[Strategy], params: &Params) -> std::io::Result<Vec<Cell>> {
+    let mut jobs = Vec::new();
+    for failure in Failure::ALL {
+        for &strategy in strategies {
+            for layers in 1..=MAX_LAYERS {
+                jobs.push((failure, strategy, layers));
+            }
+        }
+    }
+    // The deepest chains without a budget take longest: start them first.
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&i| {
+        let (_, strategy, layers) = jobs[i];
+        std::cmp::Reverse((strategy == Strategy::Naive, layers))
+    });
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<std::io::Result<Cell>>>> =
+        Mutex::new(jobs.iter().map(|_| None).collect());
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(jobs.len()) {
+            scope.spawn(|| loop {
+                let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    return;
+                };
+                let (failure, strategy, layers) = jobs[i];
+                let cell = sim::run_cell(strategy, layers, failure, params);
+                results.lock().unwrap_or_else(PoisonError::into_inner)[i] = Some(cell);
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(PoisonError::into_inner);
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(std::io::Error::other("a simulation thread stopped"))))
+        .collect()
 }
 
 fn find(cells: &[Cell], strategy: Strategy, layers: usize, failure: Failure) -> Option<&Cell> {
