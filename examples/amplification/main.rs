@@ -110,7 +110,7 @@ fn main() -> ExitCode {
     };
 
     if args.csv {
-        print!("{}", csv(&cells));
+        print!("{}", sim::csv(&cells));
     } else {
         print!("{}", table(&cells, strategies, &args.params));
     }
@@ -183,22 +183,6 @@ fn find(cells: &[Cell], strategy: Strategy, layers: usize, failure: Failure) -> 
     cells
         .iter()
         .find(|c| c.strategy == strategy && c.layers == layers && c.failure == failure)
-}
-
-fn csv(cells: &[Cell]) -> String {
-    let mut out = String::from("strategy,layers,failure,amplification,success_rate\n");
-    for c in cells {
-        let _ = writeln!(
-            out,
-            "{},{},{},{:.4},{:.4}",
-            c.strategy.name(),
-            c.layers,
-            c.failure.label(),
-            c.amplification(),
-            c.success_rate()
-        );
-    }
-    out
 }
 
 fn table(cells: &[Cell], strategies: &[Strategy], params: &Params) -> String {

@@ -188,6 +188,23 @@ impl Cell {
     }
 }
 
+/// The `--csv` output: the header `strategy,layers,failure,amplification,success_rate`, then
+/// one row per cell.
+pub(crate) fn csv(cells: &[Cell]) -> String {
+    let mut out = String::from("strategy,layers,failure,amplification,success_rate\n");
+    for c in cells {
+        out.push_str(&format!(
+            "{},{},{},{:.4},{:.4}\n",
+            c.strategy.name(),
+            c.layers,
+            c.failure.label(),
+            c.amplification(),
+            c.success_rate()
+        ));
+    }
+    out
+}
+
 /// Runs one cell on a fresh current-thread runtime with paused time.
 ///
 /// # Errors

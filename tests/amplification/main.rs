@@ -155,3 +155,40 @@ fn a_run_is_deterministic() {
     let b = run(Strategy::SurelyRatio, 2, Failure::OnePercent, 600);
     assert_eq!(a, b);
 }
+
+#[test]
+fn the_csv_has_the_issue_header_and_one_row_per_cell() {
+    let cells = [
+        run(Strategy::Naive, 2, Failure::Always, 10),
+        run(Strategy::SurelyDefault, 1, Failure::OnePercent, 10),
+        run(Strategy::SurelyBucket, 3, Failure::Overload, 10),
+    ];
+    let csv = sim::csv(&cells);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "strategy,layers,failure,amplification,success_rate"
+    );
+    assert_eq!(lines[1], "naive,2,1.0,9.0000,0.0000");
+    assert!(
+        lines[2].starts_with("surely-default,1,0.01,"),
+        "{}",
+        lines[2]
+    );
+    assert!(
+        lines[3].starts_with("surely-bucket,3,overload,"),
+        "{}",
+        lines[3]
+    );
+    assert_eq!(lines.len(), 4);
+    for line in &lines[1..] {
+        let fields: Vec<&str> = line.split(',').collect();
+        assert_eq!(fields.len(), 5, "{line}");
+        let amplification: f64 = fields[3].parse().unwrap();
+        let success: f64 = fields[4].parse().unwrap();
+        assert!(
+            amplification >= 1.0 && (0.0..=1.0).contains(&success),
+            "{line}"
+        );
+    }
+}
