@@ -364,18 +364,24 @@ fn svg(
             Failure::OnePercent => "failure 0.01".to_owned(),
             Failure::Overload => format!("overload ({}x capacity)", sim::OVERLOAD_FACTOR),
         };
+        let top = cells
+            .iter()
+            .filter(|c| c.failure == failure && strategies.contains(&c.strategy))
+            .map(Cell::amplification)
+            .fold(1.0_f64, f64::max);
         let mut chart = ChartBuilder::on(panel)
             .caption(caption, ("sans-serif", 18))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(55)
-            .build_cartesian_2d(1f64..MAX_LAYERS as f64, (0.9f64..300.0).log_scale())?;
+            .build_cartesian_2d(1f64..MAX_LAYERS as f64, (0.98f64..top * 1.25).log_scale())?;
         chart
             .configure_mesh()
             .x_desc("layers (N)")
             .y_desc("amplification (log)")
             .x_labels(MAX_LAYERS)
             .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.2}"))
             .draw()?;
         for (&strategy, color) in strategies.iter().zip(colors) {
             let points: Vec<(f64, f64)> = (1..=MAX_LAYERS)
