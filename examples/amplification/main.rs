@@ -23,22 +23,19 @@ use sim::{Cell, Failure, Params, Strategy, MAX_ATTEMPTS};
 const MAX_LAYERS: usize = 5;
 
 const USAGE: &str = "\
-usage: amplification [--csv] [--svg PATH] [--calls N] [--rate R] [--seed S] [--proposed]
+usage: amplification [--csv] [--svg PATH] [--calls N] [--rate R] [--seed S]
 
   --csv        print `strategy,layers,failure,amplification,success_rate` rows instead of a table
   --svg PATH   also write a plot of amplification against depth per strategy to PATH
   --calls N    top-level calls per cell (default 8000; at least 1)
   --rate R     top-level calls per simulated second (default 400; more than 0)
   --seed S     seed of every random draw (default 6)
-  --proposed   also simulate `surely-floor*`: surely-default with the ratio budget's reserve a
-               floor under the 10% instead of an addition to it (a proposed library change)
   -h, --help   print this message";
 
 #[derive(Debug)]
 struct Args {
     csv: bool,
     svg: Option<String>,
-    proposed: bool,
     params: Params,
 }
 
@@ -46,7 +43,6 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
     let mut out = Args {
         csv: false,
         svg: None,
-        proposed: false,
         params: Params::default(),
     };
     while let Some(arg) = args.next() {
@@ -54,7 +50,6 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String>
         match arg.as_str() {
             "-h" | "--help" => return Ok(None),
             "--csv" => out.csv = true,
-            "--proposed" => out.proposed = true,
             "--svg" => out.svg = Some(value("--svg")?),
             "--calls" => {
                 let v = value("--calls")?;
@@ -96,11 +91,7 @@ fn main() -> ExitCode {
         }
     };
 
-    let strategies: &[Strategy] = if args.proposed {
-        &Strategy::WITH_PROPOSED
-    } else {
-        &Strategy::ALL
-    };
+    let strategies: &[Strategy] = &Strategy::ALL;
     let cells = match simulate(strategies, &args.params) {
         Ok(cells) => cells,
         Err(e) => {
@@ -125,7 +116,7 @@ fn main() -> ExitCode {
     }
 
     // The checks go to stderr with --csv, so that stdout is exactly the CSV.
-    let (report, sane) = checks(&cells, &args.params);
+    let (report, sane) = checks(&cells);
     if args.csv {
         eprint!("{report}");
     } else {
@@ -253,13 +244,6 @@ fn table(cells: &[Cell], strategies: &[Strategy], params: &Params) -> String {
             let _ = writeln!(out);
         }
     }
-    if strategies.contains(&Strategy::SurelyFloor) {
-        let _ = writeln!(
-            out,
-            "  * surely-floor: surely-default with the ratio budget's reserve a floor under the \
-             10% instead of an addition to it; a proposed change, not the shipped library"
-        );
-    }
     let _ = writeln!(out);
     out
 }
@@ -272,22 +256,19 @@ fn describe(strategy: Strategy) -> &'static str {
              3 attempts, no backoff"
         }
         Strategy::SurelyDefault => {
-            "RetryLayer::new() settings (RatioBudget 10% + 10/s over 10 s, backoff 100 ms \
-             full jitter), retry-owner marker on"
+            "RetryLayer::new() settings (RatioBudget: 10% or 10/s, whichever is larger, over \
+             10 s; backoff 100 ms full jitter), retry-owner marker on"
         }
         Strategy::SurelyRatio => "RetryLayer, RatioBudget::default(), no owner marker",
         Strategy::SurelyBucket => {
             "RetryLayer, TokenBucket::default() (10 tokens, 0.1 per success), no owner marker"
-        }
-        Strategy::SurelyFloor => {
-            "PROPOSED: surely-default with the reserve a floor under the 10%, not added to it"
         }
     }
 }
 
 /// The targets of issue 6. Returns the report, and whether the simulator itself is sane (the
 /// naive sanity check; a missed `surely-default` target is a finding, not a simulator failure).
-fn checks(cells: &[Cell], params: &Params) -> (String, bool) {
+fn checks(cells: &[Cell]) -> (String, bool) {
     let mut out = String::new();
     let mut sane = true;
     fn line(out: &mut String, ok: bool, text: String) {
@@ -317,18 +298,6 @@ fn checks(cells: &[Cell], params: &Params) -> (String, bool) {
                 c.amplification()
             ),
         );
-    }
-    if let Some(c) = find(cells, Strategy::SurelyDefault, 5, Failure::Always) {
-        if c.amplification() > 1.10 {
-            let _ = writeln!(
-                out,
-                "       why: the top layer's RatioBudget grants 10% of first attempts *plus* its \
-                 reserve of 10 retries a second,\n            so a long outage costs 1.1 + 10/rate \
-                 ({:.4} at {}/s); --proposed shows a reserve that is a floor instead",
-                1.1 + 10.0 / params.rate,
-                params.rate
-            );
-        }
     }
     if let Some(c) = find(cells, Strategy::SurelyDefault, 5, Failure::OnePercent) {
         line(

@@ -64,10 +64,6 @@ pub(crate) enum Strategy {
     /// `RetryLayer` with a default `TokenBucket` (gRPC's 10 tokens, 0.1 per success), without
     /// the owner marker.
     SurelyBucket,
-    /// Not a shipped strategy: `surely-default` with a proposed change to the ratio budget,
-    /// whose reserve is a floor under the ratio instead of an addition to it
-    /// ([`FloorRatioBudget`]). Shown with `--proposed`.
-    SurelyFloor,
 }
 
 impl Strategy {
@@ -80,16 +76,6 @@ impl Strategy {
         Strategy::SurelyBucket,
     ];
 
-    /// [`ALL`](Self::ALL) and the proposed variants.
-    pub(crate) const WITH_PROPOSED: [Strategy; 6] = [
-        Strategy::Naive,
-        Strategy::TowerTps,
-        Strategy::SurelyDefault,
-        Strategy::SurelyRatio,
-        Strategy::SurelyBucket,
-        Strategy::SurelyFloor,
-    ];
-
     /// The name in the output.
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -98,7 +84,6 @@ impl Strategy {
             Strategy::SurelyDefault => "surely-default",
             Strategy::SurelyRatio => "surely-ratio",
             Strategy::SurelyBucket => "surely-bucket",
-            Strategy::SurelyFloor => "surely-floor*",
         }
     }
 }
@@ -414,15 +399,6 @@ fn client(strategy: Strategy, hop: usize, inner: Wire, seed: u64) -> Client {
                 surely_default(budget.clone(), seed)
             })
         }
-        Strategy::SurelyFloor => {
-            let budget: Arc<dyn RetryBudget> = Arc::new(FloorRatioBudget::default());
-            per_call(hop, inner, seed, move |seed| {
-                RetryLayer::builder()
-                    .budget(budget.clone())
-                    .backoff(default_backoff(seed))
-                    .build()
-            })
-        }
         Strategy::SurelyRatio => {
             let budget: Arc<dyn RetryBudget> = Arc::new(RatioBudget::default());
             per_call(hop, inner, seed, move |seed| {
@@ -541,88 +517,6 @@ impl fmt::Debug for TpsPolicy {
             .field("attempts", &self.attempts)
             .finish_non_exhaustive()
     }
-}
-
-/// The ratio budget with the change this simulator argues for: over the window, retries may be
-/// the **larger** of `ratio` × first attempts and the reserve (`min_per_sec` × `ttl`), not their
-/// sum. A quiet client keeps its reserve; a busy one never retries more than `ratio` of its
-/// traffic. Same defaults as `RatioBudget` (10%, 10 s window in 1 s slots, 10 a second); a
-/// plain mutex, as this is a model, not the library's lock-free implementation.
-#[derive(Debug)]
-pub(crate) struct FloorRatioBudget {
-    start: Instant,
-    slots: Mutex<[FloorSlot; FLOOR_RING]>,
-}
-
-/// One slot of the window: its epoch, first attempts (milli-retries earned) and retries.
-#[derive(Clone, Copy, Debug, Default)]
-struct FloorSlot {
-    epoch: u64,
-    earned: i64,
-    spent: i64,
-}
-
-/// Slots of one second; like `RatioBudget`, one more than the 10 s window.
-const FLOOR_RING: usize = 11;
-const FLOOR_SLOT: Duration = Duration::from_secs(1);
-/// 10% of a first attempt, in milli-retries.
-const FLOOR_DEPOSIT: i64 = 100;
-/// 10 a second over 10 s, in milli-retries.
-const FLOOR_RESERVE: i64 = 100_000;
-
-impl Default for FloorRatioBudget {
-    fn default() -> Self {
-        FloorRatioBudget {
-            start: Instant::now(),
-            slots: Mutex::new([FloorSlot::default(); FLOOR_RING]),
-        }
-    }
-}
-
-impl FloorRatioBudget {
-    fn with_slot<T>(&self, f: impl FnOnce(&mut [FloorSlot; FLOOR_RING], usize, u64) -> T) -> T {
-        let epoch = (Instant::now()
-            .saturating_duration_since(self.start)
-            .as_nanos()
-            / FLOOR_SLOT.as_nanos()) as u64;
-        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let i = (epoch % FLOOR_RING as u64) as usize;
-        if slots[i].epoch != epoch {
-            slots[i] = FloorSlot {
-                epoch,
-                earned: 0,
-                spent: 0,
-            };
-        }
-        // Forget the slots that left the window.
-        for slot in slots.iter_mut() {
-            if slot.epoch + (FLOOR_RING as u64) <= epoch {
-                *slot = FloorSlot::default();
-            }
-        }
-        f(&mut slots, i, epoch)
-    }
-}
-
-impl RetryBudget for FloorRatioBudget {
-    fn deposit(&self) {
-        self.with_slot(|slots, i, _| slots[i].earned += FLOOR_DEPOSIT);
-    }
-
-    fn withdraw(&self) -> Result<(), surely::budget::BudgetExhausted> {
-        self.with_slot(|slots, i, _| {
-            let earned: i64 = slots.iter().map(|s| s.earned).sum();
-            let spent: i64 = slots.iter().map(|s| s.spent).sum();
-            if earned.max(FLOOR_RESERVE) - spent >= 1000 {
-                slots[i].spent += 1000;
-                Ok(())
-            } else {
-                Err(surely::budget::BudgetExhausted::new(None))
-            }
-        })
-    }
-
-    fn record_outcome(&self, _class: surely::classify::AttemptClass) {}
 }
 
 /// SplitMix64: a tiny seeded generator whose sequence never changes with a dependency's

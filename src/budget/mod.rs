@@ -18,9 +18,9 @@
 //! # Two forms
 //!
 //! - [`RatioBudget`] (Finagle's `RetryBudget`, tower's `TpsBudget`): over a sliding window
-//!   (`ttl`, 10 s), retries may be at most `ratio` (10%) of first attempts, plus a reserve of
-//!   `min_per_sec` (10) retries a second so that a client with little traffic can still retry
-//!   its rare failures. It counts attempts and ignores outcomes; it recovers with time.
+//!   (`ttl`, 10 s), retries may be at most `ratio` (10%) of first attempts, or a reserve of
+//!   `min_per_sec` (10) retries a second when that is larger, so that a client with little
+//!   traffic can still retry its rare failures while a busy one never exceeds its ratio. It counts attempts and ignores outcomes; it recovers with time.
 //!   Choose it when you can say "at most this share of my traffic may be retries", and for
 //!   hedging, whose extra requests are not failures at all.
 //! - [`TokenBucket`] (gRPC's `retryThrottling`, the AWS SDKs' retry quota): health failures

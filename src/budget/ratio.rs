@@ -1,4 +1,5 @@
-//! The ratio form: retries are at most a fraction of recent first attempts, plus a reserve.
+//! The ratio form: retries are at most a fraction of recent first attempts, or a small reserve
+//! when that is larger.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,26 +51,29 @@ fn is_newer(a: u64, b: u64) -> bool {
     d != 0 && d < (TAG_MASK >> 1)
 }
 
-/// A retry budget of the ratio form (Finagle's `RetryBudget`, tower's `TpsBudget`): over a
-/// sliding window of `ttl`, retries may be at most `ratio` times the first attempts, plus a
-/// reserve of `min_per_sec` retries a second for low traffic.
+/// A retry budget of the ratio form (after Finagle's `RetryBudget` and tower's `TpsBudget`):
+/// over a sliding window of `ttl`, retries may be at most `ratio` times the first attempts, or
+/// the reserve of `min_per_sec` retries a second for low traffic, whichever is larger.
 ///
-/// - [`deposit`](RetryBudget::deposit) (each first attempt) adds `ratio` retries to the
-///   balance;
-/// - [`withdraw`](RetryBudget::withdraw) (each retry or hedge) takes one retry from it, and is
-///   refused if less than one is left;
+/// - [`deposit`](RetryBudget::deposit) (each first attempt) earns `ratio` retries;
+/// - [`withdraw`](RetryBudget::withdraw) (each retry or hedge) spends one, and is refused if it
+///   would exceed the allowance;
 /// - [`record_outcome`](RetryBudget::record_outcome) does nothing: the ratio form counts
 ///   attempts, not their outcomes.
 ///
-/// The balance is `min_per_sec × ttl` plus what the deposits and withdrawals of the window
-/// left. Each deposit and withdrawal stops counting between `ttl` and `ttl × 1.1` after it was
-/// made (the window moves in tenths of `ttl`), so in any stretch of time no longer than `ttl`,
-/// the retries granted are at most `ratio` times the first attempts of the last `ttl × 1.1`,
-/// plus the reserve. The ratio and the reserve are kept to a thousandth of a retry, rounding
-/// down, so the budget never grants more than that bound.
+/// **The reserve is a floor, not an addition.** Finagle and tower add the reserve to what the
+/// ratio earns; then a busy client in an outage sends `ratio` of its calls plus the reserve as
+/// retries, and a chain's amplification is above `1 + ratio` at any traffic. Here the retries of
+/// the window are at most `max(ratio × first attempts, min_per_sec × ttl)`: a busy client stays
+/// within its ratio, and a quiet one (a few calls a minute, where 10% would be nothing) still
+/// gets its reserve. The bound is never above the additive one, so every guarantee of the
+/// additive form holds.
 ///
-/// Lock-free: every call is a few atomic loads and one compare-and-swap, and a refusal writes
-/// nothing, so an outage (when every caller is refused) causes no contention. Concurrent
+/// Each deposit and withdrawal stops counting between `ttl` and `ttl × 1.1` after it was made
+/// (the window moves in tenths of `ttl`). The ratio and the reserve are kept to a thousandth of
+/// a retry, rounding down, so the budget never grants more than the bound.
+///
+/// Lock-free: a deposit is one compare-and-swap, a withdrawal two, and a refusal writes nothing, so an outage (when every caller is refused) causes no contention. Concurrent
 /// callers never get more retries than the bound: a withdrawal that raced another one below
 /// zero is undone and refused.
 ///
@@ -89,10 +93,20 @@ fn is_newer(a: u64, b: u64) -> bool {
 ///     budget.deposit();
 /// }
 /// assert_eq!((0..50).filter(|_| budget.withdraw().is_ok()).count(), 20);
+///
+/// // With a reserve of 3 retries a second over 10 s: 30 retries, the larger of 30 and 20.
+/// let budget = RatioBudget::builder().ratio(0.2).min_per_sec(3.0).build()?;
+/// for _ in 0..100 {
+///     budget.deposit();
+/// }
+/// assert_eq!((0..50).filter(|_| budget.withdraw().is_ok()).count(), 30);
 /// # Ok(()) }
 /// ```
 pub struct RatioBudget {
+    /// Per slot: what first attempts earned less what retries spent (milli-retries).
     slots: Box<[AtomicU64]>,
+    /// Per slot: what retries spent (milli-retries), for the reserve.
+    spent: Box<[AtomicU64]>,
     start: Instant,
     /// The width of one slot, in nanoseconds; at least 100 ms.
     slot_nanos: u64,
@@ -159,6 +173,7 @@ impl RatioBudget {
             .max(1);
         RatioBudget {
             slots: (0..RING).map(|_| AtomicU64::new(pack(0, 0))).collect(),
+            spent: (0..RING).map(|_| AtomicU64::new(pack(0, 0))).collect(),
             start: Instant::now(),
             slot_nanos,
             deposit_amount: deposit_amount.min(VALUE_MAX),
@@ -179,14 +194,13 @@ impl RatioBudget {
         nanos / self.slot_nanos
     }
 
-    fn slot(&self, epoch: u64) -> &AtomicU64 {
+    fn slot(ring: &[AtomicU64], epoch: u64) -> &AtomicU64 {
         // `epoch % RING` is less than the ring's length.
-        &self.slots[(epoch % RING) as usize]
+        &ring[(epoch % RING) as usize]
     }
 
-    /// The value the slot holds for `epoch`, or zero if it holds another epoch.
-    fn value_at(&self, epoch: u64) -> i64 {
-        let (tag, value) = unpack(self.slot(epoch).load(Ordering::SeqCst));
+    fn value_at(ring: &[AtomicU64], epoch: u64) -> i64 {
+        let (tag, value) = unpack(Self::slot(ring, epoch).load(Ordering::SeqCst));
         if tag == epoch & TAG_MASK {
             value
         } else {
@@ -194,23 +208,25 @@ impl RatioBudget {
         }
     }
 
-    /// The epochs of the window ending at `epoch`, newest first.
     fn window(epoch: u64) -> impl Iterator<Item = u64> {
         (0..RING).map_while(move |k| epoch.checked_sub(k))
     }
 
-    /// The reserve plus every slot of the window, in milli-retries.
+    /// What the window allows beyond what it spent: the larger of the ratio's net and the
+    /// reserve less the retries spent.
     fn balance(&self, epoch: u64) -> i64 {
-        Self::window(epoch).fold(self.reserve, |sum, e| sum.saturating_add(self.value_at(e)))
+        let (net, spent) = Self::window(epoch).fold((0i64, 0i64), |(net, spent), e| {
+            (
+                net.saturating_add(Self::value_at(&self.slots, e)),
+                spent.saturating_add(Self::value_at(&self.spent, e)),
+            )
+        });
+        net.max(self.reserve.saturating_sub(spent))
     }
 
-    /// Adds `amount` to the slot of `epoch`, moving the slot to that epoch if it held an older
-    /// one. Returns the slot's epoch tag, or `None` (writing nothing) if a withdrawal would
-    /// overflow the slot. A caller whose `epoch` is already stale adds to the newer epoch,
-    /// which only makes the amount count longer.
-    fn add(&self, epoch: u64, amount: i64) -> Option<u64> {
+    fn add(ring: &[AtomicU64], epoch: u64, amount: i64) -> Option<u64> {
         let want = epoch & TAG_MASK;
-        let slot = self.slot(epoch);
+        let slot = Self::slot(ring, epoch);
         let mut current = slot.load(Ordering::SeqCst);
         loop {
             let (tag, value) = unpack(current);
@@ -237,17 +253,16 @@ impl RatioBudget {
         }
     }
 
-    /// Gives back a withdrawal made into the slot of `epoch` under `tag`, unless the slot has
-    /// moved on (and the withdrawal with it).
-    fn undo(&self, epoch: u64, tag: u64) {
-        let slot = self.slot(epoch);
+    /// Takes `amount` back from a slot, if it still holds the epoch `tag` it was added under.
+    fn undo(ring: &[AtomicU64], epoch: u64, tag: u64, amount: i64) {
+        let slot = Self::slot(ring, epoch);
         let mut current = slot.load(Ordering::SeqCst);
         loop {
             let (now_tag, value) = unpack(current);
             if now_tag != tag {
                 return;
             }
-            let next = value.saturating_add(MILLI).min(VALUE_MAX);
+            let next = value.saturating_sub(amount).clamp(VALUE_MIN, VALUE_MAX);
             match slot.compare_exchange_weak(
                 current,
                 pack(tag, next),
@@ -260,15 +275,20 @@ impl RatioBudget {
         }
     }
 
-    /// The refusal, with how long until expiring slots (oldest first) would leave a whole
-    /// retry, if no new first attempts arrive.
-    fn exhausted(&self, now: Instant, epoch: u64, balance: i64) -> BudgetExhausted {
-        let mut remaining = balance;
+    fn exhausted(&self, now: Instant, epoch: u64) -> BudgetExhausted {
+        // Let the oldest slots leave the window one by one, until what is left allows a retry.
+        let mut net: i64 = Self::window(epoch)
+            .map(|e| Self::value_at(&self.slots, e))
+            .sum();
+        let mut spent: i64 = Self::window(epoch)
+            .map(|e| Self::value_at(&self.spent, e))
+            .sum();
         let mut oldest_first: Vec<u64> = Self::window(epoch).collect();
         oldest_first.reverse();
         for e in oldest_first {
-            remaining = remaining.saturating_sub(self.value_at(e));
-            if remaining >= MILLI {
+            net = net.saturating_sub(Self::value_at(&self.slots, e));
+            spent = spent.saturating_sub(Self::value_at(&self.spent, e));
+            if net.max(self.reserve.saturating_sub(spent)) >= MILLI {
                 // The slot of epoch `e` leaves the window when epoch `e + RING` begins.
                 let expiry = e
                     .checked_add(RING)
@@ -282,35 +302,38 @@ impl RatioBudget {
 }
 
 impl RetryBudget for RatioBudget {
-    /// Adds `ratio` retries to the balance, for `ttl`.
+    /// Earns `ratio` retries, for `ttl`.
     fn deposit(&self) {
         if self.deposit_amount > 0 {
             // A deposit is never refused; one that would overflow its slot saturates, which
             // only lowers the balance.
-            let _ = self.add(self.epoch(Instant::now()), self.deposit_amount);
+            let _ = Self::add(&self.slots, self.epoch(Instant::now()), self.deposit_amount);
         }
     }
 
-    /// Takes one retry from the balance, for `ttl`, or refuses if less than one is left. The
-    /// refusal says when the oldest amounts leave the window far enough to allow one, if that
-    /// would happen without new first attempts.
+    /// Spends one retry, for `ttl`, or refuses if the window allows no more. The refusal says
+    /// when the oldest amounts leave the window far enough to allow one, if that would happen
+    /// without new first attempts.
     fn withdraw(&self) -> Result<(), BudgetExhausted> {
         let now = Instant::now();
         let epoch = self.epoch(now);
-        let balance = self.balance(epoch);
-        if balance < MILLI {
-            return Err(self.exhausted(now, epoch, balance));
+        if self.balance(epoch) < MILLI {
+            return Err(self.exhausted(now, epoch));
         }
-        let Some(tag) = self.add(epoch, -MILLI) else {
+        let Some(tag) = Self::add(&self.slots, epoch, -MILLI) else {
+            return Err(BudgetExhausted::new(None));
+        };
+        let Some(spent_tag) = Self::add(&self.spent, epoch, MILLI) else {
+            Self::undo(&self.slots, epoch, tag, -MILLI);
             return Err(BudgetExhausted::new(None));
         };
         // Another caller may have withdrawn at the same time. Whichever of the racing
         // withdrawals came last sees all of them, so re-checking after writing keeps the total
         // within the bound.
         if self.balance(epoch) < 0 {
-            self.undo(epoch, tag);
-            let balance = self.balance(epoch);
-            return Err(self.exhausted(now, epoch, balance));
+            Self::undo(&self.slots, epoch, tag, -MILLI);
+            Self::undo(&self.spent, epoch, spent_tag, MILLI);
+            return Err(self.exhausted(now, epoch));
         }
         Ok(())
     }

@@ -75,8 +75,9 @@ pub struct RetryLayerBuilder<M = HttpClassifier, Z = NoResolver> {
 impl RetryLayer {
     /// A layer with the defaults: [`HttpClassifier`], 3 attempts, exponential backoff from
     /// 100 ms with full jitter capped at 20 s, a [`RatioBudget`] of its own (10% of first
-    /// attempts plus 10 a second, shared by every service the layer makes), pushback obeyed up
-    /// to 30 s, and no retry that would leave less than 10 ms of the call's budget.
+    /// attempts, or 10 a second if that is more, shared by every service the layer makes),
+    /// pushback obeyed up to 30 s, and no retry that would leave less than 10 ms of the call's
+    /// budget.
     pub fn new() -> Self {
         RetryLayer {
             config: Arc::new(Config {

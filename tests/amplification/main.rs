@@ -60,35 +60,22 @@ fn surely_default_retries_once_per_chain_whatever_the_depth() {
         one.bottom_calls, five.bottom_calls,
         "the hops below the top leave retries to it"
     );
-    // The top's budget: 10% of the 4000 first attempts plus the reserve of 10/s over the 10 s
-    // window, 100 retries. All of it is spent, no more.
-    assert_eq!(five.bottom_calls, 4000 + 400 + 100);
+    // The top's budget: 10% of the 4000 first attempts (the reserve of 10/s over the 10 s
+    // window, 100 retries, is a floor under it, not an addition). All of it is spent, no more.
+    assert_eq!(five.bottom_calls, 4000 + 400);
     assert_eq!(five.successes, 0);
 }
 
 #[test]
-#[ignore = "surely-default misses the issue's 1.10 by its ratio budget's reserve: 1.1 + 10/rate \
-            (1.125 at 400/s); see a_reserve_that_is_a_floor_meets_the_full_failure_target"]
 fn surely_default_meets_the_full_failure_target() {
-    let cell = run(Strategy::SurelyDefault, 5, Failure::Always, 8000);
+    let cell = run(Strategy::SurelyDefault, 5, Failure::Always, 4000);
     assert!(
         cell.amplification() <= 1.10,
         "amplification {}",
         cell.amplification()
     );
-}
-
-#[test]
-fn a_reserve_that_is_a_floor_meets_the_full_failure_target() {
-    let full = run(Strategy::SurelyFloor, 5, Failure::Always, 4000);
-    assert!(
-        full.amplification() <= 1.10,
-        "amplification {}",
-        full.amplification()
-    );
-    assert!(full.amplification() > 1.09, "and spends its 10%");
-    let rare = run(Strategy::SurelyFloor, 5, Failure::OnePercent, 4000);
-    assert!(rare.success_rate() >= 0.99);
+    // The reserve is a floor under the 10%, not an addition: the budget spends its 10%.
+    assert!(cell.amplification() > 1.09, "and spends its 10%");
 }
 
 #[test]

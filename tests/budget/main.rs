@@ -91,20 +91,41 @@ async fn ratio_first_attempts_are_never_blocked() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn ratio_allows_ratio_times_first_attempts_plus_reserve() {
+async fn ratio_allows_ratio_times_first_attempts_or_the_reserve_whichever_is_larger() {
     let budget = ratio(0.1, secs(10), 1.0);
-    for _ in 0..1000 {
+    // Quiet: 50 first attempts earn 5 retries, but the reserve (1 a second for 10 s) is 10.
+    for _ in 0..50 {
         budget.deposit();
     }
-    // 10% of 1000, plus 1 a second for 10 s.
-    assert_eq!(budget.available(), 110);
-    assert_eq!(granted(&budget, 500), 110);
+    assert_eq!(budget.available(), 10);
+    // Busy: 1000 first attempts earn 100 retries, and the reserve adds nothing to that.
+    for _ in 0..950 {
+        budget.deposit();
+    }
+    assert_eq!(budget.available(), 100);
+    assert_eq!(granted(&budget, 500), 100);
     assert!(budget.withdraw().is_err());
     // New first attempts buy new retries.
     for _ in 0..10 {
         budget.deposit();
     }
     assert_eq!(granted(&budget, 5), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ratio_reserve_is_spent_by_retries_and_not_refilled_by_a_few_first_attempts() {
+    let budget = ratio(0.1, secs(10), 1.0);
+    assert_eq!(granted(&budget, 50), 10);
+    // 20 first attempts earn 2 retries: still under the 10 already spent.
+    for _ in 0..20 {
+        budget.deposit();
+    }
+    assert_eq!(granted(&budget, 5), 0);
+    // Enough first attempts to earn more than was spent.
+    for _ in 0..100 {
+        budget.deposit();
+    }
+    assert_eq!(granted(&budget, 5), 2);
 }
 
 #[tokio::test(start_paused = true)]
