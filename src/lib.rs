@@ -87,6 +87,7 @@ pub mod delivery;
 mod envelope;
 mod error;
 pub mod fault;
+pub mod hedge;
 pub mod idempotency;
 pub mod pushback;
 pub mod record;
