@@ -50,6 +50,15 @@
 //! `surely_full`, `DeadlineLayer` (`enforce_in_attempts`) → `IdempotencyKeyLayer` (a pass-through
 //! for `plain`) → `RetryLayer` → `RecordAttemptLayer::new(())` → `AttemptTimeoutLayer`.
 //!
+//! The hedge family (`hedge_ready/safe`, `hedge_pending_once/safe`) compares hedge layers on
+//! the success path when the hedge does not fire, over `Safe`, a request type like `plain`
+//! whose [`Envelope`] says it is safe (so that surely's layer does hedge it): the inner future
+//! answers on its first poll (`ready`) or after one `Pending` (`pending_once`). Its cases:
+//! `bare`; `tower_hedge`, tower's `Hedge` (every request hedgeable, 95th percentile, 10 data
+//! points, 10 s period); `surely_hedge`, `HedgeLayer::new()` (learned 95th percentile, a
+//! `RatioBudget` of its own) with the bench's classifier. Target: surely's overhead over `bare`
+//! ≤ 0.5 × tower's, and 0 allocations per call.
+//!
 //! Before criterion starts, the bench prints heap allocations per call for every case (10 000
 //! calls counted by a `stats_alloc` global allocator, outside any timing), in total and over
 //! `bare` (which includes building the request). After the last case it prints a summary: the
@@ -86,6 +95,7 @@ use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use surely::budget::{RatioBudget, RetryBudget};
 use surely::classify::{self, Attempted, Classification, ClassifyError, HttpClassifier};
 use surely::deadline::{AttemptTimers, DeadlineLayer};
+use surely::hedge::HedgeLayer;
 use surely::idempotency::IdempotencyKeyLayer;
 use surely::record::{RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
@@ -120,6 +130,11 @@ const FULL: &str = "surely_full";
 /// The retry families' groups.
 const RETRY_SUCCESS: &str = "retry_success/plain";
 const RETRY_FAIL_ONCE: &str = "retry_fail_once/plain";
+/// The hedge family's groups and its reference.
+const HEDGE_READY: &str = "hedge_ready/safe";
+const HEDGE_PENDING: &str = "hedge_pending_once/safe";
+const TOWER_HEDGE: &str = "tower_hedge";
+const SURELY_HEDGE: &str = "surely_hedge";
 /// Retries allowed per call by the hand-written tower policy: surely's default attempt limit
 /// (3, the first included) less the first.
 const TOWER_RETRIES: u32 = 2;
@@ -138,6 +153,43 @@ impl Envelope for Req {}
 struct Res;
 
 impl Envelope for Res {}
+
+/// A request like `Req` that says it is safe (a read), so that a hedge layer may hedge it.
+#[allow(dead_code)]
+#[derive(Clone)]
+struct Safe(u64);
+
+impl Envelope for Safe {
+    fn semantics(&self) -> Semantics {
+        Semantics::Safe
+    }
+}
+
+fn safe_req(i: u64) -> Safe {
+    Safe(i)
+}
+
+fn safe_ready(_: Safe) -> Ready<io::Result<Res>> {
+    ready(Ok(Res))
+}
+
+fn safe_pending(_: Safe) -> PendingOnce<io::Result<Res>> {
+    PendingOnce::new(Ok(Res))
+}
+
+/// tower's hedge policy for `Safe`: every request may be hedged.
+#[derive(Clone, Copy)]
+struct TowerHedgeAll;
+
+impl tower::hedge::Policy<Safe> for TowerHedgeAll {
+    fn clone_request(&self, req: &Safe) -> Option<Safe> {
+        Some(req.clone())
+    }
+
+    fn can_retry(&self, _: &Safe) -> bool {
+        true
+    }
+}
 
 fn plain_req(i: u64) -> Req {
     Req(i)
@@ -527,6 +579,47 @@ macro_rules! retry_group {
     };
 }
 
+/// The three cases of one hedge group over `Safe`, the inner service `$svc`.
+macro_rules! hedge_group {
+    ($group:expr, $svc:expr) => {
+        [
+            Case {
+                group: $group,
+                name: BARE,
+                headers_written: 0,
+                make: || driver(service_fn($svc), safe_req),
+            },
+            Case {
+                group: $group,
+                name: TOWER_HEDGE,
+                headers_written: 0,
+                make: || {
+                    let svc = tower::hedge::Hedge::new::<Safe>(
+                        service_fn($svc),
+                        TowerHedgeAll,
+                        10,
+                        0.95,
+                        Duration::from_secs(10),
+                    );
+                    driver(svc, safe_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: SURELY_HEDGE,
+                headers_written: 0,
+                make: || {
+                    let layer = HedgeLayer::builder()
+                        .classifier(classify::from_fn(classify_plain))
+                        .build()
+                        .expect("a valid hedge layer");
+                    driver(layer.layer(service_fn($svc)), safe_req)
+                },
+            },
+        ]
+    };
+}
+
 fn cases() -> Vec<Case> {
     [
         group!(
@@ -574,6 +667,8 @@ fn cases() -> Vec<Case> {
         tps_one_per_call(),
         ratio_one_per_call()
     ))
+    .chain(hedge_group!(HEDGE_READY, safe_ready))
+    .chain(hedge_group!(HEDGE_PENDING, safe_pending))
     .collect()
 }
 
@@ -581,6 +676,8 @@ fn cases() -> Vec<Case> {
 fn reference(group: &str) -> &'static str {
     if group.starts_with("retry_") {
         TOWER_RETRY
+    } else if group.starts_with("hedge_") {
+        TOWER_HEDGE
     } else {
         TOWER
     }
@@ -693,7 +790,10 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
         "{:<22} {:<24} {:>8} {:>9} {:>10} {:>12}",
         "group", "case", "ns/call", "overhead", "÷ tower", "overhead ÷"
     );
-    println!("(÷ tower: ÷ {TOWER}, and ÷ {TOWER_RETRY} in the retry groups)");
+    println!(
+        "(÷ tower: ÷ {TOWER}, ÷ {TOWER_RETRY} in the retry groups, ÷ {TOWER_HEDGE} in the \
+         hedge groups)"
+    );
     let at = |group: &str, name: &str| find(cases, group, name).and_then(|i| medians[i]);
     for (i, case) in cases.iter().enumerate() {
         let Some(t) = medians[i] else { continue };
@@ -746,6 +846,22 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
              floor {:.2}",
             (s - b) / (tw - b),
             b / tw,
+        );
+    }
+    println!("targets: {SURELY_HEDGE} overhead over {BARE} ÷ {TOWER_HEDGE}'s");
+    for group in [HEDGE_READY, HEDGE_PENDING] {
+        let (Some(b), Some(s), Some(tw)) = (
+            at(group, BARE),
+            at(group, SURELY_HEDGE),
+            at(group, TOWER_HEDGE),
+        ) else {
+            continue;
+        };
+        let ratio = (s - b) / (tw - b);
+        let verdict = if ratio <= 0.5 { "met" } else { "MISSED" };
+        println!(
+            "  {group:<24} overheads {ratio:.2} (≤ 0.50) {verdict:<6}  per call {:.2}",
+            s / tw
         );
     }
 }

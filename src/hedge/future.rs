@@ -235,6 +235,13 @@ where
                 // the first hedge is due after the delay.
                 let now = Instant::now();
                 race.first_started = Some(now);
+                // A budget of its own counts the calls that could be hedged: a call answered
+                // on its first poll never could.
+                if race.config.owns_budget {
+                    if let Some(budget) = &race.config.budget {
+                        budget.deposit();
+                    }
+                }
                 if this.timer.is_idle() && !race.due && !race.stopped {
                     let delay = race.config.delay.current();
                     // No timer for a hedge that could not be admitted when it fires.

@@ -289,7 +289,9 @@ impl<M> HedgeLayerBuilder<M> {
     }
 
     /// Spend hedges from this budget, kept by this layer alone: it deposits once per call that
-    /// may be hedged, records the outcome of every attempt, and withdraws one unit per hedge.
+    /// may be hedged and did not answer on its first poll (a call that answers at once could
+    /// never be hedged; this keeps the clock read of a deposit off that path), records the
+    /// outcome of every attempt, and withdraws one unit per hedge.
     pub fn own_budget(mut self, budget: Arc<dyn RetryBudget>) -> Self {
         self.budget = BudgetChoice::Own(budget);
         self

@@ -49,7 +49,7 @@
 //!   the budget refuses. Share the retry layer's budget with
 //!   [`budget`](HedgeLayerBuilder::budget) (the retry layer deposits for each call; this layer
 //!   only withdraws), or let the layer keep one of its own (the default, a
-//!   [`RatioBudget`](crate::budget::RatioBudget): it then deposits once per hedgeable call);
+//!   [`RatioBudget`](crate::budget::RatioBudget): it then deposits once per hedgeable call that did not answer at once);
 //! * the call's deadline: no hedge is sent that would have less than the
 //!   [minimum attempt time](HedgeLayerBuilder::min_attempt_time) left (or the learned median
 //!   latency, when larger), and the hedge timer lives in the call's future: it ends with it.
@@ -221,11 +221,6 @@ where
             };
         if !hedgeable {
             return ResponseFuture::passthrough(self.inner.call(req));
-        }
-        if config.owns_budget {
-            if let Some(budget) = &config.budget {
-                budget.deposit();
-            }
         }
         let classifier = config.classifier.make_classifier(&req);
         let template = req.clone();
