@@ -304,10 +304,12 @@ where
                 budget.record_outcome(class);
             }
         }
-        if class == AttemptClass::Success {
+        // An answer on the first poll is not learned from: the delay only ever applies to
+        // attempts that did not answer at once, so it is their percentile that bounds the share
+        // of them that get hedged (and the fast path reads no clock).
+        if let (AttemptClass::Success, Some(started)) = (class, started) {
             if let Some(learned) = config.delay.learns() {
-                // An answer on the first poll took no measurable time: no clock read.
-                learned.record(started.map_or(Duration::ZERO, |s| s.elapsed()));
+                learned.record(started.elapsed());
             }
         }
         if !class.is_health_failure() {

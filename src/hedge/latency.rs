@@ -1,20 +1,26 @@
 //! The learned hedge delay: a percentile of the latencies of recent successful attempts.
 //!
-//! Recording a latency is two relaxed atomic operations (a slot claimed in a ring, a store into
-//! it), with no lock: it runs on every successful attempt. Every `refresh_every` samples, the
-//! thread that recorded the last one folds the ring into an [`hdrhistogram::Histogram`] (behind
-//! a mutex taken with `try_lock`, so no caller ever waits on it) and publishes the new delay and
-//! the typical (median) latency in atomics, which the hedge futures read.
+//! Recording a latency is two relaxed atomic operations (a slot claimed in a small ring, a store
+//! into it), with no lock: it runs on every successful attempt that was not answered at once.
+//! Every `batch` samples (a quarter of the window), the thread that recorded the last one folds
+//! the batch into an [`hdrhistogram::Histogram`] (behind a mutex taken with `try_lock`, so no
+//! caller ever waits on it; a batch that finds it taken is dropped, which costs a few samples),
+//! and publishes the delay and the median latency in atomics that the hedge futures read.
+//!
+//! The window rotates: samples go into a `current` histogram; when it holds a window's worth, it
+//! becomes `previous` and a fresh one starts. The percentile is read from `current` once it holds
+//! the minimum number of samples, else from `previous`: it always describes between
+//! `min_samples` and a window of the most recent samples.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, TryLockError};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-/// The largest latency the histogram tells apart: one hour, in microseconds. Longer ones are
-/// counted as one hour.
-const MAX_MICROS: u64 = 3_600_000_000;
+/// The largest latency the histogram tells apart: ten minutes, in microseconds. Longer ones are
+/// counted as ten minutes.
+const MAX_MICROS: u64 = 600_000_000;
 
 /// Two significant figures: a percentile is exact to within 1%.
 const SIGFIG: u8 = 2;
@@ -26,8 +32,8 @@ pub(super) struct Learned {
     /// The percentile, as a quantile in (0, 1].
     quantile: f64,
     min_samples: u64,
-    refresh_every: u64,
-    /// The last `window` latencies, in microseconds; slot `n % window` holds sample `n`.
+    window: u64,
+    /// The latest samples, in microseconds; slot `n % len` holds sample `n`.
     ring: Box<[AtomicU64]>,
     /// Samples recorded so far.
     recorded: AtomicU64,
@@ -35,7 +41,14 @@ pub(super) struct Learned {
     delay: AtomicU64,
     /// The median latency, in microseconds, or [`UNKNOWN`].
     typical: AtomicU64,
-    histogram: Mutex<Histogram<u64>>,
+    histograms: Mutex<Histograms>,
+}
+
+struct Histograms {
+    current: Histogram<u64>,
+    previous: Histogram<u64>,
+    /// Samples folded in so far.
+    folded: u64,
 }
 
 impl Learned {
@@ -47,15 +60,23 @@ impl Learned {
     ) -> Option<Self> {
         let histogram = Histogram::new_with_max(MAX_MICROS, SIGFIG).ok()?;
         let window = u64::from(window.max(1));
+        let min_samples = u64::from(min_samples.max(1)).min(window);
+        let batch = (window / 4).max(1);
         Some(Learned {
             quantile: percentile / 100.0,
-            min_samples: u64::from(min_samples.max(1)),
-            refresh_every: (window / 10).max(1),
-            ring: (0..window).map(|_| AtomicU64::new(0)).collect(),
+            min_samples,
+            window,
+            ring: (0..batch.max(min_samples))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             recorded: AtomicU64::new(0),
             delay: AtomicU64::new(micros(fallback)),
             typical: AtomicU64::new(UNKNOWN),
-            histogram: Mutex::new(histogram),
+            histograms: Mutex::new(Histograms {
+                previous: histogram.clone(),
+                current: histogram,
+                folded: 0,
+            }),
         })
     }
 
@@ -81,29 +102,44 @@ impl Learned {
         let len = self.ring.len() as u64;
         self.ring[(n % len) as usize].store(micros(latency), Ordering::Relaxed);
         let count = n + 1;
-        if count >= self.min_samples
-            && (count == self.min_samples || count % self.refresh_every == 0)
-        {
-            self.refresh(count.min(len));
+        let batch = (self.window / 4).max(1);
+        if count == self.min_samples || count % batch == 0 {
+            self.fold(count);
         }
     }
 
-    /// Recomputes the delay from the ring's first `filled` slots.
+    /// Folds the samples recorded since the last fold (at most a ring's worth) into the
+    /// histograms, and publishes the new delay once enough samples were seen.
     #[cold]
-    fn refresh(&self, filled: u64) {
-        // Another thread is refreshing: its result is as good as ours.
-        let Ok(mut histogram) = self.histogram.try_lock().or_else(|e| match e {
-            std::sync::TryLockError::Poisoned(p) => Ok(PoisonError::into_inner(p)),
-            std::sync::TryLockError::WouldBlock => Err(()),
-        }) else {
-            return;
+    fn fold(&self, count: u64) {
+        let mut h = match self.histograms.try_lock() {
+            Ok(h) => h,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            // Another thread is folding: this batch is skipped.
+            Err(TryLockError::WouldBlock) => return,
         };
-        histogram.reset();
-        for slot in &self.ring[..filled as usize] {
-            histogram.saturating_record(slot.load(Ordering::Relaxed));
+        let len = self.ring.len() as u64;
+        let from = h.folded.max(count.saturating_sub(len));
+        let h = &mut *h;
+        for k in from..count {
+            let v = self.ring[(k % len) as usize].load(Ordering::Relaxed);
+            h.current.saturating_record(v);
         }
-        let delay = histogram.value_at_quantile(self.quantile);
-        let typical = histogram.value_at_quantile(0.5);
+        h.folded = h.folded.max(count);
+        if h.current.len() >= self.window {
+            std::mem::swap(&mut h.current, &mut h.previous);
+            h.current.reset();
+        }
+        if count < self.min_samples {
+            return;
+        }
+        let source = if h.current.len() >= self.min_samples {
+            &h.current
+        } else {
+            &h.previous
+        };
+        let delay = source.value_at_quantile(self.quantile);
+        let typical = source.value_at_quantile(0.5);
         self.delay.store(delay, Ordering::Relaxed);
         self.typical.store(typical, Ordering::Relaxed);
     }
@@ -150,6 +186,6 @@ mod tests {
     fn huge_latencies_saturate() {
         let l = Learned::new(99.0, Duration::from_millis(1), 1, 10).unwrap();
         l.record(Duration::MAX);
-        assert!(l.delay() >= Duration::from_secs(3500));
+        assert!(l.delay() >= Duration::from_secs(590));
     }
 }

@@ -106,7 +106,7 @@ impl HedgeDelay {
 
     /// For a learned delay: how many recent successful attempts the percentile is computed
     /// from (default 1000; at least 1, at most [`MAX_WINDOW`]). The delay is recomputed every
-    /// tenth of a window. No effect on a fixed delay.
+    /// quarter of a window. No effect on a fixed delay.
     pub fn window(mut self, n: u32) -> Self {
         if let DelayRepr::Percentile { window, .. } = &mut self.repr {
             *window = n;
@@ -122,7 +122,9 @@ impl Default for HedgeDelay {
     }
 }
 
-/// The delay as the services use it.
+/// The delay as the services use it. One per layer, in its shared configuration: its size does
+/// not matter, an indirection on every read would.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Delay {
     Fixed(Duration),
     Learned(Learned),

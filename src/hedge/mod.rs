@@ -24,12 +24,14 @@
 //! # The delay
 //!
 //! [`HedgeDelay::fixed`], or [`HedgeDelay::percentile`] (the default, p95): the percentile of the
-//! latencies of the last [`window`](HedgeDelay::window) successful attempts, kept in an
-//! [`hdrhistogram`](https://docs.rs/hdrhistogram) histogram, with a fallback delay until enough
-//! were seen. With p95, about 5% of calls are slower than the delay, so hedges are at most about
-//! 5% of the load, and they are sent for exactly the calls in the tail. Recording a latency takes
-//! no lock; the percentile is recomputed every tenth of a window. Hedges that lost the race are
-//! not measured (they were cancelled), so the learned delay leans slightly low.
+//! latencies of recent successful attempts (a rotating window of up to
+//! [`window`](HedgeDelay::window) of them), kept in an [`hdrhistogram`](https://docs.rs/hdrhistogram)
+//! histogram, with a fallback delay until enough were seen. With p95, about 5% of attempts are
+//! slower than the delay, so hedges are at most about 5% of the load, and they are sent for
+//! exactly the calls in the tail. Recording a latency takes no lock; the percentile is recomputed
+//! every quarter of a window. Attempts answered on their first poll are not measured (the delay
+//! never applies to them, and the fast path reads no clock), nor are attempts that lost the race
+//! (they were cancelled), so the learned delay leans slightly low.
 //!
 //! # Which answer wins
 //!
