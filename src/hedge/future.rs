@@ -173,7 +173,10 @@ where
                     let classifier = race.classifier.take();
                     match race.judge(out, classifier, started) {
                         Verdict::Win(out) => return Poll::Ready(race.finish(out, this.first)),
-                        Verdict::Lose(pushback) => race.failed(pushback, this.timer.as_mut()),
+                        Verdict::Lose(pushback) => {
+                            let others = !race.hedges.is_empty();
+                            race.failed(pushback, others, this.timer.as_mut());
+                        }
                     }
                 }
             }
@@ -191,7 +194,11 @@ where
                         drop(done);
                         return Poll::Ready(race.finish(out, this.first));
                     }
-                    Verdict::Lose(pushback) => race.failed(pushback, this.timer.as_mut()),
+                    Verdict::Lose(pushback) => {
+                        let others =
+                            matches!(*this.first, Slot::Running { .. }) || !race.hedges.is_empty();
+                        race.failed(pushback, others, this.timer.as_mut());
+                    }
                 }
             }
             // The delay.
@@ -333,9 +340,17 @@ where
     }
 
     /// An attempt failed: the next hedge is due now, after the server's pushback, or never.
-    fn failed(&mut self, pushback: Option<Pushback>, mut timer: Pin<&mut Timer>) {
+    ///
+    /// A pushback with no other attempt in flight ends the race with this failure: waiting for
+    /// the server is the retry layer's job (it caps the pushback and knows the backoff), not a
+    /// hedge's.
+    fn failed(&mut self, pushback: Option<Pushback>, others: bool, mut timer: Pin<&mut Timer>) {
         match pushback {
             Some(Pushback::Stop) => {
+                self.stopped = true;
+                timer.set(Timer::Idle);
+            }
+            Some(Pushback::After(wait)) if !wait.is_zero() && !others => {
                 self.stopped = true;
                 timer.set(Timer::Idle);
             }

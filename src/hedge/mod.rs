@@ -40,9 +40,11 @@
 //! final answer or a conflict (a 404 is the server's answer; a hedge would get the same). A
 //! *health failure* of one attempt (rejected, or maybe committed: a 503, a reset, a 502) is not
 //! fatal, as gRPC's `nonFatalStatusCodes`: the next hedge is sent at once, without waiting for
-//! the delay (after the server's pushback, if it asked for one; none at all if it said stop),
-//! while the other attempts keep running. When every attempt failed and no hedge may be sent,
-//! the last failure is the call's result, for a retry layer outside to judge.
+//! the delay, while the other attempts keep running. A server's pushback is obeyed: "retry
+//! after" delays the next hedge while other attempts run (with none running, the failure is
+//! returned at once: waiting is the retry layer's job, with its cap on pushback), and "do not
+//! retry" stops hedging. When every attempt failed and no hedge may be sent, the last failure is
+//! the call's result, for a retry layer outside to judge.
 //!
 //! # What bounds the extra load
 //!

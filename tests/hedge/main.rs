@@ -244,11 +244,21 @@ async fn a_failure_while_a_hedge_runs_waits_for_the_hedge() {
 
 #[tokio::test(start_paused = true)]
 async fn the_servers_pushback_delays_the_next_hedge() {
-    // A 503 with `Retry-After: 1`: the next hedge waits a second, not the 50 ms delay.
+    // The first attempt is slow; its hedge, sent at 50 ms, gets a 503 with `Retry-After: 1` at
+    // 55 ms: the next hedge waits a second, not the 50 ms delay, and the first answers before.
+    let server = Server::new(&[(300, 200), (5, 503), (10, 200)]);
+    let layer = hedge().max_attempts(3).build().unwrap();
+    let (out, took) = call(layer, &server, get()).await;
+    assert_eq!(out.unwrap().status(), StatusCode::OK);
+    assert_eq!(took, ms(300));
+    assert_eq!(server.calls(), 2);
+
+    // With nothing else in flight, a pushback ends the race: waiting is the retry layer's job.
     let server = Server::new(&[(5, 503), (10, 200)]);
     let (out, took) = call(hedge().build().unwrap(), &server, get()).await;
-    assert_eq!(out.unwrap().status(), StatusCode::OK);
-    assert_eq!(took, ms(1015));
+    assert_eq!(out.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(took, ms(5));
+    assert_eq!(server.calls(), 1);
 }
 
 #[tokio::test(start_paused = true)]
