@@ -213,10 +213,14 @@ where
                     Poll::Ready(true) => {
                         // The next hedge, after the delay.
                         if race.sent < race.config.max_attempts {
-                            let at = Instant::now() + race.config.delay.current();
-                            this.timer.set(Timer::Armed {
-                                sleep: tokio::time::sleep_until(at),
-                            });
+                            // A delay beyond the clock's range never fires.
+                            if let Some(at) =
+                                Instant::now().checked_add(race.config.delay.current())
+                            {
+                                this.timer.set(Timer::Armed {
+                                    sleep: tokio::time::sleep_until(at),
+                                });
+                            }
                         }
                         // Poll the new hedge once: it may answer at once, and it must
                         // register its waker.
@@ -255,9 +259,9 @@ where
                     let fits = race
                         .deadline_left(now)
                         .is_none_or(|left| left >= delay.saturating_add(race.need()));
-                    if fits {
+                    if let (true, Some(at)) = (fits, now.checked_add(delay)) {
                         this.timer.set(Timer::Armed {
-                            sleep: tokio::time::sleep_until(now + delay),
+                            sleep: tokio::time::sleep_until(at),
                         });
                         // Register the timer's waker; a zero delay is due at once.
                         if let TimerProj::Armed { sleep } = this.timer.as_mut().project() {
@@ -355,7 +359,13 @@ where
                 timer.set(Timer::Idle);
             }
             Some(Pushback::After(wait)) if !wait.is_zero() => {
-                let at = Instant::now() + wait;
+                self.due = false;
+                let Some(at) = Instant::now().checked_add(wait) else {
+                    // A pushback beyond the clock's range: no more hedges.
+                    self.stopped = true;
+                    timer.set(Timer::Idle);
+                    return;
+                };
                 let later = match timer.as_mut().project() {
                     TimerProj::Armed { sleep } => sleep.deadline() < at,
                     TimerProj::Idle => true,
@@ -365,7 +375,6 @@ where
                         sleep: tokio::time::sleep_until(at),
                     });
                 }
-                self.due = false;
             }
             _ => self.due = true,
         }

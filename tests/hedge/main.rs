@@ -313,6 +313,20 @@ async fn dropping_the_call_drops_every_attempt_and_the_timer() {
     assert_eq!(server.calls(), 2, "no hedge after the call was dropped");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_delay_beyond_the_clocks_range_never_fires_and_does_not_panic() {
+    let server = Server::new(&[(1000, 200), (1, 200)]);
+    let layer = HedgeLayer::builder()
+        .delay(HedgeDelay::fixed(Duration::MAX))
+        .no_budget()
+        .build()
+        .unwrap();
+    let (out, took) = call(layer, &server, get()).await;
+    assert!(out.is_ok());
+    assert_eq!(took, ms(1000));
+    assert_eq!(server.calls(), 1);
+}
+
 // ---- what may be hedged -----------------------------------------------------------------------
 
 /// Every option that could make a hedge more likely.
