@@ -183,6 +183,28 @@ mod tests {
     }
 
     #[test]
+    fn many_threads_record_at_once() {
+        let l = std::sync::Arc::new(Learned::new(50.0, Duration::from_secs(1), 100, 1000).unwrap());
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    for i in 0..10_000u64 {
+                        l.record(Duration::from_micros(1000 + (i + t) % 3));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        // Every sample is between 1000 and 1002 µs; a skipped batch changes nothing.
+        let d = l.delay().as_micros();
+        assert!((1000..=1010).contains(&d), "{d}");
+        assert!(l.typical().is_some());
+    }
+
+    #[test]
     fn huge_latencies_saturate() {
         let l = Learned::new(99.0, Duration::from_millis(1), 1, 10).unwrap();
         l.record(Duration::MAX);
