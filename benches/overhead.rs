@@ -59,6 +59,15 @@
 //! which reads the clock on every call. The target: surely's overhead over `bare` at most
 //! 0.5 × failsafe's, with 0 allocations per call.
 //!
+//! The hedge family (`hedge_ready/safe`, `hedge_pending_once/safe`) compares hedge layers on
+//! the success path when the hedge does not fire, over `Safe`, a request type like `plain`
+//! whose [`Envelope`] says it is safe (so that surely's layer does hedge it): the inner future
+//! answers on its first poll (`ready`) or after one `Pending` (`pending_once`). Its cases:
+//! `bare`; `tower_hedge`, tower's `Hedge` (every request hedgeable, 95th percentile, 10 data
+//! points, 10 s period); `surely_hedge`, `HedgeLayer::new()` (learned 95th percentile, a
+//! `RatioBudget` of its own) with the bench's classifier. Target: surely's overhead over `bare`
+//! ≤ 0.5 × tower's, and 0 allocations per call.
+//!
 //! Before criterion starts, the bench prints heap allocations per call for every case (10 000
 //! calls counted by a `stats_alloc` global allocator, outside any timing), in total and over
 //! `bare` (which includes building the request). After the last case it prints a summary: the
@@ -97,6 +106,7 @@ use surely::breaker::{CircuitBreaker, CircuitBreakerLayer, SlidingWindow};
 use surely::budget::{RatioBudget, RetryBudget};
 use surely::classify::{self, Attempted, Classification, ClassifyError, HttpClassifier};
 use surely::deadline::{AttemptTimers, DeadlineLayer};
+use surely::hedge::HedgeLayer;
 use surely::idempotency::IdempotencyKeyLayer;
 use surely::record::{RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
@@ -134,6 +144,11 @@ const RETRY_FAIL_ONCE: &str = "retry_fail_once/plain";
 /// The breaker family's group and its reference.
 const BREAKER_SUCCESS: &str = "breaker_success/plain";
 const FAILSAFE: &str = "failsafe";
+/// The hedge family's groups and its reference.
+const HEDGE_READY: &str = "hedge_ready/safe";
+const HEDGE_PENDING: &str = "hedge_pending_once/safe";
+const TOWER_HEDGE: &str = "tower_hedge";
+const SURELY_HEDGE: &str = "surely_hedge";
 /// Retries allowed per call by the hand-written tower policy: surely's default attempt limit
 /// (3, the first included) less the first.
 const TOWER_RETRIES: u32 = 2;
@@ -152,6 +167,43 @@ impl Envelope for Req {}
 struct Res;
 
 impl Envelope for Res {}
+
+/// A request like `Req` that says it is safe (a read), so that a hedge layer may hedge it.
+#[allow(dead_code)]
+#[derive(Clone)]
+struct Safe(u64);
+
+impl Envelope for Safe {
+    fn semantics(&self) -> Semantics {
+        Semantics::Safe
+    }
+}
+
+fn safe_req(i: u64) -> Safe {
+    Safe(i)
+}
+
+fn safe_ready(_: Safe) -> Ready<io::Result<Res>> {
+    ready(Ok(Res))
+}
+
+fn safe_pending(_: Safe) -> PendingOnce<io::Result<Res>> {
+    PendingOnce::new(Ok(Res))
+}
+
+/// tower's hedge policy for `Safe`: every request may be hedged.
+#[derive(Clone, Copy)]
+struct TowerHedgeAll;
+
+impl tower::hedge::Policy<Safe> for TowerHedgeAll {
+    fn clone_request(&self, req: &Safe) -> Option<Safe> {
+        Some(req.clone())
+    }
+
+    fn can_retry(&self, _: &Safe) -> bool {
+        true
+    }
+}
 
 fn plain_req(i: u64) -> Req {
     Req(i)
@@ -635,6 +687,47 @@ fn breaker_group() -> [Case; 4] {
     ]
 }
 
+/// The three cases of one hedge group over `Safe`, the inner service `$svc`.
+macro_rules! hedge_group {
+    ($group:expr, $svc:expr) => {
+        [
+            Case {
+                group: $group,
+                name: BARE,
+                headers_written: 0,
+                make: || driver(service_fn($svc), safe_req),
+            },
+            Case {
+                group: $group,
+                name: TOWER_HEDGE,
+                headers_written: 0,
+                make: || {
+                    let svc = tower::hedge::Hedge::new::<Safe>(
+                        service_fn($svc),
+                        TowerHedgeAll,
+                        10,
+                        0.95,
+                        Duration::from_secs(10),
+                    );
+                    driver(svc, safe_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: SURELY_HEDGE,
+                headers_written: 0,
+                make: || {
+                    let layer = HedgeLayer::builder()
+                        .classifier(classify::from_fn(classify_plain))
+                        .build()
+                        .expect("a valid hedge layer");
+                    driver(layer.layer(service_fn($svc)), safe_req)
+                },
+            },
+        ]
+    };
+}
+
 fn cases() -> Vec<Case> {
     [
         group!(
@@ -683,6 +776,8 @@ fn cases() -> Vec<Case> {
         ratio_one_per_call()
     ))
     .chain(breaker_group())
+    .chain(hedge_group!(HEDGE_READY, safe_ready))
+    .chain(hedge_group!(HEDGE_PENDING, safe_pending))
     .collect()
 }
 
@@ -692,6 +787,8 @@ fn reference(group: &str) -> &'static str {
         TOWER_RETRY
     } else if group == BREAKER_SUCCESS {
         FAILSAFE
+    } else if group.starts_with("hedge_") {
+        TOWER_HEDGE
     } else {
         TOWER
     }
@@ -807,7 +904,7 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
     );
     println!(
         "(÷ tower: ÷ {TOWER}, ÷ {TOWER_RETRY} in the retry groups, ÷ {FAILSAFE} in \
-         {BREAKER_SUCCESS})"
+         {BREAKER_SUCCESS}, ÷ {TOWER_HEDGE} in the hedge groups)"
     );
     let at = |group: &str, name: &str| find(cases, group, name).and_then(|i| medians[i]);
     for (i, case) in cases.iter().enumerate() {
@@ -879,6 +976,22 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
              (≤ 0.50) {verdict}",
             s - b,
             fs - b,
+        );
+    }
+    println!("targets: {SURELY_HEDGE} overhead over {BARE} ÷ {TOWER_HEDGE}'s");
+    for group in [HEDGE_READY, HEDGE_PENDING] {
+        let (Some(b), Some(s), Some(tw)) = (
+            at(group, BARE),
+            at(group, SURELY_HEDGE),
+            at(group, TOWER_HEDGE),
+        ) else {
+            continue;
+        };
+        let ratio = (s - b) / (tw - b);
+        let verdict = if ratio <= 0.5 { "met" } else { "MISSED" };
+        println!(
+            "  {group:<24} overheads {ratio:.2} (≤ 0.50) {verdict:<6}  per call {:.2}",
+            s / tw
         );
     }
 }

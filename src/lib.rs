@@ -15,6 +15,7 @@
 //!   deadline::DeadlineLayer              one total budget, propagated in-process and on the wire
 //!     idempotency::IdempotencyKeyLayer   one key per logical call, the same on every attempt
 //!       retry::RetryLayer                retry what may be retried: budget, backoff, pushback
+//!         hedge::HedgeLayer              safe reads only: a copy after a delay, first answer wins
 //!         record::RecordAttemptLayer     one record per attempt: phase, class, budget left
 //!           timeout::AttemptTimeoutLayer min(per-try timeout, remaining budget)
 //!             transport                  hyper-util, tonic, any tower::Service
@@ -90,6 +91,7 @@ pub mod docs;
 mod envelope;
 mod error;
 pub mod fault;
+pub mod hedge;
 pub mod idempotency;
 pub mod pushback;
 pub mod record;

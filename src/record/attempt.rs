@@ -115,6 +115,7 @@ where
             t.started
         })
         .unwrap_or(1);
+        let hedge = crate::hedge::take_hedge_mark();
         let started = Instant::now();
         let deadline =
             Deadline::earliest(req.deadline(), ctx.deadline().map(|d| d.anchor(started)));
@@ -133,6 +134,7 @@ where
             call: ctx.call,
             key: key_of(&req),
             attempt,
+            hedge,
             started,
             deadline_left,
             deadline,
@@ -155,6 +157,7 @@ struct AttemptState<R, C> {
     call: Option<CallId>,
     key: Option<BusinessKey>,
     attempt: u32,
+    hedge: bool,
     started: Instant,
     deadline_left: Option<std::time::Duration>,
     deadline: Option<Deadline>,
@@ -180,6 +183,7 @@ impl<R: Recorder, C> AttemptState<R, C> {
             classification,
             timeout: None,
             cancelled: false,
+            hedge: self.hedge,
             request_id: None,
         };
         record(&mut rec);

@@ -153,6 +153,10 @@ pub struct AttemptRecord {
     pub timeout: Option<Elapsed>,
     /// Whether the attempt was dropped before it finished (its caller went away).
     pub cancelled: bool,
+    /// Whether the attempt was a hedge: a copy of the request sent by the
+    /// [hedge layer](crate::hedge) while an earlier attempt of the same call was still running.
+    /// A hedge that lost the race is `cancelled`.
+    pub hedge: bool,
     /// The downstream request id, from the configured response header.
     pub request_id: Option<HeaderValue>,
 }
@@ -323,6 +327,9 @@ impl fmt::Display for AttemptRecord {
         )?;
         if let Some(t) = &self.timeout {
             write!(f, " timeout=\"{t}\"")?;
+        }
+        if self.hedge {
+            f.write_str(" hedge")?;
         }
         if self.cancelled {
             f.write_str(" cancelled")?;

@@ -59,6 +59,7 @@ impl Recorder for TracingRecorder {
             surely.class = Empty,
             error.type = Empty,
             surely.request_id = Empty,
+            surely.hedge = Empty,
         );
         if attempt > 1 {
             span.record("http.request.resend_count", attempt - 1);
@@ -72,6 +73,9 @@ impl Recorder for TracingRecorder {
         span.record("surely.class", r.class().as_str());
         if let Some(id) = r.request_id.as_ref().and_then(|v| v.to_str().ok()) {
             span.record("surely.request_id", id);
+        }
+        if r.hedge {
+            span.record("surely.hedge", true);
         }
         if r.timeout.is_some() {
             span.record("error.type", "timeout");

@@ -1,0 +1,249 @@
+//! Hedging, for safe reads only: when an attempt is slow, send a copy and keep the first good
+//! answer.
+//!
+//! A few slow replies (a garbage-collection pause, a cold cache, a busy replica) make the tail
+//! of a service's latency. Waiting longer does not help them; asking again, elsewhere, does.
+//! [`HedgeLayer`] sends a copy of the request (a *hedge*) when the first attempt has not
+//! answered after a delay, keeps the first good answer, and drops (cancels) the others.
+//!
+//! # What may be hedged
+//!
+//! A hedge runs **concurrently** with the attempt it hedges: both may reach the server. So only
+//! requests whose repetition is harmless are hedged, by their [`Semantics`]:
+//!
+//! | semantics | hedged |
+//! | --- | --- |
+//! | `Safe` (GET, HEAD, OPTIONS, TRACE) | yes |
+//! | `Idempotent` (PUT, DELETE) | only with [`hedge_idempotent(true)`](HedgeLayerBuilder::hedge_idempotent) |
+//! | `Keyed`, `NonIdempotent` | **never**, whatever the configuration |
+//!
+//! A request that is not hedged passes through untouched: the layer then costs a branch. (A
+//! keyed request is not hedged because two concurrent attempts with one key make the server's
+//! idempotency layer answer the second with "key in flight": a wasted round trip.)
+//!
+//! # The delay
+//!
+//! [`HedgeDelay::fixed`], or [`HedgeDelay::percentile`] (the default, p95): the percentile of the
+//! latencies of recent successful attempts (a rotating window of up to
+//! [`window`](HedgeDelay::window) of them), kept in an [`hdrhistogram`](https://docs.rs/hdrhistogram)
+//! histogram, with a fallback delay until enough were seen. With p95, about 5% of attempts are
+//! slower than the delay, so hedges are at most about 5% of the load, and they are sent for
+//! exactly the calls in the tail. Recording a latency takes no lock; the percentile is recomputed
+//! every quarter of a window. Attempts answered on their first poll are not measured (the delay
+//! never applies to them, and the fast path reads no clock), nor are attempts that lost the race
+//! (they were cancelled), so the learned delay leans slightly low.
+//!
+//! # Which answer wins
+//!
+//! Every attempt's answer is classified by the same [classifier](crate::classify) the retry
+//! layer and the records use. The first *answer from a working server* wins: a success, and also a
+//! final answer or a conflict (a 404 is the server's answer; a hedge would get the same). A
+//! *health failure* of one attempt (rejected, or maybe committed: a 503, a reset, a 502) is not
+//! fatal, as gRPC's `nonFatalStatusCodes`: the next hedge is sent at once, without waiting for
+//! the delay, while the other attempts keep running. A server's pushback is obeyed: "retry
+//! after" delays the next hedge while other attempts run (with none running, the failure is
+//! returned at once: waiting is the retry layer's job, with its cap on pushback), and "do not
+//! retry" stops hedging. When every attempt failed and no hedge may be sent, the last failure is
+//! the call's result, for a retry layer outside to judge.
+//!
+//! # What bounds the extra load
+//!
+//! * the attempt limit (default 2 in total: one hedge);
+//! * a [retry budget](crate::budget): every hedge withdraws one unit, and no hedge is sent when
+//!   the budget refuses. Share the retry layer's budget with
+//!   [`budget`](HedgeLayerBuilder::budget) (the retry layer deposits for each call; this layer
+//!   only withdraws), or let the layer keep one of its own (the default, a
+//!   [`RatioBudget`](crate::budget::RatioBudget): it then deposits once per hedgeable call that did not answer at once);
+//! * the call's deadline: no hedge is sent that would have less than the
+//!   [minimum attempt time](HedgeLayerBuilder::min_attempt_time) left (or the learned median
+//!   latency, when larger), and the hedge timer lives in the call's future: it ends with it.
+//!
+//! # Records
+//!
+//! Inside the hedge layer, a [`RecordAttemptLayer`](crate::record::RecordAttemptLayer) numbers
+//! the attempts in the order they were sent and marks hedges
+//! ([`AttemptRecord::hedge`](crate::record::AttemptRecord::hedge)); a hedge (or the first
+//! attempt) that lost the race is recorded as `cancelled`.
+//!
+//! # Where it goes
+//!
+//! Inside the retry layer and outside the breaker, the attempt timeout and the attempt record
+//! (DESIGN §8): the retry layer sees one attempt per hedged race.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use surely::budget::{RatioBudget, RetryBudget};
+//! use surely::hedge::{HedgeDelay, HedgeLayer};
+//! use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
+//! use surely::retry::RetryLayer;
+//! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), surely::ConfigError> {
+//! // The first attempt takes a second; the others, 10 ms.
+//! let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+//! let transport = service_fn(move |_req: http::Request<()>| {
+//!     let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+//!     async move {
+//!         let ms = if n == 0 { 1000 } else { 10 };
+//!         tokio::time::sleep(Duration::from_millis(ms)).await;
+//!         Ok::<_, std::io::Error>(http::Response::new(()))
+//!     }
+//! });
+//! let budget: Arc<dyn RetryBudget> = Arc::new(RatioBudget::default());
+//! let records = InMemoryRecorder::new();
+//! let mut client = ServiceBuilder::new()
+//!     .layer(RecordCallLayer::new(records.clone()))
+//!     .layer(RetryLayer::builder().budget(budget.clone()).build()?)
+//!     .layer(
+//!         HedgeLayer::builder()
+//!             .delay(HedgeDelay::fixed(Duration::from_millis(50)))
+//!             .budget(budget)
+//!             .build()?,
+//!     )
+//!     .layer(RecordAttemptLayer::new(records.clone()))
+//!     .service(transport);
+//!
+//! let start = tokio::time::Instant::now();
+//! let get = http::Request::get("/orders/o-1").body(()).unwrap();
+//! client.ready().await.unwrap().call(get).await.unwrap();
+//! // The hedge, sent at 50 ms, answered at 60 ms.
+//! assert_eq!(start.elapsed(), Duration::from_millis(60));
+//! let attempts = records.attempts();
+//! assert!(attempts.iter().any(|a| a.attempt == 2 && a.hedge && !a.cancelled));
+//! assert!(attempts.iter().any(|a| a.attempt == 1 && !a.hedge && a.cancelled));
+//! # Ok(()) }
+//! ```
+//!
+//! # Compared with tower's `Hedge`
+//!
+//! tower's `hedge::Hedge` sends at most one hedge, learns its delay from a histogram of every
+//! attempt behind a mutex taken twice per call, counts any response as the winner (a 503
+//! too), has no budget and no deadline, and leaves it to a policy to decide which requests may be
+//! hedged. This layer reads the request's semantics itself, classifies every answer, spends the
+//! retry budget, respects the deadline, and records losers as cancelled hedges.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+
+use tower_service::Service;
+
+use crate::classify::{Classify, HttpClassifier, MakeClassifier};
+use crate::{Envelope, Error, IntoError, Semantics};
+
+pub mod future;
+mod latency;
+mod layer;
+
+use self::future::ResponseFuture;
+use self::layer::Config;
+pub use self::layer::{
+    HedgeDelay, HedgeLayer, HedgeLayerBuilder, DEFAULT_FALLBACK_DELAY, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MIN_ATTEMPT, DEFAULT_MIN_SAMPLES, DEFAULT_PERCENTILE, DEFAULT_WINDOW, MAX_WINDOW,
+};
+
+thread_local! {
+    /// Set while the hedge layer calls its inner service for a hedge, so that an attempt record
+    /// layer inside marks the attempt. Works for any request type and allocates nothing.
+    static HEDGE_MARK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the inner `call` running now is a hedge; clears the mark, so that a client nested
+/// inside the attempt does not see it.
+pub(crate) fn take_hedge_mark() -> bool {
+    HEDGE_MARK.with(|m| m.replace(false))
+}
+
+/// Runs `f` (an inner `call`) marked as a hedge.
+fn as_hedge<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let old = self.0;
+            HEDGE_MARK.with(|m| m.set(old));
+        }
+    }
+    let _restore = Restore(HEDGE_MARK.with(|m| m.replace(true)));
+    f()
+}
+
+/// The service made by [`HedgeLayer`].
+///
+/// # Readiness
+///
+/// `poll_ready` is the inner service's, for the first attempt. The inner service is cloned for
+/// each call that may be hedged; a hedge waits for the clone's readiness (the other attempts
+/// keep running meanwhile), so a concurrency limit below sees every hedge. A clone that fails
+/// its readiness sends no hedge; the call goes on with the attempts already sent.
+pub struct Hedge<S, M = HttpClassifier> {
+    inner: S,
+    config: Arc<Config<M>>,
+}
+
+impl<S, M> Hedge<S, M> {
+    fn from_config(inner: S, config: Arc<Config<M>>) -> Self {
+        Hedge { inner, config }
+    }
+
+    inner_accessors!();
+}
+
+impl<S: Clone, M> Clone for Hedge<S, M> {
+    fn clone(&self) -> Self {
+        Hedge {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S, M, Req, T> Service<Req> for Hedge<S, M>
+where
+    S: Service<Req> + Clone,
+    S::Error: IntoError<Transport = T>,
+    Req: Envelope + Clone,
+    M: MakeClassifier<Req>,
+    M::Classifier: Classify<S::Response, Error<T>>,
+{
+    type Response = S::Response;
+    type Error = Error<T>;
+    type Future = ResponseFuture<S, Req, M>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(IntoError::into_error)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let config = &*self.config;
+        let hedgeable = config.max_attempts > 1
+            && match req.semantics() {
+                Semantics::Safe => true,
+                Semantics::Idempotent => config.hedge_idempotent,
+                Semantics::Keyed | Semantics::NonIdempotent => false,
+            };
+        if !hedgeable {
+            return ResponseFuture::passthrough(self.inner.call(req));
+        }
+        let classifier = config.classifier.make_classifier(&req);
+        let template = req.clone();
+        let future = self.inner.call(req);
+        ResponseFuture::hedged(
+            future,
+            classifier,
+            template,
+            self.inner.clone(),
+            self.config.clone(),
+        )
+    }
+}
+
+impl<S: std::fmt::Debug, M> std::fmt::Debug for Hedge<S, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hedge")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
