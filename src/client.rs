@@ -10,8 +10,8 @@
 //!     key            IdempotencyKeyLayer   one key per call for POST and PATCH
 //!       replay       ReplayBodyLayer       HTTP bodies buffered up to 64 KiB (`http()` preset)
 //!         retry      RetryLayer            3 attempts, backoff, pushback, budget, owner marker
-//!           hedge    (off by default)      safe reads only
-//!             breaker  (off by default)    fail fast while the server is down
+//!           hedge    HedgeLayer            off by default; safe reads only, same budget
+//!             breaker  CircuitBreakerLayer one breaker per client: fail fast while it is down
 //!               attempt record  RecordAttemptLayer
 //!                 attempt timeout  AttemptTimeoutLayer  min(per-try, remaining)
 //!                   transport
@@ -19,8 +19,20 @@
 //!
 //! Every layer is configurable, and every optional one removable (`no_*`); each one also works
 //! on its own in a `tower::ServiceBuilder`, which is the way to build any other order. The
-//! retry layer and the records share one classifier ([`classifier`](ClientBuilder::classifier)),
-//! so they never disagree about what an attempt meant.
+//! retry layer, the hedge, the breaker and the records share one classifier
+//! ([`classifier`](ClientBuilder::classifier)), so they never disagree about what an attempt
+//! meant, and the retry layer and the hedge share one retry budget
+//! ([`budget`](ClientBuilder::budget)), so that retries and hedges together stay a small share
+//! of the traffic.
+//!
+//! **One breaker per client.** The default stack has a [`CircuitBreaker`] of its own, shared by
+//! every clone of the client. A breaker stands for one dependency: build one client per
+//! downstream service (as with Polly's and resilience4j's named instances), pass a breaker of
+//! your own with [`breaker`](ClientBuilder::breaker), or remove it with
+//! [`no_breaker`](ClientBuilder::no_breaker) for a client that talks to many hosts.
+//!
+//! **No hedging by default.** A hedge adds load to buy tail latency, and only for safe reads:
+//! turn it on with [`hedge`](ClientBuilder::hedge).
 //!
 //! ```
 //! use std::time::Duration;
@@ -51,10 +63,15 @@
 use std::fmt;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use tower_layer::{Identity, Layer};
 
+use crate::breaker::{CircuitBreaker, CircuitBreakerLayer};
+use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::HttpClassifier;
 use crate::deadline::{AttemptTimers, DeadlineLayer, DeadlineLayerBuilder, WithDeadline};
+use crate::hedge::{HedgeLayer, HedgeLayerBuilder};
 use crate::idempotency::IdempotencyKeyLayer;
 use crate::record::{RecordAttempt, RecordAttemptLayer, RecordCall, RecordCallLayer};
 use crate::retry::{NoResolver, ReplayBodyLayer, Retry, RetryLayer, RetryLayerBuilder};
@@ -104,7 +121,8 @@ pub fn grpc() -> ClientBuilder {
 /// Builds the canonical client stack; see the [module docs](self).
 ///
 /// The type parameters are the recorder `R`, the classifier `M`, the resolver `Z`, and the
-/// optional layers: key `K`, replay `P`, hedge `H`, breaker `B` (`Identity` when absent).
+/// optional layers: key `K`, replay `P`, hedge `H`, breaker `B` (`Identity` when absent; the
+/// hedge and the breaker as a [`Part`], which gets the shared classifier and budget).
 pub struct ClientBuilder<
     R = (),
     M = HttpClassifier,
@@ -112,10 +130,11 @@ pub struct ClientBuilder<
     K = IdempotencyKeyLayer,
     P = Identity,
     H = Identity,
-    B = Identity,
+    B = CircuitBreaker,
 > {
     recorder: R,
     classifier: M,
+    budget: Option<Arc<dyn RetryBudget>>,
     deadline: DeadlineLayerBuilder<AttemptTimers>,
     key: K,
     replay: P,
@@ -127,20 +146,23 @@ pub struct ClientBuilder<
 
 impl ClientBuilder {
     /// The defaults: no records (`()`), [`HttpClassifier`], a 10 s total budget written on the
-    /// wire, keys for POST and PATCH, [`RetryLayer::new`]'s retry settings, and attempts bounded
-    /// by the remaining budget only.
+    /// wire, keys for POST and PATCH, [`RetryLayer::new`]'s retry settings with a
+    /// [`RatioBudget`] shared with the hedge, no hedge, a [`CircuitBreaker::new`] of the
+    /// client's own, and attempts bounded by the remaining budget only.
     pub fn new() -> Self {
+        let budget: Arc<dyn RetryBudget> = Arc::new(RatioBudget::default());
         ClientBuilder {
             recorder: (),
             classifier: HttpClassifier::new(),
+            budget: Some(budget.clone()),
             deadline: DeadlineLayer::builder()
                 .timeout(DEFAULT_TIMEOUT)
                 .enforce_in_attempts(),
             key: IdempotencyKeyLayer::new(),
             replay: Identity::new(),
-            retry: RetryLayer::builder(),
+            retry: RetryLayer::builder().budget(budget),
             hedge: Identity::new(),
-            breaker: Identity::new(),
+            breaker: CircuitBreaker::new(),
             per_try: None,
         }
     }
@@ -182,7 +204,24 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         self
     }
 
-    /// Configures the retry layer (attempts, backoff, budget, pushback, resolver...).
+    /// The retry budget shared by the retry layer and the hedge (default: a
+    /// [`RatioBudget::default`] of the client's own). Set it here rather than in
+    /// [`retry`](Self::retry), so that hedges spend from it too.
+    pub fn budget(mut self, budget: Arc<dyn RetryBudget>) -> Self {
+        self.retry = self.retry.budget(budget.clone());
+        self.budget = Some(budget);
+        self
+    }
+
+    /// No retry budget: only the attempt limits bound retries and hedges. For tests; in
+    /// production an outage then multiplies the load.
+    pub fn no_budget(mut self) -> Self {
+        self.retry = self.retry.no_budget();
+        self.budget = None;
+        self
+    }
+
+    /// Configures the retry layer (attempts, backoff, pushback, resolver...).
     pub fn retry<Z2>(
         self,
         f: impl FnOnce(RetryLayerBuilder<M, Z>) -> RetryLayerBuilder<M, Z2>,
@@ -190,6 +229,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
+            budget: self.budget,
             deadline: self.deadline,
             key: self.key,
             replay: self.replay,
@@ -213,6 +253,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         ClientBuilder {
             recorder,
             classifier: self.classifier,
+            budget: self.budget,
             deadline: self.deadline,
             key: self.key,
             replay: self.replay,
@@ -223,12 +264,14 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         }
     }
 
-    /// The classifier shared by the retry layer and the records (default [`HttpClassifier`]).
+    /// The classifier shared by the retry layer, the hedge, the breaker and the records
+    /// (default [`HttpClassifier`]).
     pub fn classifier<M2: Clone>(self, classifier: M2) -> ClientBuilder<R, M2, Z, K, P, H, B> {
         ClientBuilder {
             recorder: self.recorder,
             retry: self.retry.classifier(classifier.clone()),
             classifier,
+            budget: self.budget,
             deadline: self.deadline,
             key: self.key,
             replay: self.replay,
@@ -243,6 +286,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
+            budget: self.budget,
             deadline: self.deadline,
             key,
             replay: self.replay,
@@ -265,6 +309,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
+            budget: self.budget,
             deadline: self.deadline,
             key: self.key,
             replay,
@@ -280,11 +325,20 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         self.replay_bodies(Identity::new())
     }
 
-    /// A hedging layer between the retry layer and the breaker (none by default).
-    pub fn hedge<H2>(self, hedge: H2) -> ClientBuilder<R, M, Z, K, P, H2, B> {
+    /// Hedges safe reads (none by default), configured by `hedge`; the client sets its
+    /// classifier and its budget (the retry layer's, only withdrawn from).
+    pub fn hedge<M0>(
+        self,
+        hedge: HedgeLayerBuilder<M0>,
+    ) -> ClientBuilder<R, M, Z, K, P, HedgeLayerBuilder<M0>, B> {
+        self.hedge_part(hedge)
+    }
+
+    fn hedge_part<H2>(self, hedge: H2) -> ClientBuilder<R, M, Z, K, P, H2, B> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
+            budget: self.budget,
             deadline: self.deadline,
             key: self.key,
             replay: self.replay,
@@ -297,15 +351,25 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
 
     /// No hedging.
     pub fn no_hedge(self) -> ClientBuilder<R, M, Z, K, P, Identity, B> {
-        self.hedge(Identity::new())
+        self.hedge_part(Identity::new())
     }
 
-    /// A circuit breaker inside the retry layer (none by default), so that its fast rejections
-    /// are retried after the time it advertises when the deadline allows.
-    pub fn breaker<B2>(self, breaker: B2) -> ClientBuilder<R, M, Z, K, P, H, B2> {
+    /// The circuit breaker inside the retry layer (default: a [`CircuitBreaker::new`] of the
+    /// client's own), so that its fast rejections are retried after the time it advertises,
+    /// when the deadline allows. Share one breaker between clients of the same dependency by
+    /// passing clones of it.
+    pub fn breaker(
+        self,
+        breaker: CircuitBreaker,
+    ) -> ClientBuilder<R, M, Z, K, P, H, CircuitBreaker> {
+        self.breaker_part(breaker)
+    }
+
+    fn breaker_part<B2>(self, breaker: B2) -> ClientBuilder<R, M, Z, K, P, H, B2> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
+            budget: self.budget,
             deadline: self.deadline,
             key: self.key,
             replay: self.replay,
@@ -318,7 +382,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
 
     /// No circuit breaker.
     pub fn no_breaker(self) -> ClientBuilder<R, M, Z, K, P, H, Identity> {
-        self.breaker(Identity::new())
+        self.breaker_part(Identity::new())
     }
 
     /// Validates every setting and makes the stack's layer, to apply to many transports.
@@ -327,11 +391,19 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
     where
         R: Clone,
         M: Clone,
+        H: Part<M>,
+        B: Part<M>,
     {
         let timeout = match self.per_try {
             Some(per_try) => AttemptTimeoutLayer::new(per_try)?,
             None => AttemptTimeoutLayer::deadline_only(),
         };
+        let hedge = self
+            .hedge
+            .into_part(self.classifier.clone(), self.budget.clone())?;
+        let breaker = self
+            .breaker
+            .into_part(self.classifier.clone(), self.budget)?;
         Ok(ClientLayer {
             record_attempt: RecordAttemptLayer::new(self.recorder.clone())
                 .with_classifier(self.classifier.clone()),
@@ -339,9 +411,9 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
             deadline: self.deadline.build()?,
             key: self.key,
             replay: self.replay,
+            hedge,
+            breaker,
             retry: self.retry.build()?,
-            hedge: self.hedge,
-            breaker: self.breaker,
             timeout,
         })
     }
@@ -355,6 +427,8 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
     where
         M: Clone,
         R: Clone,
+        H: Part<M>,
+        B: Part<M>,
         ClientLayer<R, M, Z, K, P, H, B>: Layer<S>,
     {
         Ok(self.into_layer()?.layer(transport))
@@ -371,30 +445,88 @@ impl<R, M, Z, K, P, H, B> fmt::Debug for ClientBuilder<R, M, Z, K, P, H, B> {
     }
 }
 
+/// A part of the stack that takes the client's classifier and budget: the hedge and the
+/// breaker slots of a [`ClientBuilder`] (`Identity` when absent).
+pub trait Part<M> {
+    /// The layer it becomes.
+    type Layer;
+
+    /// Makes the layer, with the client's classifier and retry budget.
+    fn into_part(
+        self,
+        classifier: M,
+        budget: Option<Arc<dyn RetryBudget>>,
+    ) -> Result<Self::Layer, ConfigError>;
+}
+
+impl<M> Part<M> for Identity {
+    type Layer = Identity;
+
+    fn into_part(self, _: M, _: Option<Arc<dyn RetryBudget>>) -> Result<Identity, ConfigError> {
+        Ok(self)
+    }
+}
+
+impl<M> Part<M> for CircuitBreaker {
+    type Layer = CircuitBreakerLayer<M>;
+
+    fn into_part(
+        self,
+        classifier: M,
+        _: Option<Arc<dyn RetryBudget>>,
+    ) -> Result<CircuitBreakerLayer<M>, ConfigError> {
+        Ok(CircuitBreakerLayer::new(self).classifier(classifier))
+    }
+}
+
+impl<M, M0> Part<M> for HedgeLayerBuilder<M0> {
+    type Layer = HedgeLayer<M>;
+
+    fn into_part(
+        self,
+        classifier: M,
+        budget: Option<Arc<dyn RetryBudget>>,
+    ) -> Result<HedgeLayer<M>, ConfigError> {
+        let hedge = self.classifier(classifier);
+        match budget {
+            Some(budget) => hedge.budget(budget),
+            None => hedge.no_budget(),
+        }
+        .build()
+    }
+}
+
 /// The canonical client stack as one layer, made by [`ClientBuilder::into_layer`].
 #[derive(Clone)]
-pub struct ClientLayer<R, M, Z, K, P, H, B> {
+pub struct ClientLayer<R, M, Z, K, P, H: Part<M>, B: Part<M>> {
     record_call: RecordCallLayer<R, M>,
     record_attempt: RecordAttemptLayer<R, M>,
     deadline: DeadlineLayer<AttemptTimers>,
     key: K,
     replay: P,
     retry: RetryLayer<M, Z>,
-    hedge: H,
-    breaker: B,
+    hedge: H::Layer,
+    breaker: B::Layer,
     timeout: AttemptTimeoutLayer,
 }
 
 /// The services from the transport up to the breaker.
 type Attempts<S, R, M> = RecordAttempt<AttemptTimeout<S>, R, M>;
 
+/// The services from the transport up to the hedge.
+type LayeredHedge<S, R, M, H, B> = <<H as Part<M>>::Layer as Layer<
+    <<B as Part<M>>::Layer as Layer<Attempts<S, R, M>>>::Service,
+>>::Service;
+
 impl<S, R, M, Z, K, P, H, B> Layer<S> for ClientLayer<R, M, Z, K, P, H, B>
 where
     R: Clone,
     M: Clone,
-    B: Layer<Attempts<S, R, M>>,
-    H: Layer<B::Service>,
-    P: Layer<Retry<H::Service, M, Z>>,
+    H: Part<M>,
+    B: Part<M>,
+    B::Layer: Layer<Attempts<S, R, M>>,
+    H::Layer: Layer<<B::Layer as Layer<Attempts<S, R, M>>>::Service>,
+    P: Layer<Retry<LayeredHedge<S, R, M, H, B>, M, Z>>,
     K: Layer<P::Service>,
 {
     type Service = RecordCall<WithDeadline<K::Service, AttemptTimers>, R, M>;
@@ -409,7 +541,7 @@ where
     }
 }
 
-impl<R, M, Z, K, P, H, B> fmt::Debug for ClientLayer<R, M, Z, K, P, H, B> {
+impl<R, M, Z, K, P, H: Part<M>, B: Part<M>> fmt::Debug for ClientLayer<R, M, Z, K, P, H, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientLayer")
             .field("deadline", &self.deadline)

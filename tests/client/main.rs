@@ -198,3 +198,97 @@ async fn any_tower_service_can_be_the_transport() {
     let res = client.ready().await.unwrap().call(req).await.unwrap();
     assert_eq!(res.body(), "ok");
 }
+
+/// A transport that answers 503 (no pushback) until `healthy` is set, counting its calls.
+fn flaky(
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+    healthy: Arc<std::sync::atomic::AtomicBool>,
+) -> impl Service<
+    Request<String>,
+    Response = Response<String>,
+    Error = std::io::Error,
+    Future = impl Send,
+> + Clone {
+    use std::sync::atomic::Ordering;
+    service_fn(move |_req: Request<String>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        let ok = healthy.load(Ordering::SeqCst);
+        async move {
+            let mut res = Response::new(String::new());
+            if !ok {
+                *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            }
+            Ok::<_, std::io::Error>(res)
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_default_breaker_opens_and_its_rejections_spend_nothing_downstream() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let healthy = Arc::new(AtomicBool::new(false));
+    let breaker = surely::breaker::CircuitBreaker::builder()
+        .min_throughput(5)
+        .build()
+        .unwrap();
+    let mut client = surely::client()
+        .no_retry()
+        .breaker(breaker.clone())
+        .build(flaky(calls.clone(), healthy.clone()))
+        .unwrap();
+    for _ in 0..5 {
+        let req = Request::get("/stock").body(String::new()).unwrap();
+        let res = client.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(breaker.state(), surely::breaker::BreakerState::Open);
+    // Open: refused at once, not sent.
+    let req = Request::get("/stock").body(String::new()).unwrap();
+    let err = client.ready().await.unwrap().call(req).await.unwrap_err();
+    assert!(err.is_circuit_open());
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    // After the break, a probe finds the server back and closes the breaker.
+    healthy.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let req = Request::get("/stock").body(String::new()).unwrap();
+    let res = client.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(breaker.state(), surely::breaker::BreakerState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_in_the_builder_gets_the_shared_classifier_and_budget() {
+    use surely::hedge::{HedgeDelay, HedgeLayer};
+    let recorder = InMemoryRecorder::new();
+    let slow_first = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let transport = service_fn(move |_req: Request<String>| {
+        let n = slow_first.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Ok::<_, std::io::Error>(Response::new(format!("answer {n}")))
+        }
+    });
+    let mut client = surely::client()
+        .hedge(HedgeLayer::builder().delay(HedgeDelay::fixed(Duration::from_millis(50))))
+        .recorder(recorder.clone())
+        .build(transport)
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let req = Request::get("/orders/o-1").body(String::new()).unwrap();
+    let res = client.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(res.body(), "answer 1");
+    assert_eq!(start.elapsed(), Duration::from_millis(50));
+    let attempts = recorder.attempts();
+    assert_eq!(attempts.len(), 2);
+    assert!(attempts.iter().any(|a| a.cancelled && !a.hedge));
+    assert!(attempts.iter().any(|a| a.hedge && !a.cancelled));
+    // A POST is never hedged, whatever the builder says.
+    let req = Request::post("/orders").body(String::from("o-2")).unwrap();
+    let start = tokio::time::Instant::now();
+    client.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(recorder.attempts().len(), 3);
+}
