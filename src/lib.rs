@@ -88,6 +88,7 @@ pub mod delivery;
 mod envelope;
 mod error;
 pub mod fault;
+pub mod grpc;
 pub mod idempotency;
 pub mod pushback;
 pub mod record;
