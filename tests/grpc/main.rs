@@ -23,10 +23,11 @@ use surely::classify::{AttemptClass, DeliveryPhase, Outcome};
 use surely::deadline::codec::parse_grpc_timeout_header;
 use surely::deadline::{ServerDeadlineLayer, GRPC_TIMEOUT};
 use surely::grpc::MethodSemanticsLayer;
+use surely::idempotency::IdempotencyKeyLayer;
 use surely::record::{InMemoryRecorder, StopReason};
 use surely::retry::backoff::Backoff;
 use surely::retry::GRPC_PREVIOUS_RPC_ATTEMPTS;
-use surely::Semantics;
+use surely::{Semantics, IDEMPOTENCY_KEY};
 use tokio::net::TcpListener;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::server::TcpIncoming;
@@ -322,6 +323,8 @@ async fn unavailable_is_retried_with_grpc_previous_rpc_attempts_and_succeeds() {
     // The records match what the server saw.
     let attempts = recorder.attempts();
     assert_eq!(attempts.len(), 2);
+    let numbers: Vec<u32> = attempts.iter().map(|a| a.attempt).collect();
+    assert_eq!(numbers, [1, 2], "attempt n carries n - 1 previous attempts");
     assert_eq!(attempts[0].class(), AttemptClass::Rejected);
     assert_eq!(attempts[1].class(), AttemptClass::Success);
     let calls = recorder.calls();
@@ -694,4 +697,38 @@ fn malformed_method_and_service_names_are_refused() {
         assert!(err.setting().starts_with("gRPC"), "{err}");
         assert!(err.to_string().contains("must be"), "{err}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_keys_opted_in_a_maybe_committed_call_is_retried_with_the_same_key() {
+    let shop = Shop::new([Step::CommitThen(Code::Internal), Step::Ok]);
+    let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
+    let recorder = InMemoryRecorder::new();
+    let stack = surely::client::grpc()
+        .idempotency_keys(IdempotencyKeyLayer::new())
+        .retry(|r| r.backoff(Backoff::none()))
+        .recorder(recorder.clone())
+        .build_channel(channel(base).await)
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(stack);
+
+    let reply = unary(&mut grpc, order(), CREATE).await.unwrap();
+    assert_eq!(reply, "created o-1");
+    let seen = shop.seen();
+    assert_eq!(seen.len(), 2);
+    let keys: Vec<_> = seen
+        .iter()
+        .map(|s| s.headers[IDEMPOTENCY_KEY].clone())
+        .collect();
+    assert_eq!(keys[0], keys[1], "one key per call, as gRPC metadata");
+    // This plain tonic server ignores the key, so it did the work twice: keys are for servers
+    // that honour them, which is why the preset adds none of its own.
+    assert_eq!(shop.commits(), 2);
+    let call = &recorder.calls()[0];
+    assert_eq!(call.semantics, Semantics::Keyed);
+    assert_eq!(call.attempts, 2);
+    assert_eq!(
+        call.key.as_ref().unwrap().as_str(),
+        keys[0].to_str().unwrap()
+    );
 }
