@@ -23,6 +23,25 @@
 //! server layer in front of the tonic service, for example); a plain gRPC server ignores the
 //! header, which is why the [`grpc()`](crate::client::grpc) preset adds no keys of its own.
 //!
+//! # Statuses: in the head, or in the trailers
+//!
+//! A gRPC server that fails a call before sending any message answers *trailers-only*:
+//! `grpc-status` in the response headers (tonic does so for every error of a unary method). The
+//! retry layer and the records classify that status ([`GrpcCode`](crate::classify::GrpcCode)):
+//! `UNAVAILABLE` there is retried, `INVALID_ARGUMENT` is final. A status sent in the trailers,
+//! after the response headers and some messages (a server stream that fails midway), comes after
+//! the retry layer has handed the response to the caller, so it is never retried; the records
+//! too classify at the head today, and count such a call as a success.
+//!
+//! # What a tonic caller sees
+//!
+//! tonic turns the stack's errors into a `tonic::Status`. A transport error keeps tonic's own
+//! mapping (a refused connection is `UNAVAILABLE`); the stack's own errors (a spent deadline, an
+//! attempt timeout) are unknown to tonic and arrive as `UNKNOWN`, with the
+//! [`Error`](crate::Error) as the status's `source()`: downcast it to
+//! `surely::Error<tonic::transport::Error>` to ask, say,
+//! [`is_deadline_exceeded`](crate::Error::is_deadline_exceeded).
+//!
 //! ```
 //! use surely::grpc::MethodSemanticsLayer;
 //! use surely::Semantics;

@@ -732,3 +732,32 @@ async fn with_keys_opted_in_a_maybe_committed_call_is_retried_with_the_same_key(
         keys[0].to_str().unwrap()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_stacks_own_errors_reach_a_tonic_caller_as_the_status_source() {
+    let shop = Shop::new([]);
+    let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
+    let recorder = InMemoryRecorder::new();
+    let stack = surely::client::grpc()
+        .recorder(recorder.clone())
+        .build_channel(channel(base).await)
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(stack);
+
+    // A call whose inherited budget is already spent is refused before anything is sent.
+    let spent = surely::deadline::Deadline::after(Duration::ZERO);
+    let status = surely::deadline::scope(spent, unary(&mut grpc, order(), CREATE))
+        .await
+        .unwrap_err();
+    assert!(shop.seen().is_empty());
+    // tonic knows nothing of surely's errors: the code is `UNKNOWN`, and the error itself is the
+    // status's source.
+    assert_eq!(status.code(), Code::Unknown);
+    let err = std::error::Error::source(&status)
+        .and_then(|e| e.downcast_ref::<surely::Error<tonic::transport::Error>>())
+        .expect("surely's error is the source");
+    assert!(err.is_deadline_exceeded());
+    let call = &recorder.calls()[0];
+    assert_eq!(call.outcome, Outcome::Failed);
+    assert_eq!(call.stop, StopReason::Deadline);
+}
