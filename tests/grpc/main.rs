@@ -761,3 +761,41 @@ async fn the_stacks_own_errors_reach_a_tonic_caller_as_the_status_source() {
     assert_eq!(call.outcome, Outcome::Failed);
     assert_eq!(call.stop, StopReason::Deadline);
 }
+
+/// The stack is what tonic's generated clients need in practice: `Clone` (one per task),
+/// `Send + Sync + 'static`, and a call future that is `Send`, so that it runs under
+/// `tokio::spawn` or inside a tonic handler.
+#[tokio::test(start_paused = true)]
+async fn the_stack_is_clone_and_its_calls_are_send() {
+    fn assert_clone_send_sync<T: Clone + Send + Sync + 'static>(_: &T) {}
+    fn assert_send<F: Future + Send>(f: F) -> F {
+        f
+    }
+
+    let shop = Shop::new([]);
+    let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
+    let marks = MethodSemanticsLayer::builder()
+        .method(SET_QUANTITY, Semantics::Idempotent)
+        .build()
+        .unwrap();
+    let stack = marks.layer(
+        surely::client::grpc()
+            .recorder(InMemoryRecorder::new())
+            .build_channel(channel(base).await)
+            .unwrap(),
+    );
+    assert_clone_send_sync(&stack);
+    let grpc = tonic::client::Grpc::new(stack);
+    let calls: Vec<_> = (0..2)
+        .map(|_| {
+            let mut grpc = grpc.clone();
+            tokio::spawn(assert_send(async move {
+                unary(&mut grpc, order(), SET_QUANTITY).await
+            }))
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().unwrap(), "created o-1");
+    }
+    assert_eq!(shop.seen().len(), 2);
+}
