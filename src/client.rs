@@ -8,7 +8,7 @@
 //! call record        RecordCallLayer       one record per logical call
 //!   deadline         DeadlineLayer         total budget (default 10 s), propagated on the wire
 //!     key            IdempotencyKeyLayer   one key per call for POST and PATCH
-//!       replay       ReplayBodyLayer       HTTP bodies buffered up to 64 KiB (`http()` preset)
+//!       replay       ReplayBodyLayer       bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
 //!         retry      RetryLayer            3 attempts, backoff, pushback, budget, owner marker
 //!           hedge    HedgeLayer            off by default; safe reads only, same budget
 //!             breaker  CircuitBreakerLayer one breaker per client: fail fast while it is down
@@ -109,13 +109,57 @@ pub fn http() -> ClientBuilder<(), HttpClassifier, NoResolver, IdempotencyKeyLay
     ClientBuilder::new().replay_bodies(ReplayBodyLayer::new())
 }
 
-/// The preset for gRPC: the defaults. The [`HttpClassifier`] reads `grpc-status` (in the headers
-/// of a trailers-only response, or at the end of the stream for the records), the deadline is
-/// written as `grpc-timeout`, and retries carry `grpc-previous-rpc-attempts`. gRPC methods are
-/// POSTs, so set their [`Semantics`](crate::Semantics) per request (an extension) for the
-/// retry layer to treat reads as safe.
-pub fn grpc() -> ClientBuilder {
+/// The preset for gRPC, such as a tonic `Channel`: the defaults, with request bodies buffered
+/// (tonic's body is not `Clone`) and **no idempotency keys**.
+///
+/// * The [`HttpClassifier`] reads `grpc-status` from the headers of a trailers-only response
+///   (how a server answers an error before any message: tonic's unary errors), so a
+///   trailers-only `UNAVAILABLE` is retried and `INVALID_ARGUMENT` is final. A status that
+///   arrives in trailers after the response headers is not seen by the retry layer, which
+///   decides at the head: by then the response has started and the call is not retried.
+/// * The deadline is written as `grpc-timeout` (a tonic server honours it), and every attempt
+///   carries `grpc-previous-rpc-attempts`.
+/// * gRPC methods are all POSTs, and a gRPC server ignores the `Idempotency-Key` header unless
+///   it runs a layer that honours it, so the preset adds no keys: a gRPC call is
+///   [`NonIdempotent`](crate::Semantics::NonIdempotent) unless marked, and an attempt that may
+///   have committed is not retried. Mark reads and idempotent methods with a
+///   [`MethodSemanticsLayer`](crate::grpc::MethodSemanticsLayer) around the stack, or a
+///   [`Semantics`](crate::Semantics) extension per request (see [`crate::grpc`]); add keys with
+///   [`idempotency_keys`](ClientBuilder::idempotency_keys) for a server that honours them.
+///
+/// With the `tonic` feature, [`build_channel`](ClientBuilder::build_channel) wraps a tonic
+/// `Channel`, and the result is what tonic's generated clients take
+/// (`tonic::client::Grpc::new`, or a generated `FooClient::new`):
+///
+/// ```
+/// # #[cfg(feature = "tonic")] {
+/// use std::time::Duration;
+/// use surely::grpc::MethodSemanticsLayer;
+/// use surely::Semantics;
+/// use tonic::transport::Endpoint;
+/// use tower::Layer;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let channel = Endpoint::from_static("http://127.0.0.1:50051").connect_lazy();
+/// let stack = surely::client::grpc()
+///     .timeout(Duration::from_secs(2))
+///     .per_try_timeout(Duration::from_millis(500))
+///     .build_channel(channel)
+///     .unwrap();
+/// // Reads may be retried after a lost reply; everything else only when provably not processed.
+/// let marks = MethodSemanticsLayer::builder()
+///     .method("/shop.Orders/GetOrder", Semantics::Safe)
+///     .build()
+///     .unwrap();
+/// let grpc = tonic::client::Grpc::new(marks.layer(stack));
+/// # let _ = grpc;
+/// # }
+/// # main() }
+/// ```
+pub fn grpc() -> ClientBuilder<(), HttpClassifier, NoResolver, Identity, ReplayBodyLayer> {
     ClientBuilder::new()
+        .no_idempotency_keys()
+        .replay_bodies(ReplayBodyLayer::new())
 }
 
 /// Builds the canonical client stack; see the [module docs](self).
@@ -416,6 +460,29 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
             retry: self.retry.build()?,
             timeout,
         })
+    }
+
+    /// Validates every setting and wraps a tonic `Channel` (or any service over
+    /// `http::Request<tonic::body::Body>`) in the stack, through a
+    /// [`GrpcTransport`](crate::grpc::GrpcTransport) that hands tonic its own body type back.
+    /// See [`grpc()`] for an example.
+    #[cfg(feature = "tonic")]
+    #[allow(clippy::type_complexity)]
+    pub fn build_channel<S>(
+        self,
+        channel: S,
+    ) -> Result<
+        <ClientLayer<R, M, Z, K, P, H, B> as Layer<crate::grpc::GrpcTransport<S>>>::Service,
+        ConfigError,
+    >
+    where
+        M: Clone,
+        R: Clone,
+        H: Part<M>,
+        B: Part<M>,
+        ClientLayer<R, M, Z, K, P, H, B>: Layer<crate::grpc::GrpcTransport<S>>,
+    {
+        self.build(crate::grpc::GrpcTransport::new(channel))
     }
 
     /// Validates every setting and wraps `transport` in the stack.

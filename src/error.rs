@@ -247,8 +247,8 @@ impl<E: ClassifyError> ClassifyError for Error<E> {
 ///
 /// Implemented for `std::io::Error`, [`BoxError`] (tower's usual error, kept as a
 /// [`BoxedError`] so that the resulting `Error` is itself a `std::error::Error`),
-/// `std::convert::Infallible`, `http::Error`, and with the `hyper` feature `hyper::Error` and
-/// hyper-util's client error. For your own error type, implement it in three lines:
+/// `std::convert::Infallible`, `http::Error`, with the `hyper` feature `hyper::Error` and
+/// hyper-util's client error, and with the `tonic` feature `tonic::transport::Error`. For your own error type, implement it in three lines:
 ///
 /// ```
 /// use surely::{Error, IntoError};
@@ -304,6 +304,8 @@ transport_errors!(
     hyper::Error,
     #[cfg(feature = "hyper")]
     hyper_util::client::legacy::Error,
+    #[cfg(feature = "tonic")]
+    tonic::transport::Error,
 );
 
 /// A layer's configuration was rejected: a zero or out-of-range duration, a reserve larger than

@@ -91,6 +91,7 @@ pub mod docs;
 mod envelope;
 mod error;
 pub mod fault;
+pub mod grpc;
 pub mod hedge;
 pub mod idempotency;
 pub mod pushback;

@@ -14,8 +14,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 ///
 /// Implemented for the crate's [`Error`](crate::Error), `std::io::Error` (by kind), [`BoxError`]
 /// (it looks for a known error along the `source()` chain), `std::convert::Infallible`,
-/// `http::Error` (the request could not be built: final, not sent), and with the `hyper` feature
-/// `hyper::Error` and hyper-util's client error.
+/// `http::Error` (the request could not be built: final, not sent), with the `hyper` feature
+/// `hyper::Error` and hyper-util's client error, and with the `tonic` feature
+/// `tonic::transport::Error` (a failed connection is "not sent").
 ///
 /// `std::io::Error` kinds:
 ///
@@ -124,6 +125,15 @@ fn classify_known(
             DeliveryPhase::NotSent,
         ));
     }
+    #[cfg(feature = "tonic")]
+    {
+        if e.is::<tonic::ConnectError>() {
+            return Some(Classification::failure_at(DeliveryPhase::NotSent));
+        }
+        if let Some(e) = e.downcast_ref::<tonic::transport::Error>() {
+            return Some(e.classify_error(phase));
+        }
+    }
     #[cfg(feature = "hyper")]
     {
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
@@ -157,6 +167,8 @@ fn classify_surely_error(
         hyper::Error,
         #[cfg(feature = "hyper")]
         hyper_util::client::legacy::Error,
+        #[cfg(feature = "tonic")]
+        tonic::transport::Error,
     );
     None
 }
@@ -168,6 +180,20 @@ impl ClassifyError for hyper_util::client::legacy::Error {
         if self.is_connect() {
             return Classification::failure_at(DeliveryPhase::NotSent);
         }
+        match std::error::Error::source(self) {
+            Some(source) => classify_dyn(source, phase),
+            None => Classification::failure_at(phase),
+        }
+    }
+}
+
+/// tonic's transport error (a `Channel`'s): classified by what it wraps. A failed connection
+/// (tonic's `ConnectError`, anywhere along the `source()` chain) is evidence that nothing was
+/// sent, whatever the cause (refused, unreachable, timed out while connecting); an error of hyper
+/// or of I/O inside is classified as such; anything else by phase.
+#[cfg(feature = "tonic")]
+impl ClassifyError for tonic::transport::Error {
+    fn classify_error(&self, phase: DeliveryPhase) -> Classification {
         match std::error::Error::source(self) {
             Some(source) => classify_dyn(source, phase),
             None => Classification::failure_at(phase),

@@ -1,0 +1,329 @@
+//! gRPC: which methods may be sent twice, and (with the `tonic` feature) a tonic `Channel` as
+//! the transport of [`client::grpc()`](crate::client::grpc).
+//!
+//! # Every gRPC method is a POST
+//!
+//! On the wire every gRPC call is an HTTP/2 `POST`, so by default the crate treats each one as
+//! [`Semantics::NonIdempotent`]: an attempt that was provably not processed (a refused
+//! connection, `UNAVAILABLE` in a trailers-only response, `RESOURCE_EXHAUSTED`) is retried, and
+//! one that may have committed (`INTERNAL`, `UNKNOWN`, `DEADLINE_EXCEEDED`, a reset stream) ends
+//! the call with an *unknown* outcome. Only the service's author knows that `GetOrder` is a read
+//! and `SetQuantity` is idempotent; say so, and those methods are retried after a lost reply
+//! too:
+//!
+//! * for every call of a method, with a [`MethodSemanticsLayer`] outside the client stack, which
+//!   maps full method paths (`/shop.Orders/GetOrder`) or whole services (`shop.Catalog`) to their
+//!   [`Semantics`];
+//! * for one call, with a [`Semantics`] extension on the request: tonic copies a
+//!   `tonic::Request`'s extensions into the HTTP request, so
+//!   `request.extensions_mut().insert(Semantics::Idempotent)` is enough. An extension already on
+//!   the request wins over the layer.
+//!
+//! `Semantics::Keyed` needs a server that honours the `Idempotency-Key` header (this crate's
+//! server layer in front of the tonic service, for example); a plain gRPC server ignores the
+//! header, which is why the [`grpc()`](crate::client::grpc) preset adds no keys of its own.
+//!
+//! # Statuses: in the head, or in the trailers
+//!
+//! A gRPC server that fails a call before sending any message answers *trailers-only*:
+//! `grpc-status` in the response headers (tonic does so for every error of a unary method). The
+//! retry layer and the records classify that status ([`GrpcCode`](crate::classify::GrpcCode)):
+//! `UNAVAILABLE` there is retried, `INVALID_ARGUMENT` is final. A status sent in the trailers,
+//! after the response headers and some messages (a server stream that fails midway), comes after
+//! the retry layer has handed the response to the caller, so it is never retried; the records
+//! too classify at the head today, and count such a call as a success.
+//!
+//! # What a tonic caller sees
+//!
+//! tonic turns the stack's errors into a `tonic::Status`. A transport error keeps tonic's own
+//! mapping (a refused connection is `UNAVAILABLE`); the stack's own errors (a spent deadline, an
+//! attempt timeout) are unknown to tonic and arrive as `UNKNOWN`, with the
+//! [`Error`](crate::Error) as the status's `source()`: downcast it to
+//! `surely::Error<tonic::transport::Error>` to ask, say,
+//! [`is_deadline_exceeded`](crate::Error::is_deadline_exceeded).
+//!
+//! ```
+//! use surely::grpc::MethodSemanticsLayer;
+//! use surely::Semantics;
+//! use tower::{service_fn, Layer, Service, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let marks = MethodSemanticsLayer::builder()
+//!     .method("/shop.Orders/GetOrder", Semantics::Safe)
+//!     .method("/shop.Orders/SetQuantity", Semantics::Idempotent)
+//!     .service("shop.Catalog", Semantics::Safe)
+//!     .build()
+//!     .unwrap();
+//! let mut svc = marks.layer(service_fn(|req: http::Request<()>| async move {
+//!     Ok::<_, std::convert::Infallible>(req.extensions().get::<Semantics>().copied())
+//! }));
+//!
+//! let get = http::Request::post("http://orders/shop.Orders/GetOrder").body(()).unwrap();
+//! assert_eq!(svc.ready().await.unwrap().call(get).await.unwrap(), Some(Semantics::Safe));
+//! let create = http::Request::post("http://orders/shop.Orders/CreateOrder").body(()).unwrap();
+//! assert_eq!(svc.ready().await.unwrap().call(create).await.unwrap(), None);
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::Request;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::{ConfigError, Semantics};
+
+/// Marks gRPC requests with the [`Semantics`] of their method, by path; see the
+/// [module docs](self).
+///
+/// A request that already carries a [`Semantics`] extension keeps it. A method listed by its
+/// full path wins over its service's entry. Requests of methods not listed pass unchanged (and
+/// are then [`NonIdempotent`](Semantics::NonIdempotent), as POSTs).
+///
+/// Place it outside the client stack (outside the retry layer, which reads the mark).
+#[derive(Clone, Debug)]
+pub struct MethodSemanticsLayer {
+    table: Arc<Table>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    /// Full method paths, `/package.Service/Method`.
+    methods: HashMap<String, Semantics>,
+    /// Fully qualified service names, `package.Service`.
+    services: HashMap<String, Semantics>,
+}
+
+impl Table {
+    fn lookup(&self, path: &str) -> Option<Semantics> {
+        if let Some(s) = self.methods.get(path) {
+            return Some(*s);
+        }
+        if self.services.is_empty() {
+            return None;
+        }
+        let service = path.strip_prefix('/')?.split_once('/')?.0;
+        self.services.get(service).copied()
+    }
+}
+
+impl MethodSemanticsLayer {
+    /// A builder with no entries.
+    pub fn builder() -> MethodSemanticsLayerBuilder {
+        MethodSemanticsLayerBuilder {
+            table: Table::default(),
+            error: None,
+        }
+    }
+
+    /// The semantics this layer gives a request for `path` (`/package.Service/Method`), if any.
+    ///
+    /// ```
+    /// use surely::grpc::MethodSemanticsLayer;
+    /// use surely::Semantics;
+    ///
+    /// let marks = MethodSemanticsLayer::builder()
+    ///     .service("shop.Catalog", Semantics::Safe)
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(marks.semantics_of("/shop.Catalog/List"), Some(Semantics::Safe));
+    /// assert_eq!(marks.semantics_of("/shop.Orders/Create"), None);
+    /// ```
+    pub fn semantics_of(&self, path: &str) -> Option<Semantics> {
+        self.table.lookup(path)
+    }
+}
+
+/// Builds a [`MethodSemanticsLayer`]; [`build`](Self::build) checks the names.
+pub struct MethodSemanticsLayerBuilder {
+    table: Table,
+    error: Option<ConfigError>,
+}
+
+impl MethodSemanticsLayerBuilder {
+    /// Gives the method at `path` (`/package.Service/Method`, as on the wire) these semantics.
+    pub fn method(mut self, path: impl Into<String>, semantics: Semantics) -> Self {
+        let path = path.into();
+        let valid = path
+            .strip_prefix('/')
+            .and_then(|rest| rest.split_once('/'))
+            .is_some_and(|(service, method)| valid_name(service) && valid_name(method));
+        if !valid {
+            self.error.get_or_insert(ConfigError::new(
+                "gRPC method path",
+                "must be `/package.Service/Method`, with a non-empty service and method",
+            ));
+        }
+        self.table.methods.insert(path, semantics);
+        self
+    }
+
+    /// Gives every method of the service `name` (`package.Service`, without slashes) these
+    /// semantics.
+    pub fn service(mut self, name: impl Into<String>, semantics: Semantics) -> Self {
+        let name = name.into();
+        if !valid_name(&name) {
+            self.error.get_or_insert(ConfigError::new(
+                "gRPC service name",
+                "must be a non-empty `package.Service`, without slashes",
+            ));
+        }
+        self.table.services.insert(name, semantics);
+        self
+    }
+
+    /// The layer, or the first malformed name.
+    ///
+    /// ```
+    /// use surely::grpc::MethodSemanticsLayer;
+    /// use surely::Semantics;
+    ///
+    /// let err = MethodSemanticsLayer::builder()
+    ///     .method("GetOrder", Semantics::Safe)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.setting(), "gRPC method path");
+    /// ```
+    pub fn build(self) -> Result<MethodSemanticsLayer, ConfigError> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(MethodSemanticsLayer {
+                table: Arc::new(self.table),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for MethodSemanticsLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MethodSemanticsLayerBuilder")
+            .field("methods", &self.table.methods.len())
+            .field("services", &self.table.services.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains('/') && name.bytes().all(|b| b.is_ascii_graphic())
+}
+
+impl<S> Layer<S> for MethodSemanticsLayer {
+    type Service = MethodSemantics<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        MethodSemantics {
+            inner,
+            table: self.table.clone(),
+        }
+    }
+}
+
+/// The service made by [`MethodSemanticsLayer`].
+///
+/// # Readiness
+///
+/// `poll_ready` is the inner service's.
+#[derive(Clone)]
+pub struct MethodSemantics<S> {
+    inner: S,
+    table: Arc<Table>,
+}
+
+impl<S> MethodSemantics<S> {
+    inner_accessors!();
+}
+
+impl<S: fmt::Debug> fmt::Debug for MethodSemantics<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MethodSemantics")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B> Service<Request<B>> for MethodSemantics<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> S::Future {
+        if req.extensions().get::<Semantics>().is_none() {
+            if let Some(s) = self.table.lookup(req.uri().path()) {
+                req.extensions_mut().insert(s);
+            }
+        }
+        self.inner.call(req)
+    }
+}
+
+#[cfg(feature = "tonic")]
+pub use self::transport::GrpcTransport;
+
+#[cfg(feature = "tonic")]
+mod transport {
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http::Request;
+    use tower_service::Service;
+
+    use crate::classify::BoxError;
+
+    /// A tonic transport (a `tonic::transport::Channel`, or any service over
+    /// `http::Request<tonic::body::Body>`) that takes requests with any body, such as the
+    /// [`ReplayBody`](crate::retry::ReplayBody) of the [`grpc()`](crate::client::grpc) preset.
+    ///
+    /// tonic's request body is not `Clone`, so a retried request must be buffered
+    /// ([`ReplayBodyLayer`](crate::retry::ReplayBodyLayer), in the preset) and turned back into
+    /// tonic's body for the channel: that is all this adapter does, with no other copy. Errors
+    /// are the transport's own (`tonic::transport::Error` for a `Channel`, which the crate
+    /// classifies: a failed connection is "not sent").
+    /// [`ClientBuilder::build_channel`](crate::client::ClientBuilder::build_channel) wraps a
+    /// channel in it for you.
+    ///
+    /// # Readiness
+    ///
+    /// `poll_ready` is the inner service's.
+    #[derive(Clone, Debug)]
+    pub struct GrpcTransport<S> {
+        inner: S,
+    }
+
+    impl<S> GrpcTransport<S> {
+        /// Wraps a tonic transport.
+        pub fn new(inner: S) -> Self {
+            GrpcTransport { inner }
+        }
+
+        inner_accessors!();
+    }
+
+    impl<S, B> Service<Request<B>> for GrpcTransport<S>
+    where
+        S: Service<Request<tonic::body::Body>>,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        type Response = S::Response;
+        type Error = S::Error;
+        type Future = S::Future;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+            self.inner.poll_ready(cx)
+        }
+
+        fn call(&mut self, req: Request<B>) -> S::Future {
+            self.inner.call(req.map(tonic::body::Body::new))
+        }
+    }
+}
