@@ -259,7 +259,7 @@ thread_local! {
 /// allocate.
 fn fail_once_answer() -> io::Result<Res> {
     let n = INNER_CALLS.with(|c| c.replace(c.get() + 1));
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         Err(io::ErrorKind::ConnectionRefused.into())
     } else {
         Ok(Res)
@@ -856,7 +856,7 @@ fn median(samples: &[f64]) -> f64 {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mid = sorted.len() / 2;
-    if sorted.len() % 2 == 0 {
+    if sorted.len().is_multiple_of(2) {
         (sorted[mid - 1] + sorted[mid]) / 2.0
     } else {
         sorted[mid]

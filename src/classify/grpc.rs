@@ -11,11 +11,17 @@ const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// | `OK` (0) | success |
 /// | `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `PERMISSION_DENIED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`, `UNAUTHENTICATED` | final |
 /// | `ABORTED` | conflict |
-/// | `RESOURCE_EXHAUSTED`; `UNAVAILABLE` in a trailers-only response | rejected, not processed |
-/// | `CANCELLED`, `UNKNOWN`, `DEADLINE_EXCEEDED`, `INTERNAL`, `DATA_LOSS`; `UNAVAILABLE` after the response headers | maybe committed |
+/// | `RESOURCE_EXHAUSTED`; `UNAVAILABLE` in a trailers-only response with `grpc-retry-pushback-ms` | rejected, not processed |
+/// | `CANCELLED`, `UNKNOWN`, `DEADLINE_EXCEEDED`, `INTERNAL`, `DATA_LOSS`; any other `UNAVAILABLE` | maybe committed |
 ///
-/// `UNAVAILABLE` in a trailers-only response means the server answered before starting the
-/// call's response; after the response headers it may have done the work.
+/// Any status with the crate's [`NOT_PROCESSED`](super::NOT_PROCESSED) marker is rejected.
+///
+/// `UNAVAILABLE` is "not processed" only when the server says so, as HTTP's 503 is only with
+/// `Retry-After`: servers such as tonic send every unary error trailers-only, including an
+/// `UNAVAILABLE` returned by a handler that had already done its work, and gRPC's status
+/// documentation warns that retrying `UNAVAILABLE` is not always safe for non-idempotent
+/// operations. (DESIGN §1 listed trailers-only `UNAVAILABLE` as rejected; a keyless gRPC
+/// write would then be sent twice.)
 ///
 /// ```
 /// use surely::classify::{AttemptClass, GrpcCode};
@@ -59,10 +65,11 @@ impl GrpcCode {
         self.0
     }
 
-    /// The code's class in a trailers-only response, sent before any response headers.
-    pub fn class_trailers_only(self) -> AttemptClass {
+    /// The code's class in a trailers-only response, sent before any response headers, whose
+    /// server may (`pushback`) or may not have asked for a retry with `grpc-retry-pushback-ms`.
+    pub fn class_trailers_only(self, pushback: bool) -> AttemptClass {
         match self {
-            GrpcCode::UNAVAILABLE => AttemptClass::Rejected,
+            GrpcCode::UNAVAILABLE if pushback => AttemptClass::Rejected,
             other => other.class_after_headers(),
         }
     }
@@ -118,7 +125,7 @@ fn classify_status_headers(headers: &HeaderMap, trailers_only: bool) -> Option<C
     let class = if code != GrpcCode::OK && headers.contains_key(super::NOT_PROCESSED) {
         AttemptClass::Rejected
     } else if trailers_only {
-        code.class_trailers_only()
+        code.class_trailers_only(headers.contains_key(crate::pushback::GRPC_RETRY_PUSHBACK_MS))
     } else {
         code.class_after_headers()
     };

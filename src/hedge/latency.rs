@@ -103,7 +103,7 @@ impl Learned {
         self.ring[(n % len) as usize].store(micros(latency), Ordering::Relaxed);
         let count = n + 1;
         let batch = (self.window / 4).max(1);
-        if count == self.min_samples || count % batch == 0 {
+        if count == self.min_samples || count.is_multiple_of(batch) {
             self.fold(count);
         }
     }
