@@ -20,7 +20,7 @@ use crate::classify::{
     Pushback,
 };
 use crate::context::Context;
-use crate::deadline::Deadline;
+use crate::deadline::{codec, Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::record::{BusinessKey, CallTally, ResolutionRecord, StopReason};
 use crate::{Envelope, Error, IntoError, Semantics};
 
@@ -202,6 +202,7 @@ where
                     let previous = *this.attempts;
                     *this.attempts += 1;
                     write_attempts(&mut req, previous, this.config.attempt_header.as_ref());
+                    refresh_deadline(&mut req);
                     *this.classifier = Some(this.config.classifier.make_classifier(&req));
                     if this.config.learned.is_some() {
                         *this.started = Some(Instant::now());
@@ -279,6 +280,50 @@ fn decide<M, Z, Req: Envelope>(
         }
     }
     Next::Retry(wait)
+}
+
+/// Lowers the budget a retry carries on the wire to what is left of the call's deadline: the
+/// copy of the first request still carries the budget written when the call started. The
+/// `grpc-timeout` of a gRPC request and the [`DEFAULT_HEADER`] are rewritten when present (a
+/// budget under a different header name is left as written), with the deadline layer's default
+/// reserve of a millisecond for transit; a value is only ever lowered.
+fn refresh_deadline<Req: Envelope>(req: &mut Req) {
+    let grpc = req.is_grpc();
+    let own = req.deadline();
+    let current = Context::current().deadline();
+    if own.is_none() && current.is_none() {
+        return;
+    }
+    let Some(headers) = req.headers_mut() else {
+        return;
+    };
+    let name = if grpc { GRPC_TIMEOUT } else { DEFAULT_HEADER };
+    let Some(value) = headers.get(&name) else {
+        return;
+    };
+    let written = if grpc {
+        codec::parse_grpc_timeout_header(value)
+    } else {
+        codec::parse_millis_header(value)
+    };
+    let Ok(written) = written else {
+        return;
+    };
+    let now = Instant::now();
+    let Some(deadline) = Deadline::earliest(own, current.map(|d| d.anchor(now))) else {
+        return;
+    };
+    let left = deadline
+        .remaining_at(now)
+        .saturating_sub(Duration::from_millis(1));
+    if left < written {
+        let value = if grpc {
+            codec::encode_grpc_timeout(left)
+        } else {
+            codec::encode_millis(left)
+        };
+        headers.insert(name, value);
+    }
 }
 
 /// Tells the call's record what the resolver said, when a record layer is outside.

@@ -1079,3 +1079,27 @@ async fn retries_share_the_fault_schedule_across_clones() {
     assert_eq!(counter.load(Ordering::SeqCst), 3);
     assert_eq!(probe.calls(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_carries_the_budget_that_is_left_not_the_one_the_call_started_with() {
+    let log = Log::new();
+    let probe = Probe::new();
+    let recorder = InMemoryRecorder::new();
+    // A 3 s call whose first attempt hangs for its whole 1 s per-try timeout.
+    let mut svc = canonical(
+        retry(),
+        log.policy(Fault::Delay(secs(5))),
+        Some(secs(3)),
+        &probe,
+        &recorder,
+    );
+    let _ = timed(&mut svc, request(Kind::Get)).await;
+    let budgets: Vec<u64> = log
+        .header(&surely::deadline::DEFAULT_HEADER)
+        .into_iter()
+        .map(|v| v.unwrap().to_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(budgets.len(), 3);
+    // 3 s less the 1 ms reserve; then what each retry had left.
+    assert_eq!(budgets, vec![2999, 1999, 999]);
+}
