@@ -122,6 +122,8 @@ use tower_service::Service;
 
 pub mod error;
 mod key;
+pub mod server;
+pub mod store;
 
 pub use self::key::IdempotencyKey;
 
