@@ -62,6 +62,10 @@ mod postgres;
 pub use self::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use self::postgres::PostgresStore;
+/// The PostgreSQL pool and driver that [`PostgresStore`] is built on, re-exported so that a
+/// handler uses the same versions.
+#[cfg(feature = "postgres")]
+pub use {deadpool_postgres, tokio_postgres};
 
 /// The address of one idempotency record: the tenant, the operation, and the caller's key.
 ///
