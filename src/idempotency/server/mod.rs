@@ -78,24 +78,29 @@
 //! use http_body_util::{BodyExt, Full};
 //! use surely::idempotency::server::{IdempotencyLayer, Ticket, IDEMPOTENT_REPLAYED};
 //! use surely::idempotency::store::MemoryStore;
-//! use tower::{service_fn, Layer, Service, ServiceExt};
+//! use tower::{service_fn, Layer, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let layer = IdempotencyLayer::builder(MemoryStore::new())
 //!     .require_key_for([http::Method::POST])
 //!     .build()
 //!     .unwrap();
-//! let mut svc = layer.layer(service_fn(|req: http::Request<Full<Bytes>>| async move {
+//! let svc = layer.layer(service_fn(|req: http::Request<Full<Bytes>>| async move {
 //!     let fence = req.extensions().get::<Ticket>().map(|t| t.fence().get());
 //!     assert_eq!(fence, Some(1));
 //!     let res = http::Response::builder().status(201).body(Full::new(Bytes::from("o-1")));
 //!     Ok::<_, std::convert::Infallible>(res.unwrap())
 //! }));
 //!
-//! let post = || http::Request::post("/orders").header("idempotency-key", "k-1").body(Full::new(Bytes::from("o-1"))).unwrap();
-//! let first = svc.ready().await.unwrap().call(post()).await.unwrap();
+//! let post = || {
+//!     http::Request::post("/orders")
+//!         .header("idempotency-key", "k-1")
+//!         .body(Full::new(Bytes::from("o-1")))
+//!         .unwrap()
+//! };
+//! let first = svc.clone().oneshot(post()).await.unwrap();
 //! assert_eq!(first.status(), 201);
-//! let again = svc.ready().await.unwrap().call(post()).await.unwrap();
+//! let again = svc.clone().oneshot(post()).await.unwrap();
 //! assert_eq!(again.status(), 201);
 //! assert_eq!(again.headers()[IDEMPOTENT_REPLAYED], "true");
 //! assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), "o-1");

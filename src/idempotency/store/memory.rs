@@ -78,10 +78,10 @@ impl MemoryStore {
         Self::with_shards(SHARDS)
     }
 
-    /// An empty store with `shards` shards, rounded up to a power of two (at least 1). More
-    /// shards mean less contention between threads and a little more memory.
+    /// An empty store with `shards` shards, rounded up to a power of two, from 1 to 65 536.
+    /// More shards mean less contention between threads and a little more memory.
     pub fn with_shards(shards: usize) -> Self {
-        let n = shards.max(1).next_power_of_two();
+        let n = shards.clamp(1, 1 << 16).next_power_of_two();
         MemoryStore {
             shared: Arc::new(Shared {
                 hasher: RandomState::new(),
