@@ -5,6 +5,10 @@
 //! * `memory/acquire_complete`: a new key each time (its `RecordKey` built inside the timed
 //!   loop, as the layer builds it per request), `acquire` (the key is new: owner, fence 1), then
 //!   `complete` with a small stored response. One iteration is one acquire + complete pair.
+//!   The store keeps every record, so it grows to millions of records during the run, and
+//!   the figure includes the map's growth and its cache misses.
+//! * `memory_bounded/acquire_complete`: the same, with a fresh store every 65 536 keys, as for a
+//!   store whose sweeper keeps it small (the old stores are dropped after the timing).
 //! * `memory/replay`: `acquire` of a completed key: the replay lookup of a duplicate.
 //! * `postgres/acquire_complete`, `postgres/replay`: the same on PostgreSQL over loopback, when
 //!   `SURELY_TEST_POSTGRES_URL` is set (a fresh table, dropped at the end).
@@ -208,9 +212,55 @@ fn main() {
     let memory = MemoryStore::new();
     bench_store(&mut c, &rt, "memory", &memory, 100_000);
     println!("memory store: {} records after the bench", memory.len());
+    drop(memory);
+    bench_bounded(&mut c, &rt);
 
     postgres(&mut c, &rt);
     c.final_summary();
+}
+
+/// Acquire + complete on stores that never hold more than 65 536 records.
+fn bench_bounded(c: &mut Criterion, rt: &Runtime) {
+    const BOUND: u64 = 1 << 16;
+    let digest = RequestDigest::of(b"{\"item\":\"book\",\"qty\":1}");
+    let res = response();
+    let mut group = c.benchmark_group("memory_bounded");
+    group.bench_function("acquire_complete", |b| {
+        b.iter_custom(|iters| {
+            let mut stores = vec![MemoryStore::new()];
+            let elapsed = rt.block_on(async {
+                let start = Instant::now();
+                for i in 0..iters {
+                    if i % BOUND == BOUND - 1 {
+                        stores.push(MemoryStore::new());
+                    }
+                    let store = stores.last().expect("a store");
+                    acquire_complete(store, i, &digest, &res).await;
+                }
+                start.elapsed()
+            });
+            drop(stores);
+            elapsed
+        })
+    });
+    group.finish();
+    let mut stores = vec![MemoryStore::new()];
+    let (ops, p50, p99) = rt.block_on(async {
+        let n = 200_000u64;
+        let mut samples = Vec::with_capacity(n as usize);
+        let start = Instant::now();
+        for i in 0..n {
+            if i % BOUND == BOUND - 1 {
+                stores.push(MemoryStore::new());
+            }
+            let store = stores.last().expect("a store");
+            let t = Instant::now();
+            acquire_complete(store, i, &digest, &res).await;
+            samples.push(t.elapsed());
+        }
+        percentiles(samples, start.elapsed())
+    });
+    report("memory_bounded/acquire_complete", (ops, p50, p99));
 }
 
 #[cfg(feature = "postgres")]

@@ -1,9 +1,9 @@
 //! The in-memory store.
 
-use std::collections::hash_map::{Entry, HashMap, RandomState};
+use std::collections::hash_map::{Entry, HashMap};
 use std::fmt;
 use std::future::{ready, Future};
-use std::hash::BuildHasher;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -46,8 +46,31 @@ pub struct MemoryStore {
 }
 
 struct Shared {
-    hasher: RandomState,
-    shards: Box<[Mutex<HashMap<RecordKey, Record>>]>,
+    shards: Box<[Mutex<Shard>]>,
+}
+
+/// A shard: record keys carry their hash, so the map's hasher passes it through.
+type Shard = HashMap<RecordKey, Record, BuildHasherDefault<PassThrough>>;
+
+/// Takes the `u64` that [`RecordKey`]'s `Hash` writes as the hash.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by RecordKey; a plain FNV-1a so that any other input still hashes.
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 struct Record {
@@ -84,8 +107,7 @@ impl MemoryStore {
         let n = shards.clamp(1, 1 << 16).next_power_of_two();
         MemoryStore {
             shared: Arc::new(Shared {
-                hasher: RandomState::new(),
-                shards: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
+                shards: (0..n).map(|_| Mutex::new(Shard::default())).collect(),
             }),
         }
     }
@@ -100,8 +122,10 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard(&self, key: &RecordKey) -> MutexGuard<'_, HashMap<RecordKey, Record>> {
-        let h = self.shared.hasher.hash_one(key) as usize;
+    fn shard(&self, key: &RecordKey) -> MutexGuard<'_, Shard> {
+        // The map indexes its buckets by the low bits and tags them with the top seven: the
+        // shard takes bits from the middle, so that neither is constant within a shard.
+        let h = (key.hash_value() >> 32) as usize;
         let shards = &self.shared.shards;
         lock(&shards[h & (shards.len() - 1)])
     }

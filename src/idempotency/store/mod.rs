@@ -72,6 +72,8 @@ pub use {deadpool_postgres, tokio_postgres};
 /// Two tenants that send the same key never meet: their records are different records. The same
 /// key on two operations (`POST /orders` and `POST /refunds`) are different records too.
 ///
+/// Clones share one allocation; the hash is computed once, when the key is made.
+///
 /// ```
 /// use surely::idempotency::store::RecordKey;
 /// use surely::idempotency::IdempotencyKey;
@@ -81,11 +83,23 @@ pub use {deadpool_postgres, tokio_postgres};
 /// let b = RecordKey::new("tenant-b", "POST /orders", key);
 /// assert_ne!(a, b);
 /// ```
-#[derive(Clone, PartialEq, Eq)]
-pub struct RecordKey {
+#[derive(Clone)]
+pub struct RecordKey(Arc<KeyInner>);
+
+struct KeyInner {
+    /// Computed once, with a per-process random key (no hash flooding): the memory store hashes
+    /// a record key once per request, not once per lookup.
+    hash: u64,
     tenant: Box<str>,
     operation: Box<str>,
     key: IdempotencyKey,
+}
+
+/// The per-process hash key of record keys.
+fn hash_key() -> &'static std::collections::hash_map::RandomState {
+    static STATE: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    STATE.get_or_init(std::collections::hash_map::RandomState::new)
 }
 
 impl RecordKey {
@@ -95,43 +109,62 @@ impl RecordKey {
         operation: impl Into<Box<str>>,
         key: IdempotencyKey,
     ) -> Self {
-        RecordKey {
-            tenant: tenant.into(),
-            operation: operation.into(),
+        use std::hash::BuildHasher;
+        let (tenant, operation) = (tenant.into(), operation.into());
+        let hash = hash_key().hash_one((&*tenant, &*operation, key.as_bytes()));
+        RecordKey(Arc::new(KeyInner {
+            hash,
+            tenant,
+            operation,
             key,
-        }
+        }))
     }
 
     /// The tenant.
     pub fn tenant(&self) -> &str {
-        &self.tenant
+        &self.0.tenant
     }
 
     /// The operation, such as `POST /orders`.
     pub fn operation(&self) -> &str {
-        &self.operation
+        &self.0.operation
     }
 
     /// The caller's key.
     pub fn key(&self) -> &IdempotencyKey {
-        &self.key
+        &self.0.key
+    }
+
+    /// The key's hash, computed once (per-process random key).
+    pub(crate) fn hash_value(&self) -> u64 {
+        self.0.hash
     }
 }
 
+impl PartialEq for RecordKey {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+            || (self.0.hash == other.0.hash
+                && self.0.tenant == other.0.tenant
+                && self.0.operation == other.0.operation
+                && self.0.key == other.0.key)
+    }
+}
+
+impl Eq for RecordKey {}
+
 impl Hash for RecordKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.tenant.hash(state);
-        self.operation.hash(state);
-        self.key.hash(state);
+        state.write_u64(self.0.hash);
     }
 }
 
 impl fmt::Debug for RecordKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RecordKey")
-            .field("tenant", &self.tenant)
-            .field("operation", &self.operation)
-            .field("key", &self.key.as_str())
+            .field("tenant", &self.0.tenant)
+            .field("operation", &self.0.operation)
+            .field("key", &self.0.key.as_str())
             .finish()
     }
 }
