@@ -302,7 +302,7 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let digest = RequestDigest::of(b"o");
-    let short = Duration::from_millis(300);
+    let short = Duration::from_secs(1);
     let done = StoredResponse::new(StatusCode::OK, &http::HeaderMap::new(), "ok".into());
     let processing = record("k-processing");
     let completed = record("k-completed");
@@ -320,9 +320,9 @@ where
     };
     store.release(&released, f).await.unwrap();
 
-    // Nothing is past retention (or, for the released one, 200 ms after its release) yet.
-    assert_eq!(store.sweep(Duration::from_millis(200)).await.unwrap(), 0);
-    wait(Duration::from_millis(400)).await;
+    // Nothing is past retention (or, for the released one, 800 ms after its release) yet.
+    assert_eq!(store.sweep(Duration::from_millis(800)).await.unwrap(), 0);
+    wait(Duration::from_millis(1100)).await;
     // The processing record's lease passed too; still it stays.
     assert_eq!(store.sweep(Duration::ZERO).await.unwrap(), 2);
     assert_eq!(store.sweep(Duration::ZERO).await.unwrap(), 0);

@@ -2,8 +2,8 @@
 //! the local server). Without the variable, each test says it is skipped, and passes. Every test
 //! has its own tables (unique names, dropped at the end), so runs may overlap and repeat.
 //!
-//! Leases and retention here are short and real (the store uses the database's clock): a few
-//! hundred milliseconds, bounded.
+//! Leases and retention here are short and real (the store uses the database's clock): at most
+//! a second, and every wait is bounded.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -116,7 +116,7 @@ async fn pg_lease_expiry_takeover_and_stale_completion_refused() {
     let s = &db.store;
     let key = record("k-lease");
     let digest = RequestDigest::of(b"o");
-    let lease = Duration::from_millis(300);
+    let lease = Duration::from_secs(1);
     assert!(matches!(
         s.acquire(&key, &digest, lease).await.unwrap(),
         Acquire::Owner(f) if f == Fence::new(1)
@@ -132,7 +132,7 @@ async fn pg_lease_expiry_takeover_and_stale_completion_refused() {
             .unwrap(),
         Acquire::Mismatch
     ));
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(matches!(
         s.acquire(&key, &digest, lease).await.unwrap(),
         Acquire::Owner(f) if f == Fence::new(2)
@@ -229,7 +229,7 @@ async fn pg_crash_after_commit_with_in_transaction_completion_makes_one_order() 
         }
     });
     let layer = IdempotencyLayer::builder(db.store.clone())
-        .lease(Duration::from_millis(500))
+        .lease(Duration::from_secs(1))
         .build()
         .unwrap();
 
@@ -260,7 +260,7 @@ async fn pg_crash_after_commit_with_in_transaction_completion_makes_one_order() 
     assert_eq!(db.order_rows().await, 1);
     let retry = send(&mut b, post(Some("k-before"), "o")).await;
     assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let retry = send(&mut b, post(Some("k-before"), "o")).await;
     assert_eq!(retry.status, 201);
     assert!(!retry.replayed());
