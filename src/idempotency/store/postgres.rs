@@ -23,8 +23,10 @@ use crate::ConfigError;
 ///
 /// Every state transition is one statement: `acquire` is an
 /// `INSERT ... ON CONFLICT DO UPDATE ... WHERE` (insert the record, or take over a released one
-/// or one whose lease passed, raising the fence) — when it changes nothing, a plain `SELECT`
-/// then reports what is there, which changes nothing either; `complete` and `release` are
+/// or one whose lease passed, raising the fence), which in the same statement and round trip
+/// also reads the record, for the answer when the upsert changed nothing (in flight, completed,
+/// another digest, expired); only when the record was committed by another request after the
+/// statement's snapshot does a plain `SELECT` follow; `complete` and `release` are
 /// `UPDATE ... WHERE fence = $n AND state = processing`; `sweep` is one `DELETE` that spares
 /// `PROCESSING` rows.
 ///
@@ -87,6 +89,11 @@ impl Sql {
     fn new(table: &str) -> Self {
         let t = table;
         let pk = "tenant = $1 AND operation = $2 AND key = $3";
+        let pk_t = "tenant = $1 AND t.operation = $2 AND t.key = $3";
+        let columns = "t.digest, t.state,
+                       GREATEST(EXTRACT(EPOCH FROM (t.lease_until - now())), 0)::float8,
+                       COALESCE(t.expires_at <= now(), false),
+                       t.status, t.header_names, t.header_values, t.body";
         Sql {
             table: t.to_owned(),
             create: format!(
@@ -107,24 +114,25 @@ impl Sql {
                 );
                 CREATE INDEX IF NOT EXISTS {t}_expires_at ON {t} (expires_at) WHERE state <> {PROCESSING};"
             ),
+            // One round trip: the upsert, and beside it the record as the statement's snapshot
+            // saw it (for the answer when the upsert changed nothing).
             acquire: format!(
-                "INSERT INTO {t} AS r (tenant, operation, key, digest, state, fence, lease_until)
-                 VALUES ($1, $2, $3, $4, {PROCESSING}, 1, now() + make_interval(secs => $5))
-                 ON CONFLICT (tenant, operation, key) DO UPDATE
-                 SET state = {PROCESSING}, fence = r.fence + 1, digest = EXCLUDED.digest,
-                     lease_until = EXCLUDED.lease_until, expires_at = NULL, status = NULL,
-                     header_names = NULL, header_values = NULL, body = NULL
-                 WHERE r.state = {RELEASED}
-                    OR (r.state = {PROCESSING} AND r.lease_until <= now() AND r.digest = EXCLUDED.digest)
-                 RETURNING r.fence"
+                "WITH acquired AS (
+                     INSERT INTO {t} AS r (tenant, operation, key, digest, state, fence, lease_until)
+                     VALUES ($1, $2, $3, $4, {PROCESSING}, 1, now() + make_interval(secs => $5))
+                     ON CONFLICT (tenant, operation, key) DO UPDATE
+                     SET state = {PROCESSING}, fence = r.fence + 1, digest = EXCLUDED.digest,
+                         lease_until = EXCLUDED.lease_until, expires_at = NULL, status = NULL,
+                         header_names = NULL, header_values = NULL, body = NULL
+                     WHERE r.state = {RELEASED}
+                        OR (r.state = {PROCESSING} AND r.lease_until <= now()
+                            AND r.digest = EXCLUDED.digest)
+                     RETURNING r.fence
+                 )
+                 SELECT (SELECT fence FROM acquired), {columns}
+                 FROM (SELECT 1) AS one LEFT JOIN {t} AS t ON t.{pk_t}"
             ),
-            read: format!(
-                "SELECT digest, state,
-                        GREATEST(EXTRACT(EPOCH FROM (lease_until - now())), 0)::float8,
-                        COALESCE(expires_at <= now(), false),
-                        status, header_names, header_values, body
-                 FROM {t} WHERE {pk}"
-            ),
+            read: format!("SELECT NULL::bigint, {columns} FROM {t} AS t WHERE t.{pk_t}"),
             complete: format!(
                 "UPDATE {t} SET state = {COMPLETED}, lease_until = NULL, status = $5,
                      header_names = $6, header_values = $7, body = $8,
@@ -299,29 +307,39 @@ impl PostgresStore {
         let (tenant, operation, k) = (key.tenant(), key.operation(), key.key().as_str());
         let digest: &[u8] = digest.as_bytes();
         let lease = secs(lease);
-        // A record released or swept between the two statements sends us round again.
-        for _ in 0..3 {
-            let owned = client
-                .query_opt(&acquire, &[&tenant, &operation, &k, &digest, &lease])
-                .await
-                .map_err(StoreError::backend)?;
-            if let Some(row) = owned {
-                let fence: i64 = row.try_get(0).map_err(StoreError::backend)?;
-                return Ok(Acquire::Owner(Fence::new(fence as u64)));
+        // A record released, swept, or committed by another request after this statement's
+        // snapshot sends us round again (with the plain read, then the upsert).
+        let params: [&(dyn ToSql + Sync); 5] = [&tenant, &operation, &k, &digest, &lease];
+        let mut upsert = true;
+        for _ in 0..4 {
+            let row = if upsert {
+                client.query_opt(&acquire, &params).await
+            } else {
+                client.query_opt(&read, &params[..3]).await
             }
-            let Some(row) = client
-                .query_opt(&read, &[&tenant, &operation, &k])
-                .await
-                .map_err(StoreError::backend)?
-            else {
+            .map_err(StoreError::backend)?;
+            // The plain read found nothing: the record is gone, acquire again.
+            let Some(row) = row else {
+                upsert = true;
                 continue;
             };
-            if let Some(found) = classify(&row, digest)? {
-                return Ok(found);
+            let fence: Option<i64> = row.try_get(0).map_err(StoreError::backend)?;
+            if let Some(fence) = fence {
+                return Ok(Acquire::Owner(Fence::new(fence as u64)));
+            }
+            let seen: Option<&[u8]> = row.try_get(1).map_err(StoreError::backend)?;
+            if seen.is_none() {
+                // Not in the upsert's snapshot: read it as it is now.
+                upsert = false;
+                continue;
+            }
+            match classify(&row, digest)? {
+                Some(found) => return Ok(found),
+                None => upsert = true,
             }
         }
         Err(StoreError::backend(
-            "idempotency record changed under three acquire attempts in a row",
+            "idempotency record changed under four acquire attempts in a row",
         ))
     }
 }
@@ -329,10 +347,10 @@ impl PostgresStore {
 /// What a read of a record not taken says; `None` when it is free again (released meanwhile).
 fn classify(row: &Row, digest: &[u8]) -> Result<Option<Acquire>, StoreError> {
     let e = StoreError::backend;
-    let stored: &[u8] = row.try_get(0).map_err(e)?;
-    let state: i16 = row.try_get(1).map_err(e)?;
-    let left: f64 = row.try_get(2).map_err(e)?;
-    let expired: bool = row.try_get(3).map_err(e)?;
+    let stored: &[u8] = row.try_get(1).map_err(e)?;
+    let state: i16 = row.try_get(2).map_err(e)?;
+    let left: f64 = row.try_get(3).map_err(e)?;
+    let expired: bool = row.try_get(4).map_err(e)?;
     Ok(Some(match state {
         PROCESSING if stored != digest => Acquire::Mismatch,
         PROCESSING if left > 0.0 => Acquire::InFlight {
@@ -343,10 +361,10 @@ fn classify(row: &Row, digest: &[u8]) -> Result<Option<Acquire>, StoreError> {
         COMPLETED if expired => Acquire::Expired,
         COMPLETED if stored != digest => Acquire::Mismatch,
         COMPLETED => {
-            let status: i16 = row.try_get(4).map_err(e)?;
-            let names: Vec<String> = row.try_get(5).map_err(e)?;
-            let values: Vec<Vec<u8>> = row.try_get(6).map_err(e)?;
-            let body: Vec<u8> = row.try_get(7).map_err(e)?;
+            let status: i16 = row.try_get(5).map_err(e)?;
+            let names: Vec<String> = row.try_get(6).map_err(e)?;
+            let values: Vec<Vec<u8>> = row.try_get(7).map_err(e)?;
+            let body: Vec<u8> = row.try_get(8).map_err(e)?;
             let status = u16::try_from(status)
                 .ok()
                 .and_then(|s| StatusCode::from_u16(s).ok())
