@@ -117,6 +117,7 @@ async fn lease_expiry_takeover_with_a_higher_fence_and_the_stale_completion_refu
     });
     let layer = IdempotencyLayer::builder(store.clone())
         .lease(secs(10))
+        .in_flight_retry_after(secs(60))
         .build()
         .unwrap();
     let mut a = layer.layer(svc.clone());
@@ -205,6 +206,8 @@ async fn crash_after_the_business_write_never_runs_twice_within_the_lease() {
     let mut b = layer.layer(svc);
     let retry = send(&mut b, post(Some("k-crash"), "o")).await;
     assert_eq!(retry.status, StatusCode::CONFLICT);
+    // The lease has 30 s left; the client is told to come back in 1 s (the default cap).
+    assert_eq!(retry.headers["retry-after"], "1");
     assert_eq!(seen.calls(), 1);
 
     tokio::time::advance(secs(31)).await;
@@ -516,4 +519,30 @@ async fn client_retries_with_the_same_key_get_the_replay_over_hyper() {
     assert_eq!(first.status(), 201);
     assert!(!first.headers().contains_key("idempotent-replayed"));
     assert_eq!(seen.calls(), 1, "the handler ran twice");
+}
+
+/// The layer composes with tower's `ServiceBuilder` and the crate's other server layer: the
+/// deadline layer outside, the idempotency layer inside it, over an `async fn` handler.
+#[tokio::test]
+async fn composes_with_service_builder_and_the_server_deadline_layer() {
+    use surely::deadline::ServerDeadlineLayer;
+
+    async fn create(req: Req) -> Result<support::Res, Infallible> {
+        let fence = req.extensions().get::<Ticket>().map(|t| t.fence().get());
+        Ok(reply(201, format!("fence {fence:?}")))
+    }
+    let mut app = tower::ServiceBuilder::new()
+        .layer(ServerDeadlineLayer::new())
+        .layer(
+            IdempotencyLayer::builder(MemoryStore::new())
+                .require_key_for([http::Method::POST])
+                .build()
+                .unwrap(),
+        )
+        .service_fn(create);
+    let first = send(&mut app, post(Some("k-stack"), "o")).await;
+    assert_eq!(first.body, "fence Some(1)");
+    let again = send(&mut app, post(Some("k-stack"), "o")).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, "fence Some(1)");
 }

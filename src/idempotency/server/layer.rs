@@ -19,6 +19,7 @@ type OperationFn = dyn Fn(&Parts) -> String + Send + Sync;
 pub(super) struct Config<St> {
     pub(super) store: St,
     pub(super) lease: Duration,
+    pub(super) retry_after: Duration,
     pub(super) retention: Duration,
     pub(super) max_body: usize,
     pub(super) required: Vec<Method>,
@@ -81,6 +82,7 @@ impl<St> fmt::Debug for Config<St> {
         f.debug_struct("IdempotencyLayer")
             .field("store", &std::any::type_name::<St>())
             .field("lease", &self.lease)
+            .field("retry_after", &self.retry_after)
             .field("retention", &self.retention)
             .field("max_body", &self.max_body)
             .field("required", &self.required)
@@ -126,13 +128,14 @@ impl<St> fmt::Debug for IdempotencyLayerBuilder<St> {
 const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
-    /// Defaults: lease 30 s, retention 24 h, body limit 1 MiB, no method requires a key, 5xx
+    /// Defaults: lease 30 s, in-flight `Retry-After` at most 1 s, retention 24 h, body limit 1 MiB, no method requires a key, 5xx
     /// stored, one tenant, operation = method and path.
     pub fn new(store: St) -> Self {
         IdempotencyLayerBuilder {
             config: Config {
                 store,
                 lease: Duration::from_secs(30),
+                retry_after: Duration::from_secs(1),
                 retention: Duration::from_secs(24 * 3600),
                 max_body: 1024 * 1024,
                 required: Vec::new(),
@@ -148,6 +151,15 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// (its late completion is then refused, but the work was done twice).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;
+        self
+    }
+
+    /// The longest `Retry-After` a duplicate gets while the key is in flight (default 1 s): the
+    /// header says the lease's remaining time, capped by this, in whole seconds (at least 1).
+    /// The lease is sized for the slowest handler; most finish sooner, and a client told to
+    /// wait for the whole lease would wait too long.
+    pub fn in_flight_retry_after(mut self, max: Duration) -> Self {
+        self.config.retry_after = max;
         self
     }
 

@@ -16,7 +16,8 @@
 //!    * the first request becomes the **owner** (`PROCESSING`, with a lease and a fencing token)
 //!      and runs the handler, which finds its [`Ticket`] (fence included) in the request's
 //!      extensions;
-//!    * a duplicate while the owner runs gets `409 Conflict` with `Retry-After` and the
+//!    * a duplicate while the owner runs gets `409 Conflict` with `Retry-After` (the lease's
+//!      remaining time, at most [1 s](IdempotencyLayerBuilder::in_flight_retry_after)) and the
 //!      [`KEY_IN_FLIGHT`] header, and never runs the handler. The client's
 //!      [`HttpClassifier`](crate::classify::HttpClassifier) reads that as *rejected, not
 //!      processed* for a keyed request: retry later, with the same key;

@@ -252,7 +252,9 @@ where
     let digest = RequestDigest::of(&body);
     let fence = match config.store.acquire(&key, &digest, config.lease).await {
         Ok(Acquire::Owner(fence)) => fence,
-        Ok(Acquire::InFlight { retry_after }) => return Ok(in_flight(retry_after)),
+        Ok(Acquire::InFlight { retry_after }) => {
+            return Ok(in_flight(retry_after.min(config.retry_after)))
+        }
         Ok(Acquire::Completed(stored)) => return Ok(replay(&stored)),
         Ok(Acquire::Mismatch) => {
             return Ok(error(
