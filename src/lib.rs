@@ -25,6 +25,10 @@
 //! current deadline for the handler, and [`fault::FaultLayer`] injects the failures this crate
 //! exists to handle, for tests and chaos drills.
 //!
+//! [`idempotency::server::IdempotencyLayer`] honours the client's `Idempotency-Key`: the first
+//! request with a key runs, a duplicate waits (409) or gets the stored response, over an
+//! in-memory or a PostgreSQL [store](idempotency::store) (feature `postgres`).
+//!
 //! [`retry::RetryLayer`] puts the classification to work: it retries only what may be retried,
 //! waits as [`retry::backoff`] or the server's pushback says, stops at the call's deadline, and
 //! spends a [`budget`] so that retries stay a small share of the traffic.

@@ -34,7 +34,8 @@
 //!
 //! # What the server does with it
 //!
-//! A server that honours keys (this crate's server layer, or most payment APIs) answers:
+//! A server that honours keys (this crate's [server layer](server), or most payment APIs)
+//! answers:
 //!
 //! * **a repeat of a finished request**: the stored response of the first one, without doing the
 //!   work again;
@@ -122,6 +123,8 @@ use tower_service::Service;
 
 pub mod error;
 mod key;
+pub mod server;
+pub mod store;
 
 pub use self::key::IdempotencyKey;
 

@@ -1,0 +1,258 @@
+//! The layer and its builder.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::Method;
+use tower_layer::Layer;
+
+use super::service::IdempotencyService;
+use crate::idempotency::store::IdempotencyStore;
+use crate::ConfigError;
+
+type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+type OperationFn = dyn Fn(&Parts) -> String + Send + Sync;
+
+/// The settings shared by every service a layer makes.
+pub(super) struct Config<St> {
+    pub(super) store: St,
+    pub(super) lease: Duration,
+    pub(super) retry_after: Duration,
+    pub(super) retention: Duration,
+    pub(super) max_body: usize,
+    pub(super) required: Vec<Method>,
+    pub(super) store_server_errors: bool,
+    pub(super) tenant: Option<Arc<TenantFn>>,
+    pub(super) operation: Option<Arc<OperationFn>>,
+}
+
+/// Honours `Idempotency-Key` on a server: first request wins, duplicates wait or replay. See the
+/// [module docs](super).
+///
+/// Clones share the store and the settings.
+pub struct IdempotencyLayer<St> {
+    config: Arc<Config<St>>,
+}
+
+impl<St> Clone for IdempotencyLayer<St> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<St: IdempotencyStore> IdempotencyLayer<St> {
+    /// A layer over `store` with the default settings.
+    pub fn new(store: St) -> Self {
+        IdempotencyLayer {
+            config: Arc::new(IdempotencyLayerBuilder::new(store).config),
+        }
+    }
+
+    /// A builder over `store`.
+    pub fn builder(store: St) -> IdempotencyLayerBuilder<St> {
+        IdempotencyLayerBuilder::new(store)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &St {
+        &self.config.store
+    }
+}
+
+impl<S, St> Layer<S> for IdempotencyLayer<St> {
+    type Service = IdempotencyService<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::from_config(inner, self.config.clone())
+    }
+}
+
+impl<St> fmt::Debug for IdempotencyLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+impl<St> fmt::Debug for Config<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("store", &std::any::type_name::<St>())
+            .field("lease", &self.lease)
+            .field("retry_after", &self.retry_after)
+            .field("retention", &self.retention)
+            .field("max_body", &self.max_body)
+            .field("required", &self.required)
+            .field("store_server_errors", &self.store_server_errors)
+            .field("tenant", &self.tenant.as_ref().map(|_| "fn"))
+            .field("operation", &self.operation.as_ref().map(|_| "fn"))
+            .finish()
+    }
+}
+
+/// Builds an [`IdempotencyLayer`].
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::idempotency::server::IdempotencyLayer;
+/// use surely::idempotency::store::MemoryStore;
+///
+/// let layer = IdempotencyLayer::builder(MemoryStore::new())
+///     .lease(Duration::from_secs(10))
+///     .retention(Duration::from_secs(24 * 3600))
+///     .max_body_bytes(64 * 1024)
+///     .require_key_for([http::Method::POST])
+///     // The tenant is the authenticated account; no account, no record.
+///     .tenant(|parts: &http::request::Parts| {
+///         parts.headers.get("x-account").and_then(|v| v.to_str().ok()).map(str::to_owned)
+///     })
+///     .operation(|parts: &http::request::Parts| format!("{} /orders", parts.method))
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+pub struct IdempotencyLayerBuilder<St> {
+    config: Config<St>,
+}
+
+impl<St> fmt::Debug for IdempotencyLayerBuilder<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+/// A lease or retention longer than this is refused (a typo more likely than a wish).
+const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
+    /// Defaults: lease 30 s, in-flight `Retry-After` at most 1 s, retention 24 h, body limit 1 MiB, no method requires a key, 5xx
+    /// stored, one tenant, operation = method and path.
+    pub fn new(store: St) -> Self {
+        IdempotencyLayerBuilder {
+            config: Config {
+                store,
+                lease: Duration::from_secs(30),
+                retry_after: Duration::from_secs(1),
+                retention: Duration::from_secs(24 * 3600),
+                max_body: 1024 * 1024,
+                required: Vec::new(),
+                store_server_errors: true,
+                tenant: None,
+                operation: None,
+            },
+        }
+    }
+
+    /// How long an owner holds its record before another request may take over (default 30 s).
+    /// Longer than the handler's worst latency, or a slow owner is taken over while it runs
+    /// (its late completion is then refused, but the work was done twice).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// The longest `Retry-After` a duplicate gets while the key is in flight (default 1 s): the
+    /// header says the lease's remaining time, capped by this, in whole seconds (at least 1).
+    /// The lease is sized for the slowest handler; most finish sooner, and a client told to
+    /// wait for the whole lease would wait too long.
+    pub fn in_flight_retry_after(mut self, max: Duration) -> Self {
+        self.config.retry_after = max;
+        self
+    }
+
+    /// How long a completed record is replayed (default 24 h). After that, the key gets
+    /// [`IDEMPOTENCY_KEY_EXPIRED`](super::IDEMPOTENCY_KEY_EXPIRED) until the record is swept.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
+    /// The largest request body read (default 1 MiB): a larger one gets `413` before it is
+    /// hashed, and a `content-length` over it before it is read at all.
+    pub fn max_body_bytes(mut self, max: usize) -> Self {
+        self.config.max_body = max;
+        self
+    }
+
+    /// Requests with these methods must carry a key: without one they get `400`
+    /// ([`IDEMPOTENCY_KEY_MISSING`](super::IDEMPOTENCY_KEY_MISSING)). By default no method
+    /// requires one and unkeyed requests pass through.
+    pub fn require_key_for(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.required = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether 5xx responses other than 503 are stored and replayed (default true; see the
+    /// [module docs](super#what-is-stored)), or release the key.
+    pub fn store_server_errors(mut self, store: bool) -> Self {
+        self.config.store_server_errors = store;
+        self
+    }
+
+    /// The tenant of a request: typically the authenticated account, from a header the
+    /// authentication layer in front has checked. `None` answers `401`
+    /// ([`IDEMPOTENCY_TENANT_MISSING`](super::IDEMPOTENCY_TENANT_MISSING)) for keyed requests.
+    /// By default every request is of one tenant.
+    pub fn tenant<F>(mut self, tenant: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config.tenant = Some(Arc::new(tenant));
+        self
+    }
+
+    /// The operation of a request: the method and the route template (`POST /orders/{id}/pay`).
+    /// The default is the method and the path, which is right when a path names one operation.
+    pub fn operation<F>(mut self, operation: F) -> Self
+    where
+        F: Fn(&Parts) -> String + Send + Sync + 'static,
+    {
+        self.config.operation = Some(Arc::new(operation));
+        self
+    }
+
+    /// Validates and builds.
+    ///
+    /// # Errors
+    ///
+    /// A zero lease or retention, one over ten years, or a zero body limit.
+    pub fn build(self) -> Result<IdempotencyLayer<St>, ConfigError> {
+        let c = &self.config;
+        if c.lease.is_zero() {
+            return Err(ConfigError::new(
+                "idempotency lease",
+                "must be greater than zero",
+            ));
+        }
+        if c.lease > MAX_PERIOD {
+            return Err(ConfigError::new(
+                "idempotency lease",
+                "must be at most ten years",
+            ));
+        }
+        if c.retention.is_zero() {
+            return Err(ConfigError::new(
+                "idempotency retention",
+                "must be greater than zero",
+            ));
+        }
+        if c.retention > MAX_PERIOD {
+            return Err(ConfigError::new(
+                "idempotency retention",
+                "must be at most ten years",
+            ));
+        }
+        if c.max_body == 0 {
+            return Err(ConfigError::new(
+                "idempotency body limit",
+                "must be greater than zero",
+            ));
+        }
+        Ok(IdempotencyLayer {
+            config: Arc::new(self.config),
+        })
+    }
+}

@@ -1,0 +1,189 @@
+//! Idempotency keys, server side: honour the key, so that a client may retry a POST.
+//!
+//! [`IdempotencyLayer`] sits in front of a handler. For a request that carries an
+//! `Idempotency-Key` header (IETF `draft-ietf-httpapi-idempotency-key-header`) it:
+//!
+//! 1. **validates** the key as the client side does ([`IdempotencyKey`]: 1 to 255 bytes of
+//!    visible ASCII, one header) and answers `400` otherwise; a request without a key on a
+//!    method that [requires](IdempotencyLayerBuilder::require_key_for) one gets `400` too;
+//! 2. reads the body, up to a [limit](IdempotencyLayerBuilder::max_body_bytes) (`413` past it,
+//!    before anything is hashed), and takes its SHA-256 digest;
+//! 3. **acquires** the record (tenant, operation, key) in the [store](super::store), in one
+//!    atomic operation. The tenant comes from a [user extractor](IdempotencyLayerBuilder::tenant)
+//!    (one tenant by default), the operation from the method and a
+//!    [route template](IdempotencyLayerBuilder::operation) (method and path by default), so one
+//!    tenant never reads or blocks another's record. Then:
+//!    * the first request becomes the **owner** (`PROCESSING`, with a lease and a fencing token)
+//!      and runs the handler, which finds its [`Ticket`] (fence included) in the request's
+//!      extensions;
+//!    * a duplicate while the owner runs gets `409 Conflict` with `Retry-After` (the lease's
+//!      remaining time, at most [1 s](IdempotencyLayerBuilder::in_flight_retry_after)) and the
+//!      [`KEY_IN_FLIGHT`] header, and never runs the handler. The client's
+//!      [`HttpClassifier`](crate::classify::HttpClassifier) reads that as *rejected, not
+//!      processed* for a keyed request: retry later, with the same key;
+//!    * a duplicate after completion, with the same digest, gets the stored response (status,
+//!      headers, body) with [`IDEMPOTENT_REPLAYED`]` : true`;
+//!    * the same key with another digest gets `422` ([`IDEMPOTENCY_KEY_MISMATCH`]);
+//!    * a key whose record outlived its retention gets `410 Gone` with
+//!      [`IDEMPOTENCY_KEY_EXPIRED`]: an explicit error, never a new resource;
+//! 4. once the handler answers, **completes** the record with the response, or **releases** it
+//!    when the response says the request was not processed, so that the next attempt runs.
+//!
+//! # What is stored
+//!
+//! | handler's response | record |
+//! | --- | --- |
+//! | 1xx, 2xx, 3xx, 4xx other than those below | completed: replayed to every duplicate |
+//! | 408, 409, 425, 429, 503; any response with [`NOT_PROCESSED`] | released: the next attempt runs |
+//! | other 5xx (500, 502, 504, ...) | completed (the default), or released with [`store_server_errors(false)`](IdempotencyLayerBuilder::store_server_errors) |
+//! | an error from the handler service, a body that fails | left `PROCESSING`: the lease passes, then the next attempt takes over |
+//!
+//! A 500 is stored by default because the handler ran and may have committed part of its work
+//! before failing: running it again could do that part twice. Replaying the 500 is the honest
+//! answer, and the client classifies it *maybe committed*. A handler that knows it wrote nothing
+//! says so with [`NOT_PROCESSED`] (or 503), and the key is released. Services whose handlers
+//! always roll back on error may prefer `store_server_errors(false)`.
+//!
+//! The layer never stores a response that it made itself (400, 409, 413, 422, ...).
+//!
+//! # Leases and fencing
+//!
+//! The owner holds the record for its [lease](IdempotencyLayerBuilder::lease) (30 s by default).
+//! An owner that crashes, or hangs past its lease, leaves a `PROCESSING` record; the next request
+//! with the key after the lease takes over with a **higher fence**. Should the old owner wake up
+//! and complete, the store refuses it (the fence is stale): it cannot overwrite the new owner's
+//! result. Its own client still gets its response. A handler that writes elsewhere can guard
+//! those writes with [`Ticket::fence`].
+//!
+//! # The response body
+//!
+//! The layer reads the handler's whole response to store it, and answers with a
+//! [`Full<Bytes>`](http_body_util::Full) body. Request bodies reach the handler as
+//! `Full<Bytes>` too: the digest needs the whole body, and so does the handler then. Requests
+//! without a key (not required) pass through with their body read the same way and the same
+//! limit; mount the layer on the routes that take keys.
+//!
+//! # Errors of the store
+//!
+//! If the store cannot be reached before the handler runs, the layer answers `503` with
+//! `Retry-After` and [`NOT_PROCESSED`]: nothing ran. If completing fails after the handler ran,
+//! the client still gets the handler's response and the failure is logged (`tracing`, `warn`);
+//! the record stays `PROCESSING` until its lease passes, and a retry after that runs again. A
+//! [`PostgresStore`](super::store::PostgresStore) closes that gap by completing inside the
+//! handler's own transaction.
+//!
+//! # Example
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http_body_util::{BodyExt, Full};
+//! use surely::idempotency::server::{IdempotencyLayer, Ticket, IDEMPOTENT_REPLAYED};
+//! use surely::idempotency::store::MemoryStore;
+//! use tower::{service_fn, Layer, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let layer = IdempotencyLayer::builder(MemoryStore::new())
+//!     .require_key_for([http::Method::POST])
+//!     .build()
+//!     .unwrap();
+//! let svc = layer.layer(service_fn(|req: http::Request<Full<Bytes>>| async move {
+//!     let fence = req.extensions().get::<Ticket>().map(|t| t.fence().get());
+//!     assert_eq!(fence, Some(1));
+//!     let res = http::Response::builder().status(201).body(Full::new(Bytes::from("o-1")));
+//!     Ok::<_, std::convert::Infallible>(res.unwrap())
+//! }));
+//!
+//! let post = || {
+//!     http::Request::post("/orders")
+//!         .header("idempotency-key", "k-1")
+//!         .body(Full::new(Bytes::from("o-1")))
+//!         .unwrap()
+//! };
+//! let first = svc.clone().oneshot(post()).await.unwrap();
+//! assert_eq!(first.status(), 201);
+//! let again = svc.clone().oneshot(post()).await.unwrap();
+//! assert_eq!(again.status(), 201);
+//! assert_eq!(again.headers()[IDEMPOTENT_REPLAYED], "true");
+//! assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), "o-1");
+//! # }
+//! ```
+//!
+//! [`IdempotencyKey`]: super::IdempotencyKey
+//! [`KEY_IN_FLIGHT`]: crate::classify::KEY_IN_FLIGHT
+//! [`NOT_PROCESSED`]: crate::classify::NOT_PROCESSED
+
+use std::time::Duration;
+
+use http::HeaderName;
+
+mod layer;
+mod service;
+
+pub use self::layer::{IdempotencyLayer, IdempotencyLayerBuilder};
+pub use self::service::{IdempotencyService, ResponseFuture};
+
+use super::store::{Fence, RecordKey};
+
+/// The header that marks a replayed response: `idempotent-replayed: true`.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The header in which the layer's own error responses carry their code (also in the JSON body's
+/// `code`): one of the `IDEMPOTENCY_KEY_*` constants.
+pub const IDEMPOTENCY_ERROR: HeaderName = HeaderName::from_static("idempotency-error");
+
+/// `400`: the method requires an `Idempotency-Key` and the request has none.
+pub const IDEMPOTENCY_KEY_MISSING: &str = "IDEMPOTENCY_KEY_MISSING";
+/// `400`: the key is empty, longer than 255 bytes, not visible ASCII, or repeated.
+pub const IDEMPOTENCY_KEY_INVALID: &str = "IDEMPOTENCY_KEY_INVALID";
+/// `409` with `Retry-After`: the key's first request is still running.
+pub const IDEMPOTENCY_KEY_IN_FLIGHT: &str = "IDEMPOTENCY_KEY_IN_FLIGHT";
+/// `422`: the key was used before with a different request body.
+pub const IDEMPOTENCY_KEY_MISMATCH: &str = "IDEMPOTENCY_KEY_MISMATCH";
+/// `410 Gone`: the key's record outlived its retention. The result is no longer replayed, and
+/// the key may not name a new request until the record is swept: use a new key, after checking
+/// by the business key whether the first request took effect.
+pub const IDEMPOTENCY_KEY_EXPIRED: &str = "IDEMPOTENCY_KEY_EXPIRED";
+/// `413`: the request body is over the layer's limit; it was not hashed.
+pub const IDEMPOTENCY_BODY_TOO_LARGE: &str = "IDEMPOTENCY_BODY_TOO_LARGE";
+/// `401`: the tenant extractor found no tenant.
+pub const IDEMPOTENCY_TENANT_MISSING: &str = "IDEMPOTENCY_TENANT_MISSING";
+/// `503` with `Retry-After`: the store could not be reached; the handler did not run.
+pub const IDEMPOTENCY_STORE_UNAVAILABLE: &str = "IDEMPOTENCY_STORE_UNAVAILABLE";
+
+/// What the owner's handler finds in its request's extensions: the record it owns and its
+/// fence.
+///
+/// A handler guards its own writes with [`fence`](Self::fence), or, with a
+/// [`PostgresStore`](super::store::PostgresStore), completes the record inside its business
+/// transaction with [`PostgresStore::complete_in`](super::store::PostgresStore::complete_in).
+#[derive(Clone, Debug)]
+pub struct Ticket {
+    key: RecordKey,
+    fence: Fence,
+    retention: Duration,
+}
+
+impl Ticket {
+    pub(crate) fn new(key: RecordKey, fence: Fence, retention: Duration) -> Self {
+        Ticket {
+            key,
+            fence,
+            retention,
+        }
+    }
+
+    /// The record owned.
+    pub fn record_key(&self) -> &RecordKey {
+        &self.key
+    }
+
+    /// The owner's fencing token: higher than every earlier owner's of this record.
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
+
+    /// How long a completed record is kept and replayed.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+}

@@ -1,0 +1,405 @@
+//! The service and its future.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use tower_service::Service;
+
+use super::layer::Config;
+use super::{
+    Ticket, IDEMPOTENCY_BODY_TOO_LARGE, IDEMPOTENCY_ERROR, IDEMPOTENCY_KEY_EXPIRED,
+    IDEMPOTENCY_KEY_INVALID, IDEMPOTENCY_KEY_IN_FLIGHT, IDEMPOTENCY_KEY_MISMATCH,
+    IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_STORE_UNAVAILABLE, IDEMPOTENCY_TENANT_MISSING,
+    IDEMPOTENT_REPLAYED,
+};
+use crate::classify::{BoxError, KEY_IN_FLIGHT, NOT_PROCESSED};
+use crate::idempotency::error::InvalidKey;
+use crate::idempotency::store::{
+    Acquire, IdempotencyStore, RecordKey, RequestDigest, StoredResponse,
+};
+use crate::idempotency::IdempotencyKey;
+use crate::IDEMPOTENCY_KEY;
+
+/// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
+///
+/// # Readiness
+///
+/// `poll_ready` is the handler's. The call moves the ready handler into its future and leaves a
+/// clone in its place (tower's usual pattern for services whose future calls the inner service
+/// later), so the handler must be `Clone`; requests the layer answers itself (invalid key,
+/// duplicate, replay) never use the readiness reserved for them.
+pub struct IdempotencyService<S, St> {
+    inner: S,
+    config: Arc<Config<St>>,
+}
+
+impl<S, St> IdempotencyService<S, St> {
+    pub(super) fn from_config(inner: S, config: Arc<Config<St>>) -> Self {
+        IdempotencyService { inner, config }
+    }
+
+    /// Wraps `inner` with `layer`'s store and settings.
+    pub fn new(inner: S, layer: &super::IdempotencyLayer<St>) -> Self
+    where
+        St: IdempotencyStore,
+    {
+        tower_layer::Layer::layer(layer, inner)
+    }
+
+    inner_accessors!();
+}
+
+impl<S: Clone, St> Clone for IdempotencyService<S, St> {
+    fn clone(&self) -> Self {
+        IdempotencyService {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St> fmt::Debug for IdempotencyService<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// The future of [`IdempotencyService`].
+///
+/// One boxed future per request: the work is a sequence of awaits on the store and on two
+/// bodies, whose store I/O dwarfs one allocation; a hand-written state machine over a generic
+/// store's `impl Future`s would gain little and be hard to read.
+pub struct ResponseFuture<E> {
+    inner: BoxFuture<E>,
+}
+
+type BoxFuture<E> = Pin<Box<dyn Future<Output = Result<Response<Full<Bytes>>, E>> + Send>>;
+
+impl<E> Future for ResponseFuture<E> {
+    type Output = Result<Response<Full<Bytes>>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<E> fmt::Debug for ResponseFuture<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, St, B, RB> Service<Request<B>> for IdempotencyService<S, St>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: IdempotencyStore,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    RB: Body + Send + 'static,
+    RB::Data: Send,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<Full<Bytes>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let (parts, body) = req.into_parts();
+        let config = self.config.clone();
+        let plan = plan(&config, &parts);
+        if let Plan::Answer(res) = plan {
+            return ready(res);
+        }
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture {
+            inner: Box::pin(run(config, inner, parts, body, plan)),
+        }
+    }
+}
+
+fn ready<E: Send + 'static>(res: Response<Full<Bytes>>) -> ResponseFuture<E> {
+    ResponseFuture {
+        inner: Box::pin(std::future::ready(Ok(res))),
+    }
+}
+
+/// What to do with a request, decided from its head alone.
+enum Plan {
+    /// Answer without reading the body or calling the handler.
+    Answer(Response<Full<Bytes>>),
+    /// No key, none required: read the body and call the handler.
+    PassThrough,
+    /// A keyed request.
+    Keyed(RecordKey),
+}
+
+fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
+    if let Some(len) = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > config.max_body as u64 {
+            return Plan::Answer(too_large(config.max_body));
+        }
+    }
+    let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        if config.required.contains(&parts.method) {
+            let why = format!("{} requires an idempotency-key header", parts.method);
+            return Plan::Answer(error(
+                StatusCode::BAD_REQUEST,
+                IDEMPOTENCY_KEY_MISSING,
+                &why,
+            ));
+        }
+        return Plan::PassThrough;
+    };
+    let key = match values.next() {
+        Some(_) => Err(InvalidKey::repeated()),
+        None => IdempotencyKey::from_header_value(value),
+    };
+    let key = match key {
+        Ok(key) => key,
+        Err(e) => {
+            return Plan::Answer(error(
+                StatusCode::BAD_REQUEST,
+                IDEMPOTENCY_KEY_INVALID,
+                &e.to_string(),
+            ))
+        }
+    };
+    let tenant = match &config.tenant {
+        None => String::new(),
+        Some(f) => match f(parts) {
+            Some(t) => t,
+            None => {
+                return Plan::Answer(error(
+                    StatusCode::UNAUTHORIZED,
+                    IDEMPOTENCY_TENANT_MISSING,
+                    "no tenant for this request",
+                ))
+            }
+        },
+    };
+    let operation = match &config.operation {
+        Some(f) => f(parts),
+        None => format!("{} {}", parts.method, parts.uri.path()),
+    };
+    Plan::Keyed(RecordKey::new(tenant, operation, key))
+}
+
+async fn run<S, St, B, RB>(
+    config: Arc<Config<St>>,
+    mut inner: S,
+    mut parts: Parts,
+    body: B,
+    plan: Plan,
+) -> Result<Response<Full<Bytes>>, S::Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<RB>>,
+    St: IdempotencyStore,
+    B: Body,
+    B::Error: Into<BoxError>,
+    RB: Body,
+    RB::Error: Into<BoxError>,
+{
+    let body = match Limited::new(body, config.max_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return Ok(too_large(config.max_body))
+        }
+        Err(e) => {
+            let why = format!("reading the request body failed: {e}");
+            return Ok(error(StatusCode::BAD_REQUEST, "REQUEST_BODY_FAILED", &why));
+        }
+    };
+    let key = match plan {
+        Plan::Keyed(key) => key,
+        Plan::Answer(res) => return Ok(res),
+        Plan::PassThrough => {
+            let res = inner
+                .call(Request::from_parts(parts, Full::new(body)))
+                .await?;
+            let (head, body) = res.into_parts();
+            return Ok(match body.collect().await {
+                Ok(b) => Response::from_parts(head, Full::new(b.to_bytes())),
+                Err(_) => body_failed(),
+            });
+        }
+    };
+    let digest = RequestDigest::of(&body);
+    let fence = match config.store.acquire(&key, &digest, config.lease).await {
+        Ok(Acquire::Owner(fence)) => fence,
+        Ok(Acquire::InFlight { retry_after }) => {
+            return Ok(in_flight(retry_after.min(config.retry_after)))
+        }
+        Ok(Acquire::Completed(stored)) => return Ok(replay(&stored)),
+        Ok(Acquire::Mismatch) => {
+            return Ok(error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                IDEMPOTENCY_KEY_MISMATCH,
+                "this idempotency key was used with a different request body",
+            ))
+        }
+        Ok(Acquire::Expired) => {
+            return Ok(error(
+                StatusCode::GONE,
+                IDEMPOTENCY_KEY_EXPIRED,
+                "this idempotency key has expired; its result is no longer kept",
+            ))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "idempotency store unavailable");
+            let mut res = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                IDEMPOTENCY_STORE_UNAVAILABLE,
+                "the idempotency store is unavailable; the request was not processed",
+            );
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            res.headers_mut()
+                .insert(NOT_PROCESSED, HeaderValue::from_static("idempotency-store"));
+            return Ok(res);
+        }
+    };
+    parts
+        .extensions
+        .insert(Ticket::new(key.clone(), fence, config.retention));
+    // An error from the handler leaves the record PROCESSING: its lease passes, and the next
+    // attempt takes over. So does a dropped future (a crash).
+    let res = inner
+        .call(Request::from_parts(parts, Full::new(body)))
+        .await?;
+    let (head, body) = res.into_parts();
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Ok(body_failed()),
+    };
+    let outcome = if released(head.status, &head.headers, config.store_server_errors) {
+        config.store.release(&key, fence).await
+    } else {
+        let stored = StoredResponse::new(head.status, &head.headers, body.clone());
+        config
+            .store
+            .complete(&key, fence, &stored, config.retention)
+            .await
+    };
+    if let Err(e) = outcome {
+        // Refused when the handler completed the record itself (in its own transaction), or when
+        // a later owner took over; either way this response is still this client's answer.
+        if e.is_stale() {
+            tracing::debug!(
+                ?key,
+                fence = fence.get(),
+                "idempotency record not updated: {e}"
+            );
+        } else {
+            tracing::warn!(?key, fence = fence.get(), error = %e, "idempotency record not updated");
+        }
+    }
+    Ok(Response::from_parts(head, Full::new(body)))
+}
+
+/// Whether the handler's response says the request was not processed (or is a 5xx that the
+/// layer does not store).
+fn released(status: StatusCode, headers: &http::HeaderMap, store_5xx: bool) -> bool {
+    if headers.contains_key(NOT_PROCESSED) {
+        return true;
+    }
+    match status.as_u16() {
+        408 | 409 | 425 | 429 | 503 => true,
+        500..=599 => !store_5xx,
+        _ => false,
+    }
+}
+
+fn replay(stored: &StoredResponse) -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(stored.body().clone()));
+    *res.status_mut() = stored.status();
+    *res.headers_mut() = stored.headers().clone();
+    res.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+fn in_flight(retry_after: Duration) -> Response<Full<Bytes>> {
+    let mut res = error(
+        StatusCode::CONFLICT,
+        IDEMPOTENCY_KEY_IN_FLIGHT,
+        "a request with this idempotency key is in progress; retry later with the same key",
+    );
+    // Whole seconds, rounded up, at least one.
+    let secs = retry_after
+        .as_secs()
+        .saturating_add(u64::from(retry_after.subsec_nanos() > 0))
+        .max(1);
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    res.headers_mut()
+        .insert(KEY_IN_FLIGHT, HeaderValue::from_static("true"));
+    res
+}
+
+fn too_large(max: usize) -> Response<Full<Bytes>> {
+    let why = format!("the request body is over the limit of {max} bytes");
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        IDEMPOTENCY_BODY_TOO_LARGE,
+        &why,
+    )
+}
+
+fn body_failed() -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::new()));
+    *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    res
+}
+
+/// One of the layer's own answers: a small JSON body with the code and a message, and the code
+/// in [`IDEMPOTENCY_ERROR`].
+fn error(status: StatusCode, code: &'static str, message: &str) -> Response<Full<Bytes>> {
+    let mut body = String::with_capacity(message.len() + code.len() + 24);
+    body.push_str("{\"code\":\"");
+    body.push_str(code);
+    body.push_str("\",\"message\":\"");
+    for c in message.chars() {
+        match c {
+            '"' => body.push_str("\\\""),
+            '\\' => body.push_str("\\\\"),
+            c if (c as u32) < 0x20 => body.push(' '),
+            c => body.push(c),
+        }
+    }
+    body.push_str("\"}");
+    let mut res = Response::new(Full::new(Bytes::from(body)));
+    *res.status_mut() = status;
+    let headers = res.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(IDEMPOTENCY_ERROR, HeaderValue::from_static(code));
+    res
+}

@@ -1,0 +1,278 @@
+//! The in-memory store.
+
+use std::collections::hash_map::{Entry, HashMap};
+use std::fmt;
+use std::future::{ready, Future};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{
+    Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError, StoredResponse,
+};
+
+/// The embedded store: records in memory, for one process.
+///
+/// The records are spread over shards by the hash of their [`RecordKey`], each behind its own
+/// short-held mutex: two requests contend only when their keys fall in the same shard, and no
+/// operation takes a lock over the whole store (the [`sweep`](IdempotencyStore::sweep) takes the
+/// shards one at a time). Every operation is a single critical section, so acquiring is atomic.
+///
+/// Time is [`tokio::time::Instant`], so tests can pause and advance it.
+///
+/// Records live as long as the process: behind a load balancer with several instances, use a
+/// shared store ([`PostgresStore`](super::PostgresStore)) instead, or a duplicate that reaches
+/// another instance runs again. Clones share the records.
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::idempotency::store::{Acquire, IdempotencyStore, MemoryStore, RecordKey, RequestDigest};
+/// use surely::idempotency::IdempotencyKey;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = MemoryStore::new();
+/// let key = RecordKey::new("t", "POST /orders", IdempotencyKey::new("k-1").unwrap());
+/// let digest = RequestDigest::of(b"o-1");
+/// let lease = Duration::from_secs(30);
+/// assert!(matches!(store.acquire(&key, &digest, lease).await.unwrap(), Acquire::Owner(_)));
+/// assert!(matches!(store.acquire(&key, &digest, lease).await.unwrap(), Acquire::InFlight { .. }));
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    shards: Box<[Mutex<Shard>]>,
+}
+
+/// A shard: record keys carry their hash, so the map's hasher passes it through.
+type Shard = HashMap<RecordKey, Record, BuildHasherDefault<PassThrough>>;
+
+/// Takes the `u64` that [`RecordKey`]'s `Hash` writes as the hash.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by RecordKey; a plain FNV-1a so that any other input still hashes.
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+struct Record {
+    digest: RequestDigest,
+    fence: u64,
+    state: State,
+}
+
+enum State {
+    Processing {
+        lease_until: Instant,
+    },
+    Completed {
+        response: StoredResponse,
+        expires_at: Instant,
+    },
+    Released {
+        at: Instant,
+    },
+}
+
+/// The default number of shards.
+const SHARDS: usize = 64;
+
+impl MemoryStore {
+    /// An empty store with 64 shards.
+    pub fn new() -> Self {
+        Self::with_shards(SHARDS)
+    }
+
+    /// An empty store with `shards` shards, rounded up to a power of two, from 1 to 65 536.
+    /// More shards mean less contention between threads and a little more memory.
+    pub fn with_shards(shards: usize) -> Self {
+        let n = shards.clamp(1, 1 << 16).next_power_of_two();
+        MemoryStore {
+            shared: Arc::new(Shared {
+                shards: (0..n).map(|_| Mutex::new(Shard::default())).collect(),
+            }),
+        }
+    }
+
+    /// The number of records held, in every state.
+    pub fn len(&self) -> usize {
+        self.shared.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// Whether the store holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key: &RecordKey) -> MutexGuard<'_, Shard> {
+        // The map indexes its buckets by the low bits and tags them with the top seven: the
+        // shard takes bits from the middle, so that neither is constant within a shard.
+        let h = (key.hash_value() >> 32) as usize;
+        let shards = &self.shared.shards;
+        lock(&shards[h & (shards.len() - 1)])
+    }
+
+    fn acquire_now(&self, key: &RecordKey, digest: &RequestDigest, lease: Duration) -> Acquire {
+        let now = Instant::now();
+        let lease_until = later(now, lease);
+        let mut shard = self.shard(key);
+        match shard.entry(key.clone()) {
+            Entry::Vacant(v) => {
+                v.insert(Record {
+                    digest: *digest,
+                    fence: 1,
+                    state: State::Processing { lease_until },
+                });
+                Acquire::Owner(Fence(1))
+            }
+            Entry::Occupied(mut o) => {
+                let record = o.get_mut();
+                match &record.state {
+                    State::Released { .. } => {}
+                    State::Processing { lease_until: held } => {
+                        if record.digest != *digest {
+                            return Acquire::Mismatch;
+                        }
+                        if *held > now {
+                            return Acquire::InFlight {
+                                retry_after: *held - now,
+                            };
+                        }
+                    }
+                    State::Completed {
+                        response,
+                        expires_at,
+                    } => {
+                        return if *expires_at <= now {
+                            Acquire::Expired
+                        } else if record.digest != *digest {
+                            Acquire::Mismatch
+                        } else {
+                            Acquire::Completed(response.clone())
+                        };
+                    }
+                }
+                // Released, or a lease that passed: take over.
+                record.fence += 1;
+                record.digest = *digest;
+                record.state = State::Processing { lease_until };
+                Acquire::Owner(Fence(record.fence))
+            }
+        }
+    }
+
+    fn finish(&self, key: &RecordKey, fence: Fence, state: State) -> Result<(), StoreError> {
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(record)
+                if record.fence == fence.0 && matches!(record.state, State::Processing { .. }) =>
+            {
+                record.state = state;
+                Ok(())
+            }
+            _ => Err(StoreError::stale()),
+        }
+    }
+
+    fn sweep_now(&self, keep_expired_for: Duration) -> u64 {
+        let now = Instant::now();
+        let mut removed = 0;
+        for shard in self.shared.shards.iter() {
+            let mut shard = lock(shard);
+            let before = shard.len();
+            shard.retain(|_, record| match record.state {
+                State::Processing { .. } => true,
+                State::Completed { expires_at, .. } => later(expires_at, keep_expired_for) > now,
+                State::Released { at } => later(at, keep_expired_for) > now,
+            });
+            removed += (before - shard.len()) as u64;
+        }
+        removed
+    }
+}
+
+/// `at + d`, saturating some thirty years ahead instead of overflowing.
+fn later(at: Instant, d: Duration) -> Instant {
+    at.checked_add(d)
+        .or_else(|| at.checked_add(Duration::from_secs(30 * 365 * 86_400)))
+        .unwrap_or(at)
+}
+
+/// A poisoned shard still holds consistent records: every critical section above leaves a record
+/// whole before anything that could panic.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shared.shards.len())
+            .finish()
+    }
+}
+
+impl IdempotencyStore for MemoryStore {
+    fn acquire(
+        &self,
+        key: &RecordKey,
+        digest: &RequestDigest,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Acquire, StoreError>> + Send {
+        ready(Ok(self.acquire_now(key, digest, lease)))
+    }
+
+    fn complete(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let state = State::Completed {
+            response: response.clone(),
+            expires_at: later(Instant::now(), retention),
+        };
+        ready(self.finish(key, fence, state))
+    }
+
+    fn release(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let state = State::Released { at: Instant::now() };
+        ready(self.finish(key, fence, state))
+    }
+
+    fn sweep(
+        &self,
+        keep_expired_for: Duration,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        ready(Ok(self.sweep_now(keep_expired_for)))
+    }
+}

@@ -1,0 +1,480 @@
+//! Where the server layer keeps its records: one async trait, two stores.
+//!
+//! A record is addressed by a [`RecordKey`] (tenant, operation, key) and moves through three
+//! states, each move one **atomic** store operation (never a read followed by a write):
+//!
+//! ```text
+//!              acquire (new key)          complete(fence)
+//!   (absent) ──────────────────► PROCESSING ──────────────► COMPLETED ──(retention)──► expired
+//!                                 │   ▲  │                                                │
+//!             release(fence) ◄────┘   │  └── lease passed: acquire takes over, fence + 1   │
+//!                 │                   │                                                    │
+//!                 ▼                   │                          sweep(keep_expired_for)   │
+//!             RELEASED ───acquire─────┘                (absent) ◄──────────────────────────┘
+//! ```
+//!
+//! * [`acquire`](IdempotencyStore::acquire) inserts the record if absent, or takes over a
+//!   `RELEASED` record or a `PROCESSING` one whose lease has passed, raising its **fence** (the
+//!   fencing token) by one; otherwise it reports what is there: still in flight, completed (the
+//!   stored response), a different request digest, or expired.
+//! * [`complete`](IdempotencyStore::complete) stores the response, only if the caller's fence is
+//!   still the record's and the record is `PROCESSING`: a stale owner, whose lease passed and
+//!   whose record was taken over, is refused ([`StoreError::is_stale`]).
+//! * [`release`](IdempotencyStore::release) marks a record not processed, with the same fence
+//!   check, so that the next request with the key runs. The record is kept (not deleted) so that
+//!   its fence keeps rising: a stale owner can never complete a record that was released and
+//!   acquired again.
+//! * [`sweep`](IdempotencyStore::sweep) deletes terminal records (completed or released) whose
+//!   retention ended more than `keep_expired_for` ago; never a `PROCESSING` one. Between the end
+//!   of retention and the sweep, a request with the key gets [`Acquire::Expired`], an explicit
+//!   error rather than a new resource; after the sweep the key is forgotten.
+//!
+//! # Why `impl Future` in the trait, not boxed futures
+//!
+//! The trait's methods return `impl Future + Send` (return-position `impl Trait` in traits,
+//! stable since Rust 1.75). The in-memory store answers every call without waiting, so its
+//! futures are ready values that cost no allocation: the hot path of an embedded server stays
+//! allocation-free in the store. The price is that the trait is not dyn-compatible: a server that
+//! picks its store at run time wraps the choice in an enum, or in a small `Box<dyn>` adapter of
+//! its own. Boxed futures would have made every call on the memory store allocate, for a
+//! flexibility that a server, which chooses its store once at start-up, rarely needs.
+//!
+//! Stores are shared by reference: `Arc<S>` is a store when `S` is, and both built-in stores are
+//! cheap handles already (clones share the same records).
+
+use std::fmt;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use sha2::{Digest as _, Sha256};
+
+use super::IdempotencyKey;
+use crate::classify::BoxError;
+
+mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
+
+pub use self::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use self::postgres::PostgresStore;
+/// The PostgreSQL pool and driver that [`PostgresStore`] is built on, re-exported so that a
+/// handler uses the same versions.
+#[cfg(feature = "postgres")]
+pub use {deadpool_postgres, tokio_postgres};
+
+/// The address of one idempotency record: the tenant, the operation, and the caller's key.
+///
+/// Two tenants that send the same key never meet: their records are different records. The same
+/// key on two operations (`POST /orders` and `POST /refunds`) are different records too.
+///
+/// Clones share one allocation; the hash is computed once, when the key is made.
+///
+/// ```
+/// use surely::idempotency::store::RecordKey;
+/// use surely::idempotency::IdempotencyKey;
+///
+/// let key = IdempotencyKey::new("k-1").unwrap();
+/// let a = RecordKey::new("tenant-a", "POST /orders", key.clone());
+/// let b = RecordKey::new("tenant-b", "POST /orders", key);
+/// assert_ne!(a, b);
+/// ```
+#[derive(Clone)]
+pub struct RecordKey(Arc<KeyInner>);
+
+struct KeyInner {
+    /// Computed once, with a per-process random key (no hash flooding): the memory store hashes
+    /// a record key once per request, not once per lookup.
+    hash: u64,
+    tenant: Box<str>,
+    operation: Box<str>,
+    key: IdempotencyKey,
+}
+
+/// The per-process hash key of record keys.
+fn hash_key() -> &'static std::collections::hash_map::RandomState {
+    static STATE: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    STATE.get_or_init(std::collections::hash_map::RandomState::new)
+}
+
+impl RecordKey {
+    /// The record of `key`, sent by `tenant`, for `operation`.
+    pub fn new(
+        tenant: impl Into<Box<str>>,
+        operation: impl Into<Box<str>>,
+        key: IdempotencyKey,
+    ) -> Self {
+        use std::hash::BuildHasher;
+        let (tenant, operation) = (tenant.into(), operation.into());
+        let hash = hash_key().hash_one((&*tenant, &*operation, key.as_bytes()));
+        RecordKey(Arc::new(KeyInner {
+            hash,
+            tenant,
+            operation,
+            key,
+        }))
+    }
+
+    /// The tenant.
+    pub fn tenant(&self) -> &str {
+        &self.0.tenant
+    }
+
+    /// The operation, such as `POST /orders`.
+    pub fn operation(&self) -> &str {
+        &self.0.operation
+    }
+
+    /// The caller's key.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.0.key
+    }
+
+    /// The key's hash, computed once (per-process random key).
+    pub(crate) fn hash_value(&self) -> u64 {
+        self.0.hash
+    }
+}
+
+impl PartialEq for RecordKey {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+            || (self.0.hash == other.0.hash
+                && self.0.tenant == other.0.tenant
+                && self.0.operation == other.0.operation
+                && self.0.key == other.0.key)
+    }
+}
+
+impl Eq for RecordKey {}
+
+impl Hash for RecordKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0.hash);
+    }
+}
+
+impl fmt::Debug for RecordKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordKey")
+            .field("tenant", &self.0.tenant)
+            .field("operation", &self.0.operation)
+            .field("key", &self.0.key.as_str())
+            .finish()
+    }
+}
+
+/// A fencing token: the number of times a record has been acquired. Each takeover raises it by
+/// one, and a store refuses a completion whose fence is not the record's current one.
+///
+/// The server layer puts the owner's token in the handler's request extensions (inside a
+/// [`Ticket`](crate::idempotency::server::Ticket)), so that a handler can guard its own writes
+/// with it (`UPDATE ... WHERE fence < $token`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence(u64);
+
+impl Fence {
+    /// A fence with this value. Stores number the first owner 1.
+    pub fn new(value: u64) -> Self {
+        Fence(value)
+    }
+
+    /// The value.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// The SHA-256 digest of a request's body: what tells a repeat of a request from another request
+/// that reuses its key. Stable across processes and versions, as a shared store needs.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequestDigest([u8; 32]);
+
+impl RequestDigest {
+    /// The digest of `body`.
+    ///
+    /// ```
+    /// use surely::idempotency::store::RequestDigest;
+    /// assert_eq!(RequestDigest::of(b"o-1"), RequestDigest::of(b"o-1"));
+    /// assert_ne!(RequestDigest::of(b"o-1"), RequestDigest::of(b"o-2"));
+    /// ```
+    pub fn of(body: &[u8]) -> Self {
+        RequestDigest(Sha256::digest(body).into())
+    }
+
+    /// A digest computed elsewhere.
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        RequestDigest(bytes)
+    }
+
+    /// The digest's bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for RequestDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RequestDigest(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("..)")
+    }
+}
+
+/// A response as a store keeps it, to replay: status, the headers worth replaying, body.
+///
+/// [`new`](Self::new) drops the headers that describe one connection or one moment rather than
+/// the result: `connection`, `keep-alive`, `transfer-encoding`, `content-length` (the replay sets
+/// its own), `date`, `set-cookie` (a session belongs to the response that made it), and the
+/// crate's own replay and not-processed markers. Clones share the bytes.
+///
+/// ```
+/// use surely::idempotency::store::StoredResponse;
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("location", "/orders/o-1".parse().unwrap());
+/// headers.insert("date", "Sun, 06 Nov 1994 08:49:37 GMT".parse().unwrap());
+/// let stored = StoredResponse::new(http::StatusCode::CREATED, &headers, "o-1".into());
+/// assert_eq!(stored.headers().len(), 1);
+/// assert_eq!(stored.body(), "o-1");
+/// ```
+#[derive(Clone)]
+pub struct StoredResponse(Arc<Stored>);
+
+struct Stored {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// Headers never stored for a replay.
+fn replayable(name: &HeaderName) -> bool {
+    use http::header;
+    !(name == header::CONNECTION
+        || name == header::TRANSFER_ENCODING
+        || name == header::CONTENT_LENGTH
+        || name == header::DATE
+        || name == header::SET_COOKIE
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::UPGRADE
+        || name.as_str() == "keep-alive"
+        || name == super::server::IDEMPOTENT_REPLAYED
+        || name == crate::classify::NOT_PROCESSED)
+}
+
+impl StoredResponse {
+    /// The response to store: `status`, the replayable ones of `headers`, and `body`.
+    pub fn new(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
+        let mut kept = HeaderMap::with_capacity(headers.len());
+        for (name, value) in headers {
+            if replayable(name) {
+                kept.append(name.clone(), value.clone());
+            }
+        }
+        StoredResponse(Arc::new(Stored {
+            status,
+            headers: kept,
+            body,
+        }))
+    }
+
+    /// From parts a store read back: `(name, value)` pairs that are not valid header names or
+    /// values are skipped.
+    pub fn from_parts<'a>(
+        status: StatusCode,
+        headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+        body: Bytes,
+    ) -> Self {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_bytes(value),
+            ) {
+                map.append(name, value);
+            }
+        }
+        StoredResponse::new(status, &map, body)
+    }
+
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.0.status
+    }
+
+    /// The stored headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.0.headers
+    }
+
+    /// The body.
+    pub fn body(&self) -> &Bytes {
+        &self.0.body
+    }
+}
+
+impl fmt::Debug for StoredResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredResponse")
+            .field("status", &self.0.status)
+            .field("headers", &self.0.headers)
+            .field("body_len", &self.0.body.len())
+            .finish()
+    }
+}
+
+/// What [`IdempotencyStore::acquire`] found.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Acquire {
+    /// The caller owns the record now (a new key, a released record, or a takeover after the
+    /// lease passed), with this fence. It should run the request and then complete or release.
+    Owner(Fence),
+    /// Another owner holds an unexpired lease: try again after `retry_after` (the lease's
+    /// remaining time).
+    InFlight {
+        /// The time left on the owner's lease.
+        retry_after: Duration,
+    },
+    /// The record is completed: replay this response.
+    Completed(StoredResponse),
+    /// The record belongs to a request with a different digest: the key was reused for another
+    /// request.
+    Mismatch,
+    /// The record's retention has ended; the stored response is no longer replayed, and the key
+    /// may not be used again until the record is swept.
+    Expired,
+}
+
+/// A store operation failed: the backend failed, or a completion or release came with a stale
+/// fence.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}")]
+pub struct StoreError {
+    kind: StoreErrorKind,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum StoreErrorKind {
+    #[error("idempotency record not updated: the fence is stale or the record is not processing")]
+    Stale,
+    #[error("idempotency store failed: {0}")]
+    Backend(BoxError),
+}
+
+impl StoreError {
+    /// A completion or release was refused: the record was taken over (its fence is higher), or
+    /// is no longer `PROCESSING`.
+    pub fn stale() -> Self {
+        StoreError {
+            kind: StoreErrorKind::Stale,
+        }
+    }
+
+    /// The backend failed (connection, query, pool).
+    pub fn backend(error: impl Into<BoxError>) -> Self {
+        StoreError {
+            kind: StoreErrorKind::Backend(error.into()),
+        }
+    }
+
+    /// Whether the operation was refused for a stale fence.
+    pub fn is_stale(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Stale)
+    }
+
+    /// Whether the backend failed.
+    pub fn is_backend(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Backend(_))
+    }
+}
+
+/// An idempotency store. See the [module docs](self) for the states and why every method is one
+/// atomic operation.
+pub trait IdempotencyStore: Send + Sync + 'static {
+    /// Becomes the owner of `key`'s record, atomically, or reports what is there.
+    ///
+    /// A new record, or a taken-over one, gets a lease of `lease` from the store's clock.
+    fn acquire(
+        &self,
+        key: &RecordKey,
+        digest: &RequestDigest,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Acquire, StoreError>> + Send;
+
+    /// Stores `response` in the record owned with `fence`, and keeps it for `retention`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::is_stale`] if `fence` is no longer the record's, or the record is not
+    /// `PROCESSING`.
+    fn complete(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Marks the record owned with `fence` not processed: the next request with the key runs.
+    ///
+    /// # Errors
+    ///
+    /// As for [`complete`](Self::complete).
+    fn release(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes the completed and released records whose retention ended `keep_expired_for` ago
+    /// or more, and returns how many. Never deletes a `PROCESSING` record.
+    fn sweep(
+        &self,
+        keep_expired_for: Duration,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+impl<S: IdempotencyStore> IdempotencyStore for Arc<S> {
+    fn acquire(
+        &self,
+        key: &RecordKey,
+        digest: &RequestDigest,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Acquire, StoreError>> + Send {
+        (**self).acquire(key, digest, lease)
+    }
+
+    fn complete(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).complete(key, fence, response, retention)
+    }
+
+    fn release(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).release(key, fence)
+    }
+
+    fn sweep(
+        &self,
+        keep_expired_for: Duration,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        (**self).sweep(keep_expired_for)
+    }
+}

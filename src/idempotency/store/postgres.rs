@@ -1,0 +1,512 @@
+//! The PostgreSQL store.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_postgres::{Manager, Pool};
+use http::StatusCode;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use super::{
+    Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError, StoredResponse,
+};
+use crate::idempotency::server::Ticket;
+use crate::ConfigError;
+
+/// The store for services that run more than one instance: records in a PostgreSQL table, with
+/// the database's clock (`now()`) for leases and retention, so that instances with skewed clocks
+/// agree.
+///
+/// Every state transition is one statement: `acquire` is an
+/// `INSERT ... ON CONFLICT DO UPDATE ... WHERE` (insert the record, or take over a released one
+/// or one whose lease passed, raising the fence), which in the same statement and round trip
+/// also reads the record, for the answer when the upsert changed nothing (in flight, completed,
+/// another digest, expired); only when the record was committed by another request after the
+/// statement's snapshot does a plain `SELECT` follow; `complete` and `release` are
+/// `UPDATE ... WHERE fence = $n AND state = processing`; `sweep` is one `DELETE` that spares
+/// `PROCESSING` rows.
+///
+/// # In the handler's transaction
+///
+/// A handler that writes to the same database should complete the record **in its own
+/// transaction** with [`complete_in`](Self::complete_in): the business row and the stored
+/// response then commit together or not at all. Without it, a crash between the commit and the
+/// completion leaves the record `PROCESSING`; after the lease, the retry runs the handler again
+/// and creates a second order. With it, the retry finds the completed record and replays it.
+/// The layer's own completion afterwards is then refused as stale, which is expected.
+///
+/// # Why tokio-postgres and deadpool
+///
+/// `tokio-postgres` is the asynchronous driver the others build on; it exposes
+/// [`Transaction`](tokio_postgres::Transaction), which is what `complete_in` needs to join the
+/// handler's transaction, without a query macro or a compile-time database. `deadpool-postgres`
+/// adds a small pool with a statement cache over it; its transactions dereference to
+/// tokio-postgres's, so `complete_in` takes either. `sqlx` would bring its own runtime
+/// abstraction and much more code for the four statements this store needs.
+///
+/// The table (default `surely_idempotency`) is created by [`migrate`](Self::migrate).
+pub struct PostgresStore {
+    pool: Pool,
+    sql: Arc<Sql>,
+}
+
+impl Clone for PostgresStore {
+    fn clone(&self) -> Self {
+        PostgresStore {
+            pool: self.pool.clone(),
+            sql: self.sql.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.sql.table)
+            .finish()
+    }
+}
+
+struct Sql {
+    table: String,
+    create: String,
+    acquire: String,
+    read: String,
+    complete: String,
+    release: String,
+    sweep: String,
+}
+
+const PROCESSING: i16 = 0;
+const COMPLETED: i16 = 1;
+const RELEASED: i16 = 2;
+
+impl Sql {
+    fn new(table: &str) -> Self {
+        let t = table;
+        let pk = "tenant = $1 AND operation = $2 AND key = $3";
+        let pk_t = "tenant = $1 AND t.operation = $2 AND t.key = $3";
+        let columns = "t.digest, t.state,
+                       GREATEST(EXTRACT(EPOCH FROM (t.lease_until - now())), 0)::float8,
+                       COALESCE(t.expires_at <= now(), false),
+                       t.status, t.header_names, t.header_values, t.body";
+        Sql {
+            table: t.to_owned(),
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    tenant text NOT NULL,
+                    operation text NOT NULL,
+                    key text NOT NULL,
+                    digest bytea NOT NULL,
+                    state smallint NOT NULL,
+                    fence bigint NOT NULL,
+                    lease_until timestamptz,
+                    expires_at timestamptz,
+                    status smallint,
+                    header_names text[],
+                    header_values bytea[],
+                    body bytea,
+                    PRIMARY KEY (tenant, operation, key)
+                );
+                CREATE INDEX IF NOT EXISTS {t}_expires_at ON {t} (expires_at) WHERE state <> {PROCESSING};"
+            ),
+            // One round trip: the upsert, and beside it the record as the statement's snapshot
+            // saw it (for the answer when the upsert changed nothing).
+            acquire: format!(
+                "WITH acquired AS (
+                     INSERT INTO {t} AS r (tenant, operation, key, digest, state, fence, lease_until)
+                     VALUES ($1, $2, $3, $4, {PROCESSING}, 1, now() + make_interval(secs => $5))
+                     ON CONFLICT (tenant, operation, key) DO UPDATE
+                     SET state = {PROCESSING}, fence = r.fence + 1, digest = EXCLUDED.digest,
+                         lease_until = EXCLUDED.lease_until, expires_at = NULL, status = NULL,
+                         header_names = NULL, header_values = NULL, body = NULL
+                     WHERE r.state = {RELEASED}
+                        OR (r.state = {PROCESSING} AND r.lease_until <= now()
+                            AND r.digest = EXCLUDED.digest)
+                     RETURNING r.fence
+                 )
+                 SELECT (SELECT fence FROM acquired), {columns}
+                 FROM (SELECT 1) AS one LEFT JOIN {t} AS t ON t.{pk_t}"
+            ),
+            read: format!("SELECT NULL::bigint, {columns} FROM {t} AS t WHERE t.{pk_t}"),
+            complete: format!(
+                "UPDATE {t} SET state = {COMPLETED}, lease_until = NULL, status = $5,
+                     header_names = $6, header_values = $7, body = $8,
+                     expires_at = now() + make_interval(secs => $9)
+                 WHERE {pk} AND fence = $4 AND state = {PROCESSING}"
+            ),
+            release: format!(
+                "UPDATE {t} SET state = {RELEASED}, lease_until = NULL, expires_at = now()
+                 WHERE {pk} AND fence = $4 AND state = {PROCESSING}"
+            ),
+            sweep: format!(
+                "DELETE FROM {t}
+                 WHERE state <> {PROCESSING} AND expires_at + make_interval(secs => $1) <= now()"
+            ),
+        }
+    }
+}
+
+/// A table name: a lower-case SQL identifier, optionally schema-qualified (`schema.table`).
+fn valid_table(name: &str) -> bool {
+    let ident = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 50
+            && s.bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    match name.split_once('.') {
+        Some((schema, table)) => ident(schema) && ident(table),
+        None => ident(name),
+    }
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+impl PostgresStore {
+    /// A store over `pool`, in the table `surely_idempotency`.
+    pub fn new(pool: Pool) -> Self {
+        PostgresStore {
+            pool,
+            sql: Arc::new(Sql::new("surely_idempotency")),
+        }
+    }
+
+    /// A store with its own pool (16 connections, no TLS) to the database at `url`
+    /// (`postgres://user@host:port/db`).
+    ///
+    /// # Errors
+    ///
+    /// The URL does not parse, or the pool cannot be built. Nothing connects yet.
+    pub fn connect(url: &str) -> Result<Self, StoreError> {
+        let config: tokio_postgres::Config = url.parse().map_err(StoreError::backend)?;
+        let pool = Pool::builder(Manager::new(config, NoTls))
+            .max_size(16)
+            .build()
+            .map_err(StoreError::backend)?;
+        Ok(Self::new(pool))
+    }
+
+    /// The same store in another table, such as `myschema.idempotency`.
+    ///
+    /// # Errors
+    ///
+    /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
+    /// optionally qualified by a schema of the same form.
+    pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
+        if !valid_table(table) {
+            return Err(ConfigError::new(
+                "idempotency table name",
+                "must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 50 bytes), optionally schema-qualified",
+            ));
+        }
+        Ok(PostgresStore {
+            pool: self.pool,
+            sql: Arc::new(Sql::new(table)),
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Creates the table and its index if they do not exist.
+    ///
+    /// # Errors
+    ///
+    /// The database refused, or could not be reached.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let client = self.pool.get().await.map_err(StoreError::backend)?;
+        client
+            .batch_execute(&self.sql.create)
+            .await
+            .map_err(StoreError::backend)
+    }
+
+    /// Completes the record of `ticket` with `response` inside the caller's transaction `txn`:
+    /// it commits with the caller's business writes, or rolls back with them.
+    ///
+    /// Takes a tokio-postgres transaction; a deadpool-postgres one dereferences to it
+    /// (`store.complete_in(&txn, ...)`).
+    ///
+    /// ```no_run
+    /// # async fn handler(store: surely::idempotency::store::PostgresStore,
+    /// #     ticket: surely::idempotency::server::Ticket) -> Result<(), Box<dyn std::error::Error>> {
+    /// use surely::idempotency::store::StoredResponse;
+    ///
+    /// let mut client = store.pool().get().await?;
+    /// let txn = client.transaction().await?;
+    /// txn.execute("INSERT INTO orders (id) VALUES ($1)", &[&"o-1"]).await?;
+    /// let response = StoredResponse::new(http::StatusCode::CREATED, &http::HeaderMap::new(), "o-1".into());
+    /// store.complete_in(&txn, &ticket, &response).await?;
+    /// txn.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::is_stale`] if the ticket's fence is no longer the record's (a later owner
+    /// took over: roll back), or the statement failed.
+    pub async fn complete_in(
+        &self,
+        txn: &tokio_postgres::Transaction<'_>,
+        ticket: &Ticket,
+        response: &StoredResponse,
+    ) -> Result<(), StoreError> {
+        let key = ticket.record_key();
+        let (names, values) = header_arrays(response);
+        let params = complete_params(
+            key,
+            ticket.fence(),
+            response,
+            &names,
+            &values,
+            ticket.retention(),
+        );
+        let n = txn
+            .execute(&self.sql.complete, &params.refs())
+            .await
+            .map_err(StoreError::backend)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::stale())
+        }
+    }
+
+    async fn acquire_inner(
+        &self,
+        key: &RecordKey,
+        digest: &RequestDigest,
+        lease: Duration,
+    ) -> Result<Acquire, StoreError> {
+        let client = self.pool.get().await.map_err(StoreError::backend)?;
+        let acquire = client
+            .prepare_cached(&self.sql.acquire)
+            .await
+            .map_err(StoreError::backend)?;
+        let read = client
+            .prepare_cached(&self.sql.read)
+            .await
+            .map_err(StoreError::backend)?;
+        let (tenant, operation, k) = (key.tenant(), key.operation(), key.key().as_str());
+        let digest: &[u8] = digest.as_bytes();
+        let lease = secs(lease);
+        // A record released, swept, or committed by another request after this statement's
+        // snapshot sends us round again (with the plain read, then the upsert).
+        let params: [&(dyn ToSql + Sync); 5] = [&tenant, &operation, &k, &digest, &lease];
+        let mut upsert = true;
+        for _ in 0..4 {
+            let row = if upsert {
+                client.query_opt(&acquire, &params).await
+            } else {
+                client.query_opt(&read, &params[..3]).await
+            }
+            .map_err(StoreError::backend)?;
+            // The plain read found nothing: the record is gone, acquire again.
+            let Some(row) = row else {
+                upsert = true;
+                continue;
+            };
+            let fence: Option<i64> = row.try_get(0).map_err(StoreError::backend)?;
+            if let Some(fence) = fence {
+                return Ok(Acquire::Owner(Fence::new(fence as u64)));
+            }
+            let seen: Option<&[u8]> = row.try_get(1).map_err(StoreError::backend)?;
+            if seen.is_none() {
+                // Not in the upsert's snapshot: read it as it is now.
+                upsert = false;
+                continue;
+            }
+            match classify(&row, digest)? {
+                Some(found) => return Ok(found),
+                None => upsert = true,
+            }
+        }
+        Err(StoreError::backend(
+            "idempotency record changed under four acquire attempts in a row",
+        ))
+    }
+}
+
+/// What a read of a record not taken says; `None` when it is free again (released meanwhile).
+fn classify(row: &Row, digest: &[u8]) -> Result<Option<Acquire>, StoreError> {
+    let e = StoreError::backend;
+    let stored: &[u8] = row.try_get(1).map_err(e)?;
+    let state: i16 = row.try_get(2).map_err(e)?;
+    let left: f64 = row.try_get(3).map_err(e)?;
+    let expired: bool = row.try_get(4).map_err(e)?;
+    Ok(Some(match state {
+        PROCESSING if stored != digest => Acquire::Mismatch,
+        PROCESSING if left > 0.0 => Acquire::InFlight {
+            retry_after: Duration::try_from_secs_f64(left).unwrap_or(Duration::from_secs(1)),
+        },
+        // The lease passed between the two statements: try again.
+        PROCESSING => return Ok(None),
+        COMPLETED if expired => Acquire::Expired,
+        COMPLETED if stored != digest => Acquire::Mismatch,
+        COMPLETED => {
+            let status: i16 = row.try_get(5).map_err(e)?;
+            let names: Vec<String> = row.try_get(6).map_err(e)?;
+            let values: Vec<Vec<u8>> = row.try_get(7).map_err(e)?;
+            let body: Vec<u8> = row.try_get(8).map_err(e)?;
+            let status = u16::try_from(status)
+                .ok()
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .ok_or_else(|| StoreError::backend("stored status out of range"))?;
+            Acquire::Completed(StoredResponse::from_parts(
+                status,
+                names
+                    .iter()
+                    .map(String::as_str)
+                    .zip(values.iter().map(Vec::as_slice)),
+                Bytes::from(body),
+            ))
+        }
+        _ => return Ok(None),
+    }))
+}
+
+fn header_arrays(response: &StoredResponse) -> (Vec<&str>, Vec<&[u8]>) {
+    response
+        .headers()
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_bytes()))
+        .unzip()
+}
+
+/// The nine parameters of the `complete` statement.
+struct CompleteParams<'a> {
+    tenant: &'a str,
+    operation: &'a str,
+    key: &'a str,
+    fence: i64,
+    status: i16,
+    names: &'a [&'a str],
+    values: &'a [&'a [u8]],
+    body: &'a [u8],
+    retention: f64,
+}
+
+impl CompleteParams<'_> {
+    fn refs(&self) -> [&(dyn ToSql + Sync); 9] {
+        [
+            &self.tenant,
+            &self.operation,
+            &self.key,
+            &self.fence,
+            &self.status,
+            &self.names,
+            &self.values,
+            &self.body,
+            &self.retention,
+        ]
+    }
+}
+
+fn complete_params<'a>(
+    key: &'a RecordKey,
+    fence: Fence,
+    response: &'a StoredResponse,
+    names: &'a [&'a str],
+    values: &'a [&'a [u8]],
+    retention: Duration,
+) -> CompleteParams<'a> {
+    CompleteParams {
+        tenant: key.tenant(),
+        operation: key.operation(),
+        key: key.key().as_str(),
+        fence: fence.get() as i64,
+        status: response.status().as_u16() as i16,
+        names,
+        values,
+        body: response.body(),
+        retention: secs(retention),
+    }
+}
+
+impl IdempotencyStore for PostgresStore {
+    fn acquire(
+        &self,
+        key: &RecordKey,
+        digest: &RequestDigest,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Acquire, StoreError>> + Send {
+        self.acquire_inner(key, digest, lease)
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        {
+            let client = self.pool.get().await.map_err(StoreError::backend)?;
+            let stmt = client
+                .prepare_cached(&self.sql.complete)
+                .await
+                .map_err(StoreError::backend)?;
+            let (names, values) = header_arrays(response);
+            let params = complete_params(key, fence, response, &names, &values, retention);
+            let n = client
+                .execute(&stmt, &params.refs())
+                .await
+                .map_err(StoreError::backend)?;
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(StoreError::stale())
+            }
+        }
+    }
+
+    async fn release(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        {
+            let client = self.pool.get().await.map_err(StoreError::backend)?;
+            let stmt = client
+                .prepare_cached(&self.sql.release)
+                .await
+                .map_err(StoreError::backend)?;
+            let fence = fence.get() as i64;
+            let n = client
+                .execute(
+                    &stmt,
+                    &[&key.tenant(), &key.operation(), &key.key().as_str(), &fence],
+                )
+                .await
+                .map_err(StoreError::backend)?;
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(StoreError::stale())
+            }
+        }
+    }
+
+    async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {
+        {
+            let client = self.pool.get().await.map_err(StoreError::backend)?;
+            client
+                .execute(&self.sql.sweep, &[&secs(keep_expired_for)])
+                .await
+                .map_err(StoreError::backend)
+        }
+    }
+}
