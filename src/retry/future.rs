@@ -40,7 +40,10 @@ pin_project! {
         service: S,
         config: Arc<Config<M, Z>>,
         attempts: u32,
-        delays: Option<Delays>,
+        // Boxed, and made only for a call that waits before a retry: the iterator and the timer
+        // are most of the future's size, and every layer outside moves the future.
+        delays: Option<Box<Delays>>,
+        sleep: Option<Pin<Box<Sleep>>>,
         // The outcome of the attempt being retried, until the retry is sent, or of the last
         // attempt while a resolver is asked: the call's outcome if nothing replaces it.
         last: Option<Result<S::Response, Error<<S::Error as IntoError>::Transport>>>,
@@ -55,7 +58,8 @@ pin_project! {
     #[project = StateProj]
     enum State<F, Res> {
         Attempt { #[pin] future: F },
-        Waiting { #[pin] sleep: Sleep },
+        // The timer is `ResponseFuture::sleep`.
+        Waiting,
         Readying,
         Resolving { query: Resolving<Res> },
     }
@@ -87,6 +91,7 @@ where
             config,
             attempts: 1,
             delays: None,
+            sleep: None,
             last: None,
             key,
             started,
@@ -179,13 +184,21 @@ where
                         }
                         Next::Retry(wait) => {
                             *this.last = Some(out);
-                            let sleep = tokio::time::sleep_until(Instant::now() + wait);
-                            this.state.set(State::Waiting { sleep });
+                            let until = Instant::now() + wait;
+                            match this.sleep {
+                                Some(sleep) => sleep.as_mut().reset(until),
+                                None => {
+                                    *this.sleep = Some(Box::pin(tokio::time::sleep_until(until)))
+                                }
+                            }
+                            this.state.set(State::Waiting);
                         }
                     }
                 }
-                StateProj::Waiting { sleep } => {
-                    ready!(sleep.poll(cx));
+                StateProj::Waiting => {
+                    if let Some(sleep) = this.sleep {
+                        ready!(sleep.as_mut().poll(cx));
+                    }
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
@@ -236,7 +249,7 @@ fn decide<M, Z, Req: Envelope>(
     classification: &Classification,
     attempts: u32,
     template: Option<&Req>,
-    delays: &mut Option<Delays>,
+    delays: &mut Option<Box<Delays>>,
 ) -> Next {
     if attempts >= config.max_attempts {
         return Next::Stop(StopReason::AttemptsExhausted);
@@ -255,8 +268,9 @@ fn decide<M, Z, Req: Envelope>(
         Some(Pushback::Stop) => return Next::Stop(StopReason::PushbackStop),
         Some(Pushback::After(d)) if d <= config.max_pushback => d,
         // No pushback, or more than we obey: the backoff decides.
+        _ if config.backoff.cap().is_zero() => Duration::ZERO,
         _ => delays
-            .get_or_insert_with(|| config.backoff.iter())
+            .get_or_insert_with(|| Box::new(config.backoff.iter()))
             .next()
             .unwrap_or(Duration::ZERO),
     };
