@@ -45,17 +45,16 @@ use crate::classify::{AttemptClass, Classification, DeliveryPhase, Pushback};
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CircuitOpen {
+    // Small on purpose: it is a variant of every `surely::Error`, which every layer moves.
     state: BreakerState,
     until: Option<Instant>,
-    retry_after: Option<Duration>,
 }
 
 impl CircuitOpen {
-    pub(super) fn open(until: Instant, now: Instant) -> Self {
+    pub(super) fn open(until: Instant, _now: Instant) -> Self {
         CircuitOpen {
             state: BreakerState::Open,
             until: Some(until),
-            retry_after: Some(until.saturating_duration_since(now)),
         }
     }
 
@@ -63,7 +62,6 @@ impl CircuitOpen {
         CircuitOpen {
             state: BreakerState::HalfOpen,
             until: None,
-            retry_after: None,
         }
     }
 
@@ -71,7 +69,6 @@ impl CircuitOpen {
         CircuitOpen {
             state: BreakerState::Isolated,
             until: None,
-            retry_after: None,
         }
     }
 
@@ -82,9 +79,11 @@ impl CircuitOpen {
         self.state
     }
 
-    /// How long the break still had to run when the call was refused (open breakers only).
+    /// How long the break still has to run (open breakers only): from now until
+    /// [`retry_at`](Self::retry_at), zero once it is over.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        self.until
+            .map(|until| until.saturating_duration_since(Instant::now()))
     }
 
     /// When the break ends and the breaker lets a probe through (open breakers only).
@@ -96,7 +95,7 @@ impl CircuitOpen {
     pub(crate) fn classification(&self) -> Classification {
         let pushback = match self.state {
             BreakerState::Isolated => Some(Pushback::Stop),
-            _ => self.retry_after.map(Pushback::After),
+            _ => self.retry_after().map(Pushback::After),
         };
         Classification::new(AttemptClass::Rejected, DeliveryPhase::NotSent).with_pushback(pushback)
     }
@@ -111,7 +110,7 @@ impl fmt::Display for CircuitOpen {
             BreakerState::HalfOpen => {
                 f.write_str("circuit breaker half-open: its probes are in flight, call refused")
             }
-            _ => match self.retry_after {
+            _ => match self.retry_after() {
                 Some(d) => write!(f, "circuit breaker open: retry after {}ms", d.as_millis()),
                 None => f.write_str("circuit breaker open"),
             },
