@@ -370,11 +370,14 @@ impl fmt::Display for CallRecord {
 
 /// A record, as a closure [`Recorder`] receives it.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub enum Record<'a> {
     /// An attempt ended.
     Attempt(&'a AttemptRecord),
     /// A call ended.
     Call(&'a CallRecord),
+    /// A circuit breaker changed state or refused a call.
+    Breaker(&'a BreakerEvent),
 }
 
 /// Where records go.
@@ -450,6 +453,10 @@ where
 
     fn record_call(&self, record: &CallRecord) {
         self(Record::Call(record))
+    }
+
+    fn record_breaker(&self, event: &BreakerEvent) {
+        self(Record::Breaker(event))
     }
 }
 

@@ -1067,3 +1067,24 @@ async fn another_breakers_refusal_counts_for_nothing() {
     assert_eq!(outer.state(), BreakerState::Closed);
     assert_eq!(backend.calls(), 0);
 }
+
+#[test]
+fn a_closure_recorder_hears_the_breaker() {
+    use std::sync::Mutex;
+    use surely::record::Record;
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let sink = heard.clone();
+    let breaker = CircuitBreaker::builder()
+        .recorder(move |record: Record<'_>| {
+            if let Record::Breaker(event) = record {
+                sink.lock().unwrap().push(event.to_string());
+            }
+        })
+        .build()
+        .unwrap();
+    breaker.isolate();
+    breaker.reset();
+    let heard = heard.lock().unwrap();
+    assert_eq!(heard.len(), 2, "{heard:?}");
+    assert!(heard[0].contains("isolated"), "{heard:?}");
+}

@@ -598,6 +598,7 @@ async fn a_closure_recorder_gets_every_record_in_order() {
         let line = match record {
             Record::Attempt(a) => format!("attempt {} {}", a.attempt, a.class().as_str()),
             Record::Call(c) => format!("call {} {}", c.attempts, c.outcome.as_str()),
+            _ => String::from("other"),
         };
         sink.lock().unwrap().push(line);
     };
@@ -771,6 +772,7 @@ async fn the_deadline_layers_timer_ends_the_attempt_before_the_call_record() {
                 seen.lock().unwrap().push("call");
                 Recorder::record_call(&records, c)
             }
+            _ => {}
         }
     };
     let mut svc = ServiceBuilder::new()
