@@ -141,6 +141,7 @@ const FULL: &str = "surely_full";
 /// The retry families' groups.
 const RETRY_SUCCESS: &str = "retry_success/plain";
 const RETRY_FAIL_ONCE: &str = "retry_fail_once/plain";
+const RETRY_SUCCESS_HTTP: &str = "retry_success/http";
 /// The breaker family's group and its reference.
 const BREAKER_SUCCESS: &str = "breaker_success/plain";
 const FAILSAFE: &str = "failsafe";
@@ -345,10 +346,10 @@ impl TowerPolicy {
     }
 }
 
-impl<Res, E> Policy<Req, Res, E> for TowerPolicy {
+impl<Rq: Clone, Res, E> Policy<Rq, Res, E> for TowerPolicy {
     type Future = Ready<()>;
 
-    fn retry(&mut self, _: &mut Req, result: &mut Result<Res, E>) -> Option<Ready<()>> {
+    fn retry(&mut self, _: &mut Rq, result: &mut Result<Res, E>) -> Option<Ready<()>> {
         match result {
             Ok(_) => {
                 self.budget.deposit();
@@ -364,9 +365,49 @@ impl<Res, E> Policy<Req, Res, E> for TowerPolicy {
         }
     }
 
-    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+    fn clone_request(&mut self, req: &Rq) -> Option<Rq> {
         Some(req.clone())
     }
+}
+
+/// The retry family over `http::Request<()>` on the success path: what a retry layer costs,
+/// and allocates, when the request is an HTTP request that it must be able to send again.
+fn retry_http_group() -> [Case; 3] {
+    [
+        Case {
+            group: RETRY_SUCCESS_HTTP,
+            name: BARE,
+            headers_written: 0,
+            make: || driver(service_fn(http_ready), http_req),
+        },
+        Case {
+            group: RETRY_SUCCESS_HTTP,
+            name: TOWER_RETRY,
+            headers_written: 0,
+            make: || {
+                let svc = Retry::new(
+                    TowerPolicy::new(tps_default()),
+                    Timeout::new(service_fn(http_ready), BUDGET),
+                );
+                driver(svc, http_req)
+            },
+        },
+        Case {
+            group: RETRY_SUCCESS_HTTP,
+            name: FULL,
+            headers_written: 1,
+            make: || {
+                let svc = ServiceBuilder::new()
+                    .layer(stack_deadline())
+                    .layer(IdempotencyKeyLayer::new())
+                    .layer(retry(HttpClassifier::new(), ratio_default()))
+                    .layer(RecordAttemptLayer::new(()))
+                    .layer(attempt_timeout())
+                    .service(service_fn(http_ready));
+                driver(svc, http_req)
+            },
+        },
+    ]
 }
 
 /// The budgets of the `success` path: tower's `TpsBudget` and surely's `RatioBudget` at their
@@ -775,6 +816,7 @@ fn cases() -> Vec<Case> {
         tps_one_per_call(),
         ratio_one_per_call()
     ))
+    .chain(retry_http_group())
     .chain(breaker_group())
     .chain(hedge_group!(HEDGE_READY, safe_ready))
     .chain(hedge_group!(HEDGE_PENDING, safe_pending))
@@ -942,6 +984,7 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
         ("pending_once/http", STACK, 1.0),
         (RETRY_SUCCESS, FULL, 0.6),
         (RETRY_FAIL_ONCE, FULL, 0.75),
+        (RETRY_SUCCESS_HTTP, FULL, 0.6),
     ] {
         let (Some(b), Some(s), Some(tw)) = (
             at(group, BARE),
