@@ -45,30 +45,35 @@ use crate::classify::{AttemptClass, Classification, DeliveryPhase, Pushback};
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CircuitOpen {
-    // Small on purpose: it is a variant of every `surely::Error`, which every layer moves.
-    state: BreakerState,
-    until: Option<Instant>,
+    // Small on purpose (16 bytes): it is a variant of every `surely::Error`, which every layer
+    // moves.
+    kind: Refusal,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// Open until then.
+    Open(Instant),
+    HalfOpen,
+    Isolated,
 }
 
 impl CircuitOpen {
     pub(super) fn open(until: Instant, _now: Instant) -> Self {
         CircuitOpen {
-            state: BreakerState::Open,
-            until: Some(until),
+            kind: Refusal::Open(until),
         }
     }
 
     pub(super) fn half_open() -> Self {
         CircuitOpen {
-            state: BreakerState::HalfOpen,
-            until: None,
+            kind: Refusal::HalfOpen,
         }
     }
 
     pub(super) fn isolated() -> Self {
         CircuitOpen {
-            state: BreakerState::Isolated,
-            until: None,
+            kind: Refusal::Isolated,
         }
     }
 
@@ -76,24 +81,31 @@ impl CircuitOpen {
     /// [`HalfOpen`](BreakerState::HalfOpen) (every probe is out) or
     /// [`Isolated`](BreakerState::Isolated).
     pub fn state(&self) -> BreakerState {
-        self.state
+        match self.kind {
+            Refusal::Open(_) => BreakerState::Open,
+            Refusal::HalfOpen => BreakerState::HalfOpen,
+            Refusal::Isolated => BreakerState::Isolated,
+        }
     }
 
     /// How long the break still has to run (open breakers only): from now until
     /// [`retry_at`](Self::retry_at), zero once it is over.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.until
+        self.retry_at()
             .map(|until| until.saturating_duration_since(Instant::now()))
     }
 
     /// When the break ends and the breaker lets a probe through (open breakers only).
     pub fn retry_at(&self) -> Option<Instant> {
-        self.until
+        match self.kind {
+            Refusal::Open(until) => Some(until),
+            Refusal::HalfOpen | Refusal::Isolated => None,
+        }
     }
 
     /// The classification: rejected, not sent, with the remaining break as pushback.
     pub(crate) fn classification(&self) -> Classification {
-        let pushback = match self.state {
+        let pushback = match self.state() {
             BreakerState::Isolated => Some(Pushback::Stop),
             _ => self.retry_after().map(Pushback::After),
         };
@@ -103,7 +115,7 @@ impl CircuitOpen {
 
 impl fmt::Display for CircuitOpen {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.state {
+        match self.state() {
             BreakerState::Isolated => {
                 f.write_str("circuit breaker isolated: calls refused until it is reset")
             }
