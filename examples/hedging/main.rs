@@ -11,10 +11,31 @@
 
 mod sim;
 
+const USAGE: &str = "usage: hedging [calls (default 20000, at least 100)] [seed (default 7)]";
+
+/// The positional argument at `i` as a number, its default if absent, or a usage error.
+fn arg<T: std::str::FromStr>(args: &[String], i: usize, name: &str, default: T) -> T {
+    match args.get(i) {
+        None => default,
+        Some(a) => a.parse().unwrap_or_else(|_| {
+            eprintln!("hedging: {name} must be a number, not {a:?}\n{USAGE}");
+            std::process::exit(2);
+        }),
+    }
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let calls = args.next().and_then(|a| a.parse().ok()).unwrap_or(20_000);
-    let seed = args.next().and_then(|a| a.parse().ok()).unwrap_or(7);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() > 2 || args.iter().any(|a| a == "-h" || a == "--help") {
+        eprintln!("{USAGE}");
+        std::process::exit(2);
+    }
+    let calls: usize = arg(&args, 0, "calls", 20_000);
+    let seed: u64 = arg(&args, 1, "seed", 7);
+    if calls < 100 {
+        eprintln!("hedging: calls must be at least 100 for percentiles to mean anything\n{USAGE}");
+        std::process::exit(2);
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
