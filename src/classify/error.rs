@@ -134,6 +134,19 @@ fn classify_known(
             return Some(e.classify_error(phase));
         }
     }
+    #[cfg(feature = "http2")]
+    {
+        // RFC 9113 §8.7: a stream reset with REFUSED_STREAM was not processed, and "can be
+        // safely retried"; any other HTTP/2 error says nothing about the work.
+        if let Some(e) = e.downcast_ref::<h2::Error>() {
+            if e.reason() == Some(h2::Reason::REFUSED_STREAM) {
+                return Some(Classification::new(
+                    super::AttemptClass::Rejected,
+                    DeliveryPhase::Sent,
+                ));
+            }
+        }
+    }
     #[cfg(feature = "hyper")]
     {
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {

@@ -33,7 +33,9 @@
 //!   of a trailers-only response, or in the trailers through [`ClassifyEos`]) for requests whose
 //!   content type is `application/grpc`;
 //! * [`ClassifyError`]: `std::io::Error` kinds, the crate's own errors, boxed errors, and with the
-//!   `hyper` feature hyper and hyper-util client errors (`is_connect()` means not sent);
+//!   `hyper` feature hyper and hyper-util client errors (`is_connect()` means not sent; with the
+//!   `http2` feature, a stream the server reset with HTTP/2's `REFUSED_STREAM` is rejected, not
+//!   processed);
 //! * [`from_fn`]: a closure.
 //!
 //! ```

@@ -4,6 +4,8 @@
 
 mod closure;
 mod errors;
+#[cfg(feature = "http2")]
+mod h2_refused;
 #[cfg(feature = "hyper")]
 mod hyper_client;
 mod pushback;
