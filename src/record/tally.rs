@@ -71,6 +71,10 @@ impl CallTally {
 
     /// Runs `f` outside any call: what it records belongs to no call of this thread's.
     pub(crate) fn isolate<R>(f: impl FnOnce() -> R) -> R {
+        // Outside any call already (a server's handler, most of the time): nothing to move.
+        if TALLY.with(|t| t.borrow().is_none()) {
+            return f();
+        }
         swapped(None, f)
     }
 
