@@ -8,18 +8,23 @@
 //! ([`Semantics`]) and how far it got ([`DeliveryPhase`](classify::DeliveryPhase)), and ends every
 //! call in one of three [`Outcome`](classify::Outcome)s: succeeded, failed, or **unknown**.
 //!
-//! The layers, outer to inner, for a client:
+//! The layers, outer to inner, for a client ([`client()`] builds them in one call):
 //!
 //! ```text
-//! record::RecordCallLayer                one record per logical call, its outcome and stop reason
-//!   deadline::DeadlineLayer              one total budget, propagated in-process and on the wire
-//!     idempotency::IdempotencyKeyLayer   one key per logical call, the same on every attempt
-//!       retry::RetryLayer                retry what may be retried: budget, backoff, pushback
-//!         hedge::HedgeLayer              safe reads only: a copy after a delay, first answer wins
-//!         record::RecordAttemptLayer     one record per attempt: phase, class, budget left
-//!           timeout::AttemptTimeoutLayer min(per-try timeout, remaining budget)
-//!             transport                  hyper-util, tonic, any tower::Service
+//! record::RecordCallLayer                  one record per logical call, its outcome and stop reason
+//!   deadline::DeadlineLayer                one total budget, propagated in-process and on the wire
+//!     idempotency::IdempotencyKeyLayer     one key per logical call, the same on every attempt
+//!       retry::ReplayBodyLayer             HTTP bodies buffered so that every attempt sends them
+//!         retry::RetryLayer                retry what may be retried: budget, backoff, pushback
+//!           hedge::HedgeLayer              safe reads only: a copy after a delay, first answer wins
+//!             breaker::CircuitBreakerLayer stop calling a failing dependency; say when to come back
+//!               record::RecordAttemptLayer one record per attempt: phase, class, budget left
+//!                 timeout::AttemptTimeoutLayer  min(per-try timeout, remaining budget)
+//!                   transport              hyper-util, tonic, any tower::Service
 //! ```
+//!
+//! Start with [`client()`] (or [`client::http()`], [`client::grpc()`]) and the guide in
+//! [`docs`]; every layer also works on its own in a `tower::ServiceBuilder`.
 //!
 //! On the server, [`deadline::ServerDeadlineLayer`] reads the caller's budget and makes it the
 //! current deadline for the handler, and [`fault::FaultLayer`] injects the failures this crate
