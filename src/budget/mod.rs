@@ -164,6 +164,14 @@ pub trait RetryBudget: std::fmt::Debug + Send + Sync {
     /// always allowed.
     fn deposit(&self);
 
+    /// [`deposit`](Self::deposit), for a caller that has just read the clock: a budget that
+    /// needs the time (a [`RatioBudget`]) uses `now` instead of reading it again. The default
+    /// ignores `now`.
+    fn deposit_at(&self, now: tokio::time::Instant) {
+        let _ = now;
+        self.deposit();
+    }
+
     /// Asks to send one retry or hedge. `Ok` allows it (and, for a budget that counts retries,
     /// counts it); `Err` refuses it, with a hint of when to ask again if the budget knows.
     ///
@@ -183,6 +191,10 @@ macro_rules! forward {
         impl<B: RetryBudget + ?Sized> RetryBudget for $ptr {
             fn deposit(&self) {
                 (**self).deposit()
+            }
+
+            fn deposit_at(&self, now: tokio::time::Instant) {
+                (**self).deposit_at(now)
             }
 
             fn withdraw(&self) -> Result<(), BudgetExhausted> {

@@ -304,10 +304,15 @@ impl RatioBudget {
 impl RetryBudget for RatioBudget {
     /// Earns `ratio` retries, for `ttl`.
     fn deposit(&self) {
+        self.deposit_at(Instant::now());
+    }
+
+    /// [`deposit`](RetryBudget::deposit) at `now`, without reading the clock.
+    fn deposit_at(&self, now: Instant) {
         if self.deposit_amount > 0 {
             // A deposit is never refused; one that would overflow its slot saturates, which
             // only lowers the balance.
-            let _ = Self::add(&self.slots, self.epoch(Instant::now()), self.deposit_amount);
+            let _ = Self::add(&self.slots, self.epoch(now), self.deposit_amount);
         }
     }
 

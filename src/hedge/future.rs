@@ -250,7 +250,7 @@ where
                 // on its first poll never could.
                 if race.config.owns_budget {
                     if let Some(budget) = &race.config.budget {
-                        budget.deposit();
+                        budget.deposit_at(now);
                     }
                 }
                 if this.timer.is_idle() && !race.due && !race.stopped {

@@ -639,3 +639,17 @@ proptest! {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn ratio_deposit_at_counts_from_the_time_given() {
+    let at_start = tokio::time::Instant::now();
+    let given = ratio(1.0, secs(1), 0.0);
+    let read = ratio(1.0, secs(1), 0.0);
+    advance(Duration::from_millis(900)).await;
+    // The same first attempt, told when it happened, or reading the clock itself.
+    given.deposit_at(at_start);
+    read.deposit();
+    advance(Duration::from_millis(300)).await;
+    assert!(given.withdraw().is_err(), "made at 0 ms, gone by 1.2 s");
+    assert!(read.withdraw().is_ok(), "made at 900 ms, still counts");
+}
