@@ -9,6 +9,12 @@
 //! (strategy, depth, failure model) it reports the **amplification** (bottom-service calls per
 //! top-level call) and the **success rate** (the share of top-level calls that succeeded). See
 //! `sim.rs` for the model.
+//!
+//! `surely-default` is the retry part of `surely::client()`'s defaults at every hop (the
+//! settings of `RetryLayer::new()`, its `RatioBudget`, and the retry-owner marker carried from
+//! hop to hop by `ServerDeadlineLayer`). The client's circuit breaker is left out: it would
+//! shed most of a total outage's calls, and the table would measure load shedding instead of
+//! retry amplification.
 
 mod sim;
 
@@ -256,8 +262,9 @@ fn describe(strategy: Strategy) -> &'static str {
              3 attempts, no backoff"
         }
         Strategy::SurelyDefault => {
-            "RetryLayer::new() settings (RatioBudget: 10% or 10/s, whichever is larger, over \
-             10 s; backoff 100 ms full jitter), retry-owner marker on"
+            "surely::client()'s retry defaults = RetryLayer::new() (RatioBudget: 10% or 10/s, \
+             whichever is larger, over 10 s; backoff 100 ms full jitter), retry-owner marker \
+             on; the client's breaker left out"
         }
         Strategy::SurelyRatio => "RetryLayer, RatioBudget::default(), no owner marker",
         Strategy::SurelyBucket => {
