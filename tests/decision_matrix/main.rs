@@ -12,6 +12,10 @@
 //! | 429 + `Retry-After` | retried after the wait | ← | ← | ← |
 //! | 400 | failed, 1 attempt | ← | ← | ← |
 //! | 409 | failed (conflict), 1 attempt | ← | ← | ← |
+//!
+//! A keyed POST whose first attempt committed commits twice against a server that ignores keys
+//! (the matrix's plain server); against one with surely's `IdempotencyLayer` it commits once and
+//! the retry gets the stored result (the last two tests).
 
 #[path = "../common/serve.rs"]
 mod serve;
@@ -303,4 +307,66 @@ async fn bad_request() {
 #[tokio::test(start_paused = true)]
 async fn conflict() {
     row(Failure::Conflict).await;
+}
+
+// ---- the keyed POST against a server that honours keys ------------------------------------------
+
+/// The keyed POST cells where the first attempt committed (reply lost; slow past the per-try
+/// timeout), against a server with surely's `IdempotencyLayer`: the retry is answered from the
+/// stored result, and the order is committed once.
+async fn keyed_against_an_idempotent_server(failure: Failure) -> (Outcome, u32, usize, bool) {
+    use surely::idempotency::server::IdempotencyLayer;
+    use surely::idempotency::store::MemoryStore;
+
+    let (client_faults, server_faults) = faults(failure);
+    let commits = Arc::new(AtomicUsize::new(0));
+    let counted = commits.clone();
+    let handler = service_fn(move |_req: Request<Full<Bytes>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from_static(b"o-1")))) }
+    });
+    let server = ServiceBuilder::new()
+        .layer(FaultLayer::new(server_faults))
+        .layer(IdempotencyLayer::new(MemoryStore::new()))
+        .service(handler);
+    let addr = serve(server).await;
+
+    let recorder = InMemoryRecorder::new();
+    let mut client = ServiceBuilder::new()
+        .layer(RecordCallLayer::new(recorder.clone()))
+        .layer(DeadlineLayer::new(Duration::from_secs(30)).unwrap())
+        .layer(ReplayBodyLayer::new())
+        .layer(
+            RetryLayer::builder()
+                .backoff(Backoff::constant(Duration::from_millis(50)))
+                .no_budget()
+                .build()
+                .unwrap(),
+        )
+        .layer(RecordAttemptLayer::new(recorder.clone()))
+        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
+        .layer(FaultLayer::new(client_faults).responses(NoResponse))
+        .service(Client::builder(TokioExecutor::new()).build_http());
+    let req = request(Kind::PostKeyed, &format!("http://{addr}"));
+    let res = client.ready().await.unwrap().call(req).await.unwrap();
+    let replayed = res.headers().contains_key("idempotent-replayed");
+    let call = &recorder.calls()[0];
+    (
+        call.outcome,
+        call.attempts,
+        commits.load(Ordering::SeqCst),
+        replayed,
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_post_whose_reply_was_lost_commits_once_with_a_server_that_honours_keys() {
+    let got = keyed_against_an_idempotent_server(Failure::LostAfterCommit).await;
+    assert_eq!(got, (Outcome::Succeeded, 2, 1, true));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_keyed_post_commits_once_with_a_server_that_honours_keys() {
+    let got = keyed_against_an_idempotent_server(Failure::SlowPastPerTry).await;
+    assert_eq!(got, (Outcome::Succeeded, 2, 1, true));
 }
