@@ -42,6 +42,9 @@ pub struct NotReplayable;
 ///   have no body to give (they fail if polled). The retry layer does not make copies of such a
 ///   request, so the call is single-attempt, and its record says why.
 ///
+/// The body must be `Unpin` (hyper's `Incoming`, `Full`, `Empty` and boxed bodies are); pin
+/// another one with `Box::pin` or `http_body_util::BodyExt::boxed` first.
+///
 /// Reading happens before the inner service is called, inside the call's deadline when a
 /// [`DeadlineLayer`](crate::deadline::DeadlineLayer) is outside. Place the layer between the
 /// idempotency-key layer and the retry layer (DESIGN §8).
