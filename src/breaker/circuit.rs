@@ -227,7 +227,7 @@ impl CircuitBreaker {
                     let now = Instant::now();
                     let until = shared.open_until();
                     if now < until {
-                        return Err(shared.reject(CircuitOpen::open(until, now), now));
+                        return Err(shared.reject(CircuitOpen::open(until), now));
                     }
                     shared.transition(word, BreakerState::HalfOpen, TransitionReason::BreakEnded);
                     word = shared.word.load(Acquire);

@@ -59,7 +59,7 @@ enum Refusal {
 }
 
 impl CircuitOpen {
-    pub(super) fn open(until: Instant, _now: Instant) -> Self {
+    pub(super) fn open(until: Instant) -> Self {
         CircuitOpen {
             kind: Refusal::Open(until),
         }

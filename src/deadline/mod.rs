@@ -187,6 +187,18 @@ pub fn current() -> Option<Deadline> {
         .map(|d| d.anchor(Instant::now()))
 }
 
+/// What is left at `now` of the deadline an attempt works under: the earlier of the request's
+/// own (`own`) and the current one. `None` without either, in which case the clock is not read
+/// (`now` is called only when there is a deadline).
+pub(crate) fn left_at(own: Option<Deadline>, now: impl FnOnce() -> Instant) -> Option<Duration> {
+    let current = Context::current().deadline();
+    if own.is_none() && current.is_none() {
+        return None;
+    }
+    let now = now();
+    Deadline::earliest(own, current.map(|d| d.anchor(now))).map(|d| d.remaining_at(now))
+}
+
 /// Runs `fut` with `deadline` as the current deadline (or the current one, if that is earlier),
 /// for code that calls client stacks outside a server deadline layer, such as a background job.
 pub async fn scope<F: Future>(deadline: Deadline, fut: F) -> F::Output {

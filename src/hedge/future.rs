@@ -15,8 +15,6 @@ use super::layer::Config;
 use crate::classify::{
     AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, Pushback,
 };
-use crate::context::Context;
-use crate::deadline::Deadline;
 use crate::record::CallTally;
 use crate::{Envelope, Error, IntoError};
 
@@ -427,7 +425,7 @@ where
         if self.sent >= config.max_attempts {
             return Err("attempt limit reached");
         }
-        if let Some(left) = self.deadline_left(Instant::now()) {
+        if let Some(left) = crate::deadline::left_at(self.template.deadline(), Instant::now) {
             if left < self.need() {
                 return Err("too little of the deadline left");
             }
@@ -451,12 +449,7 @@ where
 
     /// The call's budget left at `now`: the earlier of the current deadline and the request's.
     fn deadline_left(&self, now: Instant) -> Option<Duration> {
-        let current = Context::current().deadline();
-        let own = self.template.deadline();
-        if current.is_none() && own.is_none() {
-            return None;
-        }
-        Deadline::earliest(own, current.map(|d| d.anchor(now))).map(|d| d.remaining_at(now))
+        crate::deadline::left_at(self.template.deadline(), || now)
     }
 
     /// The race is won: cancels the others and returns the winner's result.

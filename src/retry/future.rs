@@ -20,7 +20,7 @@ use crate::classify::{
     Pushback,
 };
 use crate::context::Context;
-use crate::deadline::{codec, Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
+use crate::deadline::{self, codec, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::record::{BusinessKey, CallTally, ResolutionRecord, StopReason};
 use crate::{Envelope, Error, IntoError, Semantics};
 
@@ -276,12 +276,7 @@ fn decide<M, Z, Req: Envelope>(
     };
     // Deadline admission: no wait that would leave the next attempt too little time. The
     // deadline is the earlier of the call's current one and the request's own.
-    let current = Context::current().deadline();
-    let own = template.deadline();
-    if current.is_some() || own.is_some() {
-        let now = Instant::now();
-        let deadline = Deadline::earliest(own, current.map(|d| d.anchor(now)));
-        let left = deadline.map_or(Duration::MAX, |d| d.remaining_at(now));
+    if let Some(left) = deadline::left_at(template.deadline(), Instant::now) {
         let learned = config.learned.as_ref().and_then(|l| l.estimate());
         let min_attempt = learned.map_or(config.min_attempt, |l| l.max(config.min_attempt));
         if wait.saturating_add(min_attempt) > left {
@@ -304,10 +299,6 @@ fn decide<M, Z, Req: Envelope>(
 fn refresh_deadline<Req: Envelope>(req: &mut Req) {
     let grpc = req.is_grpc();
     let own = req.deadline();
-    let current = Context::current().deadline();
-    if own.is_none() && current.is_none() {
-        return;
-    }
     let Some(headers) = req.headers_mut() else {
         return;
     };
@@ -320,16 +311,10 @@ fn refresh_deadline<Req: Envelope>(req: &mut Req) {
     } else {
         codec::parse_millis_header(value)
     };
-    let Ok(written) = written else {
+    let (Ok(written), Some(left)) = (written, deadline::left_at(own, Instant::now)) else {
         return;
     };
-    let now = Instant::now();
-    let Some(deadline) = Deadline::earliest(own, current.map(|d| d.anchor(now))) else {
-        return;
-    };
-    let left = deadline
-        .remaining_at(now)
-        .saturating_sub(Duration::from_millis(1));
+    let left = left.saturating_sub(Duration::from_millis(1));
     if left < written {
         let value = if grpc {
             codec::encode_grpc_timeout(left)
