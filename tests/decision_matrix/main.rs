@@ -155,6 +155,34 @@ fn request(kind: Kind, base: &str) -> Request<Full<Bytes>> {
     builder.body(Full::new(Bytes::from_static(b"o-1"))).unwrap()
 }
 
+/// The client of every cell: call record → deadline (30 s) → replayable bodies → retry (50 ms
+/// apart, no budget) → attempt record → attempt timeout (1 s) → the client's fault script →
+/// hyper-util's client.
+fn client(
+    client_faults: Schedule,
+    recorder: &InMemoryRecorder,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<Incoming>,
+    Error = surely::Error<hyper_util::client::legacy::Error>,
+> {
+    ServiceBuilder::new()
+        .layer(RecordCallLayer::new(recorder.clone()))
+        .layer(DeadlineLayer::new(Duration::from_secs(30)).unwrap())
+        .layer(ReplayBodyLayer::new())
+        .layer(
+            RetryLayer::builder()
+                .backoff(Backoff::constant(Duration::from_millis(50)))
+                .no_budget()
+                .build()
+                .unwrap(),
+        )
+        .layer(RecordAttemptLayer::new(recorder.clone()))
+        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
+        .layer(FaultLayer::new(client_faults).responses(NoResponse))
+        .service(Client::builder(TokioExecutor::new()).build_http())
+}
+
 /// What one call did.
 #[derive(Debug)]
 struct Run {
@@ -193,22 +221,7 @@ async fn run(failure: Failure, kind: Kind) -> Run {
     let addr = serve(server).await;
 
     let recorder = InMemoryRecorder::new();
-    let transport = Client::builder(TokioExecutor::new()).build_http();
-    let mut client = ServiceBuilder::new()
-        .layer(RecordCallLayer::new(recorder.clone()))
-        .layer(DeadlineLayer::new(Duration::from_secs(30)).unwrap())
-        .layer(ReplayBodyLayer::new())
-        .layer(
-            RetryLayer::builder()
-                .backoff(Backoff::constant(Duration::from_millis(50)))
-                .no_budget()
-                .build()
-                .unwrap(),
-        )
-        .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
-        .layer(FaultLayer::new(client_faults).responses(NoResponse))
-        .service(transport);
+    let mut client = client(client_faults, &recorder);
 
     let start = Instant::now();
     let req = request(kind, &format!("http://{addr}"));
@@ -332,21 +345,7 @@ async fn keyed_against_an_idempotent_server(failure: Failure) -> (Outcome, u32, 
     let addr = serve(server).await;
 
     let recorder = InMemoryRecorder::new();
-    let mut client = ServiceBuilder::new()
-        .layer(RecordCallLayer::new(recorder.clone()))
-        .layer(DeadlineLayer::new(Duration::from_secs(30)).unwrap())
-        .layer(ReplayBodyLayer::new())
-        .layer(
-            RetryLayer::builder()
-                .backoff(Backoff::constant(Duration::from_millis(50)))
-                .no_budget()
-                .build()
-                .unwrap(),
-        )
-        .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
-        .layer(FaultLayer::new(client_faults).responses(NoResponse))
-        .service(Client::builder(TokioExecutor::new()).build_http());
+    let mut client = client(client_faults, &recorder);
     let req = request(Kind::PostKeyed, &format!("http://{addr}"));
     let res = client.ready().await.unwrap().call(req).await.unwrap();
     let replayed = res.headers().contains_key("idempotent-replayed");
