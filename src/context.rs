@@ -167,15 +167,25 @@ impl Context {
         STATE.with(|s| s.get().ctx)
     }
 
-    /// Runs `f` with this context as the current one.
+    /// Runs `f` with this context as the current one. What the layers inside `f` report goes
+    /// on outward, as if this scope were not there.
     #[inline]
     pub(crate) fn scope<R>(self, f: impl FnOnce() -> R) -> R {
+        struct RestoreCtx(Context);
+
+        impl Drop for RestoreCtx {
+            fn drop(&mut self) {
+                let ctx = self.0;
+                STATE.with(|s| s.set(State { ctx, ..s.get() }));
+            }
+        }
+
         let old = STATE.with(|s| {
             let old = s.get();
             s.set(State { ctx: self, ..old });
-            old
+            old.ctx
         });
-        let _restore = Restore { key: &STATE, old };
+        let _restore = RestoreCtx(old);
         f()
     }
 
@@ -389,6 +399,11 @@ mod tests {
         });
         assert_eq!(report.now(), Some(now));
         assert_eq!(report.ends_by(), Some(now));
+        // A scope inside lets reports through.
+        let (_, through) = Context::current().scope_collect(|| {
+            Context::fresh(None).scope(|| Report::publish(Report::new(Some(later), Some(later))));
+        });
+        assert_eq!(through.ends_by(), Some(later));
         // Outside, nothing was left behind.
         let (_, outside) = Context::current().scope_collect(|| ());
         assert_eq!(outside, Report::EMPTY);

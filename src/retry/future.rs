@@ -40,17 +40,10 @@ pin_project! {
         service: S,
         config: Arc<Config<M, Z>>,
         attempts: u32,
-        // Boxed, and made only for a call that waits before a retry: the iterator and the timer
-        // are most of the future's size, and every layer outside moves the future.
-        delays: Option<Box<Delays>>,
-        sleep: Option<Pin<Box<Sleep>>>,
-        // The outcome of the attempt being retried, until the retry is sent, or of the last
-        // attempt while a resolver is asked: the call's outcome if nothing replaces it.
-        last: Option<Result<S::Response, Error<<S::Error as IntoError>::Transport>>>,
-        // The business key, kept for a resolver.
-        key: Option<BusinessKey>,
-        // When the attempt in flight (or the resolver's query) started, when it is timed.
-        started: Option<Instant>,
+        // What only some calls need (a wait before a retry, a resolver, a learned attempt
+        // time), boxed and made the first time it is needed, so that every layer outside moves
+        // a small future.
+        cold: Option<Box<Cold<S::Response, Error<<S::Error as IntoError>::Transport>>>>,
     }
 }
 
@@ -62,6 +55,31 @@ pin_project! {
         Waiting,
         Readying,
         Resolving { query: Resolving<Res> },
+    }
+}
+
+/// The rarely used part of a retry future.
+struct Cold<Res, E> {
+    delays: Option<Delays>,
+    sleep: Option<Pin<Box<Sleep>>>,
+    // The outcome of the last attempt while a resolver is asked: the call's outcome if
+    // nothing replaces it.
+    last: Option<Result<Res, E>>,
+    // The business key, kept for a resolver.
+    key: Option<BusinessKey>,
+    // When the attempt in flight (or the resolver's query) started, when it is timed.
+    started: Option<Instant>,
+}
+
+impl<Res, E> Cold<Res, E> {
+    fn new() -> Box<Self> {
+        Box::new(Cold {
+            delays: None,
+            sleep: None,
+            last: None,
+            key: None,
+            started: None,
+        })
     }
 }
 
@@ -81,7 +99,13 @@ where
         service: S,
         config: Arc<Config<M, Z>>,
     ) -> Self {
-        let started = config.learned.as_ref().map(|_| Instant::now());
+        let learned = config.learned.is_some();
+        let cold = (key.is_some() || learned).then(|| {
+            let mut cold = Cold::new();
+            cold.key = key;
+            cold.started = learned.then(Instant::now);
+            cold
+        });
         ResponseFuture {
             state: State::Attempt { future },
             classifier: Some(classifier),
@@ -90,11 +114,7 @@ where
             service,
             config,
             attempts: 1,
-            delays: None,
-            sleep: None,
-            last: None,
-            key,
-            started,
+            cold,
         }
     }
 }
@@ -135,7 +155,8 @@ where
                     };
                     this.tally.observe(classification.class());
                     let config = &**this.config;
-                    if let (Some(learned), Some(started)) = (&config.learned, *this.started) {
+                    let started = this.cold.as_ref().and_then(|c| c.started);
+                    if let (Some(learned), Some(started)) = (&config.learned, started) {
                         // Only answered attempts say how long the server takes.
                         if classification.phase() == DeliveryPhase::ResponseStarted {
                             learned.observe(started.elapsed());
@@ -150,7 +171,7 @@ where
                             &classification,
                             *this.attempts,
                             this.template.as_ref(),
-                            this.delays,
+                            this.cold,
                         )
                     } else {
                         Next::Done
@@ -164,14 +185,15 @@ where
                             // and it takes the question.
                             if this.tally.outcome() == Some(Outcome::Unknown) {
                                 let query = Query {
-                                    key: this.key.take(),
+                                    key: this.cold.as_mut().and_then(|c| c.key.take()),
                                     semantics: this.tally.semantics(),
                                     attempts: *this.attempts,
                                     last: classification,
                                 };
                                 if let Some(query) = config.resolver.resolve(query) {
-                                    *this.last = Some(out);
-                                    *this.started = Some(Instant::now());
+                                    let cold = this.cold.get_or_insert_with(Cold::new);
+                                    cold.last = Some(out);
+                                    cold.started = Some(Instant::now());
                                     this.state.set(State::Resolving { query });
                                     continue;
                                 }
@@ -179,16 +201,15 @@ where
                             return Poll::Ready(out);
                         }
                         Next::Retry(wait) if wait.is_zero() => {
-                            *this.last = Some(out);
                             this.state.set(State::Readying);
                         }
                         Next::Retry(wait) => {
-                            *this.last = Some(out);
                             let until = Instant::now() + wait;
-                            match this.sleep {
+                            let cold = this.cold.get_or_insert_with(Cold::new);
+                            match &mut cold.sleep {
                                 Some(sleep) => sleep.as_mut().reset(until),
                                 None => {
-                                    *this.sleep = Some(Box::pin(tokio::time::sleep_until(until)))
+                                    cold.sleep = Some(Box::pin(tokio::time::sleep_until(until)))
                                 }
                             }
                             this.state.set(State::Waiting);
@@ -196,7 +217,7 @@ where
                     }
                 }
                 StateProj::Waiting => {
-                    if let Some(sleep) = this.sleep {
+                    if let Some(sleep) = this.cold.as_mut().and_then(|c| c.sleep.as_mut()) {
                         ready!(sleep.as_mut().poll(cx));
                     }
                     this.state.set(State::Readying);
@@ -210,7 +231,6 @@ where
                         .template
                         .as_ref()
                         .expect("a retried request has a template");
-                    *this.last = None;
                     let mut req = template.clone();
                     let previous = *this.attempts;
                     *this.attempts += 1;
@@ -218,14 +238,18 @@ where
                     refresh_deadline(&mut req);
                     *this.classifier = Some(this.config.classifier.make_classifier(&req));
                     if this.config.learned.is_some() {
-                        *this.started = Some(Instant::now());
+                        this.cold.get_or_insert_with(Cold::new).started = Some(Instant::now());
                     }
                     let future = this.service.call(req);
                     this.state.set(State::Attempt { future });
                 }
                 StateProj::Resolving { query } => {
                     let answer = ready!(query.future().poll(cx));
-                    let last = this
+                    let cold = this
+                        .cold
+                        .as_mut()
+                        .expect("the last result is kept while resolving");
+                    let last = cold
                         .last
                         .take()
                         .expect("the last result is kept while resolving");
@@ -234,7 +258,7 @@ where
                         Resolution::Failed => (Outcome::Failed, last),
                         Resolution::Unknown => (Outcome::Unknown, last),
                     };
-                    let started = this.started.unwrap_or_else(Instant::now);
+                    let started = cold.started.unwrap_or_else(Instant::now);
                     report_resolution(outcome, started);
                     return Poll::Ready(out);
                 }
@@ -244,12 +268,12 @@ where
 }
 
 /// After a retryable attempt: retry after how long, or stop and why.
-fn decide<M, Z, Req: Envelope>(
+fn decide<M, Z, Req: Envelope, Res, E>(
     config: &Config<M, Z>,
     classification: &Classification,
     attempts: u32,
     template: Option<&Req>,
-    delays: &mut Option<Box<Delays>>,
+    cold: &mut Option<Box<Cold<Res, E>>>,
 ) -> Next {
     if attempts >= config.max_attempts {
         return Next::Stop(StopReason::AttemptsExhausted);
@@ -269,8 +293,10 @@ fn decide<M, Z, Req: Envelope>(
         Some(Pushback::After(d)) if d <= config.max_pushback => d,
         // No pushback, or more than we obey: the backoff decides.
         _ if config.backoff.cap().is_zero() => Duration::ZERO,
-        _ => delays
-            .get_or_insert_with(|| Box::new(config.backoff.iter()))
+        _ => cold
+            .get_or_insert_with(Cold::new)
+            .delays
+            .get_or_insert_with(|| config.backoff.iter())
             .next()
             .unwrap_or(Duration::ZERO),
     };
