@@ -126,13 +126,14 @@ impl Pending {
 /// (16 deposits in one tenth of `ttl`) the budget reads the clock once per 16 deposits, so a
 /// deposit counts for at least `ttl` and at most `ttl` plus two tenths. When traffic thins out,
 /// the batch in progress counts from the previous reading: it may leave the window early, never
-/// late. A withdrawal counts every deposit made before it.
+/// late. A withdrawal counts every deposit made before it, except a batch that another thread
+/// is moving into its slot at that moment: that one shows a moment later.
 ///
-/// Lock-free: a deposit is one atomic add (and under light traffic a compare-and-swap), a
-/// withdrawal two or three compare-and-swaps, and a refusal writes nothing more, so an outage
-/// (when every caller is refused) causes little contention. Concurrent
-/// callers never get more retries than the bound: a withdrawal that raced another one below
-/// zero is undone and refused.
+/// Lock-free: under steady traffic a deposit is one atomic add; under light traffic it adds a
+/// compare-and-swap. A withdrawal first moves the pending deposits into their slot, then takes
+/// two compare-and-swaps. A refusal writes nothing beyond that move, so an outage (when every
+/// caller is refused) causes little contention. Concurrent callers never get more retries than
+/// the bound: a withdrawal that raced another one below zero is undone and refused.
 ///
 /// Time is [`tokio::time::Instant`], so tests with paused time control the window.
 ///
