@@ -51,6 +51,55 @@ fn is_newer(a: u64, b: u64) -> bool {
     d != 0 && d < (TAG_MASK >> 1)
 }
 
+// Deposits under steady traffic are counted in batches. `RatioBudget::pending` is one
+// `AtomicU64`: the epoch of the last clock reading (36 bits, saturating), a batch-mode flag, the
+// streak of deposits seen in that epoch (5 bits, exact mode only), and the deposits not yet in a
+// slot (22 bits). A flush moves the deposits into a slot and resets the count in one
+// compare-and-swap, so each deposit lands in a slot exactly once.
+
+/// How many deposits in one epoch switch to batch mode, and how many a batch holds.
+const BATCH: u64 = 16;
+const COUNT_BITS: u32 = 22;
+const STREAK_BITS: u32 = 5;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+const STREAK_MASK: u64 = (1 << STREAK_BITS) - 1;
+const BATCH_FLAG: u64 = 1 << (COUNT_BITS + STREAK_BITS);
+const EPOCH_SHIFT: u32 = COUNT_BITS + STREAK_BITS + 1;
+const EPOCH_MAX: u64 = (1 << (64 - EPOCH_SHIFT)) - 1;
+// The streak counts up to a full batch.
+const _: () = assert!(BATCH <= STREAK_MASK);
+
+/// The state of the pending deposits, unpacked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pending {
+    /// The epoch of the last clock reading (saturating at `EPOCH_MAX`).
+    epoch: u64,
+    /// Batch mode: deposits wait in `count` without reading the clock.
+    batch: bool,
+    /// Exact mode: the deposits seen in `epoch` so far (at most `BATCH`).
+    streak: u64,
+    /// The deposits not yet in a slot.
+    count: u64,
+}
+
+impl Pending {
+    fn pack(self) -> u64 {
+        (self.epoch.min(EPOCH_MAX) << EPOCH_SHIFT)
+            | if self.batch { BATCH_FLAG } else { 0 }
+            | ((self.streak & STREAK_MASK) << COUNT_BITS)
+            | (self.count & COUNT_MASK)
+    }
+
+    fn unpack(raw: u64) -> Self {
+        Pending {
+            epoch: raw >> EPOCH_SHIFT,
+            batch: raw & BATCH_FLAG != 0,
+            streak: (raw >> COUNT_BITS) & STREAK_MASK,
+            count: raw & COUNT_MASK,
+        }
+    }
+}
+
 /// A retry budget of the ratio form (after Finagle's `RetryBudget` and tower's `TpsBudget`):
 /// over a sliding window of `ttl`, retries may be at most `ratio` times the first attempts, or
 /// the reserve of `min_per_sec` retries a second for low traffic, whichever is larger.
@@ -73,9 +122,18 @@ fn is_newer(a: u64, b: u64) -> bool {
 /// (the window moves in tenths of `ttl`). The ratio and the reserve are kept to a thousandth of
 /// a retry, rounding down, so the budget never grants more than the bound.
 ///
-/// Lock-free: a deposit is one compare-and-swap, a withdrawal two, and a refusal writes nothing, so an outage (when every caller is refused) causes no contention. Concurrent
-/// callers never get more retries than the bound: a withdrawal that raced another one below
-/// zero is undone and refused.
+/// Under light traffic every deposit reads the clock and counts exactly. Under steady traffic
+/// (16 deposits in one tenth of `ttl`) the budget reads the clock once per 16 deposits, so a
+/// deposit counts for at least `ttl` and at most `ttl` plus two tenths. When traffic thins out,
+/// the batch in progress counts from the previous reading: it may leave the window early, never
+/// late. A withdrawal counts every deposit made before it, except a batch that another thread
+/// is moving into its slot at that moment: that one shows a moment later.
+///
+/// Lock-free: under steady traffic a deposit is one atomic add; under light traffic it adds a
+/// compare-and-swap. A withdrawal first moves the pending deposits into their slot, then takes
+/// two compare-and-swaps. A refusal writes nothing beyond that move, so an outage (when every
+/// caller is refused) causes little contention. Concurrent callers never get more retries than
+/// the bound: a withdrawal that raced another one below zero is undone and refused.
 ///
 /// Time is [`tokio::time::Instant`], so tests with paused time control the window.
 ///
@@ -107,6 +165,8 @@ pub struct RatioBudget {
     slots: Box<[AtomicU64]>,
     /// Per slot: what retries spent (milli-retries), for the reserve.
     spent: Box<[AtomicU64]>,
+    /// The deposits not yet in a slot, and the clock reading they count from (see [`Pending`]).
+    pending: AtomicU64,
     start: Instant,
     /// The width of one slot, in nanoseconds; at least 100 ms.
     slot_nanos: u64,
@@ -160,7 +220,9 @@ impl RatioBudget {
     /// # Ok(()) }
     /// ```
     pub fn available(&self) -> u64 {
-        let balance = self.balance(self.epoch(Instant::now()));
+        let epoch = self.epoch(Instant::now());
+        self.flush(epoch);
+        let balance = self.balance(epoch);
         u64::try_from(balance / MILLI).unwrap_or(0)
     }
 
@@ -174,6 +236,15 @@ impl RatioBudget {
         RatioBudget {
             slots: (0..RING).map(|_| AtomicU64::new(pack(0, 0))).collect(),
             spent: (0..RING).map(|_| AtomicU64::new(pack(0, 0))).collect(),
+            pending: AtomicU64::new(
+                Pending {
+                    epoch: 0,
+                    batch: false,
+                    streak: 0,
+                    count: 0,
+                }
+                .pack(),
+            ),
             start: Instant::now(),
             slot_nanos,
             deposit_amount: deposit_amount.min(VALUE_MAX),
@@ -224,13 +295,20 @@ impl RatioBudget {
         net.max(self.reserve.saturating_sub(spent))
     }
 
-    fn add(ring: &[AtomicU64], epoch: u64, amount: i64) -> Option<u64> {
+    /// Adds `amount` to the slot of `epoch`. If the slot already holds a later epoch, the amount
+    /// goes there when `into_newer`, and is dropped (`None`) otherwise.
+    fn add(ring: &[AtomicU64], epoch: u64, amount: i64, into_newer: bool) -> Option<u64> {
         let want = epoch & TAG_MASK;
         let slot = Self::slot(ring, epoch);
         let mut current = slot.load(Ordering::SeqCst);
         loop {
             let (tag, value) = unpack(current);
-            let (tag, base) = if tag == want || is_newer(tag, want) {
+            let (tag, base) = if tag == want {
+                (tag, value)
+            } else if is_newer(tag, want) {
+                if !into_newer {
+                    return None;
+                }
                 (tag, value)
             } else {
                 (want, 0)
@@ -275,6 +353,95 @@ impl RatioBudget {
         }
     }
 
+    /// Adds `count` deposits to the slot of `epoch`. A deposit is never refused; one that would
+    /// overflow its slot saturates, and one whose slot has moved on to a later epoch is dropped,
+    /// which only lowers the balance.
+    fn add_deposits(&self, epoch: u64, count: u64) {
+        let count = i64::try_from(count).unwrap_or(i64::MAX);
+        let _ = Self::add(
+            &self.slots,
+            epoch,
+            self.deposit_amount.saturating_mul(count),
+            false,
+        );
+    }
+
+    /// Moves the pending deposits into a slot, after a clock reading in epoch `now`, and
+    /// switches between exact and batch mode.
+    ///
+    /// - Exact mode: the pending deposits are being made now (each depositor flushes its own),
+    ///   so they go to `now`'s slot. The streak counts the deposits since the reading epoch last
+    ///   changed; at `BATCH`, the budget switches to batch mode.
+    /// - Batch mode, dense traffic (`now` at most one epoch after the last reading): the batch
+    ///   goes to `now`'s slot. Its deposits were made since the last reading, so they count at
+    ///   most one slot late.
+    /// - Batch mode, thin traffic (a longer gap): the batch goes to the slot of the last
+    ///   reading, or nowhere if that has left the window, and the budget switches back to exact
+    ///   mode. Its deposits were made no earlier than that, so they may leave early, never late.
+    ///
+    /// The compare-and-swap takes the count and sets the new reading at once, so every deposit
+    /// is moved exactly once, and the deposits after it were made after this reading.
+    fn flush(&self, now: u64) {
+        let mut current = self.pending.load(Ordering::SeqCst);
+        loop {
+            let last = Pending::unpack(current);
+            let now_tag = now.min(EPOCH_MAX);
+            // A racing reader may have stored a later reading than ours: count from that.
+            let reading = now_tag.max(last.epoch);
+            let (into, next) = if !last.batch {
+                let streak = if now_tag == last.epoch {
+                    last.streak
+                } else {
+                    0
+                };
+                let streak = streak.saturating_add(last.count).min(BATCH);
+                let next = Pending {
+                    epoch: reading,
+                    batch: streak >= BATCH,
+                    streak: if streak >= BATCH { 0 } else { streak },
+                    count: 0,
+                };
+                (Some(now), next)
+            } else if now_tag <= last.epoch.saturating_add(1) {
+                let next = Pending {
+                    epoch: reading,
+                    batch: true,
+                    streak: 0,
+                    count: 0,
+                };
+                (Some(now.max(last.epoch)), next)
+            } else {
+                // `last.epoch < now_tag <= now`: it is the full epoch, not a saturated one.
+                let into = (now - last.epoch < RING).then_some(last.epoch);
+                let next = Pending {
+                    epoch: now_tag,
+                    batch: false,
+                    streak: 0,
+                    count: 0,
+                };
+                (into, next)
+            };
+            let next = next.pack();
+            if next == current {
+                return;
+            }
+            match self.pending.compare_exchange_weak(
+                current,
+                next,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => {
+                    if let (Some(epoch), 1..) = (into, last.count) {
+                        self.add_deposits(epoch, last.count);
+                    }
+                    return;
+                }
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
     fn exhausted(&self, now: Instant, epoch: u64) -> BudgetExhausted {
         // Let the oldest slots leave the window one by one, until what is left allows a retry.
         let mut net: i64 = Self::window(epoch)
@@ -302,17 +469,30 @@ impl RatioBudget {
 }
 
 impl RetryBudget for RatioBudget {
-    /// Earns `ratio` retries, for `ttl`.
+    /// Earns `ratio` retries, for `ttl`. Under steady traffic, one atomic add: see the
+    /// [type's docs](RatioBudget).
     fn deposit(&self) {
-        self.deposit_at(Instant::now());
+        if self.deposit_amount == 0 {
+            return;
+        }
+        let before = Pending::unpack(self.pending.fetch_add(1, Ordering::SeqCst));
+        // In batch mode, the deposit that completes a batch flushes it; if that flusher is slow,
+        // the next one flushes at twice the size, and so on, so the count stays small.
+        if before.batch && !(before.count + 1).is_multiple_of(BATCH) {
+            return;
+        }
+        self.flush(self.epoch(Instant::now()));
     }
 
-    /// [`deposit`](RetryBudget::deposit) at `now`, without reading the clock.
+    /// [`deposit`](RetryBudget::deposit) at `now`, without reading the clock. Always exact:
+    /// it flushes the pending deposits, then adds to the slot of `now`.
     fn deposit_at(&self, now: Instant) {
         if self.deposit_amount > 0 {
-            // A deposit is never refused; one that would overflow its slot saturates, which
-            // only lowers the balance.
-            let _ = Self::add(&self.slots, self.epoch(now), self.deposit_amount);
+            let epoch = self.epoch(now);
+            if self.pending.load(Ordering::SeqCst) & COUNT_MASK != 0 {
+                self.flush(epoch);
+            }
+            self.add_deposits(epoch, 1);
         }
     }
 
@@ -322,13 +502,15 @@ impl RetryBudget for RatioBudget {
     fn withdraw(&self) -> Result<(), BudgetExhausted> {
         let now = Instant::now();
         let epoch = self.epoch(now);
+        // Count every deposit made before this withdrawal.
+        self.flush(epoch);
         if self.balance(epoch) < MILLI {
             return Err(self.exhausted(now, epoch));
         }
-        let Some(tag) = Self::add(&self.slots, epoch, -MILLI) else {
+        let Some(tag) = Self::add(&self.slots, epoch, -MILLI, true) else {
             return Err(BudgetExhausted::new(None));
         };
-        let Some(spent_tag) = Self::add(&self.spent, epoch, MILLI) else {
+        let Some(spent_tag) = Self::add(&self.spent, epoch, MILLI, true) else {
             Self::undo(&self.slots, epoch, tag, -MILLI);
             return Err(BudgetExhausted::new(None));
         };
@@ -451,6 +633,25 @@ mod tests {
         for value in [0, 1, -1, 1000, -1000, VALUE_MAX, VALUE_MIN] {
             for tag in [0, 1, TAG_MASK] {
                 assert_eq!(unpack(pack(tag, value)), (tag, value));
+            }
+        }
+    }
+
+    #[test]
+    fn pending_round_trips() {
+        for epoch in [0, 1, EPOCH_MAX] {
+            for batch in [false, true] {
+                for streak in [0, 1, BATCH] {
+                    for count in [0, 1, BATCH, COUNT_MASK] {
+                        let p = Pending {
+                            epoch,
+                            batch,
+                            streak,
+                            count,
+                        };
+                        assert_eq!(Pending::unpack(p.pack()), p);
+                    }
+                }
             }
         }
     }

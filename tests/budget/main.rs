@@ -313,6 +313,173 @@ async fn ratio_concurrent_tasks() {
     assert!(total <= 60, "granted {total}");
 }
 
+// ---- ratio budget under steady traffic (deposits counted in batches of 16) ---------------
+
+fn deposit_n(budget: &dyn RetryBudget, n: usize) {
+    for _ in 0..n {
+        budget.deposit();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn ratio_batches_count_every_deposit() {
+    // 1000 first attempts in a burst: batch mode after the first 16, 1000 = 16 + 61 × 16 + 8,
+    // so 8 are still pending when the withdrawals start and must be counted.
+    let budget = ratio(0.1, secs(10), 1.0);
+    deposit_n(&budget, 1000);
+    assert_eq!(granted(&budget, 500), 100);
+    assert!(budget.withdraw().is_err());
+    // One deposit per ratio unit: every pending deposit shows, whatever the batch's fill.
+    for n in [15, 16, 17, 31, 37, 100, 1003] {
+        let budget = ratio(1.0, secs(10), 0.0);
+        deposit_n(&budget, n);
+        assert_eq!(budget.available(), n as u64, "{n} deposits");
+        assert_eq!(granted(&budget, 2 * n), n, "{n} deposits");
+    }
+    // Batch mode, withdrawals in between, a batch that is never completed.
+    let budget = ratio(1.0, secs(10), 0.0);
+    deposit_n(&budget, 40);
+    assert_eq!(granted(&budget, 25), 25);
+    deposit_n(&budget, 5);
+    assert_eq!(granted(&budget, 100), 20);
+    // The reserve still wins when the deposits earn less.
+    let budget = ratio(0.1, secs(10), 1.0);
+    deposit_n(&budget, 50);
+    assert_eq!(granted(&budget, 100), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ratio_batched_deposits_expire() {
+    let budget = ratio(1.0, secs(1), 0.0);
+    // A burst at 0 ms, counted by a reading at 950 ms: all there.
+    deposit_n(&budget, 1000);
+    advance(Duration::from_millis(950)).await;
+    assert_eq!(budget.available(), 1000);
+    // Gone by ttl × 1.2 and a bit.
+    advance(Duration::from_millis(300)).await;
+    assert_eq!(budget.available(), 0);
+    assert!(budget.withdraw().is_err());
+
+    // Steady traffic for 2 s: 20 deposits every 10 ms, read only at the end.
+    let budget = ratio(1.0, secs(1), 0.0);
+    for _ in 0..200 {
+        deposit_n(&budget, 20);
+        advance(Duration::from_millis(10)).await;
+    }
+    // Now 2000 ms. The deposits of the last ttl (from 1000 ms: 100 rounds of 20) all count;
+    // none from before 800 ms (ttl plus two slots) does.
+    let available = budget.available();
+    assert!((2000..=2400).contains(&available), "{available}");
+    // The last deposits were made at 1990 ms; 1250 ms later they have all left.
+    advance(Duration::from_millis(1240)).await;
+    assert_eq!(budget.available(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ratio_thinning_traffic_counts_early_and_returns_to_exact() {
+    // Slots of 100 ms.
+    let budget = ratio(1.0, secs(1), 0.0);
+    // A burst at 0 ms: batch mode, 100 = 16 + 5 × 16 + 4, so 4 pending from epoch 0.
+    deposit_n(&budget, 100);
+    // Five slots later, traffic has thinned out: three more deposits.
+    advance(Duration::from_millis(550)).await;
+    deposit_n(&budget, 3);
+    // The reading at 550 ms finds a gap of five slots: the batch (4 + 3) counts from epoch 0.
+    // All there for now.
+    assert_eq!(budget.available(), 103);
+    // At 1150 ms epoch 0 has left, and the 3 deposits of 550 ms with it: early, not late
+    // (exactly, they would count until 1600 ms).
+    advance(Duration::from_millis(600)).await;
+    assert_eq!(budget.available(), 0);
+    assert!(budget.withdraw().is_err());
+
+    // Back in exact mode: a single deposit at 1150 ms (epoch 11) goes to its own slot, and
+    // leaves the window when epoch 22 begins, at 2200 ms. In batch mode it would wait for the
+    // reading at 1250 ms and count from epoch 12, until 2300 ms.
+    budget.deposit();
+    advance(Duration::from_millis(100)).await;
+    assert_eq!(budget.available(), 1);
+    advance(Duration::from_millis(900)).await;
+    // 2150 ms: at least ttl.
+    assert_eq!(budget.available(), 1);
+    advance(Duration::from_millis(100)).await;
+    // 2250 ms: gone.
+    assert_eq!(budget.available(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ratio_dense_batches_count_for_at_least_ttl() {
+    let budget = ratio(1.0, secs(1), 0.0);
+    // Batch mode, then 20 deposits in each of the next 30 slots, read only at the end. Each
+    // batch is flushed within a slot of the previous one, so it counts from the flush, never
+    // earlier than it was made.
+    deposit_n(&budget, 16);
+    for _ in 0..30 {
+        advance(Duration::from_millis(100)).await;
+        deposit_n(&budget, 20);
+    }
+    // At 3000 ms (epoch 30): the deposits of epochs 20 to 30 all count, as they would exactly;
+    // at most one slot's more (those of epoch 19 flushed in epoch 20).
+    let available = budget.available();
+    assert!((220..=240).contains(&available), "{available}");
+}
+
+#[test]
+fn ratio_concurrent_deposits_in_batch_mode_add_up() {
+    // Real time on plain threads (no runtime), with a 60 s window: slots of 6 s, and the test
+    // takes milliseconds. Should it cross a slot, the batches still count (dense traffic).
+    for _ in 0..20 {
+        let budget = ratio(1.0, secs(60), 0.0);
+        // Batch mode first.
+        deposit_n(&budget, 16);
+        let (threads, each) = (8, 10_003);
+        let barrier = Barrier::new(threads);
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    barrier.wait();
+                    deposit_n(&budget, each);
+                });
+            }
+        });
+        assert_eq!(budget.available(), 16 + (threads * each) as u64);
+        assert_eq!(granted(&budget, 100), 100);
+        assert_eq!(budget.available(), 16 + (threads * each) as u64 - 100);
+    }
+}
+
+#[test]
+fn ratio_concurrent_deposits_and_withdrawals_never_lose_a_deposit() {
+    // Deposits and withdrawals race; afterwards, what is left plus what was granted is exactly
+    // what was deposited (ratio 1, no reserve).
+    for _ in 0..20 {
+        let budget = ratio(1.0, secs(60), 0.0);
+        let (threads, each) = (8, 2_001);
+        let total = AtomicU64::new(0);
+        let barrier = Barrier::new(threads);
+        std::thread::scope(|scope| {
+            for t in 0..threads {
+                let (budget, total, barrier) = (&budget, &total, &barrier);
+                scope.spawn(move || {
+                    barrier.wait();
+                    for i in 0..each {
+                        budget.deposit();
+                        if (i + t) % 7 == 0 && budget.withdraw().is_ok() {
+                            total.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                });
+            }
+        });
+        let granted = total.load(Ordering::SeqCst);
+        assert_eq!(
+            budget.available() + granted,
+            (threads * each) as u64,
+            "granted {granted}"
+        );
+    }
+}
+
 #[test]
 fn ratio_validation_never_panics() {
     let bad_ratios = [
@@ -597,6 +764,38 @@ proptest! {
                         }
                     }
                     Op::Wait(ms) => advance(Duration::from_millis(ms * 10)).await,
+                }
+            }
+            Ok(())
+        })?;
+    }
+
+    /// Under bursts and gaps (batch mode and back), a deposit never counts late: what is
+    /// available never exceeds the deposits made in the last `ttl` plus two slots.
+    #[test]
+    fn ratio_batches_never_count_late(
+        steps in prop::collection::vec((0usize..60, 0u64..400, any::<bool>()), 0..60),
+    ) {
+        let rt = paused_runtime();
+        rt.block_on(async {
+            // Slots of 100 ms.
+            let budget = ratio(1.0, secs(1), 0.0);
+            let mut made: Vec<(u64, usize)> = Vec::new();
+            let mut now = 0u64;
+            for (burst, wait, read) in steps {
+                deposit_n(&budget, burst);
+                made.push((now, burst));
+                advance(Duration::from_millis(wait)).await;
+                now += wait;
+                if read {
+                    let available = budget.available();
+                    // Made within the last ttl plus two slots (1200 ms).
+                    let recent: usize = made
+                        .iter()
+                        .filter(|(at, _)| at + 1200 > now)
+                        .map(|(_, n)| n)
+                        .sum();
+                    prop_assert!(available <= recent as u64, "{} > {}", available, recent);
                 }
             }
             Ok(())
