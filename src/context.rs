@@ -23,22 +23,35 @@ use crate::deadline::Deadline;
 use crate::record::CallId;
 
 thread_local! {
-    /// The inward context and the outward report, in one cell: a deadline layer sets the first
-    /// and collects the second around each poll, in one go.
-    static STATE: Cell<State> = const { Cell::new(State::EMPTY) };
+    // The inward context and the outward report, one scalar per cell: they are read and written
+    // around every poll of several layers, and whole-word loads and stores of scalars are what
+    // the processor forwards best.
+    /// [`Context::deadline`], packed.
+    static DEADLINE: Cell<u64> = const { Cell::new(0) };
+    /// [`Context::call`], 0 for none.
+    static CALL: Cell<u64> = const { Cell::new(0) };
+    /// [`Report::now`].
+    static NOW: Cell<u64> = const { Cell::new(0) };
+    /// [`Report::ends_by`].
+    static ENDS_BY: Cell<u64> = const { Cell::new(0) };
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct State {
-    ctx: Context,
-    report: Report,
+/// Puts a context in the cells and returns the one it replaced.
+#[inline]
+fn swap_context(ctx: Context) -> Context {
+    Context {
+        deadline: DEADLINE.with(|c| c.replace(ctx.deadline)),
+        call: CallId::from_raw(CALL.with(|c| c.replace(ctx.call.map_or(0, CallId::get)))),
+    }
 }
 
-impl State {
-    const EMPTY: State = State {
-        ctx: Context::EMPTY,
-        report: Report::EMPTY,
-    };
+/// Puts a report in the cells and returns the one it replaced.
+#[inline]
+fn swap_report(report: Report) -> Report {
+    Report {
+        now: NOW.with(|c| c.replace(report.now)),
+        ends_by: ENDS_BY.with(|c| c.replace(report.ends_by)),
+    }
 }
 
 /// A call's deadline as the layers pass it on: an instant, or a budget whose clock has not been
@@ -74,28 +87,25 @@ impl CallDeadline {
     }
 }
 
-/// Restores a thread-local cell when dropped, also on unwind.
-struct Restore<T: Copy + 'static> {
-    key: &'static std::thread::LocalKey<Cell<T>>,
-    old: T,
-}
+/// Puts a context back when dropped, also on unwind.
+struct RestoreContext(Context);
 
-impl<T: Copy + 'static> Drop for Restore<T> {
+impl Drop for RestoreContext {
+    #[inline]
     fn drop(&mut self) {
-        let old = self.old;
-        self.key.with(|c| c.set(old));
+        swap_context(self.0);
     }
 }
 
-#[inline]
-fn scoped<T: Copy + 'static, R>(
-    key: &'static std::thread::LocalKey<Cell<T>>,
-    value: T,
-    f: impl FnOnce() -> R,
-) -> R {
-    let old = key.with(|c| c.replace(value));
-    let _restore = Restore { key, old };
-    f()
+/// Puts a context and a report back when dropped, also on unwind.
+struct RestoreBoth(Context, Report);
+
+impl Drop for RestoreBoth {
+    #[inline]
+    fn drop(&mut self) {
+        swap_context(self.0);
+        swap_report(self.1);
+    }
 }
 
 /// What is known about the call being made on this thread's current poll.
@@ -164,28 +174,17 @@ impl Context {
     /// The current context, or the empty one.
     #[inline]
     pub(crate) fn current() -> Context {
-        STATE.with(|s| s.get().ctx)
+        Context {
+            deadline: DEADLINE.with(Cell::get),
+            call: CallId::from_raw(CALL.with(Cell::get)),
+        }
     }
 
     /// Runs `f` with this context as the current one. What the layers inside `f` report goes
     /// on outward, as if this scope were not there.
     #[inline]
     pub(crate) fn scope<R>(self, f: impl FnOnce() -> R) -> R {
-        struct RestoreCtx(Context);
-
-        impl Drop for RestoreCtx {
-            fn drop(&mut self) {
-                let ctx = self.0;
-                STATE.with(|s| s.set(State { ctx, ..s.get() }));
-            }
-        }
-
-        let old = STATE.with(|s| {
-            let old = s.get();
-            s.set(State { ctx: self, ..old });
-            old.ctx
-        });
-        let _restore = RestoreCtx(old);
+        let _restore = RestoreContext(swap_context(self));
         f()
     }
 
@@ -193,17 +192,14 @@ impl Context {
     /// the layers inside `f` reported; the report of the layers around is left as it was.
     #[inline]
     pub(crate) fn scope_collect<R>(self, f: impl FnOnce() -> R) -> (R, Report) {
-        scoped(
-            &STATE,
-            State {
-                ctx: self,
-                report: Report::EMPTY,
-            },
-            || {
-                let out = f();
-                (out, STATE.with(|s| s.get().report))
-            },
-        )
+        let restore = RestoreBoth(swap_context(self), swap_report(Report::EMPTY));
+        let out = f();
+        let inside = Report {
+            now: NOW.with(Cell::get),
+            ends_by: ENDS_BY.with(Cell::get),
+        };
+        drop(restore);
+        (out, inside)
     }
 
     /// An empty context with this deadline.
@@ -272,18 +268,17 @@ impl Report {
         if report == Report::EMPTY {
             return;
         }
-        STATE.with(|c| {
-            let mut state = c.get();
-            let old = state.report;
-            state.report = Report {
-                now: if old.now != 0 { old.now } else { report.now },
-                ends_by: match (old.ends_by, report.ends_by) {
-                    (0, b) => b,
-                    (a, 0) => a,
-                    (a, b) => a.min(b),
-                },
-            };
-            c.set(state);
+        NOW.with(|c| {
+            if c.get() == 0 {
+                c.set(report.now);
+            }
+        });
+        ENDS_BY.with(|c| {
+            c.set(match (c.get(), report.ends_by) {
+                (0, b) => b,
+                (a, 0) => a,
+                (a, b) => a.min(b),
+            })
         });
     }
 }

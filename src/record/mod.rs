@@ -85,6 +85,12 @@ impl CallId {
     pub fn get(self) -> u64 {
         self.0.get()
     }
+
+    /// The id whose number is `raw`, none for 0.
+    #[inline]
+    pub(crate) fn from_raw(raw: u64) -> Option<CallId> {
+        NonZeroU64::new(raw).map(CallId)
+    }
 }
 
 impl fmt::Display for CallId {
