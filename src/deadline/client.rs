@@ -229,6 +229,7 @@ where
         self.inner.poll_ready(cx).map_err(IntoError::into_error)
     }
 
+    #[inline]
     fn call(&mut self, mut req: Req) -> Self::Future {
         let mut ctx = Context::current();
         let Some(deadline) = self.resolve(&mut req, ctx.deadline()) else {

@@ -340,6 +340,7 @@ where
         self.inner.poll_ready(cx).map_err(IntoError::into_error)
     }
 
+    #[inline]
     fn call(&mut self, mut req: Req) -> Self::Future {
         match attach_key(&self.policy, &mut req) {
             Ok(()) => {

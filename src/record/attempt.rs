@@ -101,6 +101,7 @@ where
         self.inner.poll_ready(cx).map_err(IntoError::into_error)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         if !self.layer.recorder.enabled() {
             return AttemptFuture {

@@ -90,6 +90,7 @@ where
     M: MakeClassifier<Req>,
 {
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(super) fn new(
         future: S::Future,
         classifier: M::Classifier,

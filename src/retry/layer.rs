@@ -320,6 +320,7 @@ where
         self.inner.poll_ready(cx).map_err(IntoError::into_error)
     }
 
+    #[inline]
     fn call(&mut self, mut req: Req) -> Self::Future {
         if let Some(budget) = &self.config.budget {
             budget.deposit();

@@ -125,6 +125,7 @@ where
         self.inner.poll_ready(cx).map_err(IntoError::into_error)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let deadline = req.deadline();
         let progress = req.extensions().and_then(|e| e.get::<Progress>()).cloned();
