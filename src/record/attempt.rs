@@ -151,7 +151,7 @@ where
     }
 }
 
-struct AttemptState<R, C> {
+struct AttemptState<R: Recorder, C> {
     recorder: R,
     classifier: Option<C>,
     request_id: HeaderName,
@@ -193,31 +193,34 @@ impl<R: Recorder, C> AttemptState<R, C> {
     }
 }
 
+/// An attempt dropped before it ended is recorded as it goes: the call's deadline ended it (a
+/// deadline layer outside let it go), or the caller went away. The request may have been sent.
+impl<R: Recorder, C> Drop for AttemptState<R, C> {
+    fn drop(&mut self) {
+        // The classifier is taken when the attempt ends and is recorded.
+        if self.classifier.take().is_none() {
+            return;
+        }
+        let timeout = self
+            .deadline
+            .filter(|d| d.is_expired())
+            .map(|_| Elapsed::new(DeliveryPhase::Sent, true));
+        self.finish(Classification::failure_at(DeliveryPhase::Sent), |r| {
+            r.timeout = timeout;
+            r.cancelled = timeout.is_none();
+        });
+    }
+}
+
 pin_project! {
     /// The future of [`RecordAttempt`].
     pub struct AttemptFuture<F, R: Recorder, C, E> {
+        // Boxed: a disabled recorder (`()`) keeps the future small. Declared first, so that a
+        // dropped attempt is recorded before the inner future goes.
+        state: Option<Box<AttemptState<R, C>>>,
         #[pin]
         inner: F,
-        // Boxed: a disabled recorder (`()`) keeps the future small.
-        state: Option<Box<AttemptState<R, C>>>,
         _error: PhantomData<fn() -> E>,
-    }
-
-    impl<F, R: Recorder, C, E> PinnedDrop for AttemptFuture<F, R, C, E> {
-        fn drop(this: Pin<&mut Self>) {
-            // Dropped before it ended: the call's deadline ended it (a deadline layer outside
-            // let it go), or the caller went away. The request may have been sent.
-            if let Some(state) = this.project().state {
-                let timeout = state
-                    .deadline
-                    .filter(|d| d.is_expired())
-                    .map(|_| Elapsed::new(DeliveryPhase::Sent, true));
-                state.finish(Classification::failure_at(DeliveryPhase::Sent), |r| {
-                    r.timeout = timeout;
-                    r.cancelled = timeout.is_none();
-                });
-            }
-        }
     }
 }
 
