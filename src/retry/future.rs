@@ -92,12 +92,12 @@ where
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(super) fn new(
-        future: S::Future,
+        req: Req,
         classifier: M::Classifier,
         semantics: Semantics,
         template: Option<Req>,
         key: Option<BusinessKey>,
-        service: S,
+        mut service: S,
         config: Arc<Config<M, Z>>,
     ) -> Self {
         let learned = config.learned.is_some();
@@ -107,15 +107,18 @@ where
             cold.started = learned.then(Instant::now);
             cold
         });
+        // The first attempt's future is made last, in its place, so that it is not copied.
         ResponseFuture {
-            state: State::Attempt { future },
             classifier: Some(classifier),
             tally: OutcomeTally::new(semantics),
             template,
-            service,
             config,
             attempts: 1,
             cold,
+            state: State::Attempt {
+                future: service.call(req),
+            },
+            service,
         }
     }
 }

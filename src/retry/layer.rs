@@ -342,14 +342,17 @@ where
         } else {
             None
         };
-        let future = self.inner.call(req);
+        // The service that was made ready is the one called; the future keeps a clone of it
+        // for the retries, which it makes ready itself.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::new(
-            future,
+            req,
             classifier,
             semantics,
             template,
             key,
-            self.inner.clone(),
+            ready,
             self.config.clone(),
         )
     }
