@@ -188,12 +188,15 @@ pub fn current() -> Option<Deadline> {
 }
 
 /// What is left at `now` of the deadline an attempt works under: the earlier of the request's
-/// own (`own`) and the current one. `None` without either, in which case the clock is not read
-/// (`now` is called only when there is a deadline).
+/// own (`own`) and the current one. `None` without either. `now` is called only when an instant
+/// is involved: a budget no layer has anchored yet (the call has not waited so far) is all
+/// left, and reading the clock would not change that.
 pub(crate) fn left_at(own: Option<Deadline>, now: impl FnOnce() -> Instant) -> Option<Duration> {
     let current = Context::current().deadline();
-    if own.is_none() && current.is_none() {
-        return None;
+    match (own, current) {
+        (None, None) => return None,
+        (None, Some(CallDeadline::Budget(left))) => return Some(left),
+        _ => {}
     }
     let now = now();
     Deadline::earliest(own, current.map(|d| d.anchor(now))).map(|d| d.remaining_at(now))
