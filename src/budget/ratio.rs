@@ -167,6 +167,9 @@ pub struct RatioBudget {
     spent: Box<[AtomicU64]>,
     /// The deposits not yet in a slot, and the clock reading they count from (see [`Pending`]).
     pending: AtomicU64,
+    /// How many withdrawals have written to the slots: a withdrawal that sees no other one
+    /// write between its check and its own write need not check again.
+    withdrawals: AtomicU64,
     start: Instant,
     /// The width of one slot, in nanoseconds; at least 100 ms.
     slot_nanos: u64,
@@ -245,6 +248,7 @@ impl RatioBudget {
                 }
                 .pack(),
             ),
+            withdrawals: AtomicU64::new(0),
             start: Instant::now(),
             slot_nanos,
             deposit_amount: deposit_amount.min(VALUE_MAX),
@@ -504,6 +508,7 @@ impl RetryBudget for RatioBudget {
         let epoch = self.epoch(now);
         // Count every deposit made before this withdrawal.
         self.flush(epoch);
+        let seen = self.withdrawals.load(Ordering::SeqCst);
         if self.balance(epoch) < MILLI {
             return Err(self.exhausted(now, epoch));
         }
@@ -516,8 +521,10 @@ impl RetryBudget for RatioBudget {
         };
         // Another caller may have withdrawn at the same time. Whichever of the racing
         // withdrawals came last sees all of them, so re-checking after writing keeps the total
-        // within the bound.
-        if self.balance(epoch) < 0 {
+        // within the bound. A withdrawal that no other one overtook between its check and its
+        // write (the counter moved only by itself) had a balance that stood: no second look.
+        let raced = self.withdrawals.fetch_add(1, Ordering::SeqCst) != seen;
+        if raced && self.balance(epoch) < 0 {
             Self::undo(&self.slots, epoch, tag, -MILLI);
             Self::undo(&self.spent, epoch, spent_tag, MILLI);
             return Err(self.exhausted(now, epoch));

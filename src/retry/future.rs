@@ -244,8 +244,9 @@ where
                     if this.config.learned.is_some() {
                         this.cold.get_or_insert_with(Cold::new).started = Some(Instant::now());
                     }
-                    let future = this.service.call(req);
-                    this.state.set(State::Attempt { future });
+                    this.state.set(State::Attempt {
+                        future: this.service.call(req),
+                    });
                 }
                 StateProj::Resolving { query } => {
                     let answer = ready!(query.future().poll(cx));
