@@ -132,6 +132,12 @@ impl Context {
         unpack_deadline(self.deadline & !OWNED)
     }
 
+    /// Whether there is a deadline, without unpacking it.
+    #[inline]
+    pub(crate) fn has_deadline(&self) -> bool {
+        self.deadline & !OWNED != 0
+    }
+
     /// Sets the call's deadline.
     #[inline]
     pub(crate) fn set_deadline(&mut self, deadline: Option<CallDeadline>) {

@@ -232,7 +232,15 @@ where
     #[inline]
     fn call(&mut self, mut req: Req) -> Self::Future {
         let mut ctx = Context::current();
-        let Some(deadline) = self.resolve(&mut req, ctx.deadline()) else {
+        let resolved = match (self.config.timeout, ctx.has_deadline()) {
+            // The common case: no deadline from outside, and the request carries none, so the
+            // call has this layer's own budget (checked against the reserve when built).
+            (Some(own), false) if req.deadline().is_none() => self
+                .write_budget(&mut req, own - self.config.reserve, true)
+                .then_some(Some(CallDeadline::Budget(own))),
+            _ => self.resolve(&mut req, ctx.deadline()),
+        };
+        let Some(deadline) = resolved else {
             return ResponseFuture::refused();
         };
         if deadline.is_some() && ctx.call.is_some() {
@@ -368,14 +376,14 @@ where
                 ctx,
             } => {
                 let (out, inside) = ctx.scope_collect(|| inner.poll(cx));
-                let Some(deadline) = ctx.deadline() else {
-                    Report::publish(inside);
-                    return out.map_err(IntoError::into_error);
-                };
                 if let Poll::Ready(out) = out {
                     Report::publish(inside);
                     return Poll::Ready(out.map_err(IntoError::into_error));
                 }
+                let Some(deadline) = ctx.deadline() else {
+                    Report::publish(inside);
+                    return Poll::Pending;
+                };
                 let armed = T::is_armed(&timer);
                 if !armed {
                     if let Some((now, ends_by)) = inside.packed() {
