@@ -26,7 +26,9 @@ use crate::{Envelope, Error, IntoError};
 pub struct RecordAttemptLayer<R, M = HttpClassifier> {
     recorder: R,
     classifier: M,
-    request_id: HeaderName,
+    // `None` for the default name: the layer is cloned with every service a retry layer clones
+    // (once per call), and a custom name's clone is a call through its bytes' vtable.
+    request_id: Option<HeaderName>,
 }
 
 impl<R> RecordAttemptLayer<R> {
@@ -35,7 +37,7 @@ impl<R> RecordAttemptLayer<R> {
         RecordAttemptLayer {
             recorder,
             classifier: HttpClassifier::new(),
-            request_id: DEFAULT_REQUEST_ID_HEADER,
+            request_id: None,
         }
     }
 }
@@ -52,7 +54,7 @@ impl<R, M> RecordAttemptLayer<R, M> {
 
     /// Reads the downstream request id from this response header (default `x-request-id`).
     pub fn request_id_header(mut self, header: HeaderName) -> Self {
-        self.request_id = header;
+        self.request_id = Some(header);
         self
     }
 }
@@ -131,7 +133,11 @@ where
         let state = AttemptState {
             recorder: self.layer.recorder.clone(),
             classifier: Some(self.layer.classifier.make_classifier(&req)),
-            request_id: self.layer.request_id.clone(),
+            request_id: self
+                .layer
+                .request_id
+                .clone()
+                .unwrap_or(DEFAULT_REQUEST_ID_HEADER),
             call: ctx.call,
             key: key_of(&req),
             attempt,
