@@ -46,6 +46,9 @@ use crate::classify::DeliveryPhase;
 /// # }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+// Word-aligned: as a variant of every `surely::Error`, copied with every poll's output, a
+// payload that starts at a word boundary is copied in whole words.
+#[repr(align(8))]
 pub struct InjectedFault {
     kind: Kind,
 }

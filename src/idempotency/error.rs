@@ -23,6 +23,9 @@ use super::key::MAX_LEN;
 /// );
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Word-aligned: as a variant of every `surely::Error`, copied with every poll's output, a
+// payload that starts at a word boundary is copied in whole words.
+#[repr(align(8))]
 pub struct InvalidKey {
     reason: Reason,
 }

@@ -17,6 +17,9 @@ use crate::classify::DeliveryPhase;
 /// assert_eq!(e.to_string(), "attempt timed out after the request was sent");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Word-aligned: as a variant of every `surely::Error`, copied with every poll's output, a
+// payload that starts at a word boundary is copied in whole words.
+#[repr(align(8))]
 pub struct Elapsed {
     phase: DeliveryPhase,
     deadline: bool,
