@@ -380,10 +380,10 @@ where
                     Report::publish(inside);
                     return Poll::Ready(out.map_err(IntoError::into_error));
                 }
-                let Some(deadline) = ctx.deadline() else {
+                if !ctx.has_deadline() {
                     Report::publish(inside);
                     return Poll::Pending;
-                };
+                }
                 let armed = T::is_armed(&timer);
                 if !armed {
                     if let Some((now, ends_by)) = inside.packed() {
@@ -396,6 +396,10 @@ where
                         }
                     }
                 }
+                let Some(deadline) = ctx.deadline() else {
+                    Report::publish(inside);
+                    return Poll::Pending;
+                };
                 // The call waits: from now on its deadline is an instant.
                 let (deadline, now) = match deadline {
                     CallDeadline::At(d) => (d, inside.now()),
