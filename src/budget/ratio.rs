@@ -131,9 +131,10 @@ impl Pending {
 ///
 /// Lock-free: under steady traffic a deposit is one atomic add; under light traffic it adds a
 /// compare-and-swap. A withdrawal first moves the pending deposits into their slot, then takes
-/// two compare-and-swaps. A refusal writes nothing beyond that move, so an outage (when every
-/// caller is refused) causes little contention. Concurrent callers never get more retries than
-/// the bound: a withdrawal that raced another one below zero is undone and refused.
+/// two compare-and-swaps and one atomic add. A refusal writes nothing beyond that move, so an
+/// outage (when every caller is refused) causes little contention. Concurrent callers never get
+/// more retries than the bound: a withdrawal that another one overtook looks at the window again
+/// after writing, and one that raced below zero is undone and refused.
 ///
 /// Time is [`tokio::time::Instant`], so tests with paused time control the window.
 ///
