@@ -230,12 +230,15 @@ where
                     if let Err(e) = ready!(this.service.poll_ready(cx)) {
                         return Poll::Ready(Err(e.into_error()));
                     }
-                    // A retry is decided only for a replayable request (`decide`).
-                    let template = this
-                        .template
-                        .as_ref()
-                        .expect("a retried request has a template");
-                    let mut req = template.clone();
+                    // A retry is decided only for a replayable request (`decide`). The last
+                    // attempt the limit allows takes the template itself: no copy of the
+                    // request (for HTTP, of its headers) is made that no attempt could use.
+                    let template = if *this.attempts + 1 >= this.config.max_attempts {
+                        this.template.take()
+                    } else {
+                        this.template.clone()
+                    };
+                    let mut req = template.expect("a retried request has a template");
                     let previous = *this.attempts;
                     *this.attempts += 1;
                     write_attempts(&mut req, previous, this.config.attempt_header.as_ref());

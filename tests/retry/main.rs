@@ -1103,3 +1103,67 @@ async fn a_retry_carries_the_budget_that_is_left_not_the_one_the_call_started_wi
     // 3 s less the 1 ms reserve; then what each retry had left.
     assert_eq!(budgets, vec![2999, 1999, 999]);
 }
+
+/// A request that counts its copies, to see how many a call makes.
+#[derive(Debug)]
+struct Counted(Arc<AtomicUsize>);
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Counted(self.0.clone())
+    }
+}
+
+impl surely::Envelope for Counted {
+    fn semantics(&self) -> Semantics {
+        Semantics::Idempotent
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_last_attempt_takes_the_kept_request_instead_of_a_copy() {
+    use std::io;
+    use surely::classify::{self, Attempted, Classification, ClassifyError};
+
+    fn classify(a: Attempted<'_, (), surely::Error<io::Error>>, _: Semantics) -> Classification {
+        match a {
+            Attempted::Response(()) => Classification::success(),
+            Attempted::Error(e, phase) => e.classify_error(phase),
+        }
+    }
+    for (refusals, copies) in [(0, 1), (1, 2), (2, 2), (5, 2)] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let seen = calls.clone();
+        let inner = tower::service_fn(move |_: Counted| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < refusals {
+                    Err(io::Error::from(io::ErrorKind::ConnectionRefused))
+                } else {
+                    Ok(())
+                }
+            }
+        });
+        let layer = RetryLayer::builder()
+            .classifier(classify::from_fn(classify))
+            .backoff(Backoff::none())
+            .no_budget()
+            .max_attempts(3)
+            .build()
+            .unwrap();
+        let mut svc = ServiceBuilder::new().layer(layer).service(inner);
+        let clones = Arc::new(AtomicUsize::new(0));
+        let out = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(Counted(clones.clone()))
+            .await;
+        assert_eq!(out.is_ok(), refusals < 3, "{refusals} refusals");
+        assert_eq!(calls.load(Ordering::SeqCst), (refusals + 1).min(3));
+        // One copy kept for a retry; the second attempt's copy; the third attempt takes the kept
+        // one.
+        assert_eq!(clones.load(Ordering::SeqCst), copies, "{refusals} refusals");
+    }
+}
