@@ -14,7 +14,7 @@ use tower_service::Service;
 use super::error::DeadlineExceeded;
 use super::timer::sealed::Timer;
 use super::timer::{AttemptTimers, Enforcement, OwnTimer};
-use super::{codec, Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
+use super::{codec, Deadline, WireHeader, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::context::{CallDeadline, Context, Report};
 use crate::record::CallTally;
 use crate::{ConfigError, Envelope, Error, IntoError};
@@ -123,7 +123,9 @@ impl<T> DeadlineLayerBuilder<T> {
     }
 
     /// The HTTP header that carries the remaining milliseconds (default
-    /// [`DEFAULT_HEADER`]); `None` writes none.
+    /// [`DEFAULT_HEADER`]); `None` writes none. A retry layer inside lowers the value on each
+    /// retry to what is left, whatever the name; a name other than the default costs one
+    /// allocation per call (the request's extensions say which header to lower).
     pub fn http_header(mut self, header: Option<HeaderName>) -> Self {
         self.config.header = header;
         self
@@ -321,6 +323,13 @@ impl<S, T> WithDeadline<S, T> {
             }
             let value = own_wire.map_or_else(|| codec::encode_millis(budget), |w| w.millis.clone());
             headers.insert(name.clone(), value);
+            if *name != DEFAULT_HEADER {
+                // Say where, so that retries inside lower it (one allocation for the request's
+                // extensions; the default name needs none).
+                if let Some(extensions) = req.extensions_mut() {
+                    extensions.insert(WireHeader(name.clone()));
+                }
+            }
         }
         true
     }

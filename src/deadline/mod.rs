@@ -89,6 +89,12 @@ use crate::context::{CallDeadline, Context};
 /// The default HTTP header that carries the remaining budget in milliseconds.
 pub const DEFAULT_HEADER: http::HeaderName = http::HeaderName::from_static("x-request-timeout-ms");
 
+/// A request extension: the header, other than [`DEFAULT_HEADER`], into which a client
+/// [`DeadlineLayer`] wrote the call's budget, so that a retry layer inside can lower it on each
+/// retry as it does the default one.
+#[derive(Clone, Debug)]
+pub(crate) struct WireHeader(pub(crate) http::HeaderName);
+
 /// The gRPC deadline header.
 pub const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 

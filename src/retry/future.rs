@@ -327,16 +327,28 @@ fn decide<M, Z, Req: Envelope, Res, E>(
 
 /// Lowers the budget a retry carries on the wire to what is left of the call's deadline: the
 /// copy of the first request still carries the budget written when the call started. The
-/// `grpc-timeout` of a gRPC request and the [`DEFAULT_HEADER`] are rewritten when present (a
-/// budget under a different header name is left as written), with the deadline layer's default
-/// reserve of a millisecond for transit; a value is only ever lowered.
+/// `grpc-timeout` of a gRPC request, and the [`DEFAULT_HEADER`] or the header a deadline layer
+/// said it wrote instead ([`WireHeader`](deadline::WireHeader)), are rewritten when present,
+/// with the deadline layer's default reserve of a millisecond for transit; a value is only ever
+/// lowered.
 fn refresh_deadline<Req: Envelope>(req: &mut Req) {
     let grpc = req.is_grpc();
     let own = req.deadline();
+    let custom = if grpc {
+        None
+    } else {
+        req.extensions()
+            .and_then(|e| e.get::<deadline::WireHeader>())
+            .map(|w| w.0.clone())
+    };
     let Some(headers) = req.headers_mut() else {
         return;
     };
-    let name = if grpc { GRPC_TIMEOUT } else { DEFAULT_HEADER };
+    let name = if grpc {
+        GRPC_TIMEOUT
+    } else {
+        custom.unwrap_or(DEFAULT_HEADER)
+    };
     let Some(value) = headers.get(&name) else {
         return;
     };

@@ -1104,6 +1104,44 @@ async fn a_retry_carries_the_budget_that_is_left_not_the_one_the_call_started_wi
     assert_eq!(budgets, vec![2999, 1999, 999]);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_retry_lowers_the_budget_under_a_custom_header_name_too() {
+    use surely::deadline::DeadlineLayer;
+    use surely::fault::FaultLayer;
+    use surely::record::RecordAttemptLayer;
+    use surely::timeout::AttemptTimeoutLayer;
+
+    let name = HeaderName::from_static("x-deadline-ms");
+    let log = Log::new();
+    let probe = Probe::new();
+    let recorder = InMemoryRecorder::new();
+    // The canonical stack with a 3 s deadline written under a name of the caller's choosing,
+    // whose first attempt hangs for its whole 1 s per-try timeout.
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            DeadlineLayer::builder()
+                .timeout(secs(3))
+                .http_header(Some(name.clone()))
+                .build()
+                .unwrap(),
+        )
+        .layer(retry())
+        .layer(RecordAttemptLayer::new(recorder.clone()))
+        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
+        .layer(FaultLayer::new(log.policy(Fault::Delay(secs(5)))))
+        .service(probe.service());
+    let _ = timed(&mut svc, request(Kind::Get)).await;
+    let budgets: Vec<u64> = log
+        .header(&name)
+        .into_iter()
+        .map(|v| v.unwrap().to_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(budgets, vec![2999, 1999, 999]);
+    // And the default header was not written alongside.
+    let defaults = log.header(&surely::deadline::DEFAULT_HEADER);
+    assert!(defaults.iter().all(Option::is_none), "{defaults:?}");
+}
+
 /// A request that counts its copies, to see how many a call makes.
 #[derive(Debug)]
 struct Counted(Arc<AtomicUsize>);
