@@ -61,6 +61,11 @@ pub(super) struct Config<M, Z = NoResolver> {
 pub struct RetryLayerBuilder<M = HttpClassifier, Z = NoResolver> {
     classifier: M,
     resolver: Z,
+    settings: Settings,
+}
+
+/// The builder's settings that do not change its type.
+struct Settings {
     learn: Option<f64>,
     max_attempts: u32,
     backoff: Option<Backoff>,
@@ -79,20 +84,8 @@ impl RetryLayer {
     /// pushback obeyed up to 30 s, and no retry that would leave less than 10 ms of the call's
     /// budget.
     pub fn new() -> Self {
-        RetryLayer {
-            config: Arc::new(Config {
-                resolver: NoResolver,
-                learned: None,
-                classifier: HttpClassifier::new(),
-                max_attempts: DEFAULT_MAX_ATTEMPTS,
-                backoff: default_backoff(),
-                budget: Some(Arc::new(RatioBudget::default())),
-                max_pushback: DEFAULT_MAX_PUSHBACK,
-                min_attempt: DEFAULT_MIN_ATTEMPT,
-                attempt_header: None,
-                mark_owner: true,
-            }),
-        }
+        // The defaults are valid: nothing to check.
+        Self::builder().assemble()
     }
 
     /// A builder, starting from [`new`](Self::new)'s settings.
@@ -100,15 +93,17 @@ impl RetryLayer {
         RetryLayerBuilder {
             classifier: HttpClassifier::new(),
             resolver: NoResolver,
-            learn: None,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            backoff: None,
-            budget: None,
-            own_budget: true,
-            max_pushback: DEFAULT_MAX_PUSHBACK,
-            min_attempt: DEFAULT_MIN_ATTEMPT,
-            attempt_header: None,
-            mark_owner: true,
+            settings: Settings {
+                learn: None,
+                max_attempts: DEFAULT_MAX_ATTEMPTS,
+                backoff: None,
+                budget: None,
+                own_budget: true,
+                max_pushback: DEFAULT_MAX_PUSHBACK,
+                min_attempt: DEFAULT_MIN_ATTEMPT,
+                attempt_header: None,
+                mark_owner: true,
+            },
         }
     }
 }
@@ -125,49 +120,41 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         RetryLayerBuilder {
             classifier,
             resolver: self.resolver,
-            learn: self.learn,
-            max_attempts: self.max_attempts,
-            backoff: self.backoff,
-            budget: self.budget,
-            own_budget: self.own_budget,
-            max_pushback: self.max_pushback,
-            min_attempt: self.min_attempt,
-            attempt_header: self.attempt_header,
-            mark_owner: self.mark_owner,
+            settings: self.settings,
         }
     }
 
     /// At most this many attempts per call, the first included (default 3). At least 1.
     pub fn max_attempts(mut self, max_attempts: u32) -> Self {
-        self.max_attempts = max_attempts;
+        self.settings.max_attempts = max_attempts;
         self
     }
 
     /// The wait before each retry when the server says nothing.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = Some(backoff);
+        self.settings.backoff = Some(backoff);
         self
     }
 
     /// Spend retries from this budget, which may be shared with other services.
     pub fn budget(mut self, budget: Arc<dyn RetryBudget>) -> Self {
-        self.budget = Some(budget);
-        self.own_budget = false;
+        self.settings.budget = Some(budget);
+        self.settings.own_budget = false;
         self
     }
 
     /// No retry budget: only the attempt limit bounds retries. For tests; in production, an
     /// outage then multiplies the load by the attempt limit.
     pub fn no_budget(mut self) -> Self {
-        self.budget = None;
-        self.own_budget = false;
+        self.settings.budget = None;
+        self.settings.own_budget = false;
         self
     }
 
     /// Obey a server's `Retry-After` or `grpc-retry-pushback-ms` up to this long (default
     /// 30 s); a longer one is ignored and the backoff applies.
     pub fn max_pushback(mut self, max_pushback: Duration) -> Self {
-        self.max_pushback = max_pushback;
+        self.settings.max_pushback = max_pushback;
         self
     }
 
@@ -177,22 +164,14 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         RetryLayerBuilder {
             classifier: self.classifier,
             resolver,
-            learn: self.learn,
-            max_attempts: self.max_attempts,
-            backoff: self.backoff,
-            budget: self.budget,
-            own_budget: self.own_budget,
-            max_pushback: self.max_pushback,
-            min_attempt: self.min_attempt,
-            attempt_header: self.attempt_header,
-            mark_owner: self.mark_owner,
+            settings: self.settings,
         }
     }
 
     /// Start no retry that would leave the call less than this (default 10 ms) after its wait.
     /// With [`learn_min_attempt_time`](Self::learn_min_attempt_time), this is the floor.
     pub fn min_attempt_time(mut self, min_attempt: Duration) -> Self {
-        self.min_attempt = min_attempt;
+        self.settings.min_attempt = min_attempt;
         self
     }
 
@@ -202,33 +181,33 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     /// when the call has less left than a typical attempt takes. Until 8 attempts have been
     /// answered, the fixed minimum applies. `quantile` must be in (0, 1].
     pub fn learn_min_attempt_time(mut self, quantile: f64) -> Self {
-        self.learn = Some(quantile);
+        self.settings.learn = Some(quantile);
         self
     }
 
     /// Also write the number of earlier attempts in this HTTP header on retries (off by default;
     /// gRPC requests always get `grpc-previous-rpc-attempts`).
     pub fn attempt_header(mut self, header: Option<HeaderName>) -> Self {
-        self.attempt_header = header;
+        self.settings.attempt_header = header;
         self
     }
 
     /// Whether to tell the next hop that this layer owns retries, with [`RETRY_OWNER`] on every
     /// attempt (default true).
     pub fn mark_owner(mut self, mark: bool) -> Self {
-        self.mark_owner = mark;
+        self.settings.mark_owner = mark;
         self
     }
 
     /// Validates and builds.
     pub fn build(self) -> Result<RetryLayer<M, Z>, ConfigError> {
-        if self.max_attempts == 0 {
+        if self.settings.max_attempts == 0 {
             return Err(ConfigError::new(
                 "retry attempt limit",
                 "must be at least 1 (the first attempt)",
             ));
         }
-        if let Some(q) = self.learn {
+        if let Some(q) = self.settings.learn {
             if !(q > 0.0 && q <= 1.0) {
                 return Err(ConfigError::new(
                     "learned minimum attempt time",
@@ -236,26 +215,41 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
                 ));
             }
         }
-        let backoff = self.backoff.unwrap_or_else(default_backoff);
-        let budget = if self.own_budget {
+        Ok(self.assemble())
+    }
+
+    /// The layer of these settings, which the caller has checked.
+    fn assemble(self) -> RetryLayer<M, Z> {
+        let Settings {
+            learn,
+            max_attempts,
+            backoff,
+            budget,
+            own_budget,
+            max_pushback,
+            min_attempt,
+            attempt_header,
+            mark_owner,
+        } = self.settings;
+        let budget = if own_budget {
             Some(Arc::new(RatioBudget::default()) as Arc<dyn RetryBudget>)
         } else {
-            self.budget
+            budget
         };
-        Ok(RetryLayer {
+        RetryLayer {
             config: Arc::new(Config {
                 resolver: self.resolver,
-                learned: self.learn.map(AttemptTimes::new),
+                learned: learn.map(AttemptTimes::new),
                 classifier: self.classifier,
-                max_attempts: self.max_attempts,
-                backoff,
+                max_attempts,
+                backoff: backoff.unwrap_or_else(default_backoff),
                 budget,
-                max_pushback: self.max_pushback,
-                min_attempt: self.min_attempt,
-                attempt_header: self.attempt_header,
-                mark_owner: self.mark_owner,
+                max_pushback,
+                min_attempt,
+                attempt_header,
+                mark_owner,
             }),
-        })
+        }
     }
 }
 
@@ -373,7 +367,7 @@ impl<M, Z> fmt::Debug for RetryLayer<M, Z> {
 impl<M, Z> fmt::Debug for RetryLayerBuilder<M, Z> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryLayerBuilder")
-            .field("max_attempts", &self.max_attempts)
+            .field("max_attempts", &self.settings.max_attempts)
             .finish_non_exhaustive()
     }
 }
