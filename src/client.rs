@@ -178,13 +178,18 @@ pub struct ClientBuilder<
 > {
     recorder: R,
     classifier: M,
-    budget: Option<Arc<dyn RetryBudget>>,
-    deadline: DeadlineLayerBuilder<AttemptTimers>,
+    shared: Shared,
     key: K,
     replay: P,
     retry: RetryLayerBuilder<M, Z>,
     hedge: H,
     breaker: B,
+}
+
+/// The builder's settings that do not change its type.
+struct Shared {
+    budget: Option<Arc<dyn RetryBudget>>,
+    deadline: DeadlineLayerBuilder<AttemptTimers>,
     per_try: Option<Duration>,
 }
 
@@ -198,16 +203,18 @@ impl ClientBuilder {
         ClientBuilder {
             recorder: (),
             classifier: HttpClassifier::new(),
-            budget: Some(budget.clone()),
-            deadline: DeadlineLayer::builder()
-                .timeout(DEFAULT_TIMEOUT)
-                .enforce_in_attempts(),
+            shared: Shared {
+                budget: Some(budget.clone()),
+                deadline: DeadlineLayer::builder()
+                    .timeout(DEFAULT_TIMEOUT)
+                    .enforce_in_attempts(),
+                per_try: None,
+            },
             key: IdempotencyKeyLayer::new(),
             replay: Identity::new(),
             retry: RetryLayer::builder().budget(budget),
             hedge: Identity::new(),
             breaker: CircuitBreaker::new(),
-            per_try: None,
         }
     }
 }
@@ -221,7 +228,7 @@ impl Default for ClientBuilder {
 impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
     /// The call's total budget (default 10 s).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.deadline = self.deadline.timeout(timeout);
+        self.shared.deadline = self.shared.deadline.timeout(timeout);
         self
     }
 
@@ -230,21 +237,21 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         mut self,
         f: impl FnOnce(DeadlineLayerBuilder<AttemptTimers>) -> DeadlineLayerBuilder<AttemptTimers>,
     ) -> Self {
-        self.deadline = f(self.deadline);
+        self.shared.deadline = f(self.shared.deadline);
         self
     }
 
     /// No budget of the client's own: calls keep only a deadline they inherit (from the request
     /// or the current context), which is still enforced and propagated.
     pub fn inherit_deadline(mut self) -> Self {
-        self.deadline = DeadlineLayer::builder().enforce_in_attempts();
+        self.shared.deadline = DeadlineLayer::builder().enforce_in_attempts();
         self
     }
 
     /// Ends each attempt after `per_try` at most (default: only the remaining budget bounds an
     /// attempt). A retry then has time left after a hung attempt.
     pub fn per_try_timeout(mut self, per_try: Duration) -> Self {
-        self.per_try = Some(per_try);
+        self.shared.per_try = Some(per_try);
         self
     }
 
@@ -253,7 +260,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
     /// [`retry`](Self::retry), so that hedges spend from it too.
     pub fn budget(mut self, budget: Arc<dyn RetryBudget>) -> Self {
         self.retry = self.retry.budget(budget.clone());
-        self.budget = Some(budget);
+        self.shared.budget = Some(budget);
         self
     }
 
@@ -261,7 +268,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
     /// production an outage then multiplies the load.
     pub fn no_budget(mut self) -> Self {
         self.retry = self.retry.no_budget();
-        self.budget = None;
+        self.shared.budget = None;
         self
     }
 
@@ -273,14 +280,12 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
-            budget: self.budget,
-            deadline: self.deadline,
+            shared: self.shared,
             key: self.key,
             replay: self.replay,
             retry: f(self.retry),
             hedge: self.hedge,
             breaker: self.breaker,
-            per_try: self.per_try,
         }
     }
 
@@ -297,14 +302,12 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         ClientBuilder {
             recorder,
             classifier: self.classifier,
-            budget: self.budget,
-            deadline: self.deadline,
+            shared: self.shared,
             key: self.key,
             replay: self.replay,
             retry: self.retry,
             hedge: self.hedge,
             breaker: self.breaker,
-            per_try: self.per_try,
         }
     }
 
@@ -315,13 +318,11 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
             recorder: self.recorder,
             retry: self.retry.classifier(classifier.clone()),
             classifier,
-            budget: self.budget,
-            deadline: self.deadline,
+            shared: self.shared,
             key: self.key,
             replay: self.replay,
             hedge: self.hedge,
             breaker: self.breaker,
-            per_try: self.per_try,
         }
     }
 
@@ -330,14 +331,12 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
-            budget: self.budget,
-            deadline: self.deadline,
+            shared: self.shared,
             key,
             replay: self.replay,
             retry: self.retry,
             hedge: self.hedge,
             breaker: self.breaker,
-            per_try: self.per_try,
         }
     }
 
@@ -353,14 +352,12 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
-            budget: self.budget,
-            deadline: self.deadline,
+            shared: self.shared,
             key: self.key,
             replay,
             retry: self.retry,
             hedge: self.hedge,
             breaker: self.breaker,
-            per_try: self.per_try,
         }
     }
 
@@ -382,14 +379,12 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
-            budget: self.budget,
-            deadline: self.deadline,
+            shared: self.shared,
             key: self.key,
             replay: self.replay,
             retry: self.retry,
             hedge,
             breaker: self.breaker,
-            per_try: self.per_try,
         }
     }
 
@@ -413,14 +408,12 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
-            budget: self.budget,
-            deadline: self.deadline,
+            shared: self.shared,
             key: self.key,
             replay: self.replay,
             retry: self.retry,
             hedge: self.hedge,
             breaker,
-            per_try: self.per_try,
         }
     }
 
@@ -438,21 +431,21 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         H: Part<M>,
         B: Part<M>,
     {
-        let timeout = match self.per_try {
+        let timeout = match self.shared.per_try {
             Some(per_try) => AttemptTimeoutLayer::new(per_try)?,
             None => AttemptTimeoutLayer::deadline_only(),
         };
         let hedge = self
             .hedge
-            .into_part(self.classifier.clone(), self.budget.clone())?;
+            .into_part(self.classifier.clone(), self.shared.budget.clone())?;
         let breaker = self
             .breaker
-            .into_part(self.classifier.clone(), self.budget)?;
+            .into_part(self.classifier.clone(), self.shared.budget)?;
         Ok(ClientLayer {
             record_attempt: RecordAttemptLayer::new(self.recorder.clone())
                 .with_classifier(self.classifier.clone()),
             record_call: RecordCallLayer::new(self.recorder).with_classifier(self.classifier),
-            deadline: self.deadline.build()?,
+            deadline: self.shared.deadline.build()?,
             key: self.key,
             replay: self.replay,
             hedge,
@@ -505,9 +498,9 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
 impl<R, M, Z, K, P, H, B> fmt::Debug for ClientBuilder<R, M, Z, K, P, H, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientBuilder")
-            .field("deadline", &self.deadline)
+            .field("deadline", &self.shared.deadline)
             .field("retry", &self.retry)
-            .field("per_try", &self.per_try)
+            .field("per_try", &self.shared.per_try)
             .finish_non_exhaustive()
     }
 }
