@@ -399,18 +399,12 @@ fn client(strategy: Strategy, hop: usize, inner: Wire, seed: u64) -> Client {
                 surely_default(budget.clone(), seed)
             })
         }
-        Strategy::SurelyRatio => {
-            let budget: Arc<dyn RetryBudget> = Arc::new(RatioBudget::default());
-            per_call(hop, inner, seed, move |seed| {
-                RetryLayer::builder()
-                    .budget(budget.clone())
-                    .backoff(default_backoff(seed))
-                    .mark_owner(false)
-                    .build()
-            })
-        }
-        Strategy::SurelyBucket => {
-            let budget: Arc<dyn RetryBudget> = Arc::new(TokenBucket::default());
+        Strategy::SurelyRatio | Strategy::SurelyBucket => {
+            let budget: Arc<dyn RetryBudget> = if strategy == Strategy::SurelyRatio {
+                Arc::new(RatioBudget::default())
+            } else {
+                Arc::new(TokenBucket::default())
+            };
             per_call(hop, inner, seed, move |seed| {
                 RetryLayer::builder()
                     .budget(budget.clone())
