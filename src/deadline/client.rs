@@ -234,15 +234,7 @@ where
     #[inline]
     fn call(&mut self, mut req: Req) -> Self::Future {
         let mut ctx = Context::current();
-        let resolved = match (self.config.timeout, ctx.has_deadline()) {
-            // The common case: no deadline from outside, and the request carries none, so the
-            // call has this layer's own budget (checked against the reserve when built).
-            (Some(own), false) if req.deadline().is_none() => self
-                .write_budget(&mut req, own - self.config.reserve, true)
-                .then_some(Some(CallDeadline::Budget(own))),
-            _ => self.resolve(&mut req, ctx.deadline()),
-        };
-        let Some(deadline) = resolved else {
+        let Some(deadline) = self.resolve(&mut req, ctx.deadline()) else {
             return ResponseFuture::refused();
         };
         if deadline.is_some() && ctx.call.is_some() {
@@ -269,11 +261,21 @@ impl<S, T> WithDeadline<S, T> {
     /// The clock is read only for a deadline that is already an instant (from the request or
     /// an outer layer that anchored it); a budget of the layer's own, or an outer layer's not
     /// yet anchored, is passed on as a budget.
+    #[inline]
     fn resolve<Req: Envelope>(
         &self,
         req: &mut Req,
         current: Option<CallDeadline>,
     ) -> Option<Option<CallDeadline>> {
+        if let (Some(own), None) = (self.config.timeout, current) {
+            if req.deadline().is_none() {
+                // The common case: no deadline from outside and none on the request, so the
+                // call has this layer's own budget (checked against the reserve when built).
+                return self
+                    .write_budget(req, own - self.config.reserve, true)
+                    .then_some(Some(CallDeadline::Budget(own)));
+            }
+        }
         let fixed = Deadline::earliest(req.deadline(), current.and_then(CallDeadline::fixed));
         let unanchored = match current {
             Some(CallDeadline::Budget(b)) => Some(b),
