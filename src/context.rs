@@ -238,15 +238,16 @@ impl Report {
         }
     }
 
-    /// A report of a clock reading `now` and a layer that ends the call by `ends_by`, packing the
+    /// A report of a clock reading `now` and a layer that ends the call `after` it, packing the
     /// clock once.
     #[inline]
-    pub(crate) fn ending(now: Instant, ends_by: Instant) -> Report {
+    pub(crate) fn after(now: Instant, after: Duration) -> Report {
         let now_packed = pack_instant(now);
-        let after = saturating_nanos(ends_by.saturating_duration_since(now));
         Report {
             now: now_packed,
-            ends_by: now_packed.saturating_add(after).min(OWNED - 1),
+            ends_by: now_packed
+                .saturating_add(saturating_nanos(after))
+                .min(OWNED - 1),
         }
     }
 

@@ -47,8 +47,8 @@ pub mod error;
 
 use self::error::Elapsed;
 use crate::classify::DeliveryPhase;
-use crate::context::{Context, Report};
-use crate::deadline::Deadline;
+use crate::context::Report;
+use crate::deadline::{self, Deadline};
 use crate::delivery::Progress;
 use crate::{ConfigError, Envelope, Error, IntoError};
 
@@ -170,24 +170,24 @@ where
         if let Poll::Ready(out) = this.inner.poll(cx) {
             return Poll::Ready(out.map_err(IntoError::into_error));
         }
-        let mut now = None;
+        let mut armed_now = None;
         if this.sleep.is_none() {
             // The first wait: read the clock once, and arm one timer for the earlier of the
-            // per-try timeout and the call's deadline.
-            let current = Context::current().deadline();
-            if this.per_try.is_none() && this.deadline.is_none() && current.is_none() {
-                return Poll::Pending;
-            }
-            let at = Instant::now();
-            now = Some(at);
-            let call = Deadline::earliest(*this.deadline, current.map(|d| d.anchor(at)));
-            let per_try = this.per_try.map(|t| Deadline::after_from(at, t));
-            let Some(limit) = Deadline::earliest(per_try, call) else {
-                return Poll::Pending;
+            // per-try timeout and the call's deadline, both counted from that reading.
+            let mut read = None;
+            let left = deadline::left_at(*this.deadline, || *read.insert(Instant::now()));
+            let (after, by_deadline) = match (*this.per_try, left) {
+                (None, None) => return Poll::Pending,
+                (Some(per_try), Some(left)) if left > per_try => (per_try, false),
+                (Some(per_try), None) => (per_try, false),
+                (_, Some(left)) => (left, true),
             };
-            *this.by_deadline = Some(limit) == call;
+            let now = read.unwrap_or_else(Instant::now);
+            *this.by_deadline = by_deadline;
+            let limit = Deadline::after_from(now, after);
             this.sleep
                 .set(Some(tokio::time::sleep_until(limit.instant())));
+            armed_now = Some((now, after));
         }
         let Some(sleep) = this.sleep.as_pin_mut() else {
             return Poll::Pending;
@@ -195,11 +195,10 @@ where
         let limit = sleep.deadline();
         if sleep.poll(cx).is_pending() {
             // This attempt ends by `limit`: an outer deadline layer needs no timer of its own.
-            if let Some(now) = now {
-                Report::publish(Report::ending(now, limit));
-            } else {
-                Report::publish(Report::new(None, Some(limit)));
-            }
+            Report::publish(match armed_now {
+                Some((now, after)) => Report::after(now, after),
+                None => Report::new(None, Some(limit)),
+            });
             return Poll::Pending;
         }
         let phase = this
