@@ -170,7 +170,7 @@ where
         if let Poll::Ready(out) = this.inner.poll(cx) {
             return Poll::Ready(out.map_err(IntoError::into_error));
         }
-        let mut armed_now = None;
+        let mut armed = None;
         if this.sleep.is_none() {
             // The first wait: read the clock once, and arm one timer for the earlier of the
             // per-try timeout and the call's deadline, both counted from that reading.
@@ -185,9 +185,11 @@ where
             let now = read.unwrap_or_else(Instant::now);
             *this.by_deadline = by_deadline;
             let limit = Deadline::after_from(now, after);
-            this.sleep
-                .set(Some(tokio::time::sleep_until(limit.instant())));
-            armed_now = Some((now, after));
+            let sleep = tokio::time::sleep_until(limit.instant());
+            // Packed between making the timer and moving it in, which gives the timer's stores
+            // time to land before they are copied.
+            armed = Some(Report::after(now, after));
+            this.sleep.set(Some(sleep));
         }
         let Some(sleep) = this.sleep.as_pin_mut() else {
             return Poll::Pending;
@@ -195,10 +197,7 @@ where
         let limit = sleep.deadline();
         if sleep.poll(cx).is_pending() {
             // This attempt ends by `limit`: an outer deadline layer needs no timer of its own.
-            Report::publish(match armed_now {
-                Some((now, after)) => Report::after(now, after),
-                None => Report::new(None, Some(limit)),
-            });
+            Report::publish(armed.unwrap_or_else(|| Report::new(None, Some(limit))));
             return Poll::Pending;
         }
         let phase = this
