@@ -240,6 +240,7 @@ where
 {
     type Output = Result<Res, Error<T>>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let Some(state) = this.state.as_mut() else {

@@ -170,7 +170,7 @@ where
         if let Poll::Ready(out) = this.inner.poll(cx) {
             return Poll::Ready(out.map_err(IntoError::into_error));
         }
-        let mut armed = None;
+        let mut armed = false;
         if this.sleep.is_none() {
             // The first wait: read the clock once, and arm one timer for the earlier of the
             // per-try timeout and the call's deadline, both counted from that reading.
@@ -186,18 +186,22 @@ where
             *this.by_deadline = by_deadline;
             let limit = Deadline::after_from(now, after);
             let sleep = tokio::time::sleep_until(limit.instant());
-            // Packed between making the timer and moving it in, which gives the timer's stores
-            // time to land before they are copied.
-            armed = Some(Report::after(now, after));
+            // This attempt ends by `limit`: an outer deadline layer needs no timer of its own.
+            // Said before the timer is polled (if it fires at once, the attempt ends in this
+            // poll and the report is moot), so that the timer's fresh stores have landed by the
+            // time it is moved into the future.
+            Report::publish(Report::after(now, after));
             this.sleep.set(Some(sleep));
+            armed = true;
         }
         let Some(sleep) = this.sleep.as_pin_mut() else {
             return Poll::Pending;
         };
         let limit = sleep.deadline();
         if sleep.poll(cx).is_pending() {
-            // This attempt ends by `limit`: an outer deadline layer needs no timer of its own.
-            Report::publish(armed.unwrap_or_else(|| Report::new(None, Some(limit))));
+            if !armed {
+                Report::publish(Report::new(None, Some(limit)));
+            }
             return Poll::Pending;
         }
         let phase = this
