@@ -97,14 +97,19 @@ impl Drop for RestoreContext {
     }
 }
 
-/// Puts a context and a report back when dropped, also on unwind.
-struct RestoreBoth(Context, Report);
+/// Puts a context back when dropped, also on unwind, and merges the report made meanwhile
+/// into the one made before (kept here): the first clock reading, the earliest end.
+struct RestoreMerging(Context, Report);
 
-impl Drop for RestoreBoth {
+impl Drop for RestoreMerging {
     #[inline]
     fn drop(&mut self) {
         swap_context(self.0);
-        swap_report(self.1);
+        let before = self.1;
+        if before.now != 0 {
+            NOW.with(|c| c.set(before.now));
+        }
+        ENDS_BY.with(|c| c.set(earliest_packed(before.ends_by, c.get())));
     }
 }
 
@@ -195,10 +200,11 @@ impl Context {
     }
 
     /// Runs `f` with this context as the current one and an empty report, and returns what
-    /// the layers inside `f` reported; the report of the layers around is left as it was.
+    /// the layers inside `f` reported. Their report also goes on outward, merged into the
+    /// report of the layers around, as through [`scope`](Self::scope).
     #[inline]
     pub(crate) fn scope_collect<R>(self, f: impl FnOnce() -> R) -> (R, Report) {
-        let restore = RestoreBoth(swap_context(self), swap_report(Report::EMPTY));
+        let restore = RestoreMerging(swap_context(self), swap_report(Report::EMPTY));
         let out = f();
         let inside = Report {
             now: NOW.with(Cell::get),
@@ -280,13 +286,17 @@ impl Report {
                 c.set(report.now);
             }
         });
-        ENDS_BY.with(|c| {
-            c.set(match (c.get(), report.ends_by) {
-                (0, b) => b,
-                (a, 0) => a,
-                (a, b) => a.min(b),
-            })
-        });
+        ENDS_BY.with(|c| c.set(earliest_packed(c.get(), report.ends_by)));
+    }
+}
+
+/// The earlier of two packed instants, 0 meaning none.
+#[inline]
+fn earliest_packed(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, b) => b,
+        (a, 0) => a,
+        (a, b) => a.min(b),
     }
 }
 
@@ -392,7 +402,7 @@ mod tests {
     }
 
     #[test]
-    fn reports_merge_the_first_reading_and_the_earliest_end() {
+    fn reports_merge_the_first_reading_and_the_earliest_end_on_their_way_out() {
         let now = Instant::now();
         let later = now + Duration::from_secs(1);
         let (_, report) = Context::current().scope_collect(|| {
@@ -406,9 +416,20 @@ mod tests {
             Context::fresh(None).scope(|| Report::publish(Report::new(Some(later), Some(later))));
         });
         assert_eq!(through.ends_by(), Some(later));
-        // Outside, nothing was left behind.
-        let (_, outside) = Context::current().scope_collect(|| ());
-        assert_eq!(outside, Report::EMPTY);
+        // A collecting scope inside sees only what is reported inside it, and passes it on
+        // outward, merged: the first reading, the earliest end.
+        let (inner, outer) = Context::current().scope_collect(|| {
+            Report::publish(Report::new(Some(now), Some(later)));
+            let ((), inner) = Context::current().scope_collect(|| {
+                Report::publish(Report::new(Some(later), Some(now)));
+            });
+            inner
+        });
+        assert_eq!((inner.now(), inner.ends_by()), (Some(later), Some(now)));
+        assert_eq!((outer.now(), outer.ends_by()), (Some(now), Some(now)));
+        // A collecting scope starts empty, whatever was reported before it.
+        let (_, fresh) = Context::current().scope_collect(|| ());
+        assert_eq!(fresh, Report::EMPTY);
     }
 
     #[test]

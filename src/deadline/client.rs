@@ -388,11 +388,9 @@ where
             } => {
                 let (out, inside) = ctx.scope_collect(|| inner.poll(cx));
                 if let Poll::Ready(out) = out {
-                    Report::publish(inside);
                     return Poll::Ready(out.map_err(IntoError::into_error));
                 }
                 if !ctx.has_deadline() {
-                    Report::publish(inside);
                     return Poll::Pending;
                 }
                 let armed = T::is_armed(&timer);
@@ -402,13 +400,11 @@ where
                         // reading of the layer inside, and if that layer ends the call by the
                         // deadline, one timer is enough.
                         if ctx.anchor_packed(now).is_some_and(|d| ends_by <= d) {
-                            Report::publish(inside);
                             return Poll::Pending;
                         }
                     }
                 }
                 let Some(deadline) = ctx.deadline() else {
-                    Report::publish(inside);
                     return Poll::Pending;
                 };
                 // The call waits: from now on its deadline is an instant.
