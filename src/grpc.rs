@@ -267,17 +267,22 @@ where
 }
 
 #[cfg(feature = "tonic")]
-pub use self::transport::GrpcTransport;
+pub use self::transport::{GrpcTransport, ResponseFuture as GrpcTransportFuture};
 
 #[cfg(feature = "tonic")]
 mod transport {
+    use std::fmt;
+    use std::future::Future;
+    use std::pin::Pin;
     use std::task::{Context, Poll};
 
     use bytes::Bytes;
-    use http::Request;
+    use http::{Request, Response};
+    use pin_project_lite::pin_project;
     use tower_service::Service;
 
     use crate::classify::BoxError;
+    use crate::record::{watch_response, TrailersBody, WantsTrailers};
 
     /// A tonic transport (a `tonic::transport::Channel`, or any service over
     /// `http::Request<tonic::body::Body>`) that takes requests with any body, such as the
@@ -285,7 +290,10 @@ mod transport {
     ///
     /// tonic's request body is not `Clone`, so a retried request must be buffered
     /// ([`ReplayBodyLayer`](crate::retry::ReplayBodyLayer), in the preset) and turned back into
-    /// tonic's body for the channel: that is all this adapter does, with no other copy. Errors
+    /// tonic's body for the channel, with no other copy. When an attempt record layer above asks
+    /// (for a gRPC request, with a recorder enabled), it also watches the response body for its
+    /// trailers, so that the records are settled from `grpc-status`, as
+    /// [`WatchTrailersLayer`](crate::record::WatchTrailersLayer) does for other transports. Errors
     /// are the transport's own (`tonic::transport::Error` for a `Channel`, which the crate
     /// classifies: a failed connection is "not sent").
     /// [`ClientBuilder::build_channel`](crate::client::ClientBuilder::build_channel) wraps a
@@ -308,22 +316,65 @@ mod transport {
         inner_accessors!();
     }
 
-    impl<S, B> Service<Request<B>> for GrpcTransport<S>
+    impl<S, B, RB> Service<Request<B>> for GrpcTransport<S>
     where
-        S: Service<Request<tonic::body::Body>>,
+        S: Service<Request<tonic::body::Body>, Response = Response<RB>>,
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
+        RB: http_body::Body<Data = Bytes> + Send + 'static,
+        RB::Error: Into<BoxError>,
     {
-        type Response = S::Response;
+        type Response = Response<tonic::body::Body>;
         type Error = S::Error;
-        type Future = S::Future;
+        type Future = ResponseFuture<S::Future>;
 
         fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
             self.inner.poll_ready(cx)
         }
 
-        fn call(&mut self, req: Request<B>) -> S::Future {
-            self.inner.call(req.map(tonic::body::Body::new))
+        fn call(&mut self, req: Request<B>) -> Self::Future {
+            let watch = req.extensions().get::<WantsTrailers>().is_some();
+            ResponseFuture {
+                inner: self.inner.call(req.map(tonic::body::Body::new)),
+                watch,
+            }
+        }
+    }
+
+    pin_project! {
+        /// The future of [`GrpcTransport`].
+        pub struct ResponseFuture<F> {
+            #[pin]
+            inner: F,
+            watch: bool,
+        }
+    }
+
+    impl<F> fmt::Debug for ResponseFuture<F> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        }
+    }
+
+    impl<F, RB, E> Future for ResponseFuture<F>
+    where
+        F: Future<Output = Result<Response<RB>, E>>,
+        RB: http_body::Body<Data = Bytes> + Send + 'static,
+        RB::Error: Into<BoxError>,
+    {
+        type Output = Result<Response<tonic::body::Body>, E>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let this = self.project();
+            let mut res = std::task::ready!(this.inner.poll(cx))?;
+            // When an attempt record above asked, the body's end settles it from the trailers
+            // (one more box for the body, one small shared cell); otherwise the body is only
+            // given tonic's type.
+            let watch = watch_response(*this.watch, &mut res);
+            Poll::Ready(Ok(res.map(|body| match watch {
+                Some(watch) => tonic::body::Body::new(TrailersBody::new(body, Some(watch))),
+                None => tonic::body::Body::new(body),
+            })))
         }
     }
 }

@@ -11,8 +11,12 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::tally::CallTally;
+use super::trailers::{End, Settled, WantsTrailers, Watch};
 use super::{key_of, AttemptRecord, BusinessKey, CallId, Recorder, DEFAULT_REQUEST_ID_HEADER};
-use crate::classify::{Classification, Classify, DeliveryPhase, HttpClassifier, MakeClassifier};
+use crate::classify::{
+    Classification, Classified, Classify, ClassifyEos, DeliveryPhase, HttpClassifier,
+    MakeClassifier,
+};
 use crate::context::{CallDeadline, Context};
 use crate::deadline::Deadline;
 use crate::timeout::error::Elapsed;
@@ -91,9 +95,10 @@ where
     S::Error: IntoError<Transport = T>,
     S::Response: Envelope,
     Req: Envelope,
-    R: Recorder + Clone,
+    R: Recorder + Clone + Send + 'static,
     M: MakeClassifier<Req>,
-    M::Classifier: Classify<S::Response, Error<T>>,
+    M::Classifier: Classify<S::Response, Error<T>> + Send + 'static,
+    <M::Classifier as Classify<S::Response, Error<T>>>::ClassifyEos: Send + 'static,
 {
     type Response = S::Response;
     type Error = Error<T>;
@@ -104,7 +109,7 @@ where
     }
 
     #[inline]
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, mut req: Req) -> Self::Future {
         if !self.layer.recorder.enabled() {
             return AttemptFuture {
                 inner: self.inner.call(req),
@@ -148,6 +153,13 @@ where
             span: span.clone(),
             ctx: inner_ctx,
         };
+        if req.is_grpc() {
+            // Its status may be in the trailers: a transport that can watch the body for them
+            // (`GrpcTransport`, `WatchTrailersLayer`) is asked to.
+            if let Some(extensions) = req.extensions_mut() {
+                extensions.insert(WantsTrailers);
+            }
+        }
         let inner = state.run(|| self.inner.call(req));
         AttemptFuture {
             inner,
@@ -235,8 +247,9 @@ where
     F: Future<Output = Result<Res, E0>>,
     E0: IntoError<Transport = T>,
     Res: Envelope,
-    R: Recorder,
-    C: Classify<Res, Error<T>>,
+    R: Recorder + Send + 'static,
+    C: Classify<Res, Error<T>> + Send + 'static,
+    C::ClassifyEos: Send + 'static,
 {
     type Output = Result<Res, Error<T>>;
 
@@ -251,15 +264,49 @@ where
             Poll::Ready(out) => out.map_err(IntoError::into_error),
             Poll::Pending => return Poll::Pending,
         };
+        let mut state = this.state.take().expect("polled after completion");
         if let Some(classifier) = state.classifier.take() {
             match &out {
                 Ok(res) => {
-                    let classification = classifier.classify_response(res).at_head();
                     let request_id = res
                         .headers()
                         .and_then(|h| h.get(&state.request_id))
                         .cloned();
-                    state.finish(classification, |r| r.request_id = request_id);
+                    let classified = classifier.classify_response(res);
+                    let watch = match &classified {
+                        Classified::RequiresEos(_) => {
+                            res.extensions().and_then(|e| e.get::<Watch>()).cloned()
+                        }
+                        Classified::Ready(_) => None,
+                    };
+                    match (classified, watch) {
+                        (Classified::RequiresEos(eos), Some(watch)) => {
+                            // Recorded when the body ends, from its trailers; the call layer
+                            // outside waits for it.
+                            let attempt = state.attempt;
+                            CallTally::update(|t| t.deferred = Some(attempt));
+                            watch.defer_attempt(Box::new(move |end| {
+                                let (classification, cancelled) = match end {
+                                    End::Trailers(trailers) => (eos.classify_eos(trailers), false),
+                                    End::Broken => (eos.classify_body_error(), false),
+                                    End::Dropped => (Classification::success(), true),
+                                };
+                                state.finish(classification, |r| {
+                                    r.request_id = request_id;
+                                    r.cancelled = cancelled;
+                                });
+                                Settled {
+                                    attempt,
+                                    classification,
+                                    cancelled,
+                                }
+                            }));
+                            return Poll::Ready(out);
+                        }
+                        (classified, _) => {
+                            state.finish(classified.at_head(), |r| r.request_id = request_id);
+                        }
+                    }
                 }
                 Err(e) => {
                     let classification = classifier.classify_error(e, DeliveryPhase::Sent);
@@ -268,7 +315,6 @@ where
                 }
             }
         }
-        *this.state = None;
         Poll::Ready(out)
     }
 }

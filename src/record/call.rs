@@ -10,6 +10,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::tally::CallTally;
+use super::trailers::{Settled, Watch};
 use super::{key_of, BusinessKey, CallId, CallRecord, Recorder, StopReason};
 use crate::classify::{
     Classification, Classify, DeliveryPhase, HttpClassifier, MakeClassifier, Outcome,
@@ -78,10 +79,11 @@ impl<S, R, M, Req, T> Service<Req> for RecordCall<S, R, M>
 where
     S: Service<Req>,
     S::Error: IntoError<Transport = T>,
+    S::Response: Envelope,
     Req: Envelope,
-    R: Recorder + Clone,
+    R: Recorder + Clone + Send + 'static,
     M: MakeClassifier<Req>,
-    M::Classifier: Classify<S::Response, Error<T>>,
+    M::Classifier: Classify<S::Response, Error<T>> + Send + 'static,
 {
     type Response = S::Response;
     type Error = Error<T>;
@@ -248,8 +250,9 @@ impl<F, R, C, Res, T, E0> Future for CallFuture<F, R, C, Error<T>>
 where
     F: Future<Output = Result<Res, E0>>,
     E0: IntoError<Transport = T>,
-    R: Recorder,
-    C: Classify<Res, Error<T>>,
+    Res: Envelope,
+    R: Recorder + Send + 'static,
+    C: Classify<Res, Error<T>> + Send + 'static,
 {
     type Output = Result<Res, Error<T>>;
 
@@ -263,6 +266,20 @@ where
             Poll::Ready(out) => out.map_err(IntoError::into_error),
             Poll::Pending => return Poll::Pending,
         };
+        if let (Some(_), Ok(res)) = (state.tally.deferred, &out) {
+            if let Some(watch) = res.extensions().and_then(|e| e.get::<Watch>()) {
+                // The last attempt is recorded when its body ends: so is the call, after it.
+                let mut state = this.state.take().expect("checked above");
+                watch.then_call(Box::new(move |settled: Settled| {
+                    state.tally.observe(settled.attempt, settled.classification);
+                    if settled.cancelled {
+                        state.tally.stop.get_or_insert(StopReason::Cancelled);
+                    }
+                    state.finish_with(None, |_| None);
+                }));
+                return Poll::Ready(out);
+            }
+        }
         let deadline_error = match &out {
             Err(e) => e
                 .deadline_exceeded()

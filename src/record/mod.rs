@@ -11,10 +11,18 @@
 //!   call's [`Outcome`] and the [`StopReason`]. It is the outermost layer of a client stack, and
 //!   gives the call the [`CallId`] that its attempt records carry.
 //!
+//! A gRPC response that streams has its status in its trailers, which arrive after the head
+//! the record layers see. Over a transport that watches the body ([`GrpcTransport`], which the
+//! `grpc()` preset uses, or [`WatchTrailersLayer`] around any transport of `http` messages),
+//! such an attempt is recorded when its body ends, from the trailers, and its call right after;
+//! elsewhere the records classify at the head.
+//!
 //! Records go to a [`Recorder`]: [`TracingRecorder`] (a span per call and per attempt, with
 //! OpenTelemetry names such as `http.request.resend_count`), [`InMemoryRecorder`] for tests, any
 //! closure `Fn(Record<'_>)`, or `()` for none. With `()`, the record layers read no clock and
 //! build nothing: they cost a branch.
+//!
+//! [`GrpcTransport`]: crate::grpc::GrpcTransport
 //!
 //! ```
 //! use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
@@ -57,6 +65,7 @@ use crate::Semantics;
 mod attempt;
 mod call;
 mod tally;
+mod trailers;
 
 pub(crate) use self::tally::CallTally;
 mod tracing_recorder;
@@ -64,6 +73,9 @@ mod tracing_recorder;
 pub use self::attempt::{AttemptFuture, RecordAttempt, RecordAttemptLayer};
 pub use self::call::{CallFuture, RecordCall, RecordCallLayer};
 pub use self::tracing_recorder::TracingRecorder;
+#[cfg(feature = "tonic")]
+pub(crate) use self::trailers::{watch_response, WantsTrailers, WatchedBody as TrailersBody};
+pub use self::trailers::{WatchFuture, WatchTrailers, WatchTrailersLayer, WatchedBody};
 
 /// The default response header read as the downstream request id.
 pub const DEFAULT_REQUEST_ID_HEADER: http::HeaderName =

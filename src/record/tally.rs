@@ -30,6 +30,9 @@ pub(crate) struct CallTally {
     /// The call's idempotency key, as the key layer inside the call layer set it.
     pub(crate) key: Option<BusinessKey>,
     pub(crate) resolution: Option<ResolutionRecord>,
+    /// The attempt, if any, whose record waits for the end of its response's body (its
+    /// status is in the trailers): the call is recorded after it.
+    pub(crate) deferred: Option<u32>,
 }
 
 impl CallTally {
@@ -43,6 +46,7 @@ impl CallTally {
             deadline: None,
             key: None,
             resolution: None,
+            deferred: None,
         }
     }
 
@@ -87,6 +91,9 @@ impl CallTally {
 
     /// Adds an ended attempt.
     pub(crate) fn observe(&mut self, attempt: u32, classification: Classification) {
+        if self.deferred == Some(attempt) {
+            self.deferred = None;
+        }
         self.ended = self.ended.max(attempt);
         self.outcome.observe(classification.class());
         self.last = Some(classification);

@@ -569,11 +569,9 @@ async fn a_status_in_trailers_after_the_headers_is_not_retried() {
     assert_eq!(recorder.calls()[0].attempts, 1);
 }
 
-/// Known gap, reported: the records classify at the head too, so a status that arrives in the
-/// trailers is recorded as a success. `GrpcEos` can classify the trailers; nothing in the record
-/// layers reads them yet.
+/// The records, unlike the retry layer, wait for the trailers: the attempt is recorded when the
+/// stream ends, from its `grpc-status`, and the call after it.
 #[tokio::test(start_paused = true)]
-#[ignore = "known gap: records classify gRPC responses at the head, not from the trailers"]
 async fn a_status_in_trailers_is_recorded() {
     let shop = Shop::new([Step::StreamThen(Code::Unavailable)]);
     let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
@@ -590,6 +588,9 @@ async fn a_status_in_trailers_is_recorded() {
         .server_streaming(req, PathAndQuery::from_static(WATCH), Utf8Codec)
         .await
         .unwrap();
+    // The head alone says nothing: nothing is recorded yet.
+    assert!(recorder.attempts().is_empty());
+    assert!(recorder.calls().is_empty());
     let mut updates = res.into_inner();
     while updates
         .message()
@@ -598,8 +599,77 @@ async fn a_status_in_trailers_is_recorded() {
         .is_some_and(|m| m.is_ok())
     {}
 
-    assert_eq!(recorder.attempts()[0].class(), AttemptClass::MaybeCommitted);
-    assert_eq!(recorder.calls()[0].outcome, Outcome::Failed);
+    let attempt = &recorder.attempts()[0];
+    assert_eq!(attempt.class(), AttemptClass::MaybeCommitted);
+    assert!(!attempt.cancelled);
+    let call = &recorder.calls()[0];
+    assert_eq!(call.outcome, Outcome::Failed);
+    assert_eq!(call.attempts, 1);
+    assert_eq!(
+        call.last.map(|c| c.class()),
+        Some(AttemptClass::MaybeCommitted)
+    );
+}
+
+/// A stream that ends with `OK` in its trailers is a success, recorded when it ends.
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_ends_ok_is_recorded_when_it_ends() {
+    let shop = Shop::new([Step::Ok]);
+    let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
+    let recorder = InMemoryRecorder::new();
+    let stack = surely::client::grpc()
+        .recorder(recorder.clone())
+        .build_channel(channel(base).await)
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(stack);
+    let mut req = order();
+    req.extensions_mut().insert(Semantics::Safe);
+    grpc.ready().await.unwrap();
+    let res = grpc
+        .server_streaming(req, PathAndQuery::from_static(WATCH), Utf8Codec)
+        .await
+        .unwrap();
+    let mut updates = res.into_inner();
+    assert_eq!(updates.message().await.unwrap().unwrap(), "o-1 packed");
+    assert!(recorder.calls().is_empty());
+    assert_eq!(updates.message().await.unwrap(), None);
+
+    assert_eq!(recorder.attempts().len(), 1);
+    assert_eq!(recorder.attempts()[0].class(), AttemptClass::Success);
+    let call = &recorder.calls()[0];
+    assert_eq!(call.outcome, Outcome::Succeeded);
+    assert_eq!(call.stop, StopReason::Success);
+}
+
+/// A caller that stops reading a stream before its end: the attempt keeps what its head said
+/// and is marked cancelled; the call stopped because the caller went away.
+#[tokio::test(start_paused = true)]
+async fn a_stream_dropped_before_its_end_is_recorded_as_cancelled() {
+    let shop = Shop::new([Step::StreamThen(Code::Unavailable)]);
+    let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
+    let recorder = InMemoryRecorder::new();
+    let stack = surely::client::grpc()
+        .recorder(recorder.clone())
+        .build_channel(channel(base).await)
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(stack);
+    let mut req = order();
+    req.extensions_mut().insert(Semantics::Safe);
+    grpc.ready().await.unwrap();
+    let res = grpc
+        .server_streaming(req, PathAndQuery::from_static(WATCH), Utf8Codec)
+        .await
+        .unwrap();
+    let mut updates = res.into_inner();
+    assert_eq!(updates.message().await.unwrap().unwrap(), "o-1 packed");
+    drop(updates);
+
+    let attempt = &recorder.attempts()[0];
+    assert!(attempt.cancelled);
+    assert_eq!(attempt.class(), AttemptClass::Success);
+    let call = &recorder.calls()[0];
+    assert_eq!(call.stop, StopReason::Cancelled);
+    assert_eq!(call.attempts, 1);
 }
 
 /// The deadline layer writes `grpc-timeout` once, outside the retry layer; a retry is a copy of

@@ -3,6 +3,7 @@
 
 mod support;
 mod tracing_recorder;
+mod trailers;
 
 use std::io;
 use std::sync::{Arc, Mutex};
