@@ -116,7 +116,8 @@ pub fn http() -> ClientBuilder<(), HttpClassifier, NoResolver, IdempotencyKeyLay
 ///   (how a server answers an error before any message: tonic's unary errors), so a
 ///   trailers-only `UNAVAILABLE` is retried and `INVALID_ARGUMENT` is final. A status that
 ///   arrives in trailers after the response headers is not seen by the retry layer, which
-///   decides at the head: by then the response has started and the call is not retried.
+///   decides at the head: by then the response has started and the call is not retried. The
+///   records do see it: they are settled when the body ends, from its trailers.
 /// * The deadline is written as `grpc-timeout` (a tonic server honours it), and every attempt
 ///   carries `grpc-previous-rpc-attempts`.
 /// * gRPC methods are all POSTs, and a gRPC server ignores the `Idempotency-Key` header unless

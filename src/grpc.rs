@@ -30,8 +30,10 @@
 //! retry layer and the records classify that status ([`GrpcCode`](crate::classify::GrpcCode)):
 //! `UNAVAILABLE` there is retried, `INVALID_ARGUMENT` is final. A status sent in the trailers,
 //! after the response headers and some messages (a server stream that fails midway), comes after
-//! the retry layer has handed the response to the caller, so it is never retried; the records
-//! too classify at the head today, and count such a call as a success.
+//! the retry layer has handed the response to the caller, so it is never retried. The records
+//! wait for it: over [`GrpcTransport`] (which [`client::grpc()`](crate::client::grpc) uses), an
+//! attempt whose status is in the trailers is recorded when the body ends, from them, and its
+//! call right after.
 //!
 //! # What a tonic caller sees
 //!
