@@ -23,6 +23,10 @@
 //!
 //! * `bare`: the service alone, the baseline;
 //! * `tower_timeout`: `tower::timeout::Timeout` (1 s), the tower layer doing the nearest job;
+//! * `timer_floor`: a layer of the bench's own that does only what every timeout must do, one
+//!   tokio timer (1 s) armed when the inner future first waits and nothing else: no deadline,
+//!   no record, no error of its own. On `pending_once` it is the floor of any layer built on
+//!   tokio's timer, as `bare` is the floor of all;
 //! * `surely_deadline`: `DeadlineLayer::new(1 s)`;
 //! * `surely_attempt_timeout`: `AttemptTimeoutLayer::new(1 s)`;
 //! * `surely_stack`: `DeadlineLayer` → `RecordAttemptLayer::new(())` → `AttemptTimeoutLayer`,
@@ -140,6 +144,7 @@ const ALLOC_WARM_UP: u64 = 100;
 
 const BARE: &str = "bare";
 const TOWER: &str = "tower_timeout";
+const TIMER_FLOOR: &str = "timer_floor";
 const STACK: &str = "surely_stack";
 const TOWER_RETRY: &str = "tower_retry_tps_timeout";
 const FULL: &str = "surely_full";
@@ -312,6 +317,70 @@ impl<T: Unpin> Future for PendingOnce<T> {
             return Poll::Pending;
         }
         Poll::Ready(self.value.take().expect("polled after completion"))
+    }
+}
+
+/// The `timer_floor` case: a timeout reduced to one tokio timer, armed on the inner future's
+/// first `Pending` (never for a future that answers at once), polled after the inner future as
+/// tower's `Timeout` polls its own.
+#[derive(Clone)]
+struct TimerOnly<S> {
+    inner: S,
+}
+
+impl<S> TimerOnly<S> {
+    fn new(inner: S) -> Self {
+        TimerOnly { inner }
+    }
+}
+
+impl<S, Rq> Service<Rq> for TimerOnly<S>
+where
+    S: Service<Rq, Error = io::Error>,
+{
+    type Response = S::Response;
+    type Error = io::Error;
+    type Future = TimerOnlyFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Rq) -> Self::Future {
+        TimerOnlyFuture {
+            inner: self.inner.call(req),
+            sleep: None,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    struct TimerOnlyFuture<F> {
+        #[pin]
+        inner: F,
+        #[pin]
+        sleep: Option<tokio::time::Sleep>,
+    }
+}
+
+impl<F, T> Future for TimerOnlyFuture<F>
+where
+    F: Future<Output = io::Result<T>>,
+{
+    type Output = io::Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Poll::Ready(out) = this.inner.poll(cx) {
+            return Poll::Ready(out);
+        }
+        if this.sleep.is_none() {
+            this.sleep.set(Some(tokio::time::sleep(BUDGET)));
+        }
+        match this.sleep.as_pin_mut().map(|s| s.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Err(io::ErrorKind::TimedOut.into())),
+            _ => Poll::Pending,
+        }
     }
 }
 
@@ -550,7 +619,7 @@ struct Case {
     make: fn() -> Box<dyn Drive>,
 }
 
-/// The six cases of one group.
+/// The seven cases of one group.
 macro_rules! group {
     ($group:literal, $svc:expr, $req:expr, $classifier:expr, headers = $headers:literal) => {
         [
@@ -565,6 +634,12 @@ macro_rules! group {
                 name: TOWER,
                 headers_written: 0,
                 make: || driver(Timeout::new(service_fn($svc), BUDGET), $req),
+            },
+            Case {
+                group: $group,
+                name: TIMER_FLOOR,
+                headers_written: 0,
+                make: || driver(TimerOnly::new(service_fn($svc)), $req),
             },
             Case {
                 group: $group,
@@ -881,14 +956,17 @@ fn print_allocations(cases: &[Case], allocs: &[f64]) {
     for (i, case) in cases.iter().enumerate() {
         let bare = find(cases, case.group, BARE).map_or(0.0, |b| allocs[b]);
         let added = allocs[i] - bare;
-        let verdict =
-            if case.name == BARE || case.name.starts_with("tower") || case.name == FAILSAFE {
-                "-"
-            } else if added <= f64::from(case.headers_written) {
-                "met"
-            } else {
-                "MISSED"
-            };
+        let verdict = if case.name == BARE
+            || case.name == TIMER_FLOOR
+            || case.name.starts_with("tower")
+            || case.name == FAILSAFE
+        {
+            "-"
+        } else if added <= f64::from(case.headers_written) {
+            "met"
+        } else {
+            "MISSED"
+        };
         println!(
             "{:<22} {:<24} {:>7.2} {:>11.2} {:>8}  {verdict}",
             case.group, case.name, allocs[i], added, case.headers_written
@@ -1009,10 +1087,15 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
         } else {
             "MISSED"
         };
-        // No layer can be faster than the bare service: `bare ÷ tower` is the floor.
+        // No layer can be faster than the bare service: `bare ÷ tower` is the floor; on
+        // `pending_once` no timeout can be faster than one tokio timer, `timer_floor ÷ tower`.
+        let timer_floor = at(group, TIMER_FLOOR)
+            .filter(|_| group.starts_with("pending_once"))
+            .map(|t| format!("  timer floor {:.2}", t / tw))
+            .unwrap_or_default();
         println!(
             "  {group:<24} per call {ratio:.2} (≤ {limit:.2}) {verdict:<6}  overheads {:.2}  \
-             floor {:.2}",
+             floor {:.2}{timer_floor}",
             (s - b) / (tw - b),
             b / tw,
         );
