@@ -537,12 +537,14 @@ async fn a_refused_connection_is_not_sent_and_retried() {
     assert_eq!(call.stop, StopReason::AttemptsExhausted);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_status_in_trailers_after_the_headers_is_not_retried() {
-    // A server-streaming read: the first update, then `UNAVAILABLE` in the trailers.
-    let shop = Shop::new([Step::StreamThen(Code::Unavailable), Step::Ok]);
+/// Opens the `Watch` server stream for `order()`, a safe read, through the `grpc()` preset
+/// (retries without backoff) recording to `recorder`. Returns the client, to keep alive, and
+/// the stream once its head has arrived.
+async fn watch(
+    shop: &Shop,
+    recorder: &InMemoryRecorder,
+) -> (impl Sized, tonic::codec::Streaming<String>) {
     let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
-    let recorder = InMemoryRecorder::new();
     let stack = surely::client::grpc()
         .retry(|r| r.backoff(Backoff::none()))
         .recorder(recorder.clone())
@@ -551,13 +553,20 @@ async fn a_status_in_trailers_after_the_headers_is_not_retried() {
     let mut grpc = tonic::client::Grpc::new(stack);
     let mut req = order();
     req.extensions_mut().insert(Semantics::Safe);
-
     grpc.ready().await.unwrap();
     let res = grpc
         .server_streaming(req, PathAndQuery::from_static(WATCH), Utf8Codec)
         .await
         .unwrap();
-    let mut updates = res.into_inner();
+    (grpc, res.into_inner())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_in_trailers_after_the_headers_is_not_retried() {
+    // A server-streaming read: the first update, then `UNAVAILABLE` in the trailers.
+    let shop = Shop::new([Step::StreamThen(Code::Unavailable), Step::Ok]);
+    let recorder = InMemoryRecorder::new();
+    let (_client, mut updates) = watch(&shop, &recorder).await;
     assert_eq!(updates.message().await.unwrap().unwrap(), "o-1 packed");
     let status = updates.message().await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable);
@@ -574,24 +583,11 @@ async fn a_status_in_trailers_after_the_headers_is_not_retried() {
 #[tokio::test(start_paused = true)]
 async fn a_status_in_trailers_is_recorded() {
     let shop = Shop::new([Step::StreamThen(Code::Unavailable)]);
-    let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
     let recorder = InMemoryRecorder::new();
-    let stack = surely::client::grpc()
-        .recorder(recorder.clone())
-        .build_channel(channel(base).await)
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(stack);
-    let mut req = order();
-    req.extensions_mut().insert(Semantics::Safe);
-    grpc.ready().await.unwrap();
-    let res = grpc
-        .server_streaming(req, PathAndQuery::from_static(WATCH), Utf8Codec)
-        .await
-        .unwrap();
+    let (_client, mut updates) = watch(&shop, &recorder).await;
     // The head alone says nothing: nothing is recorded yet.
     assert!(recorder.attempts().is_empty());
     assert!(recorder.calls().is_empty());
-    let mut updates = res.into_inner();
     while updates
         .message()
         .await
@@ -615,21 +611,8 @@ async fn a_status_in_trailers_is_recorded() {
 #[tokio::test(start_paused = true)]
 async fn a_stream_that_ends_ok_is_recorded_when_it_ends() {
     let shop = Shop::new([Step::Ok]);
-    let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
     let recorder = InMemoryRecorder::new();
-    let stack = surely::client::grpc()
-        .recorder(recorder.clone())
-        .build_channel(channel(base).await)
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(stack);
-    let mut req = order();
-    req.extensions_mut().insert(Semantics::Safe);
-    grpc.ready().await.unwrap();
-    let res = grpc
-        .server_streaming(req, PathAndQuery::from_static(WATCH), Utf8Codec)
-        .await
-        .unwrap();
-    let mut updates = res.into_inner();
+    let (_client, mut updates) = watch(&shop, &recorder).await;
     assert_eq!(updates.message().await.unwrap().unwrap(), "o-1 packed");
     assert!(recorder.calls().is_empty());
     assert_eq!(updates.message().await.unwrap(), None);
@@ -646,21 +629,8 @@ async fn a_stream_that_ends_ok_is_recorded_when_it_ends() {
 #[tokio::test(start_paused = true)]
 async fn a_stream_dropped_before_its_end_is_recorded_as_cancelled() {
     let shop = Shop::new([Step::StreamThen(Code::Unavailable)]);
-    let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
     let recorder = InMemoryRecorder::new();
-    let stack = surely::client::grpc()
-        .recorder(recorder.clone())
-        .build_channel(channel(base).await)
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(stack);
-    let mut req = order();
-    req.extensions_mut().insert(Semantics::Safe);
-    grpc.ready().await.unwrap();
-    let res = grpc
-        .server_streaming(req, PathAndQuery::from_static(WATCH), Utf8Codec)
-        .await
-        .unwrap();
-    let mut updates = res.into_inner();
+    let (_client, mut updates) = watch(&shop, &recorder).await;
     assert_eq!(updates.message().await.unwrap().unwrap(), "o-1 packed");
     drop(updates);
 
