@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
+use surely::deadline::Deadline;
 use surely::idempotency::server::{IdempotencyLayer, Ticket};
 use surely::idempotency::store::{
     Acquire, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest, StoreError,
@@ -369,6 +370,10 @@ impl IdempotencyStore for Down {
         Err(StoreError::backend("connection refused"))
     }
 
+    async fn renew(&self, _: &RecordKey, _: Fence, _: Duration) -> Result<(), StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
+
     async fn sweep(&self, _: Duration) -> Result<u64, StoreError> {
         Err(StoreError::backend("connection refused"))
     }
@@ -410,6 +415,146 @@ fn bad_configuration_is_an_error() {
         .max_body_bytes(0)
         .build()
         .is_err());
+    let err = IdempotencyLayer::builder(MemoryStore::new())
+        .renew_for(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid idempotency lease renewal: must be greater than zero (leave it unset for no renewal)"
+    );
+    assert!(IdempotencyLayer::builder(MemoryStore::new())
+        .renew_for(Duration::MAX)
+        .build()
+        .is_err());
+}
+
+/// A handler that takes 35 s under a 10 s lease: it renews its lease, so duplicates get 409 all
+/// along and it runs once; without renewal, a duplicate after the lease runs it again.
+#[tokio::test(start_paused = true)]
+async fn a_slow_handler_that_renews_its_lease_runs_once() {
+    for renew in [true, false] {
+        let seen = Seen::default();
+        let counted = seen.clone();
+        let svc = service_fn(move |req: Req| {
+            counted.hit(&req);
+            async move {
+                tokio::time::sleep(secs(35)).await;
+                Ok::<_, Infallible>(reply(201, "created"))
+            }
+        });
+        let builder = IdempotencyLayer::builder(MemoryStore::new()).lease(secs(10));
+        let layer = if renew {
+            builder.renew_for(secs(600))
+        } else {
+            builder
+        }
+        .build()
+        .unwrap();
+        let mut a = layer.layer(svc.clone());
+        let first = tokio::spawn(async move { send(&mut a, post(Some("k-slow"), "o")).await });
+        until(|| seen.calls() == 1).await;
+
+        let mut b = layer.layer(svc);
+        tokio::time::sleep(secs(15)).await;
+        let dup = send(&mut b, post(Some("k-slow"), "o")).await;
+        if !renew {
+            // The lease passed while the first request still ran: the work runs again.
+            assert_eq!(dup.status, 201);
+            assert_eq!(seen.fences(), vec![Some(1), Some(2)]);
+            continue;
+        }
+        assert_eq!(dup.status, StatusCode::CONFLICT);
+        tokio::time::sleep(secs(15)).await;
+        let dup = send(&mut b, post(Some("k-slow"), "o")).await;
+        assert_eq!(dup.status, StatusCode::CONFLICT);
+
+        assert_eq!(first.await.unwrap().status, 201);
+        let again = send(&mut b, post(Some("k-slow"), "o")).await;
+        assert!(again.replayed());
+        assert_eq!(seen.fences(), vec![Some(1)]);
+    }
+}
+
+/// Renewal is bounded: a handler that hangs keeps its key for `renew_for` (or until its
+/// deadline), then its lease runs out and the next request takes over.
+#[tokio::test(start_paused = true)]
+async fn a_hung_handler_stops_renewing_at_its_bound_or_its_deadline() {
+    for deadline in [None, Some(secs(20))] {
+        let seen = Seen::default();
+        let counted = seen.clone();
+        let svc = service_fn(move |req: Req| {
+            let (n, _) = counted.hit(&req);
+            async move {
+                if n == 1 {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, Infallible>(reply(201, "created"))
+            }
+        });
+        let layer = IdempotencyLayer::builder(MemoryStore::new())
+            .lease(secs(9))
+            .renew_for(secs(60))
+            .build()
+            .unwrap();
+        let mut a = layer.layer(svc.clone());
+        let hung = tokio::spawn(async move {
+            let call = send(&mut a, post(Some("k-hung"), "o"));
+            match deadline {
+                Some(d) => surely::deadline::scope(Deadline::after(d), call).await,
+                None => call.await,
+            }
+        });
+        until(|| seen.calls() == 1).await;
+        let mut b = layer.layer(svc);
+        // Renewed every 3 s while renewing: the lease then ends at most 9 s after the bound.
+        let bound = deadline.unwrap_or(secs(60));
+        tokio::time::sleep(bound - secs(1)).await;
+        assert_eq!(
+            send(&mut b, post(Some("k-hung"), "o")).await.status,
+            StatusCode::CONFLICT
+        );
+        tokio::time::sleep(secs(10)).await;
+        let taken = send(&mut b, post(Some("k-hung"), "o")).await;
+        assert_eq!(taken.status, 201, "{deadline:?}");
+        assert_eq!(seen.fences(), vec![Some(1), Some(2)]);
+        hung.abort();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_memory_store_renews_only_its_owners_lease() {
+    let store = MemoryStore::new();
+    let key = record("k-renew");
+    let digest = RequestDigest::of(b"o");
+    let Acquire::Owner(first) = store.acquire(&key, &digest, secs(10)).await.unwrap() else {
+        panic!("not the owner");
+    };
+    // Past its lease, but not taken over: the owner keeps it.
+    tokio::time::advance(secs(11)).await;
+    store.renew(&key, first, secs(10)).await.unwrap();
+    assert!(matches!(
+        store.acquire(&key, &digest, secs(10)).await.unwrap(),
+        Acquire::InFlight { retry_after } if retry_after == secs(10)
+    ));
+    // Taken over: the old owner's renewal is stale.
+    tokio::time::advance(secs(11)).await;
+    let Acquire::Owner(second) = store.acquire(&key, &digest, secs(10)).await.unwrap() else {
+        panic!("not taken over");
+    };
+    assert!(store
+        .renew(&key, first, secs(10))
+        .await
+        .unwrap_err()
+        .is_stale());
+    // Completed: nothing to renew.
+    let done = StoredResponse::new(StatusCode::OK, &http::HeaderMap::new(), "ok".into());
+    store.complete(&key, second, &done, secs(60)).await.unwrap();
+    assert!(store
+        .renew(&key, second, secs(10))
+        .await
+        .unwrap_err()
+        .is_stale());
 }
 
 /// The two halves over a real hyper server on 127.0.0.1: a client with `RetryLayer` and

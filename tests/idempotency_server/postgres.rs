@@ -163,6 +163,44 @@ async fn pg_lease_expiry_takeover_and_stale_completion_refused() {
     db.drop_tables().await;
 }
 
+/// The owner renews its lease by the database's clock; once another request took over, the old
+/// owner's renewal is refused.
+#[tokio::test]
+async fn pg_renewal_extends_the_owners_lease_only() {
+    let Some(db) = store("pg_renewal_extends_the_owners_lease_only").await else {
+        return;
+    };
+    let s = &db.store;
+    let key = record("k-renew");
+    let digest = RequestDigest::of(b"o");
+    let short = Duration::from_millis(300);
+    assert!(matches!(
+        s.acquire(&key, &digest, short).await.unwrap(),
+        Acquire::Owner(f) if f == Fence::new(1)
+    ));
+    s.renew(&key, Fence::new(1), Duration::from_secs(60))
+        .await
+        .unwrap();
+    match s.acquire(&key, &digest, short).await.unwrap() {
+        Acquire::InFlight { retry_after } => assert!(retry_after > Duration::from_secs(50)),
+        other => panic!("{other:?}"),
+    }
+    // Back to a short lease, let it pass, take over: fence 1 can no longer renew.
+    s.renew(&key, Fence::new(1), short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(matches!(
+        s.acquire(&key, &digest, short).await.unwrap(),
+        Acquire::Owner(f) if f == Fence::new(2)
+    ));
+    assert!(s
+        .renew(&key, Fence::new(1), short)
+        .await
+        .unwrap_err()
+        .is_stale());
+    s.renew(&key, Fence::new(2), short).await.unwrap();
+    db.drop_tables().await;
+}
+
 /// A handler that writes an order and completes the record in the same transaction, commits,
 /// and then crashes (its future is dropped before it answers). The retry with the same key gets
 /// the stored response: one order. A crash before the commit rolls back both; after the lease,

@@ -19,6 +19,8 @@ type OperationFn = dyn Fn(&Parts) -> String + Send + Sync;
 pub(super) struct Config<St> {
     pub(super) store: St,
     pub(super) lease: Duration,
+    /// How long an owner renews its lease while its handler runs; `None`: it does not.
+    pub(super) renew_for: Option<Duration>,
     pub(super) retry_after: Duration,
     pub(super) retention: Duration,
     pub(super) max_body: usize,
@@ -82,6 +84,7 @@ impl<St> fmt::Debug for Config<St> {
         f.debug_struct("IdempotencyLayer")
             .field("store", &std::any::type_name::<St>())
             .field("lease", &self.lease)
+            .field("renew_for", &self.renew_for)
             .field("retry_after", &self.retry_after)
             .field("retention", &self.retention)
             .field("max_body", &self.max_body)
@@ -135,6 +138,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
             config: Config {
                 store,
                 lease: Duration::from_secs(30),
+                renew_for: None,
                 retry_after: Duration::from_secs(1),
                 retention: Duration::from_secs(24 * 3600),
                 max_body: 1024 * 1024,
@@ -148,9 +152,40 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
 
     /// How long an owner holds its record before another request may take over (default 30 s).
     /// Longer than the handler's worst latency, or a slow owner is taken over while it runs
-    /// (its late completion is then refused, but the work was done twice).
+    /// (its late completion is then refused, but the work was done twice), unless the owner
+    /// [renews](Self::renew_for) it.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;
+        self
+    }
+
+    /// Renews the owner's lease while its handler runs, every third of the lease, for at most
+    /// `max` after the handler started (by default the lease is not renewed).
+    ///
+    /// A handler slower than the lease then keeps its key: duplicates get `409` until it
+    /// answers, instead of taking over and running it a second time. `max` bounds a handler
+    /// that hangs: once it has passed (or the handler's deadline, when a
+    /// [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) outside set one), the owner
+    /// stops renewing, its lease runs out, and the next request with the key takes over as
+    /// without renewal. An owner that crashes stops renewing with it. A renewal the store
+    /// refuses as stale (another request took over while the store could not be reached) ends
+    /// the renewals, and is logged.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::idempotency::server::IdempotencyLayer;
+    /// use surely::idempotency::store::MemoryStore;
+    ///
+    /// // Handlers answer in seconds, but a slow batch may take a few minutes.
+    /// let layer = IdempotencyLayer::builder(MemoryStore::new())
+    ///     .lease(Duration::from_secs(10))
+    ///     .renew_for(Duration::from_secs(600))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn renew_for(mut self, max: Duration) -> Self {
+        self.config.renew_for = Some(max);
         self
     }
 
@@ -218,7 +253,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     ///
     /// # Errors
     ///
-    /// A zero lease or retention, one over ten years, or a zero body limit.
+    /// A zero lease, renewal or retention, one over ten years, or a zero body limit.
     pub fn build(self) -> Result<IdempotencyLayer<St>, ConfigError> {
         let c = &self.config;
         if c.lease.is_zero() {
@@ -232,6 +267,20 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 "idempotency lease",
                 "must be at most ten years",
             ));
+        }
+        if let Some(max) = c.renew_for {
+            if max.is_zero() {
+                return Err(ConfigError::new(
+                    "idempotency lease renewal",
+                    "must be greater than zero (leave it unset for no renewal)",
+                ));
+            }
+            if max > MAX_PERIOD {
+                return Err(ConfigError::new(
+                    "idempotency lease renewal",
+                    "must be at most ten years",
+                ));
+            }
         }
         if c.retention.is_zero() {
             return Err(ConfigError::new(

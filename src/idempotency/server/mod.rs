@@ -49,8 +49,11 @@
 //! # Leases and fencing
 //!
 //! The owner holds the record for its [lease](IdempotencyLayerBuilder::lease) (30 s by default).
-//! An owner that crashes, or hangs past its lease, leaves a `PROCESSING` record; the next request
-//! with the key after the lease takes over with a **higher fence**. Should the old owner wake up
+//! With [`renew_for`](IdempotencyLayerBuilder::renew_for), it renews the lease while its handler
+//! runs, so that a handler slower than the lease is not run twice; the renewals are bounded, so
+//! that a hung handler does not hold its key forever. An owner that crashes, or hangs past its
+//! lease (and its renewals), leaves a `PROCESSING` record; the next request with the key after
+//! the lease takes over with a **higher fence**. Should the old owner wake up
 //! and complete, the store refuses it (the fence is stale): it cannot overwrite the new owner's
 //! result. Its own client still gets its response. A handler that writes elsewhere can guard
 //! those writes with [`Ticket::fence`].

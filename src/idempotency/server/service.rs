@@ -24,7 +24,7 @@ use super::{
 use crate::classify::{BoxError, KEY_IN_FLIGHT, NOT_PROCESSED};
 use crate::idempotency::error::InvalidKey;
 use crate::idempotency::store::{
-    Acquire, IdempotencyStore, RecordKey, RequestDigest, StoredResponse,
+    Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoredResponse,
 };
 use crate::idempotency::IdempotencyKey;
 use crate::IDEMPOTENCY_KEY;
@@ -288,14 +288,21 @@ where
         .extensions
         .insert(Ticket::new(key.clone(), fence, config.retention));
     // An error from the handler leaves the record PROCESSING: its lease passes, and the next
-    // attempt takes over. So does a dropped future (a crash).
-    let res = inner
-        .call(Request::from_parts(parts, Full::new(body)))
-        .await?;
-    let (head, body) = res.into_parts();
-    let body = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return Ok(body_failed()),
+    // attempt takes over. So does a dropped future (a crash), whose renewals stop with it.
+    let handled = async {
+        let res = inner
+            .call(Request::from_parts(parts, Full::new(body)))
+            .await?;
+        let (head, body) = res.into_parts();
+        let collected = body.collect().await.map(|b| b.to_bytes()).map_err(drop);
+        Ok::<_, S::Error>((head, collected))
+    };
+    let (head, collected) = match config.renew_for {
+        Some(max) => renewing(&config, &key, fence, max, handled).await?,
+        None => handled.await?,
+    };
+    let Ok(body) = collected else {
+        return Ok(body_failed());
     };
     let outcome = if released(head.status, &head.headers, config.store_server_errors) {
         config.store.release(&key, fence).await
@@ -320,6 +327,44 @@ where
         }
     }
     Ok(Response::from_parts(head, Full::new(body)))
+}
+
+/// Runs `work` (the handler) while renewing the lease of `key`, owned with `fence`, every third
+/// of the lease, for at most `max` and never past the handler's deadline.
+async fn renewing<St: IdempotencyStore, T>(
+    config: &Config<St>,
+    key: &RecordKey,
+    fence: Fence,
+    max: Duration,
+    work: impl Future<Output = T>,
+) -> T {
+    let started = tokio::time::Instant::now();
+    let every = (config.lease / 3).max(Duration::from_millis(1));
+    let until =
+        crate::deadline::current().map_or(started + max, |d| d.instant().min(started + max));
+    let renewals = async {
+        let mut next = started + every;
+        while next < until {
+            tokio::time::sleep_until(next).await;
+            next += every;
+            match config.store.renew(key, fence, config.lease).await {
+                Ok(()) => {}
+                Err(e) if e.is_stale() => {
+                    tracing::warn!(?key, fence = fence.get(), "idempotency lease lost: {e}");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(?key, fence = fence.get(), error = %e, "idempotency lease not renewed");
+                }
+            }
+        }
+        std::future::pending::<std::convert::Infallible>().await
+    };
+    tokio::select! {
+        biased;
+        out = work => out,
+        never = renewals => match never {},
+    }
 }
 
 /// Whether the handler's response says the request was not processed (or is a 5xx that the

@@ -269,6 +269,18 @@ impl IdempotencyStore for MemoryStore {
         ready(self.finish(key, fence, state))
     }
 
+    fn renew(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let state = State::Processing {
+            lease_until: later(Instant::now(), lease),
+        };
+        ready(self.finish(key, fence, state))
+    }
+
     fn sweep(
         &self,
         keep_expired_for: Duration,

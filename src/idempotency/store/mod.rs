@@ -435,6 +435,21 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         fence: Fence,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Extends the lease of the record owned with `fence` to `lease` from the store's clock, for
+    /// an owner whose handler is still running. The owner keeps the record even if its lease
+    /// had passed, as long as no other request took over.
+    ///
+    /// # Errors
+    ///
+    /// As for [`complete`](Self::complete): [`StoreError::is_stale`] once another request took
+    /// the record over (or it is no longer `PROCESSING`).
+    fn renew(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Deletes the completed and released records whose retention ended `keep_expired_for` ago
     /// or more, and returns how many. Never deletes a `PROCESSING` record.
     fn sweep(
@@ -469,6 +484,15 @@ impl<S: IdempotencyStore> IdempotencyStore for Arc<S> {
         fence: Fence,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).release(key, fence)
+    }
+
+    fn renew(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).renew(key, fence, lease)
     }
 
     fn sweep(

@@ -78,6 +78,7 @@ struct Sql {
     read: String,
     complete: String,
     release: String,
+    renew: String,
     sweep: String,
 }
 
@@ -141,6 +142,10 @@ impl Sql {
             ),
             release: format!(
                 "UPDATE {t} SET state = {RELEASED}, lease_until = NULL, expires_at = now()
+                 WHERE {pk} AND fence = $4 AND state = {PROCESSING}"
+            ),
+            renew: format!(
+                "UPDATE {t} SET lease_until = now() + make_interval(secs => $5)
                  WHERE {pk} AND fence = $4 AND state = {PROCESSING}"
             ),
             sweep: format!(
@@ -497,6 +502,38 @@ impl IdempotencyStore for PostgresStore {
             } else {
                 Err(StoreError::stale())
             }
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let client = self.pool.get().await.map_err(StoreError::backend)?;
+        let stmt = client
+            .prepare_cached(&self.sql.renew)
+            .await
+            .map_err(StoreError::backend)?;
+        let fence = fence.get() as i64;
+        let n = client
+            .execute(
+                &stmt,
+                &[
+                    &key.tenant(),
+                    &key.operation(),
+                    &key.key().as_str(),
+                    &fence,
+                    &secs(lease),
+                ],
+            )
+            .await
+            .map_err(StoreError::backend)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::stale())
         }
     }
 
