@@ -346,8 +346,11 @@ async fn renewing<St: IdempotencyStore, T>(
         let mut next = started + every;
         while next < until {
             tokio::time::sleep_until(next).await;
-            next += every;
-            match config.store.renew(key, fence, config.lease).await {
+            let renewed = config.store.renew(key, fence, config.lease).await;
+            // Counted from when the store answered: a slow store delays the next renewal
+            // rather than bunching them.
+            next = tokio::time::Instant::now() + every;
+            match renewed {
                 Ok(()) => {}
                 Err(e) if e.is_stale() => {
                     tracing::warn!(?key, fence = fence.get(), "idempotency lease lost: {e}");
