@@ -294,6 +294,29 @@ impl PostgresStore {
         }
     }
 
+    /// Runs one of the updates that only the owner with the fence in `params` may make: stale
+    /// unless it changed the one record.
+    async fn update_owned(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(), StoreError> {
+        let client = self.pool.get().await.map_err(StoreError::backend)?;
+        let stmt = client
+            .prepare_cached(sql)
+            .await
+            .map_err(StoreError::backend)?;
+        let n = client
+            .execute(&stmt, params)
+            .await
+            .map_err(StoreError::backend)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::stale())
+        }
+    }
+
     async fn acquire_inner(
         &self,
         key: &RecordKey,
@@ -462,47 +485,16 @@ impl IdempotencyStore for PostgresStore {
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        {
-            let client = self.pool.get().await.map_err(StoreError::backend)?;
-            let stmt = client
-                .prepare_cached(&self.sql.complete)
-                .await
-                .map_err(StoreError::backend)?;
-            let (names, values) = header_arrays(response);
-            let params = complete_params(key, fence, response, &names, &values, retention);
-            let n = client
-                .execute(&stmt, &params.refs())
-                .await
-                .map_err(StoreError::backend)?;
-            if n == 1 {
-                Ok(())
-            } else {
-                Err(StoreError::stale())
-            }
-        }
+        let (names, values) = header_arrays(response);
+        let params = complete_params(key, fence, response, &names, &values, retention);
+        self.update_owned(&self.sql.complete, &params.refs()).await
     }
 
     async fn release(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
-        {
-            let client = self.pool.get().await.map_err(StoreError::backend)?;
-            let stmt = client
-                .prepare_cached(&self.sql.release)
-                .await
-                .map_err(StoreError::backend)?;
-            let fence = fence.get() as i64;
-            let n = client
-                .execute(
-                    &stmt,
-                    &[&key.tenant(), &key.operation(), &key.key().as_str(), &fence],
-                )
-                .await
-                .map_err(StoreError::backend)?;
-            if n == 1 {
-                Ok(())
-            } else {
-                Err(StoreError::stale())
-            }
-        }
+        let fence = fence.get() as i64;
+        let params: [&(dyn ToSql + Sync); 4] =
+            [&key.tenant(), &key.operation(), &key.key().as_str(), &fence];
+        self.update_owned(&self.sql.release, &params).await
     }
 
     async fn renew(
@@ -511,30 +503,15 @@ impl IdempotencyStore for PostgresStore {
         fence: Fence,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let client = self.pool.get().await.map_err(StoreError::backend)?;
-        let stmt = client
-            .prepare_cached(&self.sql.renew)
-            .await
-            .map_err(StoreError::backend)?;
-        let fence = fence.get() as i64;
-        let n = client
-            .execute(
-                &stmt,
-                &[
-                    &key.tenant(),
-                    &key.operation(),
-                    &key.key().as_str(),
-                    &fence,
-                    &secs(lease),
-                ],
-            )
-            .await
-            .map_err(StoreError::backend)?;
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::stale())
-        }
+        let (fence, lease) = (fence.get() as i64, secs(lease));
+        let params: [&(dyn ToSql + Sync); 5] = [
+            &key.tenant(),
+            &key.operation(),
+            &key.key().as_str(),
+            &fence,
+            &lease,
+        ];
+        self.update_owned(&self.sql.renew, &params).await
     }
 
     async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {
