@@ -173,6 +173,15 @@ fn valid_table(name: &str) -> bool {
     }
 }
 
+/// An owner's update changed its one record, or found it taken over (or no longer processing).
+fn one_record(updated: u64) -> Result<(), StoreError> {
+    if updated == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::stale())
+    }
+}
+
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -287,11 +296,7 @@ impl PostgresStore {
             .execute(&self.sql.complete, &params.refs())
             .await
             .map_err(StoreError::backend)?;
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::stale())
-        }
+        one_record(n)
     }
 
     /// Runs one of the updates that only the owner with the fence in `params` may make: stale
@@ -310,11 +315,7 @@ impl PostgresStore {
             .execute(&stmt, params)
             .await
             .map_err(StoreError::backend)?;
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::stale())
-        }
+        one_record(n)
     }
 
     async fn acquire_inner(
