@@ -291,9 +291,13 @@ where
                                     End::Broken => (eos.classify_body_error(), false),
                                     End::Dropped => (Classification::success(), true),
                                 };
-                                state.finish(classification, |r| {
-                                    r.request_id = request_id;
-                                    r.cancelled = cancelled;
+                                // Wherever the body ends, the attempt is not part of a call
+                                // being polled there: its call hears of it through the watch.
+                                CallTally::isolate(|| {
+                                    state.finish(classification, |r| {
+                                        r.request_id = request_id;
+                                        r.cancelled = cancelled;
+                                    })
                                 });
                                 Settled {
                                     attempt,
