@@ -368,10 +368,15 @@ fn timeline(records: &InMemoryRecorder) -> Option<(CallRecord, Vec<AttemptRecord
                 "hedged after {}",
                 ms(next.started.saturating_duration_since(a.started))
             ),
-            Some(next) => format!(
-                "retried after {}",
-                ms(next.started.saturating_duration_since(a.ended))
-            ),
+            Some(next) => match call.retries.iter().find(|r| r.after == a.attempt) {
+                // What the retry layer decided: the wait, and who set it.
+                Some(r) if r.pushback => format!("retried after {} (Retry-After)", ms(r.wait)),
+                Some(r) => format!("retried after {} (backoff)", ms(r.wait)),
+                None => format!(
+                    "retried after {}",
+                    ms(next.started.saturating_duration_since(a.ended))
+                ),
+            },
             None => format!("stop: {}", call.stop.as_str()),
         };
         let mut notes = String::new();

@@ -185,6 +185,7 @@ impl<R: Recorder, C> CallState<R, C> {
             last,
             stop,
             resolution,
+            retries: std::mem::take(&mut self.tally.retries),
         };
         self.span.in_scope(|| self.recorder.record_call(&rec));
     }

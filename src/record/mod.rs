@@ -287,6 +287,23 @@ pub struct CallRecord {
     /// [resolver](crate::retry::Resolve) was asked; `outcome` is then its answer (unless it
     /// said "still unknown").
     pub resolution: Option<ResolutionRecord>,
+    /// The retries the [retry layer](crate::retry) decided, in order: which attempt each one
+    /// followed, how long it waited, and whether the server's pushback set the wait. Every
+    /// attempt but the last was retried (or hedged); the last one's fate is [`stop`](Self::stop).
+    pub retries: Vec<RetryRecord>,
+}
+
+/// A retry the retry layer decided after an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetryRecord {
+    /// The attempt that was retried (1-based).
+    pub after: u32,
+    /// How long the retry waited before the next attempt.
+    pub wait: Duration,
+    /// Whether the server's pushback (`Retry-After`, `grpc-retry-pushback-ms`) set the wait,
+    /// rather than the backoff.
+    pub pushback: bool,
 }
 
 /// A resolver's query for a call whose outcome was unknown: what it answered, and when.
@@ -374,6 +391,11 @@ impl fmt::Display for CallRecord {
             self.outcome.as_str(),
             self.stop.as_str(),
         )?;
+        for (i, r) in self.retries.iter().enumerate() {
+            let sep = if i == 0 { " retries=" } else { "," };
+            let by = if r.pushback { "(pushback)" } else { "" };
+            write!(f, "{sep}{}+{}{by}", r.after, fmt_took(r.wait))?;
+        }
         if let Some(q) = &self.resolution {
             write!(
                 f,

@@ -4,7 +4,7 @@ use std::cell::RefCell;
 
 use crate::classify::{Classification, OutcomeTally};
 use crate::context::CallDeadline;
-use crate::record::{BusinessKey, ResolutionRecord, StopReason};
+use crate::record::{BusinessKey, ResolutionRecord, RetryRecord, StopReason};
 use crate::Semantics;
 
 thread_local! {
@@ -30,6 +30,8 @@ pub(crate) struct CallTally {
     /// The call's idempotency key, as the key layer inside the call layer set it.
     pub(crate) key: Option<BusinessKey>,
     pub(crate) resolution: Option<ResolutionRecord>,
+    /// The retries the retry layer inside decided.
+    pub(crate) retries: Vec<RetryRecord>,
     /// The attempt, if any, whose record waits for the end of its response's body (its
     /// status is in the trailers): the call is recorded after it.
     pub(crate) deferred: Option<u32>,
@@ -46,6 +48,7 @@ impl CallTally {
             deadline: None,
             key: None,
             resolution: None,
+            retries: Vec::new(),
             deferred: None,
         }
     }

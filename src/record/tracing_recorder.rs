@@ -12,7 +12,8 @@ use crate::Semantics;
 /// (`http.request.resend_count`, `error.type`), and are
 /// prefixed `surely.` otherwise. Calls whose outcome is unknown are logged at `WARN`, other
 /// calls at `INFO`, attempts at `DEBUG`. A circuit breaker opening (or isolated) is logged at
-/// `WARN`, its other state changes at `INFO`, its refusals at `DEBUG`.
+/// `WARN`, its other state changes at `INFO`, its refusals at `DEBUG`. A call's event carries
+/// `surely.retry_wait_ms`, the time its retries spent waiting (backoff and pushback).
 ///
 /// ```
 /// use surely::record::{RecordCallLayer, TracingRecorder};
@@ -93,6 +94,7 @@ impl Recorder for TracingRecorder {
     }
 
     fn record_call(&self, r: &CallRecord) {
+        let retry_wait_ms: u64 = r.retries.iter().map(|x| x.wait.as_millis() as u64).sum();
         let span = tracing::Span::current();
         span.record("surely.attempts", r.attempts);
         span.record("surely.outcome", r.outcome.as_str());
@@ -103,6 +105,7 @@ impl Recorder for TracingRecorder {
                 surely.outcome = r.outcome.as_str(),
                 surely.stop_reason = r.stop.as_str(),
                 surely.duration_ms = r.duration().as_millis() as u64,
+                surely.retry_wait_ms = retry_wait_ms,
                 "call outcome unknown: the effect may have happened"
             );
         } else if let Some(q) = &r.resolution {
@@ -111,6 +114,7 @@ impl Recorder for TracingRecorder {
                 surely.outcome = r.outcome.as_str(),
                 surely.stop_reason = r.stop.as_str(),
                 surely.duration_ms = r.duration().as_millis() as u64,
+                surely.retry_wait_ms = retry_wait_ms,
                 surely.resolution = q.answer.as_str(),
                 "call outcome settled by a query"
             );
@@ -120,6 +124,7 @@ impl Recorder for TracingRecorder {
                 surely.outcome = r.outcome.as_str(),
                 surely.stop_reason = r.stop.as_str(),
                 surely.duration_ms = r.duration().as_millis() as u64,
+                surely.retry_wait_ms = retry_wait_ms,
                 "call ended"
             );
         }

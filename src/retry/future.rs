@@ -21,7 +21,7 @@ use crate::classify::{
 };
 use crate::context::Context;
 use crate::deadline::{self, codec, DEFAULT_HEADER, GRPC_TIMEOUT};
-use crate::record::{BusinessKey, CallTally, ResolutionRecord, StopReason};
+use crate::record::{BusinessKey, CallTally, ResolutionRecord, RetryRecord, StopReason};
 use crate::{Envelope, Error, IntoError, Semantics};
 
 pin_project! {
@@ -125,8 +125,8 @@ where
 
 /// What to do after a retryable attempt.
 enum Next {
-    /// Wait this long, then try again.
-    Retry(Duration),
+    /// Wait this long (set by the server's pushback, or not), then try again.
+    Retry(Duration, bool),
     /// Stop, for this reason.
     Stop(StopReason),
     /// Not retryable: stop; the record knows why from the attempt's class.
@@ -204,10 +204,16 @@ where
                             }
                             return Poll::Ready(out);
                         }
-                        Next::Retry(wait) if wait.is_zero() => {
-                            this.state.set(State::Readying);
-                        }
-                        Next::Retry(wait) => {
+                        Next::Retry(wait, pushback) => {
+                            report_retry(RetryRecord {
+                                after: *this.attempts,
+                                wait,
+                                pushback,
+                            });
+                            if wait.is_zero() {
+                                this.state.set(State::Readying);
+                                continue;
+                            }
                             let until = Instant::now() + wait;
                             let cold = this.cold.get_or_insert_with(Cold::new);
                             match &mut cold.sleep {
@@ -296,17 +302,19 @@ fn decide<M, Z, Req: Envelope, Res, E>(
     if !not_sent && Context::current().retry_owned() {
         return Next::Stop(StopReason::UpstreamOwnsRetries);
     }
-    let wait = match classification.pushback() {
+    let (wait, pushback) = match classification.pushback() {
         Some(Pushback::Stop) => return Next::Stop(StopReason::PushbackStop),
-        Some(Pushback::After(d)) if d <= config.max_pushback => d,
+        Some(Pushback::After(d)) if d <= config.max_pushback => (d, true),
         // No pushback, or more than we obey: the backoff decides.
-        _ if config.backoff.cap().is_zero() => Duration::ZERO,
-        _ => cold
-            .get_or_insert_with(Cold::new)
-            .delays
-            .get_or_insert_with(|| config.backoff.iter())
-            .next()
-            .unwrap_or(Duration::ZERO),
+        _ if config.backoff.cap().is_zero() => (Duration::ZERO, false),
+        _ => (
+            cold.get_or_insert_with(Cold::new)
+                .delays
+                .get_or_insert_with(|| config.backoff.iter())
+                .next()
+                .unwrap_or(Duration::ZERO),
+            false,
+        ),
     };
     // Deadline admission: no wait that would leave the next attempt too little time. The
     // deadline is the earlier of the call's current one and the request's own.
@@ -322,7 +330,7 @@ fn decide<M, Z, Req: Envelope, Res, E>(
             return Next::Stop(StopReason::BudgetExhausted);
         }
     }
-    Next::Retry(wait)
+    Next::Retry(wait, pushback)
 }
 
 /// Lowers the budget a retry carries on the wire to what is left of the call's deadline: the
@@ -387,6 +395,13 @@ fn report_resolution(answer: Outcome, started: Instant) {
 fn report_stop(reason: StopReason) {
     if Context::current().call.is_some() {
         CallTally::update(|t| t.stop = Some(reason));
+    }
+}
+
+/// Tells the call record layer outside, if there is one, of a retry decided.
+fn report_retry(retry: RetryRecord) {
+    if Context::current().call.is_some() {
+        CallTally::update(|t| t.retries.push(retry));
     }
 }
 

@@ -7,6 +7,7 @@ mod trailers;
 
 use std::io;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Request, Response};
 use surely::classify::{AttemptClass, Classification, DeliveryPhase, Outcome};
@@ -815,5 +816,60 @@ async fn the_stop_reason_of_a_lost_reply_depends_on_the_semantics() {
     assert_eq!(
         (calls[1].outcome, calls[1].stop),
         (Outcome::Unknown, StopReason::Unknown)
+    );
+}
+
+/// The call record lists the retries the retry layer decided: after which attempt, how long it
+/// waited, and whether the server's pushback set the wait.
+#[tokio::test(start_paused = true)]
+async fn the_call_record_lists_each_retry_and_its_wait() {
+    use surely::record::RetryRecord;
+    use surely::retry::backoff::Backoff;
+    use surely::retry::RetryLayer;
+
+    let records = InMemoryRecorder::new();
+    let script = Script::new();
+    let count = script.calls.clone();
+    // 503 with `Retry-After: 2`, then 502, then 200.
+    let transport = service_fn(move |_req: Req| {
+        let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let res = match n {
+            0 => Response::builder()
+                .status(503)
+                .header("retry-after", "2")
+                .body(String::new()),
+            1 => Response::builder().status(502).body(String::new()),
+            _ => Response::builder().status(200).body(String::new()),
+        };
+        async move { Ok::<_, io::Error>(res.unwrap()) }
+    });
+    let mut client = ServiceBuilder::new()
+        .layer(RecordCallLayer::new(records.clone()))
+        .layer(DeadlineLayer::new(secs(30)).unwrap())
+        .layer(
+            RetryLayer::builder()
+                .backoff(Backoff::constant(ms(300)))
+                .build()
+                .unwrap(),
+        )
+        .layer(RecordAttemptLayer::new(records.clone()))
+        .service(transport);
+    let started = Instant::now();
+    let res = call(&mut client, get("/orders/o-1")).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(started.elapsed(), ms(2300));
+
+    let c = &records.calls()[0];
+    assert_eq!(c.attempts, 3);
+    let waits: Vec<(u32, Duration, bool)> = c
+        .retries
+        .iter()
+        .map(|r: &RetryRecord| (r.after, r.wait, r.pushback))
+        .collect();
+    assert_eq!(waits, [(1, secs(2), true), (2, ms(300), false)]);
+    let line = c.to_string();
+    assert!(
+        line.contains("retries=1+2000ms(pushback),2+300ms"),
+        "{line}"
     );
 }
