@@ -62,14 +62,14 @@ pub(crate) struct Settled {
     pub(crate) cancelled: bool,
 }
 
-type RecordAttempt = Box<dyn FnOnce(End<'_>) -> Settled + Send>;
-type RecordCall = Box<dyn FnOnce(Settled) + Send>;
+type SettleAttempt = Box<dyn FnOnce(End<'_>) -> Settled + Send>;
+type SettleCall = Box<dyn FnOnce(Settled) + Send>;
 
 #[derive(Default)]
 struct WatchState {
     /// The attempt record waiting for the end, and the call records to make after it.
-    attempt: Option<RecordAttempt>,
-    calls: Vec<RecordCall>,
+    attempt: Option<SettleAttempt>,
+    calls: Vec<SettleCall>,
     /// How the body ended, if it ended before the attempt deferred to it.
     ended: Option<OwnedEnd>,
     /// How the attempt settled, once it has.
@@ -98,7 +98,7 @@ impl Watch {
     }
 
     /// Defers an attempt record to the end of the body (at once if it has ended already).
-    pub(crate) fn defer_attempt(&self, record: RecordAttempt) {
+    pub(crate) fn defer_attempt(&self, record: SettleAttempt) {
         let mut state = self.lock();
         match state.ended.take() {
             Some(end) => {
@@ -110,7 +110,7 @@ impl Watch {
     }
 
     /// Makes a call record after the deferred attempt's (at once if that has settled already).
-    pub(crate) fn then_call(&self, record: RecordCall) {
+    pub(crate) fn then_call(&self, record: SettleCall) {
         let mut state = self.lock();
         match state.settled {
             Some(settled) => {
@@ -137,7 +137,7 @@ impl Watch {
     }
 
     /// Records the attempt, then its calls; the recorders run without the lock held.
-    fn settle(&self, record: RecordAttempt, end: End<'_>) {
+    fn settle(&self, record: SettleAttempt, end: End<'_>) {
         let settled = record(end);
         let calls = {
             let mut state = self.lock();
