@@ -522,6 +522,71 @@ async fn a_hung_handler_stops_renewing_at_its_bound_or_its_deadline() {
     }
 }
 
+/// A store that cannot renew (unreachable at that moment): the handler still runs to its end and
+/// its client gets the answer; the lease is not extended, so a duplicate after it takes over.
+#[derive(Clone)]
+struct NoRenew(MemoryStore);
+
+impl IdempotencyStore for NoRenew {
+    async fn acquire(
+        &self,
+        key: &RecordKey,
+        digest: &RequestDigest,
+        lease: Duration,
+    ) -> Result<Acquire, StoreError> {
+        self.0.acquire(key, digest, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.complete(key, fence, response, retention).await
+    }
+
+    async fn release(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        self.0.release(key, fence).await
+    }
+
+    async fn renew(&self, _: &RecordKey, _: Fence, _: Duration) -> Result<(), StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
+
+    async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {
+        self.0.sweep(keep_expired_for).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_the_store_refuses_leaves_the_handler_running_and_the_lease_unextended() {
+    let seen = Seen::default();
+    let counted = seen.clone();
+    let svc = service_fn(move |req: Req| {
+        counted.hit(&req);
+        async move {
+            tokio::time::sleep(secs(35)).await;
+            Ok::<_, Infallible>(reply(201, "created"))
+        }
+    });
+    let layer = IdempotencyLayer::builder(NoRenew(MemoryStore::new()))
+        .lease(secs(10))
+        .renew_for(secs(600))
+        .build()
+        .unwrap();
+    let mut a = layer.layer(svc.clone());
+    let first = tokio::spawn(async move { send(&mut a, post(Some("k-norenew"), "o")).await });
+    until(|| seen.calls() == 1).await;
+    tokio::time::sleep(secs(15)).await;
+    let mut b = layer.layer(svc);
+    let dup = send(&mut b, post(Some("k-norenew"), "o")).await;
+    assert_eq!(dup.status, 201);
+    assert_eq!(seen.fences(), vec![Some(1), Some(2)]);
+    assert_eq!(first.await.unwrap().status, 201);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_memory_store_renews_only_its_owners_lease() {
     let store = MemoryStore::new();
