@@ -8,7 +8,8 @@
 //! timeout, and hyper-util's client underneath. Five stories:
 //!
 //! 1. `POST` order `o-1` with an idempotency key; the server commits it and the reply is lost.
-//!    The client cannot know, so it retries with the same key, and gets the stored result.
+//!    The order client was told that its server honours keys (`server_honours_keys()`), so it
+//!    retries with the same key, and gets the stored result.
 //! 2. The same without a key: the outcome is unknown and the client does **not** send it again;
 //!    its resolver asks the server for the order by its business key and settles the outcome.
 //! 3. An overloaded server answers 503 with `Retry-After`; the client waits as told, within its
@@ -19,8 +20,10 @@
 //! 5. A retry budget runs dry while the stock service is down: the call stops early and says
 //!    why, long before its deadline.
 //!
-//! After each call the demo prints its attempts as a timeline. It checks its own invariants and
-//! ends with `invariants: ok`, or says what failed and exits non-zero.
+//! After each call the demo prints its attempts as a timeline, and the outcome the caller was
+//! handed back with the response or the error (`res.outcome()`, `err.outcome()`), which must
+//! be the one the record says. It checks its own invariants and ends with `invariants: ok`, or
+//! says what failed and exits non-zero.
 //!
 //! Run with `cargo run --release --example orders`.
 
@@ -57,7 +60,7 @@ use surely::record::{
 };
 use surely::retry::backoff::Backoff;
 use surely::retry::{NoResolver, Query, ReplayBody, ReplayBodyLayer, Resolution};
-use surely::IDEMPOTENCY_KEY;
+use surely::{CallOutcome, OutcomeExt, IDEMPOTENCY_KEY};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -415,6 +418,32 @@ fn timeline(records: &InMemoryRecorder) -> Option<(CallRecord, Vec<AttemptRecord
     Some((call, attempts))
 }
 
+/// The outcome a call handed back with its response or its error, printed; with the record's,
+/// the check that they agree.
+fn handed<E: std::error::Error + 'static>(
+    res: &Result<Response<Incoming>, surely::Error<E>>,
+    call: &CallRecord,
+    step: &str,
+    checks: &mut Checks,
+) {
+    match res {
+        Ok(res) => match res.call_outcome() {
+            Some(o) => println!("  client   handed back: {o}"),
+            None => println!("  client   handed back no outcome"),
+        },
+        Err(e) => println!("  client   error: {}", chain(e)),
+    }
+    let got = res.call_outcome().map(|o| (o.outcome(), o.attempts()));
+    checks.check(
+        got == Some((call.outcome, call.attempts)),
+        format!(
+            "{step}: the caller was handed the record's outcome ({got:?}, the record says {} after {})",
+            call.outcome.as_str(),
+            call.attempts
+        ),
+    );
+}
+
 /// The response's status, whether it was replayed, and its body.
 async fn show(res: Response<Incoming>) -> (StatusCode, bool, String) {
     let status = res.status();
@@ -478,8 +507,10 @@ async fn main() -> Result<(), BoxError> {
     };
     let mut checks = Checks::default();
 
-    // One client for the order service: keys on POSTs, retries, its own breaker.
-    let mut orders = stack(&log).build(transport.clone())?;
+    // One client for the order service: keys on POSTs, retries, its own breaker. The order
+    // service runs surely's idempotency layer, and this client is told so: its generated keys
+    // make POSTs keyed, so a lost reply may be retried.
+    let mut orders = stack(&log).server_honours_keys().build(transport.clone())?;
 
     println!(
         "1. POST order o-1 with an idempotency key; the server commits it, the reply is lost."
@@ -496,6 +527,11 @@ async fn main() -> Result<(), BoxError> {
     )?;
     let res = send(&mut orders, req).await;
     let (call, attempts) = timeline(&records).ok_or("no call record")?;
+    handed(&res, &call, "step 1", &mut checks);
+    checks.check(
+        res.call_outcome().is_some_and(CallOutcome::is_replayed),
+        "step 1: the caller was told the answer was a replay",
+    );
     match res {
         Ok(res) => {
             let (status, replayed, body) = show(res).await;
@@ -557,6 +593,7 @@ async fn main() -> Result<(), BoxError> {
     )?;
     let res = send(&mut unkeyed, req).await;
     let (call, attempts) = timeline(&records).ok_or("no call record")?;
+    handed(&res, &call, "step 2", &mut checks);
     match res {
         Ok(res) => {
             let (status, _, body) = show(res).await;
@@ -594,6 +631,7 @@ async fn main() -> Result<(), BoxError> {
     )?;
     let res = send(&mut orders, req).await;
     let (call, attempts) = timeline(&records).ok_or("no call record")?;
+    handed(&res, &call, "step 3a", &mut checks);
     match res {
         Ok(res) => {
             let (status, _, _) = show(res).await;
@@ -633,7 +671,8 @@ async fn main() -> Result<(), BoxError> {
     let stock_uri = format!("{base}/stock/sku-42");
     let req = request(Method::GET, stock_uri.clone(), "", "sku-42", Some("down"))?;
     let res = send(&mut stock, req).await;
-    timeline(&records).ok_or("no call record")?;
+    let (call, _) = timeline(&records).ok_or("no call record")?;
+    handed(&res, &call, "step 3b", &mut checks);
     if let Ok(res) = res {
         show(res).await;
     }
@@ -645,11 +684,9 @@ async fn main() -> Result<(), BoxError> {
     let req = request(Method::GET, stock_uri.clone(), "", "sku-42", None)?;
     let res = send(&mut stock, req).await;
     let (call, _) = timeline(&records).ok_or("no call record")?;
-    match res {
-        Ok(res) => {
-            show(res).await;
-        }
-        Err(e) => println!("  client   error: {}", chain(&e)),
+    handed(&res, &call, "step 3b, the probe", &mut checks);
+    if let Ok(res) = res {
+        show(res).await;
     }
     checks.check(
         call.outcome == Outcome::Succeeded && breaker.state() == BreakerState::Closed,
@@ -688,6 +725,7 @@ async fn main() -> Result<(), BoxError> {
     )?;
     let res = send(&mut hedged, req).await;
     let (call, attempts) = timeline(&records).ok_or("no call record")?;
+    handed(&res, &call, "step 4", &mut checks);
     match res {
         Ok(res) => {
             let (status, _, body) = show(res).await;
@@ -723,6 +761,7 @@ async fn main() -> Result<(), BoxError> {
     let req = request(Method::GET, stock_uri, "", "sku-42", Some("down"))?;
     let res = send(&mut budgeted, req).await;
     let (call, _) = timeline(&records).ok_or("no call record")?;
+    handed(&res, &call, "step 5", &mut checks);
     if let Ok(res) = res {
         show(res).await;
     }

@@ -445,7 +445,9 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         Ok(ClientLayer {
             record_attempt: RecordAttemptLayer::new(self.recorder.clone())
                 .with_classifier(self.classifier.clone()),
-            record_call: RecordCallLayer::new(self.recorder).with_classifier(self.classifier),
+            record_call: RecordCallLayer::new(self.recorder)
+                .with_classifier(self.classifier)
+                .inner_reports(),
             deadline: self.shared.deadline.build()?,
             key: self.key,
             replay: self.replay,
@@ -493,6 +495,62 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         ClientLayer<R, M, Z, K, P, H, B>: Layer<S>,
     {
         Ok(self.into_layer()?.layer(transport))
+    }
+}
+
+impl<R, M, Z, Q, P, H, B> ClientBuilder<R, M, Z, IdempotencyKeyLayer<Q>, P, H, B> {
+    /// Declares that the server this client calls honours idempotency keys (it runs this
+    /// crate's [`IdempotencyLayer`](crate::idempotency::server::IdempotencyLayer), or documents
+    /// the `Idempotency-Key` header): the keys the client generates then make POST and PATCH
+    /// requests [`Keyed`](crate::Semantics::Keyed), retried with the same key after a lost
+    /// reply.
+    ///
+    /// By default the client cannot know that, and promises nothing it cannot know: it still
+    /// sends a generated key, but a POST whose reply was lost ends
+    /// [`Unknown`](crate::Outcome::Unknown) and is not sent again. A key the caller sets (an
+    /// `Idempotency-Key` header or an [`IdempotencyKey`](crate::idempotency::IdempotencyKey)
+    /// extension) makes its request keyed either way, and a
+    /// [`Semantics`](crate::Semantics) extension always wins. See
+    /// [`IdempotencyKeyLayer::server_honours_keys`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::{Outcome, OutcomeExt};
+    /// use tower::{service_fn, Service, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// // The first reply is lost; the server honours keys, so the retry gets the stored result.
+    /// let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    /// let seen = attempts.clone();
+    /// let transport = service_fn(move |_req: http::Request<String>| {
+    ///     let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    ///     async move {
+    ///         if n == 0 {
+    ///             return Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+    ///         }
+    ///         Ok(http::Response::builder()
+    ///             .header("idempotent-replayed", "true")
+    ///             .body(String::from("created"))
+    ///             .unwrap())
+    ///     }
+    /// });
+    /// let mut client = surely::client()
+    ///     .server_honours_keys()
+    ///     .retry(|r| r.backoff(surely::retry::backoff::Backoff::none()))
+    ///     .build(transport)
+    ///     .unwrap();
+    /// let order = http::Request::post("/orders").body("o-1".to_owned()).unwrap();
+    /// let res = client.ready().await.unwrap().call(order).await.unwrap();
+    /// assert_eq!(res.outcome(), Outcome::Succeeded);
+    /// let call = res.call_outcome().unwrap();
+    /// assert_eq!(call.attempts(), 2);
+    /// assert!(call.is_replayed());
+    /// assert!(call.idempotency_key().is_some());
+    /// # }
+    /// ```
+    pub fn server_honours_keys(mut self) -> Self {
+        self.key = self.key.server_honours_keys();
+        self
     }
 }
 

@@ -144,3 +144,6 @@ impl<B> Envelope for http::Response<B> {
         Some(http::Response::extensions_mut(self))
     }
 }
+
+/// A unit message, as a service with nothing to answer returns: no headers, no extensions.
+impl Envelope for () {}

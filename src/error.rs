@@ -7,6 +7,7 @@ use crate::classify::{AttemptClass, BoxError, Classification, ClassifyError, Del
 use crate::deadline::error::DeadlineExceeded;
 use crate::fault::InjectedFault;
 use crate::idempotency::error::InvalidKey;
+use crate::outcome::{fmt_verdict, CallOutcome, Outcome, StopReason};
 use crate::timeout::error::Elapsed;
 
 /// The error of every surely client layer: the transport's own error `E`, kept as it is, or one
@@ -26,6 +27,10 @@ use crate::timeout::error::Elapsed;
 /// ```
 pub struct Error<E> {
     repr: Repr<E>,
+    // What the call came to, when a layer that folds a call's attempts handed it back here.
+    // Boxed: most errors are consumed by a retry layer before any caller sees them, and every
+    // `Result` that carries an `Error` is moved between layers on every poll.
+    call: Option<Box<CallOutcome>>,
 }
 
 enum Repr<E> {
@@ -38,11 +43,116 @@ enum Repr<E> {
 }
 
 impl<E> Error<E> {
+    #[inline]
+    fn of(repr: Repr<E>) -> Self {
+        Error { repr, call: None }
+    }
+
+    /// What the error is, to match on: the transport's own error or one of the crate's.
+    ///
+    /// ```
+    /// use surely::{Error, ErrorKind};
+    ///
+    /// fn advice(err: &Error<std::io::Error>) -> String {
+    ///     match err.kind() {
+    ///         ErrorKind::CircuitOpen(open) => format!("down; back in {:?}", open.retry_after()),
+    ///         ErrorKind::DeadlineExceeded(_) | ErrorKind::Elapsed(_) => "too slow".into(),
+    ///         ErrorKind::Transport(io) => format!("network: {io}"),
+    ///         _ => err.to_string(),
+    ///     }
+    /// }
+    /// let err = Error::transport(std::io::ErrorKind::ConnectionRefused.into());
+    /// assert_eq!(advice(&err), "network: connection refused");
+    /// ```
+    pub fn kind(&self) -> ErrorKind<'_, E> {
+        match &self.repr {
+            Repr::Transport(e) => ErrorKind::Transport(e),
+            Repr::Deadline(e) => ErrorKind::DeadlineExceeded(e),
+            Repr::Elapsed(e) => ErrorKind::Elapsed(e),
+            Repr::Fault(e) => ErrorKind::InjectedFault(e),
+            Repr::Key(e) => ErrorKind::InvalidKey(e),
+            Repr::Open(e) => ErrorKind::CircuitOpen(e),
+        }
+    }
+
+    /// What the call came to, when a layer that folds a call's attempts (the
+    /// [client stack](crate::client), a [`RecordCallLayer`](crate::record::RecordCallLayer), a
+    /// [`RetryLayer`](crate::retry::RetryLayer)) handed it back with this error. See
+    /// [`outcome`](crate::outcome).
+    pub fn call_outcome(&self) -> Option<&CallOutcome> {
+        self.call.as_deref()
+    }
+
+    /// The call's outcome: the one handed back with this error, else what the error alone
+    /// proves: [`Failed`](Outcome::Failed) when nothing was sent (a refusal by the crate's own
+    /// layers), [`Unknown`](Outcome::Unknown) otherwise.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::{Outcome, StopReason};
+    /// use tower::{service_fn, Service, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// // The order service commits, then the connection is reset before the reply.
+    /// let transport = service_fn(|_req: http::Request<String>| async {
+    ///     Err::<http::Response<String>, _>(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+    /// });
+    /// let mut client = surely::client().timeout(Duration::from_secs(2)).build(transport).unwrap();
+    /// let order = http::Request::post("/orders").body("o-1".to_owned()).unwrap();
+    /// let err = client.ready().await.unwrap().call(order).await.unwrap_err();
+    ///
+    /// assert_eq!(err.outcome(), Outcome::Unknown);
+    /// assert_eq!(err.stop_reason(), Some(StopReason::Unknown));
+    /// assert_eq!(err.attempts(), 1);
+    /// assert_eq!(err.to_string(), "unknown after 1 attempt: connection reset");
+    /// # }
+    /// ```
+    pub fn outcome(&self) -> Outcome {
+        match &self.call {
+            Some(call) => call.outcome(),
+            None if self.local_phase() == Some(DeliveryPhase::NotSent) => Outcome::Failed,
+            None => Outcome::Unknown,
+        }
+    }
+
+    /// Why the call stopped, when a layer that folds a call's attempts handed its outcome back
+    /// with this error.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.call.as_ref().map(|c| c.stop_reason())
+    }
+
+    /// How many attempts the call made: as handed back with this error, else 0 for a refusal by
+    /// the crate's own layers (a spent deadline, an invalid key, an open circuit breaker) and 1
+    /// for any other error.
+    pub fn attempts(&self) -> u32 {
+        match &self.call {
+            Some(call) => call.attempts(),
+            None if self.is_refusal() => 0,
+            None => 1,
+        }
+    }
+
+    /// Whether one of the crate's layers refused the call before anything was sent: a spent
+    /// deadline, an invalid idempotency key, an open circuit breaker.
+    pub(crate) fn is_refusal(&self) -> bool {
+        match &self.repr {
+            Repr::Deadline(e) => e.is_refused(),
+            Repr::Key(_) | Repr::Open(_) => true,
+            Repr::Transport(_) | Repr::Elapsed(_) | Repr::Fault(_) => false,
+        }
+    }
+
+    /// Hands the call's outcome back with this error, replacing any a layer inside gave it.
+    pub(crate) fn set_call_outcome(&mut self, outcome: CallOutcome) {
+        match &mut self.call {
+            Some(call) => **call = outcome,
+            None => self.call = Some(Box::new(outcome)),
+        }
+    }
+
     /// Wraps a transport's error.
     pub fn transport(error: E) -> Self {
-        Error {
-            repr: Repr::Transport(error),
-        }
+        Error::of(Repr::Transport(error))
     }
 
     /// Whether this is the transport's own error.
@@ -62,7 +172,10 @@ impl<E> Error<E> {
     pub fn into_transport(self) -> Result<E, Self> {
         match self.repr {
             Repr::Transport(e) => Ok(e),
-            repr => Err(Error { repr }),
+            repr => Err(Error {
+                repr,
+                call: self.call,
+            }),
         }
     }
 
@@ -139,6 +252,7 @@ impl<E> Error<E> {
     /// Maps the transport error, keeping local errors.
     pub fn map_transport<F>(self, f: impl FnOnce(E) -> F) -> Error<F> {
         Error {
+            call: self.call,
             repr: match self.repr {
                 Repr::Transport(e) => Repr::Transport(f(e)),
                 Repr::Deadline(e) => Repr::Deadline(e),
@@ -153,45 +267,50 @@ impl<E> Error<E> {
 
 impl<E> From<DeadlineExceeded> for Error<E> {
     fn from(e: DeadlineExceeded) -> Self {
-        Error {
-            repr: Repr::Deadline(e),
-        }
+        Error::of(Repr::Deadline(e))
     }
 }
 
 impl<E> From<Elapsed> for Error<E> {
     fn from(e: Elapsed) -> Self {
-        Error {
-            repr: Repr::Elapsed(e),
-        }
+        Error::of(Repr::Elapsed(e))
     }
 }
 
 impl<E> From<InjectedFault> for Error<E> {
     fn from(e: InjectedFault) -> Self {
-        Error {
-            repr: Repr::Fault(e),
-        }
+        Error::of(Repr::Fault(e))
     }
 }
 
 impl<E> From<InvalidKey> for Error<E> {
     fn from(e: InvalidKey) -> Self {
-        Error { repr: Repr::Key(e) }
+        Error::of(Repr::Key(e))
     }
 }
 
 impl<E> From<CircuitOpen> for Error<E> {
     fn from(e: CircuitOpen) -> Self {
-        Error {
-            repr: Repr::Open(e),
-        }
+        Error::of(Repr::Open(e))
     }
 }
 
 impl<E: fmt::Debug> fmt::Debug for Error<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.repr {
+        match &self.call {
+            None => fmt::Debug::fmt(&self.repr, f),
+            Some(call) => f
+                .debug_struct("Error")
+                .field("error", &self.repr)
+                .field("call", call)
+                .finish(),
+        }
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for Repr<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             Repr::Transport(e) => f.debug_tuple("Transport").field(e).finish(),
             Repr::Deadline(e) => fmt::Debug::fmt(e, f),
             Repr::Elapsed(e) => fmt::Debug::fmt(e, f),
@@ -203,7 +322,13 @@ impl<E: fmt::Debug> fmt::Debug for Error<E> {
 }
 
 impl<E: fmt::Display> fmt::Display for Error<E> {
+    /// The outcome and the attempts, when a call layer handed them back, then the error:
+    /// `unknown after 2 attempts: attempt timed out after send`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(call) = &self.call {
+            fmt_verdict(f, call.outcome(), call.attempts())?;
+            f.write_str(": ")?;
+        }
         match &self.repr {
             Repr::Transport(e) => fmt::Display::fmt(e, f),
             Repr::Deadline(e) => fmt::Display::fmt(e, f),
@@ -214,6 +339,35 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
         }
     }
 }
+
+/// What an [`Error`] is, borrowed from it by [`Error::kind`]: the transport's own error, or
+/// one of the crate's local errors.
+///
+/// Non-exhaustive: a later version may add a local error.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ErrorKind<'a, E> {
+    /// The transport's own error.
+    Transport(&'a E),
+    /// The call's deadline refused it before anything was sent, or ended it in flight.
+    DeadlineExceeded(&'a DeadlineExceeded),
+    /// An attempt timeout fired (before or after send, at the per-try limit or the deadline).
+    Elapsed(&'a Elapsed),
+    /// The [fault](crate::fault) layer injected this error.
+    InjectedFault(&'a InjectedFault),
+    /// The caller's idempotency key was invalid; nothing was sent.
+    InvalidKey(&'a InvalidKey),
+    /// An open [circuit breaker](crate::breaker) refused the call; nothing was sent.
+    CircuitOpen(&'a CircuitOpen),
+}
+
+impl<E> Clone for ErrorKind<'_, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E> Copy for ErrorKind<'_, E> {}
 
 impl<E> std::error::Error for Error<E>
 where

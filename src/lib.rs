@@ -103,6 +103,7 @@ pub mod fault;
 pub mod grpc;
 pub mod hedge;
 pub mod idempotency;
+pub mod outcome;
 pub mod pushback;
 pub mod record;
 pub mod retry;
@@ -111,5 +112,6 @@ pub mod timeout;
 
 pub use crate::client::client;
 pub use crate::envelope::{Envelope, IDEMPOTENCY_KEY};
-pub use crate::error::{BoxedError, ConfigError, Error, IntoError};
+pub use crate::error::{BoxedError, ConfigError, Error, ErrorKind, IntoError};
+pub use crate::outcome::{CallOutcome, Outcome, OutcomeExt, StopReason};
 pub use crate::semantics::Semantics;

@@ -16,6 +16,7 @@ use super::timer::sealed::Timer;
 use super::timer::{AttemptTimers, Enforcement, OwnTimer};
 use super::{codec, Deadline, WireHeader, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::context::{CallDeadline, Context, Report};
+use crate::outcome::{CallOutcome, StopReason};
 use crate::record::CallTally;
 use crate::{ConfigError, Envelope, Error, IntoError};
 
@@ -380,7 +381,15 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
         match state.as_mut().project() {
-            StateProj::Refused => Poll::Ready(Err(DeadlineExceeded::refused().into())),
+            StateProj::Refused => {
+                // Refused before any attempt: nothing went out.
+                let mut err: Error<E0::Transport> = DeadlineExceeded::refused().into();
+                err.set_call_outcome(CallOutcome::refused(
+                    StopReason::Deadline,
+                    Some(Duration::ZERO),
+                ));
+                Poll::Ready(Err(err))
+            }
             StateProj::Running {
                 inner,
                 mut timer,
@@ -434,9 +443,15 @@ where
                     return Poll::Pending;
                 }
                 // Let the attempt go now, so that it is cancelled (and recorded) before the call
-                // ends, not whenever the caller drops this future.
+                // ends, not whenever the caller drops this future. A retry layer inside leaves
+                // what its attempts came to, to hand back with the deadline's error.
+                crate::outcome::take_left_behind();
                 state.set(State::Refused);
-                Poll::Ready(Err(DeadlineExceeded::in_flight().into()))
+                let mut err: Error<E0::Transport> = DeadlineExceeded::in_flight().into();
+                if let Some(call) = crate::outcome::take_left_behind() {
+                    err.set_call_outcome(call.stopped(StopReason::Deadline, Duration::ZERO));
+                }
+                Poll::Ready(Err(err))
             }
         }
     }

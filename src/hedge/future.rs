@@ -13,8 +13,9 @@ use tower_service::Service;
 
 use super::layer::Config;
 use crate::classify::{
-    AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, Pushback,
+    AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, OutcomeTally, Pushback,
 };
+use crate::outcome::{budget_left_now, CallOutcome, Outcome, StopReason};
 use crate::record::CallTally;
 use crate::{Envelope, Error, IntoError};
 
@@ -92,6 +93,8 @@ where
     stopped: bool,
     /// The latest failure, the call's result if no attempt answers.
     last: Option<(Output<S, Req>, AttemptClass)>,
+    /// What the finished attempts add up to.
+    tally: OutcomeTally,
 }
 
 /// What one finished attempt means for the race.
@@ -119,6 +122,7 @@ where
     pub(super) fn hedged(
         future: S::Future,
         classifier: M::Classifier,
+        semantics: crate::Semantics,
         template: Req,
         service: S,
         config: Arc<Config<M>>,
@@ -138,6 +142,7 @@ where
                 admitted: false,
                 stopped: false,
                 last: None,
+                tally: OutcomeTally::new(semantics),
             }),
         }
     }
@@ -147,6 +152,7 @@ impl<S, Req, M, T> Future for ResponseFuture<S, Req, M>
 where
     S: Service<Req>,
     S::Error: IntoError<Transport = T>,
+    S::Response: Envelope,
     Req: Envelope + Clone,
     M: MakeClassifier<Req>,
     M::Classifier: Classify<S::Response, Error<T>>,
@@ -234,7 +240,7 @@ where
                 let more = !race.stopped && (race.admitted || race.due || !this.timer.is_idle());
                 if !more {
                     return match race.last.take() {
-                        Some((out, _)) => Poll::Ready(out),
+                        Some((out, class)) => Poll::Ready(race.hand_back(out, class)),
                         // Polled again after it finished.
                         None => Poll::Pending,
                     };
@@ -287,6 +293,7 @@ impl<S, Req, M, T> Race<S, Req, M>
 where
     S: Service<Req>,
     S::Error: IntoError<Transport = T>,
+    S::Response: Envelope,
     Req: Envelope + Clone,
     M: MakeClassifier<Req>,
     M::Classifier: Classify<S::Response, Error<T>>,
@@ -307,6 +314,7 @@ where
             Err(e) => classifier.classify_error(e, DeliveryPhase::Sent),
         };
         let class = classification.class();
+        self.tally.observe(class);
         let config = &*self.config;
         if config.owns_budget {
             if let Some(budget) = &config.budget {
@@ -327,6 +335,17 @@ where
         self.forget_last();
         self.last = Some((out, class));
         Verdict::Lose(classification.pushback())
+    }
+
+    /// The race's last failure is the call's result: when copies were sent, with what they
+    /// came to.
+    fn hand_back(&self, mut out: Output<S, Req>, class: AttemptClass) -> Output<S, Req> {
+        if self.sent > 1 {
+            let outcome = self.tally.outcome().unwrap_or(Outcome::Failed);
+            let stop = StopReason::after(class, self.tally.semantics());
+            CallOutcome::hand_back(&mut out, outcome, stop, self.sent, None, budget_left_now);
+        }
+        out
     }
 
     /// A failure that will not be the call's result: a budget kept by a retry layer outside
@@ -459,6 +478,19 @@ where
         mut first: Pin<&mut Slot<S::Future>>,
     ) -> Output<S, Req> {
         self.forget_last();
+        let out = match self.tally.outcome() {
+            // The winner was classified: a hedged call hands back what its copies came to.
+            Some(outcome) if self.sent > 1 => {
+                let mut out = out;
+                let stop = match outcome {
+                    Outcome::Succeeded => StopReason::Success,
+                    _ => StopReason::NotRetried,
+                };
+                CallOutcome::hand_back(&mut out, outcome, stop, self.sent, None, budget_left_now);
+                out
+            }
+            _ => out,
+        };
         let losers = matches!(*first, Slot::Running { .. }) || !self.hedges.is_empty();
         if losers {
             // The call's record keeps the winner as its last attempt, not a cancelled loser.

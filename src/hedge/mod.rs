@@ -203,6 +203,7 @@ impl<S, M, Req, T> Service<Req> for Hedge<S, M>
 where
     S: Service<Req> + Clone,
     S::Error: IntoError<Transport = T>,
+    S::Response: Envelope,
     Req: Envelope + Clone,
     M: MakeClassifier<Req>,
     M::Classifier: Classify<S::Response, Error<T>>,
@@ -217,8 +218,9 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let config = &*self.config;
+        let semantics = req.semantics();
         let hedgeable = config.max_attempts > 1
-            && match req.semantics() {
+            && match semantics {
                 Semantics::Safe => true,
                 Semantics::Idempotent => config.hedge_idempotent,
                 Semantics::Keyed | Semantics::NonIdempotent => false,
@@ -232,6 +234,7 @@ where
         ResponseFuture::hedged(
             future,
             classifier,
+            semantics,
             template,
             self.inner.clone(),
             self.config.clone(),

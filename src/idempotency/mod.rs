@@ -15,6 +15,15 @@
 //! [`for_methods`](IdempotencyKeyLayer::for_methods) choose differently, and
 //! [`when`](IdempotencyKeyLayer::when) takes any predicate.
 //!
+//! # A key promises only what the server does with it
+//!
+//! A key the caller set makes the request [`Keyed`](Semantics::Keyed): the caller knows its
+//! server. A key the layer generates does so only when the layer was told that the server honours
+//! keys ([`server_honours_keys`](IdempotencyKeyLayer::server_honours_keys)); otherwise it is sent
+//! all the same, but the request keeps the semantics of its method, and a POST whose reply was lost
+//! is not sent again to a server that might run it twice. A [`Semantics`] extension set by the
+//! caller always wins.
+//!
 //! # One key per intent, not per attempt
 //!
 //! The key names *what the caller wants done*, once. If each attempt had its own key, the server
@@ -64,7 +73,8 @@
 //!
 //! A generated key costs one allocation for its bytes, which the header and the extension share,
 //! plus the extension insert (the request's extension map, if it had none yet, and the boxed
-//! key). A caller's key given as a header costs none: it is validated in place, kept as it is,
+//! key), and, for a server not declared to honour keys, one more boxed extension that keeps the
+//! request's semantics. A caller's key given as a header costs none: it is validated in place, kept as it is,
 //! and not copied into the extensions. A caller's key given as an extension costs none either
 //! (the header shares its bytes). A request that needs no key costs one look at its headers.
 //!
@@ -77,14 +87,14 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let server = service_fn(|req: http::Request<&'static str>| async move {
-//!     // The transport sees a keyed request.
+//!     // The transport sees a keyed request: this client was told its server honours keys.
 //!     assert_eq!(req.semantics(), Semantics::Keyed);
 //!     let key = req.headers()[IDEMPOTENCY_KEY].clone();
 //!     // Layers in between find the same key in the extensions.
 //!     assert_eq!(req.extensions().get::<IdempotencyKey>().unwrap().to_header_value(), key);
 //!     Ok::<_, std::io::Error>(http::Response::new(()))
 //! });
-//! let mut client = IdempotencyKeyLayer::new().layer(server);
+//! let mut client = IdempotencyKeyLayer::new().server_honours_keys().layer(server);
 //!
 //! let order = http::Request::post("/orders").body("o-1").unwrap();
 //! client.ready().await.unwrap().call(order).await.unwrap();
@@ -130,6 +140,7 @@ pub use self::key::IdempotencyKey;
 
 use self::error::InvalidKey;
 use crate::context::Context as CallContext;
+use crate::outcome::{CallOutcome, StopReason};
 use crate::record::{BusinessKey, CallTally};
 use crate::{Envelope, Error, IntoError, Semantics, IDEMPOTENCY_KEY};
 
@@ -194,6 +205,7 @@ where
 #[derive(Clone)]
 pub struct IdempotencyKeyLayer<P = NonIdempotent> {
     policy: P,
+    honoured: bool,
 }
 
 impl IdempotencyKeyLayer {
@@ -201,6 +213,7 @@ impl IdempotencyKeyLayer {
     pub fn new() -> Self {
         IdempotencyKeyLayer {
             policy: NonIdempotent,
+            honoured: false,
         }
     }
 }
@@ -214,7 +227,10 @@ impl Default for IdempotencyKeyLayer {
 impl IdempotencyKeyLayer<Always> {
     /// Keys every request that has headers, reads included.
     pub fn always() -> Self {
-        IdempotencyKeyLayer { policy: Always }
+        IdempotencyKeyLayer {
+            policy: Always,
+            honoured: false,
+        }
     }
 }
 
@@ -232,6 +248,7 @@ impl IdempotencyKeyLayer<Methods> {
             policy: Methods {
                 methods: methods.into_iter().collect(),
             },
+            honoured: false,
         }
     }
 }
@@ -254,14 +271,62 @@ where
     /// # let _ = layer;
     /// ```
     pub fn when(predicate: F) -> Self {
-        IdempotencyKeyLayer { policy: predicate }
+        IdempotencyKeyLayer {
+            policy: predicate,
+            honoured: false,
+        }
     }
 }
 
 impl<P> IdempotencyKeyLayer<P> {
     /// A layer with any [`KeyPolicy`].
     pub fn with_policy(policy: P) -> Self {
-        IdempotencyKeyLayer { policy }
+        IdempotencyKeyLayer {
+            policy,
+            honoured: false,
+        }
+    }
+
+    /// Declares that the server behind this client honours idempotency keys (it runs this
+    /// crate's [server layer](server), or documents the `Idempotency-Key` header), so that a
+    /// key the layer generates makes its request [`Keyed`](Semantics::Keyed): retried with the
+    /// same key after a lost reply.
+    ///
+    /// Without this word a generated key is still sent (a server that honours it is then
+    /// protected against this client's retries of refused attempts), but the request keeps its
+    /// semantics: a POST stays [`NonIdempotent`](Semantics::NonIdempotent), and one whose reply
+    /// was lost ends [`Unknown`](crate::Outcome::Unknown) instead of being sent again to a
+    /// server that might run it twice. A key the caller set makes its request keyed either way.
+    ///
+    /// ```
+    /// use surely::idempotency::IdempotencyKeyLayer;
+    /// use surely::{Envelope, Semantics};
+    /// use tower::{service_fn, Layer, Service, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let transport = service_fn(|req: http::Request<()>| async move {
+    ///     Ok::<_, std::io::Error>(req.semantics())
+    /// });
+    /// let post = || http::Request::post("/orders").body(()).unwrap();
+    ///
+    /// let mut unknown_server = IdempotencyKeyLayer::new().layer(transport.clone());
+    /// let semantics = unknown_server.ready().await.unwrap().call(post()).await.unwrap();
+    /// assert_eq!(semantics, Semantics::NonIdempotent);
+    ///
+    /// let mut honouring = IdempotencyKeyLayer::new().server_honours_keys().layer(transport);
+    /// let semantics = honouring.ready().await.unwrap().call(post()).await.unwrap();
+    /// assert_eq!(semantics, Semantics::Keyed);
+    /// # }
+    /// ```
+    pub fn server_honours_keys(mut self) -> Self {
+        self.honoured = true;
+        self
+    }
+
+    /// Whether the layer was told that the server honours keys
+    /// ([`server_honours_keys`](Self::server_honours_keys)).
+    pub fn honours_keys(&self) -> bool {
+        self.honoured
     }
 
     /// The policy.
@@ -277,6 +342,7 @@ impl<S, P: Clone> Layer<S> for IdempotencyKeyLayer<P> {
         IdempotencyKeyService {
             inner,
             policy: self.policy.clone(),
+            honoured: self.honoured,
         }
     }
 }
@@ -285,6 +351,7 @@ impl<P> fmt::Debug for IdempotencyKeyLayer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyKeyLayer")
             .field("policy", &std::any::type_name::<P>())
+            .field("server_honours_keys", &self.honoured)
             .finish()
     }
 }
@@ -300,6 +367,7 @@ impl<P> fmt::Debug for IdempotencyKeyLayer<P> {
 pub struct IdempotencyKeyService<S, P = NonIdempotent> {
     inner: S,
     policy: P,
+    honoured: bool,
 }
 
 impl<S, P: Clone> IdempotencyKeyService<S, P> {
@@ -308,6 +376,7 @@ impl<S, P: Clone> IdempotencyKeyService<S, P> {
         IdempotencyKeyService {
             inner,
             policy: layer.policy,
+            honoured: layer.honoured,
         }
     }
 }
@@ -321,6 +390,7 @@ impl<S: fmt::Debug, P> fmt::Debug for IdempotencyKeyService<S, P> {
         f.debug_struct("IdempotencyKeyService")
             .field("inner", &self.inner)
             .field("policy", &std::any::type_name::<P>())
+            .field("server_honours_keys", &self.honoured)
             .finish()
     }
 }
@@ -342,7 +412,7 @@ where
 
     #[inline]
     fn call(&mut self, mut req: Req) -> Self::Future {
-        match attach_key(&self.policy, &mut req) {
+        match attach_key(&self.policy, self.honoured, &mut req) {
             Ok(()) => {
                 report_key(&req);
                 ResponseFuture {
@@ -369,13 +439,19 @@ fn report_key<Req: Envelope>(req: &Req) {
     let Some(key) = req.headers().and_then(|h| h.get(IDEMPOTENCY_KEY)) else {
         return;
     };
+    let header = key.clone();
     let key = BusinessKey::new(String::from_utf8_lossy(key.as_bytes()));
     let semantics = req.semantics();
-    CallTally::update(|t| t.keyed(key, semantics));
+    CallTally::update(|t| t.keyed(key, header, semantics));
 }
 
-/// Validates the caller's key, or writes one if the policy wants it.
-fn attach_key<Req: Envelope>(policy: &impl KeyPolicy, req: &mut Req) -> Result<(), InvalidKey> {
+/// Validates the caller's key, or writes one if the policy wants it. A generated key makes its
+/// request keyed only when the server is known to honour keys (`honoured`).
+fn attach_key<Req: Envelope>(
+    policy: &impl KeyPolicy,
+    honoured: bool,
+    req: &mut Req,
+) -> Result<(), InvalidKey> {
     let Some(headers) = req.headers() else {
         // Nowhere to put a key.
         return Ok(());
@@ -394,10 +470,21 @@ fn attach_key<Req: Envelope>(policy: &impl KeyPolicy, req: &mut Req) -> Result<(
             if !policy.needs_key(&*req) {
                 return Ok(());
             }
+            // Nobody said the server honours the key: the header must not make a request that
+            // is not idempotent keyed. (Its semantics come from the method here: an explicit
+            // `Semantics` extension is left as the caller set it, and always wins.)
+            let pin = !honoured
+                && req.semantics() == Semantics::NonIdempotent
+                && req
+                    .extensions()
+                    .is_some_and(|e| e.get::<Semantics>().is_none());
             let key = IdempotencyKey::generate();
             // The header and the extension share the key's bytes.
             let value = key.to_header_value();
             if let Some(extensions) = req.extensions_mut() {
+                if pin {
+                    extensions.insert(Semantics::NonIdempotent);
+                }
                 extensions.insert(key);
             }
             value
@@ -436,7 +523,15 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             StateProj::Call { future } => future.poll(cx).map_err(IntoError::into_error),
-            StateProj::Invalid { error } => Poll::Ready(Err((*error).into())),
+            StateProj::Invalid { error } => {
+                // Refused before any attempt: the key never left the process.
+                let mut err: Error<E0::Transport> = (*error).into();
+                err.set_call_outcome(CallOutcome::refused(
+                    StopReason::Final,
+                    crate::outcome::budget_left_now(),
+                ));
+                Poll::Ready(Err(err))
+            }
         }
     }
 }

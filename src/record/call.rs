@@ -2,7 +2,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::task::{Context as TaskContext, Poll};
+use std::task::{ready, Context as TaskContext, Poll};
 
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
@@ -12,11 +12,14 @@ use tower_service::Service;
 use super::tally::CallTally;
 use super::trailers::{Settled, Watch};
 use super::{key_of, BusinessKey, CallId, CallRecord, Recorder, StopReason};
+use http::HeaderValue;
+
 use crate::classify::{
-    Classification, Classify, DeliveryPhase, HttpClassifier, MakeClassifier, Outcome,
+    Classification, Classify, DeliveryPhase, HttpClassifier, MakeClassifier, Outcome, OutcomeTally,
 };
 use crate::context::Context;
 use crate::deadline::Deadline;
+use crate::outcome::CallOutcome;
 use crate::{Envelope, Error, IntoError, Semantics};
 
 /// Records every logical call that passes through it. See the [module docs](super).
@@ -27,6 +30,9 @@ use crate::{Envelope, Error, IntoError, Semantics};
 pub struct RecordCallLayer<R, M = HttpClassifier> {
     recorder: R,
     classifier: M,
+    // A retry layer inside hands every call's outcome back: with no recorder, nothing is left
+    // to do here (the client stack).
+    inner_reports: bool,
 }
 
 impl<R> RecordCallLayer<R> {
@@ -35,6 +41,7 @@ impl<R> RecordCallLayer<R> {
         RecordCallLayer {
             recorder,
             classifier: HttpClassifier::new(),
+            inner_reports: false,
         }
     }
 }
@@ -45,7 +52,15 @@ impl<R, M> RecordCallLayer<R, M> {
         RecordCallLayer {
             recorder: self.recorder,
             classifier,
+            inner_reports: self.inner_reports,
         }
+    }
+
+    /// Counts on a retry layer inside to hand every call's outcome back (the client stack,
+    /// whose retry layer is always there), so that without a recorder the layer does nothing.
+    pub(crate) fn inner_reports(mut self) -> Self {
+        self.inner_reports = true;
+        self
     }
 }
 
@@ -95,9 +110,16 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         if !self.layer.recorder.enabled() {
+            // Nothing to record: only the call's outcome to hand back, if no layer inside does.
+            let light = (!self.layer.inner_reports).then(|| Light {
+                semantics: req.semantics(),
+                classifier: self.layer.classifier.make_classifier(&req),
+                key: idempotency_key(&req),
+            });
             return CallFuture {
                 inner: self.inner.call(req),
                 state: None,
+                light,
                 _error: PhantomData,
             };
         }
@@ -124,12 +146,93 @@ where
             ctx,
             tally: CallTally::new(semantics),
         };
+        if let Some(key) = idempotency_key(&req) {
+            state.tally.idempotency_key = Some(key);
+        }
         let inner = state.run(|| self.inner.call(req));
         CallFuture {
             inner,
             state: Some(Box::new(state)),
+            light: None,
             _error: PhantomData,
         }
+    }
+}
+
+/// The `Idempotency-Key` a request carries.
+fn idempotency_key<Req: Envelope>(req: &Req) -> Option<HeaderValue> {
+    req.headers()?.get(crate::IDEMPOTENCY_KEY).cloned()
+}
+
+/// What a call without a recorder needs to hand its outcome back when no layer inside does.
+struct Light<C> {
+    semantics: Semantics,
+    classifier: C,
+    key: Option<HeaderValue>,
+}
+
+impl<C> Light<C> {
+    /// Hands back the outcome of the call's one attempt, unless a layer inside handed one back.
+    fn hand_back<Res: Envelope, T>(self, out: &mut Result<Res, Error<T>>)
+    where
+        C: Classify<Res, Error<T>>,
+    {
+        if CallOutcome::of(out).is_some() {
+            return;
+        }
+        let (attempts, outcome, stop) = match single(self.classifier, out) {
+            Some(c) => {
+                let mut tally = OutcomeTally::new(self.semantics);
+                tally.observe(c.class());
+                let stop = stop_after(out, c, self.semantics);
+                (1, tally.outcome().unwrap_or(Outcome::Failed), stop)
+            }
+            None => (0, Outcome::Failed, refusal_stop(out)),
+        };
+        CallOutcome::hand_back(
+            out,
+            outcome,
+            stop,
+            attempts,
+            self.key,
+            crate::outcome::budget_left_now,
+        );
+    }
+}
+
+/// Classifies a call's result as its one attempt; `None` for a refusal by the crate's own
+/// layers, which sent nothing (a spent deadline, an invalid key, an open breaker).
+fn single<C, Res, T>(classifier: C, out: &Result<Res, Error<T>>) -> Option<Classification>
+where
+    C: Classify<Res, Error<T>>,
+{
+    match out {
+        Ok(res) => Some(classifier.classify_response(res).at_head()),
+        Err(e) if e.is_refusal() => None,
+        Err(e) => Some(classifier.classify_error(e, DeliveryPhase::Sent)),
+    }
+}
+
+/// Why a call whose last attempt was `c` stopped, when no layer inside said.
+fn stop_after<Res, T>(
+    out: &Result<Res, Error<T>>,
+    c: Classification,
+    semantics: Semantics,
+) -> StopReason {
+    match out {
+        Err(e) if e.is_deadline_exceeded() || e.elapsed().is_some_and(|t| t.is_deadline()) => {
+            StopReason::Deadline
+        }
+        _ => StopReason::after(c.class(), semantics),
+    }
+}
+
+/// Why a call refused before any attempt stopped.
+fn refusal_stop<Res, T>(out: &Result<Res, Error<T>>) -> StopReason {
+    match out {
+        Err(e) if e.invalid_key().is_some() => StopReason::Final,
+        Err(e) if e.is_circuit_open() => StopReason::NotRetried,
+        _ => StopReason::Deadline,
     }
 }
 
@@ -153,19 +256,15 @@ impl<R: Recorder, C> CallState<R, C> {
         self.tally.scope(|| span.in_scope(|| ctx.scope(f)))
     }
 
+    /// Records the call; returns its outcome, which a resolver's answer may have settled.
     fn finish(
         &mut self,
         attempts: u32,
         outcome: Outcome,
         last: Option<Classification>,
         stop: StopReason,
-    ) {
-        // A deadline layer inside the call layer reports the deadline it set.
-        let deadline_left = self.deadline_left.or_else(|| {
-            self.tally
-                .deadline
-                .map(|d| d.anchor(self.started).remaining_at(self.started))
-        });
+    ) -> Outcome {
+        let deadline_left = self.deadline_left.or_else(|| self.budget_set());
         // A resolver's answer settles an unknown outcome.
         let resolution = self.tally.resolution.take();
         let outcome = match resolution {
@@ -188,35 +287,90 @@ impl<R: Recorder, C> CallState<R, C> {
             retries: std::mem::take(&mut self.tally.retries),
         };
         self.span.in_scope(|| self.recorder.record_call(&rec));
+        outcome
     }
 
-    /// Finishes from the attempts the tally saw, or, if none reported, from `fallback`.
-    fn finish_with(
+    /// The budget a deadline layer inside set for the call, as it stood when the call started.
+    fn budget_set(&self) -> Option<std::time::Duration> {
+        self.tally
+            .deadline
+            .map(|d| d.anchor(self.started).remaining_at(self.started))
+    }
+
+    /// What is left now of the budget the call had.
+    fn budget_left(&self) -> Option<std::time::Duration> {
+        let now = Instant::now();
+        Deadline::earliest(
+            self.deadline_left
+                .map(|d| Deadline::after_from(self.started, d)),
+            self.tally.deadline.map(|d| d.anchor(self.started)),
+        )
+        .map(|d| d.remaining_at(now))
+    }
+
+    /// What the call came to: the outcome a layer inside handed back on `out`, else the one
+    /// the attempts the tally saw add up to, else `out` classified as the call's one attempt.
+    fn verdict<Res: Envelope, T>(
         &mut self,
-        deadline_error: Option<bool>,
-        fallback: impl FnOnce(&mut Self) -> Option<Classification>,
-    ) {
-        let tally = self.tally.clone();
+        out: &Result<Res, Error<T>>,
+    ) -> (u32, Outcome, Option<Classification>, StopReason)
+    where
+        C: Classify<Res, Error<T>>,
+    {
+        let tally = &self.tally;
+        if let Some(call) = CallOutcome::of(out) {
+            return (
+                call.attempts(),
+                call.outcome(),
+                tally.last,
+                call.stop_reason(),
+            );
+        }
+        let semantics = tally.outcome.semantics();
         let (attempts, outcome, last) = match tally.outcome.outcome() {
             Some(outcome) => (tally.ended.max(tally.started), outcome, tally.last),
-            None => match fallback(self) {
+            None => match self.classifier.take().and_then(|c| single(c, out)) {
                 Some(c) => {
-                    let mut single =
-                        crate::classify::OutcomeTally::new(self.tally.outcome.semantics());
-                    single.observe(c.class());
-                    (1, single.outcome().unwrap_or(Outcome::Failed), Some(c))
+                    let mut one = OutcomeTally::new(semantics);
+                    one.observe(c.class());
+                    (1, one.outcome().unwrap_or(Outcome::Failed), Some(c))
                 }
-                // Refused before any attempt: nothing was sent.
                 None => (0, Outcome::Failed, None),
             },
         };
-        let stop = match (tally.stop, deadline_error, last) {
-            (Some(stop), _, _) => stop,
-            (None, Some(_), _) => StopReason::Deadline,
-            (None, None, Some(c)) => StopReason::after(c.class(), self.tally.outcome.semantics()),
-            (None, None, None) => StopReason::Deadline,
+        let stop = match (self.tally.stop, last) {
+            (Some(stop), _) => stop,
+            (None, Some(c)) => stop_after(out, c, semantics),
+            (None, None) => refusal_stop(out),
         };
-        self.finish(attempts, outcome, last, stop);
+        (attempts, outcome, last, stop)
+    }
+
+    /// Records the call that ended with `out`, and hands its outcome back on it, unless a
+    /// layer inside did.
+    fn finish_with<Res: Envelope, T>(&mut self, out: &mut Result<Res, Error<T>>)
+    where
+        C: Classify<Res, Error<T>>,
+    {
+        let handed_back = CallOutcome::of(out).is_some();
+        let (attempts, outcome, last, stop) = self.verdict(out);
+        let outcome = self.finish(attempts, outcome, last, stop);
+        if !handed_back {
+            self.hand_back(out, attempts, outcome, stop);
+        }
+    }
+
+    /// Hands back an outcome no layer inside did.
+    fn hand_back<Res: Envelope, T>(
+        &mut self,
+        out: &mut Result<Res, Error<T>>,
+        attempts: u32,
+        outcome: Outcome,
+        stop: StopReason,
+    ) {
+        let key = self.tally.idempotency_key.take();
+        let left = self.budget_left();
+        CallOutcome::hand_back(out, outcome, stop, attempts, key, || left);
     }
 }
 
@@ -227,6 +381,8 @@ pin_project! {
         inner: F,
         // Boxed: a disabled recorder (`()`) keeps the future small.
         state: Option<Box<CallState<R, C>>>,
+        // Without a recorder, what hands the outcome back if no layer inside does.
+        light: Option<Light<C>>,
         _error: PhantomData<fn() -> E>,
     }
 
@@ -260,44 +416,60 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let Some(state) = this.state.as_mut() else {
-            return this.inner.poll(cx).map_err(IntoError::into_error);
+            let mut out = ready!(this.inner.poll(cx)).map_err(IntoError::into_error);
+            if let Some(light) = this.light.take() {
+                light.hand_back(&mut out);
+            }
+            return Poll::Ready(out);
         };
         let inner = this.inner;
-        let out = match state.run(|| inner.poll(cx)) {
+        let mut out = match state.run(|| inner.poll(cx)) {
             Poll::Ready(out) => out.map_err(IntoError::into_error),
             Poll::Pending => return Poll::Pending,
         };
         if let (Some(_), Ok(res)) = (state.tally.deferred, &out) {
-            if let Some(watch) = res.extensions().and_then(|e| e.get::<Watch>()) {
+            if res.extensions().and_then(|e| e.get::<Watch>()).is_some() {
                 // The last attempt is recorded when its body ends: so is the call, after it.
+                // The caller gets the outcome as it stands at the head.
+                if CallOutcome::of(&out).is_none() {
+                    let (attempts, outcome, _, stop) = state.verdict(&out);
+                    state.hand_back(&mut out, attempts, outcome, stop);
+                }
                 let mut state = this.state.take().expect("checked above");
-                watch.then_call(Box::new(move |settled: Settled| {
-                    state.tally.observe(settled.attempt, settled.classification);
-                    if settled.cancelled {
-                        state.tally.stop.get_or_insert(StopReason::Cancelled);
+                if let Ok(res) = &out {
+                    if let Some(watch) = res.extensions().and_then(|e| e.get::<Watch>()) {
+                        watch.then_call(Box::new(move |settled: Settled| {
+                            state.tally.observe(settled.attempt, settled.classification);
+                            if settled.cancelled {
+                                state.tally.stop.get_or_insert(StopReason::Cancelled);
+                            }
+                            let (attempts, outcome, last, stop) = state.settled();
+                            state.finish(attempts, outcome, last, stop);
+                        }));
                     }
-                    state.finish_with(None, |_| None);
-                }));
+                }
                 return Poll::Ready(out);
             }
         }
-        let deadline_error = match &out {
-            Err(e) => e
-                .deadline_exceeded()
-                .map(|d| d.is_refused())
-                .or_else(|| e.elapsed().filter(|t| t.is_deadline()).map(|_| false)),
-            Ok(_) => None,
-        };
-        state.finish_with(deadline_error, |state| {
-            let classifier = state.classifier.take()?;
-            match &out {
-                Ok(res) => Some(classifier.classify_response(res).at_head()),
-                Err(e) if e.deadline_exceeded().is_some_and(|d| d.is_refused()) => None,
-                Err(e) => Some(classifier.classify_error(e, DeliveryPhase::Sent)),
-            }
-        });
+        state.finish_with(&mut out);
         *this.state = None;
         Poll::Ready(out)
+    }
+}
+
+impl<R: Recorder, C> CallState<R, C> {
+    /// What a call whose last attempt was settled at the end of its body came to, from the
+    /// attempts the tally saw.
+    fn settled(&self) -> (u32, Outcome, Option<Classification>, StopReason) {
+        let tally = &self.tally;
+        let semantics = tally.outcome.semantics();
+        let outcome = tally.outcome.outcome().unwrap_or(Outcome::Failed);
+        let stop = match (tally.stop, tally.last) {
+            (Some(stop), _) => stop,
+            (None, Some(c)) => StopReason::after(c.class(), semantics),
+            (None, None) => StopReason::Cancelled,
+        };
+        (tally.ended.max(tally.started), outcome, tally.last, stop)
     }
 }
 

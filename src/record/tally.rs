@@ -2,6 +2,8 @@
 
 use std::cell::RefCell;
 
+use http::HeaderValue;
+
 use crate::classify::{Classification, OutcomeTally};
 use crate::context::CallDeadline;
 use crate::record::{BusinessKey, ResolutionRecord, RetryRecord, StopReason};
@@ -29,6 +31,8 @@ pub(crate) struct CallTally {
     pub(crate) deadline: Option<CallDeadline>,
     /// The call's idempotency key, as the key layer inside the call layer set it.
     pub(crate) key: Option<BusinessKey>,
+    /// The `Idempotency-Key` the call's attempts carry.
+    pub(crate) idempotency_key: Option<HeaderValue>,
     pub(crate) resolution: Option<ResolutionRecord>,
     /// The retries the retry layer inside decided.
     pub(crate) retries: Vec<RetryRecord>,
@@ -47,6 +51,7 @@ impl CallTally {
             stop: None,
             deadline: None,
             key: None,
+            idempotency_key: None,
             resolution: None,
             retries: Vec::new(),
             deferred: None,
@@ -55,8 +60,9 @@ impl CallTally {
 
     /// A key layer inside gave the call an idempotency key: the call is keyed from its first
     /// attempt on.
-    pub(crate) fn keyed(&mut self, key: BusinessKey, semantics: Semantics) {
+    pub(crate) fn keyed(&mut self, key: BusinessKey, header: HeaderValue, semantics: Semantics) {
         self.key.get_or_insert(key);
+        self.idempotency_key.get_or_insert(header);
         if self.outcome.outcome().is_none() {
             self.outcome = OutcomeTally::new(semantics);
         }

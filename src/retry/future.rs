@@ -21,11 +21,14 @@ use crate::classify::{
 };
 use crate::context::Context;
 use crate::deadline::{self, codec, DEFAULT_HEADER, GRPC_TIMEOUT};
+use crate::outcome::{budget_left_now, CallOutcome};
 use crate::record::{BusinessKey, CallTally, ResolutionRecord, RetryRecord, StopReason};
 use crate::{Envelope, Error, IntoError, Semantics};
 
 pin_project! {
     /// The future of [`Retry`](super::Retry): one call, with as many attempts as it may have.
+    ///
+    /// It hands the call's [`CallOutcome`] back with its result.
     pub struct ResponseFuture<S, Req, M, Z = NoResolver>
     where
         S: Service<Req>,
@@ -39,11 +42,48 @@ pin_project! {
         template: Option<Req>,
         service: S,
         config: Arc<Config<M, Z>>,
+        // The attempt number: the one in flight, or the last one made.
         attempts: u32,
+        // Attempts that went out and ended (a breaker's refusal did not go out; a hedged
+        // attempt counts its copies).
+        sent: u32,
         // What only some calls need (a wait before a retry, a resolver, a learned attempt
         // time), boxed and made the first time it is needed, so that every layer outside moves
         // a small future.
         cold: Option<Box<Cold<S::Response, Error<<S::Error as IntoError>::Transport>>>>,
+    }
+
+    impl<S, Req, M, Z> PinnedDrop for ResponseFuture<S, Req, M, Z>
+    where
+        S: Service<Req>,
+        S::Error: IntoError,
+        M: MakeClassifier<Req>,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            let in_flight = match this.state.as_ref().get_ref() {
+                State::Done => return,
+                State::Attempt { .. } => this.classifier.is_some(),
+                _ => false,
+            };
+            // Dropped before it ended (a deadline layer outside cut it short, or its caller
+            // went away): what it knows is left for the layer that dropped it.
+            let (mut tally, mut sent) = (*this.tally, *this.sent);
+            if in_flight {
+                // The attempt in flight may have been written: it may have committed.
+                tally.observe(AttemptClass::MaybeCommitted);
+                sent += 1;
+            }
+            let key = this.cold.as_mut().and_then(|c| c.idempotency_key.take());
+            crate::outcome::leave_behind(|| {
+                let outcome = tally.outcome().unwrap_or(Outcome::Failed);
+                let call = CallOutcome::new(outcome, StopReason::Cancelled, sent);
+                match key {
+                    Some(key) => call.with_idempotency_key(key),
+                    None => call,
+                }
+            });
+        }
     }
 }
 
@@ -51,10 +91,12 @@ pin_project! {
     #[project = StateProj]
     enum State<F, Res> {
         Attempt { #[pin] future: F },
-        // The timer is `ResponseFuture::sleep`.
-        Waiting,
-        Readying,
-        Resolving { query: Resolving<Res> },
+        // The timer is in `Cold`; the retry is recorded when it goes out.
+        Waiting { retry: RetryRecord },
+        Readying { retry: RetryRecord },
+        Resolving { query: Resolving<Res>, stop: StopReason },
+        // The call's result was returned.
+        Done,
     }
 }
 
@@ -67,6 +109,8 @@ struct Cold<Res, E> {
     last: Option<Result<Res, E>>,
     // The business key, kept for a resolver.
     key: Option<BusinessKey>,
+    // The idempotency key every attempt carries, for the call's outcome.
+    idempotency_key: Option<HeaderValue>,
     // When the attempt in flight (or the resolver's query) started, when it is timed.
     started: Option<Instant>,
 }
@@ -78,6 +122,7 @@ impl<Res, E> Cold<Res, E> {
             sleep: None,
             last: None,
             key: None,
+            idempotency_key: None,
             started: None,
         })
     }
@@ -97,13 +142,15 @@ where
         semantics: Semantics,
         template: Option<Req>,
         key: Option<BusinessKey>,
+        idempotency_key: Option<HeaderValue>,
         mut service: S,
         config: Arc<Config<M, Z>>,
     ) -> Self {
         let learned = config.learned.is_some();
-        let cold = (key.is_some() || learned).then(|| {
+        let cold = (key.is_some() || idempotency_key.is_some() || learned).then(|| {
             let mut cold = Cold::new();
             cold.key = key;
+            cold.idempotency_key = idempotency_key;
             cold.started = learned.then(Instant::now);
             cold
         });
@@ -114,6 +161,7 @@ where
             template,
             config,
             attempts: 1,
+            sent: 0,
             cold,
             state: State::Attempt {
                 future: service.call(req),
@@ -137,6 +185,7 @@ impl<S, Req, M, Z, T> Future for ResponseFuture<S, Req, M, Z>
 where
     S: Service<Req>,
     S::Error: IntoError<Transport = T>,
+    S::Response: Envelope,
     Req: Envelope + Clone,
     M: MakeClassifier<Req>,
     M::Classifier: Classify<S::Response, Error<T>>,
@@ -153,6 +202,7 @@ where
                     let Some(classifier) = this.classifier.take() else {
                         return Poll::Ready(out);
                     };
+                    *this.sent += copies(&out);
                     let classification = match &out {
                         Ok(res) => classifier.classify_response(res).at_head(),
                         Err(e) => classifier.classify_error(e, DeliveryPhase::Sent),
@@ -169,7 +219,10 @@ where
                     if let Some(budget) = &config.budget {
                         budget.record_outcome(classification.class());
                     }
-                    let next = if classification.class().is_retryable(this.tally.semantics()) {
+                    let next = if ended_by_deadline(&out) {
+                        // Whatever the attempt was, the call has no time left for another.
+                        Next::Stop(StopReason::Deadline)
+                    } else if classification.class().is_retryable(this.tally.semantics()) {
                         decide(
                             config,
                             &classification,
@@ -180,38 +233,15 @@ where
                     } else {
                         Next::Done
                     };
-                    match next {
-                        Next::Done | Next::Stop(_) => {
-                            if let Next::Stop(reason) = next {
-                                report_stop(reason);
-                            }
-                            // An unknown outcome is settled by the resolver, when there is one
-                            // and it takes the question.
-                            if this.tally.outcome() == Some(Outcome::Unknown) {
-                                let query = Query {
-                                    key: this.cold.as_mut().and_then(|c| c.key.take()),
-                                    semantics: this.tally.semantics(),
-                                    attempts: *this.attempts,
-                                    last: classification,
-                                };
-                                if let Some(query) = config.resolver.resolve(query) {
-                                    let cold = this.cold.get_or_insert_with(Cold::new);
-                                    cold.last = Some(out);
-                                    cold.started = Some(Instant::now());
-                                    this.state.set(State::Resolving { query });
-                                    continue;
-                                }
-                            }
-                            return Poll::Ready(out);
-                        }
+                    let stop = match next {
                         Next::Retry(wait, pushback) => {
-                            report_retry(RetryRecord {
+                            let retry = RetryRecord {
                                 after: *this.attempts,
                                 wait,
                                 pushback,
-                            });
+                            };
                             if wait.is_zero() {
-                                this.state.set(State::Readying);
+                                this.state.set(State::Readying { retry });
                                 continue;
                             }
                             let until = Instant::now() + wait;
@@ -222,20 +252,62 @@ where
                                     cold.sleep = Some(Box::pin(tokio::time::sleep_until(until)))
                                 }
                             }
-                            this.state.set(State::Waiting);
+                            this.state.set(State::Waiting { retry });
+                            continue;
+                        }
+                        Next::Stop(reason) => {
+                            report_stop(reason);
+                            reason
+                        }
+                        Next::Done => {
+                            StopReason::after(classification.class(), this.tally.semantics())
+                        }
+                    };
+                    // An unknown outcome is settled by the resolver, when there is one and it
+                    // takes the question.
+                    if this.tally.outcome() == Some(Outcome::Unknown) {
+                        let query = Query {
+                            key: this.cold.as_mut().and_then(|c| c.key.take()),
+                            semantics: this.tally.semantics(),
+                            attempts: *this.attempts,
+                            last: classification,
+                        };
+                        if let Some(query) = config.resolver.resolve(query) {
+                            let cold = this.cold.get_or_insert_with(Cold::new);
+                            cold.last = Some(out);
+                            cold.started = Some(Instant::now());
+                            this.state.set(State::Resolving { query, stop });
+                            continue;
                         }
                     }
+                    let outcome = this.tally.outcome().unwrap_or(Outcome::Unknown);
+                    this.state.set(State::Done);
+                    return Poll::Ready(hand_back(out, outcome, stop, *this.sent, this.cold));
                 }
-                StateProj::Waiting => {
+                StateProj::Waiting { retry } => {
                     if let Some(sleep) = this.cold.as_mut().and_then(|c| c.sleep.as_mut()) {
                         ready!(sleep.as_mut().poll(cx));
                     }
-                    this.state.set(State::Readying);
+                    let retry = *retry;
+                    this.state.set(State::Readying { retry });
                 }
-                StateProj::Readying => {
+                StateProj::Readying { retry } => {
                     if let Err(e) = ready!(this.service.poll_ready(cx)) {
-                        return Poll::Ready(Err(e.into_error()));
+                        // The service failed before the retry went out: the call ends with its
+                        // error, and the outcome of the attempts made.
+                        let outcome = this.tally.outcome().unwrap_or(Outcome::Failed);
+                        this.state.set(State::Done);
+                        return Poll::Ready(hand_back(
+                            Err(e.into_error()),
+                            outcome,
+                            StopReason::NotRetried,
+                            *this.sent,
+                            this.cold,
+                        ));
                     }
+                    // The retry happens now: the record lists it (a call dropped while it
+                    // waited lists no retry that never went out).
+                    report_retry(*retry);
                     // A retry is decided only for a replayable request (`decide`). The last
                     // attempt the limit allows takes the template itself: no copy of the
                     // request (for HTTP, of its headers) is made that no attempt could use.
@@ -257,8 +329,9 @@ where
                         future: this.service.call(req),
                     });
                 }
-                StateProj::Resolving { query } => {
+                StateProj::Resolving { query, stop } => {
                     let answer = ready!(query.future().poll(cx));
+                    let stop = *stop;
                     let cold = this
                         .cold
                         .as_mut()
@@ -274,11 +347,48 @@ where
                     };
                     let started = cold.started.unwrap_or_else(Instant::now);
                     report_resolution(outcome, started);
-                    return Poll::Ready(out);
+                    this.state.set(State::Done);
+                    return Poll::Ready(hand_back(out, outcome, stop, *this.sent, this.cold));
                 }
+                // Polled again after it returned.
+                StateProj::Done => return Poll::Pending,
             }
         }
     }
+}
+
+/// How many attempts a finished attempt stands for: none for a circuit breaker's refusal (it
+/// never went out), as many as a layer inside that made several (a hedge) handed back, and
+/// otherwise one.
+#[inline]
+fn copies<Res: Envelope, T>(out: &Result<Res, Error<T>>) -> u32 {
+    match out {
+        Err(e) if e.is_circuit_open() => 0,
+        out => CallOutcome::of(out).map_or(1, CallOutcome::attempts),
+    }
+}
+
+/// Whether the attempt was ended by the call's deadline (an attempt timeout at the deadline,
+/// or a deadline layer inside).
+fn ended_by_deadline<Res, T>(out: &Result<Res, Error<T>>) -> bool {
+    match out {
+        Ok(_) => false,
+        Err(e) => e.is_deadline_exceeded() || e.elapsed().is_some_and(|t| t.is_deadline()),
+    }
+}
+
+/// Hands the call's outcome back with its result.
+#[inline]
+fn hand_back<Res: Envelope, T, R, E>(
+    mut out: Result<Res, Error<T>>,
+    outcome: Outcome,
+    stop: StopReason,
+    sent: u32,
+    cold: &mut Option<Box<Cold<R, E>>>,
+) -> Result<Res, Error<T>> {
+    let key = cold.as_mut().and_then(|c| c.idempotency_key.take());
+    CallOutcome::hand_back(&mut out, outcome, stop, sent, key, budget_left_now);
+    out
 }
 
 /// After a retryable attempt: retry after how long, or stop and why.

@@ -15,7 +15,7 @@ use super::resolve::{NoResolver, Resolve};
 use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::{Classify, HttpClassifier, MakeClassifier};
 use crate::record::key_of;
-use crate::{ConfigError, Envelope, Error, IntoError};
+use crate::{ConfigError, Envelope, Error, IntoError, Semantics};
 
 /// The default attempt limit, the first attempt included.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
@@ -301,6 +301,7 @@ impl<S, M, Z, Req, T> Service<Req> for Retry<S, M, Z>
 where
     S: Service<Req> + Clone,
     S::Error: IntoError<Transport = T>,
+    S::Response: Envelope,
     Req: Envelope + Clone,
     M: MakeClassifier<Req>,
     M::Classifier: Classify<S::Response, Error<T>>,
@@ -336,6 +337,14 @@ where
         } else {
             None
         };
+        // Reads never carry a key that matters; for the others, the call's outcome names it.
+        let idempotency_key = match semantics {
+            Semantics::Safe => None,
+            _ => req
+                .headers()
+                .and_then(|h| h.get(crate::IDEMPOTENCY_KEY))
+                .cloned(),
+        };
         // The service that was made ready is the one called; the future keeps a clone of it
         // for the retries, which it makes ready itself.
         let clone = self.inner.clone();
@@ -346,6 +355,7 @@ where
             semantics,
             template,
             key,
+            idempotency_key,
             ready,
             self.config.clone(),
         )

@@ -62,9 +62,11 @@ fn order(base: &str) -> Request<Full<Bytes>> {
 async fn a_lost_reply_is_retried_with_the_same_key_and_the_same_bytes() {
     let (base, seen) = server(Schedule::new().at(0, Fault::ResetAfterSend)).await;
     let recorder = InMemoryRecorder::new();
+    // Told that the server honours keys: the generated key makes the POST keyed.
     let mut client = surely::client::http()
         .timeout(Duration::from_secs(5))
         .per_try_timeout(Duration::from_secs(1))
+        .server_honours_keys()
         .retry(|r| r.backoff(Backoff::none()))
         .recorder(recorder.clone())
         .build(transport())

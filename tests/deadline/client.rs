@@ -38,10 +38,14 @@ fn assert_refused<E: ClassifyError + std::fmt::Display>(err: &surely::Error<E>) 
     let c = err.classify_error(DeliveryPhase::Sent);
     assert_eq!(c.class(), AttemptClass::Rejected);
     assert_eq!(c.phase(), DeliveryPhase::NotSent);
+    // The refusal hands the call's outcome back: nothing went out.
     assert_eq!(
         err.to_string(),
-        "deadline exceeded: refused before sending, no budget left"
+        "failed before any attempt: deadline exceeded: refused before sending, no budget left"
     );
+    assert_eq!(err.outcome(), surely::Outcome::Failed);
+    assert_eq!(err.attempts(), 0);
+    assert_eq!(err.stop_reason(), Some(surely::StopReason::Deadline));
 }
 
 // ---- refusal ------------------------------------------------------------------------------

@@ -750,7 +750,7 @@ async fn with_keys_opted_in_a_maybe_committed_call_is_retried_with_the_same_key(
     let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
     let recorder = InMemoryRecorder::new();
     let stack = surely::client::grpc()
-        .idempotency_keys(IdempotencyKeyLayer::new())
+        .idempotency_keys(IdempotencyKeyLayer::new().server_honours_keys())
         .retry(|r| r.backoff(Backoff::none()))
         .recorder(recorder.clone())
         .build_channel(channel(base).await)

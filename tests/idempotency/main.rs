@@ -246,8 +246,61 @@ async fn non_idempotent_methods_get_a_key_by_default() {
         let header = seen.header.expect("a key header");
         let ext = seen.extension.expect("a key extension");
         assert_eq!(ext.to_header_value(), header);
+        // Nobody said the server honours keys: the generated key is sent, and promises nothing.
+        assert_eq!(seen.semantics, Semantics::NonIdempotent);
+    }
+}
+
+#[tokio::test]
+async fn a_generated_key_makes_the_request_keyed_only_for_a_server_that_honours_keys() {
+    let transport = Recorder::default();
+    let mut svc = IdempotencyKeyLayer::new()
+        .server_honours_keys()
+        .layer(transport.clone());
+    send(&mut svc, request(Method::POST)).await.unwrap();
+    let seen = transport.seen();
+    assert!(seen[0].header.is_some());
+    assert_eq!(seen[0].semantics, Semantics::Keyed);
+}
+
+#[tokio::test]
+async fn a_caller_key_makes_the_request_keyed_without_the_declaration() {
+    let transport = Recorder::default();
+    let mut svc = IdempotencyKeyLayer::new().layer(transport.clone());
+    let mut by_header = request(Method::POST);
+    by_header
+        .headers_mut()
+        .insert(IDEMPOTENCY_KEY, HeaderValue::from_static("order-o-1"));
+    send(&mut svc, by_header).await.unwrap();
+    let mut by_extension = request(Method::POST);
+    by_extension
+        .extensions_mut()
+        .insert(IdempotencyKey::new("order-o-2").unwrap());
+    send(&mut svc, by_extension).await.unwrap();
+    for seen in transport.seen() {
         assert_eq!(seen.semantics, Semantics::Keyed);
     }
+}
+
+#[tokio::test]
+async fn an_explicit_semantics_wins_over_any_key() {
+    let transport = Recorder::default();
+    let mut svc = IdempotencyKeyLayer::new()
+        .server_honours_keys()
+        .layer(transport.clone());
+    // The caller says this POST must never be repeated: the key still goes out (it helps a
+    // server that deduplicates the retries of refused attempts), the semantics stay.
+    let mut once = request(Method::POST);
+    once.extensions_mut().insert(Semantics::NonIdempotent);
+    send(&mut svc, once).await.unwrap();
+    // And a read stays a read under a policy that keys everything.
+    let mut always = IdempotencyKeyLayer::always().layer(transport.clone());
+    send(&mut always, request(Method::GET)).await.unwrap();
+    let seen = transport.seen();
+    assert!(seen[0].header.is_some());
+    assert_eq!(seen[0].semantics, Semantics::NonIdempotent);
+    assert!(seen[1].header.is_some());
+    assert_eq!(seen[1].semantics, Semantics::Safe);
 }
 
 #[tokio::test]
@@ -319,7 +372,9 @@ async fn a_predicate_decides() {
 #[tokio::test]
 async fn every_attempt_of_a_call_sends_the_same_key() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::new().layer(TwoAttempts(transport.clone()));
+    let mut svc = IdempotencyKeyLayer::new()
+        .server_honours_keys()
+        .layer(TwoAttempts(transport.clone()));
     send(&mut svc, request(Method::POST)).await.unwrap();
     send(&mut svc, request(Method::POST)).await.unwrap();
 

@@ -109,7 +109,7 @@ where
 }
 
 /// The canonical stack with an [`IdempotencyKeyLayer`] between the deadline and the retry
-/// layers (DESIGN §8).
+/// layers (DESIGN §8), told that the server honours its keys.
 pub(crate) fn canonical_keyed<P>(
     retry: RetryLayer,
     policy: P,
@@ -122,7 +122,7 @@ where
     ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
         .layer(DeadlineLayer::inherit())
-        .layer(IdempotencyKeyLayer::new())
+        .layer(IdempotencyKeyLayer::new().server_honours_keys())
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
         .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())

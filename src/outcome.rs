@@ -1,0 +1,336 @@
+//! What a call came to, handed back to its caller with the result.
+//!
+//! A response is not a verdict. A `500` on a POST without a key may mean the order was placed
+//! and its reply lost; a `409` "key in flight" at the deadline means the first attempt may still
+//! be committing. The crate folds a call's attempts into one [`Outcome`] and hands it back on the
+//! return path, so that the code that made the call can act on it without reading records:
+//!
+//! * on a response, as a [`CallOutcome`] in its extensions, read with [`OutcomeExt`]
+//!   (`res.outcome()`);
+//! * on an error, from the [`Error`](crate::Error) itself: [`outcome`](crate::Error::outcome),
+//!   [`stop_reason`](crate::Error::stop_reason), [`attempts`](crate::Error::attempts), and its
+//!   `Display` ("unknown after 2 attempts: ...").
+//!
+//! Every call through the [client stack](crate::client) carries one, as does every call through
+//! a [`RecordCallLayer`](crate::record::RecordCallLayer) (whatever its recorder, `()`
+//! included) or a [`RetryLayer`](crate::retry::RetryLayer). It says:
+//!
+//! * the [`Outcome`]: `Succeeded`, `Failed`, or `Unknown` (the effect may have happened);
+//! * the [`StopReason`]: why no further attempt was made;
+//! * how many attempts went out (0 when the call was refused before any: a spent deadline, an
+//!   invalid key, an open circuit breaker);
+//! * the idempotency key the attempts carried, if any;
+//! * whether the answer was a stored replay (`idempotent-replayed: true`, set by a server's
+//!   [idempotency layer](crate::idempotency::server));
+//! * how much of the call's deadline was left when it ended.
+//!
+//! ```
+//! use std::time::Duration;
+//! use surely::{Outcome, OutcomeExt};
+//! use tower::{service_fn, Service, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! // A payment service that fails after it may have charged the card.
+//! let transport = service_fn(|_req: http::Request<String>| async {
+//!     Ok::<_, std::io::Error>(http::Response::builder().status(500).body(String::new()).unwrap())
+//! });
+//! let mut client = surely::client().timeout(Duration::from_secs(2)).build(transport).unwrap();
+//!
+//! let pay = http::Request::post("/payments").body("42 EUR".to_owned()).unwrap();
+//! let res = client.ready().await.unwrap().call(pay).await.unwrap();
+//! let message = match res.outcome() {
+//!     Outcome::Succeeded => "paid",
+//!     Outcome::Failed => "not paid: nothing was charged",
+//!     Outcome::Unknown => "the payment may have gone through: we are confirming it",
+//! };
+//! assert_eq!(message, "the payment may have gone through: we are confirming it");
+//! // The server's 500 is still there for the caller to read.
+//! assert_eq!(res.status(), 500);
+//! # }
+//! ```
+
+use std::cell::RefCell;
+use std::fmt;
+use std::time::Duration;
+
+use http::HeaderValue;
+use tokio::time::Instant;
+
+pub use crate::classify::Outcome;
+pub use crate::record::StopReason;
+
+use crate::context::{CallDeadline, Context};
+use crate::{Envelope, Error};
+
+/// What a call came to: its [`Outcome`], why it stopped, how many attempts went out, its
+/// idempotency key, whether the answer was a replay, and the budget it left. See the
+/// [module docs](self).
+///
+/// Found in a response's extensions ([`OutcomeExt::call_outcome`]) and in an
+/// [`Error`](crate::Error) ([`Error::call_outcome`](crate::Error::call_outcome)). An SDK's tests
+/// can make one with [`new`](Self::new) to try their handling of each outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallOutcome {
+    outcome: Outcome,
+    stop: StopReason,
+    attempts: u32,
+    replayed: bool,
+    key: Option<HeaderValue>,
+    budget_left: Option<Duration>,
+}
+
+impl CallOutcome {
+    /// A call that came to `outcome` after `attempts` attempts, and stopped for `stop`; with no
+    /// key, no replay and no deadline until the `with_` methods say otherwise.
+    ///
+    /// ```
+    /// use surely::{CallOutcome, Outcome, StopReason};
+    ///
+    /// let lost = CallOutcome::new(Outcome::Unknown, StopReason::Unknown, 1);
+    /// assert_eq!(lost.to_string(), "unknown after 1 attempt (stop: unknown)");
+    /// ```
+    pub fn new(outcome: Outcome, stop: StopReason, attempts: u32) -> Self {
+        CallOutcome {
+            outcome,
+            stop,
+            attempts,
+            replayed: false,
+            key: None,
+            budget_left: None,
+        }
+    }
+
+    /// The idempotency key the attempts carried.
+    pub fn with_idempotency_key(mut self, key: HeaderValue) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// Whether the answer was a stored replay of an earlier request with the same key.
+    pub fn with_replayed(mut self, replayed: bool) -> Self {
+        self.replayed = replayed;
+        self
+    }
+
+    /// The budget the call left.
+    pub fn with_budget_left(mut self, left: Duration) -> Self {
+        self.budget_left = Some(left);
+        self
+    }
+
+    /// The call's outcome.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// Why no further attempt was made.
+    pub fn stop_reason(&self) -> StopReason {
+        self.stop
+    }
+
+    /// How many attempts went out: 0 when the call was refused before any (its deadline was
+    /// spent, its key invalid, or an open circuit breaker refused every try); hedges count.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The idempotency key the attempts carried, if any.
+    pub fn idempotency_key(&self) -> Option<&HeaderValue> {
+        self.key.as_ref()
+    }
+
+    /// Whether the answer was a stored replay: the server had already done this intent, and
+    /// answered this attempt with the first one's result (`idempotent-replayed: true`).
+    pub fn is_replayed(&self) -> bool {
+        self.replayed
+    }
+
+    /// How much of the call's deadline was left when it ended; `None` without a deadline.
+    ///
+    /// A call that never waited (it answered on its first poll) has spent none of it: the
+    /// crate reads the clock for a deadline only once a call waits.
+    pub fn budget_left(&self) -> Option<Duration> {
+        self.budget_left
+    }
+
+    /// Hands the outcome of a call that ended with `out` back on it: into the response's
+    /// extensions (a response type without extensions carries none, and costs nothing), or
+    /// into the error. The replay mark is read from the response; `left` is asked for the
+    /// budget left only when the outcome has somewhere to go.
+    #[inline]
+    pub(crate) fn hand_back<Res: Envelope, T>(
+        out: &mut Result<Res, Error<T>>,
+        outcome: Outcome,
+        stop: StopReason,
+        attempts: u32,
+        key: Option<HeaderValue>,
+        left: impl FnOnce() -> Option<Duration>,
+    ) {
+        let call = |replayed| CallOutcome {
+            outcome,
+            stop,
+            attempts,
+            replayed,
+            key,
+            budget_left: left(),
+        };
+        match out {
+            Ok(res) => {
+                let replayed = res.headers().is_some_and(|h| {
+                    h.get(crate::idempotency::server::IDEMPOTENT_REPLAYED)
+                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+                });
+                if let Some(extensions) = res.extensions_mut() {
+                    extensions.insert(call(replayed));
+                }
+            }
+            Err(e) => e.set_call_outcome(call(false)),
+        }
+    }
+
+    /// A call refused for `stop` before any attempt, with `left` of its budget: nothing went
+    /// out, so it failed.
+    pub(crate) fn refused(stop: StopReason, left: Option<Duration>) -> Self {
+        CallOutcome {
+            budget_left: left,
+            ..CallOutcome::new(Outcome::Failed, stop, 0)
+        }
+    }
+
+    /// The same outcome, stopped for `stop` with `left` of the budget.
+    pub(crate) fn stopped(mut self, stop: StopReason, left: Duration) -> Self {
+        self.stop = stop;
+        self.budget_left = Some(left);
+        self
+    }
+
+    /// The outcome already handed back on `out` by a layer inside, if any.
+    pub(crate) fn of<Res: Envelope, T>(out: &Result<Res, Error<T>>) -> Option<&CallOutcome> {
+        match out {
+            Ok(res) => res.extensions()?.get::<CallOutcome>(),
+            Err(e) => e.call_outcome(),
+        }
+    }
+}
+
+thread_local! {
+    /// The outcome of a call future dropped before it ended, left for the layer that dropped
+    /// it (a deadline layer that cut the call short) to hand back with its own error. Set and
+    /// taken around synchronous code only: the drop runs inside the dropping layer's poll.
+    static LEFT_BEHIND: RefCell<Option<CallOutcome>> = const { RefCell::new(None) };
+}
+
+/// Leaves the outcome of a call dropped before it ended, unless one is there already: drop
+/// order runs an outer future's drop before those of the futures it owns, so the first one
+/// left is the outermost call's.
+pub(crate) fn leave_behind(f: impl FnOnce() -> CallOutcome) {
+    LEFT_BEHIND.with(|cell| {
+        if let Ok(mut slot) = cell.try_borrow_mut() {
+            if slot.is_none() {
+                *slot = Some(f());
+            }
+        }
+    });
+}
+
+/// Takes the outcome a dropped call left behind, if any.
+pub(crate) fn take_left_behind() -> Option<CallOutcome> {
+    LEFT_BEHIND.with(|cell| cell.try_borrow_mut().ok().and_then(|mut slot| slot.take()))
+}
+
+/// What is left of the current call's deadline: all of a budget whose clock has not started,
+/// the time to an instant otherwise.
+pub(crate) fn budget_left_now() -> Option<Duration> {
+    match Context::current().deadline()? {
+        CallDeadline::Budget(b) => Some(b),
+        CallDeadline::At(d) => Some(d.remaining_at(Instant::now())),
+    }
+}
+
+impl fmt::Display for CallOutcome {
+    /// `unknown after 2 attempts (stop: deadline)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt_verdict(f, self.outcome, self.attempts)?;
+        write!(f, " (stop: {})", self.stop.as_str())?;
+        if self.replayed {
+            f.write_str(" replayed")?;
+        }
+        Ok(())
+    }
+}
+
+/// `unknown after 2 attempts`, `failed before any attempt`.
+pub(crate) fn fmt_verdict(f: &mut fmt::Formatter<'_>, outcome: Outcome, n: u32) -> fmt::Result {
+    match n {
+        0 => write!(f, "{} before any attempt", outcome.as_str()),
+        1 => write!(f, "{} after 1 attempt", outcome.as_str()),
+        n => write!(f, "{} after {n} attempts", outcome.as_str()),
+    }
+}
+
+/// Reads the [`CallOutcome`] a surely client handed back with a response.
+///
+/// Implemented for `http::Response<B>`, and for `Result<http::Response<B>, Error<E>>` so that a
+/// call's result can be matched as a whole.
+///
+/// ```
+/// use surely::{Error, Outcome, OutcomeExt};
+///
+/// fn tell_user<B>(result: &Result<http::Response<B>, Error<std::io::Error>>) -> &'static str {
+///     match result.outcome() {
+///         Outcome::Succeeded => "done",
+///         Outcome::Failed => "it did not happen; you may try again",
+///         Outcome::Unknown => "it may have happened; we are checking",
+///     }
+/// }
+/// # let refused: Result<http::Response<()>, _> =
+/// #     Err(Error::<std::io::Error>::from(surely::deadline::error::DeadlineExceeded::refused()));
+/// # assert_eq!(tell_user(&refused), "it did not happen; you may try again");
+/// ```
+pub trait OutcomeExt: sealed::Sealed {
+    /// The outcome a surely call layer handed back, if one did.
+    fn call_outcome(&self) -> Option<&CallOutcome>;
+
+    /// The call's outcome. A response that no surely call layer vouched for has none to give,
+    /// and says [`Unknown`](Outcome::Unknown); an error without one says what the error alone
+    /// proves ([`Error::outcome`]).
+    fn outcome(&self) -> Outcome;
+
+    /// Whether the answer was a stored replay of an earlier request with the same key.
+    fn is_replayed(&self) -> bool {
+        self.call_outcome().is_some_and(CallOutcome::is_replayed)
+    }
+}
+
+impl<B> OutcomeExt for http::Response<B> {
+    fn call_outcome(&self) -> Option<&CallOutcome> {
+        self.extensions().get::<CallOutcome>()
+    }
+
+    fn outcome(&self) -> Outcome {
+        self.call_outcome()
+            .map_or(Outcome::Unknown, CallOutcome::outcome)
+    }
+}
+
+impl<B, E> OutcomeExt for Result<http::Response<B>, Error<E>> {
+    fn call_outcome(&self) -> Option<&CallOutcome> {
+        match self {
+            Ok(res) => res.call_outcome(),
+            Err(e) => e.call_outcome(),
+        }
+    }
+
+    fn outcome(&self) -> Outcome {
+        match self {
+            Ok(res) => res.outcome(),
+            Err(e) => e.outcome(),
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<B> Sealed for http::Response<B> {}
+    impl<B, E> Sealed for Result<http::Response<B>, crate::Error<E>> {}
+}
