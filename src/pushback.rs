@@ -76,14 +76,9 @@ pub fn parse_grpc_pushback(value: &HeaderValue) -> Pushback {
     Pushback::After(Duration::from_millis(ms.unwrap_or(u64::MAX)))
 }
 
-/// The pushback in a header map: `grpc-retry-pushback-ms` if present, else `Retry-After`
-/// (relative to the system clock). A malformed `Retry-After` is ignored.
-pub(crate) fn from_headers(headers: &HeaderMap) -> Option<Pushback> {
-    if let Some(v) = headers.get(GRPC_RETRY_PUSHBACK_MS) {
-        return Some(parse_grpc_pushback(v));
-    }
+/// The delay a valid `Retry-After` asks for (relative to the system clock); `None` when the
+/// header is absent or does not parse, which is the same thing.
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let v = headers.get(http::header::RETRY_AFTER)?;
-    parse_retry_after(v, SystemTime::now())
-        .ok()
-        .map(Pushback::After)
+    parse_retry_after(v, SystemTime::now()).ok()
 }

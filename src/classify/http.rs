@@ -3,7 +3,7 @@ use http::{HeaderName, Response, StatusCode};
 use super::grpc::{self, GrpcEos};
 use super::{
     AttemptClass, Classification, Classified, Classify, ClassifyError, DeliveryPhase,
-    MakeClassifier,
+    MakeClassifier, Pushback,
 };
 use crate::{Envelope, Semantics};
 
@@ -93,26 +93,27 @@ impl HttpRequestClassifier {
 
     /// Classifies an HTTP status with the response's headers.
     pub fn classify_status(&self, status: StatusCode, headers: &http::HeaderMap) -> Classification {
-        let pushback = crate::pushback::from_headers(headers);
+        if status.as_u16() < 400 {
+            return Classification::new(AttemptClass::Success, DeliveryPhase::ResponseStarted);
+        }
+        // A `Retry-After` that does not parse counts as absent.
+        let retry_after = crate::pushback::retry_after(headers);
+        let pushback = match headers.get(crate::pushback::GRPC_RETRY_PUSHBACK_MS) {
+            Some(v) => Some(crate::pushback::parse_grpc_pushback(v)),
+            None => retry_after.map(Pushback::After),
+        };
         let class = match status.as_u16() {
-            100..=399 => AttemptClass::Success,
             _ if headers.contains_key(NOT_PROCESSED) => AttemptClass::Rejected,
             408 | 425 | 429 => AttemptClass::Rejected,
             409 if self.semantics == Semantics::Keyed
-                && (headers.contains_key(http::header::RETRY_AFTER)
-                    || headers.contains_key(KEY_IN_FLIGHT)) =>
+                && (retry_after.is_some() || headers.contains_key(KEY_IN_FLIGHT)) =>
             {
                 AttemptClass::Rejected
             }
             409 => AttemptClass::Conflict,
             400..=499 => AttemptClass::Final,
-            503 if headers.contains_key(http::header::RETRY_AFTER) => AttemptClass::Rejected,
+            503 if retry_after.is_some() => AttemptClass::Rejected,
             _ => AttemptClass::MaybeCommitted,
-        };
-        let pushback = if class == AttemptClass::Success {
-            None
-        } else {
-            pushback
         };
         Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback)
     }

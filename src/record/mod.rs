@@ -217,7 +217,9 @@ pub enum StopReason {
     AttemptsExhausted,
     /// The last attempt could have been retried, but the retry budget refused.
     BudgetExhausted,
-    /// The server said not to retry (a negative or malformed `grpc-retry-pushback-ms`).
+    /// The server's pushback stopped the call: it said not to retry (a negative or malformed
+    /// `grpc-retry-pushback-ms`), or asked for a wait longer than the retry layer's cap or the
+    /// call's deadline allows (it is never shortened).
     PushbackStop,
     /// The last attempt could have been retried, but the request could not be sent again.
     NotReplayable,
@@ -240,7 +242,7 @@ impl StopReason {
             StopReason::Deadline => "deadline",
             StopReason::AttemptsExhausted => "attempts exhausted",
             StopReason::BudgetExhausted => "budget exhausted",
-            StopReason::PushbackStop => "pushback said stop",
+            StopReason::PushbackStop => "pushback",
             StopReason::NotReplayable => "not replayable",
             StopReason::UpstreamOwnsRetries => "upstream owns retries",
             StopReason::Cancelled => "cancelled",

@@ -414,10 +414,14 @@ fn decide<M, Z, Req: Envelope, Res, E>(
     }
     let (wait, pushback) = match classification.pushback() {
         Some(Pushback::Stop) => return Next::Stop(StopReason::PushbackStop),
-        Some(Pushback::After(d)) if d <= config.max_pushback => (d, true),
-        // No pushback, or more than we obey: the backoff decides.
-        _ if config.backoff.cap().is_zero() => (Duration::ZERO, false),
-        _ => (
+        // The server asked for more patience than this client has: it is not asked sooner.
+        Some(Pushback::After(d)) if d > config.max_pushback => {
+            return Next::Stop(StopReason::PushbackStop)
+        }
+        Some(Pushback::After(d)) => (d, true),
+        // No pushback: the backoff decides.
+        None if config.backoff.cap().is_zero() => (Duration::ZERO, false),
+        None => (
             cold.get_or_insert_with(Cold::new)
                 .delays
                 .get_or_insert_with(|| config.backoff.iter())
@@ -432,7 +436,12 @@ fn decide<M, Z, Req: Envelope, Res, E>(
         let learned = config.learned.as_ref().and_then(|l| l.estimate());
         let min_attempt = learned.map_or(config.min_attempt, |l| l.max(config.min_attempt));
         if wait.saturating_add(min_attempt) > left {
-            return Next::Stop(StopReason::Deadline);
+            // A server's pushback is never shortened to fit: past the deadline, it stops.
+            return Next::Stop(if pushback {
+                StopReason::PushbackStop
+            } else {
+                StopReason::Deadline
+            });
         }
     }
     if let Some(budget) = &config.budget {

@@ -152,7 +152,11 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     }
 
     /// Obey a server's `Retry-After` or `grpc-retry-pushback-ms` up to this long (default
-    /// 30 s); a longer one is ignored and the backoff applies.
+    /// 30 s). A server that asks for longer, or for a wait that the call's deadline cannot
+    /// cover, is not retried at all: the call stops ([`StopReason::PushbackStop`]). The client
+    /// never comes back sooner than it was asked to.
+    ///
+    /// [`StopReason::PushbackStop`]: crate::record::StopReason::PushbackStop
     pub fn max_pushback(mut self, max_pushback: Duration) -> Self {
         self.settings.max_pushback = max_pushback;
         self

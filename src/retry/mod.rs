@@ -15,8 +15,10 @@
 //!
 //! * the **attempt limit** (default 3, the first included);
 //! * the server's **pushback**: `Retry-After` or `grpc-retry-pushback-ms` replaces the backoff,
-//!   up to a maximum (default 30 s) beyond which it is ignored rather than obeyed; a negative or
-//!   malformed `grpc-retry-pushback-ms` means do not retry;
+//!   and is never shortened: a server that asks for more patience than the cap (default 30 s)
+//!   or the call's deadline allows is not retried at all (the call stops, reason pushback); a
+//!   negative or malformed `grpc-retry-pushback-ms` means do not retry, and a `Retry-After` that
+//!   does not parse counts as absent;
 //! * the call's **deadline**: no wait is begun that would leave the next attempt less than the
 //!   minimum attempt time (default 10 ms), so no attempt starts that cannot finish;
 //! * the **retry budget** ([`budget`](crate::budget)): retries stay a small share of first
@@ -26,7 +28,7 @@
 //! The waits come from a [`backoff::Backoff`] (exponential, capped, full jitter by default).
 //! When the call stops with a retryable attempt, the call's record says why
 //! ([`StopReason`](crate::record::StopReason): attempts exhausted, budget exhausted, deadline,
-//! pushback said stop, not replayable), and the call returns that last attempt's outcome.
+//! pushback, not replayable), and the call returns that last attempt's outcome.
 //!
 //! # One retry owner per chain
 //!

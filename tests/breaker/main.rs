@@ -991,7 +991,9 @@ async fn inside_a_retry_a_refusal_waits_out_the_break_only_if_the_deadline_allow
     assert_eq!(start.elapsed(), Duration::ZERO);
     assert_eq!(backend.calls(), 4);
     let call = &rec.calls()[0];
-    assert_eq!(call.stop, StopReason::Deadline);
+    // The breaker's "come back after the break" is pushback, and it is never shortened.
+    assert_eq!(call.stop, StopReason::PushbackStop);
+    assert_eq!(call.attempts, 0);
     // Nothing was sent: the POST failed cleanly, it is not unknown.
     assert_eq!(call.outcome, Outcome::Failed);
 }

@@ -133,11 +133,18 @@ fn pushback_on_other_rejections_and_conflicts() {
 }
 
 #[test]
-fn a_malformed_retry_after_is_ignored_but_still_marks_a_503_rejected() {
+fn a_malformed_retry_after_counts_as_absent() {
     let req = support::http_request(Semantics::NonIdempotent);
-    let c = support::classify_head(&req, &support::response(503, &[("retry-after", "soon")]));
-    assert_eq!(c.class(), AttemptClass::Rejected);
-    assert_eq!(c.pushback(), None);
+    for bad in ["soon", "-1", " 5", "1.5", ""] {
+        // A 503 with a Retry-After that does not parse is a 503 without one: maybe committed.
+        let c = support::classify_head(&req, &support::response(503, &[("retry-after", bad)]));
+        assert_eq!(c.class(), AttemptClass::MaybeCommitted, "{bad:?}");
+        assert_eq!(c.pushback(), None, "{bad:?}");
+    }
+    // And it does not make a keyed request's 409 an in-flight one.
+    let keyed = support::http_request(Semantics::Keyed);
+    let c = support::classify_head(&keyed, &support::response(409, &[("retry-after", "soon")]));
+    assert_eq!(c.class(), AttemptClass::Conflict);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The retry layer through the public API, in the canonical stack: what is retried for which
 //! request, how many side effects that commits, how long it waits, and why a call stops.
 
+mod pushback;
 mod resolve;
 mod support;
 
@@ -528,7 +529,7 @@ async fn a_constant_backoff_spaces_the_attempts() {
 // ---- 3. pushback ------------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
-async fn a_pushback_over_the_cap_is_ignored_for_the_backoff() {
+async fn a_pushback_over_the_cap_stops_the_call_instead_of_coming_back_sooner() {
     let probe = Probe::new();
     let recorder = InMemoryRecorder::new();
     let layer = RetryLayer::builder()
@@ -540,9 +541,15 @@ async fn a_pushback_over_the_cap_is_ignored_for_the_backoff() {
     let fault = Fault::Respond(reply(503).retry_after(secs(60)));
     let mut svc = canonical(layer, first(fault), None, &probe, &recorder);
     let (out, elapsed) = timed(&mut svc, request(Kind::Post)).await;
-    assert_eq!(out.unwrap().status(), 200);
-    assert_eq!(elapsed, ms(100));
-    assert_eq!(probe.seen()[0].at - recorder.attempts()[0].started, ms(100));
+    // The server's 503 comes back at once: it asked for a minute, and 100 ms would be sooner.
+    assert_eq!(out.unwrap().status(), 503);
+    assert_eq!(elapsed, ms(0));
+    assert_eq!(probe.calls(), 0);
+    let call = &recorder.calls()[0];
+    assert_eq!((call.attempts, call.stop), (1, StopReason::PushbackStop));
+    // Rejected before processing: nothing happened.
+    assert_eq!(call.outcome, Outcome::Failed);
+    assert!(call.retries.is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -630,7 +637,8 @@ async fn a_pushback_past_the_deadline_is_not_waited() {
     assert_eq!(probe.calls(), 0);
     let call = &recorder.calls()[0];
     assert_eq!(call.attempts, 1);
-    assert_eq!(call.stop, StopReason::Deadline);
+    // The pushback, never shortened, is what stopped it.
+    assert_eq!(call.stop, StopReason::PushbackStop);
     assert_eq!(call.outcome, Outcome::Failed);
     assert_eq!(call.deadline_left, Some(secs(1)));
 }
@@ -726,7 +734,7 @@ async fn a_request_deadline_bounds_the_canonical_stack() {
     assert_eq!(out.unwrap().status(), 503);
     assert_eq!(elapsed, ms(0));
     let call = &recorder.calls()[0];
-    assert_eq!((call.attempts, call.stop), (1, StopReason::Deadline));
+    assert_eq!((call.attempts, call.stop), (1, StopReason::PushbackStop));
 }
 
 #[tokio::test(start_paused = true)]
@@ -846,7 +854,7 @@ async fn a_retry_refused_for_another_reason_spends_no_budget() {
         vec![
             StopReason::Final,
             StopReason::Unknown,
-            StopReason::Deadline,
+            StopReason::PushbackStop,
             StopReason::Success
         ]
     );
