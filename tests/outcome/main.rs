@@ -6,6 +6,7 @@
 mod serve;
 
 mod keys;
+mod records;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
