@@ -290,6 +290,39 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         }
     }
 
+    /// Sends none of the crate's own headers: no retry-owner marker
+    /// ([`RETRY_OWNER`](crate::retry::RETRY_OWNER)), no HTTP attempt counter, no millisecond
+    /// deadline header. For a third-party API, which has no use for them and need not learn how
+    /// this client works inside. The deadline still bounds every attempt here; gRPC requests
+    /// keep gRPC's own `grpc-timeout` and `grpc-previous-rpc-attempts`, which every gRPC server
+    /// reads. Keep the default for calls between your own services: the marker and the
+    /// deadline header are how a chain keeps one retry owner and one budget.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{service_fn, Service, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let transport = service_fn(|req: http::Request<String>| async move {
+    ///     assert!(req.headers().get("surely-retry-owner").is_none());
+    ///     assert!(req.headers().get("x-request-timeout-ms").is_none());
+    ///     Ok::<_, std::io::Error>(http::Response::new(String::new()))
+    /// });
+    /// let mut payments = surely::client()
+    ///     .timeout(Duration::from_secs(5))
+    ///     .no_internal_headers()
+    ///     .build(transport)
+    ///     .unwrap();
+    /// let charge = http::Request::post("https://api.example.com/charges").body(String::new()).unwrap();
+    /// payments.ready().await.unwrap().call(charge).await.unwrap();
+    /// # }
+    /// ```
+    pub fn no_internal_headers(mut self) -> Self {
+        self.shared.deadline = self.shared.deadline.http_header(None);
+        self.retry = self.retry.mark_owner(false).attempt_header(None);
+        self
+    }
+
     /// No retries: one attempt per call. The layer stays, so the call is still classified and
     /// its record says why it stopped.
     pub fn no_retry(mut self) -> Self {

@@ -76,7 +76,7 @@ impl<E> Error<E> {
     }
 
     /// What the call came to, when a layer that folds a call's attempts (the
-    /// [client stack](crate::client), a [`RecordCallLayer`](crate::record::RecordCallLayer), a
+    /// [client stack](mod@crate::client), a [`RecordCallLayer`](crate::record::RecordCallLayer), a
     /// [`RetryLayer`](crate::retry::RetryLayer)) handed it back with this error. See
     /// [`outcome`](crate::outcome).
     pub fn call_outcome(&self) -> Option<&CallOutcome> {

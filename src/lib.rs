@@ -6,7 +6,7 @@
 //! the request, may have committed it and lost the reply, or may still be working. `surely`
 //! classifies every attempt as retryable, final, or *maybe committed*, using what the request is
 //! ([`Semantics`]) and how far it got ([`DeliveryPhase`](classify::DeliveryPhase)), and ends every
-//! call in one of three [`Outcome`](classify::Outcome)s: succeeded, failed, or **unknown**.
+//! call in one of three [`Outcome`]s: succeeded, failed, or **unknown**.
 //!
 //! The layers, outer to inner, for a client ([`client()`] builds them in one call):
 //!

@@ -7,11 +7,11 @@
 //!
 //! * on a response, as a [`CallOutcome`] in its extensions, read with [`OutcomeExt`]
 //!   (`res.outcome()`);
-//! * on an error, from the [`Error`](crate::Error) itself: [`outcome`](crate::Error::outcome),
+//! * on an error, from the [`Error`] itself: [`outcome`](crate::Error::outcome),
 //!   [`stop_reason`](crate::Error::stop_reason), [`attempts`](crate::Error::attempts), and its
 //!   `Display` ("unknown after 2 attempts: ...").
 //!
-//! Every call through the [client stack](crate::client) carries one, as does every call through
+//! Every call through the [client stack](mod@crate::client) carries one, as does every call through
 //! a [`RecordCallLayer`](crate::record::RecordCallLayer) (whatever its recorder, `()`
 //! included) or a [`RetryLayer`](crate::retry::RetryLayer). It says:
 //!
@@ -67,7 +67,7 @@ use crate::{Envelope, Error};
 /// [module docs](self).
 ///
 /// Found in a response's extensions ([`OutcomeExt::call_outcome`]) and in an
-/// [`Error`](crate::Error) ([`Error::call_outcome`](crate::Error::call_outcome)). An SDK's tests
+/// [`Error`] ([`Error::call_outcome`]). An SDK's tests
 /// can make one with [`new`](Self::new) to try their handling of each outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallOutcome {

@@ -283,7 +283,11 @@ fn server(client: Client) -> Wire {
             }))
         }
     });
-    let server = ServerDeadlineLayer::new()
+    // Every hop of the chain is one of our own services: each trusts its caller's retry marker.
+    let server = ServerDeadlineLayer::builder()
+        .trust_retry_signals(|_: &dyn surely::Envelope| true)
+        .build()
+        .expect("a valid server deadline layer")
         .layer(handler)
         .map_err(|never: Infallible| match never {});
     BoxCloneService::new(server)

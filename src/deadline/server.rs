@@ -1,6 +1,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
@@ -45,8 +46,24 @@ pub enum Malformed {
 ///   handler calls inherits it.
 ///
 /// A handler served in-process inside a caller's call (same task) never gets more than the
-/// caller's current deadline. A request marked with [`RETRY_OWNER`] (its client's retry layer
-/// owns retries) makes the retry layers of the handler's own clients leave retries to it.
+/// caller's current deadline.
+///
+/// # Who retries: a trust boundary
+///
+/// A request whose caller retries for itself should not be retried again by the handler's own
+/// clients, or retries multiply with every hop. Callers say so in headers: this crate's
+/// [`RETRY_OWNER`] marker, and the retry counters other retriers write on the attempts after the
+/// first (gRPC's `grpc-previous-rpc-attempts` ≥ 1, Envoy's `x-envoy-attempt-count` ≥ 2). Those
+/// headers are claims, and they switch off the service's own retries, so the layer honours them
+/// only from callers it was told to trust ([`trust_retry_signals`]: a predicate on the request,
+/// such as a peer address, an mTLS identity, or a header your gateway sets). From any other
+/// caller the marker is stripped and the counters ignored: the handler's clients retry as they
+/// would. Deadlines need no trust: an inbound budget can only shorten the server's own.
+///
+/// The first attempt of a foreign retrier carries no counter, so the handler's clients may
+/// retry it; what bounds that case is their retry budget (10 % of first attempts by default).
+///
+/// [`trust_retry_signals`]: ServerDeadlineLayerBuilder::trust_retry_signals
 ///
 /// The handler is not cancelled at the deadline: stopping work half done is how effects get
 /// lost; the handler's own calls are bounded by the inherited deadline instead.
@@ -79,12 +96,28 @@ pub struct ServerDeadlineLayer {
     config: ServerConfig,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 struct ServerConfig {
     header: HeaderName,
     max: Option<Duration>,
     min: Duration,
     malformed: Malformed,
+    trust: Option<Trust>,
+}
+
+/// Which callers' retry signals are honoured.
+type Trust = Arc<dyn Fn(&dyn Envelope) -> bool + Send + Sync>;
+
+impl fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("header", &self.header)
+            .field("max", &self.max)
+            .field("min", &self.min)
+            .field("malformed", &self.malformed)
+            .field("trusts_retry_signals", &self.trust.is_some())
+            .finish()
+    }
 }
 
 /// Builds a [`ServerDeadlineLayer`], validating its settings.
@@ -103,6 +136,7 @@ impl ServerDeadlineLayer {
                 max: None,
                 min: Duration::ZERO,
                 malformed: Malformed::Reject,
+                trust: None,
             },
         }
     }
@@ -146,6 +180,38 @@ impl ServerDeadlineLayerBuilder {
     /// What to do with a malformed header (default [`Malformed::Reject`]).
     pub fn on_malformed(mut self, malformed: Malformed) -> Self {
         self.config.malformed = malformed;
+        self
+    }
+
+    /// Honours the retry signals of the callers for which `trusted` returns true: this crate's
+    /// [`RETRY_OWNER`] marker, `grpc-previous-rpc-attempts` ≥ 1 and `x-envoy-attempt-count` ≥ 2
+    /// make the handler's own clients leave retries to the caller (see
+    /// [who retries](ServerDeadlineLayer#who-retries-a-trust-boundary)). By default no caller is
+    /// trusted: the marker is stripped, the counters ignored.
+    ///
+    /// Trust the callers inside your own system: a service mesh's sidecar, your gateway (by a
+    /// header it sets and strips from outside requests), peers on a private network (by the
+    /// address a connector put in the request's extensions), an mTLS identity. Not the public
+    /// internet: a caller there could switch off the retries your handler's own calls rely on.
+    ///
+    /// ```
+    /// use surely::deadline::ServerDeadlineLayer;
+    /// use surely::Envelope;
+    ///
+    /// // Our gateway sets `x-internal: 1` and strips it from what comes from outside.
+    /// let layer = ServerDeadlineLayer::builder()
+    ///     .trust_retry_signals(|req: &dyn Envelope| {
+    ///         req.headers().is_some_and(|h| h.get("x-internal").is_some_and(|v| v == "1"))
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn trust_retry_signals<F>(mut self, trusted: F) -> Self
+    where
+        F: Fn(&dyn Envelope) -> bool + Send + Sync + 'static,
+    {
+        self.config.trust = Some(Arc::new(trusted));
         self
     }
 
@@ -240,14 +306,39 @@ where
         };
         // A fresh context: the handler's calls are new logical calls under this deadline.
         let mut ctx = Context::fresh(deadline.map(CallDeadline::At));
-        // The caller's retry layer owns retries: the handler's own clients leave them to it.
-        ctx.set_retry_owned(req.headers().contains_key(RETRY_OWNER));
+        // A trusted caller that retries for itself: the handler's own clients leave retries to
+        // it. Anyone else's marker is taken off the request.
+        let trusted = self.config.trust.as_ref().is_some_and(|t| t(&req));
+        if trusted {
+            ctx.set_retry_owned(upstream_retries(req.headers()));
+        } else if req.headers().contains_key(RETRY_OWNER) {
+            req.headers_mut().remove(RETRY_OWNER);
+        }
         let inner = CallTally::isolate(|| ctx.scope(|| self.inner.call(req)));
         ServerDeadlineFuture {
             state: ServerState::Running { inner, ctx },
         }
     }
 }
+
+/// Whether a request says that its caller retries it: this crate's marker, or a foreign
+/// retrier's counter on an attempt after the first.
+fn upstream_retries(headers: &http::HeaderMap) -> bool {
+    let counter = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u32>().ok())
+    };
+    headers.contains_key(RETRY_OWNER)
+        || counter(GRPC_PREVIOUS_RPC_ATTEMPTS_NAME).is_some_and(|n| n >= 1)
+        || counter(ENVOY_ATTEMPT_COUNT).is_some_and(|n| n >= 2)
+}
+
+/// gRPC's count of the attempts before this one, sent on retries and hedges only.
+const GRPC_PREVIOUS_RPC_ATTEMPTS_NAME: &str = "grpc-previous-rpc-attempts";
+/// Envoy's attempt number, 1 on the first attempt.
+const ENVOY_ATTEMPT_COUNT: &str = "x-envoy-attempt-count";
 
 impl<S> ServerDeadline<S> {
     fn inbound_budget<B>(

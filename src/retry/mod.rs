@@ -38,8 +38,11 @@
 //! handler's context, and a retry layer inside that handler then retries only attempts that
 //! were provably not sent (refused before any byte left), stopping with
 //! [`UpstreamOwnsRetries`](crate::record::StopReason::UpstreamOwnsRetries) otherwise. Retries
-//! then happen once, at the top. Turn the mark off with
-//! [`mark_owner(false)`](RetryLayerBuilder::mark_owner) for a hop whose caller is not surely.
+//! then happen once, at the top. The next hop honours the mark only if it trusts this caller
+//! ([`trust_retry_signals`](crate::deadline::ServerDeadlineLayerBuilder::trust_retry_signals));
+//! turn it off with [`mark_owner(false)`](RetryLayerBuilder::mark_owner) (or the client's
+//! [`no_internal_headers`](crate::client::ClientBuilder::no_internal_headers)) for a server that
+//! is not yours.
 //!
 //! Retries go out as copies of the first request (`Req: Clone`), with the same idempotency key
 //! when an [`IdempotencyKeyLayer`](crate::idempotency::IdempotencyKeyLayer) is outside. A

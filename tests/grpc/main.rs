@@ -7,6 +7,8 @@
 
 #![cfg(feature = "tonic")]
 
+mod chain;
+
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;

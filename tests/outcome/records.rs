@@ -34,7 +34,8 @@ async fn a_call_refused_before_any_attempt_records_none() {
         .unwrap();
 
     let mut late = post();
-    late.extensions_mut().insert(Deadline::after(Duration::ZERO));
+    late.extensions_mut()
+        .insert(Deadline::after(Duration::ZERO));
     tokio::time::advance(ms(1)).await;
     call(&mut client, late).await.unwrap_err();
 
@@ -134,5 +135,8 @@ async fn a_call_dropped_while_it_waits_out_a_retry_after_lists_no_retry() {
     svc.call(get()).await.unwrap();
     let record = &records.calls()[0];
     assert_eq!(record.retries.len(), 2, "{:?}", record.retries);
-    assert!(record.retries.iter().all(|r| r.pushback && r.wait == ms(1000)));
+    assert!(record
+        .retries
+        .iter()
+        .all(|r| r.pushback && r.wait == ms(1000)));
 }

@@ -6,6 +6,7 @@
 mod serve;
 
 mod support;
+mod trust;
 
 use std::convert::Infallible;
 use std::io;
@@ -70,7 +71,19 @@ fn server(
     calls: Counter,
     recorder: InMemoryRecorder,
 ) -> impl Service<Req, Response = Res, Error = Infallible> + Clone {
-    let handler = service_fn(move |_req: Req| {
+    server_behind(internal(), down, handled, calls, recorder)
+}
+
+/// The same server behind `layer`, whose handler also keeps the headers it was given.
+fn server_behind(
+    layer: ServerDeadlineLayer,
+    down: Down,
+    handled: Counter,
+    calls: Counter,
+    recorder: InMemoryRecorder,
+) -> impl Service<Req, Response = Res, Error = Infallible> + Clone {
+    let handler = service_fn(move |req: Req| {
+        let owner = req.headers().contains_key(RETRY_OWNER);
         handled.hit();
         let mut client = ServiceBuilder::new()
             .layer(RecordCallLayer::new(recorder.clone()))
@@ -87,15 +100,26 @@ fn server(
                 Ok(res) if res.status().is_success() => StatusCode::OK,
                 _ => StatusCode::BAD_GATEWAY,
             };
+            // The body says whether the handler saw the caller's marker.
+            let body = if owner { "marked" } else { "" };
             Ok::<_, Infallible>(
                 Response::builder()
                     .status(status)
-                    .body(String::new())
+                    .body(body.to_owned())
                     .unwrap(),
             )
         }
     });
-    ServerDeadlineLayer::new().layer(handler)
+    layer.layer(handler)
+}
+
+/// The server deadline layer of a service whose callers are all our own: it trusts their retry
+/// signals.
+fn internal() -> ServerDeadlineLayer {
+    ServerDeadlineLayer::builder()
+        .trust_retry_signals(|_: &dyn surely::Envelope| true)
+        .build()
+        .unwrap()
 }
 
 async fn send<S>(svc: &mut S, req: Req) -> Result<Res, S::Error>
@@ -342,7 +366,7 @@ async fn two_hops_over_hyper(mark_owner: bool) -> Counts {
             Ok::<_, Infallible>(full(status))
         }
     });
-    let middle_addr = serve(ServerDeadlineLayer::new().layer(handler)).await;
+    let middle_addr = serve(internal().layer(handler)).await;
 
     let recorder = InMemoryRecorder::new();
     let top_retry = RetryLayer::builder()
