@@ -115,3 +115,8 @@ pub use crate::envelope::{Envelope, IDEMPOTENCY_KEY};
 pub use crate::error::{BoxedError, ConfigError, Error, ErrorKind, IntoError};
 pub use crate::outcome::{CallOutcome, Outcome, OutcomeExt, StopReason};
 pub use crate::semantics::Semantics;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
