@@ -56,6 +56,11 @@
 //! `surely_full`, `DeadlineLayer` (`enforce_in_attempts`) → `IdempotencyKeyLayer` (a pass-through
 //! for `plain`) → `RetryLayer` → `RecordAttemptLayer::new(())` → `AttemptTimeoutLayer`.
 //!
+//! The record family (`record_body/http`) measures what records cost over HTTP, with a
+//! recorder that is on and keeps nothing, at the head and at the end of each response's body
+//! (the `http()` preset's way), and what the preset's body wrapper costs when no record layer
+//! asks it to watch (the `()` recorder). No target; shown.
+//!
 //! The breaker family (`breaker_success/plain`) compares circuit breakers in the closed state on
 //! the success path, over the `plain` request and the `ready` service: `bare`; `failsafe`,
 //! failsafe's `StateMachine` at its default `Config` wrapping the inner future with its
@@ -119,7 +124,7 @@ use surely::classify::{self, Attempted, Classification, ClassifyError, HttpClass
 use surely::deadline::{AttemptTimers, DeadlineLayer};
 use surely::hedge::HedgeLayer;
 use surely::idempotency::IdempotencyKeyLayer;
-use surely::record::{RecordAttemptLayer, RecordCallLayer};
+use surely::record::{Record, RecordAttemptLayer, RecordCallLayer, WatchTrailersLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::RetryLayer;
 use surely::timeout::AttemptTimeoutLayer;
@@ -155,6 +160,8 @@ const RETRY_SUCCESS: &str = "retry_success/plain";
 const RETRY_FAIL_ONCE: &str = "retry_fail_once/plain";
 const RETRY_SUCCESS_HTTP: &str = "retry_success/http";
 const RETRY_SUCCESS_HTTP_EXT: &str = "retry_success/http_ext";
+/// What recording costs over HTTP, and settling each attempt at the end of its body.
+const RECORD_BODY: &str = "record_body/http";
 /// The breaker family's group and its reference.
 const BREAKER_SUCCESS: &str = "breaker_success/plain";
 const FAILSAFE: &str = "failsafe";
@@ -511,6 +518,76 @@ macro_rules! retry_http_group {
             },
         ]
     };
+}
+
+/// A response whose body is a whole message, as most HTTP answers are.
+fn http_full_ready(
+    _: http::Request<()>,
+) -> Ready<io::Result<http::Response<http_body_util::Full<bytes::Bytes>>>> {
+    ready(Ok(http::Response::new(http_body_util::Full::new(
+        bytes::Bytes::from_static(b"created"),
+    ))))
+}
+
+/// A recorder that is on and keeps nothing: the cost of making the records, not of storing
+/// them.
+fn discard(_: Record<'_>) {}
+
+/// The record family over HTTP: `bare`; `surely_watch_unasked`, `WatchTrailersLayer` with no
+/// record layer asking (the `http()` preset's transport wrapper with the `()` recorder);
+/// `surely_record`, `RecordCallLayer` → `RecordAttemptLayer` with a recorder that is on and
+/// keeps nothing, recording at the head; `surely_record_body_end`, the same recording each
+/// attempt when its body ends (`at_body_end()` over `WatchTrailersLayer`, the `http()`
+/// preset's way). The driver drops each response, which ends its body.
+fn record_body_group() -> [Case; 4] {
+    [
+        Case {
+            group: RECORD_BODY,
+            name: BARE,
+            headers_written: 0,
+            outcome_allocs: 0,
+            make: || driver(service_fn(http_full_ready), http_req),
+        },
+        Case {
+            group: RECORD_BODY,
+            name: "surely_watch_unasked",
+            headers_written: 0,
+            outcome_allocs: 0,
+            make: || {
+                let svc = WatchTrailersLayer::new().layer(service_fn(http_full_ready));
+                driver(svc, http_req)
+            },
+        },
+        Case {
+            group: RECORD_BODY,
+            name: "surely_record",
+            headers_written: 0,
+            outcome_allocs: 0,
+            make: || {
+                let rec = discard as fn(Record<'_>);
+                let svc = ServiceBuilder::new()
+                    .layer(RecordCallLayer::new(rec))
+                    .layer(RecordAttemptLayer::new(rec))
+                    .service(service_fn(http_full_ready));
+                driver(svc, http_req)
+            },
+        },
+        Case {
+            group: RECORD_BODY,
+            name: "surely_record_body_end",
+            headers_written: 0,
+            outcome_allocs: 0,
+            make: || {
+                let rec = discard as fn(Record<'_>);
+                let svc = ServiceBuilder::new()
+                    .layer(RecordCallLayer::new(rec))
+                    .layer(RecordAttemptLayer::new(rec).at_body_end())
+                    .layer(WatchTrailersLayer::new())
+                    .service(service_fn(http_full_ready));
+                driver(svc, http_req)
+            },
+        },
+    ]
 }
 
 /// The budgets of the `success` path: tower's `TpsBudget` and surely's `RatioBudget` at their
@@ -959,6 +1036,7 @@ fn cases() -> Vec<Case> {
         http_ext_ready,
         outcome = 1
     ))
+    .chain(record_body_group())
     .chain(breaker_group())
     .chain(hedge_group!(HEDGE_READY, safe_ready))
     .chain(hedge_group!(HEDGE_PENDING, safe_pending))
@@ -1019,6 +1097,7 @@ fn print_allocations(cases: &[Case], allocs: &[f64]) {
         let bare = find(cases, case.group, BARE).map_or(0.0, |b| allocs[b]);
         let added = allocs[i] - bare;
         let verdict = if case.name == BARE
+            || case.group == RECORD_BODY
             || case.name == TIMER_FLOOR
             || case.name.starts_with("tower")
             || case.name == FAILSAFE

@@ -57,12 +57,14 @@ use surely::idempotency::store::MemoryStore;
 use surely::idempotency::IdempotencyKeyLayer;
 use surely::record::{
     AttemptRecord, BusinessKey, CallRecord, InMemoryRecorder, Recorder, StopReason,
+    WatchTrailersLayer, WatchedBody,
 };
 use surely::retry::backoff::Backoff;
 use surely::retry::{NoResolver, Query, ReplayBody, ReplayBodyLayer, Resolution};
 use surely::{CallOutcome, OutcomeExt, IDEMPOTENCY_KEY};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
+use tower::layer::util::Identity;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -313,7 +315,16 @@ impl Recorder for Log {
 /// 50 ms apart (the server's pushback wins when it gives one), the records.
 fn stack(
     log: &Log,
-) -> ClientBuilder<Log, HttpClassifier, NoResolver, IdempotencyKeyLayer, ReplayBodyLayer> {
+) -> ClientBuilder<
+    Log,
+    HttpClassifier,
+    NoResolver,
+    IdempotencyKeyLayer,
+    ReplayBodyLayer,
+    Identity,
+    CircuitBreaker,
+    WatchTrailersLayer,
+> {
     surely::client::http()
         .timeout(CALL_TIMEOUT)
         .per_try_timeout(Duration::from_millis(500))
@@ -418,22 +429,60 @@ fn timeline(records: &InMemoryRecorder) -> Option<(CallRecord, Vec<AttemptRecord
     Some((call, attempts))
 }
 
-/// The outcome a call handed back with its response or its error, printed; with the record's,
-/// the check that they agree.
-fn handed<E: std::error::Error + 'static>(
-    res: &Result<Response<Incoming>, surely::Error<E>>,
-    call: &CallRecord,
-    step: &str,
-    checks: &mut Checks,
-) {
-    match res {
-        Ok(res) => match res.call_outcome() {
-            Some(o) => println!("  client   handed back: {o}"),
-            None => println!("  client   handed back no outcome"),
-        },
-        Err(e) => println!("  client   error: {}", chain(e)),
+/// What a call came back with: the outcome handed back with it, and the response read to its
+/// end (its status, whether it was replayed, its body) or the error. Reading the body is what
+/// settles the attempt's record (the `http()` preset records an attempt when its body ends).
+struct Answer {
+    outcome: Option<CallOutcome>,
+    got: Result<(StatusCode, bool, String), String>,
+}
+
+async fn answer<B, E>(res: Result<Response<B>, surely::Error<E>>) -> Answer
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Display,
+    E: std::error::Error + 'static,
+{
+    let outcome = res.call_outcome().cloned();
+    let got = match res {
+        Ok(res) => {
+            let status = res.status();
+            let replayed = res
+                .headers()
+                .get(IDEMPOTENT_REPLAYED)
+                .is_some_and(|v| v == "true");
+            match res.into_body().collect().await {
+                Ok(b) => Ok((
+                    status,
+                    replayed,
+                    String::from_utf8_lossy(&b.to_bytes()).into_owned(),
+                )),
+                Err(e) => Err(format!("{status}, then the body broke: {e}")),
+            }
+        }
+        Err(e) => Err(chain(&e)),
+    };
+    Answer { outcome, got }
+}
+
+/// Prints what the caller got, and checks that the outcome it was handed is the record's.
+fn handed(answer: &Answer, call: &CallRecord, step: &str, checks: &mut Checks) {
+    match &answer.got {
+        Ok((status, replayed, body)) => {
+            let note = if *replayed {
+                ", idempotent-replayed: true"
+            } else {
+                ""
+            };
+            println!("  client   {status}{note}, body {body:?}");
+        }
+        Err(e) => println!("  client   error: {e}"),
     }
-    let got = res.call_outcome().map(|o| (o.outcome(), o.attempts()));
+    match &answer.outcome {
+        Some(o) => println!("  client   handed back: {o}"),
+        None => println!("  client   handed back no outcome"),
+    }
+    let got = answer.outcome.as_ref().map(|o| (o.outcome(), o.attempts()));
     checks.check(
         got == Some((call.outcome, call.attempts)),
         format!(
@@ -442,28 +491,6 @@ fn handed<E: std::error::Error + 'static>(
             call.attempts
         ),
     );
-}
-
-/// The response's status, whether it was replayed, and its body.
-async fn show(res: Response<Incoming>) -> (StatusCode, bool, String) {
-    let status = res.status();
-    let replayed = res
-        .headers()
-        .get(IDEMPOTENT_REPLAYED)
-        .is_some_and(|v| v == "true");
-    let body = res
-        .into_body()
-        .collect()
-        .await
-        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
-        .unwrap_or_default();
-    let note = if replayed {
-        ", idempotent-replayed: true"
-    } else {
-        ""
-    };
-    println!("  client   {status}{note}, body {body:?}");
-    (status, replayed, body)
 }
 
 /// An error and its sources, on one line.
@@ -525,26 +552,22 @@ async fn main() -> Result<(), BoxError> {
         "o-1",
         Some("lose-reply"),
     )?;
-    let res = send(&mut orders, req).await;
+    let got = answer(send(&mut orders, req).await).await;
     let (call, attempts) = timeline(&records).ok_or("no call record")?;
-    handed(&res, &call, "step 1", &mut checks);
+    handed(&got, &call, "step 1", &mut checks);
     checks.check(
-        res.call_outcome().is_some_and(CallOutcome::is_replayed),
+        got.outcome.as_ref().is_some_and(CallOutcome::is_replayed),
         "step 1: the caller was told the answer was a replay",
     );
-    match res {
-        Ok(res) => {
-            let (status, replayed, body) = show(res).await;
+    match &got.got {
+        Ok((status, replayed, body)) => {
             checks.check(
-                status == StatusCode::CREATED && body == "o-1",
+                *status == StatusCode::CREATED && body == "o-1",
                 "step 1: the retry got the stored 201 for o-1",
             );
-            checks.check(replayed, "step 1: the retry's answer was replayed");
+            checks.check(*replayed, "step 1: the retry's answer was replayed");
         }
-        Err(e) => checks.check(
-            false,
-            format!("step 1: the keyed POST failed: {}", chain(&e)),
-        ),
+        Err(e) => checks.check(false, format!("step 1: the keyed POST failed: {e}")),
     }
     checks.check(
         call.outcome == Outcome::Succeeded && attempts.len() == 2,
@@ -574,7 +597,9 @@ async fn main() -> Result<(), BoxError> {
                 return Resolution::Unknown;
             };
             match tokio::time::timeout(Duration::from_millis(500), plain.request(req)).await {
-                Ok(Ok(res)) if res.status() == StatusCode::OK => Resolution::Succeeded(res),
+                Ok(Ok(res)) if res.status() == StatusCode::OK => {
+                    Resolution::Succeeded(res.map(WatchedBody::new))
+                }
                 Ok(Ok(res)) if res.status() == StatusCode::NOT_FOUND => Resolution::Failed,
                 _ => Resolution::Unknown,
             }
@@ -591,18 +616,15 @@ async fn main() -> Result<(), BoxError> {
         "o-2",
         Some("lose-reply"),
     )?;
-    let res = send(&mut unkeyed, req).await;
+    let got = answer(send(&mut unkeyed, req).await).await;
     let (call, attempts) = timeline(&records).ok_or("no call record")?;
-    handed(&res, &call, "step 2", &mut checks);
-    match res {
-        Ok(res) => {
-            let (status, _, body) = show(res).await;
-            checks.check(
-                status == StatusCode::OK && body == "o-2",
-                "step 2: the resolver's answer is the order o-2",
-            );
-        }
-        Err(e) => checks.check(false, format!("step 2: the call failed: {}", chain(&e))),
+    handed(&got, &call, "step 2", &mut checks);
+    match &got.got {
+        Ok((status, _, body)) => checks.check(
+            *status == StatusCode::OK && body == "o-2",
+            "step 2: the resolver's answer is the order o-2",
+        ),
+        Err(e) => checks.check(false, format!("step 2: the call failed: {e}")),
     }
     checks.check(
         call.attempts == 1 && attempts.len() == 1,
@@ -629,15 +651,14 @@ async fn main() -> Result<(), BoxError> {
         "o-3",
         Some("busy"),
     )?;
-    let res = send(&mut orders, req).await;
+    let got = answer(send(&mut orders, req).await).await;
     let (call, attempts) = timeline(&records).ok_or("no call record")?;
-    handed(&res, &call, "step 3a", &mut checks);
-    match res {
-        Ok(res) => {
-            let (status, _, _) = show(res).await;
-            checks.check(status == StatusCode::CREATED, "step 3: o-3 was created");
+    handed(&got, &call, "step 3a", &mut checks);
+    match &got.got {
+        Ok((status, _, _)) => {
+            checks.check(*status == StatusCode::CREATED, "step 3: o-3 was created")
         }
-        Err(e) => checks.check(false, format!("step 3: the POST failed: {}", chain(&e))),
+        Err(e) => checks.check(false, format!("step 3: the POST failed: {e}")),
     }
     let waited = match attempts.as_slice() {
         [first, second] => second.started.saturating_duration_since(first.ended),
@@ -670,24 +691,18 @@ async fn main() -> Result<(), BoxError> {
         .build(transport.clone())?;
     let stock_uri = format!("{base}/stock/sku-42");
     let req = request(Method::GET, stock_uri.clone(), "", "sku-42", Some("down"))?;
-    let res = send(&mut stock, req).await;
+    let got = answer(send(&mut stock, req).await).await;
     let (call, _) = timeline(&records).ok_or("no call record")?;
-    handed(&res, &call, "step 3b", &mut checks);
-    if let Ok(res) = res {
-        show(res).await;
-    }
+    handed(&got, &call, "step 3b", &mut checks);
     checks.check(
         breaker.state() == BreakerState::Open,
         "step 3: the breaker opened after repeated failures",
     );
     println!("  (the stock service is back)");
     let req = request(Method::GET, stock_uri.clone(), "", "sku-42", None)?;
-    let res = send(&mut stock, req).await;
+    let got = answer(send(&mut stock, req).await).await;
     let (call, _) = timeline(&records).ok_or("no call record")?;
-    handed(&res, &call, "step 3b, the probe", &mut checks);
-    if let Ok(res) = res {
-        show(res).await;
-    }
+    handed(&got, &call, "step 3b, the probe", &mut checks);
     checks.check(
         call.outcome == Outcome::Succeeded && breaker.state() == BreakerState::Closed,
         "step 3: the probe succeeded and the breaker closed",
@@ -723,18 +738,15 @@ async fn main() -> Result<(), BoxError> {
         "o-1",
         Some("slow"),
     )?;
-    let res = send(&mut hedged, req).await;
+    let got = answer(send(&mut hedged, req).await).await;
     let (call, attempts) = timeline(&records).ok_or("no call record")?;
-    handed(&res, &call, "step 4", &mut checks);
-    match res {
-        Ok(res) => {
-            let (status, _, body) = show(res).await;
-            checks.check(
-                status == StatusCode::OK && body == "o-1",
-                "step 4: the hedged GET found o-1",
-            );
-        }
-        Err(e) => checks.check(false, format!("step 4: the GET failed: {}", chain(&e))),
+    handed(&got, &call, "step 4", &mut checks);
+    match &got.got {
+        Ok((status, _, body)) => checks.check(
+            *status == StatusCode::OK && body == "o-1",
+            "step 4: the hedged GET found o-1",
+        ),
+        Err(e) => checks.check(false, format!("step 4: the GET failed: {e}")),
     }
     checks.check(
         call.outcome == Outcome::Succeeded
@@ -759,12 +771,9 @@ async fn main() -> Result<(), BoxError> {
         .retry(|r| r.max_attempts(5))
         .build(transport.clone())?;
     let req = request(Method::GET, stock_uri, "", "sku-42", Some("down"))?;
-    let res = send(&mut budgeted, req).await;
+    let got = answer(send(&mut budgeted, req).await).await;
     let (call, _) = timeline(&records).ok_or("no call record")?;
-    handed(&res, &call, "step 5", &mut checks);
-    if let Ok(res) = res {
-        show(res).await;
-    }
+    handed(&got, &call, "step 5", &mut checks);
     let deadline = call.deadline_left.unwrap_or(Duration::ZERO);
     checks.check(
         call.stop == StopReason::BudgetExhausted && call.attempts < 5,

@@ -73,7 +73,9 @@ use crate::classify::HttpClassifier;
 use crate::deadline::{AttemptTimers, DeadlineLayer, DeadlineLayerBuilder, WithDeadline};
 use crate::hedge::{HedgeLayer, HedgeLayerBuilder};
 use crate::idempotency::IdempotencyKeyLayer;
-use crate::record::{RecordAttempt, RecordAttemptLayer, RecordCall, RecordCallLayer};
+use crate::record::{
+    RecordAttempt, RecordAttemptLayer, RecordCall, RecordCallLayer, WatchTrailersLayer,
+};
 use crate::retry::{NoResolver, ReplayBodyLayer, Retry, RetryLayer, RetryLayerBuilder};
 use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
 use crate::ConfigError;
@@ -90,7 +92,11 @@ pub fn client() -> ClientBuilder {
 
 /// The preset for HTTP transports such as hyper-util's legacy `Client`: the defaults, with
 /// request bodies buffered up to 64 KiB so that retries send the same bytes
-/// ([`ReplayBodyLayer`]).
+/// ([`ReplayBodyLayer`]), and attempts recorded when their response body ends
+/// ([`settle_at_body_end`](ClientBuilder::settle_at_body_end)), so that a body cut off mid-way
+/// is recorded as maybe committed. Responses come back as
+/// [`WatchedBody`](crate::record::WatchedBody)s of the transport's, which pass every frame
+/// through.
 ///
 /// ```
 /// # #[cfg(feature = "hyper")] {
@@ -104,9 +110,19 @@ pub fn client() -> ClientBuilder {
 /// # let _ = client;
 /// # }
 /// ```
-pub fn http() -> ClientBuilder<(), HttpClassifier, NoResolver, IdempotencyKeyLayer, ReplayBodyLayer>
-{
-    ClientBuilder::new().replay_bodies(ReplayBodyLayer::new())
+pub fn http() -> ClientBuilder<
+    (),
+    HttpClassifier,
+    NoResolver,
+    IdempotencyKeyLayer,
+    ReplayBodyLayer,
+    Identity,
+    CircuitBreaker,
+    WatchTrailersLayer,
+> {
+    ClientBuilder::new()
+        .replay_bodies(ReplayBodyLayer::new())
+        .settle_at_body_end()
 }
 
 /// The preset for gRPC, such as a tonic `Channel`: the defaults, with request bodies buffered
@@ -157,7 +173,8 @@ pub fn http() -> ClientBuilder<(), HttpClassifier, NoResolver, IdempotencyKeyLay
 /// # }
 /// # main() }
 /// ```
-pub fn grpc() -> ClientBuilder<(), HttpClassifier, NoResolver, Identity, ReplayBodyLayer> {
+pub fn grpc() -> ClientBuilder<(), HttpClassifier, NoResolver, Identity, ReplayBodyLayer, Identity>
+{
     ClientBuilder::new()
         .no_idempotency_keys()
         .replay_bodies(ReplayBodyLayer::new())
@@ -167,7 +184,8 @@ pub fn grpc() -> ClientBuilder<(), HttpClassifier, NoResolver, Identity, ReplayB
 ///
 /// The type parameters are the recorder `R`, the classifier `M`, the resolver `Z`, and the
 /// optional layers: key `K`, replay `P`, hedge `H`, breaker `B` (`Identity` when absent; the
-/// hedge and the breaker as a [`Part`], which gets the shared classifier and budget).
+/// hedge and the breaker as a [`Part`], which gets the shared classifier and budget), and the
+/// body watch `W` around the transport.
 pub struct ClientBuilder<
     R = (),
     M = HttpClassifier,
@@ -176,6 +194,7 @@ pub struct ClientBuilder<
     P = Identity,
     H = Identity,
     B = CircuitBreaker,
+    W = Identity,
 > {
     recorder: R,
     classifier: M,
@@ -185,6 +204,7 @@ pub struct ClientBuilder<
     retry: RetryLayerBuilder<M, Z>,
     hedge: H,
     breaker: B,
+    watch: W,
 }
 
 /// The builder's settings that do not change its type.
@@ -192,6 +212,8 @@ struct Shared {
     budget: Option<Arc<dyn RetryBudget>>,
     deadline: DeadlineLayerBuilder<AttemptTimers>,
     per_try: Option<Duration>,
+    /// Whether HTTP attempts are recorded when their body ends.
+    at_body_end: bool,
 }
 
 impl ClientBuilder {
@@ -210,12 +232,14 @@ impl ClientBuilder {
                     .timeout(DEFAULT_TIMEOUT)
                     .enforce_in_attempts(),
                 per_try: None,
+                at_body_end: false,
             },
             key: IdempotencyKeyLayer::new(),
             replay: Identity::new(),
             retry: RetryLayer::builder().budget(budget),
             hedge: Identity::new(),
             breaker: CircuitBreaker::new(),
+            watch: Identity::new(),
         }
     }
 }
@@ -226,7 +250,7 @@ impl Default for ClientBuilder {
     }
 }
 
-impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
+impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     /// The call's total budget (default 10 s).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.shared.deadline = self.shared.deadline.timeout(timeout);
@@ -277,7 +301,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
     pub fn retry<Z2>(
         self,
         f: impl FnOnce(RetryLayerBuilder<M, Z>) -> RetryLayerBuilder<M, Z2>,
-    ) -> ClientBuilder<R, M, Z2, K, P, H, B> {
+    ) -> ClientBuilder<R, M, Z2, K, P, H, B, W> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
@@ -287,6 +311,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
             retry: f(self.retry),
             hedge: self.hedge,
             breaker: self.breaker,
+            watch: self.watch,
         }
     }
 
@@ -332,7 +357,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
 
     /// Where the records go (default nowhere): a [`TracingRecorder`](crate::record::TracingRecorder),
     /// an [`InMemoryRecorder`](crate::record::InMemoryRecorder), a closure.
-    pub fn recorder<R2>(self, recorder: R2) -> ClientBuilder<R2, M, Z, K, P, H, B> {
+    pub fn recorder<R2>(self, recorder: R2) -> ClientBuilder<R2, M, Z, K, P, H, B, W> {
         ClientBuilder {
             recorder,
             classifier: self.classifier,
@@ -342,12 +367,13 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
             retry: self.retry,
             hedge: self.hedge,
             breaker: self.breaker,
+            watch: self.watch,
         }
     }
 
     /// The classifier shared by the retry layer, the hedge, the breaker and the records
     /// (default [`HttpClassifier`]).
-    pub fn classifier<M2: Clone>(self, classifier: M2) -> ClientBuilder<R, M2, Z, K, P, H, B> {
+    pub fn classifier<M2: Clone>(self, classifier: M2) -> ClientBuilder<R, M2, Z, K, P, H, B, W> {
         ClientBuilder {
             recorder: self.recorder,
             retry: self.retry.classifier(classifier.clone()),
@@ -357,11 +383,12 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
             replay: self.replay,
             hedge: self.hedge,
             breaker: self.breaker,
+            watch: self.watch,
         }
     }
 
     /// The idempotency-key layer (default [`IdempotencyKeyLayer::new`]: POST and PATCH).
-    pub fn idempotency_keys<K2>(self, key: K2) -> ClientBuilder<R, M, Z, K2, P, H, B> {
+    pub fn idempotency_keys<K2>(self, key: K2) -> ClientBuilder<R, M, Z, K2, P, H, B, W> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
@@ -371,18 +398,19 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
             retry: self.retry,
             hedge: self.hedge,
             breaker: self.breaker,
+            watch: self.watch,
         }
     }
 
     /// No idempotency keys: a POST without a key of its own is then never retried after it
     /// may have committed.
-    pub fn no_idempotency_keys(self) -> ClientBuilder<R, M, Z, Identity, P, H, B> {
+    pub fn no_idempotency_keys(self) -> ClientBuilder<R, M, Z, Identity, P, H, B, W> {
         self.idempotency_keys(Identity::new())
     }
 
     /// Buffers request bodies so that retries send the same bytes (the [`http()`] preset's
     /// default).
-    pub fn replay_bodies<P2>(self, replay: P2) -> ClientBuilder<R, M, Z, K, P2, H, B> {
+    pub fn replay_bodies<P2>(self, replay: P2) -> ClientBuilder<R, M, Z, K, P2, H, B, W> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
@@ -392,11 +420,12 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
             retry: self.retry,
             hedge: self.hedge,
             breaker: self.breaker,
+            watch: self.watch,
         }
     }
 
     /// No body buffering: requests must be `Clone` themselves to be retried.
-    pub fn no_replay(self) -> ClientBuilder<R, M, Z, K, Identity, H, B> {
+    pub fn no_replay(self) -> ClientBuilder<R, M, Z, K, Identity, H, B, W> {
         self.replay_bodies(Identity::new())
     }
 
@@ -405,11 +434,11 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
     pub fn hedge<M0>(
         self,
         hedge: HedgeLayerBuilder<M0>,
-    ) -> ClientBuilder<R, M, Z, K, P, HedgeLayerBuilder<M0>, B> {
+    ) -> ClientBuilder<R, M, Z, K, P, HedgeLayerBuilder<M0>, B, W> {
         self.hedge_part(hedge)
     }
 
-    fn hedge_part<H2>(self, hedge: H2) -> ClientBuilder<R, M, Z, K, P, H2, B> {
+    fn hedge_part<H2>(self, hedge: H2) -> ClientBuilder<R, M, Z, K, P, H2, B, W> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
@@ -419,11 +448,12 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
             retry: self.retry,
             hedge,
             breaker: self.breaker,
+            watch: self.watch,
         }
     }
 
     /// No hedging.
-    pub fn no_hedge(self) -> ClientBuilder<R, M, Z, K, P, Identity, B> {
+    pub fn no_hedge(self) -> ClientBuilder<R, M, Z, K, P, Identity, B, W> {
         self.hedge_part(Identity::new())
     }
 
@@ -434,11 +464,11 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
     pub fn breaker(
         self,
         breaker: CircuitBreaker,
-    ) -> ClientBuilder<R, M, Z, K, P, H, CircuitBreaker> {
+    ) -> ClientBuilder<R, M, Z, K, P, H, CircuitBreaker, W> {
         self.breaker_part(breaker)
     }
 
-    fn breaker_part<B2>(self, breaker: B2) -> ClientBuilder<R, M, Z, K, P, H, B2> {
+    fn breaker_part<B2>(self, breaker: B2) -> ClientBuilder<R, M, Z, K, P, H, B2, W> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
@@ -448,17 +478,66 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
             retry: self.retry,
             hedge: self.hedge,
             breaker,
+            watch: self.watch,
+        }
+    }
+
+    /// Records each HTTP attempt when its response body ends, not when its head arrives (the
+    /// [`http()`] preset's default): a body that breaks off mid-way is recorded as *maybe
+    /// committed*, and the call's record comes after it
+    /// ([`RecordAttemptLayer::at_body_end`]). It puts a
+    /// [`WatchTrailersLayer`] right around the transport,
+    /// so the transport's responses must be `http::Response`s with an `http_body::Body`, and
+    /// the client's are [`WatchedBody`](crate::record::WatchedBody)s of them. The body is
+    /// watched only while a recorder is on; with `()` the wrapper passes every frame through
+    /// and allocates nothing.
+    ///
+    /// The outcome handed back with the response is decided at its head: a caller whose body
+    /// read fails learns it from the read.
+    pub fn settle_at_body_end(self) -> ClientBuilder<R, M, Z, K, P, H, B, WatchTrailersLayer> {
+        ClientBuilder {
+            recorder: self.recorder,
+            classifier: self.classifier,
+            shared: Shared {
+                at_body_end: true,
+                ..self.shared
+            },
+            key: self.key,
+            replay: self.replay,
+            retry: self.retry,
+            hedge: self.hedge,
+            breaker: self.breaker,
+            watch: WatchTrailersLayer::new(),
+        }
+    }
+
+    /// Records HTTP attempts at the head of their response, and leaves the transport's
+    /// responses as they are.
+    pub fn no_body_watch(self) -> ClientBuilder<R, M, Z, K, P, H, B, Identity> {
+        ClientBuilder {
+            recorder: self.recorder,
+            classifier: self.classifier,
+            shared: Shared {
+                at_body_end: false,
+                ..self.shared
+            },
+            key: self.key,
+            replay: self.replay,
+            retry: self.retry,
+            hedge: self.hedge,
+            breaker: self.breaker,
+            watch: Identity::new(),
         }
     }
 
     /// No circuit breaker.
-    pub fn no_breaker(self) -> ClientBuilder<R, M, Z, K, P, H, Identity> {
+    pub fn no_breaker(self) -> ClientBuilder<R, M, Z, K, P, H, Identity, W> {
         self.breaker_part(Identity::new())
     }
 
     /// Validates every setting and makes the stack's layer, to apply to many transports.
     #[allow(clippy::type_complexity)]
-    pub fn into_layer(self) -> Result<ClientLayer<R, M, Z, K, P, H, B>, ConfigError>
+    pub fn into_layer(self) -> Result<ClientLayer<R, M, Z, K, P, H, B, W>, ConfigError>
     where
         R: Clone,
         M: Clone,
@@ -475,9 +554,15 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         let breaker = self
             .breaker
             .into_part(self.classifier.clone(), self.shared.budget)?;
+        let record_attempt =
+            RecordAttemptLayer::new(self.recorder.clone()).with_classifier(self.classifier.clone());
+        let record_attempt = if self.shared.at_body_end {
+            record_attempt.at_body_end()
+        } else {
+            record_attempt
+        };
         Ok(ClientLayer {
-            record_attempt: RecordAttemptLayer::new(self.recorder.clone())
-                .with_classifier(self.classifier.clone()),
+            record_attempt,
             record_call: RecordCallLayer::new(self.recorder)
                 .with_classifier(self.classifier)
                 .inner_reports(),
@@ -488,6 +573,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
             breaker,
             retry: self.retry.build()?,
             timeout,
+            watch: self.watch,
         })
     }
 
@@ -501,7 +587,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         self,
         channel: S,
     ) -> Result<
-        <ClientLayer<R, M, Z, K, P, H, B> as Layer<crate::grpc::GrpcTransport<S>>>::Service,
+        <ClientLayer<R, M, Z, K, P, H, B, W> as Layer<crate::grpc::GrpcTransport<S>>>::Service,
         ConfigError,
     >
     where
@@ -509,7 +595,7 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
         R: Clone,
         H: Part<M>,
         B: Part<M>,
-        ClientLayer<R, M, Z, K, P, H, B>: Layer<crate::grpc::GrpcTransport<S>>,
+        ClientLayer<R, M, Z, K, P, H, B, W>: Layer<crate::grpc::GrpcTransport<S>>,
     {
         self.build(crate::grpc::GrpcTransport::new(channel))
     }
@@ -519,19 +605,19 @@ impl<R, M, Z, K, P, H, B> ClientBuilder<R, M, Z, K, P, H, B> {
     pub fn build<S>(
         self,
         transport: S,
-    ) -> Result<<ClientLayer<R, M, Z, K, P, H, B> as Layer<S>>::Service, ConfigError>
+    ) -> Result<<ClientLayer<R, M, Z, K, P, H, B, W> as Layer<S>>::Service, ConfigError>
     where
         M: Clone,
         R: Clone,
         H: Part<M>,
         B: Part<M>,
-        ClientLayer<R, M, Z, K, P, H, B>: Layer<S>,
+        ClientLayer<R, M, Z, K, P, H, B, W>: Layer<S>,
     {
         Ok(self.into_layer()?.layer(transport))
     }
 }
 
-impl<R, M, Z, Q, P, H, B> ClientBuilder<R, M, Z, IdempotencyKeyLayer<Q>, P, H, B> {
+impl<R, M, Z, Q, P, H, B, W> ClientBuilder<R, M, Z, IdempotencyKeyLayer<Q>, P, H, B, W> {
     /// Declares that the server this client calls honours idempotency keys (it runs this
     /// crate's [`IdempotencyLayer`](crate::idempotency::server::IdempotencyLayer), or documents
     /// the `Idempotency-Key` header): the keys the client generates then make POST and PATCH
@@ -587,7 +673,7 @@ impl<R, M, Z, Q, P, H, B> ClientBuilder<R, M, Z, IdempotencyKeyLayer<Q>, P, H, B
     }
 }
 
-impl<R, M, Z, K, P, H, B> fmt::Debug for ClientBuilder<R, M, Z, K, P, H, B> {
+impl<R, M, Z, K, P, H, B, W> fmt::Debug for ClientBuilder<R, M, Z, K, P, H, B, W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientBuilder")
             .field("deadline", &self.shared.deadline)
@@ -650,7 +736,7 @@ impl<M, M0> Part<M> for HedgeLayerBuilder<M0> {
 
 /// The canonical client stack as one layer, made by [`ClientBuilder::into_layer`].
 #[derive(Clone)]
-pub struct ClientLayer<R, M, Z, K, P, H: Part<M>, B: Part<M>> {
+pub struct ClientLayer<R, M, Z, K, P, H: Part<M>, B: Part<M>, W = Identity> {
     record_call: RecordCallLayer<R, M>,
     record_attempt: RecordAttemptLayer<R, M>,
     deadline: DeadlineLayer<AttemptTimers>,
@@ -660,31 +746,34 @@ pub struct ClientLayer<R, M, Z, K, P, H: Part<M>, B: Part<M>> {
     hedge: H::Layer,
     breaker: B::Layer,
     timeout: AttemptTimeoutLayer,
+    watch: W,
 }
 
-/// The services from the transport up to the breaker.
-type Attempts<S, R, M> = RecordAttempt<AttemptTimeout<S>, R, M>;
+/// The services from the (watched) transport up to the breaker.
+type Attempts<T, R, M> = RecordAttempt<AttemptTimeout<T>, R, M>;
 
-/// The services from the transport up to the hedge.
-type LayeredHedge<S, R, M, H, B> = <<H as Part<M>>::Layer as Layer<
-    <<B as Part<M>>::Layer as Layer<Attempts<S, R, M>>>::Service,
+/// The services from the (watched) transport up to the hedge.
+type LayeredHedge<T, R, M, H, B> = <<H as Part<M>>::Layer as Layer<
+    <<B as Part<M>>::Layer as Layer<Attempts<T, R, M>>>::Service,
 >>::Service;
 
-impl<S, R, M, Z, K, P, H, B> Layer<S> for ClientLayer<R, M, Z, K, P, H, B>
+impl<S, R, M, Z, K, P, H, B, W> Layer<S> for ClientLayer<R, M, Z, K, P, H, B, W>
 where
     R: Clone,
     M: Clone,
     H: Part<M>,
     B: Part<M>,
-    B::Layer: Layer<Attempts<S, R, M>>,
-    H::Layer: Layer<<B::Layer as Layer<Attempts<S, R, M>>>::Service>,
-    P: Layer<Retry<LayeredHedge<S, R, M, H, B>, M, Z>>,
+    W: Layer<S>,
+    B::Layer: Layer<Attempts<W::Service, R, M>>,
+    H::Layer: Layer<<B::Layer as Layer<Attempts<W::Service, R, M>>>::Service>,
+    P: Layer<Retry<LayeredHedge<W::Service, R, M, H, B>, M, Z>>,
     K: Layer<P::Service>,
 {
     type Service = RecordCall<WithDeadline<K::Service, AttemptTimers>, R, M>;
 
     fn layer(&self, transport: S) -> Self::Service {
-        let attempts = self.record_attempt.layer(self.timeout.layer(transport));
+        let watched = self.watch.layer(transport);
+        let attempts = self.record_attempt.layer(self.timeout.layer(watched));
         let retried = self
             .retry
             .layer(self.hedge.layer(self.breaker.layer(attempts)));
@@ -693,7 +782,7 @@ where
     }
 }
 
-impl<R, M, Z, K, P, H: Part<M>, B: Part<M>> fmt::Debug for ClientLayer<R, M, Z, K, P, H, B> {
+impl<R, M, Z, K, P, H: Part<M>, B: Part<M>, W> fmt::Debug for ClientLayer<R, M, Z, K, P, H, B, W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientLayer")
             .field("deadline", &self.deadline)

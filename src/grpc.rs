@@ -374,7 +374,7 @@ mod transport {
             // given tonic's type.
             let watch = watch_response(*this.watch, &mut res);
             Poll::Ready(Ok(res.map(|body| match watch {
-                Some(watch) => tonic::body::Body::new(TrailersBody::new(body, Some(watch))),
+                Some(watch) => tonic::body::Body::new(TrailersBody::watched(body, Some(watch))),
                 None => tonic::body::Body::new(body),
             })))
         }

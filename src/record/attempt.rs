@@ -14,7 +14,7 @@ use super::tally::CallTally;
 use super::trailers::{End, Settled, WantsTrailers, Watch};
 use super::{key_of, AttemptRecord, BusinessKey, CallId, Recorder, DEFAULT_REQUEST_ID_HEADER};
 use crate::classify::{
-    Classification, Classified, Classify, ClassifyEos, DeliveryPhase, HttpClassifier,
+    AttemptClass, Classification, Classified, Classify, ClassifyEos, DeliveryPhase, HttpClassifier,
     MakeClassifier,
 };
 use crate::context::{CallDeadline, Context};
@@ -33,6 +33,8 @@ pub struct RecordAttemptLayer<R, M = HttpClassifier> {
     // `None` for the default name: the layer is cloned with every service a retry layer clones
     // (once per call), and a custom name's clone is a call through its bytes' vtable.
     request_id: Option<HeaderName>,
+    // Whether HTTP attempts are settled when their body ends (gRPC ones always are).
+    at_body_end: bool,
 }
 
 impl<R> RecordAttemptLayer<R> {
@@ -42,6 +44,7 @@ impl<R> RecordAttemptLayer<R> {
             recorder,
             classifier: HttpClassifier::new(),
             request_id: None,
+            at_body_end: false,
         }
     }
 }
@@ -53,7 +56,22 @@ impl<R, M> RecordAttemptLayer<R, M> {
             recorder: self.recorder,
             classifier,
             request_id: self.request_id,
+            at_body_end: self.at_body_end,
         }
+    }
+
+    /// Records an HTTP attempt when its response body ends, not when its head arrives: a body
+    /// that breaks off mid-way is then recorded as *maybe committed* (a write's call becomes
+    /// unknown, a read's failed), and the call's record comes after it. A body the caller drops
+    /// unread keeps what its head said.
+    ///
+    /// It needs a transport that watches response bodies:
+    /// [`WatchTrailersLayer`](super::WatchTrailersLayer) right around it, which the
+    /// [`http()`](crate::client::http) preset puts there. Elsewhere the records classify at the
+    /// head. gRPC attempts are settled at the end of their stream whatever this says.
+    pub fn at_body_end(mut self) -> Self {
+        self.at_body_end = true;
+        self
     }
 
     /// Reads the downstream request id from this response header (default `x-request-id`).
@@ -153,9 +171,10 @@ where
             span: span.clone(),
             ctx: inner_ctx,
         };
-        if req.is_grpc() {
-            // Its status may be in the trailers: a transport that can watch the body for them
-            // (`GrpcTransport`, `WatchTrailersLayer`) is asked to.
+        if self.layer.at_body_end || req.is_grpc() {
+            // A gRPC status may be in the trailers, and an HTTP body may break off: a transport
+            // that can watch the body to its end (`GrpcTransport`, `WatchTrailersLayer`) is
+            // asked to.
             if let Some(extensions) = req.extensions_mut() {
                 extensions.insert(WantsTrailers);
             }
@@ -273,44 +292,51 @@ where
                         .and_then(|h| h.get(&state.request_id))
                         .cloned();
                     let classified = classifier.classify_response(res);
-                    let watch = match &classified {
-                        Classified::RequiresEos(_) => {
-                            res.extensions().and_then(|e| e.get::<Watch>()).cloned()
-                        }
-                        Classified::Ready(_) => None,
-                    };
-                    match (classified, watch) {
-                        (Classified::RequiresEos(eos), Some(watch)) => {
-                            // Recorded when the body ends, from its trailers; the call layer
-                            // outside waits for it.
-                            let attempt = state.attempt;
-                            CallTally::update(|t| t.deferred = Some(attempt));
-                            watch.defer_attempt(Box::new(move |end| {
-                                let (classification, cancelled) = match end {
-                                    End::Trailers(trailers) => (eos.classify_eos(trailers), false),
-                                    End::Broken => (eos.classify_body_error(), false),
-                                    End::Dropped => (Classification::success(), true),
-                                };
-                                // Wherever the body ends, the attempt is not part of a call
-                                // being polled there: its call hears of it through the watch.
-                                CallTally::isolate(|| {
-                                    state.finish(classification, |r| {
-                                        r.request_id = request_id;
-                                        r.cancelled = cancelled;
-                                    })
-                                });
-                                Settled {
-                                    attempt,
-                                    classification,
-                                    cancelled,
+                    // A response whose body is watched (the transport was asked to) is
+                    // recorded when the body ends; the call layer outside waits for it.
+                    if let Some(watch) = res.extensions().and_then(|e| e.get::<Watch>()).cloned() {
+                        let attempt = state.attempt;
+                        CallTally::update(|t| t.deferred = Some(attempt));
+                        watch.defer_attempt(Box::new(move |end| {
+                            let (classification, cancelled) = match (classified, end) {
+                                // gRPC: the status is in the trailers.
+                                (Classified::RequiresEos(eos), End::Trailers(trailers)) => {
+                                    (eos.classify_eos(trailers), false)
                                 }
-                            }));
-                            return Poll::Ready(out);
-                        }
-                        (classified, _) => {
-                            state.finish(classified.at_head(), |r| r.request_id = request_id);
-                        }
+                                (Classified::RequiresEos(eos), End::Broken) => {
+                                    (eos.classify_body_error(), false)
+                                }
+                                (Classified::RequiresEos(_), End::Dropped) => {
+                                    (Classification::success(), true)
+                                }
+                                // HTTP: the head said it all, unless the body broke off.
+                                (Classified::Ready(head), End::Broken)
+                                    if head.class() == AttemptClass::Success =>
+                                {
+                                    (
+                                        Classification::failure_at(DeliveryPhase::ResponseStarted),
+                                        false,
+                                    )
+                                }
+                                (Classified::Ready(head), _) => (head, false),
+                            };
+                            // Wherever the body ends, the attempt is not part of a call
+                            // being polled there: its call hears of it through the watch.
+                            CallTally::isolate(|| {
+                                state.finish(classification, |r| {
+                                    r.request_id = request_id;
+                                    r.cancelled = cancelled;
+                                })
+                            });
+                            Settled {
+                                attempt,
+                                classification,
+                                cancelled,
+                            }
+                        }));
+                        return Poll::Ready(out);
                     }
+                    state.finish(classified.at_head(), |r| r.request_id = request_id);
                 }
                 Err(e) => {
                     let classification = classifier.classify_error(e, DeliveryPhase::Sent);

@@ -175,7 +175,13 @@ pin_project! {
 }
 
 impl<B: Body> WatchedBody<B> {
-    pub(crate) fn new(inner: B, watch: Option<Watch>) -> Self {
+    /// A body nobody watches: what a [resolver](crate::retry::Resolve) or a test hands back
+    /// where the client's responses are watched bodies.
+    pub fn new(inner: B) -> Self {
+        WatchedBody { inner, watch: None }
+    }
+
+    pub(crate) fn watched(inner: B, watch: Option<Watch>) -> Self {
         WatchedBody { inner, watch }
     }
 }
@@ -223,6 +229,7 @@ impl<B: Body> Body for WatchedBody<B> {
 
 /// Watches a response's body for its end when the request asked for it, and says so in the
 /// response's extensions. `None` when not asked.
+#[inline]
 pub(crate) fn watch_response<B>(asked: bool, res: &mut Response<B>) -> Option<Watch> {
     if !asked {
         return None;
@@ -334,6 +341,7 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let asked = req.extensions().get::<WantsTrailers>().is_some();
         WatchFuture {
@@ -365,11 +373,12 @@ where
 {
     type Output = Result<Response<WatchedBody<B>>, E>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let mut res = std::task::ready!(this.inner.poll(cx))?;
         let watch = watch_response(*this.asked, &mut res);
-        Poll::Ready(Ok(res.map(|body| WatchedBody::new(body, watch))))
+        Poll::Ready(Ok(res.map(|body| WatchedBody::watched(body, watch))))
     }
 }
 

@@ -80,6 +80,8 @@ async fn a_lost_reply_is_retried_with_the_same_key_and_the_same_bytes() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);
+    // The preset records the attempt when its body ends: read it.
+    res.into_body().collect().await.unwrap();
 
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
@@ -293,4 +295,80 @@ async fn a_hedge_in_the_builder_gets_the_shared_classifier_and_budget() {
     client.ready().await.unwrap().call(req).await.unwrap();
     assert_eq!(start.elapsed(), Duration::ZERO);
     assert_eq!(recorder.attempts().len(), 3);
+}
+
+/// Over real hyper: the server commits the order, sends the head and half the body, then the
+/// connection breaks. The preset's records say the attempt may have committed, and the call is
+/// unknown; the caller, handed the head's outcome, learns of the break from its read.
+#[tokio::test(start_paused = true)]
+async fn a_response_body_cut_off_on_the_wire_makes_the_record_unknown() {
+    use hyper_util::rt::TokioIo;
+    use surely::OutcomeExt;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req: Request<Incoming>| async {
+                    Ok::<_, std::io::Error>(Response::new(CutOff::default()))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    let recorder = InMemoryRecorder::new();
+    let mut client = surely::client::http()
+        .recorder(recorder.clone())
+        .build(transport())
+        .unwrap();
+    let res = client
+        .ready()
+        .await
+        .unwrap()
+        .call(order(&format!("http://{addr}")))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.outcome(), Outcome::Succeeded, "what the head said");
+    assert!(res.into_body().collect().await.is_err());
+    let attempt = &recorder.attempts()[0];
+    assert_eq!(
+        attempt.class(),
+        surely::classify::AttemptClass::MaybeCommitted
+    );
+    let call = &recorder.calls()[0];
+    assert_eq!((call.outcome, call.attempts), (Outcome::Unknown, 1));
+}
+
+/// A response body that sends half an order, waits, then breaks: the head and the first chunk
+/// are on the wire before the connection goes.
+#[derive(Default)]
+struct CutOff {
+    sent: bool,
+    wait: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl http_body::Body for CutOff {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        if !self.sent {
+            self.sent = true;
+            let half = http_body::Frame::data(Bytes::from_static(b"{\"order\":"));
+            return std::task::Poll::Ready(Some(Ok(half)));
+        }
+        let wait = self
+            .wait
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::from_millis(10))));
+        std::task::ready!(std::future::Future::poll(wait.as_mut(), cx));
+        std::task::Poll::Ready(Some(Err(std::io::ErrorKind::ConnectionReset.into())))
+    }
 }

@@ -1,6 +1,7 @@
 //! The record layers through the public API: what the attempt and call records say, for every
 //! way a call can end, with each kind of recorder.
 
+mod bodies;
 mod support;
 mod tracing_recorder;
 mod trailers;
