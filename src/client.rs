@@ -495,30 +495,25 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     /// The outcome handed back with the response is decided at its head: a caller whose body
     /// read fails learns it from the read.
     pub fn settle_at_body_end(self) -> ClientBuilder<R, M, Z, K, P, H, B, WatchTrailersLayer> {
-        ClientBuilder {
-            recorder: self.recorder,
-            classifier: self.classifier,
-            shared: Shared {
-                at_body_end: true,
-                ..self.shared
-            },
-            key: self.key,
-            replay: self.replay,
-            retry: self.retry,
-            hedge: self.hedge,
-            breaker: self.breaker,
-            watch: WatchTrailersLayer::new(),
-        }
+        self.watch_part(WatchTrailersLayer::new(), true)
     }
 
     /// Records HTTP attempts at the head of their response, and leaves the transport's
     /// responses as they are.
     pub fn no_body_watch(self) -> ClientBuilder<R, M, Z, K, P, H, B, Identity> {
+        self.watch_part(Identity::new(), false)
+    }
+
+    fn watch_part<W2>(
+        self,
+        watch: W2,
+        at_body_end: bool,
+    ) -> ClientBuilder<R, M, Z, K, P, H, B, W2> {
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
             shared: Shared {
-                at_body_end: false,
+                at_body_end,
                 ..self.shared
             },
             key: self.key,
@@ -526,7 +521,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
             retry: self.retry,
             hedge: self.hedge,
             breaker: self.breaker,
-            watch: Identity::new(),
+            watch,
         }
     }
 
