@@ -732,7 +732,14 @@ struct Case {
 
 /// The seven cases of one group.
 macro_rules! group {
-    ($group:literal, $svc:expr, $req:expr, $classifier:expr, headers = $headers:literal) => {
+    (
+        $group:literal,
+        $svc:expr,
+        $req:expr,
+        $classifier:expr,
+        headers = $headers:literal,
+        outcome = $outcome:literal
+    ) => {
         [
             Case {
                 group: $group,
@@ -787,7 +794,7 @@ macro_rules! group {
                 group: $group,
                 name: "surely_stack_call",
                 headers_written: $headers,
-                outcome_allocs: 0,
+                outcome_allocs: $outcome,
                 make: || {
                     let svc = ServiceBuilder::new()
                         .layer(RecordCallLayer::new(()).with_classifier($classifier))
@@ -986,28 +993,32 @@ fn cases() -> Vec<Case> {
             plain_ready,
             plain_req,
             classify::from_fn(classify_plain),
-            headers = 0
+            headers = 0,
+            outcome = 0
         ),
         group!(
             "ready/http",
             http_ready,
             http_req,
             HttpClassifier::new(),
-            headers = 1
+            headers = 1,
+            outcome = 3
         ),
         group!(
             "pending_once/plain",
             plain_pending,
             plain_req,
             classify::from_fn(classify_plain),
-            headers = 0
+            headers = 0,
+            outcome = 0
         ),
         group!(
             "pending_once/http",
             http_pending,
             http_req,
             HttpClassifier::new(),
-            headers = 1
+            headers = 1,
+            outcome = 3
         ),
     ]
     .into_iter()

@@ -6,13 +6,14 @@
 //! return path, so that the code that made the call can act on it without reading records:
 //!
 //! * on a response, as a [`CallOutcome`] in its extensions, read with [`OutcomeExt`]
-//!   (`res.outcome()`);
+//!   (`res.outcome()`); a response type of your own that has no extensions
+//!   ([`Envelope::extensions_mut`] returns `None`) carries none;
 //! * on an error, from the [`Error`] itself: [`outcome`](crate::Error::outcome),
 //!   [`stop_reason`](crate::Error::stop_reason), [`attempts`](crate::Error::attempts), and its
 //!   `Display` ("unknown after 2 attempts: ...").
 //!
-//! Every call through the [client stack](mod@crate::client) carries one, as does every call through
-//! a [`RecordCallLayer`](crate::record::RecordCallLayer) (whatever its recorder, `()`
+//! Every call through the [client stack](mod@crate::client) carries one, as does every call
+//! through a [`RecordCallLayer`](crate::record::RecordCallLayer) (whatever its recorder, `()`
 //! included) or a [`RetryLayer`](crate::retry::RetryLayer). It says:
 //!
 //! * the [`Outcome`]: `Succeeded`, `Failed`, or `Unknown` (the effect may have happened);
@@ -23,6 +24,17 @@
 //! * whether the answer was a stored replay (`idempotent-replayed: true`, set by a server's
 //!   [idempotency layer](crate::idempotency::server));
 //! * how much of the call's deadline was left when it ended.
+//!
+//! It is decided when the call returns. A record settled later, at the end of a response's
+//! body, can say more (a body cut off mid-way); the caller learns that from its read.
+//!
+//! # Cost
+//!
+//! One extension insert per call: the boxed outcome, and for a response that had no extensions
+//! yet, the extension map and its table (hyper-util's responses have one already). Measured
+//! with `cargo bench --bench overhead -- retry_success`: nothing on a response type without
+//! extensions; about 45 ns on a response that has extensions, about 105 ns on a bare
+//! `http::Response`.
 //!
 //! ```
 //! use std::time::Duration;

@@ -114,7 +114,7 @@ where
             let light = (!self.layer.inner_reports).then(|| Light {
                 semantics: req.semantics(),
                 classifier: self.layer.classifier.make_classifier(&req),
-                key: idempotency_key(&req),
+                key: idempotency_key(&req).map(Box::new),
             });
             return CallFuture {
                 inner: self.inner.call(req),
@@ -168,7 +168,8 @@ fn idempotency_key<Req: Envelope>(req: &Req) -> Option<HeaderValue> {
 struct Light<C> {
     semantics: Semantics,
     classifier: C,
-    key: Option<HeaderValue>,
+    // Boxed: most calls have no key, and every layer outside moves this future.
+    key: Option<Box<HeaderValue>>,
 }
 
 impl<C> Light<C> {
@@ -177,7 +178,8 @@ impl<C> Light<C> {
     where
         C: Classify<Res, Error<T>>,
     {
-        if CallOutcome::of(out).is_some() {
+        let nowhere = matches!(out, Ok(res) if res.extensions().is_none());
+        if nowhere || CallOutcome::of(out).is_some() {
             return;
         }
         let (attempts, outcome, stop) = match single(self.classifier, out) {
@@ -194,7 +196,7 @@ impl<C> Light<C> {
             outcome,
             stop,
             attempts,
-            self.key,
+            self.key.map(|k| *k),
             crate::outcome::budget_left_now,
         );
     }
