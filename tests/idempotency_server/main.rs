@@ -26,6 +26,7 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 mod serve;
 
 #[cfg(feature = "postgres")]
+mod limits;
 mod postgres;
 mod scenarios;
 mod support;

@@ -97,6 +97,45 @@ async fn pg_64_concurrent_first_requests_run_the_handler_once() {
     db.drop_tables().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_client_input_never_makes_a_5xx() {
+    let Some(db) = store("pg_client_input_never_makes_a_5xx").await else {
+        return;
+    };
+    crate::limits::client_input_never_makes_a_5xx(db.store.clone()).await;
+    db.drop_tables().await;
+}
+
+/// A value the database refuses is the request's fault: the layer answers 400, not 503 (which
+/// would have the client retry it). Here the operation column is narrowed by hand, so that an
+/// ordinary path is refused (SQLSTATE 22001).
+#[tokio::test]
+async fn pg_a_value_the_database_refuses_is_a_400_not_a_503() {
+    let Some(db) = store("pg_a_value_the_database_refuses_is_a_400_not_a_503").await else {
+        return;
+    };
+    let client = db.store.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE {} ALTER COLUMN operation TYPE varchar(8)",
+            db.table
+        ))
+        .await
+        .unwrap();
+    drop(client);
+    let seen = Seen::default();
+    let mut svc = IdempotencyLayer::builder(db.store.clone())
+        .build()
+        .unwrap()
+        .layer(handler(seen.clone(), 201));
+    let got = send(&mut svc, post(Some("k-narrow"), "o-1")).await;
+    assert_eq!(got.status, StatusCode::BAD_REQUEST);
+    assert_eq!(got.code(), Some("IDEMPOTENCY_REQUEST_REJECTED"));
+    assert!(!got.headers.contains_key(http::header::RETRY_AFTER));
+    assert_eq!(seen.calls(), 0, "the handler did not run");
+    db.drop_tables().await;
+}
+
 #[tokio::test]
 async fn pg_scenarios_422_400_413_tenants_stored_replay() {
     let Some(db) = store("pg_scenarios_422_400_413_tenants_stored_replay").await else {

@@ -69,7 +69,10 @@
 //! # Errors of the store
 //!
 //! If the store cannot be reached before the handler runs, the layer answers `503` with
-//! `Retry-After` and [`NOT_PROCESSED`]: nothing ran. If completing fails after the handler ran,
+//! `Retry-After` and [`NOT_PROCESSED`]: nothing ran. What the client sends never makes a
+//! 5xx: an over-long tenant or operation is kept bounded by the [record key](super::store::RecordKey)
+//! (a readable prefix and a digest), and a store that refuses a value the request brought
+//! answers `400` ([`IDEMPOTENCY_REQUEST_REJECTED`]), never "unavailable". If completing fails after the handler ran,
 //! the client still gets the handler's response and the failure is logged (`tracing`, `warn`);
 //! the record stays `PROCESSING` until its lease passes, and a retry after that runs again. A
 //! [`PostgresStore`](super::store::PostgresStore) closes that gap by completing inside the
@@ -152,6 +155,9 @@ pub const IDEMPOTENCY_BODY_TOO_LARGE: &str = "IDEMPOTENCY_BODY_TOO_LARGE";
 pub const IDEMPOTENCY_TENANT_MISSING: &str = "IDEMPOTENCY_TENANT_MISSING";
 /// `503` with `Retry-After`: the store could not be reached; the handler did not run.
 pub const IDEMPOTENCY_STORE_UNAVAILABLE: &str = "IDEMPOTENCY_STORE_UNAVAILABLE";
+/// `400`: the store refused a value the request itself brought; the handler did not run, and
+/// the same request would be refused again.
+pub const IDEMPOTENCY_REQUEST_REJECTED: &str = "IDEMPOTENCY_REQUEST_REJECTED";
 
 /// What the owner's handler finds in its request's extensions: the record it owns and its
 /// fence.

@@ -18,8 +18,8 @@ use super::layer::Config;
 use super::{
     Ticket, IDEMPOTENCY_BODY_TOO_LARGE, IDEMPOTENCY_ERROR, IDEMPOTENCY_KEY_EXPIRED,
     IDEMPOTENCY_KEY_INVALID, IDEMPOTENCY_KEY_IN_FLIGHT, IDEMPOTENCY_KEY_MISMATCH,
-    IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_STORE_UNAVAILABLE, IDEMPOTENCY_TENANT_MISSING,
-    IDEMPOTENT_REPLAYED,
+    IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_REQUEST_REJECTED, IDEMPOTENCY_STORE_UNAVAILABLE,
+    IDEMPOTENCY_TENANT_MISSING, IDEMPOTENT_REPLAYED,
 };
 use crate::classify::{BoxError, KEY_IN_FLIGHT, NOT_PROCESSED};
 use crate::idempotency::error::InvalidKey;
@@ -269,6 +269,18 @@ where
                 IDEMPOTENCY_KEY_EXPIRED,
                 "this idempotency key has expired; its result is no longer kept",
             ))
+        }
+        Err(e) if e.is_rejected() => {
+            tracing::debug!(?key, error = %e, "idempotency store refused the request");
+            let mut res = error(
+                StatusCode::BAD_REQUEST,
+                IDEMPOTENCY_REQUEST_REJECTED,
+                "the idempotency store refused a value this request brought; the request was \
+                 not processed",
+            );
+            res.headers_mut()
+                .insert(NOT_PROCESSED, HeaderValue::from_static("idempotency-store"));
+            return Ok(res);
         }
         Err(e) => {
             tracing::warn!(error = %e, "idempotency store unavailable");

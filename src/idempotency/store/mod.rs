@@ -74,14 +74,31 @@ pub use {deadpool_postgres, tokio_postgres};
 ///
 /// Clones share one allocation; the hash is computed once, when the key is made.
 ///
+/// # Bounded, whatever the client sends
+///
+/// The tenant and the operation come from the request (a header, the path), so a client
+/// chooses their length. A store keys records on them, and a store has limits (PostgreSQL's
+/// btree refuses an index entry over 2 704 bytes), which must never turn a client's input into a
+/// server error. So a tenant over [`MAX_TENANT_BYTES`] or an operation over
+/// [`MAX_OPERATION_BYTES`] (or either with a NUL character, which PostgreSQL's text refuses) is
+/// kept as a readable prefix followed by `~sha256:` and the hex SHA-256 digest of the whole
+/// value: bounded, still different for different values, and still readable by an operator.
+///
 /// ```
-/// use surely::idempotency::store::RecordKey;
+/// use surely::idempotency::store::{RecordKey, MAX_OPERATION_BYTES};
 /// use surely::idempotency::IdempotencyKey;
 ///
 /// let key = IdempotencyKey::new("k-1").unwrap();
 /// let a = RecordKey::new("tenant-a", "POST /orders", key.clone());
-/// let b = RecordKey::new("tenant-b", "POST /orders", key);
+/// let b = RecordKey::new("tenant-b", "POST /orders", key.clone());
 /// assert_ne!(a, b);
+///
+/// let long = format!("POST /search/{}", "x".repeat(3_000));
+/// let c = RecordKey::new("tenant-a", long.clone(), key.clone());
+/// assert!(c.operation().len() <= MAX_OPERATION_BYTES);
+/// assert!(c.operation().starts_with("POST /search/xxx"));
+/// assert_eq!(c, RecordKey::new("tenant-a", long, key.clone()));
+/// assert_ne!(c, RecordKey::new("tenant-a", format!("POST /search/{}", "x".repeat(3_001)), key));
 /// ```
 #[derive(Clone)]
 pub struct RecordKey(Arc<KeyInner>);
@@ -110,7 +127,8 @@ impl RecordKey {
         key: IdempotencyKey,
     ) -> Self {
         use std::hash::BuildHasher;
-        let (tenant, operation) = (tenant.into(), operation.into());
+        let tenant = bounded(tenant.into(), MAX_TENANT_BYTES);
+        let operation = bounded(operation.into(), MAX_OPERATION_BYTES);
         let hash = hash_key().hash_one((&*tenant, &*operation, key.as_bytes()));
         RecordKey(Arc::new(KeyInner {
             hash,
@@ -139,6 +157,38 @@ impl RecordKey {
     pub(crate) fn hash_value(&self) -> u64 {
         self.0.hash
     }
+}
+
+/// The longest tenant a [`RecordKey`] keeps as it is, in bytes.
+pub const MAX_TENANT_BYTES: usize = 256;
+
+/// The longest operation a [`RecordKey`] keeps as it is, in bytes.
+pub const MAX_OPERATION_BYTES: usize = 1024;
+
+/// `~sha256:` and 64 hex digits.
+const DIGEST_SUFFIX_BYTES: usize = 8 + 64;
+
+/// `value` if it is at most `max` bytes and has no NUL; otherwise a prefix of it (cut on a
+/// character boundary) followed by `~sha256:` and the hex digest of the whole value, `max` bytes
+/// at most.
+fn bounded(value: Box<str>, max: usize) -> Box<str> {
+    if value.len() <= max && !value.contains('\0') {
+        return value;
+    }
+    let mut cut = value.len().min(max - DIGEST_SUFFIX_BYTES);
+    while !value.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let prefix = value[..cut].replace('\0', " ");
+    let digest = Sha256::digest(value.as_bytes());
+    let mut out = String::with_capacity(max);
+    out.push_str(&prefix);
+    out.push_str("~sha256:");
+    for b in digest {
+        use std::fmt::Write as _;
+        let _ = write!(out, "{b:02x}");
+    }
+    out.into_boxed_str()
 }
 
 impl PartialEq for RecordKey {
@@ -368,6 +418,8 @@ enum StoreErrorKind {
     Stale,
     #[error("idempotency store failed: {0}")]
     Backend(BoxError),
+    #[error("idempotency store refused the request's own content: {0}")]
+    Rejected(BoxError),
 }
 
 impl StoreError {
@@ -391,9 +443,23 @@ impl StoreError {
         matches!(self.kind, StoreErrorKind::Stale)
     }
 
+    /// The backend refused what the request itself brought (a value its limits or types do
+    /// not take): retrying the same request would fail the same way, so it is the client's
+    /// error, never a server's.
+    pub fn rejected(error: impl Into<BoxError>) -> Self {
+        StoreError {
+            kind: StoreErrorKind::Rejected(error.into()),
+        }
+    }
+
     /// Whether the backend failed.
     pub fn is_backend(&self) -> bool {
         matches!(self.kind, StoreErrorKind::Backend(_))
+    }
+
+    /// Whether the backend refused the request's own content ([`rejected`](Self::rejected)).
+    pub fn is_rejected(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Rejected(_))
     }
 }
 
@@ -500,5 +566,32 @@ impl<S: IdempotencyStore> IdempotencyStore for Arc<S> {
         keep_expired_for: Duration,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
         (**self).sweep(keep_expired_for)
+    }
+}
+
+#[cfg(test)]
+mod bounded_tests {
+    use super::*;
+
+    #[test]
+    fn long_or_nul_values_are_bounded_and_told_apart() {
+        for (value, max) in [
+            ("a\0b".to_owned(), MAX_TENANT_BYTES),
+            ("é".repeat(600), MAX_TENANT_BYTES),
+            ("x".repeat(100_000), MAX_OPERATION_BYTES),
+            ("x".repeat(MAX_OPERATION_BYTES + 1), MAX_OPERATION_BYTES),
+        ] {
+            let out = bounded(value.clone().into_boxed_str(), max);
+            assert!(out.len() <= max, "{}", out.len());
+            assert!(!out.contains('\0'));
+            assert!(out.contains("~sha256:"));
+            let other = bounded(format!("{value}!").into_boxed_str(), max);
+            assert_ne!(out, other);
+        }
+        let kept = "x".repeat(MAX_TENANT_BYTES);
+        assert_eq!(
+            &*bounded(kept.clone().into_boxed_str(), MAX_TENANT_BYTES),
+            kept
+        );
     }
 }

@@ -346,7 +346,7 @@ impl PostgresStore {
             } else {
                 client.query_opt(&read, &params[..3]).await
             }
-            .map_err(StoreError::backend)?;
+            .map_err(by_content)?;
             // The plain read found nothing: the record is gone, acquire again.
             let Some(row) = row else {
                 upsert = true;
@@ -370,6 +370,18 @@ impl PostgresStore {
         Err(StoreError::backend(
             "idempotency record changed under four acquire attempts in a row",
         ))
+    }
+}
+
+/// A query on the request's own values failed: a data exception (SQLSTATE class 22, such as a
+/// value PostgreSQL's types refuse) or a limit (class 54, such as an index entry over the btree's
+/// limit) is the request's doing, and retrying it would fail again; anything else is the
+/// backend's.
+fn by_content(e: tokio_postgres::Error) -> StoreError {
+    let class = e.code().map(|c| &c.code()[..2]);
+    match class {
+        Some("22") | Some("54") => StoreError::rejected(e),
+        _ => StoreError::backend(e),
     }
 }
 
