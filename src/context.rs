@@ -459,3 +459,40 @@ mod tests {
         assert_eq!(Context::current(), Context::EMPTY);
     }
 }
+
+pin_project_lite::pin_project! {
+    /// A future that keeps the call context and the `tracing` span it was made in, whatever
+    /// task polls it: for work moved onto a task of its own (a handler that must outlive its
+    /// caller), which would otherwise lose the deadline its caller gave it.
+    pub(crate) struct InContext<F> {
+        #[pin]
+        inner: F,
+        ctx: Context,
+        span: tracing::Span,
+    }
+}
+
+impl<F> InContext<F> {
+    /// `inner`, in the current context and span.
+    pub(crate) fn new(inner: F) -> Self {
+        InContext {
+            inner,
+            ctx: Context::current(),
+            span: tracing::Span::current(),
+        }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for InContext<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        let (ctx, inner) = (*this.ctx, this.inner);
+        crate::record::CallTally::isolate(|| ctx.scope(|| inner.poll(cx)))
+    }
+}

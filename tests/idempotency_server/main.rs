@@ -26,6 +26,7 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 mod serve;
 
 #[cfg(feature = "postgres")]
+mod disconnect;
 mod limits;
 mod postgres;
 mod scenarios;
@@ -165,10 +166,10 @@ async fn lease_expiry_takeover_with_a_higher_fence_and_the_stale_completion_refu
         .is_stale());
 }
 
-/// The handler's future is dropped after its business write (a crash). Within the lease, a
-/// retry gets 409 and does not run; after it, the retry takes over with fence 2, and a handler
-/// that checks its own writes by key (as the memory store cannot commit both together) does not
-/// write a second row.
+/// The handler hangs after its business write, and its caller goes away (a hung owner: the
+/// handler runs on, on its own task). Within the lease, a retry gets 409 and does not run; after
+/// it, the retry takes over with fence 2, and a handler that checks its own writes by key (as
+/// the memory store cannot commit both together) does not write a second row.
 #[tokio::test(start_paused = true)]
 async fn crash_after_the_business_write_never_runs_twice_within_the_lease() {
     let store = MemoryStore::new();

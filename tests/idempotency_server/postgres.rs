@@ -97,6 +97,52 @@ async fn pg_64_concurrent_first_requests_run_the_handler_once() {
     db.drop_tables().await;
 }
 
+/// Real time: the store's leases run on the database's clock. About a second and a half.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_handler_outlives_its_caller() {
+    let Some(db) = store("pg_a_handler_outlives_its_caller").await else {
+        return;
+    };
+    crate::disconnect::a_handler_outlives_its_caller(db.store.clone()).await;
+    db.drop_tables().await;
+}
+
+/// Real time, about a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_handler_cancelled_with_its_caller_frees_its_key() {
+    let Some(db) = store("pg_a_handler_cancelled_with_its_caller_frees_its_key").await else {
+        return;
+    };
+    crate::disconnect::a_handler_cancelled_with_its_caller_frees_its_key(db.store.clone()).await;
+    db.drop_tables().await;
+}
+
+/// A real one-second lease: the test waits it out (about 1.2 s).
+#[test]
+fn pg_a_shutdown_mid_handler_leaves_the_key_to_its_lease() {
+    let setup = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some(db) = setup.block_on(store(
+        "pg_a_shutdown_mid_handler_leaves_the_key_to_its_lease",
+    )) else {
+        return;
+    };
+    let url = std::env::var(VAR).unwrap();
+    crate::disconnect::a_shutdown_mid_handler_leaves_the_key_to_its_lease(
+        || {
+            PostgresStore::connect(&url)
+                .unwrap()
+                .with_table(&db.table)
+                .unwrap()
+        },
+        Duration::from_secs(1),
+        false,
+    );
+    setup.block_on(db.drop_tables());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_client_input_never_makes_a_5xx() {
     let Some(db) = store("pg_client_input_never_makes_a_5xx").await else {

@@ -26,6 +26,9 @@ pub(super) struct Config<St> {
     pub(super) max_body: usize,
     pub(super) required: Vec<Method>,
     pub(super) store_server_errors: bool,
+    /// Whether a keyed request's handler runs on a task of its own, to completion, whatever
+    /// its caller does.
+    pub(super) detach: bool,
     pub(super) tenant: Option<Arc<TenantFn>>,
     pub(super) operation: Option<Arc<OperationFn>>,
 }
@@ -90,6 +93,7 @@ impl<St> fmt::Debug for Config<St> {
             .field("max_body", &self.max_body)
             .field("required", &self.required)
             .field("store_server_errors", &self.store_server_errors)
+            .field("detach", &self.detach)
             .field("tenant", &self.tenant.as_ref().map(|_| "fn"))
             .field("operation", &self.operation.as_ref().map(|_| "fn"))
             .finish()
@@ -144,6 +148,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 max_body: 1024 * 1024,
                 required: Vec::new(),
                 store_server_errors: true,
+                detach: true,
                 tenant: None,
                 operation: None,
             },
@@ -217,6 +222,22 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// requires one and unkeyed requests pass through.
     pub fn require_key_for(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.config.required = methods.into_iter().collect();
+        self
+    }
+
+    /// Runs a keyed request's handler inside the request's own future, so that it is dropped
+    /// with it when the caller goes away, instead of on a task of its own (the default; see
+    /// [a caller that goes away](super#a-caller-that-goes-away)).
+    ///
+    /// An owner whose handler is dropped before it answered releases its key at once, so the
+    /// caller's retry runs the handler again instead of waiting out the lease. That is safe for
+    /// a handler that writes in one transaction with its completion
+    /// ([`PostgresStore::complete_in`](crate::idempotency::store::PostgresStore::complete_in)):
+    /// a dropped handler's transaction rolls back. A handler that is not transactional may have
+    /// done part of its work when it was dropped, and the retry does it again: keep the
+    /// default for those.
+    pub fn cancel_with_caller(mut self) -> Self {
+        self.config.detach = false;
         self
     }
 

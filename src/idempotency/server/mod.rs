@@ -37,6 +37,7 @@
 //! | 408, 409, 425, 429, 503; any response with [`NOT_PROCESSED`] | released: the next attempt runs |
 //! | other 5xx (500, 502, 504, ...) | completed (the default), or released with [`store_server_errors(false)`](IdempotencyLayerBuilder::store_server_errors) |
 //! | an error from the handler service, a body that fails | left `PROCESSING`: the lease passes, then the next attempt takes over |
+//! | none: the handler was dropped before it answered | released at once (see [a caller that goes away](#a-caller-that-goes-away)) |
 //!
 //! A 500 is stored by default because the handler ran and may have committed part of its work
 //! before failing: running it again could do that part twice. Replaying the 500 is the honest
@@ -57,6 +58,25 @@
 //! and complete, the store refuses it (the fence is stale): it cannot overwrite the new owner's
 //! result. Its own client still gets its response. A handler that writes elsewhere can guard
 //! those writes with [`Ticket::fence`].
+//!
+//! # A caller that goes away
+//!
+//! A client whose attempt timed out closes its connection, and hyper drops the request's future.
+//! Were the handler dropped with it, its record would stay `PROCESSING` until the lease ran out,
+//! and every retry would get `409` meanwhile: the payment made by nobody, within the client's
+//! deadline. So a keyed request's handler runs **on a task of its own** (spawned on the current
+//! runtime, in the call context and `tracing` span it was called in, so it keeps the deadline
+//! a [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) gave it): it runs to its end,
+//! its result is stored, and the client's retry gets the replay. That is why the handler and its
+//! future must be `Send + 'static` (as any service hyper serves already is).
+//!
+//! [`cancel_with_caller`](IdempotencyLayerBuilder::cancel_with_caller) keeps the handler in the
+//! request's own future instead. Whenever an owner's handler is dropped before it answered (so
+//! opted out, or the runtime shutting down), the owner releases its key at once rather than
+//! holding it for the lease: safe for a handler whose writes commit with its completion (a
+//! dropped transaction rolls back), a second run of work done in part for one that does not.
+//! A runtime that shuts down cannot run the release; the lease then passes, and the next request
+//! takes over as after a crash.
 //!
 //! # The response body
 //!
@@ -155,6 +175,9 @@ pub const IDEMPOTENCY_BODY_TOO_LARGE: &str = "IDEMPOTENCY_BODY_TOO_LARGE";
 pub const IDEMPOTENCY_TENANT_MISSING: &str = "IDEMPOTENCY_TENANT_MISSING";
 /// `503` with `Retry-After`: the store could not be reached; the handler did not run.
 pub const IDEMPOTENCY_STORE_UNAVAILABLE: &str = "IDEMPOTENCY_STORE_UNAVAILABLE";
+/// `503`: the server stopped a keyed request's handler before it answered (the runtime shut
+/// down); the handler may have run in part, and its key waits out its lease.
+pub const IDEMPOTENCY_HANDLER_CANCELLED: &str = "IDEMPOTENCY_HANDLER_CANCELLED";
 /// `400`: the store refused a value the request itself brought; the handler did not run, and
 /// the same request would be refused again.
 pub const IDEMPOTENCY_REQUEST_REJECTED: &str = "IDEMPOTENCY_REQUEST_REJECTED";

@@ -16,12 +16,13 @@ use tower_service::Service;
 
 use super::layer::Config;
 use super::{
-    Ticket, IDEMPOTENCY_BODY_TOO_LARGE, IDEMPOTENCY_ERROR, IDEMPOTENCY_KEY_EXPIRED,
-    IDEMPOTENCY_KEY_INVALID, IDEMPOTENCY_KEY_IN_FLIGHT, IDEMPOTENCY_KEY_MISMATCH,
-    IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_REQUEST_REJECTED, IDEMPOTENCY_STORE_UNAVAILABLE,
-    IDEMPOTENCY_TENANT_MISSING, IDEMPOTENT_REPLAYED,
+    Ticket, IDEMPOTENCY_BODY_TOO_LARGE, IDEMPOTENCY_ERROR, IDEMPOTENCY_HANDLER_CANCELLED,
+    IDEMPOTENCY_KEY_EXPIRED, IDEMPOTENCY_KEY_INVALID, IDEMPOTENCY_KEY_IN_FLIGHT,
+    IDEMPOTENCY_KEY_MISMATCH, IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_REQUEST_REJECTED,
+    IDEMPOTENCY_STORE_UNAVAILABLE, IDEMPOTENCY_TENANT_MISSING, IDEMPOTENT_REPLAYED,
 };
 use crate::classify::{BoxError, KEY_IN_FLIGHT, NOT_PROCESSED};
+use crate::context::InContext;
 use crate::idempotency::error::InvalidKey;
 use crate::idempotency::store::{
     Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoredResponse,
@@ -131,8 +132,69 @@ where
         }
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
+        let keyed = matches!(plan, Plan::Keyed(_));
+        let detach = keyed && config.detach;
+        let work = run(config, inner, parts, body, plan);
+        if detach {
+            // A keyed request runs to its end on a task of its own, in the context (deadline,
+            // span) it was called in: a caller that goes away does not strand its key.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let task = runtime.spawn(InContext::new(work));
+                return ResponseFuture {
+                    inner: Box::pin(joined(task)),
+                };
+            }
+        }
         ResponseFuture {
-            inner: Box::pin(run(config, inner, parts, body, plan)),
+            inner: Box::pin(work),
+        }
+    }
+}
+
+/// The answer of a handler run on a task of its own. A panic goes on as it would have inline;
+/// a task the runtime cancelled (it is shutting down) answers 503 without a promise: the
+/// handler may have run in part.
+async fn joined<E>(
+    task: tokio::task::JoinHandle<Result<Response<Full<Bytes>>, E>>,
+) -> Result<Response<Full<Bytes>>, E> {
+    match task.await {
+        Ok(out) => out,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Ok(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            IDEMPOTENCY_HANDLER_CANCELLED,
+            "the server stopped the handler before it answered; it may have run in part",
+        )),
+    }
+}
+
+/// Releases an owner's key if its handler is dropped before it answers (its caller went away
+/// while it ran in the caller's task, or the runtime shut down): the next request with the key
+/// runs at once instead of waiting out the lease. Disarmed as soon as the handler answers.
+struct ReleaseIfDropped<St: IdempotencyStore> {
+    armed: Option<(Arc<Config<St>>, RecordKey, Fence)>,
+}
+
+impl<St: IdempotencyStore> ReleaseIfDropped<St> {
+    fn disarm(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl<St: IdempotencyStore> Drop for ReleaseIfDropped<St> {
+    fn drop(&mut self) {
+        let Some((config, key, fence)) = self.armed.take() else {
+            return;
+        };
+        // No runtime (or one that is shutting down, which drops the task): the lease passes,
+        // and the next request takes over.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                match config.store.release(&key, fence).await {
+                    Ok(()) => tracing::debug!(?key, "handler dropped: idempotency key released"),
+                    Err(e) => tracing::warn!(?key, error = %e, "handler dropped: idempotency key not released"),
+                }
+            });
         }
     }
 }
@@ -299,8 +361,12 @@ where
     parts
         .extensions
         .insert(Ticket::new(key.clone(), fence, config.retention));
+    let mut guard = ReleaseIfDropped {
+        armed: Some((config.clone(), key.clone(), fence)),
+    };
     // An error from the handler leaves the record PROCESSING: its lease passes, and the next
-    // attempt takes over. So does a dropped future (a crash), whose renewals stop with it.
+    // attempt takes over, as after a crash. A handler dropped before it answered (its caller
+    // went away with it, or the runtime stopped) releases the key at once (`guard`).
     let handled = async {
         let res = inner
             .call(Request::from_parts(parts, Full::new(body)))
@@ -309,10 +375,14 @@ where
         let collected = body.collect().await.map(|b| b.to_bytes()).map_err(drop);
         Ok::<_, S::Error>((head, collected))
     };
-    let (head, collected) = match config.renew_for {
-        Some(max) => renewing(&config, &key, fence, max, handled).await?,
-        None => handled.await?,
+    let handled = match config.renew_for {
+        Some(max) => renewing(&config, &key, fence, max, handled).await,
+        None => handled.await,
     };
+    // The handler answered (or failed, which leaves the lease to pass, as a crash would):
+    // whatever happens to this future now, the key is not released for a rerun.
+    guard.disarm();
+    let (head, collected) = handled?;
     let Ok(body) = collected else {
         return Ok(body_failed());
     };
