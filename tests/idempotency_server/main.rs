@@ -16,7 +16,7 @@ use surely::deadline::Deadline;
 use surely::idempotency::server::{IdempotencyLayer, Ticket};
 use surely::idempotency::store::{
     Acquire, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest, StoreError,
-    StoredResponse,
+    StoredResponse, StuckRecord,
 };
 use surely::idempotency::IdempotencyKey;
 use tokio::sync::Notify;
@@ -29,6 +29,7 @@ mod serve;
 mod disconnect;
 mod limits;
 mod postgres;
+mod recovery;
 mod scenarios;
 mod support;
 
@@ -379,6 +380,10 @@ impl IdempotencyStore for Down {
     async fn sweep(&self, _: Duration) -> Result<u64, StoreError> {
         Err(StoreError::backend("connection refused"))
     }
+
+    async fn stuck(&self, _: Duration, _: usize) -> Result<Vec<StuckRecord>, StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
 }
 
 #[tokio::test]
@@ -559,6 +564,14 @@ impl IdempotencyStore for NoRenew {
 
     async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {
         self.0.sweep(keep_expired_for).await
+    }
+
+    async fn stuck(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<Vec<StuckRecord>, StoreError> {
+        self.0.stuck(older_than, limit).await
     }
 }
 

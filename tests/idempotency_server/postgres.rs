@@ -143,6 +143,36 @@ fn pg_a_shutdown_mid_handler_leaves_the_key_to_its_lease() {
     setup.block_on(db.drop_tables());
 }
 
+/// A short real threshold on the database's clock: about 0.4 s.
+#[tokio::test]
+async fn pg_stuck_records_are_reported() {
+    let Some(db) = store("pg_stuck_records_are_reported").await else {
+        return;
+    };
+    crate::recovery::stuck_records_are_reported(
+        db.store.clone(),
+        Duration::from_millis(250),
+        tokio::time::sleep,
+    )
+    .await;
+    db.drop_tables().await;
+}
+
+/// Real retentions of a second and of a hundred seconds: about 1.5 s.
+#[tokio::test]
+async fn pg_retention_by_operation() {
+    let Some(db) = store("pg_retention_by_operation").await else {
+        return;
+    };
+    crate::recovery::retention_by_operation(
+        db.store.clone(),
+        Duration::from_secs(1),
+        tokio::time::sleep,
+    )
+    .await;
+    db.drop_tables().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_client_input_never_makes_a_5xx() {
     let Some(db) = store("pg_client_input_never_makes_a_5xx").await else {

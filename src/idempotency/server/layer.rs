@@ -14,6 +14,7 @@ use crate::ConfigError;
 
 type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type OperationFn = dyn Fn(&Parts) -> String + Send + Sync;
+type RetentionFn = dyn Fn(&Parts) -> Option<Duration> + Send + Sync;
 
 /// The settings shared by every service a layer makes.
 pub(super) struct Config<St> {
@@ -23,6 +24,8 @@ pub(super) struct Config<St> {
     pub(super) renew_for: Option<Duration>,
     pub(super) retry_after: Duration,
     pub(super) retention: Duration,
+    /// The retention of some requests' records, where it differs from `retention`.
+    pub(super) retention_by: Option<Arc<RetentionFn>>,
     pub(super) max_body: usize,
     pub(super) required: Vec<Method>,
     pub(super) store_server_errors: bool,
@@ -90,6 +93,7 @@ impl<St> fmt::Debug for Config<St> {
             .field("renew_for", &self.renew_for)
             .field("retry_after", &self.retry_after)
             .field("retention", &self.retention)
+            .field("retention_by", &self.retention_by.as_ref().map(|_| "fn"))
             .field("max_body", &self.max_body)
             .field("required", &self.required)
             .field("store_server_errors", &self.store_server_errors)
@@ -132,7 +136,7 @@ impl<St> fmt::Debug for IdempotencyLayerBuilder<St> {
 }
 
 /// A lease or retention longer than this is refused (a typo more likely than a wish).
-const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 86_400);
+pub(super) const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// Defaults: lease 30 s, in-flight `Retry-After` at most 1 s, retention 24 h, body limit 1 MiB, no method requires a key, 5xx
@@ -145,6 +149,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 renew_for: None,
                 retry_after: Duration::from_secs(1),
                 retention: Duration::from_secs(24 * 3600),
+                retention_by: None,
                 max_body: 1024 * 1024,
                 required: Vec::new(),
                 store_server_errors: true,
@@ -207,6 +212,34 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// [`IDEMPOTENCY_KEY_EXPIRED`](super::IDEMPOTENCY_KEY_EXPIRED) until the record is swept.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.config.retention = retention;
+        self
+    }
+
+    /// The retention of the requests for which `by` says one, the default
+    /// ([`retention`](Self::retention)) for the others: a payment's key may be kept for a month,
+    /// a search's for an hour. A retention over ten years is kept as ten years. The
+    /// [sweeper](crate::idempotency::store::IdempotencyStore::sweep) deletes each record when
+    /// its own retention has ended, and never one still `PROCESSING`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::idempotency::server::IdempotencyLayer;
+    /// use surely::idempotency::store::MemoryStore;
+    ///
+    /// let layer = IdempotencyLayer::builder(MemoryStore::new())
+    ///     .retention(Duration::from_secs(3600))
+    ///     .retention_by(|parts| {
+    ///         parts.uri.path().starts_with("/payments").then(|| Duration::from_secs(30 * 86_400))
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn retention_by<F>(mut self, by: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<Duration> + Send + Sync + 'static,
+    {
+        self.config.retention_by = Some(Arc::new(by));
         self
     }
 

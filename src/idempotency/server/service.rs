@@ -132,7 +132,7 @@ where
         }
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let keyed = matches!(plan, Plan::Keyed(_));
+        let keyed = matches!(plan, Plan::Keyed(..));
         let detach = keyed && config.detach;
         let work = run(config, inner, parts, body, plan);
         if detach {
@@ -211,8 +211,8 @@ enum Plan {
     Answer(Response<Full<Bytes>>),
     /// No key, none required: read the body and call the handler.
     PassThrough,
-    /// A keyed request.
-    Keyed(RecordKey),
+    /// A keyed request, and how long its record is kept once complete.
+    Keyed(RecordKey, Duration),
 }
 
 fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
@@ -269,7 +269,12 @@ fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
         Some(f) => f(parts),
         None => format!("{} {}", parts.method, parts.uri.path()),
     };
-    Plan::Keyed(RecordKey::new(tenant, operation, key))
+    let retention = config
+        .retention_by
+        .as_ref()
+        .and_then(|by| by(parts))
+        .map_or(config.retention, |r| r.min(super::layer::MAX_PERIOD));
+    Plan::Keyed(RecordKey::new(tenant, operation, key), retention)
 }
 
 async fn run<S, St, B, RB>(
@@ -297,8 +302,8 @@ where
             return Ok(error(StatusCode::BAD_REQUEST, "REQUEST_BODY_FAILED", &why));
         }
     };
-    let key = match plan {
-        Plan::Keyed(key) => key,
+    let (key, retention) = match plan {
+        Plan::Keyed(key, retention) => (key, retention),
         Plan::Answer(res) => return Ok(res),
         Plan::PassThrough => {
             let res = inner
@@ -360,7 +365,7 @@ where
     };
     parts
         .extensions
-        .insert(Ticket::new(key.clone(), fence, config.retention));
+        .insert(Ticket::new(key.clone(), fence, retention));
     let mut guard = ReleaseIfDropped {
         armed: Some((config.clone(), key.clone(), fence)),
     };
@@ -390,10 +395,7 @@ where
         config.store.release(&key, fence).await
     } else {
         let stored = StoredResponse::new(head.status, &head.headers, body.clone());
-        config
-            .store
-            .complete(&key, fence, &stored, config.retention)
-            .await
+        config.store.complete(&key, fence, &stored, retention).await
     };
     if let Err(e) = outcome {
         // Refused when the handler completed the record itself (in its own transaction), or when

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::{
     Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError, StoredResponse,
+    StuckRecord,
 };
 
 /// The embedded store: records in memory, for one process.
@@ -82,6 +83,8 @@ struct Record {
 enum State {
     Processing {
         lease_until: Instant,
+        /// When the owner acquired it: renewals do not move it.
+        since: Instant,
     },
     Completed {
         response: StoredResponse,
@@ -139,7 +142,10 @@ impl MemoryStore {
                 v.insert(Record {
                     digest: *digest,
                     fence: 1,
-                    state: State::Processing { lease_until },
+                    state: State::Processing {
+                        lease_until,
+                        since: now,
+                    },
                 });
                 Acquire::Owner(Fence(1))
             }
@@ -147,7 +153,9 @@ impl MemoryStore {
                 let record = o.get_mut();
                 match &record.state {
                     State::Released { .. } => {}
-                    State::Processing { lease_until: held } => {
+                    State::Processing {
+                        lease_until: held, ..
+                    } => {
                         if record.digest != *digest {
                             return Acquire::Mismatch;
                         }
@@ -173,7 +181,10 @@ impl MemoryStore {
                 // Released, or a lease that passed: take over.
                 record.fence += 1;
                 record.digest = *digest;
-                record.state = State::Processing { lease_until };
+                record.state = State::Processing {
+                    lease_until,
+                    since: now,
+                };
                 Acquire::Owner(Fence(record.fence))
             }
         }
@@ -190,6 +201,40 @@ impl MemoryStore {
             }
             _ => Err(StoreError::stale()),
         }
+    }
+
+    /// Extends the lease of the record owned with `fence`, keeping when it was acquired.
+    fn renew_now(&self, key: &RecordKey, fence: Fence, lease: Duration) -> Result<(), StoreError> {
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(Record {
+                fence: f,
+                state: State::Processing { lease_until, .. },
+                ..
+            }) if *f == fence.0 => {
+                *lease_until = later(Instant::now(), lease);
+                Ok(())
+            }
+            _ => Err(StoreError::stale()),
+        }
+    }
+
+    fn stuck_now(&self, older_than: Duration, limit: usize) -> Vec<StuckRecord> {
+        let now = Instant::now();
+        let mut stuck: Vec<StuckRecord> = Vec::new();
+        for shard in self.shared.shards.iter() {
+            for (key, record) in lock(shard).iter() {
+                if let State::Processing { since, .. } = record.state {
+                    let age = now.saturating_duration_since(since);
+                    if age >= older_than {
+                        stuck.push(StuckRecord::new(key.clone(), Fence(record.fence), age));
+                    }
+                }
+            }
+        }
+        stuck.sort_by_key(|s| std::cmp::Reverse(s.age));
+        stuck.truncate(limit);
+        stuck
     }
 
     fn sweep_now(&self, keep_expired_for: Duration) -> u64 {
@@ -275,10 +320,15 @@ impl IdempotencyStore for MemoryStore {
         fence: Fence,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let state = State::Processing {
-            lease_until: later(Instant::now(), lease),
-        };
-        ready(self.finish(key, fence, state))
+        ready(self.renew_now(key, fence, lease))
+    }
+
+    fn stuck(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<StuckRecord>, StoreError>> + Send {
+        ready(Ok(self.stuck_now(older_than, limit)))
     }
 
     fn sweep(

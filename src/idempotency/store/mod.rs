@@ -522,6 +522,80 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         &self,
         keep_expired_for: Duration,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The records still `PROCESSING` whose owner acquired them `older_than` ago or more (a
+    /// renewal does not make a record younger), oldest first, at most `limit`: owners that
+    /// crashed, hang, or are slower than anyone planned for. See [`report_stuck`].
+    fn stuck(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<StuckRecord>, StoreError>> + Send;
+}
+
+/// A record found `PROCESSING` for longer than a threshold by [`IdempotencyStore::stuck`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct StuckRecord {
+    /// Its scope: tenant, operation, key.
+    pub key: RecordKey,
+    /// Its owner: the fence the owner holds.
+    pub fence: Fence,
+    /// How long ago the owner acquired it.
+    pub age: Duration,
+}
+
+impl StuckRecord {
+    /// A stuck record; for stores of your own.
+    pub fn new(key: RecordKey, fence: Fence, age: Duration) -> Self {
+        StuckRecord { key, fence, age }
+    }
+}
+
+/// Reports the records that have been `PROCESSING` for `older_than` or more (at most 100, the
+/// oldest first): a `tracing` warning for each, with its tenant, operation, key, owner's fence and
+/// age, and the records themselves for an operator or a job to act on.
+///
+/// Run it on a schedule beside the [sweeper](IdempotencyStore::sweep), with a threshold well
+/// over the longest a handler should take: a record still processing then is an owner that
+/// crashed or hangs (its key answers `409` until the lease passes), or a handler slower than
+/// anyone planned for. Nothing here changes the record: a takeover is still the next request's,
+/// after the lease.
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::idempotency::store::{report_stuck, IdempotencyStore, MemoryStore, RecordKey, RequestDigest};
+/// use surely::idempotency::IdempotencyKey;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let store = MemoryStore::new();
+/// let key = RecordKey::new("acme", "POST /payments", IdempotencyKey::new("pay-1").unwrap());
+/// store.acquire(&key, &RequestDigest::of(b"42"), Duration::from_secs(30)).await.unwrap();
+///
+/// tokio::time::advance(Duration::from_secs(600)).await;
+/// let stuck = report_stuck(&store, Duration::from_secs(300)).await.unwrap();
+/// assert_eq!(stuck.len(), 1);
+/// assert_eq!(stuck[0].key.operation(), "POST /payments");
+/// assert_eq!(stuck[0].fence.get(), 1);
+/// # }
+/// ```
+pub async fn report_stuck<St: IdempotencyStore>(
+    store: &St,
+    older_than: Duration,
+) -> Result<Vec<StuckRecord>, StoreError> {
+    let stuck = store.stuck(older_than, 100).await?;
+    for s in &stuck {
+        tracing::warn!(
+            tenant = s.key.tenant(),
+            operation = s.key.operation(),
+            key = s.key.key().as_str(),
+            fence = s.fence.get(),
+            age_secs = s.age.as_secs(),
+            "idempotency record still processing after {:?}",
+            s.age
+        );
+    }
+    Ok(stuck)
 }
 
 impl<S: IdempotencyStore> IdempotencyStore for Arc<S> {
@@ -566,6 +640,14 @@ impl<S: IdempotencyStore> IdempotencyStore for Arc<S> {
         keep_expired_for: Duration,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
         (**self).sweep(keep_expired_for)
+    }
+
+    fn stuck(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<StuckRecord>, StoreError>> + Send {
+        (**self).stuck(older_than, limit)
     }
 }
 

@@ -13,8 +13,10 @@ use tokio_postgres::{NoTls, Row};
 
 use super::{
     Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError, StoredResponse,
+    StuckRecord,
 };
 use crate::idempotency::server::Ticket;
+use crate::idempotency::IdempotencyKey;
 use crate::ConfigError;
 
 /// The store for services that run more than one instance: records in a PostgreSQL table, with
@@ -80,6 +82,7 @@ struct Sql {
     release: String,
     renew: String,
     sweep: String,
+    stuck: String,
 }
 
 const PROCESSING: i16 = 0;
@@ -111,19 +114,25 @@ impl Sql {
                     header_names text[],
                     header_values bytea[],
                     body bytea,
+                    acquired_at timestamptz,
                     PRIMARY KEY (tenant, operation, key)
                 );
-                CREATE INDEX IF NOT EXISTS {t}_expires_at ON {t} (expires_at) WHERE state <> {PROCESSING};"
+                ALTER TABLE {t} ADD COLUMN IF NOT EXISTS acquired_at timestamptz;
+                CREATE INDEX IF NOT EXISTS {t}_expires_at ON {t} (expires_at) WHERE state <> {PROCESSING};
+                CREATE INDEX IF NOT EXISTS {t}_processing ON {t} (acquired_at) WHERE state = {PROCESSING};"
             ),
             // One round trip: the upsert, and beside it the record as the statement's snapshot
             // saw it (for the answer when the upsert changed nothing).
             acquire: format!(
                 "WITH acquired AS (
-                     INSERT INTO {t} AS r (tenant, operation, key, digest, state, fence, lease_until)
-                     VALUES ($1, $2, $3, $4, {PROCESSING}, 1, now() + make_interval(secs => $5))
+                     INSERT INTO {t} AS r
+                         (tenant, operation, key, digest, state, fence, lease_until, acquired_at)
+                     VALUES ($1, $2, $3, $4, {PROCESSING}, 1, now() + make_interval(secs => $5),
+                             now())
                      ON CONFLICT (tenant, operation, key) DO UPDATE
                      SET state = {PROCESSING}, fence = r.fence + 1, digest = EXCLUDED.digest,
-                         lease_until = EXCLUDED.lease_until, expires_at = NULL, status = NULL,
+                         lease_until = EXCLUDED.lease_until, acquired_at = now(),
+                         expires_at = NULL, status = NULL,
                          header_names = NULL, header_values = NULL, body = NULL
                      WHERE r.state = {RELEASED}
                         OR (r.state = {PROCESSING} AND r.lease_until <= now()
@@ -151,6 +160,16 @@ impl Sql {
             sweep: format!(
                 "DELETE FROM {t}
                  WHERE state <> {PROCESSING} AND expires_at + make_interval(secs => $1) <= now()"
+            ),
+            // A record from before `acquired_at` existed counts from its lease.
+            stuck: format!(
+                "SELECT tenant, operation, key, fence,
+                     GREATEST(EXTRACT(EPOCH FROM (now() - COALESCE(acquired_at, lease_until))), 0)::float8
+                 FROM {t}
+                 WHERE state = {PROCESSING}
+                   AND COALESCE(acquired_at, lease_until) <= now() - make_interval(secs => $1)
+                 ORDER BY COALESCE(acquired_at, lease_until)
+                 LIMIT $2"
             ),
         }
     }
@@ -525,6 +544,35 @@ impl IdempotencyStore for PostgresStore {
             &lease,
         ];
         self.update_owned(&self.sql.renew, &params).await
+    }
+
+    async fn stuck(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<Vec<StuckRecord>, StoreError> {
+        let client = self.pool.get().await.map_err(StoreError::backend)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(&self.sql.stuck, &[&secs(older_than), &limit])
+            .await
+            .map_err(StoreError::backend)?;
+        rows.iter()
+            .map(|row| {
+                let e = StoreError::backend;
+                let tenant: &str = row.try_get(0).map_err(e)?;
+                let operation: &str = row.try_get(1).map_err(e)?;
+                let key: &str = row.try_get(2).map_err(e)?;
+                let fence: i64 = row.try_get(3).map_err(e)?;
+                let age: f64 = row.try_get(4).map_err(e)?;
+                let key = IdempotencyKey::new(key).map_err(StoreError::backend)?;
+                Ok(StuckRecord::new(
+                    RecordKey::new(tenant, operation, key),
+                    Fence::new(fence as u64),
+                    Duration::try_from_secs_f64(age).unwrap_or(Duration::ZERO),
+                ))
+            })
+            .collect()
     }
 
     async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {
