@@ -10,8 +10,19 @@
 //! * `memory_bounded/acquire_complete`: the same, with a fresh store every 65 536 keys, as for a
 //!   store whose sweeper keeps it small (the old stores are dropped after the timing).
 //! * `memory/replay`: `acquire` of a completed key: the replay lookup of a duplicate.
-//! * `postgres/acquire_complete`, `postgres/replay`: the same on PostgreSQL over loopback, when
-//!   `SURELY_TEST_POSTGRES_URL` is set (a fresh table, dropped at the end).
+//! * `memory/acquire_complete_digest`: the same as `memory/acquire_complete`, with a 3 000-byte
+//!   operation, which `RecordKey` keeps as a prefix and a SHA-256 digest (client input of any
+//!   length never becomes a 5xx).
+//! * `postgres/acquire_complete`, `postgres/replay`, `postgres/acquire_complete_digest`: the
+//!   same on PostgreSQL over loopback, when `SURELY_TEST_POSTGRES_URL` is set (a fresh table,
+//!   dropped at the end).
+//! * `memory_layer/…` (and `postgres_layer/…`): one keyed request through the whole
+//!   `IdempotencyLayer`, in process (body read and hashed, acquire, handler, complete), the
+//!   handler yielding once: `inline`, dropped with a caller that leaves
+//!   (`cancel_with_caller()`); `default`, finished on a task of its own should the caller leave,
+//!   here with the caller waiting; `caller_leaves`, the caller gone after the first poll, and the
+//!   work spawned and run to its end. The summary prints the ratio default ÷ inline; the target
+//!   is ≤ 1.2.
 //!
 //! Everything runs on a current-thread tokio runtime, so the memory figures are one core's.
 //! Criterion's estimate gives the mean time per operation (ops/s = 1 / mean); after it, a
@@ -48,6 +59,19 @@ fn key(n: u64) -> RecordKey {
     RecordKey::new("tenant", "POST /orders", key)
 }
 
+/// A 3 000-byte operation, kept as a prefix and a digest.
+fn long_operation() -> String {
+    let mut op = String::from("POST /search/");
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    while op.len() < 3_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        op.push(char::from(b'a' + (x % 26) as u8));
+    }
+    op
+}
+
 fn response() -> StoredResponse {
     let mut headers = HeaderMap::new();
     headers.insert("location", "/orders/o-1".parse().expect("a header value"));
@@ -58,14 +82,22 @@ fn response() -> StoredResponse {
     )
 }
 
-/// One acquire + complete of key `n`.
+/// One acquire + complete of key `n` (with a 3 000-byte operation when `long` is given).
 async fn acquire_complete<St: IdempotencyStore>(
     store: &St,
     n: u64,
     digest: &RequestDigest,
     res: &StoredResponse,
 ) {
-    let key = key(n);
+    acquire_complete_as(store, key(n), digest, res).await
+}
+
+async fn acquire_complete_as<St: IdempotencyStore>(
+    store: &St,
+    key: RecordKey,
+    digest: &RequestDigest,
+    res: &StoredResponse,
+) {
     match store.acquire(&key, digest, LEASE).await {
         Ok(Acquire::Owner(fence)) => {
             let done = store.complete(&key, fence, res, RETENTION).await;
@@ -169,6 +201,22 @@ fn bench_store<St: IdempotencyStore>(
             })
         })
     });
+    let long = long_operation();
+    group.bench_function("acquire_complete_digest", |b| {
+        b.iter_custom(|iters| {
+            let base = next;
+            next += iters;
+            rt.block_on(async {
+                let start = Instant::now();
+                for i in 0..iters {
+                    let key = IdempotencyKey::new(format!("k-{}", base + i)).expect("a valid key");
+                    let key = RecordKey::new("tenant", long.as_str(), key);
+                    acquire_complete_as(store, key, &digest, &res).await;
+                }
+                start.elapsed()
+            })
+        })
+    });
     let done = key(u64::MAX);
     rt.block_on(acquire_complete(store, u64::MAX, &digest, &res));
     group.bench_function("replay", |b| {
@@ -214,9 +262,140 @@ fn main() {
     println!("memory store: {} records after the bench", memory.len());
     drop(memory);
     bench_bounded(&mut c, &rt);
+    let mut layers = vec![bench_layer(&mut c, &rt, "memory_layer", MemoryStore::new)];
 
-    postgres(&mut c, &rt);
+    layers.extend(postgres(&mut c, &rt));
     c.final_summary();
+    println!();
+    println!(
+        "the layer's keyed path, in process, the caller waiting: the default (the work goes on \
+         if the caller leaves) ÷ cancel_with_caller"
+    );
+    for (name, inline, default) in layers {
+        let ratio = default / inline;
+        let verdict = if ratio <= 1.2 { "met" } else { "MISSED" };
+        println!(
+            "  {name:<16} inline {:>10.2?}  default {:>10.2?}  ratio {ratio:.2} (≤ 1.20) {verdict}",
+            Duration::from_secs_f64(inline),
+            Duration::from_secs_f64(default),
+        );
+    }
+}
+
+/// One keyed request through the whole layer, in process, its handler yielding once: with
+/// `cancel_with_caller()` (`inline`), with the default that finishes the work on a task of its
+/// own should the caller leave, while the caller waits (`default`), and when the caller leaves
+/// after the first poll (`caller_leaves`: the work is spawned, and runs to its end there).
+/// Returns the group's name and the median seconds per request of the first two.
+///
+/// A memory store is made anew every 65 536 requests (`store` makes them), as a sweeper keeps a
+/// store small: otherwise the cases after the first would run on a store millions of records
+/// larger, and measure its cache misses.
+fn bench_layer<St: IdempotencyStore + Clone>(
+    c: &mut Criterion,
+    rt: &Runtime,
+    name: &'static str,
+    store: impl Fn() -> St,
+) -> (&'static str, f64, f64) {
+    const BOUND: u64 = 1 << 16;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use http_body_util::Full;
+    use surely::idempotency::server::IdempotencyLayer;
+    use tower::{Layer, Service, ServiceExt};
+
+    let done = Arc::new(AtomicU64::new(0));
+    let finished = done.clone();
+    let handler = tower::service_fn(move |_req: http::Request<Full<Bytes>>| {
+        let finished = finished.clone();
+        async move {
+            tokio::task::yield_now().await;
+            finished.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(201)
+                    .body(Full::new(Bytes::from_static(b"{\"id\":\"o-1\"}")))
+                    .expect("a response"),
+            )
+        }
+    });
+    let request = |n: u64| {
+        http::Request::post("/orders")
+            .header("idempotency-key", format!("k-{n}"))
+            .body(Full::new(Bytes::from_static(b"{\"item\":\"book\"}")))
+            .expect("a request")
+    };
+    let mut medians = [0.0f64; 3];
+    let mut next = 0u64;
+    let mut group = c.benchmark_group(name);
+    let cases = [
+        ("inline", false, false),
+        ("default", true, false),
+        ("caller_leaves", true, true),
+    ];
+    for (i, (case, detach, leaves)) in cases.into_iter().enumerate() {
+        let service = || {
+            let builder = IdempotencyLayer::builder(store());
+            let layer = if detach {
+                builder.build()
+            } else {
+                builder.cancel_with_caller().build()
+            }
+            .expect("a layer");
+            layer.layer(handler.clone())
+        };
+        let mut svc = service();
+        let mut per_request = Vec::new();
+        group.bench_function(case, |b| {
+            b.iter_custom(|iters| {
+                let base = next;
+                next += iters;
+                let took = rt.block_on(async {
+                    let start = Instant::now();
+                    for n in 0..iters {
+                        if (base + n) % BOUND == BOUND - 1 {
+                            svc = service();
+                        }
+                        let ready = ServiceExt::<http::Request<Full<Bytes>>>::ready(&mut svc)
+                            .await
+                            .expect("ready");
+                        let mut call = ready.call(request(base + n));
+                        if leaves {
+                            let before = done.load(Ordering::SeqCst);
+                            // One poll (the handler yields), then the caller is gone.
+                            tokio::select! {
+                                biased;
+                                _ = &mut call => unreachable!("the handler yields first"),
+                                _ = std::future::ready(()) => {}
+                            }
+                            drop(call);
+                            while done.load(Ordering::SeqCst) == before {
+                                tokio::task::yield_now().await;
+                            }
+                        } else {
+                            let res = call.await.expect("an answer");
+                            assert_eq!(res.status(), StatusCode::CREATED);
+                        }
+                    }
+                    start.elapsed()
+                });
+                per_request.push(took.as_secs_f64() / iters as f64);
+                took
+            })
+        });
+        // The median of criterion's samples (the last ones; the ones before are warm-up).
+        let tail = per_request.len().saturating_sub(20);
+        let mut samples = per_request[tail..].to_vec();
+        samples.sort_by(f64::total_cmp);
+        medians[i] = samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN);
+    }
+    group.finish();
+    println!(
+        "{name}/caller_leaves: {:.2?} a request, to its handler's answer on a task of its own",
+        Duration::from_secs_f64(medians[2])
+    );
+    (name, medians[0], medians[1])
 }
 
 /// Acquire + complete on stores that never hold more than 65 536 records.
@@ -264,12 +443,12 @@ fn bench_bounded(c: &mut Criterion, rt: &Runtime) {
 }
 
 #[cfg(feature = "postgres")]
-fn postgres(c: &mut Criterion, rt: &Runtime) {
+fn postgres(c: &mut Criterion, rt: &Runtime) -> Option<(&'static str, f64, f64)> {
     use surely::idempotency::store::PostgresStore;
 
     let Ok(url) = std::env::var("SURELY_TEST_POSTGRES_URL") else {
         println!("postgres: skipped (SURELY_TEST_POSTGRES_URL is not set)");
-        return;
+        return None;
     };
     let table = format!("surely_idem_bench_{}", std::process::id());
     let store = PostgresStore::connect(&url)
@@ -280,6 +459,7 @@ fn postgres(c: &mut Criterion, rt: &Runtime) {
         .expect("a store");
     rt.block_on(store.migrate()).expect("migrate");
     bench_store(c, rt, "postgres", &store, 2_000);
+    let layers = bench_layer(c, rt, "postgres_layer", || store.clone());
     rt.block_on(async {
         let client = store.pool().get().await.expect("a connection");
         client
@@ -287,9 +467,11 @@ fn postgres(c: &mut Criterion, rt: &Runtime) {
             .await
             .expect("drop the bench table");
     });
+    Some(layers)
 }
 
 #[cfg(not(feature = "postgres"))]
-fn postgres(_: &mut Criterion, _: &Runtime) {
+fn postgres(_: &mut Criterion, _: &Runtime) -> Option<(&'static str, f64, f64)> {
     println!("postgres: skipped (built without the `postgres` feature)");
+    None
 }

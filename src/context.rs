@@ -473,13 +473,9 @@ pin_project_lite::pin_project! {
 }
 
 impl<F> InContext<F> {
-    /// `inner`, in the current context and span.
-    pub(crate) fn new(inner: F) -> Self {
-        InContext {
-            inner,
-            ctx: Context::current(),
-            span: tracing::Span::current(),
-        }
+    /// `inner`, in `ctx` and `span`.
+    pub(crate) fn with(inner: F, ctx: Context, span: tracing::Span) -> Self {
+        InContext { inner, ctx, span }
     }
 }
 

@@ -258,8 +258,8 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
         self
     }
 
-    /// Runs a keyed request's handler inside the request's own future, so that it is dropped
-    /// with it when the caller goes away, instead of on a task of its own (the default; see
+    /// Drops a keyed request's work (its handler included) with the request's future when the
+    /// caller goes away, instead of finishing it on a task of its own (the default; see
     /// [a caller that goes away](super#a-caller-that-goes-away)).
     ///
     /// An owner whose handler is dropped before it answered releases its key at once, so the

@@ -64,15 +64,18 @@
 //! A client whose attempt timed out closes its connection, and hyper drops the request's future.
 //! Were the handler dropped with it, its record would stay `PROCESSING` until the lease ran out,
 //! and every retry would get `409` meanwhile: the payment made by nobody, within the client's
-//! deadline. So a keyed request's handler runs **on a task of its own** (spawned on the current
-//! runtime, in the call context and `tracing` span it was called in, so it keeps the deadline
-//! a [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) gave it): it runs to its end,
-//! its result is stored, and the client's retry gets the replay. That is why the handler and its
-//! future must be `Send + 'static` (as any service hyper serves already is).
+//! deadline. So a keyed request that its caller leaves **goes on, on a task of its own**: when
+//! its future is dropped before it answered, the work in flight (body, acquire, handler,
+//! completion) is spawned on the current runtime, in the call context and `tracing` span it was
+//! called in (so it keeps the deadline a
+//! [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) gave it); it runs to its end,
+//! its result is stored, and the client's retry gets the replay. While the caller waits, the work
+//! runs in the caller's task, and costs nothing more. That is why the handler and its future
+//! must be `Send + 'static` (as any service hyper serves already is).
 //!
 //! [`cancel_with_caller`](IdempotencyLayerBuilder::cancel_with_caller) keeps the handler in the
-//! request's own future instead. Whenever an owner's handler is dropped before it answered (so
-//! opted out, or the runtime shutting down), the owner releases its key at once rather than
+//! request's own future, dropped with it. Whenever an owner's handler is dropped before it
+//! answered (so opted out, or the runtime shutting down), the owner releases its key at once rather than
 //! holding it for the lease: safe for a handler whose writes commit with its completion (a
 //! dropped transaction rolls back), a second run of work done in part for one that does not.
 //! A runtime that shuts down cannot run the release; the lease then passes, and the next request
@@ -175,9 +178,6 @@ pub const IDEMPOTENCY_BODY_TOO_LARGE: &str = "IDEMPOTENCY_BODY_TOO_LARGE";
 pub const IDEMPOTENCY_TENANT_MISSING: &str = "IDEMPOTENCY_TENANT_MISSING";
 /// `503` with `Retry-After`: the store could not be reached; the handler did not run.
 pub const IDEMPOTENCY_STORE_UNAVAILABLE: &str = "IDEMPOTENCY_STORE_UNAVAILABLE";
-/// `503`: the server stopped a keyed request's handler before it answered (the runtime shut
-/// down); the handler may have run in part, and its key waits out its lease.
-pub const IDEMPOTENCY_HANDLER_CANCELLED: &str = "IDEMPOTENCY_HANDLER_CANCELLED";
 /// `400`: the store refused a value the request itself brought; the handler did not run, and
 /// the same request would be refused again.
 pub const IDEMPOTENCY_REQUEST_REJECTED: &str = "IDEMPOTENCY_REQUEST_REJECTED";

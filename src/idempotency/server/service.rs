@@ -16,13 +16,13 @@ use tower_service::Service;
 
 use super::layer::Config;
 use super::{
-    Ticket, IDEMPOTENCY_BODY_TOO_LARGE, IDEMPOTENCY_ERROR, IDEMPOTENCY_HANDLER_CANCELLED,
-    IDEMPOTENCY_KEY_EXPIRED, IDEMPOTENCY_KEY_INVALID, IDEMPOTENCY_KEY_IN_FLIGHT,
-    IDEMPOTENCY_KEY_MISMATCH, IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_REQUEST_REJECTED,
-    IDEMPOTENCY_STORE_UNAVAILABLE, IDEMPOTENCY_TENANT_MISSING, IDEMPOTENT_REPLAYED,
+    Ticket, IDEMPOTENCY_BODY_TOO_LARGE, IDEMPOTENCY_ERROR, IDEMPOTENCY_KEY_EXPIRED,
+    IDEMPOTENCY_KEY_INVALID, IDEMPOTENCY_KEY_IN_FLIGHT, IDEMPOTENCY_KEY_MISMATCH,
+    IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_REQUEST_REJECTED, IDEMPOTENCY_STORE_UNAVAILABLE,
+    IDEMPOTENCY_TENANT_MISSING, IDEMPOTENT_REPLAYED,
 };
 use crate::classify::{BoxError, KEY_IN_FLIGHT, NOT_PROCESSED};
-use crate::context::InContext;
+use crate::context::{Context as CallContext, InContext};
 use crate::idempotency::error::InvalidKey;
 use crate::idempotency::store::{
     Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoredResponse,
@@ -82,21 +82,50 @@ impl<S: fmt::Debug, St> fmt::Debug for IdempotencyService<S, St> {
 /// One boxed future per request: the work is a sequence of awaits on the store and on two
 /// bodies, whose store I/O dwarfs one allocation; a hand-written state machine over a generic
 /// store's `impl Future`s would gain little and be hard to read.
-pub struct ResponseFuture<E> {
-    inner: BoxFuture<E>,
+///
+/// A keyed request's future, dropped before it answered (its caller went away), is not dropped
+/// with it: it moves onto a task of its own and runs to its end there, in the call context and
+/// `tracing` span it was called in (unless the layer was told to
+/// [`cancel_with_caller`](super::IdempotencyLayerBuilder::cancel_with_caller)). While its caller
+/// waits, it runs in the caller's task, at no extra cost.
+pub struct ResponseFuture<E: Send + 'static> {
+    // `None` once it answered.
+    inner: Option<BoxFuture<E>>,
+    // Where to finish the work if the caller goes away first; `None` to drop it with the caller.
+    orphan: Option<(CallContext, tracing::Span)>,
 }
 
 type BoxFuture<E> = Pin<Box<dyn Future<Output = Result<Response<Full<Bytes>>, E>> + Send>>;
 
-impl<E> Future for ResponseFuture<E> {
+impl<E: Send + 'static> Future for ResponseFuture<E> {
     type Output = Result<Response<Full<Bytes>>, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+        let Some(inner) = self.inner.as_mut() else {
+            // Polled again after it answered.
+            return Poll::Pending;
+        };
+        let out = std::task::ready!(inner.as_mut().poll(cx));
+        self.inner = None;
+        Poll::Ready(out)
     }
 }
 
-impl<E> fmt::Debug for ResponseFuture<E> {
+impl<E: Send + 'static> Drop for ResponseFuture<E> {
+    fn drop(&mut self) {
+        let (Some(work), Some((ctx, span))) = (self.inner.take(), self.orphan.take()) else {
+            return;
+        };
+        // The caller went away mid-request: the work goes on, on a task of its own, so that its
+        // result is stored for the retry. No runtime (or one shutting down, which drops the
+        // task): the owner's key waits out its lease.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(InContext::with(work, ctx, span));
+        }
+    }
+}
+
+impl<E: Send + 'static> fmt::Debug for ResponseFuture<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
@@ -132,39 +161,14 @@ where
         }
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let keyed = matches!(plan, Plan::Keyed(..));
-        let detach = keyed && config.detach;
-        let work = run(config, inner, parts, body, plan);
-        if detach {
-            // A keyed request runs to its end on a task of its own, in the context (deadline,
-            // span) it was called in: a caller that goes away does not strand its key.
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let task = runtime.spawn(InContext::new(work));
-                return ResponseFuture {
-                    inner: Box::pin(joined(task)),
-                };
-            }
-        }
+        // A keyed request runs to its end even if its caller goes away, in the context
+        // (deadline, span) it was called in: its key is not stranded.
+        let orphan = (matches!(plan, Plan::Keyed(..)) && config.detach)
+            .then(|| (CallContext::current(), tracing::Span::current()));
         ResponseFuture {
-            inner: Box::pin(work),
+            inner: Some(Box::pin(run(config, inner, parts, body, plan))),
+            orphan,
         }
-    }
-}
-
-/// The answer of a handler run on a task of its own. A panic goes on as it would have inline;
-/// a task the runtime cancelled (it is shutting down) answers 503 without a promise: the
-/// handler may have run in part.
-async fn joined<E>(
-    task: tokio::task::JoinHandle<Result<Response<Full<Bytes>>, E>>,
-) -> Result<Response<Full<Bytes>>, E> {
-    match task.await {
-        Ok(out) => out,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => Ok(error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            IDEMPOTENCY_HANDLER_CANCELLED,
-            "the server stopped the handler before it answered; it may have run in part",
-        )),
     }
 }
 
@@ -201,7 +205,8 @@ impl<St: IdempotencyStore> Drop for ReleaseIfDropped<St> {
 
 fn ready<E: Send + 'static>(res: Response<Full<Bytes>>) -> ResponseFuture<E> {
     ResponseFuture {
-        inner: Box::pin(std::future::ready(Ok(res))),
+        inner: Some(Box::pin(std::future::ready(Ok(res)))),
+        orphan: None,
     }
 }
 
