@@ -171,10 +171,16 @@ const DIGEST_SUFFIX_BYTES: usize = 8 + 64;
 /// `value` if it is at most `max` bytes and has no NUL; otherwise a prefix of it (cut on a
 /// character boundary) followed by `~sha256:` and the hex digest of the whole value, `max` bytes
 /// at most.
+#[inline]
 fn bounded(value: Box<str>, max: usize) -> Box<str> {
-    if value.len() <= max && !value.contains('\0') {
+    if value.len() <= max && !value.as_bytes().contains(&0) {
         return value;
     }
+    digested(value, max)
+}
+
+#[cold]
+fn digested(value: Box<str>, max: usize) -> Box<str> {
     let mut cut = value.len().min(max - DIGEST_SUFFIX_BYTES);
     while !value.is_char_boundary(cut) {
         cut -= 1;
