@@ -269,6 +269,18 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// a dropped handler's transaction rolls back. A handler that is not transactional may have
     /// done part of its work when it was dropped, and the retry does it again: keep the
     /// default for those.
+    ///
+    /// ```
+    /// # #[cfg(feature = "postgres")] {
+    /// use surely::idempotency::server::IdempotencyLayer;
+    /// use surely::idempotency::store::PostgresStore;
+    ///
+    /// // Every handler writes and completes in one transaction: a dropped one rolls back.
+    /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test").unwrap();
+    /// let layer = IdempotencyLayer::builder(store).cancel_with_caller().build().unwrap();
+    /// # let _ = layer;
+    /// # }
+    /// ```
     pub fn cancel_with_caller(mut self) -> Self {
         self.config.detach = false;
         self
