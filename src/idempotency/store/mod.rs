@@ -176,11 +176,11 @@ fn bounded(value: Box<str>, max: usize) -> Box<str> {
     if value.len() <= max && !value.as_bytes().contains(&0) {
         return value;
     }
-    digested(value, max)
+    digested(&value, max)
 }
 
 #[cold]
-fn digested(value: Box<str>, max: usize) -> Box<str> {
+fn digested(value: &str, max: usize) -> Box<str> {
     let mut cut = value.len().min(max - DIGEST_SUFFIX_BYTES);
     while !value.is_char_boundary(cut) {
         cut -= 1;
