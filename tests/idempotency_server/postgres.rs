@@ -1,6 +1,8 @@
-//! The PostgreSQL store, against the server named by `SURELY_TEST_POSTGRES_URL` (CI sets it to
-//! the local server). Without the variable, each test says it is skipped, and passes. Every test
-//! has its own tables (unique names, dropped at the end), so runs may overlap and repeat.
+//! The PostgreSQL store, against the server named by `SURELY_TEST_POSTGRES_URL`, or by default
+//! the one every development and CI machine runs (`postgres://postgres@127.0.0.1:5432/test`).
+//! A server that does not answer fails the tests, with the address they tried: they never pass
+//! without it. Every test has its own tables (unique names, dropped at the end), so runs may
+//! overlap and repeat.
 //!
 //! Leases and retention here are short and real (the store uses the database's clock): at most
 //! a second, and every wait is bounded.
@@ -22,15 +24,17 @@ use crate::support::{handler, post, reply, send, Req, Seen};
 use crate::{record, scenarios};
 
 const VAR: &str = "SURELY_TEST_POSTGRES_URL";
+/// The local server of every development and CI machine.
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
-/// A migrated store in a fresh table, or `None` (skipped) without the variable.
-async fn store(test: &str) -> Option<Db> {
-    let Ok(url) = std::env::var(VAR) else {
-        eprintln!(
-            "skipped {test}: {VAR} is not set (e.g. postgres://postgres@127.0.0.1:5432/test)"
-        );
-        return None;
-    };
+/// The server the tests use.
+fn url() -> String {
+    std::env::var(VAR).unwrap_or_else(|_| DEFAULT_URL.to_owned())
+}
+
+/// A migrated store in a fresh table; panics, naming the server, if it does not answer.
+async fn store(test: &str) -> Db {
+    let url = url();
     static N: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -47,17 +51,16 @@ async fn store(test: &str) -> Option<Db> {
         .unwrap()
         .with_table(&table)
         .unwrap();
-    store
-        .migrate()
-        .await
-        .unwrap_or_else(|e| panic!("{VAR}={url} is set but migrating failed: {e}"));
+    store.migrate().await.unwrap_or_else(|e| {
+        panic!("{test}: PostgreSQL at {url} (set {VAR} to use another) did not answer: {e}")
+    });
     // Migrating twice is harmless.
     store.migrate().await.unwrap();
-    Some(Db {
+    Db {
         store,
         table,
         orders: format!("surely_orders_t{suffix}"),
-    })
+    }
 }
 
 struct Db {
@@ -90,9 +93,7 @@ impl Db {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_64_concurrent_first_requests_run_the_handler_once() {
-    let Some(db) = store("pg_64_concurrent_first_requests_run_the_handler_once").await else {
-        return;
-    };
+    let db = store("pg_64_concurrent_first_requests_run_the_handler_once").await;
     scenarios::concurrent_first_requests(db.store.clone()).await;
     db.drop_tables().await;
 }
@@ -100,9 +101,7 @@ async fn pg_64_concurrent_first_requests_run_the_handler_once() {
 /// Real time: the store's leases run on the database's clock. About a second and a half.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_a_handler_outlives_its_caller() {
-    let Some(db) = store("pg_a_handler_outlives_its_caller").await else {
-        return;
-    };
+    let db = store("pg_a_handler_outlives_its_caller").await;
     crate::disconnect::a_handler_outlives_its_caller(db.store.clone()).await;
     db.drop_tables().await;
 }
@@ -110,9 +109,7 @@ async fn pg_a_handler_outlives_its_caller() {
 /// Real time, about a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_a_handler_cancelled_with_its_caller_frees_its_key() {
-    let Some(db) = store("pg_a_handler_cancelled_with_its_caller_frees_its_key").await else {
-        return;
-    };
+    let db = store("pg_a_handler_cancelled_with_its_caller_frees_its_key").await;
     crate::disconnect::a_handler_cancelled_with_its_caller_frees_its_key(db.store.clone()).await;
     db.drop_tables().await;
 }
@@ -124,12 +121,10 @@ fn pg_a_shutdown_mid_handler_leaves_the_key_to_its_lease() {
         .enable_all()
         .build()
         .unwrap();
-    let Some(db) = setup.block_on(store(
+    let db = setup.block_on(store(
         "pg_a_shutdown_mid_handler_leaves_the_key_to_its_lease",
-    )) else {
-        return;
-    };
-    let url = std::env::var(VAR).unwrap();
+    ));
+    let url = url();
     crate::disconnect::a_shutdown_mid_handler_leaves_the_key_to_its_lease(
         || {
             PostgresStore::connect(&url)
@@ -146,9 +141,7 @@ fn pg_a_shutdown_mid_handler_leaves_the_key_to_its_lease() {
 /// A short real threshold on the database's clock: about 0.4 s.
 #[tokio::test]
 async fn pg_stuck_records_are_reported() {
-    let Some(db) = store("pg_stuck_records_are_reported").await else {
-        return;
-    };
+    let db = store("pg_stuck_records_are_reported").await;
     crate::recovery::stuck_records_are_reported(
         db.store.clone(),
         Duration::from_millis(250),
@@ -161,9 +154,7 @@ async fn pg_stuck_records_are_reported() {
 /// Real retentions of a second and of a hundred seconds: about 1.5 s.
 #[tokio::test]
 async fn pg_retention_by_operation() {
-    let Some(db) = store("pg_retention_by_operation").await else {
-        return;
-    };
+    let db = store("pg_retention_by_operation").await;
     crate::recovery::retention_by_operation(
         db.store.clone(),
         Duration::from_secs(1),
@@ -175,9 +166,7 @@ async fn pg_retention_by_operation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_client_input_never_makes_a_5xx() {
-    let Some(db) = store("pg_client_input_never_makes_a_5xx").await else {
-        return;
-    };
+    let db = store("pg_client_input_never_makes_a_5xx").await;
     crate::limits::client_input_never_makes_a_5xx(db.store.clone()).await;
     db.drop_tables().await;
 }
@@ -187,9 +176,7 @@ async fn pg_client_input_never_makes_a_5xx() {
 /// ordinary path is refused (SQLSTATE 22001).
 #[tokio::test]
 async fn pg_a_value_the_database_refuses_is_a_400_not_a_503() {
-    let Some(db) = store("pg_a_value_the_database_refuses_is_a_400_not_a_503").await else {
-        return;
-    };
+    let db = store("pg_a_value_the_database_refuses_is_a_400_not_a_503").await;
     let client = db.store.pool().get().await.unwrap();
     client
         .batch_execute(&format!(
@@ -214,9 +201,7 @@ async fn pg_a_value_the_database_refuses_is_a_400_not_a_503() {
 
 #[tokio::test]
 async fn pg_scenarios_422_400_413_tenants_stored_replay() {
-    let Some(db) = store("pg_scenarios_422_400_413_tenants_stored_replay").await else {
-        return;
-    };
+    let db = store("pg_scenarios_422_400_413_tenants_stored_replay").await;
     scenarios::all(db.store.clone()).await;
     db.drop_tables().await;
 }
@@ -225,9 +210,7 @@ async fn pg_scenarios_422_400_413_tenants_stored_replay() {
 /// completion and release are refused; the layer then replays the new owner's result.
 #[tokio::test]
 async fn pg_lease_expiry_takeover_and_stale_completion_refused() {
-    let Some(db) = store("pg_lease_expiry_takeover_and_stale_completion_refused").await else {
-        return;
-    };
+    let db = store("pg_lease_expiry_takeover_and_stale_completion_refused").await;
     let s = &db.store;
     let key = record("k-lease");
     let digest = RequestDigest::of(b"o");
@@ -282,9 +265,7 @@ async fn pg_lease_expiry_takeover_and_stale_completion_refused() {
 /// owner's renewal is refused.
 #[tokio::test]
 async fn pg_renewal_extends_the_owners_lease_only() {
-    let Some(db) = store("pg_renewal_extends_the_owners_lease_only").await else {
-        return;
-    };
+    let db = store("pg_renewal_extends_the_owners_lease_only").await;
     let s = &db.store;
     let key = record("k-renew");
     let digest = RequestDigest::of(b"o");
@@ -322,11 +303,7 @@ async fn pg_renewal_extends_the_owners_lease_only() {
 /// the retry runs and makes the one order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_crash_after_commit_with_in_transaction_completion_makes_one_order() {
-    let Some(db) =
-        store("pg_crash_after_commit_with_in_transaction_completion_makes_one_order").await
-    else {
-        return;
-    };
+    let db = store("pg_crash_after_commit_with_in_transaction_completion_makes_one_order").await;
     {
         let client = db.store.pool().get().await.unwrap();
         client
@@ -426,9 +403,7 @@ async fn pg_crash_after_commit_with_in_transaction_completion_makes_one_order() 
 /// After retention the key gets the explicit error, until swept.
 #[tokio::test]
 async fn pg_expired_key_is_an_explicit_error() {
-    let Some(db) = store("pg_expired_key_is_an_explicit_error").await else {
-        return;
-    };
+    let db = store("pg_expired_key_is_an_explicit_error").await;
     let seen = Seen::default();
     let mut svc = IdempotencyLayer::builder(db.store.clone())
         .retention(Duration::from_millis(300))
@@ -450,9 +425,7 @@ async fn pg_expired_key_is_an_explicit_error() {
 
 #[tokio::test]
 async fn pg_the_sweeper_never_deletes_a_processing_record() {
-    let Some(db) = store("pg_the_sweeper_never_deletes_a_processing_record").await else {
-        return;
-    };
+    let db = store("pg_the_sweeper_never_deletes_a_processing_record").await;
     crate::sweeper_spares_processing(db.store.clone(), tokio::time::sleep).await;
     db.drop_tables().await;
 }
