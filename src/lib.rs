@@ -104,6 +104,8 @@ pub mod grpc;
 pub mod hedge;
 pub mod idempotency;
 pub mod outcome;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod pushback;
 pub mod record;
 pub mod retry;

@@ -79,6 +79,14 @@ impl Db {
             ))
             .await
             .unwrap();
+        // And the record of its migrations.
+        client
+            .execute(
+                "DELETE FROM surely_migrations WHERE target = $1",
+                &[&self.table],
+            )
+            .await
+            .unwrap();
     }
 
     async fn order_rows(&self) -> i64 {

@@ -62,6 +62,8 @@ mod postgres;
 pub use self::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use self::postgres::PostgresStore;
+#[cfg(feature = "postgres")]
+pub(crate) use self::postgres::POSTGRES_COMPONENT;
 /// The PostgreSQL pool and driver that [`PostgresStore`] is built on, re-exported so that a
 /// handler uses the same versions.
 #[cfg(feature = "postgres")]

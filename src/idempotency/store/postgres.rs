@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use deadpool_postgres::{Manager, Pool};
+use deadpool_postgres::Pool;
 use http::StatusCode;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
 
 use super::{
     Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError, StoredResponse,
@@ -50,7 +50,9 @@ use crate::ConfigError;
 /// tokio-postgres's, so `complete_in` takes either. `sqlx` would bring its own runtime
 /// abstraction and much more code for the four statements this store needs.
 ///
-/// The table (default `surely_idempotency`) is created by [`migrate`](Self::migrate).
+/// The table (default `surely_idempotency`) is created and kept up to date by the crate's
+/// versioned migrations: [`surely::postgres::migrate`](crate::postgres::migrate) for everything
+/// the crate keeps, or [`migrate`](Self::migrate) for this store's table alone.
 pub struct PostgresStore {
     pool: Pool,
     sql: Arc<Sql>,
@@ -75,7 +77,6 @@ impl fmt::Debug for PostgresStore {
 
 struct Sql {
     table: String,
-    create: String,
     acquire: String,
     read: String,
     complete: String,
@@ -84,6 +85,50 @@ struct Sql {
     sweep: String,
     stuck: String,
 }
+
+/// The idempotency store's table, and its migrations in version order.
+pub(crate) static POSTGRES_COMPONENT: crate::postgres::Component = crate::postgres::Component {
+    name: "idempotency",
+    default_table: "surely_idempotency",
+    migrations: &[
+        crate::postgres::Migration {
+            version: 1,
+            name: "records",
+            sql: |t| {
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                        tenant text NOT NULL,
+                        operation text NOT NULL,
+                        key text NOT NULL,
+                        digest bytea NOT NULL,
+                        state smallint NOT NULL,
+                        fence bigint NOT NULL,
+                        lease_until timestamptz,
+                        expires_at timestamptz,
+                        status smallint,
+                        header_names text[],
+                        header_values bytea[],
+                        body bytea,
+                        PRIMARY KEY (tenant, operation, key)
+                    );
+                    CREATE INDEX IF NOT EXISTS {t}_expires_at ON {t} (expires_at)
+                        WHERE state <> {PROCESSING};"
+                )
+            },
+        },
+        crate::postgres::Migration {
+            version: 2,
+            name: "acquired_at",
+            sql: |t| {
+                format!(
+                    "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS acquired_at timestamptz;
+                     CREATE INDEX IF NOT EXISTS {t}_processing ON {t} (acquired_at)
+                         WHERE state = {PROCESSING};"
+                )
+            },
+        },
+    ],
+};
 
 const PROCESSING: i16 = 0;
 const COMPLETED: i16 = 1;
@@ -100,27 +145,6 @@ impl Sql {
                        t.status, t.header_names, t.header_values, t.body";
         Sql {
             table: t.to_owned(),
-            create: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                    tenant text NOT NULL,
-                    operation text NOT NULL,
-                    key text NOT NULL,
-                    digest bytea NOT NULL,
-                    state smallint NOT NULL,
-                    fence bigint NOT NULL,
-                    lease_until timestamptz,
-                    expires_at timestamptz,
-                    status smallint,
-                    header_names text[],
-                    header_values bytea[],
-                    body bytea,
-                    acquired_at timestamptz,
-                    PRIMARY KEY (tenant, operation, key)
-                );
-                ALTER TABLE {t} ADD COLUMN IF NOT EXISTS acquired_at timestamptz;
-                CREATE INDEX IF NOT EXISTS {t}_expires_at ON {t} (expires_at) WHERE state <> {PROCESSING};
-                CREATE INDEX IF NOT EXISTS {t}_processing ON {t} (acquired_at) WHERE state = {PROCESSING};"
-            ),
             // One round trip: the upsert, and beside it the record as the statement's snapshot
             // saw it (for the answer when the upsert changed nothing).
             acquire: format!(
@@ -175,23 +199,6 @@ impl Sql {
     }
 }
 
-/// A table name: a lower-case SQL identifier, optionally schema-qualified (`schema.table`).
-fn valid_table(name: &str) -> bool {
-    let ident = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 50
-            && s.bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-    };
-    match name.split_once('.') {
-        Some((schema, table)) => ident(schema) && ident(table),
-        None => ident(name),
-    }
-}
-
 /// An owner's update changed its one record, or found it taken over (or no longer processing).
 fn one_record(updated: u64) -> Result<(), StoreError> {
     if updated == 1 {
@@ -221,11 +228,7 @@ impl PostgresStore {
     ///
     /// The URL does not parse, or the pool cannot be built. Nothing connects yet.
     pub fn connect(url: &str) -> Result<Self, StoreError> {
-        let config: tokio_postgres::Config = url.parse().map_err(StoreError::backend)?;
-        let pool = Pool::builder(Manager::new(config, NoTls))
-            .max_size(16)
-            .build()
-            .map_err(StoreError::backend)?;
+        let pool = crate::postgres::connect(url).map_err(StoreError::backend)?;
         Ok(Self::new(pool))
     }
 
@@ -236,7 +239,7 @@ impl PostgresStore {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally qualified by a schema of the same form.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        if !valid_table(table) {
+        if !crate::postgres::valid_table(table) {
             return Err(ConfigError::new(
                 "idempotency table name",
                 "must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 50 bytes), optionally schema-qualified",
@@ -258,16 +261,18 @@ impl PostgresStore {
         &self.sql.table
     }
 
-    /// Creates the table and its index if they do not exist.
+    /// Applies this store's table's migrations that the database has not recorded yet (see
+    /// [`surely::postgres`](crate::postgres), whose [`migrate`](crate::postgres::migrate)
+    /// migrates everything the crate keeps, with the default table names, in one call).
     ///
     /// # Errors
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let client = self.pool.get().await.map_err(StoreError::backend)?;
-        client
-            .batch_execute(&self.sql.create)
+        crate::postgres::Migrations::only(&POSTGRES_COMPONENT, self.table())
+            .run(&self.pool)
             .await
+            .map(drop)
             .map_err(StoreError::backend)
     }
 
@@ -397,10 +402,10 @@ impl PostgresStore {
 /// limit) is the request's doing, and retrying it would fail again; anything else is the
 /// backend's.
 fn by_content(e: tokio_postgres::Error) -> StoreError {
-    let class = e.code().map(|c| &c.code()[..2]);
-    match class {
-        Some("22") | Some("54") => StoreError::rejected(e),
-        _ => StoreError::backend(e),
+    if crate::postgres::is_input_error(&e) {
+        StoreError::rejected(e)
+    } else {
+        StoreError::backend(e)
     }
 }
 
