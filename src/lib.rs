@@ -103,6 +103,7 @@ pub mod fault;
 pub mod grpc;
 pub mod hedge;
 pub mod idempotency;
+pub mod outbox;
 pub mod outcome;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -22,8 +22,11 @@ pub(crate) struct Component {
 }
 
 /// Every component the crate has, in the order they are migrated.
-fn components() -> [&'static Component; 1] {
-    [&crate::idempotency::store::POSTGRES_COMPONENT]
+fn components() -> [&'static Component; 2] {
+    [
+        &crate::idempotency::store::POSTGRES_COMPONENT,
+        &crate::outbox::POSTGRES_COMPONENT,
+    ]
 }
 
 /// The table that records which migrations were applied.
@@ -83,6 +86,16 @@ impl Migrations {
     /// optionally schema-qualified.
     pub fn idempotency_table(self, table: &str) -> Result<Self, ConfigError> {
         self.table_of(&crate::idempotency::store::POSTGRES_COMPONENT, table)
+    }
+
+    /// The outbox's table (default `surely_outbox`), as given to
+    /// [`PostgresOutbox::with_table`](crate::outbox::PostgresOutbox::with_table).
+    ///
+    /// # Errors
+    ///
+    /// As for [`idempotency_table`](Self::idempotency_table).
+    pub fn outbox_table(self, table: &str) -> Result<Self, ConfigError> {
+        self.table_of(&crate::outbox::POSTGRES_COMPONENT, table)
     }
 
     fn table_of(mut self, component: &Component, table: &str) -> Result<Self, ConfigError> {

@@ -52,11 +52,21 @@ async fn forget(pool: &Pool, table: &str) {
         .unwrap();
 }
 
+/// Every component, each in a table of this test's own.
+fn migrations(table: &str, outbox: &str) -> Migrations {
+    Migrations::new()
+        .idempotency_table(table)
+        .unwrap()
+        .outbox_table(outbox)
+        .unwrap()
+}
+
 #[tokio::test]
 async fn migrations_apply_once_in_order_and_are_recorded() {
     let pool = pool();
     let table = unique("surely_mig_once");
-    let migrations = Migrations::new().idempotency_table(&table).unwrap();
+    let outbox = unique("surely_mig_once_outbox");
+    let migrations = migrations(&table, &outbox);
     let applied = migrations.run(&pool).await.unwrap();
     let steps: Vec<String> = applied.iter().map(ToString::to_string).collect();
     assert_eq!(
@@ -64,6 +74,7 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
         [
             format!("idempotency {table} v1 (records)"),
             format!("idempotency {table} v2 (acquired_at)"),
+            format!("outbox {outbox} v1 (events)"),
         ]
     );
     // Again: nothing to do.
@@ -81,18 +92,18 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
     ));
     assert_eq!(store.stuck(Duration::ZERO, 10).await.unwrap().len(), 1);
     forget(&pool, &table).await;
+    forget(&pool, &outbox).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_that_migrate_together_apply_each_migration_once() {
     let table = unique("surely_mig_race");
+    let outbox = unique("surely_mig_race_outbox");
     let runs: Vec<_> = (0..4)
         .map(|_| {
-            let table = table.clone();
+            let (table, outbox) = (table.clone(), outbox.clone());
             tokio::spawn(async move {
-                Migrations::new()
-                    .idempotency_table(&table)
-                    .unwrap()
+                migrations(&table, &outbox)
                     .run(&pool())
                     .await
                     .unwrap()
@@ -104,8 +115,9 @@ async fn instances_that_migrate_together_apply_each_migration_once() {
     for run in runs {
         total += run.await.unwrap();
     }
-    assert_eq!(total, 2, "two migrations, each applied by one instance");
+    assert_eq!(total, 3, "three migrations, each applied by one instance");
     forget(&pool(), &table).await;
+    forget(&pool(), &outbox).await;
 }
 
 #[tokio::test]
@@ -155,14 +167,13 @@ async fn a_migration_that_fails_applies_nothing_and_says_which() {
     let pool = pool();
     // The records table exists (another table's migrations made it), so that this run's
     // records, had it written any, would show.
-    let other = unique("surely_mig_other");
-    Migrations::new()
-        .idempotency_table(&other)
-        .unwrap()
-        .run(&pool)
-        .await
-        .unwrap();
+    let (other, other_outbox) = (
+        unique("surely_mig_other"),
+        unique("surely_mig_other_outbox"),
+    );
+    migrations(&other, &other_outbox).run(&pool).await.unwrap();
     forget(&pool, &other).await;
+    forget(&pool, &other_outbox).await;
     let table = unique("surely_mig_fail");
     // Something else already has the name: a view, on which no index can be made.
     pool.get()
@@ -171,12 +182,8 @@ async fn a_migration_that_fails_applies_nothing_and_says_which() {
         .batch_execute(&format!("CREATE VIEW {table} AS SELECT 1 AS state"))
         .await
         .unwrap();
-    let err = Migrations::new()
-        .idempotency_table(&table)
-        .unwrap()
-        .run(&pool)
-        .await
-        .unwrap_err();
+    let outbox = unique("surely_mig_fail_outbox");
+    let err = migrations(&table, &outbox).run(&pool).await.unwrap_err();
     let message = err.to_string();
     assert!(
         message.contains(&format!("applying idempotency {table} v1 (records)")),

@@ -1,0 +1,199 @@
+//! The transactional outbox: an event is written in the same transaction as the business change
+//! it announces, and a relay publishes it afterwards, at least once (DESIGN §10).
+//!
+//! Writing the order and publishing `OrderCreated` are two systems: whichever goes first, a crash
+//! between them loses one or invents the other. The outbox makes them one write. The handler
+//! [enqueues](PostgresOutbox::enqueue) the event **inside its own transaction**; if the order
+//! commits, so does the event, and if it rolls back, no event exists. A [`Relay`] then claims
+//! unpublished events, publishes them through any `tower::Service` (so the crate's deadline,
+//! retry, breaker and budget can sit in front of the broker), and marks them published.
+//!
+//! What it guarantees, and what it does not:
+//!
+//! * **At least once.** An event that committed is published, eventually, while the relay runs:
+//!   a relay that dies holding events loses its claim when the claim's lease passes, and another
+//!   relay (or itself, restarted) takes them.
+//! * **Not exactly once.** A relay that published and then crashed before it marked the event,
+//!   or whose publish lost its acknowledgement (an *unknown* outcome), publishes the event again,
+//!   with the **same** [`EventId`]. The broker (NATS JetStream's duplicate window, keyed by
+//!   `Nats-Msg-Id`) or the consumer's inbox drops the copy: the outbox does not remove
+//!   duplicates, the consumer must.
+//! * **Nothing silently dropped.** An event whose publish keeps failing is retried after a wait,
+//!   and after a limit is **quarantined** with its last error: never dropped, never marked
+//!   published, visible in [`OutboxStats`] for an operator.
+//! * **Order.** Events are claimed and published in the order they were enqueued; an event that
+//!   fails waits while later ones go on, so consumers order by the event's
+//!   [version](Event::version), not by arrival.
+//!
+//! Published events are [swept](OutboxStore::sweep) after a retention.
+//!
+//! [`MemoryOutbox`] is the embedded default and the one for tests; [`PostgresOutbox`] (feature
+//! `postgres`) shares the handler's database and transaction.
+//!
+//! ```
+//! use std::time::Duration;
+//! use surely::outbox::{Event, EventId, MemoryOutbox, Relay};
+//! use tower::service_fn;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! let outbox = MemoryOutbox::new();
+//! outbox.enqueue(Event::new(EventId::derive("order o-1", "OrderCreated"), "order o-1", 1,
+//!     "OrderCreated", "o-1").unwrap());
+//!
+//! // The broker: here, a service that accepts everything.
+//! let broker = service_fn(|event: Event| async move {
+//!     println!("published {}", event.id());
+//!     Ok::<_, std::io::Error>(())
+//! });
+//! let mut relay = Relay::builder(outbox.clone(), broker).build().unwrap();
+//! let round = relay.run_once().await.unwrap();
+//! assert_eq!(round.published, 1);
+//! assert_eq!(outbox.stats_now().backlog, 0);
+//! # }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::classify::BoxError;
+
+mod event;
+mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod relay;
+
+pub use self::event::{Event, EventId, InvalidEvent};
+pub use self::memory::MemoryOutbox;
+#[cfg(feature = "postgres")]
+pub use self::postgres::PostgresOutbox;
+#[cfg(feature = "postgres")]
+pub(crate) use self::postgres::POSTGRES_COMPONENT;
+pub use self::relay::{Relay, RelayBuilder, RelayRound};
+
+/// An event a relay claimed: it holds it until it marks it, or until the claim's lease passes.
+#[derive(Clone, Debug)]
+pub struct Claimed {
+    /// The event.
+    pub event: Event,
+    /// How many publishes of it failed before this claim.
+    pub failures: u32,
+    /// The claim's number: a later claim of the same event (after this one's lease passed)
+    /// has a higher one, and the store refuses a mark made with an older.
+    claim: u64,
+}
+
+impl Claimed {
+    /// A claim; for stores of your own.
+    pub fn new(event: Event, failures: u32, claim: u64) -> Self {
+        Claimed {
+            event,
+            failures,
+            claim,
+        }
+    }
+
+    /// The claim's number.
+    pub fn claim(&self) -> u64 {
+        self.claim
+    }
+}
+
+/// What a failed publish did to its event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failed {
+    /// It will be claimed again after the wait.
+    Retry,
+    /// It failed its limit of times: it is kept, with its last error, and no longer claimed.
+    Quarantined,
+}
+
+/// How an outbox stands: what an operator watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OutboxStats {
+    /// Events not yet published (quarantined ones excluded).
+    pub backlog: u64,
+    /// How long the oldest of them has waited; `None` without any.
+    pub oldest: Option<Duration>,
+    /// Events quarantined: their publish failed past the limit.
+    pub quarantined: u64,
+}
+
+/// Where a relay finds the events to publish. [`MemoryOutbox`] and [`PostgresOutbox`]
+/// implement it; every method is one atomic operation of the store.
+pub trait OutboxStore: Send + Sync + 'static {
+    /// Claims up to `max` unpublished events that no live claim holds, oldest first, for
+    /// `lease`.
+    fn claim(
+        &self,
+        max: usize,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<Claimed>, OutboxError>> + Send;
+
+    /// Marks a claimed event published.
+    ///
+    /// # Errors
+    ///
+    /// [`OutboxError::is_stale`] if the claim is no longer the event's (its lease passed and
+    /// another relay claimed it): the event was published (at least) twice, as the outbox
+    /// allows.
+    fn published(&self, claimed: &Claimed) -> impl Future<Output = Result<(), OutboxError>> + Send;
+
+    /// Records a failed publish of a claimed event, with its error: the event is claimed again
+    /// after `retry_after`, or quarantined once it has failed `quarantine_after` times.
+    ///
+    /// # Errors
+    ///
+    /// As for [`published`](Self::published).
+    fn failed(
+        &self,
+        claimed: &Claimed,
+        error: &str,
+        retry_after: Duration,
+        quarantine_after: u32,
+    ) -> impl Future<Output = Result<Failed, OutboxError>> + Send;
+
+    /// Deletes the events published `retention` ago or more, and returns how many. Never an
+    /// unpublished or quarantined one.
+    fn sweep(&self, retention: Duration) -> impl Future<Output = Result<u64, OutboxError>> + Send;
+
+    /// The backlog, the oldest unpublished event's age, and the quarantined events.
+    fn stats(&self) -> impl Future<Output = Result<OutboxStats, OutboxError>> + Send;
+}
+
+/// An outbox operation failed: the backend failed, or a mark came with a stale claim.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}")]
+pub struct OutboxError {
+    kind: ErrorKind,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ErrorKind {
+    #[error("outbox event not marked: its claim is stale, another relay claimed it")]
+    Stale,
+    #[error("outbox store failed: {0}")]
+    Backend(BoxError),
+}
+
+impl OutboxError {
+    /// A mark with a stale claim.
+    pub fn stale() -> Self {
+        OutboxError {
+            kind: ErrorKind::Stale,
+        }
+    }
+
+    /// The backend failed.
+    pub fn backend(error: impl Into<BoxError>) -> Self {
+        OutboxError {
+            kind: ErrorKind::Backend(error.into()),
+        }
+    }
+
+    /// Whether a mark was refused for a stale claim.
+    pub fn is_stale(&self) -> bool {
+        matches!(self.kind, ErrorKind::Stale)
+    }
+}

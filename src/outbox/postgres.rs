@@ -1,0 +1,366 @@
+//! The PostgreSQL outbox.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio_postgres::Row;
+
+use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStats, OutboxStore};
+use crate::postgres::{Component, Migration, Pool};
+use crate::ConfigError;
+
+const PENDING: i16 = 0;
+const PUBLISHED: i16 = 1;
+const QUARANTINED: i16 = 2;
+
+/// The outbox's table, and its migrations in version order.
+pub(crate) static POSTGRES_COMPONENT: Component = Component {
+    name: "outbox",
+    default_table: "surely_outbox",
+    migrations: &[Migration {
+        version: 1,
+        name: "events",
+        sql: |t| {
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    seq bigserial NOT NULL,
+                    id text PRIMARY KEY,
+                    aggregate text NOT NULL,
+                    version bigint NOT NULL,
+                    kind text NOT NULL,
+                    header_names text[] NOT NULL,
+                    header_values text[] NOT NULL,
+                    payload bytea NOT NULL,
+                    state smallint NOT NULL DEFAULT {PENDING},
+                    claim bigint NOT NULL DEFAULT 0,
+                    claimed_until timestamptz,
+                    failures integer NOT NULL DEFAULT 0,
+                    last_error text,
+                    enqueued_at timestamptz NOT NULL DEFAULT now(),
+                    published_at timestamptz
+                );
+                CREATE INDEX IF NOT EXISTS {t}_pending ON {t} (seq) WHERE state = {PENDING};
+                CREATE INDEX IF NOT EXISTS {t}_published ON {t} (published_at)
+                    WHERE state = {PUBLISHED};"
+            )
+        },
+    }],
+};
+
+/// The outbox for a service whose state is in PostgreSQL: events are rows of a table (default
+/// `surely_outbox`), [enqueued](Self::enqueue) in the handler's own transaction, so that they
+/// commit or roll back with the business change they announce.
+///
+/// A relay claims rows with `FOR UPDATE SKIP LOCKED` (relays never wait on one another, and never
+/// take the same row at once) and a lease on the database's clock: the rows of a relay that died
+/// come back when the lease passes. Marks are fenced by the claim's number.
+///
+/// The table is created by [`surely::postgres::migrate`](crate::postgres::migrate) (component
+/// `outbox`), or by [`migrate`](Self::migrate) for this table alone.
+///
+/// ```no_run
+/// # async fn handler(outbox: surely::outbox::PostgresOutbox) -> Result<(), Box<dyn std::error::Error>> {
+/// use surely::outbox::{Event, EventId};
+///
+/// let mut client = outbox.pool().get().await?;
+/// let txn = client.transaction().await?;
+/// txn.execute("INSERT INTO orders (id, sku) VALUES ($1, $2)", &[&"o-1", &"sku-42"]).await?;
+/// let created = Event::new(EventId::derive("order o-1", "OrderCreated"), "order o-1", 1,
+///     "OrderCreated", r#"{"order":"o-1"}"#)?;
+/// outbox.enqueue(&txn, &created).await?;
+/// txn.commit().await?; // the order and its event, or neither
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresOutbox {
+    pool: Pool,
+    sql: Arc<Sql>,
+}
+
+struct Sql {
+    table: String,
+    enqueue: String,
+    claim: String,
+    published: String,
+    failed: String,
+    sweep: String,
+    stats: String,
+}
+
+impl Sql {
+    fn new(t: &str) -> Self {
+        Sql {
+            table: t.to_owned(),
+            enqueue: format!(
+                "INSERT INTO {t} (id, aggregate, version, kind, header_names, header_values, payload)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                 ON CONFLICT (id) DO NOTHING"
+            ),
+            claim: format!(
+                "WITH free AS (
+                     SELECT id FROM {t}
+                     WHERE state = {PENDING} AND (claimed_until IS NULL OR claimed_until <= now())
+                     ORDER BY seq
+                     LIMIT $1
+                     FOR UPDATE SKIP LOCKED
+                 )
+                 UPDATE {t} AS o
+                 SET claim = o.claim + 1, claimed_until = now() + make_interval(secs => $2)
+                 FROM free WHERE o.id = free.id
+                 RETURNING o.seq, o.id, o.aggregate, o.version, o.kind, o.header_names,
+                           o.header_values, o.payload, o.failures, o.claim"
+            ),
+            published: format!(
+                "UPDATE {t} SET state = {PUBLISHED}, published_at = now(), claimed_until = NULL
+                 WHERE id = $1 AND claim = $2 AND state = {PENDING}"
+            ),
+            failed: format!(
+                "UPDATE {t} SET failures = failures + 1, last_error = $3,
+                     state = CASE WHEN failures + 1 >= $5 THEN {QUARANTINED} ELSE {PENDING} END,
+                     claimed_until = CASE WHEN failures + 1 >= $5 THEN NULL
+                                          ELSE now() + make_interval(secs => $4) END
+                 WHERE id = $1 AND claim = $2 AND state = {PENDING}
+                 RETURNING state"
+            ),
+            sweep: format!(
+                "DELETE FROM {t}
+                 WHERE state = {PUBLISHED} AND published_at <= now() - make_interval(secs => $1)"
+            ),
+            stats: format!(
+                "SELECT count(*) FILTER (WHERE state = {PENDING}),
+                        EXTRACT(EPOCH FROM (now() - min(enqueued_at) FILTER (WHERE state = {PENDING})))::float8,
+                        count(*) FILTER (WHERE state = {QUARANTINED})
+                 FROM {t}"
+            ),
+        }
+    }
+}
+
+impl PostgresOutbox {
+    /// An outbox over `pool`, in the table `surely_outbox`.
+    pub fn new(pool: Pool) -> Self {
+        PostgresOutbox {
+            pool,
+            sql: Arc::new(Sql::new(POSTGRES_COMPONENT.default_table)),
+        }
+    }
+
+    /// The same outbox in another table, such as `orders.outbox`.
+    ///
+    /// # Errors
+    ///
+    /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
+    /// optionally schema-qualified.
+    pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
+        if !crate::postgres::valid_table(table) {
+            return Err(ConfigError::new(
+                "outbox table name",
+                "must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 50 bytes), optionally schema-qualified",
+            ));
+        }
+        Ok(PostgresOutbox {
+            pool: self.pool,
+            sql: Arc::new(Sql::new(table)),
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Applies this outbox's table's migrations that the database has not recorded yet.
+    ///
+    /// # Errors
+    ///
+    /// The database refused, or could not be reached.
+    pub async fn migrate(&self) -> Result<(), OutboxError> {
+        crate::postgres::Migrations::only(&POSTGRES_COMPONENT, self.table())
+            .run(&self.pool)
+            .await
+            .map(drop)
+            .map_err(OutboxError::backend)
+    }
+
+    /// Adds `event` in the caller's transaction `txn`: it commits with the caller's business
+    /// writes, or rolls back with them. An event whose id is already there (enqueued twice, by
+    /// a retried handler) is left as it is: returns false.
+    ///
+    /// Takes a tokio-postgres transaction; a deadpool-postgres one dereferences to it.
+    ///
+    /// # Errors
+    ///
+    /// The statement failed: the caller's transaction is then failed too, and rolls back.
+    pub async fn enqueue(
+        &self,
+        txn: &tokio_postgres::Transaction<'_>,
+        event: &Event,
+    ) -> Result<bool, OutboxError> {
+        let names: Vec<&str> = event.headers().iter().map(|(n, _)| n.as_str()).collect();
+        let values: Vec<&str> = event.headers().iter().map(|(_, v)| v.as_str()).collect();
+        let payload: &[u8] = event.payload();
+        let n = txn
+            .execute(
+                &self.sql.enqueue,
+                &[
+                    &event.id().as_str(),
+                    &event.aggregate(),
+                    &event.version(),
+                    &event.kind(),
+                    &names,
+                    &values,
+                    &payload,
+                ],
+            )
+            .await
+            .map_err(OutboxError::backend)?;
+        Ok(n == 1)
+    }
+
+    /// The last error of a quarantined or failing event.
+    ///
+    /// # Errors
+    ///
+    /// The database could not be reached.
+    pub async fn last_error(&self, id: &EventId) -> Result<Option<String>, OutboxError> {
+        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let row = client
+            .query_opt(
+                &format!("SELECT last_error FROM {} WHERE id = $1", self.sql.table),
+                &[&id.as_str()],
+            )
+            .await
+            .map_err(OutboxError::backend)?;
+        Ok(row.and_then(|r| r.get(0)))
+    }
+
+    async fn mark(&self, sql: &str, claimed: &Claimed) -> Result<(), OutboxError> {
+        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let claim = i64::try_from(claimed.claim()).unwrap_or(i64::MAX);
+        let n = client
+            .execute(sql, &[&claimed.event.id().as_str(), &claim])
+            .await
+            .map_err(OutboxError::backend)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(OutboxError::stale())
+        }
+    }
+}
+
+/// An event read back from a claimed row.
+fn claimed(row: &Row) -> Result<(i64, Claimed), OutboxError> {
+    let e = OutboxError::backend;
+    let seq: i64 = row.try_get(0).map_err(e)?;
+    let id: String = row.try_get(1).map_err(e)?;
+    let names: Vec<String> = row.try_get(5).map_err(e)?;
+    let values: Vec<String> = row.try_get(6).map_err(e)?;
+    let payload: Vec<u8> = row.try_get(7).map_err(e)?;
+    let failures: i32 = row.try_get(8).map_err(e)?;
+    let claim: i64 = row.try_get(9).map_err(e)?;
+    let event = Event::from_parts(
+        EventId::new(id).map_err(OutboxError::backend)?,
+        row.try_get(2).map_err(e)?,
+        row.try_get(3).map_err(e)?,
+        row.try_get(4).map_err(e)?,
+        names.into_iter().zip(values).collect(),
+        Bytes::from(payload),
+    );
+    Ok((
+        seq,
+        Claimed::new(event, failures.max(0) as u32, claim.max(0) as u64),
+    ))
+}
+
+impl OutboxStore for PostgresOutbox {
+    async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>, OutboxError> {
+        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let rows = client
+            .query(&self.sql.claim, &[&max, &lease.as_secs_f64()])
+            .await
+            .map_err(OutboxError::backend)?;
+        let mut batch = rows.iter().map(claimed).collect::<Result<Vec<_>, _>>()?;
+        // RETURNING keeps no order: publish in the order of enqueueing.
+        batch.sort_by_key(|(seq, _)| *seq);
+        Ok(batch.into_iter().map(|(_, c)| c).collect())
+    }
+
+    async fn published(&self, claimed: &Claimed) -> Result<(), OutboxError> {
+        self.mark(&self.sql.published, claimed).await
+    }
+
+    async fn failed(
+        &self,
+        claimed: &Claimed,
+        error: &str,
+        retry_after: Duration,
+        quarantine_after: u32,
+    ) -> Result<Failed, OutboxError> {
+        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let claim = i64::try_from(claimed.claim()).unwrap_or(i64::MAX);
+        let limit = i32::try_from(quarantine_after).unwrap_or(i32::MAX);
+        let row = client
+            .query_opt(
+                &self.sql.failed,
+                &[
+                    &claimed.event.id().as_str(),
+                    &claim,
+                    &error,
+                    &retry_after.as_secs_f64(),
+                    &limit,
+                ],
+            )
+            .await
+            .map_err(OutboxError::backend)?
+            .ok_or_else(OutboxError::stale)?;
+        let state: i16 = row.try_get(0).map_err(OutboxError::backend)?;
+        Ok(if state == QUARANTINED {
+            Failed::Quarantined
+        } else {
+            Failed::Retry
+        })
+    }
+
+    async fn sweep(&self, retention: Duration) -> Result<u64, OutboxError> {
+        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        client
+            .execute(&self.sql.sweep, &[&retention.as_secs_f64()])
+            .await
+            .map_err(OutboxError::backend)
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, OutboxError> {
+        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let row = client
+            .query_one(&self.sql.stats, &[])
+            .await
+            .map_err(OutboxError::backend)?;
+        let e = OutboxError::backend;
+        let backlog: i64 = row.try_get(0).map_err(e)?;
+        let oldest: Option<f64> = row.try_get(1).map_err(e)?;
+        let quarantined: i64 = row.try_get(2).map_err(e)?;
+        Ok(OutboxStats {
+            backlog: backlog.max(0) as u64,
+            oldest: oldest
+                .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)),
+            quarantined: quarantined.max(0) as u64,
+        })
+    }
+}
+
+impl fmt::Debug for PostgresOutbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresOutbox")
+            .field("table", &self.sql.table)
+            .finish()
+    }
+}

@@ -1,0 +1,274 @@
+//! The relay: claims events, publishes them, marks them.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use tower_service::Service;
+
+use super::{Claimed, Event, Failed, OutboxError, OutboxStore};
+use crate::classify::BoxError;
+use crate::ConfigError;
+
+/// Publishes an outbox's events through a `tower::Service<Event>` (the broker), at least once
+/// each. See the [module docs](super).
+///
+/// A round ([`run_once`](Self::run_once)) claims a batch, publishes its events in order, and
+/// marks each one published, or failed: a failed event is claimed again after a wait, and
+/// quarantined after a limit. [`run`](Self::run) repeats rounds until told to stop, waiting a
+/// poll interval when there was nothing to do.
+///
+/// The publisher decides what success means: it answers `Ok` once the broker acknowledged the
+/// event. Any error (a refusal, a timeout, an acknowledgement that never came) counts as a
+/// failed publish, and the event goes out again later with the same id: a lost acknowledgement
+/// is an unknown outcome, which the broker's deduplication or the consumer's inbox settles.
+///
+/// # Readiness
+///
+/// The relay waits for the publisher's `poll_ready` before each event.
+pub struct Relay<St, P> {
+    store: St,
+    publisher: P,
+    config: Config,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Config {
+    batch: usize,
+    lease: Duration,
+    retry_after: Duration,
+    quarantine_after: u32,
+    poll: Duration,
+}
+
+/// Builds a [`Relay`].
+pub struct RelayBuilder<St, P> {
+    store: St,
+    publisher: P,
+    config: Config,
+}
+
+impl<St, P> Relay<St, P> {
+    /// A builder over `store`, publishing through `publisher`. Defaults: batches of 100, claims
+    /// held for 30 s, a failed event retried after 1 s and quarantined after 10 failures, an
+    /// idle relay polling every second.
+    pub fn builder(store: St, publisher: P) -> RelayBuilder<St, P> {
+        RelayBuilder {
+            store,
+            publisher,
+            config: Config {
+                batch: 100,
+                lease: Duration::from_secs(30),
+                retry_after: Duration::from_secs(1),
+                quarantine_after: 10,
+                poll: Duration::from_secs(1),
+            },
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &St {
+        &self.store
+    }
+
+    /// The publisher.
+    pub fn publisher(&self) -> &P {
+        &self.publisher
+    }
+}
+
+impl<St, P> RelayBuilder<St, P> {
+    /// At most this many events per round (default 100).
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.config.batch = batch;
+        self
+    }
+
+    /// How long a claim holds its events (default 30 s): longer than a round takes, or another
+    /// relay claims them too and they go out twice. A relay that dies holding events lets them
+    /// go when this passes.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// How long a failed event waits before it is claimed again (default 1 s).
+    pub fn retry_after(mut self, wait: Duration) -> Self {
+        self.config.retry_after = wait;
+        self
+    }
+
+    /// After how many failed publishes an event is quarantined (default 10).
+    pub fn quarantine_after(mut self, failures: u32) -> Self {
+        self.config.quarantine_after = failures;
+        self
+    }
+
+    /// How long an idle relay waits before it looks again (default 1 s).
+    pub fn poll(mut self, interval: Duration) -> Self {
+        self.config.poll = interval;
+        self
+    }
+
+    /// Validates and builds.
+    ///
+    /// # Errors
+    ///
+    /// A zero batch, lease, poll interval or quarantine limit.
+    pub fn build(self) -> Result<Relay<St, P>, ConfigError> {
+        let c = &self.config;
+        if c.batch == 0 {
+            return Err(ConfigError::new("relay batch", "must be at least 1"));
+        }
+        if c.lease.is_zero() {
+            return Err(ConfigError::new("relay lease", "must be greater than zero"));
+        }
+        if c.poll.is_zero() {
+            return Err(ConfigError::new(
+                "relay poll interval",
+                "must be greater than zero",
+            ));
+        }
+        if c.quarantine_after == 0 {
+            return Err(ConfigError::new(
+                "relay quarantine limit",
+                "must be at least 1 failure",
+            ));
+        }
+        Ok(Relay {
+            store: self.store,
+            publisher: self.publisher,
+            config: self.config,
+        })
+    }
+}
+
+/// What one round of a relay did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayRound {
+    /// Events claimed.
+    pub claimed: usize,
+    /// Events published and marked.
+    pub published: usize,
+    /// Publishes that failed (their events wait and go again, or were quarantined).
+    pub failed: usize,
+    /// Events quarantined in this round.
+    pub quarantined: usize,
+    /// Events published whose mark came too late: another relay had claimed them meanwhile
+    /// (they went out more than once, as the outbox allows).
+    pub stale: usize,
+}
+
+impl<St, P> Relay<St, P>
+where
+    St: OutboxStore,
+    P: Service<Event>,
+    P::Error: Into<BoxError>,
+{
+    /// One round: claims a batch, publishes it in order, marks each event.
+    ///
+    /// # Errors
+    ///
+    /// The store failed (claiming or marking); the events of the round it had not marked are
+    /// claimed again when their lease passes.
+    pub async fn run_once(&mut self) -> Result<RelayRound, OutboxError> {
+        let c = self.config;
+        let batch = self.store.claim(c.batch, c.lease).await?;
+        let mut round = RelayRound {
+            claimed: batch.len(),
+            ..RelayRound::default()
+        };
+        for claimed in batch {
+            match self.publish(&claimed).await {
+                Ok(()) => match self.store.published(&claimed).await {
+                    Ok(()) => round.published += 1,
+                    Err(e) if e.is_stale() => round.stale += 1,
+                    Err(e) => return Err(e),
+                },
+                Err(error) => {
+                    round.failed += 1;
+                    let id = claimed.event.id().clone();
+                    tracing::info!(event = %id, failures = claimed.failures + 1, %error, "outbox publish failed");
+                    match self
+                        .store
+                        .failed(
+                            &claimed,
+                            &error.to_string(),
+                            c.retry_after,
+                            c.quarantine_after,
+                        )
+                        .await
+                    {
+                        Ok(Failed::Retry) => {}
+                        Ok(Failed::Quarantined) => {
+                            round.quarantined += 1;
+                            tracing::warn!(event = %id, %error, "outbox event quarantined");
+                        }
+                        Err(e) if e.is_stale() => round.stale += 1,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        Ok(round)
+    }
+
+    async fn publish(&mut self, claimed: &Claimed) -> Result<(), BoxError> {
+        std::future::poll_fn(|cx| self.publisher.poll_ready(cx))
+            .await
+            .map_err(Into::into)?;
+        self.publisher
+            .call(claimed.event.clone())
+            .await
+            .map(drop)
+            .map_err(Into::into)
+    }
+
+    /// Runs rounds until `stop` completes: at once after a full batch, after the poll interval
+    /// when there was nothing to do (or the store failed, which is logged).
+    pub async fn run(mut self, stop: impl Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            let idle = match self.run_once().await {
+                Ok(round) => round.claimed < self.config.batch,
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox relay round failed");
+                    true
+                }
+            };
+            if idle {
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = tokio::time::sleep(self.config.poll) => {}
+                }
+            } else if futures_poll_ready(&mut stop) {
+                return;
+            }
+        }
+    }
+}
+
+/// Whether `stop` has completed, without waiting for it.
+fn futures_poll_ready(stop: &mut std::pin::Pin<&mut impl Future<Output = ()>>) -> bool {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    stop.as_mut().poll(&mut cx).is_ready()
+}
+
+impl<St: fmt::Debug, P> fmt::Debug for Relay<St, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Relay")
+            .field("store", &self.store)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St, P> fmt::Debug for RelayBuilder<St, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RelayBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}

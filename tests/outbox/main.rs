@@ -1,0 +1,311 @@
+//! The transactional outbox and its relay: events published at least once, in order, never
+//! lost or silently dropped; a relay that dies lets its events go; failures retried, then
+//! quarantined. On the memory outbox (paused time) and on PostgreSQL (real time, short waits on
+//! the database's clock; the tests fail if it does not answer).
+
+#[cfg(feature = "postgres")]
+mod postgres;
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use surely::outbox::{Event, EventId, MemoryOutbox, OutboxStore, Relay};
+use tower::service_fn;
+
+/// What the broker does with each publish, in turn (then accepts everything).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Broker {
+    /// Acknowledges.
+    Ack,
+    /// Refuses: nothing published.
+    Refuse,
+    /// Publishes, but the acknowledgement is lost: the relay sees an error.
+    LoseAck,
+}
+
+/// A broker that follows a script and keeps the ids it published.
+#[derive(Clone, Default)]
+pub(crate) struct Bus {
+    script: Arc<Mutex<VecDeque<Broker>>>,
+    pub(crate) published: Arc<Mutex<Vec<EventId>>>,
+}
+
+impl Bus {
+    pub(crate) fn new(script: impl IntoIterator<Item = Broker>) -> Self {
+        Bus {
+            script: Arc::new(Mutex::new(script.into_iter().collect())),
+            ..Bus::default()
+        }
+    }
+
+    pub(crate) fn published(&self) -> Vec<EventId> {
+        self.published.lock().unwrap().clone()
+    }
+
+    pub(crate) fn service(
+        &self,
+    ) -> impl tower::Service<
+        Event,
+        Response = (),
+        Error = std::io::Error,
+        Future = impl Future<Output = Result<(), std::io::Error>> + Send,
+    > + Send
+           + 'static {
+        let bus = self.clone();
+        service_fn(move |event: Event| {
+            let step = bus
+                .script
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Broker::Ack);
+            if !matches!(step, Broker::Refuse) {
+                bus.published.lock().unwrap().push(event.id().clone());
+            }
+            async move {
+                match step {
+                    Broker::Ack => Ok(()),
+                    Broker::Refuse => Err(std::io::Error::other("broker unavailable")),
+                    Broker::LoseAck => Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+                }
+            }
+        })
+    }
+}
+
+pub(crate) fn event(n: u32) -> Event {
+    let key = format!("order o-{n}");
+    Event::new(
+        EventId::derive(&key, "OrderCreated"),
+        key,
+        1,
+        "OrderCreated",
+        format!("o-{n}"),
+    )
+    .unwrap()
+    .with_header("content-type", "text/plain")
+    .unwrap()
+}
+
+/// Publishes in order, marks, and leaves nothing behind; a published event is swept after its
+/// retention.
+pub(crate) async fn publishes_in_order_then_sweeps<St, W, Fut>(
+    store: St,
+    ids: Vec<EventId>,
+    wait: W,
+) where
+    St: OutboxStore + Clone,
+    W: Fn(Duration) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let bus = Bus::default();
+    let mut relay = Relay::builder(store.clone(), bus.service())
+        .batch(2)
+        .build()
+        .unwrap();
+    let mut published = 0;
+    loop {
+        let round = relay.run_once().await.unwrap();
+        published += round.published;
+        if round.claimed == 0 {
+            break;
+        }
+    }
+    assert_eq!(published, ids.len());
+    assert_eq!(bus.published(), ids, "in the order enqueued");
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.backlog, stats.oldest, stats.quarantined),
+        (0, None, 0)
+    );
+    assert_eq!(store.sweep(Duration::from_secs(3600)).await.unwrap(), 0);
+    wait(Duration::from_millis(300)).await;
+    assert_eq!(
+        store.sweep(Duration::from_millis(200)).await.unwrap(),
+        ids.len() as u64
+    );
+}
+
+/// A refused publish waits and goes again; one whose acknowledgement was lost goes again with the
+/// same id; one that keeps failing is quarantined with its last error, never published.
+pub(crate) async fn failures_retry_then_quarantine<St, W, Fut>(
+    store: St,
+    ids: [EventId; 2],
+    wait: W,
+) where
+    St: OutboxStore + Clone,
+    W: Fn(Duration) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    // The first event: refused, then its ack lost, then acknowledged. The second: refused
+    // every time.
+    let bus = Bus::new([
+        Broker::Refuse,
+        Broker::Refuse,
+        Broker::LoseAck,
+        Broker::Refuse,
+        Broker::Ack,
+        Broker::Refuse,
+    ]);
+    let retry = Duration::from_millis(100);
+    let mut relay = Relay::builder(store.clone(), bus.service())
+        .retry_after(retry)
+        .quarantine_after(3)
+        .build()
+        .unwrap();
+    let first = relay.run_once().await.unwrap();
+    assert_eq!((first.claimed, first.failed), (2, 2));
+    // Not claimed again before the wait.
+    assert_eq!(relay.run_once().await.unwrap().claimed, 0);
+    wait(retry * 2).await;
+    let second = relay.run_once().await.unwrap();
+    assert_eq!((second.claimed, second.failed), (2, 2));
+    wait(retry * 2).await;
+    let third = relay.run_once().await.unwrap();
+    assert_eq!(
+        (third.published, third.failed, third.quarantined),
+        (1, 1, 1)
+    );
+    wait(retry * 2).await;
+    assert_eq!(
+        relay.run_once().await.unwrap().claimed,
+        0,
+        "quarantined: no longer claimed"
+    );
+    // The first went out twice with one id (the lost ack), the second never.
+    assert_eq!(bus.published(), [ids[0].clone(), ids[0].clone()]);
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.backlog, stats.quarantined), (0, 1));
+    // Kept, not swept.
+    wait(Duration::from_millis(300)).await;
+    assert_eq!(
+        store.sweep(Duration::ZERO).await.unwrap(),
+        1,
+        "the published one only"
+    );
+    assert_eq!(store.stats().await.unwrap().quarantined, 1);
+}
+
+/// A relay that claimed and died: its events come back after the lease, and another relay
+/// publishes them; the dead one's late mark is refused as stale.
+pub(crate) async fn a_dead_relays_events_come_back<St, W, Fut>(store: St, wait: W)
+where
+    St: OutboxStore + Clone,
+    W: Fn(Duration) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let lease = Duration::from_millis(200);
+    let held = store.claim(10, lease).await.unwrap();
+    assert_eq!(held.len(), 1);
+    // Held: nobody else gets it.
+    assert!(store.claim(10, lease).await.unwrap().is_empty());
+    wait(lease + Duration::from_millis(100)).await;
+    let bus = Bus::default();
+    let mut relay = Relay::builder(store.clone(), bus.service())
+        .lease(lease)
+        .build()
+        .unwrap();
+    assert_eq!(relay.run_once().await.unwrap().published, 1);
+    // The dead relay wakes up and marks: refused, the event is already published.
+    let late = store.published(&held[0]).await.unwrap_err();
+    assert!(late.is_stale(), "{late}");
+    assert_eq!(bus.published(), [held[0].event.id().clone()]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_publishes_in_order_then_sweeps() {
+    let outbox = MemoryOutbox::new();
+    let events: Vec<Event> = (1..=5).map(event).collect();
+    for e in &events {
+        assert!(outbox.enqueue(e.clone()));
+    }
+    // One id, one event.
+    assert!(!outbox.enqueue(events[0].clone()));
+    let ids = events.iter().map(|e| e.id().clone()).collect();
+    publishes_in_order_then_sweeps(outbox, ids, tokio::time::advance).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_failures_retry_then_quarantine() {
+    let outbox = MemoryOutbox::new();
+    let (a, b) = (event(1), event(2));
+    outbox.enqueue(a.clone());
+    outbox.enqueue(b.clone());
+    failures_retry_then_quarantine(
+        outbox.clone(),
+        [a.id().clone(), b.id().clone()],
+        tokio::time::advance,
+    )
+    .await;
+    assert_eq!(
+        outbox.last_error(b.id()).as_deref(),
+        Some("broker unavailable")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_a_dead_relays_events_come_back() {
+    let outbox = MemoryOutbox::new();
+    outbox.enqueue(event(1));
+    a_dead_relays_events_come_back(outbox, tokio::time::advance).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_relay_runs_until_told_to_stop() {
+    let outbox = MemoryOutbox::new();
+    let bus = Bus::default();
+    let relay = Relay::builder(outbox.clone(), bus.service())
+        .poll(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    // Events enqueued while it runs are published within a poll interval.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    outbox.enqueue(event(1));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(bus.published().len(), 1);
+    stop.send(()).unwrap();
+    running.await.unwrap();
+}
+
+#[test]
+fn bad_settings_and_bad_events_are_errors() {
+    let outbox = MemoryOutbox::new();
+    let bus = Bus::default();
+    for (what, builder) in [
+        (
+            "batch",
+            Relay::builder(outbox.clone(), bus.service()).batch(0),
+        ),
+        (
+            "lease",
+            Relay::builder(outbox.clone(), bus.service()).lease(Duration::ZERO),
+        ),
+        (
+            "poll",
+            Relay::builder(outbox.clone(), bus.service()).poll(Duration::ZERO),
+        ),
+        (
+            "quarantine",
+            Relay::builder(outbox.clone(), bus.service()).quarantine_after(0),
+        ),
+    ] {
+        let err = builder.build().unwrap_err();
+        assert!(err.to_string().contains("invalid relay"), "{what}: {err}");
+    }
+    let id = || EventId::derive("k", "Kind");
+    assert!(Event::new(id(), "", 1, "Kind", "").is_err());
+    assert!(Event::new(id(), "a", 1, "", "").is_err());
+    assert!(Event::new(id(), "a".repeat(256), 1, "Kind", "").is_err());
+    let ok = Event::new(id(), "a", 1, "Kind", "").unwrap();
+    assert!(ok.clone().with_header("bad name", "v").is_err());
+    assert!(ok.with_header("x-ok", "line\nbreak").is_err());
+    assert!(EventId::new("").is_err());
+    assert!(EventId::new("é").is_err());
+    assert!(EventId::new("x".repeat(256)).is_err());
+}
