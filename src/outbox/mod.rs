@@ -59,17 +59,25 @@ use crate::classify::BoxError;
 
 mod event;
 mod memory;
+#[cfg(feature = "nats")]
+mod nats;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod relay;
 
 pub use self::event::{Event, EventId, InvalidEvent};
 pub use self::memory::MemoryOutbox;
+#[cfg(feature = "nats")]
+pub use self::nats::{JetStreamPublisher, Published};
 #[cfg(feature = "postgres")]
 pub use self::postgres::PostgresOutbox;
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
 pub use self::relay::{Relay, RelayBuilder, RelayRound};
+/// The NATS client the [`JetStreamPublisher`] is built on, re-exported so that a service uses
+/// the same version.
+#[cfg(feature = "nats")]
+pub use async_nats;
 
 /// An event a relay claimed: it holds it until it marks it, or until the claim's lease passes.
 #[derive(Clone, Debug)]

@@ -1,0 +1,106 @@
+//! The NATS JetStream publisher.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use async_nats::jetstream;
+use tower_service::Service;
+
+use super::Event;
+use crate::classify::BoxError;
+
+/// Publishes outbox events to NATS JetStream, as a `tower::Service<Event>` for a
+/// [`Relay`](super::Relay) (feature `nats`).
+///
+/// Each event goes to the subject `prefix.kind` (`orders.OrderCreated`) with its
+/// [id](Event::id) as `Nats-Msg-Id`, so that JetStream's duplicate window drops a second publish
+/// of it (a relay that crashed before marking it, a lost acknowledgement), and with the event's
+/// headers beside `Surely-Aggregate`, `Surely-Version` and `Surely-Kind`. The call answers once
+/// JetStream acknowledged the publish: the event is then stored by a stream (or was a
+/// duplicate of one stored, which [`Published::duplicate`] says). No stream takes the subject,
+/// or no acknowledgement in time: an error, and the relay publishes it again later.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use surely::outbox::{JetStreamPublisher, MemoryOutbox, Relay};
+///
+/// let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+/// let jetstream = async_nats::jetstream::new(client);
+/// let publisher = JetStreamPublisher::new(jetstream, "orders");
+/// let relay = Relay::builder(MemoryOutbox::new(), publisher).build()?;
+/// relay.run(std::future::pending()).await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct JetStreamPublisher {
+    jetstream: jetstream::Context,
+    prefix: Arc<str>,
+}
+
+impl JetStreamPublisher {
+    /// Publishes on `jetstream`, to `prefix.kind`.
+    pub fn new(jetstream: jetstream::Context, prefix: impl Into<Arc<str>>) -> Self {
+        JetStreamPublisher {
+            jetstream,
+            prefix: prefix.into(),
+        }
+    }
+}
+
+impl fmt::Debug for JetStreamPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JetStreamPublisher")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What JetStream acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Published {
+    /// The stream that stored it.
+    pub stream: String,
+    /// Its sequence in the stream.
+    pub sequence: u64,
+    /// Whether JetStream had it already (same `Nats-Msg-Id` within its duplicate window), and
+    /// dropped this copy.
+    pub duplicate: bool,
+}
+
+impl Service<Event> for JetStreamPublisher {
+    type Response = Published;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Published, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, event: Event) -> Self::Future {
+        let jetstream = self.jetstream.clone();
+        let subject = format!("{}.{}", self.prefix, event.kind());
+        Box::pin(async move {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, event.id().as_str());
+            headers.insert("Surely-Aggregate", event.aggregate());
+            headers.insert("Surely-Version", event.version().to_string().as_str());
+            headers.insert("Surely-Kind", event.kind());
+            for (name, value) in event.headers() {
+                headers.insert(name.as_str(), value.as_str());
+            }
+            let ack = jetstream
+                .publish_with_headers(subject, headers, event.payload().clone())
+                .await?
+                .await?;
+            Ok(Published {
+                stream: ack.stream,
+                sequence: ack.sequence,
+                duplicate: ack.duplicate,
+            })
+        })
+    }
+}
