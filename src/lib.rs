@@ -103,6 +103,7 @@ pub mod fault;
 pub mod grpc;
 pub mod hedge;
 pub mod idempotency;
+pub mod inbox;
 pub mod outbox;
 pub mod outcome;
 #[cfg(feature = "postgres")]

@@ -22,10 +22,11 @@ pub(crate) struct Component {
 }
 
 /// Every component the crate has, in the order they are migrated.
-fn components() -> [&'static Component; 2] {
+fn components() -> [&'static Component; 3] {
     [
         &crate::idempotency::store::POSTGRES_COMPONENT,
         &crate::outbox::POSTGRES_COMPONENT,
+        &crate::inbox::POSTGRES_COMPONENT,
     ]
 }
 
@@ -96,6 +97,16 @@ impl Migrations {
     /// As for [`idempotency_table`](Self::idempotency_table).
     pub fn outbox_table(self, table: &str) -> Result<Self, ConfigError> {
         self.table_of(&crate::outbox::POSTGRES_COMPONENT, table)
+    }
+
+    /// The inbox's table (default `surely_inbox`, with `surely_inbox_versions` beside it), as
+    /// given to [`PostgresInbox::with_table`](crate::inbox::PostgresInbox::with_table).
+    ///
+    /// # Errors
+    ///
+    /// As for [`idempotency_table`](Self::idempotency_table).
+    pub fn inbox_table(self, table: &str) -> Result<Self, ConfigError> {
+        self.table_of(&crate::inbox::POSTGRES_COMPONENT, table)
     }
 
     fn table_of(mut self, component: &Component, table: &str) -> Result<Self, ConfigError> {

@@ -52,21 +52,31 @@ async fn forget(pool: &Pool, table: &str) {
         .unwrap();
 }
 
-/// Every component, each in a table of this test's own.
-fn migrations(table: &str, outbox: &str) -> Migrations {
+/// Every component, each in a table of this test's own: the idempotency store's in `table`,
+/// the outbox's in `table_outbox`, the inbox's in `table_inbox`.
+fn migrations(table: &str) -> Migrations {
     Migrations::new()
         .idempotency_table(table)
         .unwrap()
-        .outbox_table(outbox)
+        .outbox_table(&format!("{table}_outbox"))
         .unwrap()
+        .inbox_table(&format!("{table}_inbox"))
+        .unwrap()
+}
+
+/// Drops every table `migrations(table)` made, and forgets their migrations.
+async fn forget_all(pool: &Pool, table: &str) {
+    forget(pool, table).await;
+    forget(pool, &format!("{table}_outbox")).await;
+    forget(pool, &format!("{table}_inbox")).await;
+    forget(pool, &format!("{table}_inbox_versions")).await;
 }
 
 #[tokio::test]
 async fn migrations_apply_once_in_order_and_are_recorded() {
     let pool = pool();
     let table = unique("surely_mig_once");
-    let outbox = unique("surely_mig_once_outbox");
-    let migrations = migrations(&table, &outbox);
+    let migrations = migrations(&table);
     let applied = migrations.run(&pool).await.unwrap();
     let steps: Vec<String> = applied.iter().map(ToString::to_string).collect();
     assert_eq!(
@@ -74,7 +84,8 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
         [
             format!("idempotency {table} v1 (records)"),
             format!("idempotency {table} v2 (acquired_at)"),
-            format!("outbox {outbox} v1 (events)"),
+            format!("outbox {table}_outbox v1 (events)"),
+            format!("inbox {table}_inbox v1 (events and versions)"),
         ]
     );
     // Again: nothing to do.
@@ -91,33 +102,24 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
         Acquire::Owner(_)
     ));
     assert_eq!(store.stuck(Duration::ZERO, 10).await.unwrap().len(), 1);
-    forget(&pool, &table).await;
-    forget(&pool, &outbox).await;
+    forget_all(&pool, &table).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_that_migrate_together_apply_each_migration_once() {
     let table = unique("surely_mig_race");
-    let outbox = unique("surely_mig_race_outbox");
     let runs: Vec<_> = (0..4)
         .map(|_| {
-            let (table, outbox) = (table.clone(), outbox.clone());
-            tokio::spawn(async move {
-                migrations(&table, &outbox)
-                    .run(&pool())
-                    .await
-                    .unwrap()
-                    .len()
-            })
+            let table = table.clone();
+            tokio::spawn(async move { migrations(&table).run(&pool()).await.unwrap().len() })
         })
         .collect();
     let mut total = 0;
     for run in runs {
         total += run.await.unwrap();
     }
-    assert_eq!(total, 3, "three migrations, each applied by one instance");
-    forget(&pool(), &table).await;
-    forget(&pool(), &outbox).await;
+    assert_eq!(total, 4, "four migrations, each applied by one instance");
+    forget_all(&pool(), &table).await;
 }
 
 #[tokio::test]
@@ -167,13 +169,9 @@ async fn a_migration_that_fails_applies_nothing_and_says_which() {
     let pool = pool();
     // The records table exists (another table's migrations made it), so that this run's
     // records, had it written any, would show.
-    let (other, other_outbox) = (
-        unique("surely_mig_other"),
-        unique("surely_mig_other_outbox"),
-    );
-    migrations(&other, &other_outbox).run(&pool).await.unwrap();
-    forget(&pool, &other).await;
-    forget(&pool, &other_outbox).await;
+    let other = unique("surely_mig_other");
+    migrations(&other).run(&pool).await.unwrap();
+    forget_all(&pool, &other).await;
     let table = unique("surely_mig_fail");
     // Something else already has the name: a view, on which no index can be made.
     pool.get()
@@ -182,8 +180,7 @@ async fn a_migration_that_fails_applies_nothing_and_says_which() {
         .batch_execute(&format!("CREATE VIEW {table} AS SELECT 1 AS state"))
         .await
         .unwrap();
-    let outbox = unique("surely_mig_fail_outbox");
-    let err = migrations(&table, &outbox).run(&pool).await.unwrap_err();
+    let err = migrations(&table).run(&pool).await.unwrap_err();
     let message = err.to_string();
     assert!(
         message.contains(&format!("applying idempotency {table} v1 (records)")),

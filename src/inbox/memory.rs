@@ -1,0 +1,138 @@
+//! The in-memory inbox.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+
+use super::{Counters, InboxError, InboxStats, Processed, Versions};
+use crate::outbox::Event;
+
+/// The embedded inbox: records in memory, for one process, and for tests. The handler runs
+/// outside any lock; a second delivery of an event being processed gets
+/// [`Processed::InFlight`]. Clones share the records.
+#[derive(Clone, Default)]
+pub struct MemoryInbox {
+    inner: Arc<Mutex<State>>,
+    counters: Arc<Counters>,
+}
+
+#[derive(Default)]
+struct State {
+    /// (consumer, event id) → the result, or `None` while in flight.
+    done: HashMap<(String, String), Option<Bytes>>,
+    /// (consumer, aggregate) → the last version applied.
+    versions: HashMap<(String, String), i64>,
+}
+
+impl MemoryInbox {
+    /// An empty inbox.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The counts since the inbox was made.
+    pub fn stats(&self) -> InboxStats {
+        self.counters.stats()
+    }
+
+    /// Processes a delivery of `event` for `consumer`: runs `handler` unless the event was
+    /// processed before, is stale, or is parked (see the [module docs](super)).
+    ///
+    /// # Errors
+    ///
+    /// The handler failed: nothing is recorded, and a redelivery runs it again.
+    pub async fn process<F, Fut, E>(
+        &self,
+        consumer: &str,
+        event: &Event,
+        versions: Versions,
+        handler: F,
+    ) -> Result<Processed, InboxError<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Bytes, E>>,
+    {
+        let id = (consumer.to_owned(), event.id().as_str().to_owned());
+        let aggregate = (consumer.to_owned(), event.aggregate().to_owned());
+        let early = {
+            let mut state = self.state();
+            match state.done.get(&id) {
+                Some(Some(result)) => Some(Processed::Duplicate(result.clone())),
+                Some(None) => Some(Processed::InFlight),
+                None => {
+                    let last = state.versions.get(&aggregate).copied();
+                    let verdict = judge(versions, last, event.version());
+                    match verdict {
+                        Some(Processed::Stale { .. }) => {
+                            state.done.insert(id.clone(), Some(Bytes::new()));
+                        }
+                        Some(_) => {}
+                        None => {
+                            state.done.insert(id.clone(), None);
+                        }
+                    }
+                    verdict
+                }
+            }
+        };
+        if let Some(processed) = early {
+            if let Processed::Parked { .. } = processed {
+                tracing::warn!(
+                    consumer,
+                    event = event.id().as_str(),
+                    aggregate = event.aggregate(),
+                    version = event.version(),
+                    "inbox: event parked for a version gap"
+                );
+            }
+            self.counters.count(&processed);
+            return Ok(processed);
+        }
+        match handler().await {
+            Ok(result) => {
+                let mut state = self.state();
+                state.done.insert(id, Some(result.clone()));
+                if versions != Versions::Any {
+                    let v = state.versions.entry(aggregate).or_insert(event.version());
+                    *v = (*v).max(event.version());
+                }
+                drop(state);
+                let processed = Processed::Applied(result);
+                self.counters.count(&processed);
+                Ok(processed)
+            }
+            Err(e) => {
+                self.state().done.remove(&id);
+                Err(InboxError::Handler(e))
+            }
+        }
+    }
+}
+
+/// What the versions say about an event of `version`, after `last`: `None` to apply it.
+pub(crate) fn judge(versions: Versions, last: Option<i64>, version: i64) -> Option<Processed> {
+    let last = last?;
+    match versions {
+        Versions::Any => None,
+        _ if version <= last => Some(Processed::Stale { applied: last }),
+        Versions::InOrder if version > last.saturating_add(1) => {
+            Some(Processed::Parked { applied: last })
+        }
+        Versions::InOrder | Versions::Latest => None,
+    }
+}
+
+impl fmt::Debug for MemoryInbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryInbox")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,173 @@
+//! The inbox: a consumer applies each event's effect once, however often it is delivered
+//! (DESIGN §10).
+//!
+//! An outbox delivers at least once: a relay that crashed before marking an event publishes it
+//! again, and a consumer that crashed after its write but before its acknowledgement gets it
+//! again. The inbox makes the repeat harmless. It records `(consumer, event id)` in the **same
+//! transaction** as the consumer's business write: the first delivery commits both; a later
+//! one finds the record and gets the first one's result back, without running the handler.
+//!
+//! Per aggregate, events carry versions, and deliveries can come out of order. A consumer says
+//! what it wants with [`Versions`]:
+//!
+//! * [`Any`](Versions::Any): no version check; each event is applied once.
+//! * [`InOrder`](Versions::InOrder): an event not newer than the last applied version is a
+//!   recorded no-op ([`Stale`](Processed::Stale)); one that skips a version is **parked**
+//!   ([`Parked`](Processed::Parked)): not applied, not recorded, reported, so that its
+//!   redelivery after the missing one is applied. For events that describe changes (stock
+//!   decremented by 1).
+//! * [`Latest`](Versions::Latest): an event not newer than the last applied version is a
+//!   recorded no-op; any newer one applies over the older state. For events that carry the
+//!   whole state (stock is now 12).
+//!
+//! [`PostgresInbox`] (feature `postgres`) writes in the consumer's transaction;
+//! [`MemoryInbox`] is the embedded one, and the one for tests.
+//!
+//! ```
+//! use surely::inbox::{MemoryInbox, Processed, Versions};
+//! use surely::outbox::{Event, EventId};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let inbox = MemoryInbox::new();
+//! let event = Event::new(EventId::derive("order o-1", "OrderCreated"), "order o-1", 1,
+//!     "OrderCreated", "sku-42").unwrap();
+//! let mut stock = 12;
+//! for _delivery in 0..2 {
+//!     let processed = inbox
+//!         .process("inventory", &event, Versions::InOrder, || async {
+//!             stock -= 1;
+//!             Ok::<_, std::io::Error>(bytes::Bytes::from("reserved"))
+//!         })
+//!         .await
+//!         .unwrap();
+//!     assert!(matches!(processed, Processed::Applied(_) | Processed::Duplicate(_)));
+//! }
+//! assert_eq!(stock, 11, "delivered twice, applied once");
+//! assert_eq!(inbox.stats().duplicates, 1);
+//! # }
+//! ```
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+
+use crate::classify::BoxError;
+
+mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
+
+pub use self::memory::MemoryInbox;
+#[cfg(feature = "postgres")]
+pub(crate) use self::postgres::POSTGRES_COMPONENT;
+#[cfg(feature = "postgres")]
+pub use self::postgres::{Begin, Handler, PostgresInbox, Ticket};
+
+/// How a consumer treats the versions of an aggregate's events. See the [module docs](self).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Versions {
+    /// No version check.
+    Any,
+    /// Each version after the last applied one, in turn: older ones are no-ops, gaps are parked.
+    InOrder,
+    /// Any version newer than the last applied one: older ones are no-ops.
+    Latest,
+}
+
+/// What a delivery came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Processed {
+    /// The handler ran, and this is its result.
+    Applied(Bytes),
+    /// The event was processed before (or found stale before): the handler did not run; the
+    /// first processing's result (empty for a stale one).
+    Duplicate(Bytes),
+    /// The aggregate is already at `applied` or beyond: the event is recorded, not applied.
+    Stale {
+        /// The last version applied.
+        applied: i64,
+    },
+    /// The event skips a version ([`Versions::InOrder`]): not applied and not recorded, so that
+    /// a redelivery after the missing event applies it. Acknowledge it negatively (redeliver
+    /// later).
+    Parked {
+        /// The last version applied; the event was for a later one than the next.
+        applied: i64,
+    },
+    /// ([`MemoryInbox`] only) Another delivery of the event is being processed now: nothing
+    /// was done; redeliver later. [`PostgresInbox`] waits for the other transaction instead.
+    InFlight,
+}
+
+impl Processed {
+    /// Whether the delivery may be acknowledged: it was applied, or never needs to be.
+    pub fn is_settled(&self) -> bool {
+        !matches!(self, Processed::Parked { .. } | Processed::InFlight)
+    }
+}
+
+/// An inbox's counts since it was made: deliveries processed by this process, a delivery whose
+/// transaction later rolled back included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InboxStats {
+    /// Events applied.
+    pub applied: u64,
+    /// Deliveries of events already processed: the duplicates the inbox absorbed.
+    pub duplicates: u64,
+    /// Events recorded as no-ops for being stale.
+    pub stale: u64,
+    /// Events parked for a gap.
+    pub parked: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    applied: AtomicU64,
+    duplicates: AtomicU64,
+    stale: AtomicU64,
+    parked: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn count(&self, processed: &Processed) {
+        let counter = match processed {
+            Processed::Applied(_) => &self.applied,
+            Processed::Duplicate(_) => &self.duplicates,
+            Processed::Stale { .. } => &self.stale,
+            Processed::Parked { .. } => &self.parked,
+            Processed::InFlight => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stats(&self) -> InboxStats {
+        InboxStats {
+            applied: self.applied.load(Ordering::Relaxed),
+            duplicates: self.duplicates.load(Ordering::Relaxed),
+            stale: self.stale.load(Ordering::Relaxed),
+            parked: self.parked.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Processing a delivery failed: the handler did (its error, as it gave it), or the store did.
+/// Nothing was recorded: the delivery may be tried again.
+#[derive(Debug, thiserror::Error)]
+pub enum InboxError<E = Infallible> {
+    /// The handler failed.
+    #[error("the event's handler failed: {0}")]
+    Handler(E),
+    /// The store failed.
+    #[error("inbox store failed: {0}")]
+    Store(BoxError),
+}
+
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+impl<E> InboxError<E> {
+    pub(crate) fn store(e: impl Into<BoxError>) -> Self {
+        InboxError::Store(e.into())
+    }
+}
