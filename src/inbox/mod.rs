@@ -54,6 +54,8 @@ use bytes::Bytes;
 
 use crate::classify::BoxError;
 
+#[cfg(all(feature = "postgres", feature = "nats"))]
+mod jetstream;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -153,9 +155,11 @@ impl Counters {
     }
 }
 
-/// Processing a delivery failed: the handler did (its error, as it gave it), or the store did.
-/// Nothing was recorded: the delivery may be tried again.
+/// Processing a delivery failed: the handler did (its error, as it gave it), the store did, or
+/// the delivery was not an event. Nothing was recorded: the delivery may be tried again (but
+/// for a malformed one).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum InboxError<E = Infallible> {
     /// The handler failed.
     #[error("the event's handler failed: {0}")]
@@ -163,6 +167,9 @@ pub enum InboxError<E = Infallible> {
     /// The store failed.
     #[error("inbox store failed: {0}")]
     Store(BoxError),
+    /// The delivery is not an event: it lacks what a relay writes.
+    #[error("not an event: {0}")]
+    Malformed(crate::outbox::InvalidEvent),
 }
 
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]

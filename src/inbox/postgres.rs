@@ -369,10 +369,11 @@ impl PostgresInbox {
     }
 }
 
-/// A store error, as an error of a call with a handler.
+/// An error of a call without a handler, as one of a call with one.
 fn retype<E>(e: InboxError) -> InboxError<E> {
     match e {
         InboxError::Store(e) => InboxError::Store(e),
+        InboxError::Malformed(e) => InboxError::Malformed(e),
         InboxError::Handler(never) => match never {},
     }
 }

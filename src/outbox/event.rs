@@ -220,3 +220,11 @@ impl Event {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("invalid event: {0}")]
 pub struct InvalidEvent(&'static str);
+
+impl InvalidEvent {
+    /// A message that lacks what makes it an event: `why` says what.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    pub(crate) fn message(why: &'static str) -> Self {
+        InvalidEvent(why)
+    }
+}

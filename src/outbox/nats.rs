@@ -71,6 +71,57 @@ pub struct Published {
     pub duplicate: bool,
 }
 
+/// The headers the publisher writes beside the event's own.
+const OWN_HEADERS: [&str; 4] = [
+    "Nats-Msg-Id",
+    "Surely-Aggregate",
+    "Surely-Version",
+    "Surely-Kind",
+];
+
+impl Event {
+    /// The event a [`JetStreamPublisher`] published, read back from the message a consumer
+    /// received (feature `nats`).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidEvent`](super::InvalidEvent) if the message lacks the headers the publisher
+    /// writes (`Nats-Msg-Id`, `Surely-Aggregate`, `Surely-Version`, `Surely-Kind`), or one
+    /// does not parse: it was not published by a relay.
+    pub fn from_nats(message: &async_nats::Message) -> Result<Event, super::InvalidEvent> {
+        let missing = super::InvalidEvent::message;
+        let headers = message
+            .headers
+            .as_ref()
+            .ok_or(missing("the message has no headers: no relay published it"))?;
+        let get = |name: &str| headers.get(name).map(|v| v.as_str().to_owned());
+        let id = headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .map(|v| v.as_str().to_owned())
+            .ok_or(missing("the message has no Nats-Msg-Id"))?;
+        let version = get("Surely-Version")
+            .and_then(|v| v.parse::<i64>().ok())
+            .ok_or(missing("the message has no Surely-Version that parses"))?;
+        let mut event = Event::new(
+            super::EventId::new(id)?,
+            get("Surely-Aggregate").ok_or(missing("the message has no Surely-Aggregate"))?,
+            version,
+            get("Surely-Kind").ok_or(missing("the message has no Surely-Kind"))?,
+            message.payload.clone(),
+        )?;
+        for (name, values) in headers.iter() {
+            let name: &str = name.as_ref();
+            if OWN_HEADERS.iter().any(|own| own.eq_ignore_ascii_case(name)) {
+                continue;
+            }
+            for value in values {
+                event = event.with_header(name, value.as_str())?;
+            }
+        }
+        Ok(event)
+    }
+}
+
 impl Service<Event> for JetStreamPublisher {
     type Response = Published;
     type Error = BoxError;

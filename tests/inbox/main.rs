@@ -2,6 +2,8 @@
 //! versions in order, or the latest; a failed handler records nothing. On the memory inbox and
 //! on PostgreSQL (the tests fail if it does not answer).
 
+#[cfg(all(feature = "postgres", feature = "nats"))]
+mod jetstream;
 #[cfg(feature = "postgres")]
 mod postgres;
 

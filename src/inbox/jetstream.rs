@@ -1,0 +1,116 @@
+//! Consuming from JetStream into a PostgreSQL inbox: acknowledged only once committed.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use tokio_postgres::Transaction;
+
+use super::postgres::Handler;
+use super::{InboxError, PostgresInbox, Processed, Versions};
+use crate::outbox::Event;
+
+/// How long JetStream waits before it redelivers a parked event.
+const PARKED_REDELIVERY: Duration = Duration::from_secs(1);
+
+impl PostgresInbox {
+    /// Processes one JetStream message, published by a
+    /// [`JetStreamPublisher`](crate::outbox::JetStreamPublisher), for `consumer` (features
+    /// `postgres` and `nats`). It runs `handler` in a transaction of its own with the inbox's
+    /// record, commits, and only then acknowledges the message (waiting for JetStream to
+    /// confirm the acknowledgement).
+    ///
+    /// * A consumer that crashes after the commit and before the acknowledgement gets the
+    ///   message again: the inbox finds its record, the handler does not run, and it is
+    ///   acknowledged.
+    /// * A handler or store that fails rolls back and acknowledges negatively: JetStream
+    ///   redelivers.
+    /// * A parked event (a version gap) is acknowledged negatively with a short delay, to come
+    ///   back after the missing one.
+    /// * A message that is not an event of the relay's is terminated (never redelivered), and
+    ///   the error says why.
+    ///
+    /// ```no_run
+    /// # async fn consume(inbox: surely::inbox::PostgresInbox,
+    /// #     consumer: surely::outbox::async_nats::jetstream::consumer::PullConsumer)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// use surely::inbox::Versions;
+    /// use tokio_stream::StreamExt;
+    ///
+    /// let mut messages = consumer.messages().await?;
+    /// while let Some(message) = messages.next().await {
+    ///     let processed = inbox
+    ///         .process_jetstream(&message?, "inventory", Versions::InOrder, |txn| {
+    ///             Box::pin(async move {
+    ///                 txn.execute("UPDATE stock SET qty = qty - 1 WHERE sku = $1", &[&"sku-42"]).await?;
+    ///                 Ok::<_, tokio_postgres::Error>("reserved".into())
+    ///             })
+    ///         })
+    ///         .await;
+    ///     println!("{processed:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The message is not an event, the handler failed, or the store did; the message was
+    /// terminated or acknowledged negatively accordingly.
+    pub async fn process_jetstream<F, E>(
+        &self,
+        message: &jetstream::Message,
+        consumer: &str,
+        versions: Versions,
+        handler: F,
+    ) -> Result<Processed, InboxError<E>>
+    where
+        F: for<'t, 'c> FnOnce(&'t Transaction<'c>) -> Handler<'t, E>,
+    {
+        let event = match Event::from_nats(message) {
+            Ok(event) => event,
+            Err(e) => {
+                ack(message, AckKind::Term).await;
+                return Err(InboxError::Malformed(e));
+            }
+        };
+        let out = self
+            .process_in_own_transaction(consumer, &event, versions, handler)
+            .await;
+        match &out {
+            Ok(processed) if processed.is_settled() => {
+                if let Err(e) = message.double_ack().await {
+                    // Committed: the redelivery will find the record.
+                    tracing::warn!(event = %event.id(), error = %e, "inbox: acknowledgement not confirmed");
+                }
+            }
+            Ok(_) => ack(message, AckKind::Nak(Some(PARKED_REDELIVERY))).await,
+            Err(_) => ack(message, AckKind::Nak(None)).await,
+        }
+        out
+    }
+
+    async fn process_in_own_transaction<F, E>(
+        &self,
+        consumer: &str,
+        event: &Event,
+        versions: Versions,
+        handler: F,
+    ) -> Result<Processed, InboxError<E>>
+    where
+        F: for<'t, 'c> FnOnce(&'t Transaction<'c>) -> Handler<'t, E>,
+    {
+        let mut client = self.pool().get().await.map_err(InboxError::store)?;
+        let txn = client.transaction().await.map_err(InboxError::store)?;
+        let processed = self
+            .process(&txn, consumer, event, versions, handler)
+            .await?;
+        txn.commit().await.map_err(InboxError::store)?;
+        Ok(processed)
+    }
+}
+
+/// Acknowledges `message` as `kind`; a failure only delays the redelivery to the ack wait.
+async fn ack(message: &jetstream::Message, kind: AckKind) {
+    if let Err(e) = message.ack_with(kind).await {
+        tracing::warn!(error = %e, "inbox: acknowledgement not sent");
+    }
+}
