@@ -84,6 +84,7 @@ struct Sql {
     enqueue: String,
     claim: String,
     published: String,
+    published_all: String,
     failed: String,
     sweep: String,
     stats: String,
@@ -115,6 +116,11 @@ impl Sql {
             published: format!(
                 "UPDATE {t} SET state = {PUBLISHED}, published_at = now(), claimed_until = NULL
                  WHERE id = $1 AND claim = $2 AND state = {PENDING}"
+            ),
+            published_all: format!(
+                "UPDATE {t} AS o SET state = {PUBLISHED}, published_at = now(), claimed_until = NULL
+                 FROM unnest($1::text[], $2::bigint[]) AS m(id, claim)
+                 WHERE o.id = m.id AND o.claim = m.claim AND o.state = {PENDING}"
             ),
             failed: format!(
                 "UPDATE {t} SET failures = failures + 1, last_error = $3,
@@ -296,6 +302,23 @@ impl OutboxStore for PostgresOutbox {
 
     async fn published(&self, claimed: &Claimed) -> Result<(), OutboxError> {
         self.mark(&self.sql.published, claimed).await
+    }
+
+    async fn published_all(&self, claimed: &[Claimed]) -> Result<usize, OutboxError> {
+        if claimed.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<&str> = claimed.iter().map(|c| c.event.id().as_str()).collect();
+        let claims: Vec<i64> = claimed
+            .iter()
+            .map(|c| i64::try_from(c.claim()).unwrap_or(i64::MAX))
+            .collect();
+        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let n = client
+            .execute(&self.sql.published_all, &[&ids, &claims])
+            .await
+            .map_err(OutboxError::backend)?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
     async fn failed(

@@ -166,7 +166,9 @@ where
     P: Service<Event>,
     P::Error: Into<BoxError>,
 {
-    /// One round: claims a batch, publishes it in order, marks each event.
+    /// One round: claims a batch, publishes its events (all sent in order, their
+    /// acknowledgements awaited together), marks the published ones in one operation, and
+    /// each failed one.
     ///
     /// # Errors
     ///
@@ -179,13 +181,11 @@ where
             claimed: batch.len(),
             ..RelayRound::default()
         };
-        for claimed in batch {
-            match self.publish(&claimed).await {
-                Ok(()) => match self.store.published(&claimed).await {
-                    Ok(()) => round.published += 1,
-                    Err(e) if e.is_stale() => round.stale += 1,
-                    Err(e) => return Err(e),
-                },
+        let outcomes = self.publish_all(&batch).await;
+        let mut published = Vec::with_capacity(batch.len());
+        for (claimed, outcome) in batch.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => published.push(claimed),
                 Err(error) => {
                     round.failed += 1;
                     let id = claimed.event.id().clone();
@@ -211,18 +211,59 @@ where
                 }
             }
         }
+        let marked = self.store.published_all(&published).await?;
+        round.published = marked;
+        round.stale += published.len().saturating_sub(marked);
         Ok(round)
     }
 
-    async fn publish(&mut self, claimed: &Claimed) -> Result<(), BoxError> {
-        std::future::poll_fn(|cx| self.publisher.poll_ready(cx))
-            .await
-            .map_err(Into::into)?;
-        self.publisher
-            .call(claimed.event.clone())
-            .await
-            .map(drop)
-            .map_err(Into::into)
+    /// Sends every event of the batch, in order, then awaits their acknowledgements together;
+    /// the outcomes in the batch's order.
+    async fn publish_all(&mut self, batch: &[Claimed]) -> Vec<Result<(), BoxError>> {
+        let mut sending = Vec::with_capacity(batch.len());
+        for claimed in batch {
+            if let Err(e) = std::future::poll_fn(|cx| self.publisher.poll_ready(cx)).await {
+                let e: BoxError = e.into();
+                let why = e.to_string();
+                sending.push(Sending::Refused(e));
+                // The publisher is broken: the rest of the batch fails the same way.
+                for _ in sending.len()..batch.len() {
+                    sending.push(Sending::Refused(why.clone().into()));
+                }
+                break;
+            }
+            sending.push(Sending::Going(Box::pin(
+                self.publisher.call(claimed.event.clone()),
+            )));
+        }
+        std::future::poll_fn(|cx| {
+            let mut waiting = false;
+            for s in &mut sending {
+                if let Sending::Going(f) = s {
+                    match f.as_mut().poll(cx) {
+                        std::task::Poll::Ready(out) => {
+                            *s = Sending::Done(out.map(drop).map_err(Into::into))
+                        }
+                        std::task::Poll::Pending => waiting = true,
+                    }
+                }
+            }
+            if waiting {
+                std::task::Poll::Pending
+            } else {
+                std::task::Poll::Ready(())
+            }
+        })
+        .await;
+        sending
+            .into_iter()
+            .map(|s| match s {
+                Sending::Done(out) => out,
+                Sending::Refused(e) => Err(e),
+                // Every publish finished before the poll above returned.
+                Sending::Going(_) => Err("the publish did not finish".into()),
+            })
+            .collect()
     }
 
     /// Runs rounds until `stop` completes: at once after a full batch, after the poll interval
@@ -247,6 +288,13 @@ where
             }
         }
     }
+}
+
+/// One event's publish within a round.
+enum Sending<F> {
+    Going(std::pin::Pin<Box<F>>),
+    Done(Result<(), BoxError>),
+    Refused(BoxError),
 }
 
 /// Whether `stop` has completed, without waiting for it.

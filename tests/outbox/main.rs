@@ -213,6 +213,9 @@ where
     // The dead relay wakes up and marks: refused, the event is already published.
     let late = store.published(&held[0]).await.unwrap_err();
     assert!(late.is_stale(), "{late}");
+    // Marked as part of a batch: not counted.
+    assert_eq!(store.published_all(&held).await.unwrap(), 0);
+    assert_eq!(store.published_all(&[]).await.unwrap(), 0);
     assert_eq!(bus.published(), [held[0].event.id().clone()]);
 }
 
@@ -273,6 +276,43 @@ async fn the_relay_runs_until_told_to_stop() {
     assert_eq!(bus.published().len(), 1);
     stop.send(()).unwrap();
     running.await.unwrap();
+}
+
+/// A batch's events are all sent, in order, before any acknowledgement is awaited: a broker
+/// that takes 100 ms to acknowledge costs one round 100 ms, not 100 ms per event; a refused
+/// event in the middle does not hold back the ones after it.
+#[tokio::test(start_paused = true)]
+async fn a_batch_awaits_its_acknowledgements_together() {
+    let outbox = MemoryOutbox::new();
+    let events: Vec<Event> = (1..=8).map(event).collect();
+    for e in &events {
+        outbox.enqueue(e.clone());
+    }
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let log = sent.clone();
+    let broker = service_fn(move |event: Event| {
+        log.lock().unwrap().push(event.id().clone());
+        let refused = event.payload().as_ref() == b"o-4";
+        async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if refused {
+                Err(std::io::Error::other("refused"))
+            } else {
+                Ok(())
+            }
+        }
+    });
+    let mut relay = Relay::builder(outbox.clone(), broker)
+        .batch(8)
+        .build()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+    assert_eq!((round.claimed, round.published, round.failed), (8, 7, 1));
+    let ids: Vec<EventId> = events.iter().map(|e| e.id().clone()).collect();
+    assert_eq!(*sent.lock().unwrap(), ids, "sent in the order enqueued");
+    assert_eq!(outbox.stats().await.unwrap().backlog, 1);
 }
 
 #[test]
