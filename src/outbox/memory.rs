@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStats, OutboxStore};
+use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStats, OutboxStore, Wakeup};
 
 /// The embedded outbox: events in memory, for one process, and for tests.
 ///
@@ -21,6 +21,7 @@ use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStats, OutboxSto
 #[derive(Clone, Default)]
 pub struct MemoryOutbox {
     inner: Arc<Mutex<Rows>>,
+    wakeup: Wakeup,
 }
 
 #[derive(Default)]
@@ -58,9 +59,24 @@ impl MemoryOutbox {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The [`Wakeup`] this outbox's enqueues wake: give it to
+    /// [`RelayBuilder::wake_on`](super::RelayBuilder::wake_on) and an idle relay publishes a new
+    /// event at once, not at its next poll.
+    pub fn wakeup(&self) -> Wakeup {
+        self.wakeup.clone()
+    }
+
     /// Adds `event`; returns false (and changes nothing) if an event with its id is already
     /// here, published or not: one id, one event.
     pub fn enqueue(&self, event: Event) -> bool {
+        let added = self.add(event);
+        if added {
+            self.wakeup.wake();
+        }
+        added
+    }
+
+    fn add(&self, event: Event) -> bool {
         let mut rows = self.rows();
         if rows.by_id.contains_key(event.id()) {
             return false;

@@ -27,6 +27,11 @@
 //!
 //! Published events are [swept](OutboxStore::sweep) after a retention.
 //!
+//! An idle relay looks for new events every poll interval; given a [`Wakeup`], it looks as soon
+//! as one is enqueued: [`MemoryOutbox::wakeup`], or `PostgresOutbox::listen`, woken by the
+//! `NOTIFY` that every enqueue sends when its transaction commits. Polling stays on as the
+//! safety net for a lost wake.
+//!
 //! [`MemoryOutbox`] is the embedded default and the one for tests; [`PostgresOutbox`] (feature
 //! `postgres`) shares the handler's database and transaction.
 //!
@@ -64,6 +69,7 @@ mod nats;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod relay;
+mod wakeup;
 
 pub use self::event::{Event, EventId, InvalidEvent};
 pub use self::memory::MemoryOutbox;
@@ -74,6 +80,7 @@ pub use self::postgres::PostgresOutbox;
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
 pub use self::relay::{Relay, RelayBuilder, RelayRound};
+pub use self::wakeup::Wakeup;
 /// The NATS client the [`JetStreamPublisher`] is built on, re-exported so that a service uses
 /// the same version.
 #[cfg(feature = "nats")]

@@ -1,13 +1,17 @@
 //! The PostgreSQL outbox.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio_postgres::Row;
 
-use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStats, OutboxStore};
+use super::wakeup::WeakWakeup;
+use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStats, OutboxStore, Wakeup};
+use crate::classify::BoxError;
 use crate::postgres::{Component, Migration, Pool};
 use crate::ConfigError;
 
@@ -81,6 +85,8 @@ pub struct PostgresOutbox {
 
 struct Sql {
     table: String,
+    /// The `NOTIFY` channel of the table's enqueues.
+    channel: String,
     enqueue: String,
     claim: String,
     published: String,
@@ -92,12 +98,20 @@ struct Sql {
 
 impl Sql {
     fn new(t: &str) -> Self {
+        let channel = channel(t);
         Sql {
             table: t.to_owned(),
+            channel: channel.clone(),
+            // The notification goes out when the caller's transaction commits (none if it rolls
+            // back), once per transaction however many events it enqueued.
             enqueue: format!(
-                "INSERT INTO {t} (id, aggregate, version, kind, header_names, header_values, payload)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)
-                 ON CONFLICT (id) DO NOTHING"
+                "WITH added AS (
+                     INSERT INTO {t} (id, aggregate, version, kind, header_names, header_values, payload)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7)
+                     ON CONFLICT (id) DO NOTHING
+                     RETURNING 1
+                 )
+                 SELECT (SELECT count(*) FROM added), pg_notify('{channel}', '')"
             ),
             claim: format!(
                 "WITH free AS (
@@ -212,8 +226,8 @@ impl PostgresOutbox {
         let names: Vec<&str> = event.headers().iter().map(|(n, _)| n.as_str()).collect();
         let values: Vec<&str> = event.headers().iter().map(|(_, v)| v.as_str()).collect();
         let payload: &[u8] = event.payload();
-        let n = txn
-            .execute(
+        let row = txn
+            .query_one(
                 &self.sql.enqueue,
                 &[
                     &event.id().as_str(),
@@ -227,7 +241,58 @@ impl PostgresOutbox {
             )
             .await
             .map_err(OutboxError::backend)?;
-        Ok(n == 1)
+        let added: i64 = row.try_get(0).map_err(OutboxError::backend)?;
+        Ok(added == 1)
+    }
+
+    /// A [`Wakeup`] woken when a transaction that [enqueued](Self::enqueue) into this outbox
+    /// commits: give it to [`RelayBuilder::wake_on`](super::RelayBuilder::wake_on), and an
+    /// idle relay publishes a committed event within a database round trip instead of at its
+    /// next poll.
+    ///
+    /// It `LISTEN`s on a connection of its own to `url` (not the pool's: a pooled connection
+    /// is shared, and nothing reads its notifications), without TLS like
+    /// [`postgres::connect`](crate::postgres::connect), named `surely outbox listener` in
+    /// `pg_stat_activity`. A task keeps that connection while the wakeup (or a clone) exists.
+    /// When the connection drops, the task reconnects (waiting 100 ms, doubling to 30 s) and
+    /// wakes the relay once, for what was committed meanwhile; the relay's polling covers the
+    /// gap.
+    ///
+    /// ```no_run
+    /// # async fn run(outbox: surely::outbox::PostgresOutbox,
+    /// #     broker: impl tower::Service<surely::outbox::Event, Error = std::io::Error>)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use surely::outbox::Relay;
+    ///
+    /// let url = "postgres://postgres@127.0.0.1:5432/test";
+    /// let relay = Relay::builder(outbox.clone(), broker)
+    ///     .wake_on(outbox.listen(url).await?)
+    ///     .poll(Duration::from_secs(5)) // the safety net
+    ///     .build()?;
+    /// relay.run(std::future::pending()).await;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The URL does not parse, or the first connection (or its `LISTEN`) fails: the database
+    /// is checked when the relay starts, not at its first event.
+    pub async fn listen(&self, url: &str) -> Result<Wakeup, OutboxError> {
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| OutboxError::backend(format!("cannot listen for outbox events: {e}")))?;
+        config.application_name("surely outbox listener");
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        let channel = self.sql.channel.clone();
+        let listening = Listening::open(&config, &channel)
+            .await
+            .map_err(|e| OutboxError::backend(format!("cannot listen for outbox events: {e}")))?;
+        let wakeup = Wakeup::new();
+        tokio::spawn(keep_listening(config, channel, listening, wakeup.waker()));
+        Ok(wakeup)
     }
 
     /// The last error of a quarantined or failing event.
@@ -385,5 +450,106 @@ impl fmt::Debug for PostgresOutbox {
         f.debug_struct("PostgresOutbox")
             .field("table", &self.sql.table)
             .finish()
+    }
+}
+
+/// The `NOTIFY` channel of a table: its name, cut to PostgreSQL's 63-byte identifiers (names
+/// are ASCII). Two tables whose names share 63 bytes share a channel: a wake too many, never
+/// one too few.
+fn channel(table: &str) -> String {
+    table[..table.len().min(63)].to_owned()
+}
+
+/// A connection that `LISTEN`s.
+struct Listening {
+    /// Kept: dropping the client closes the connection.
+    _client: tokio_postgres::Client,
+    connection:
+        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+}
+
+impl Listening {
+    async fn open(config: &tokio_postgres::Config, channel: &str) -> Result<Self, BoxError> {
+        let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
+        let listen = format!("LISTEN \"{channel}\"");
+        {
+            let mut listen = std::pin::pin!(client.batch_execute(&listen));
+            // The statement completes only while the connection is driven.
+            std::future::poll_fn(|cx| {
+                loop {
+                    match connection.poll_message(cx) {
+                        Poll::Ready(Some(Ok(_))) => continue,
+                        Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(BoxError::from(e))),
+                        Poll::Ready(None) => {
+                            return Poll::Ready(Err("the connection closed before LISTEN".into()))
+                        }
+                        Poll::Pending => break,
+                    }
+                }
+                listen.as_mut().poll(cx).map_err(BoxError::from)
+            })
+            .await?;
+        }
+        Ok(Listening {
+            _client: client,
+            connection,
+        })
+    }
+
+    /// Wakes `waker` at each notification until the connection ends (returns why) or the
+    /// wakeups are gone (returns `None`).
+    async fn relay_notifications(&mut self, waker: &WeakWakeup) -> Option<String> {
+        std::future::poll_fn(|cx| loop {
+            match self.connection.poll_message(cx) {
+                Poll::Ready(Some(Ok(tokio_postgres::AsyncMessage::Notification(_)))) => {
+                    if !waker.wake() {
+                        return Poll::Ready(None);
+                    }
+                }
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(e.to_string())),
+                Poll::Ready(None) => return Poll::Ready(Some("the connection closed".to_owned())),
+                Poll::Pending => return Poll::Pending,
+            }
+        })
+        .await
+    }
+}
+
+/// The listener's task: relays notifications, reconnects when the connection drops, ends when
+/// every wakeup is gone.
+async fn keep_listening(
+    config: tokio_postgres::Config,
+    channel: String,
+    mut listening: Listening,
+    waker: WeakWakeup,
+) {
+    const FIRST_WAIT: Duration = Duration::from_millis(100);
+    const LONGEST_WAIT: Duration = Duration::from_secs(30);
+    loop {
+        let ended = tokio::select! {
+            _ = waker.gone() => return,
+            ended = listening.relay_notifications(&waker) => ended,
+        };
+        let Some(why) = ended else { return };
+        tracing::warn!(error = %why, channel = %channel, "outbox listener lost its connection; reconnecting");
+        let mut wait = FIRST_WAIT;
+        listening = loop {
+            tokio::select! {
+                _ = waker.gone() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            match Listening::open(&config, &channel).await {
+                Ok(l) => break l,
+                Err(e) => {
+                    tracing::warn!(error = %e, channel = %channel, "outbox listener cannot reconnect");
+                    wait = (wait * 2).min(LONGEST_WAIT);
+                }
+            }
+        };
+        // Events committed while nobody listened sent no wake that arrived.
+        if !waker.wake() {
+            return;
+        }
     }
 }

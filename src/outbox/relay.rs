@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_service::Service;
 
-use super::{Claimed, Event, Failed, OutboxError, OutboxStore};
+use super::{Claimed, Event, Failed, OutboxError, OutboxStore, Wakeup};
 use crate::classify::BoxError;
 use crate::ConfigError;
 
@@ -30,6 +30,7 @@ pub struct Relay<St, P> {
     store: St,
     publisher: P,
     config: Config,
+    wakeup: Option<Wakeup>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -46,6 +47,7 @@ pub struct RelayBuilder<St, P> {
     store: St,
     publisher: P,
     config: Config,
+    wakeup: Option<Wakeup>,
 }
 
 impl<St, P> Relay<St, P> {
@@ -63,6 +65,7 @@ impl<St, P> Relay<St, P> {
                 quarantine_after: 10,
                 poll: Duration::from_secs(1),
             },
+            wakeup: None,
         }
     }
 
@@ -104,9 +107,18 @@ impl<St, P> RelayBuilder<St, P> {
         self
     }
 
-    /// How long an idle relay waits before it looks again (default 1 s).
+    /// How long an idle relay waits before it looks again (default 1 s). With a
+    /// [wakeup](Self::wake_on), the longest a lost wake can delay an event.
     pub fn poll(mut self, interval: Duration) -> Self {
         self.config.poll = interval;
+        self
+    }
+
+    /// Wakes an idle relay when `wakeup` is woken (events were enqueued), before its poll
+    /// interval has passed: [`MemoryOutbox::wakeup`](super::MemoryOutbox::wakeup), or
+    /// `PostgresOutbox::listen` (`LISTEN/NOTIFY`). Polling goes on beside it.
+    pub fn wake_on(mut self, wakeup: Wakeup) -> Self {
+        self.wakeup = Some(wakeup);
         self
     }
 
@@ -139,6 +151,7 @@ impl<St, P> RelayBuilder<St, P> {
             store: self.store,
             publisher: self.publisher,
             config: self.config,
+            wakeup: self.wakeup,
         })
     }
 }
@@ -266,8 +279,9 @@ where
             .collect()
     }
 
-    /// Runs rounds until `stop` completes: at once after a full batch, after the poll interval
-    /// when there was nothing to do (or the store failed, which is logged).
+    /// Runs rounds until `stop` completes: at once after a full batch; when there was nothing
+    /// to do (or the store failed, which is logged), after the poll interval or at the
+    /// [wakeup](RelayBuilder::wake_on), whichever comes first.
     pub async fn run(mut self, stop: impl Future<Output = ()>) {
         let mut stop = std::pin::pin!(stop);
         loop {
@@ -279,9 +293,16 @@ where
                 }
             };
             if idle {
+                let woken = async {
+                    match &self.wakeup {
+                        Some(w) => w.woken().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = &mut stop => return,
                     _ = tokio::time::sleep(self.config.poll) => {}
+                    _ = woken => {}
                 }
             } else if futures_poll_ready(&mut stop) {
                 return;
@@ -309,6 +330,7 @@ impl<St: fmt::Debug, P> fmt::Debug for Relay<St, P> {
         f.debug_struct("Relay")
             .field("store", &self.store)
             .field("config", &self.config)
+            .field("wakeup", &self.wakeup.is_some())
             .finish_non_exhaustive()
     }
 }

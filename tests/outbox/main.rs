@@ -315,6 +315,35 @@ async fn a_batch_awaits_its_acknowledgements_together() {
     assert_eq!(outbox.stats().await.unwrap().backlog, 1);
 }
 
+/// A relay that polls once an hour, woken by the outbox's enqueues: an event goes out at once.
+#[tokio::test(start_paused = true)]
+async fn an_enqueue_wakes_an_idle_relay() {
+    let outbox = MemoryOutbox::new();
+    let bus = Bus::default();
+    let relay = Relay::builder(outbox.clone(), bus.service())
+        .poll(Duration::from_secs(3600))
+        .wake_on(outbox.wakeup())
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    let start = tokio::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    outbox.enqueue(event(1));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(bus.published().len(), 1);
+    // A second one while it waits again; a duplicate enqueue wakes nothing and adds nothing.
+    outbox.enqueue(event(2));
+    assert!(!outbox.enqueue(event(2)));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(bus.published().len(), 2);
+    assert!(start.elapsed() < Duration::from_secs(1), "no poll was needed");
+    stop.send(()).unwrap();
+    running.await.unwrap();
+}
+
 #[test]
 fn bad_settings_and_bad_events_are_errors() {
     let outbox = MemoryOutbox::new();

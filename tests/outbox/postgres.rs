@@ -3,7 +3,7 @@
 //! table without taking an event twice.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use surely::outbox::{Event, OutboxStore, PostgresOutbox, Relay};
 
@@ -150,5 +150,73 @@ async fn pg_relays_racing_over_one_table_publish_each_event_once() {
     published.dedup();
     assert_eq!(published.len(), 400, "every event");
     assert_eq!(outbox.stats().await.unwrap().backlog, 0);
+    forget(&outbox).await;
+}
+
+/// Waits (at most 10 s of real time) until the bus has published `n` events.
+async fn published(bus: &Bus, n: usize, what: &str) {
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while bus.published().len() < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "{what}: {} of {n} published",
+        bus.published().len()
+    );
+}
+
+/// A relay that polls once an hour, woken by `LISTEN/NOTIFY`: a committed event is published
+/// at once; when the listening connection is killed, the listener reconnects and the next
+/// event is published too.
+#[tokio::test]
+async fn pg_a_commit_wakes_the_relay_even_after_its_listener_was_cut() {
+    let outbox = outbox("pg_a_commit_wakes_the_relay_even_after_its_listener_was_cut").await;
+    let bus = Bus::default();
+    let relay = Relay::builder(outbox.clone(), bus.service())
+        .poll(Duration::from_secs(3600))
+        .wake_on(outbox.listen(&url()).await.unwrap())
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    // The relay's first round finds nothing; then it waits for the hour, or a wake.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    enqueue(&outbox, &[event(1)], true).await;
+    published(&bus, 1, "woken by the commit").await;
+
+    // Cut the listening connection, as a failover or an idle-connection killer would.
+    let client = outbox.pool().get().await.unwrap();
+    let cut = client
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE application_name = 'surely outbox listener' AND query = $1",
+            &[&format!("LISTEN \"{}\"", outbox.table())],
+        )
+        .await
+        .unwrap();
+    assert_eq!(cut, 1, "the listener's connection was found and cut");
+    drop(client);
+    enqueue(&outbox, &[event(2)], true).await;
+    published(&bus, 2, "woken after the listener reconnected").await;
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    forget(&outbox).await;
+}
+
+#[tokio::test]
+async fn pg_a_listener_that_cannot_listen_is_an_error() {
+    let outbox = outbox("pg_a_listener_that_cannot_listen_is_an_error").await;
+    let bad = outbox.listen("postgres://no such url").await.unwrap_err();
+    assert!(bad.to_string().contains("cannot listen"), "{bad}");
+    let down = outbox
+        .listen("postgres://postgres@127.0.0.1:1/test")
+        .await
+        .unwrap_err();
+    assert!(down.to_string().contains("cannot listen"), "{down}");
     forget(&outbox).await;
 }
