@@ -91,9 +91,8 @@ struct Sql {
     stale: String,
     park: String,
     lock_version: String,
-    read_version: String,
     applied: String,
-    set_version: String,
+    applied_at_version: String,
 }
 
 impl Sql {
@@ -110,21 +109,24 @@ impl Sql {
                  WHERE consumer = $1 AND event_id = $2"
             ),
             park: format!("DELETE FROM {t} WHERE consumer = $1 AND event_id = $2"),
+            // Creates the aggregate's row if it is new, and locks it either way (the no-op
+            // update), in one round trip: the aggregate's events go one transaction at a time.
             lock_version: format!(
-                "INSERT INTO {t}_versions (consumer, aggregate, version) VALUES ($1, $2, NULL)
-                 ON CONFLICT DO NOTHING"
-            ),
-            read_version: format!(
-                "SELECT version FROM {t}_versions WHERE consumer = $1 AND aggregate = $2
-                 FOR UPDATE"
+                "INSERT INTO {t}_versions AS v (consumer, aggregate, version) VALUES ($1, $2, NULL)
+                 ON CONFLICT (consumer, aggregate) DO UPDATE SET version = v.version
+                 RETURNING version"
             ),
             applied: format!(
                 "UPDATE {t} SET outcome = {APPLIED}, result = $3
                  WHERE consumer = $1 AND event_id = $2"
             ),
-            set_version: format!(
-                "UPDATE {t}_versions SET version = GREATEST(COALESCE(version, $3), $3)
-                 WHERE consumer = $1 AND aggregate = $2"
+            applied_at_version: format!(
+                "WITH applied AS (
+                     UPDATE {t} SET outcome = {APPLIED}, result = $3
+                     WHERE consumer = $1 AND event_id = $2
+                 )
+                 UPDATE {t}_versions SET version = GREATEST(COALESCE(version, $5), $5)
+                 WHERE consumer = $1 AND aggregate = $4"
             ),
         }
     }
@@ -244,11 +246,8 @@ impl PostgresInbox {
             )));
         }
         if versions != Versions::Any {
-            txn.execute(&self.sql.lock_version, &[&consumer, &aggregate])
-                .await
-                .map_err(InboxError::store)?;
             let last: Option<i64> = txn
-                .query_one(&self.sql.read_version, &[&consumer, &aggregate])
+                .query_one(&self.sql.lock_version, &[&consumer, &aggregate])
                 .await
                 .map_err(InboxError::store)?
                 .try_get(0)
@@ -303,20 +302,18 @@ impl PostgresInbox {
         result: Bytes,
     ) -> Result<Processed, InboxError> {
         let stored: &[u8] = &result;
-        txn.execute(
-            &self.sql.applied,
-            &[&ticket.consumer, &ticket.event_id, &stored],
-        )
-        .await
-        .map_err(InboxError::store)?;
-        if ticket.versions != Versions::Any {
+        let (consumer, id) = (&ticket.consumer, &ticket.event_id);
+        if ticket.versions == Versions::Any {
+            txn.execute(&self.sql.applied, &[consumer, id, &stored])
+                .await
+        } else {
             txn.execute(
-                &self.sql.set_version,
-                &[&ticket.consumer, &ticket.aggregate, &ticket.version],
+                &self.sql.applied_at_version,
+                &[consumer, id, &stored, &ticket.aggregate, &ticket.version],
             )
             .await
-            .map_err(InboxError::store)?;
         }
+        .map_err(InboxError::store)?;
         let processed = Processed::Applied(result);
         self.counters.count(&processed);
         Ok(processed)

@@ -108,12 +108,14 @@ pub struct Event {
 }
 
 impl Event {
-    /// An event. The aggregate and the kind are 1 to 255 bytes; the version is the aggregate's
-    /// version after the change (consumers order by it).
+    /// An event. The aggregate is 1 to 255 bytes without a control character; the kind is 1 to
+    /// 255 ASCII letters, digits, `_`, `-` or `.` (it names a subject or a header on the
+    /// wire); the version is the aggregate's version after the change (consumers order by it).
     ///
     /// # Errors
     ///
-    /// [`InvalidEvent`] for an empty or over-long aggregate or kind.
+    /// [`InvalidEvent`] for an empty or over-long aggregate or kind, a control character in the
+    /// aggregate, or another character in the kind.
     pub fn new(
         id: EventId,
         aggregate: impl Into<String>,
@@ -125,8 +127,19 @@ impl Event {
         if aggregate.is_empty() || aggregate.len() > 255 {
             return Err(InvalidEvent("the aggregate must be 1 to 255 bytes"));
         }
+        if aggregate.chars().any(char::is_control) {
+            return Err(InvalidEvent("the aggregate must have no control character"));
+        }
         if kind.is_empty() || kind.len() > 255 {
             return Err(InvalidEvent("the kind must be 1 to 255 bytes"));
+        }
+        if !kind
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        {
+            return Err(InvalidEvent(
+                "the kind must be ASCII letters, digits, `_`, `-` or `.`",
+            ));
         }
         Ok(Event {
             id,

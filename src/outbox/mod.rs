@@ -70,6 +70,7 @@ mod nats;
 mod postgres;
 mod relay;
 mod wakeup;
+mod webhook;
 
 pub use self::event::{Event, EventId, InvalidEvent};
 pub use self::memory::MemoryOutbox;
@@ -79,8 +80,9 @@ pub use self::nats::{JetStreamPublisher, Published};
 pub use self::postgres::PostgresOutbox;
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
-pub use self::relay::{Relay, RelayBuilder, RelayRound};
+pub use self::relay::{Relay, RelayBuilder, RelayReport, RelayRound};
 pub use self::wakeup::Wakeup;
+pub use self::webhook::{WebhookError, WebhookPublisher};
 /// The NATS client the [`JetStreamPublisher`] is built on, re-exported so that a service uses
 /// the same version.
 #[cfg(feature = "nats")]

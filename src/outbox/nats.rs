@@ -136,13 +136,24 @@ impl Service<Event> for JetStreamPublisher {
         let subject = format!("{}.{}", self.prefix, event.kind());
         Box::pin(async move {
             let mut headers = async_nats::HeaderMap::new();
+            for (name, value) in event.headers() {
+                // NATS acts on its `Nats-` headers (a second `Nats-Msg-Id` would replace the
+                // event's), and the publisher writes the `Surely-` ones.
+                if name.len() >= 5
+                    && (name[..5].eq_ignore_ascii_case("nats-")
+                        || name.len() >= 7 && name[..7].eq_ignore_ascii_case("surely-"))
+                {
+                    return Err(format!(
+                        "event not published: its header `{name}` is one NATS or the publisher writes"
+                    )
+                    .into());
+                }
+                headers.append(name.as_str(), value.as_str());
+            }
             headers.insert(async_nats::header::NATS_MESSAGE_ID, event.id().as_str());
             headers.insert("Surely-Aggregate", event.aggregate());
             headers.insert("Surely-Version", event.version().to_string().as_str());
             headers.insert("Surely-Kind", event.kind());
-            for (name, value) in event.headers() {
-                headers.insert(name.as_str(), value.as_str());
-            }
             let ack = jetstream
                 .publish_with_headers(subject, headers, event.payload().clone())
                 .await?

@@ -23,12 +23,13 @@ const QUARANTINED: i16 = 2;
 pub(crate) static POSTGRES_COMPONENT: Component = Component {
     name: "outbox",
     default_table: "surely_outbox",
-    migrations: &[Migration {
-        version: 1,
-        name: "events",
-        sql: |t| {
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
+    migrations: &[
+        Migration {
+            version: 1,
+            name: "events",
+            sql: |t| {
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
                     seq bigserial NOT NULL,
                     id text PRIMARY KEY,
                     aggregate text NOT NULL,
@@ -48,9 +49,22 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
                 CREATE INDEX IF NOT EXISTS {t}_pending ON {t} (seq) WHERE state = {PENDING};
                 CREATE INDEX IF NOT EXISTS {t}_published ON {t} (published_at)
                     WHERE state = {PUBLISHED};"
-            )
+                )
+            },
         },
-    }],
+        Migration {
+            version: 2,
+            name: "quarantined index",
+            // The stats read the pending and the quarantined rows only, never the published ones
+            // kept for their retention.
+            sql: |t| {
+                format!(
+                    "CREATE INDEX IF NOT EXISTS {t}_quarantined ON {t} (seq)
+                    WHERE state = {QUARANTINED};"
+                )
+            },
+        },
+    ],
 };
 
 /// The outbox for a service whose state is in PostgreSQL: events are rows of a table (default
@@ -149,10 +163,9 @@ impl Sql {
                  WHERE state = {PUBLISHED} AND published_at <= now() - make_interval(secs => $1)"
             ),
             stats: format!(
-                "SELECT count(*) FILTER (WHERE state = {PENDING}),
-                        EXTRACT(EPOCH FROM (now() - min(enqueued_at) FILTER (WHERE state = {PENDING})))::float8,
-                        count(*) FILTER (WHERE state = {QUARANTINED})
-                 FROM {t}"
+                "SELECT count(*), EXTRACT(EPOCH FROM (now() - min(enqueued_at)))::float8,
+                        (SELECT count(*) FROM {t} WHERE state = {QUARANTINED})
+                 FROM {t} WHERE state = {PENDING}"
             ),
         }
     }

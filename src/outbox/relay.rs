@@ -2,12 +2,17 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tower_service::Service;
 
-use super::{Claimed, Event, Failed, OutboxError, OutboxStore, Wakeup};
+use super::{Claimed, Event, Failed, OutboxError, OutboxStats, OutboxStore, Wakeup};
 use crate::classify::BoxError;
+use crate::record::Recorder;
 use crate::ConfigError;
 
 /// Publishes an outbox's events through a `tower::Service<Event>` (the broker), at least once
@@ -25,12 +30,17 @@ use crate::ConfigError;
 ///
 /// # Readiness
 ///
-/// The relay waits for the publisher's `poll_ready` before each event.
+/// The relay waits for the publisher's `poll_ready` before each event, and drives the round's
+/// publishes already sent meanwhile: a publisher behind a concurrency limit smaller than the
+/// batch works (the batch then goes out as the limit allows).
 pub struct Relay<St, P> {
     store: St,
     publisher: P,
     config: Config,
     wakeup: Option<Wakeup>,
+    recorder: Option<Arc<dyn Recorder + Send + Sync>>,
+    /// When the store's stats were last reported.
+    last_stats: Option<Instant>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +50,7 @@ struct Config {
     retry_after: Duration,
     quarantine_after: u32,
     poll: Duration,
+    stats_every: Duration,
 }
 
 /// Builds a [`Relay`].
@@ -48,6 +59,7 @@ pub struct RelayBuilder<St, P> {
     publisher: P,
     config: Config,
     wakeup: Option<Wakeup>,
+    recorder: Option<Arc<dyn Recorder + Send + Sync>>,
 }
 
 impl<St, P> Relay<St, P> {
@@ -64,8 +76,10 @@ impl<St, P> Relay<St, P> {
                 retry_after: Duration::from_secs(1),
                 quarantine_after: 10,
                 poll: Duration::from_secs(1),
+                stats_every: Duration::from_secs(10),
             },
             wakeup: None,
+            recorder: None,
         }
     }
 
@@ -122,11 +136,27 @@ impl<St, P> RelayBuilder<St, P> {
         self
     }
 
+    /// Reports to `recorder` ([`Recorder::record_relay`]): every round that claimed events,
+    /// and the outbox's [stats](OutboxStore::stats) (backlog, oldest, quarantined) every
+    /// [`stats_every`](Self::stats_every), idle or not. Without one, the relay only logs
+    /// failures and quarantines to `tracing`.
+    pub fn recorder(mut self, recorder: impl Recorder + Send + Sync + 'static) -> Self {
+        self.recorder = Some(Arc::new(recorder));
+        self
+    }
+
+    /// How often a relay with a [recorder](Self::recorder) reads and reports its outbox's
+    /// stats (default 10 s): one query of the store each time.
+    pub fn stats_every(mut self, interval: Duration) -> Self {
+        self.config.stats_every = interval;
+        self
+    }
+
     /// Validates and builds.
     ///
     /// # Errors
     ///
-    /// A zero batch, lease, poll interval or quarantine limit.
+    /// A zero batch, lease, poll interval, stats interval or quarantine limit.
     pub fn build(self) -> Result<Relay<St, P>, ConfigError> {
         let c = &self.config;
         if c.batch == 0 {
@@ -141,6 +171,12 @@ impl<St, P> RelayBuilder<St, P> {
                 "must be greater than zero",
             ));
         }
+        if c.stats_every.is_zero() {
+            return Err(ConfigError::new(
+                "relay stats interval",
+                "must be greater than zero",
+            ));
+        }
         if c.quarantine_after == 0 {
             return Err(ConfigError::new(
                 "relay quarantine limit",
@@ -152,6 +188,8 @@ impl<St, P> RelayBuilder<St, P> {
             publisher: self.publisher,
             config: self.config,
             wakeup: self.wakeup,
+            recorder: self.recorder,
+            last_stats: None,
         })
     }
 }
@@ -173,6 +211,16 @@ pub struct RelayRound {
     pub stale: usize,
 }
 
+/// What a relay reports to its [recorder](RelayBuilder::recorder).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayReport {
+    /// The round, if it claimed events.
+    pub round: Option<RelayRound>,
+    /// The outbox's stats, read after the round, when they were due.
+    pub stats: Option<OutboxStats>,
+}
+
 impl<St, P> Relay<St, P>
 where
     St: OutboxStore,
@@ -188,6 +236,42 @@ where
     /// The store failed (claiming or marking); the events of the round it had not marked are
     /// claimed again when their lease passes.
     pub async fn run_once(&mut self) -> Result<RelayRound, OutboxError> {
+        let round = self.round().await;
+        if let Some(recorder) = self.recorder.clone() {
+            self.report(&*recorder, round.as_ref().ok()).await;
+        }
+        round
+    }
+
+    /// Reports a round (if it claimed anything) and, when due, the store's stats.
+    async fn report(
+        &mut self,
+        recorder: &(dyn Recorder + Send + Sync),
+        round: Option<&RelayRound>,
+    ) {
+        let now = Instant::now();
+        let due = self
+            .last_stats
+            .is_none_or(|last| now.saturating_duration_since(last) >= self.config.stats_every);
+        let stats = if due {
+            self.last_stats = Some(now);
+            match self.store.stats().await {
+                Ok(stats) => Some(stats),
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox stats could not be read");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let round = round.copied().filter(|r| r.claimed > 0);
+        if round.is_some() || stats.is_some() {
+            recorder.record_relay(&RelayReport { round, stats });
+        }
+    }
+
+    async fn round(&mut self) -> Result<RelayRound, OutboxError> {
         let c = self.config;
         let batch = self.store.claim(c.batch, c.lease).await?;
         let mut round = RelayRound {
@@ -230,41 +314,43 @@ where
         Ok(round)
     }
 
-    /// Sends every event of the batch, in order, then awaits their acknowledgements together;
-    /// the outcomes in the batch's order.
+    /// Sends every event of the batch, in order, as the publisher is ready, and awaits their
+    /// acknowledgements together; the outcomes in the batch's order. The publishes already
+    /// sent are driven while the publisher is not ready: a publisher that takes one event at a
+    /// time (a concurrency limit of 1) gets its readiness back from them.
     async fn publish_all(&mut self, batch: &[Claimed]) -> Vec<Result<(), BoxError>> {
-        let mut sending = Vec::with_capacity(batch.len());
-        for claimed in batch {
-            if let Err(e) = std::future::poll_fn(|cx| self.publisher.poll_ready(cx)).await {
-                let e: BoxError = e.into();
-                let why = e.to_string();
-                sending.push(Sending::Refused(e));
-                // The publisher is broken: the rest of the batch fails the same way.
-                for _ in sending.len()..batch.len() {
-                    sending.push(Sending::Refused(why.clone().into()));
-                }
-                break;
-            }
-            sending.push(Sending::Going(Box::pin(
-                self.publisher.call(claimed.event.clone()),
-            )));
-        }
+        let mut sending: Vec<Sending<P::Future>> = Vec::with_capacity(batch.len());
+        let publisher = &mut self.publisher;
         std::future::poll_fn(|cx| {
-            let mut waiting = false;
+            while sending.len() < batch.len() {
+                match publisher.poll_ready(cx) {
+                    Poll::Ready(Ok(())) => {
+                        let event = batch[sending.len()].event.clone();
+                        sending.push(Sending::Going(Box::pin(publisher.call(event))));
+                    }
+                    Poll::Ready(Err(e)) => {
+                        // The publisher is broken: the rest of the batch fails the same way.
+                        let why = e.into().to_string();
+                        while sending.len() < batch.len() {
+                            sending.push(Sending::Done(Err(why.clone().into())));
+                        }
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            let mut waiting = sending.len() < batch.len();
             for s in &mut sending {
                 if let Sending::Going(f) = s {
                     match f.as_mut().poll(cx) {
-                        std::task::Poll::Ready(out) => {
-                            *s = Sending::Done(out.map(drop).map_err(Into::into))
-                        }
-                        std::task::Poll::Pending => waiting = true,
+                        Poll::Ready(out) => *s = Sending::Done(out.map(drop).map_err(Into::into)),
+                        Poll::Pending => waiting = true,
                     }
                 }
             }
             if waiting {
-                std::task::Poll::Pending
+                Poll::Pending
             } else {
-                std::task::Poll::Ready(())
+                Poll::Ready(())
             }
         })
         .await;
@@ -272,7 +358,6 @@ where
             .into_iter()
             .map(|s| match s {
                 Sending::Done(out) => out,
-                Sending::Refused(e) => Err(e),
                 // Every publish finished before the poll above returned.
                 Sending::Going(_) => Err("the publish did not finish".into()),
             })
@@ -315,7 +400,6 @@ where
 enum Sending<F> {
     Going(std::pin::Pin<Box<F>>),
     Done(Result<(), BoxError>),
-    Refused(BoxError),
 }
 
 /// Whether `stop` has completed, without waiting for it.
@@ -331,6 +415,7 @@ impl<St: fmt::Debug, P> fmt::Debug for Relay<St, P> {
             .field("store", &self.store)
             .field("config", &self.config)
             .field("wakeup", &self.wakeup.is_some())
+            .field("recorder", &self.recorder.is_some())
             .finish_non_exhaustive()
     }
 }

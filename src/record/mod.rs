@@ -59,6 +59,7 @@ use tokio::time::Instant;
 
 use crate::breaker::BreakerEvent;
 use crate::classify::{AttemptClass, Classification, DeliveryPhase, Outcome};
+use crate::outbox::RelayReport;
 use crate::timeout::error::Elapsed;
 use crate::Semantics;
 
@@ -420,6 +421,8 @@ pub enum Record<'a> {
     Call(&'a CallRecord),
     /// A circuit breaker changed state or refused a call.
     Breaker(&'a BreakerEvent),
+    /// An outbox relay's round, or its outbox's stats.
+    Relay(&'a RelayReport),
 }
 
 /// Where records go.
@@ -472,6 +475,13 @@ pub trait Recorder {
     fn record_breaker(&self, event: &BreakerEvent) {
         let _ = event;
     }
+
+    /// An [outbox relay](crate::outbox::Relay) ran a round that claimed events, or read its
+    /// outbox's stats (backlog, oldest waiting event, quarantined events). The default ignores
+    /// it.
+    fn record_relay(&self, report: &RelayReport) {
+        let _ = report;
+    }
 }
 
 impl Recorder for () {
@@ -500,6 +510,10 @@ where
     fn record_breaker(&self, event: &BreakerEvent) {
         self(Record::Breaker(event))
     }
+
+    fn record_relay(&self, report: &RelayReport) {
+        self(Record::Relay(report))
+    }
 }
 
 /// Keeps every record in memory, for tests and demos. Clones share the same store.
@@ -518,6 +532,7 @@ struct Store {
     attempts: Vec<AttemptRecord>,
     calls: Vec<CallRecord>,
     breaker: Vec<BreakerEvent>,
+    relay: Vec<RelayReport>,
 }
 
 impl InMemoryRecorder {
@@ -556,12 +571,18 @@ impl InMemoryRecorder {
         self.store().breaker.clone()
     }
 
+    /// The outbox relays' reports so far, oldest first.
+    pub fn relay_reports(&self) -> Vec<RelayReport> {
+        self.store().relay.clone()
+    }
+
     /// Forgets every record.
     pub fn clear(&self) {
         let mut store = self.store();
         store.attempts.clear();
         store.calls.clear();
         store.breaker.clear();
+        store.relay.clear();
     }
 }
 
@@ -576,5 +597,9 @@ impl Recorder for InMemoryRecorder {
 
     fn record_breaker(&self, event: &BreakerEvent) {
         self.store().breaker.push(event.clone());
+    }
+
+    fn record_relay(&self, report: &RelayReport) {
+        self.store().relay.push(*report);
     }
 }

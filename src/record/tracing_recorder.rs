@@ -3,6 +3,7 @@ use tracing::field::Empty;
 use super::{AttemptRecord, BusinessKey, CallId, CallRecord, Recorder};
 use crate::breaker::{BreakerEvent, BreakerEventKind, BreakerState};
 use crate::classify::Outcome;
+use crate::outbox::RelayReport;
 use crate::Semantics;
 
 /// Records to [`tracing`]: a `surely.call` span per call and a `surely.attempt` span per attempt,
@@ -165,6 +166,46 @@ impl Recorder for TracingRecorder {
                     surely.breaker.state = state.as_str(),
                     surely.breaker.retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
                     "call refused by the circuit breaker"
+                );
+            }
+        }
+    }
+
+    fn record_relay(&self, r: &RelayReport) {
+        if let Some(round) = &r.round {
+            if round.failed > 0 || round.quarantined > 0 {
+                tracing::warn!(
+                    surely.outbox.claimed = round.claimed,
+                    surely.outbox.published = round.published,
+                    surely.outbox.failed = round.failed,
+                    surely.outbox.quarantined_now = round.quarantined,
+                    surely.outbox.stale = round.stale,
+                    "outbox relay round had failures"
+                );
+            } else {
+                tracing::debug!(
+                    surely.outbox.claimed = round.claimed,
+                    surely.outbox.published = round.published,
+                    surely.outbox.stale = round.stale,
+                    "outbox relay round"
+                );
+            }
+        }
+        if let Some(stats) = &r.stats {
+            let oldest_ms = stats.oldest.map(|d| d.as_millis() as u64);
+            if stats.quarantined > 0 {
+                tracing::warn!(
+                    surely.outbox.backlog = stats.backlog,
+                    surely.outbox.oldest_ms = oldest_ms,
+                    surely.outbox.quarantined = stats.quarantined,
+                    "outbox has quarantined events"
+                );
+            } else {
+                tracing::info!(
+                    surely.outbox.backlog = stats.backlog,
+                    surely.outbox.oldest_ms = oldest_ms,
+                    surely.outbox.quarantined = stats.quarantined,
+                    "outbox stats"
                 );
             }
         }

@@ -7,6 +7,7 @@
 mod nats;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod webhook;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -339,9 +340,97 @@ async fn an_enqueue_wakes_an_idle_relay() {
     assert!(!outbox.enqueue(event(2)));
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(bus.published().len(), 2);
-    assert!(start.elapsed() < Duration::from_secs(1), "no poll was needed");
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "no poll was needed"
+    );
     stop.send(()).unwrap();
     running.await.unwrap();
+}
+
+/// A publisher that takes one event at a time (a concurrency limit of 1, smaller than the
+/// batch): the round still publishes the whole batch, in order, and ends.
+#[tokio::test(start_paused = true)]
+async fn a_publisher_with_less_room_than_the_batch_still_gets_every_event() {
+    let outbox = MemoryOutbox::new();
+    let events: Vec<Event> = (1..=8).map(event).collect();
+    for e in &events {
+        outbox.enqueue(e.clone());
+    }
+    let bus = Bus::default();
+    let limited = tower::ServiceBuilder::new()
+        .concurrency_limit(1)
+        .service(bus.service());
+    let mut relay = Relay::builder(outbox.clone(), limited)
+        .batch(8)
+        .build()
+        .unwrap();
+    let round = tokio::time::timeout(Duration::from_secs(5), relay.run_once())
+        .await
+        .expect("the round ended")
+        .unwrap();
+    assert_eq!(round.published, 8);
+    let ids: Vec<EventId> = events.iter().map(|e| e.id().clone()).collect();
+    assert_eq!(bus.published(), ids);
+}
+
+/// A relay with a recorder reports each round that claimed events, and the outbox's stats at
+/// most every `stats_every`, idle or not.
+#[tokio::test(start_paused = true)]
+async fn the_relay_reports_rounds_and_stats_to_its_recorder() {
+    let outbox = MemoryOutbox::new();
+    outbox.enqueue(event(1));
+    outbox.enqueue(event(2));
+    let recorder = surely::record::InMemoryRecorder::new();
+    let bus = Bus::new([Broker::Ack, Broker::Refuse]);
+    let mut relay = Relay::builder(outbox.clone(), bus.service())
+        .recorder(recorder.clone())
+        .stats_every(Duration::from_secs(10))
+        .quarantine_after(1)
+        .build()
+        .unwrap();
+    relay.run_once().await.unwrap();
+    let first = recorder.relay_reports();
+    assert_eq!(first.len(), 1);
+    let round = first[0].round.unwrap();
+    assert_eq!(
+        (
+            round.claimed,
+            round.published,
+            round.failed,
+            round.quarantined
+        ),
+        (2, 1, 1, 1)
+    );
+    let stats = first[0].stats.expect("stats are due on the first round");
+    assert_eq!((stats.backlog, stats.quarantined), (0, 1));
+    // Idle, stats not due: nothing to report.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    relay.run_once().await.unwrap();
+    assert_eq!(recorder.relay_reports().len(), 1);
+    // Idle, stats due: reported.
+    outbox.enqueue(event(3));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let before = outbox.stats_now();
+    assert_eq!(before.backlog, 1);
+    relay.run_once().await.unwrap();
+    let reports = recorder.relay_reports();
+    assert_eq!(reports.len(), 2);
+    assert_eq!(reports[1].round.unwrap().published, 1);
+    assert_eq!(reports[1].stats.unwrap().backlog, 0);
+    // A closure recorder sees them too.
+    let seen = Arc::new(Mutex::new(0));
+    let count = seen.clone();
+    let mut relay = Relay::builder(outbox.clone(), bus.service())
+        .recorder(move |r: surely::record::Record<'_>| {
+            if let surely::record::Record::Relay(_) = r {
+                *count.lock().unwrap() += 1;
+            }
+        })
+        .build()
+        .unwrap();
+    relay.run_once().await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), 1, "stats on the first round");
 }
 
 #[test]
@@ -365,6 +454,10 @@ fn bad_settings_and_bad_events_are_errors() {
             "quarantine",
             Relay::builder(outbox.clone(), bus.service()).quarantine_after(0),
         ),
+        (
+            "stats",
+            Relay::builder(outbox.clone(), bus.service()).stats_every(Duration::ZERO),
+        ),
     ] {
         let err = builder.build().unwrap_err();
         assert!(err.to_string().contains("invalid relay"), "{what}: {err}");
@@ -373,6 +466,10 @@ fn bad_settings_and_bad_events_are_errors() {
     assert!(Event::new(id(), "", 1, "Kind", "").is_err());
     assert!(Event::new(id(), "a", 1, "", "").is_err());
     assert!(Event::new(id(), "a".repeat(256), 1, "Kind", "").is_err());
+    assert!(Event::new(id(), "a\tb", 1, "Kind", "").is_err());
+    assert!(Event::new(id(), "a", 1, "Order Created", "").is_err());
+    assert!(Event::new(id(), "a", 1, "orders>", "").is_err());
+    assert!(Event::new(id(), "commande é-1", 1, "order.created-v2_x", "").is_ok());
     let ok = Event::new(id(), "a", 1, "Kind", "").unwrap();
     assert!(ok.clone().with_header("bad name", "v").is_err());
     assert!(ok.with_header("x-ok", "line\nbreak").is_err());

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use surely::outbox::async_nats::jetstream::{self, stream};
 use surely::outbox::{JetStreamPublisher, MemoryOutbox, OutboxStore, Relay};
+use tokio_stream::StreamExt;
 use tower::{Service, ServiceExt};
 
 use crate::event;
@@ -148,5 +149,59 @@ async fn a_subject_no_stream_takes_is_a_failed_publish() {
     let round = relay.run_once().await.unwrap();
     assert_eq!((round.published, round.failed), (0, 1));
     assert_eq!(outbox.stats_now().backlog, 1);
+    js.delete_stream(&name).await.unwrap();
+}
+
+/// An event header that NATS acts on (`Nats-Msg-Id` would replace the event's id) or that the
+/// publisher writes is refused before anything is sent; repeated headers are kept, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_headers_are_refused_and_repeated_ones_kept() {
+    let (js, name) = stream("reserved_headers_are_refused_and_repeated_ones_kept").await;
+    let mut publisher = JetStreamPublisher::new(js.clone(), name.clone());
+    for reserved in ["Nats-Msg-Id", "nats-expected-stream", "Surely-Version"] {
+        let err = publisher
+            .ready()
+            .await
+            .unwrap()
+            .call(event(1).with_header(reserved, "x").unwrap())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains(reserved), "{err}");
+    }
+    assert_eq!(messages(&js, &name).await, 0, "nothing sent");
+    let repeated = event(2)
+        .with_header("x-trace", "a")
+        .unwrap()
+        .with_header("x-trace", "b")
+        .unwrap();
+    // Read as a subscriber sees it (async-nats's reading of a stored message keeps one value
+    // per name).
+    let client = surely::outbox::async_nats::connect(url()).await.unwrap();
+    let mut live = client.subscribe(format!("{name}.>")).await.unwrap();
+    client.flush().await.unwrap();
+    publisher
+        .ready()
+        .await
+        .unwrap()
+        .call(repeated.clone())
+        .await
+        .unwrap();
+    let message = tokio::time::timeout(Duration::from_secs(5), live.next())
+        .await
+        .expect("the message arrived")
+        .unwrap();
+    let values: Vec<String> = message
+        .headers
+        .as_ref()
+        .unwrap()
+        .get_all("x-trace")
+        .map(|v| v.as_str().to_owned())
+        .collect();
+    assert_eq!(values, ["a", "b"]);
+    assert_eq!(
+        surely::outbox::Event::from_nats(&message).unwrap(),
+        repeated,
+        "read back whole"
+    );
     js.delete_stream(&name).await.unwrap();
 }
