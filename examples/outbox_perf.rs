@@ -5,6 +5,8 @@
 //! cargo run --release --features postgres,nats --example outbox_perf
 //! # fewer events, for a quick look:
 //! cargo run --release --features postgres,nats --example outbox_perf -- --events 2000
+//! # one part only:
+//! cargo run --release --features postgres,nats --example outbox_perf -- --only inbox
 //! ```
 //!
 //! 1. **Relay throughput into JetStream.** A backlog of committed events, published by one
@@ -18,7 +20,8 @@
 //! 3. **Inbox throughput.** Events applied with one transaction each (the inbox's record, a
 //!    stock update, the aggregate's version, `COMMIT`), by one consumer and by four in
 //!    parallel (each owning a share of the aggregates, as a partitioned consumer would); then
-//!    every event delivered again: the duplicate path, where the handler does not run.
+//!    every event delivered again: the duplicate path, where the handler does not run. The
+//!    baseline, measured in the same run: the stock update alone, one transaction per event.
 //!
 //! Uses `SURELY_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and
 //! `SURELY_TEST_NATS_URL` (default `nats://127.0.0.1:4222`); every table and stream it makes
@@ -43,7 +46,8 @@ fn env(name: &str, default: &str) -> String {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let events = parse_events()?;
+    let args = parse_args()?;
+    let events = args.events;
     let pg_url = env(
         "SURELY_TEST_POSTGRES_URL",
         "postgres://postgres@127.0.0.1:5432/test",
@@ -69,9 +73,16 @@ async fn main() -> Result<(), BoxError> {
 
     let mut made = Vec::new();
     let result = async {
-        relay_throughput(&pool, &js, &run, events, &mut made).await?;
-        commit_to_broker(&pool, &pg_url, &nats, &js, &run, &mut made).await?;
-        inbox_throughput(&pool, &run, events / 2, &mut made).await
+        if args.runs("relay") {
+            relay_throughput(&pool, &js, &run, events, &mut made).await?;
+        }
+        if args.runs("latency") {
+            commit_to_broker(&pool, &pg_url, &nats, &js, &run, &mut made).await?;
+        }
+        if args.runs("inbox") {
+            inbox_throughput(&pool, &run, events / 2, &mut made).await?;
+        }
+        Ok::<_, BoxError>(())
     }
     .await;
     let client = pool.get().await?;
@@ -87,11 +98,31 @@ async fn main() -> Result<(), BoxError> {
     result
 }
 
-fn parse_events() -> Result<usize, BoxError> {
+/// What to run: `--events N` (default 10 000), `--only relay|latency|inbox` (default all).
+struct Args {
+    events: usize,
+    only: Option<String>,
+}
+
+impl Args {
+    fn runs(&self, part: &str) -> bool {
+        self.only.as_deref().is_none_or(|only| only == part)
+    }
+}
+
+fn parse_args() -> Result<Args, BoxError> {
     let mut args = std::env::args().skip(1);
     let mut events = 10_000;
+    let mut only = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--only" => {
+                let part = args.next().ok_or("--only needs relay, latency or inbox")?;
+                if !["relay", "latency", "inbox"].contains(&part.as_str()) {
+                    return Err(format!("--only: {part:?} is not relay, latency or inbox").into());
+                }
+                only = Some(part);
+            }
             "--events" => {
                 events = args
                     .next()
@@ -102,10 +133,15 @@ fn parse_events() -> Result<usize, BoxError> {
                     return Err("--events: at least 100".into());
                 }
             }
-            other => return Err(format!("unknown argument {other:?} (try --events N)").into()),
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?} (try --events N, --only relay|latency|inbox)"
+                )
+                .into())
+            }
         }
     }
-    Ok(events)
+    Ok(Args { events, only })
 }
 
 /// An outbox in a table of this run's own.
@@ -355,6 +391,36 @@ async fn inbox_throughput(
             shares[sku % consumers].push(e);
         }
         let shares = Arc::new(shares);
+        // The floor: the business write alone, one transaction per event, no inbox.
+        let floor = {
+            let start = Instant::now();
+            let mut workers = Vec::new();
+            for c in 0..consumers {
+                let (pool, shares, stock) = (pool.clone(), shares.clone(), stock.clone());
+                workers.push(tokio::spawn(async move {
+                    let mut client = pool.get().await?;
+                    let update = format!("UPDATE {stock} SET qty = qty - 1 WHERE sku = $1");
+                    for e in &shares[c] {
+                        let txn = client.transaction().await?;
+                        txn.execute(&update, &[&e.aggregate()]).await?;
+                        txn.commit().await?;
+                    }
+                    Ok::<_, BoxError>(())
+                }));
+            }
+            for w in workers {
+                w.await??;
+            }
+            let rate = events as f64 / start.elapsed().as_secs_f64();
+            println!(
+                "| {consumers} | baseline: the business write alone (no inbox) | {events} | {rate:.0} |"
+            );
+            pool.get()
+                .await?
+                .execute(&format!("UPDATE {stock} SET qty = 1000000"), &[])
+                .await?;
+            rate
+        };
         for path in ["apply", "duplicate"] {
             let start = Instant::now();
             let mut workers = Vec::new();
@@ -409,7 +475,10 @@ async fn inbox_throughput(
             } else {
                 "redelivered (duplicate: handler skipped)"
             };
-            println!("| {consumers} | {label} | {events} | {rate:.0} |");
+            println!(
+                "| {consumers} | {label} | {events} | {rate:.0} ({:.2}× the baseline) |",
+                rate / floor
+            );
         }
         let client = pool.get().await?;
         let left: i64 = client
