@@ -11,6 +11,9 @@
 //!    attempt started that cannot finish.
 //! 5. [How to read the records](records): one line per attempt and per call, with the evidence
 //!    for each decision.
+//! 6. [Across the asynchronous boundary](boundary): which segment of the outbox-to-inbox chain
+//!    is exactly once and which is not, what the outbox promises, order and versions, and what
+//!    to monitor.
 //!
 //! Every example here is compiled and run as a test.
 
@@ -32,4 +35,8 @@ pub mod deadlines {
 
 pub mod records {
     #![doc = include_str!("records.md")]
+}
+
+pub mod boundary {
+    #![doc = include_str!("boundary.md")]
 }
