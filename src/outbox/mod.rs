@@ -25,7 +25,8 @@
 //!   fails waits while later ones go on, so consumers order by the event's
 //!   [version](Event::version), not by arrival.
 //!
-//! Published events are [swept](OutboxStore::sweep) after a retention.
+//! Published events are [swept](OutboxStore::sweep) after a retention: by the relay, 24 hours
+//! after they were published unless [told otherwise](RelayBuilder::retention).
 //!
 //! An idle relay looks for new events every poll interval; given a [`Wakeup`], it looks as soon
 //! as one is enqueued: [`MemoryOutbox::wakeup`], or `PostgresOutbox::listen`, woken by the

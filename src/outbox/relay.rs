@@ -41,6 +41,8 @@ pub struct Relay<St, P> {
     recorder: Option<Arc<dyn Recorder + Send + Sync>>,
     /// When the store's stats were last reported.
     last_stats: Option<Instant>,
+    /// When published events were last swept.
+    last_sweep: Option<Instant>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -51,6 +53,8 @@ struct Config {
     quarantine_after: u32,
     poll: Duration,
     stats_every: Duration,
+    /// How long published events are kept; `None`: never swept by the relay.
+    retention: Option<Duration>,
 }
 
 /// Builds a [`Relay`].
@@ -77,6 +81,7 @@ impl<St, P> Relay<St, P> {
                 quarantine_after: 10,
                 poll: Duration::from_secs(1),
                 stats_every: Duration::from_secs(10),
+                retention: Some(Duration::from_secs(24 * 3600)),
             },
             wakeup: None,
             recorder: None,
@@ -145,6 +150,20 @@ impl<St, P> RelayBuilder<St, P> {
         self
     }
 
+    /// How long published events are kept (default 24 hours): at most once a minute, a round
+    /// also [sweeps](OutboxStore::sweep) the published events older than this. Quarantined
+    /// and unpublished events are never swept.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.retention = Some(retention);
+        self
+    }
+
+    /// Leaves published events where they are: something else sweeps them (or keeps them).
+    pub fn no_sweep(mut self) -> Self {
+        self.config.retention = None;
+        self
+    }
+
     /// How often a relay with a [recorder](Self::recorder) reads and reports its outbox's
     /// stats (default 10 s): one query of the store each time.
     pub fn stats_every(mut self, interval: Duration) -> Self {
@@ -190,6 +209,7 @@ impl<St, P> RelayBuilder<St, P> {
             wakeup: self.wakeup,
             recorder: self.recorder,
             last_stats: None,
+            last_sweep: None,
         })
     }
 }
@@ -209,13 +229,18 @@ pub struct RelayRound {
     /// Events published whose mark came too late: another relay had claimed them meanwhile
     /// (they went out more than once, as the outbox allows).
     pub stale: usize,
+    /// Published events swept after their [retention](RelayBuilder::retention).
+    pub swept: u64,
 }
+
+/// How often a relay sweeps published events, at most.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// What a relay reports to its [recorder](RelayBuilder::recorder).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayReport {
-    /// The round, if it claimed events.
+    /// The round, if it claimed or swept events.
     pub round: Option<RelayRound>,
     /// The outbox's stats, read after the round, when they were due.
     pub stats: Option<OutboxStats>,
@@ -236,7 +261,21 @@ where
     /// The store failed (claiming or marking); the events of the round it had not marked are
     /// claimed again when their lease passes.
     pub async fn run_once(&mut self) -> Result<RelayRound, OutboxError> {
-        let round = self.round().await;
+        let mut round = self.round().await;
+        if let (Ok(round), Some(retention)) = (&mut round, self.config.retention) {
+            let now = Instant::now();
+            if self
+                .last_sweep
+                .is_none_or(|last| now.saturating_duration_since(last) >= SWEEP_EVERY)
+            {
+                self.last_sweep = Some(now);
+                match self.store.sweep(retention).await {
+                    Ok(swept) => round.swept = swept,
+                    // Published events wait for the next sweep: nothing is lost.
+                    Err(e) => tracing::warn!(error = %e, "outbox sweep failed"),
+                }
+            }
+        }
         if let Some(recorder) = self.recorder.clone() {
             self.report(&*recorder, round.as_ref().ok()).await;
         }
@@ -265,7 +304,7 @@ where
         } else {
             None
         };
-        let round = round.copied().filter(|r| r.claimed > 0);
+        let round = round.copied().filter(|r| r.claimed > 0 || r.swept > 0);
         if round.is_some() || stats.is_some() {
             recorder.record_relay(&RelayReport { round, stats });
         }

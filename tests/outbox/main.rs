@@ -374,6 +374,37 @@ async fn a_publisher_with_less_room_than_the_batch_still_gets_every_event() {
     assert_eq!(bus.published(), ids);
 }
 
+/// A relay sweeps published events past their retention, at most once a minute; with
+/// `no_sweep` it leaves them.
+#[tokio::test(start_paused = true)]
+async fn the_relay_sweeps_published_events_after_their_retention() {
+    let outbox = MemoryOutbox::new();
+    outbox.enqueue(event(1));
+    outbox.enqueue(event(2));
+    let bus = Bus::new([Broker::Ack, Broker::Refuse]);
+    let mut keeper = Relay::builder(outbox.clone(), bus.service())
+        .no_sweep()
+        .build()
+        .unwrap();
+    let mut relay = Relay::builder(outbox.clone(), bus.service())
+        .retention(Duration::from_secs(30))
+        .quarantine_after(1)
+        .build()
+        .unwrap();
+    let first = relay.run_once().await.unwrap();
+    assert_eq!((first.published, first.quarantined, first.swept), (1, 1, 0));
+    tokio::time::advance(Duration::from_secs(40)).await;
+    assert_eq!(keeper.run_once().await.unwrap().swept, 0, "no_sweep");
+    assert_eq!(relay.run_once().await.unwrap().swept, 0, "not a minute yet");
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert_eq!(
+        relay.run_once().await.unwrap().swept,
+        1,
+        "the published one; the quarantined one stays"
+    );
+    assert_eq!(outbox.stats_now().quarantined, 1);
+}
+
 /// A relay with a recorder reports each round that claimed events, and the outbox's stats at
 /// most every `stats_every`, idle or not.
 #[tokio::test(start_paused = true)]
