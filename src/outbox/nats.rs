@@ -88,6 +88,9 @@ impl Event {
     /// [`InvalidEvent`](super::InvalidEvent) if the message lacks the headers the publisher
     /// writes (`Nats-Msg-Id`, `Surely-Aggregate`, `Surely-Version`, `Surely-Kind`), or one
     /// does not parse: it was not published by a relay.
+    ///
+    /// A NATS header map does not keep the order between different names, so the event's own
+    /// headers come back sorted by name; the values of one name keep their order.
     pub fn from_nats(message: &async_nats::Message) -> Result<Event, super::InvalidEvent> {
         let missing = super::InvalidEvent::message;
         let headers = message
@@ -109,12 +112,14 @@ impl Event {
             get("Surely-Kind").ok_or(missing("the message has no Surely-Kind"))?,
             message.payload.clone(),
         )?;
-        for (name, values) in headers.iter() {
-            let name: &str = name.as_ref();
-            if OWN_HEADERS.iter().any(|own| own.eq_ignore_ascii_case(name)) {
-                continue;
-            }
-            for value in values {
+        let mut names: Vec<&str> = headers
+            .iter()
+            .map(|(name, _)| name.as_ref())
+            .filter(|name: &&str| !OWN_HEADERS.iter().any(|own| own.eq_ignore_ascii_case(name)))
+            .collect();
+        names.sort_unstable();
+        for name in names {
+            for value in headers.get_all(name) {
                 event = event.with_header(name, value.as_str())?;
             }
         }

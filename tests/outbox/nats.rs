@@ -198,6 +198,8 @@ async fn reserved_headers_are_refused_and_repeated_ones_kept() {
         .map(|v| v.as_str().to_owned())
         .collect();
     assert_eq!(values, ["a", "b"]);
+    // NATS keeps no order between names: the headers come back sorted by name, which is the
+    // order `repeated` already has (`content-type` before `x-trace`).
     assert_eq!(
         surely::outbox::Event::from_nats(&message).unwrap(),
         repeated,
