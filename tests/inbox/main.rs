@@ -6,6 +6,8 @@
 mod jetstream;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(all(feature = "postgres", feature = "nats"))]
+mod soak;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
