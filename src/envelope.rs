@@ -3,6 +3,7 @@
 use http::{Extensions, HeaderMap, Method};
 
 use crate::deadline::Deadline;
+use crate::record::Operation;
 use crate::Semantics;
 
 /// The header that carries an idempotency key (IETF `Idempotency-Key` draft).
@@ -94,6 +95,13 @@ pub trait Envelope {
         self.extensions().and_then(|e| e.get::<Deadline>()).copied()
     }
 
+    /// What the request does, for its records and its [ledger](crate::ledger) entry: an
+    /// [`Operation`] extension, else none (an [`http::Request`] falls back to its method and
+    /// path).
+    fn operation(&self) -> Option<Operation> {
+        self.extensions()?.get::<Operation>().cloned()
+    }
+
     /// Whether this message belongs to a gRPC exchange: its `content-type` is `application/grpc`,
     /// optionally followed by `+format` or parameters. gRPC-Web (`application/grpc-web`), whose
     /// trailers travel in the body, is not.
@@ -124,6 +132,13 @@ impl<B> Envelope for http::Request<B> {
 
     fn method(&self) -> Option<&Method> {
         Some(http::Request::method(self))
+    }
+
+    fn operation(&self) -> Option<Operation> {
+        match http::Request::extensions(self).get::<Operation>() {
+            Some(op) => Some(op.clone()),
+            None => Some(Operation::http(self.method().clone(), self.uri().clone())),
+        }
     }
 }
 

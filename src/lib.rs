@@ -104,6 +104,7 @@ pub mod grpc;
 pub mod hedge;
 pub mod idempotency;
 pub mod inbox;
+pub mod ledger;
 pub mod outbox;
 pub mod outcome;
 #[cfg(feature = "postgres")]

@@ -135,7 +135,7 @@ thread_local! {
     static RNG: RefCell<Option<StdRng>> = const { RefCell::new(None) };
 }
 
-fn random_u128() -> u128 {
+pub(crate) fn random_u128() -> u128 {
     let draw = |rng: &mut StdRng| u128::from(rng.next_u64()) << 64 | u128::from(rng.next_u64());
     RNG.try_with(|cell| match cell.try_borrow_mut() {
         Ok(mut slot) => draw(slot.get_or_insert_with(seeded)),

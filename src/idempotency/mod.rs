@@ -133,6 +133,7 @@ use tower_service::Service;
 
 pub mod error;
 mod key;
+pub(crate) use self::key::random_u128;
 pub mod server;
 pub mod store;
 

@@ -11,7 +11,7 @@ use tower_service::Service;
 
 use super::tally::CallTally;
 use super::trailers::{Settled, Watch};
-use super::{key_of, BusinessKey, CallId, CallRecord, Recorder, StopReason};
+use super::{key_of, BusinessKey, CallId, CallRecord, Operation, Recorder, StopReason};
 use http::HeaderValue;
 
 use crate::classify::{
@@ -135,6 +135,7 @@ where
             classifier: Some(self.layer.classifier.make_classifier(&req)),
             call,
             key,
+            operation: req.operation(),
             semantics,
             started,
             deadline_left: Deadline::earliest(
@@ -243,6 +244,7 @@ struct CallState<R, C> {
     classifier: Option<C>,
     call: CallId,
     key: Option<BusinessKey>,
+    operation: Option<Operation>,
     semantics: Semantics,
     started: Instant,
     deadline_left: Option<std::time::Duration>,
@@ -287,6 +289,7 @@ impl<R: Recorder, C> CallState<R, C> {
             stop,
             resolution,
             retries: std::mem::take(&mut self.tally.retries),
+            operation: self.operation.take(),
         };
         self.span.in_scope(|| self.recorder.record_call(&rec));
         outcome

@@ -140,6 +140,48 @@ impl fmt::Display for BusinessKey {
     }
 }
 
+/// What a call did, for its records and its [ledger](crate::ledger) entry: `POST /orders` for an
+/// HTTP request (its method and path; the query is left out, as it may carry secrets), or a
+/// name of your own. Put one in a request's extensions to name the operation yourself; a
+/// request type of your own names it through [`Envelope::operation`](crate::Envelope::operation).
+///
+/// ```
+/// use surely::record::Operation;
+///
+/// let op = Operation::http(http::Method::POST, "/orders?token=s3cret".parse().unwrap());
+/// assert_eq!(op.to_string(), "POST /orders");
+/// assert_eq!(Operation::named("reserve-stock").to_string(), "reserve-stock");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Operation(OperationKind);
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum OperationKind {
+    Http(http::Method, http::Uri),
+    Named(Arc<str>),
+}
+
+impl Operation {
+    /// An HTTP request's method and target; only the path is shown.
+    pub fn http(method: http::Method, uri: http::Uri) -> Self {
+        Operation(OperationKind::Http(method, uri))
+    }
+
+    /// An operation by name.
+    pub fn named(name: impl Into<Arc<str>>) -> Self {
+        Operation(OperationKind::Named(name.into()))
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            OperationKind::Http(method, uri) => write!(f, "{method} {}", uri.path()),
+            OperationKind::Named(name) => f.write_str(name),
+        }
+    }
+}
+
 /// The key of a request, for its records: a [`BusinessKey`] extension, else the
 /// `Idempotency-Key` header.
 pub(crate) fn key_of<Req: crate::Envelope>(req: &Req) -> Option<BusinessKey> {
@@ -294,6 +336,8 @@ pub struct CallRecord {
     /// followed, how long it waited, and whether the server's pushback set the wait. Every
     /// attempt but the last was retried (or hedged); the last one's fate is [`stop`](Self::stop).
     pub retries: Vec<RetryRecord>,
+    /// What the call did ([`Operation`]): an extension of the request, or its method and path.
+    pub operation: Option<Operation>,
 }
 
 /// A retry the retry layer decided after an attempt.
@@ -513,6 +557,47 @@ where
 
     fn record_relay(&self, report: &RelayReport) {
         self(Record::Relay(report))
+    }
+}
+
+/// Both recorders get every record: `(TracingRecorder::default(), ledger_recorder)`. Spans
+/// are the first one's.
+impl<A: Recorder, B: Recorder> Recorder for (A, B) {
+    fn enabled(&self) -> bool {
+        self.0.enabled() || self.1.enabled()
+    }
+
+    fn call_span(
+        &self,
+        call: CallId,
+        key: Option<&BusinessKey>,
+        semantics: Semantics,
+    ) -> tracing::Span {
+        self.0.call_span(call, key, semantics)
+    }
+
+    fn attempt_span(&self, call: Option<CallId>, attempt: u32) -> tracing::Span {
+        self.0.attempt_span(call, attempt)
+    }
+
+    fn record_attempt(&self, record: &AttemptRecord) {
+        self.0.record_attempt(record);
+        self.1.record_attempt(record);
+    }
+
+    fn record_call(&self, record: &CallRecord) {
+        self.0.record_call(record);
+        self.1.record_call(record);
+    }
+
+    fn record_breaker(&self, event: &BreakerEvent) {
+        self.0.record_breaker(event);
+        self.1.record_breaker(event);
+    }
+
+    fn record_relay(&self, report: &RelayReport) {
+        self.0.record_relay(report);
+        self.1.record_relay(report);
     }
 }
 

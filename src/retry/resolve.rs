@@ -29,7 +29,7 @@ impl<Res> Resolving<Res> {
         Resolving(Box::pin(future))
     }
 
-    pub(super) fn future(&mut self) -> Pin<&mut (dyn Future<Output = Resolution<Res>> + Send)> {
+    pub(crate) fn future(&mut self) -> Pin<&mut (dyn Future<Output = Resolution<Res>> + Send)> {
         self.0.as_mut()
     }
 }

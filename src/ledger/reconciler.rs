@@ -1,0 +1,442 @@
+//! Working the ledger down.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Claim, EntryId, Filter, Ledger, LedgerError, Settled, Settlement, Verdict};
+use crate::retry::backoff::{Backoff, Jitter};
+use crate::retry::{Resolution, Resolve};
+use crate::ConfigError;
+
+/// Settles the [ledger](super)'s open entries by asking the downstream.
+///
+/// Each round [claims](Ledger::claim) a batch of entries with a lease, and for each one asks
+/// the resolver (the same [`Resolve`] hook the retry layer consults, given the entry's key,
+/// semantics, attempts and last classification):
+///
+/// | the resolver says | the entry |
+/// | --- | --- |
+/// | [`Succeeded(res)`](Resolution::Succeeded) | settled succeeded, `res`'s `Debug` as the evidence |
+/// | [`Failed`](Resolution::Failed) | settled failed |
+/// | [`Unknown`](Resolution::Unknown), or no answer within the query timeout | tried again after a backoff; to the manual queue past the tries or the age |
+/// | declines (`None`: it cannot query this call) | to the manual queue |
+///
+/// A settlement is fenced by the claim: two reconcilers, or one run twice, settle an entry
+/// once, and the second gets the first's settlement back (counted as
+/// [`already`](ReconcileRound::already); a verdict that disagrees is logged as an error). A
+/// reconciler that dies between the downstream's answer and the settlement leaves the entry
+/// claimed until its lease passes; the next round asks again and settles it then.
+///
+/// Several reconcilers may run over one ledger (the PostgreSQL one, across instances): each
+/// claims its own entries. Entries older than the [alert](ReconcilerBuilder::alert_after)
+/// limit are reported as `tracing` warnings.
+pub struct Reconciler<L, R, Res> {
+    ledger: L,
+    resolver: R,
+    config: Config,
+    last_alert: Option<Instant>,
+    _res: PhantomData<fn() -> Res>,
+}
+
+#[derive(Clone, Debug)]
+struct Config {
+    batch: usize,
+    lease: Duration,
+    query_timeout: Duration,
+    backoff: Backoff,
+    max_tries: u32,
+    max_age: Duration,
+    alert_after: Duration,
+    alert_every: Duration,
+    poll: Duration,
+}
+
+/// Builds a [`Reconciler`]; made by [`Reconciler::builder`].
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ReconcilerBuilder<L, R, Res> {
+    ledger: L,
+    resolver: R,
+    config: Config,
+    backoff: Option<Backoff>,
+    _res: PhantomData<fn() -> Res>,
+}
+
+/// What one round did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ReconcileRound {
+    /// Entries claimed.
+    pub claimed: usize,
+    /// Settled as succeeded by this round.
+    pub succeeded: usize,
+    /// Settled as failed by this round.
+    pub failed: usize,
+    /// Already settled when this round came to settle them (by another reconciler, or a
+    /// person).
+    pub already: usize,
+    /// Put back to be tried again after their backoff.
+    pub retried: usize,
+    /// Moved to the manual queue.
+    pub to_manual: usize,
+    /// Refused as stale: the lease passed and another reconciler holds them.
+    pub stale: usize,
+    /// Left alone: too little of the lease was left to query them; they come back after it.
+    pub skipped: usize,
+    /// Changes the ledger failed to make: those entries come back after their lease.
+    pub errors: usize,
+    /// Unsettled entries older than the alert limit, when this round looked (at most once per
+    /// minute in [`run`](Reconciler::run); every round in [`run_once`](Reconciler::run_once)).
+    pub overdue: Option<u64>,
+}
+
+impl<L, R, Res> Reconciler<L, R, Res>
+where
+    L: Ledger,
+    R: Resolve<Res>,
+    Res: fmt::Debug,
+{
+    /// Starts a reconciler over `ledger` asking `resolver`. Defaults: batches of 16, a 60 s
+    /// lease, a 10 s query timeout, a backoff from 1 s doubling to 5 minutes (equal jitter),
+    /// the manual queue after 10 tries or 24 hours, an alert for entries older than an hour,
+    /// and a 1 s poll when idle.
+    pub fn builder(ledger: L, resolver: R) -> ReconcilerBuilder<L, R, Res> {
+        ReconcilerBuilder {
+            ledger,
+            resolver,
+            config: Config {
+                batch: 16,
+                lease: Duration::from_secs(60),
+                query_timeout: Duration::from_secs(10),
+                backoff: Backoff::none(),
+                max_tries: 10,
+                max_age: Duration::from_secs(24 * 3600),
+                alert_after: Duration::from_secs(3600),
+                alert_every: Duration::from_secs(60),
+                poll: Duration::from_secs(1),
+            },
+            backoff: None,
+            _res: PhantomData,
+        }
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &L {
+        &self.ledger
+    }
+
+    /// One round: claims a batch, queries and settles each entry, and reports the overdue
+    /// ones.
+    ///
+    /// # Errors
+    ///
+    /// If the claim failed. A change that fails for one entry is counted in
+    /// [`errors`](ReconcileRound::errors), logged, and the round goes on.
+    pub async fn run_once(&mut self) -> Result<ReconcileRound, LedgerError> {
+        let mut round = self.round().await?;
+        round.overdue = Some(self.alert().await?);
+        Ok(round)
+    }
+
+    async fn round(&mut self) -> Result<ReconcileRound, LedgerError> {
+        let claimed_at = Instant::now();
+        let claims = self
+            .ledger
+            .claim(self.config.batch, self.config.lease)
+            .await?;
+        let mut round = ReconcileRound {
+            claimed: claims.len(),
+            ..ReconcileRound::default()
+        };
+        for claim in claims {
+            // A query that could outlast the lease would race the next claimer.
+            if claimed_at.elapsed() + self.config.query_timeout >= self.config.lease {
+                round.skipped += 1;
+                continue;
+            }
+            self.reconcile(&claim, &mut round).await;
+        }
+        Ok(round)
+    }
+
+    async fn reconcile(&self, claim: &Claim, round: &mut ReconcileRound) {
+        let entry = &claim.entry;
+        let id = &entry.evidence.id;
+        let answer = match self.resolver.resolve(entry.evidence.query()) {
+            None => None,
+            Some(mut query) => Some(
+                tokio::time::timeout(self.config.query_timeout, query.future())
+                    .await
+                    .unwrap_or(Resolution::Unknown),
+            ),
+        };
+        let change = match answer {
+            Some(Resolution::Succeeded(res)) => {
+                let s = Settlement::reconciled(Verdict::Succeeded, format!("{res:?}"));
+                self.settle(claim, &s, round).await
+            }
+            Some(Resolution::Failed) => {
+                let s = Settlement::reconciled(
+                    Verdict::Failed,
+                    "the downstream answered that the call did not take effect",
+                );
+                self.settle(claim, &s, round).await
+            }
+            Some(Resolution::Unknown) => {
+                let tries = entry.tries + 1;
+                if tries >= self.config.max_tries || entry.age >= self.config.max_age {
+                    let why = format!(
+                        "still unknown after {tries} queries and {}s: a person must settle it",
+                        entry.age.as_secs()
+                    );
+                    tracing::warn!(entry = %id, key = entry.evidence.key.as_deref().unwrap_or("-"), tries, "{why}");
+                    self.ledger.to_manual(claim, &why).await.map(|()| {
+                        round.to_manual += 1;
+                    })
+                } else {
+                    let wait = self
+                        .config
+                        .backoff
+                        .iter()
+                        .nth(entry.tries as usize)
+                        .unwrap_or(Duration::ZERO);
+                    self.ledger
+                        .retry_later(claim, "the query left it unknown", wait)
+                        .await
+                        .map(|()| round.retried += 1)
+                }
+            }
+            None => {
+                let why = "the resolver cannot query this call: a person must settle it";
+                tracing::warn!(entry = %id, key = entry.evidence.key.as_deref().unwrap_or("-"), "{why}");
+                self.ledger
+                    .to_manual(claim, why)
+                    .await
+                    .map(|()| round.to_manual += 1)
+            }
+        };
+        match change {
+            Ok(()) => {}
+            Err(e) if e.is_stale() => round.stale += 1,
+            Err(e) => {
+                round.errors += 1;
+                tracing::warn!(entry = %id, error = %e, "ledger change failed; the entry comes back after its lease");
+            }
+        }
+    }
+
+    async fn settle(
+        &self,
+        claim: &Claim,
+        settlement: &Settlement,
+        round: &mut ReconcileRound,
+    ) -> Result<(), LedgerError> {
+        match self.ledger.settle(claim, settlement).await? {
+            Settled::Now(s) => match s.verdict {
+                Verdict::Succeeded => round.succeeded += 1,
+                Verdict::Failed => round.failed += 1,
+            },
+            Settled::Already(kept) => {
+                round.already += 1;
+                if kept.verdict != settlement.verdict {
+                    tracing::error!(
+                        entry = %claim.entry.evidence.id,
+                        kept = kept.verdict.as_str(),
+                        found = settlement.verdict.as_str(),
+                        "the downstream's answer disagrees with the entry's settlement; the settlement is kept"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Warns about the unsettled entries older than the alert limit; returns how many.
+    async fn alert(&mut self) -> Result<u64, LedgerError> {
+        self.last_alert = Some(Instant::now());
+        let stats = self.ledger.stats().await?;
+        if stats
+            .oldest_unsettled
+            .is_none_or(|age| age < self.config.alert_after)
+        {
+            return Ok(0);
+        }
+        let overdue = self
+            .ledger
+            .list(
+                &Filter::new()
+                    .older_than(self.config.alert_after)
+                    .limit(1000),
+            )
+            .await?;
+        let overdue: Vec<_> = overdue
+            .into_iter()
+            .filter(|e| e.state.is_unsettled())
+            .collect();
+        let shown: Vec<&EntryId> = overdue.iter().take(10).map(|e| &e.evidence.id).collect();
+        tracing::warn!(
+            overdue = overdue.len(),
+            oldest_secs = stats.oldest_unsettled.map_or(0, |d| d.as_secs()),
+            manual = stats.manual,
+            first = ?shown,
+            "unknown calls unsettled past the alert limit"
+        );
+        Ok(overdue.len() as u64)
+    }
+
+    /// Runs rounds until `stop` completes: at once after a full batch, else after the poll
+    /// interval. A failed round is logged, and the next one comes after the poll interval.
+    /// Overdue entries are reported at most once a minute.
+    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            let busy = match self.round().await {
+                Ok(round) => round.claimed >= self.config.batch && round.skipped == 0,
+                Err(e) => {
+                    tracing::warn!(error = %e, "ledger reconciler round failed");
+                    false
+                }
+            };
+            let due = self
+                .last_alert
+                .is_none_or(|t| t.elapsed() >= self.config.alert_every);
+            if due {
+                if let Err(e) = self.alert().await {
+                    tracing::warn!(error = %e, "ledger reconciler could not read the ledger's stats");
+                }
+            }
+            let wait = if busy {
+                Duration::ZERO
+            } else {
+                self.config.poll
+            };
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}
+
+impl<L, R, Res> ReconcilerBuilder<L, R, Res>
+where
+    L: Ledger,
+    R: Resolve<Res>,
+    Res: fmt::Debug,
+{
+    /// Entries claimed per round (16). At least 1.
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.config.batch = batch;
+        self
+    }
+
+    /// How long a claim holds its entries (60 s): a reconciler that dies holding them gives
+    /// them up after it. Longer than the query timeout.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// How long one query may take (10 s); one that takes longer leaves the entry unknown.
+    pub fn query_timeout(mut self, timeout: Duration) -> Self {
+        self.config.query_timeout = timeout;
+        self
+    }
+
+    /// The waits between the queries of one entry (1 s doubling to 5 minutes, equal jitter).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = Some(backoff);
+        self
+    }
+
+    /// After this many queries leave an entry unknown, it goes to the manual queue (10). At
+    /// least 1.
+    pub fn max_tries(mut self, tries: u32) -> Self {
+        self.config.max_tries = tries;
+        self
+    }
+
+    /// An entry this old that a query leaves unknown goes to the manual queue (24 hours).
+    pub fn max_age(mut self, age: Duration) -> Self {
+        self.config.max_age = age;
+        self
+    }
+
+    /// Unsettled entries older than this are reported (1 hour).
+    pub fn alert_after(mut self, age: Duration) -> Self {
+        self.config.alert_after = age;
+        self
+    }
+
+    /// How long [`run`](Reconciler::run) waits when there was nothing to do (1 s).
+    pub fn poll(mut self, poll: Duration) -> Self {
+        self.config.poll = poll;
+        self
+    }
+
+    /// The reconciler.
+    ///
+    /// # Errors
+    ///
+    /// A zero batch, tries, lease or query timeout, or a lease no longer than the query
+    /// timeout.
+    pub fn build(self) -> Result<Reconciler<L, R, Res>, ConfigError> {
+        let c = &self.config;
+        if c.batch == 0 {
+            return Err(ConfigError::new("reconciler batch", "must be at least 1"));
+        }
+        if c.max_tries == 0 {
+            return Err(ConfigError::new(
+                "reconciler max_tries",
+                "must be at least 1",
+            ));
+        }
+        if c.query_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "reconciler query_timeout",
+                "must be greater than zero",
+            ));
+        }
+        if c.lease <= c.query_timeout {
+            return Err(ConfigError::new(
+                "reconciler lease",
+                "must be longer than the query timeout, or a query could outlast its claim",
+            ));
+        }
+        let backoff = match self.backoff {
+            Some(b) => b,
+            None => Backoff::exponential(Duration::from_secs(1))
+                .cap(Duration::from_secs(300))
+                .jitter(Jitter::Equal)
+                .build()?,
+        };
+        Ok(Reconciler {
+            ledger: self.ledger,
+            resolver: self.resolver,
+            config: Config {
+                backoff,
+                ..self.config
+            },
+            last_alert: None,
+            _res: PhantomData,
+        })
+    }
+}
+
+impl<L, R, Res> fmt::Debug for Reconciler<L, R, Res> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L, R, Res> fmt::Debug for ReconcilerBuilder<L, R, Res> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReconcilerBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}

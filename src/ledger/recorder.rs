@@ -1,0 +1,245 @@
+//! Writing unknown calls to the ledger, as a recorder.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+
+use super::{Evidence, Ledger};
+use crate::classify::Outcome;
+use crate::record::{AttemptRecord, CallId, CallRecord, Recorder};
+
+/// Calls in flight whose attempts the recorder keeps, at most; past it, a call's entry is
+/// written without the attempts it could not keep (and [`LedgerWrites::attempts_dropped`]
+/// counts them).
+const MAX_CALLS: usize = 10_000;
+/// Entries whose write failed that the recorder keeps for [`LedgerRecorder::take_failed`].
+const MAX_FAILED: usize = 1_000;
+
+/// A [`Recorder`] that writes every call that ends [unknown](Outcome::Unknown) to a
+/// [`Ledger`], with its [`Evidence`]. Give it to the client stack's
+/// [`recorder`](crate::client::ClientBuilder::recorder), alone or beside another one as a pair
+/// (`(TracingRecorder::default(), ledger_recorder)`).
+///
+/// It keeps the attempts of the calls in flight (a call whose outcome a resolver settled is
+/// not unknown, and is not written), and when a call ends unknown hands its evidence to a
+/// writer task. The caller is not held up by the write: [`flush`](Self::flush) waits for the
+/// writes queued so far, which a test, or a service shutting down, does.
+///
+/// A write that fails is tried again (8 tries, 100 ms doubling to 5 s apart); one that still
+/// fails is reported as a `tracing` error with the entry's id, key and operation, counted in
+/// [`LedgerWrites::failed`], and kept for [`take_failed`](Self::take_failed) (the last 1 000):
+/// never dropped in silence.
+///
+/// Clones share the writer.
+#[derive(Clone)]
+pub struct LedgerRecorder {
+    shared: Arc<Shared>,
+    writes: mpsc::UnboundedSender<Evidence>,
+}
+
+struct Shared {
+    attempts: Mutex<HashMap<CallId, Vec<AttemptRecord>>>,
+    queued: AtomicU64,
+    written: AtomicU64,
+    duplicate: AtomicU64,
+    failed: AtomicU64,
+    attempts_dropped: AtomicU64,
+    failed_entries: Mutex<Vec<Evidence>>,
+    /// Writes finished (written, duplicate or failed).
+    done: watch::Sender<u64>,
+}
+
+/// What a [`LedgerRecorder`] has done so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LedgerWrites {
+    /// Unknown calls handed to the writer.
+    pub queued: u64,
+    /// Entries written.
+    pub written: u64,
+    /// Entries the ledger already had (a write retried after its answer was lost).
+    pub duplicate: u64,
+    /// Entries that could not be written after every try: reported, and kept for
+    /// [`LedgerRecorder::take_failed`].
+    pub failed: u64,
+    /// Attempt records not kept because too many calls were in flight.
+    pub attempts_dropped: u64,
+}
+
+impl LedgerRecorder {
+    /// A recorder writing to `ledger`, its writer spawned on the current Tokio runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime, as [`tokio::spawn`] does; [`pair`](Self::pair) gives the writer
+    /// to run yourself.
+    pub fn new(ledger: impl Ledger) -> Self {
+        let (recorder, writer) = Self::pair(ledger);
+        tokio::spawn(writer);
+        recorder
+    }
+
+    /// A recorder writing to `ledger`, and its writer, which must be spawned (it ends when
+    /// every clone of the recorder is dropped and its queue is written).
+    pub fn pair(ledger: impl Ledger) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let (writes, queue) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            attempts: Mutex::new(HashMap::new()),
+            queued: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            duplicate: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            attempts_dropped: AtomicU64::new(0),
+            failed_entries: Mutex::new(Vec::new()),
+            done: watch::channel(0).0,
+        });
+        let writer = write(ledger, queue, shared.clone());
+        (LedgerRecorder { shared, writes }, writer)
+    }
+
+    /// Waits until every unknown call recorded so far has been written, or has failed for
+    /// good.
+    pub async fn flush(&self) {
+        let queued = self.shared.queued.load(Ordering::SeqCst);
+        let mut done = self.shared.done.subscribe();
+        // The sender lives as long as this recorder: `wait_for` ends only on the count.
+        let _ = done.wait_for(|&n| n >= queued).await;
+    }
+
+    /// The counts so far.
+    pub fn writes(&self) -> LedgerWrites {
+        let s = &self.shared;
+        LedgerWrites {
+            queued: s.queued.load(Ordering::SeqCst),
+            written: s.written.load(Ordering::SeqCst),
+            duplicate: s.duplicate.load(Ordering::SeqCst),
+            failed: s.failed.load(Ordering::SeqCst),
+            attempts_dropped: s.attempts_dropped.load(Ordering::SeqCst),
+        }
+    }
+
+    /// The entries that could not be written (the last 1 000), taken: write them again
+    /// yourself, or to another place.
+    pub fn take_failed(&self) -> Vec<Evidence> {
+        std::mem::take(&mut *lock(&self.shared.failed_entries))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl fmt::Debug for LedgerRecorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LedgerRecorder")
+            .field("writes", &self.writes())
+            .finish()
+    }
+}
+
+impl Recorder for LedgerRecorder {
+    fn record_attempt(&self, record: &AttemptRecord) {
+        let Some(call) = record.call else {
+            // Without a call layer outside, there is no call to write.
+            return;
+        };
+        let mut attempts = lock(&self.shared.attempts);
+        if let Some(list) = attempts.get_mut(&call) {
+            list.push(record.clone());
+        } else if attempts.len() < MAX_CALLS {
+            attempts.insert(call, vec![record.clone()]);
+        } else {
+            self.shared.attempts_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn record_call(&self, record: &CallRecord) {
+        let attempts = lock(&self.shared.attempts)
+            .remove(&record.call)
+            .unwrap_or_default();
+        if record.outcome != Outcome::Unknown {
+            return;
+        }
+        let evidence = Evidence::from_records(record, &attempts);
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        if let Err(mpsc::error::SendError(evidence)) = self.writes.send(evidence) {
+            // The writer is gone (its runtime shut down): the entry cannot be written.
+            tracing::error!(
+                entry = %evidence.id,
+                key = evidence.key.as_deref().unwrap_or("-"),
+                operation = evidence.operation.as_deref().unwrap_or("-"),
+                "an unknown call was not written to the ledger: its writer is gone"
+            );
+            fail(&self.shared, evidence);
+        }
+    }
+}
+
+fn fail(shared: &Shared, evidence: Evidence) {
+    shared.failed.fetch_add(1, Ordering::SeqCst);
+    let mut failed = lock(&shared.failed_entries);
+    if failed.len() >= MAX_FAILED {
+        failed.remove(0);
+    }
+    failed.push(evidence);
+    drop(failed);
+    shared.done.send_modify(|n| *n += 1);
+}
+
+/// Tries to write each entry: 8 tries, 100 ms doubling to 5 s apart.
+const TRIES: u32 = 8;
+const FIRST_WAIT: Duration = Duration::from_millis(100);
+const MAX_WAIT: Duration = Duration::from_secs(5);
+
+async fn write(
+    ledger: impl Ledger,
+    mut queue: mpsc::UnboundedReceiver<Evidence>,
+    shared: Arc<Shared>,
+) {
+    while let Some(evidence) = queue.recv().await {
+        let mut wait = FIRST_WAIT;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match ledger.record(&evidence).await {
+                Ok(new) => {
+                    let count = if new {
+                        &shared.written
+                    } else {
+                        &shared.duplicate
+                    };
+                    count.fetch_add(1, Ordering::SeqCst);
+                    shared.done.send_modify(|n| *n += 1);
+                    break;
+                }
+                Err(e) if tries < TRIES && !e.is_invalid() => {
+                    tracing::warn!(
+                        entry = %evidence.id,
+                        error = %e,
+                        tries,
+                        "ledger write failed; trying again"
+                    );
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MAX_WAIT);
+                }
+                Err(e) => {
+                    tracing::error!(
+                        entry = %evidence.id,
+                        key = evidence.key.as_deref().unwrap_or("-"),
+                        operation = evidence.operation.as_deref().unwrap_or("-"),
+                        error = %e,
+                        tries,
+                        "an unknown call could not be written to the ledger"
+                    );
+                    fail(&shared, evidence);
+                    break;
+                }
+            }
+        }
+    }
+}
