@@ -14,6 +14,8 @@
 //! 6. [Across the asynchronous boundary](boundary): which segment of the outbox-to-inbox chain
 //!    is exactly once and which is not, what the outbox promises, order and versions, and what
 //!    to monitor.
+//! 7. [When nobody knows](unknowns): the ledger of unknown calls, who settles them and how
+//!    once, the manual queue, and what to monitor.
 //!
 //! Every example here is compiled and run as a test.
 
@@ -39,4 +41,8 @@ pub mod records {
 
 pub mod boundary {
     #![doc = include_str!("boundary.md")]
+}
+
+pub mod unknowns {
+    #![doc = include_str!("unknowns.md")]
 }
