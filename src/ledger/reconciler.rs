@@ -38,6 +38,7 @@ pub struct Reconciler<L, R, Res> {
     resolver: R,
     config: Config,
     last_alert: Option<Instant>,
+    last_sweep: Option<Instant>,
     _res: PhantomData<fn() -> Res>,
 }
 
@@ -52,7 +53,11 @@ struct Config {
     alert_after: Duration,
     alert_every: Duration,
     poll: Duration,
+    retention: Option<Duration>,
 }
+
+/// How often [`Reconciler::run`] sweeps settled entries past their retention, at most.
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
 /// Builds a [`Reconciler`]; made by [`Reconciler::builder`].
 #[must_use = "a builder does nothing until `build` is called"]
@@ -101,7 +106,7 @@ where
     /// Starts a reconciler over `ledger` asking `resolver`. Defaults: batches of 16, a 60 s
     /// lease, a 10 s query timeout, a backoff from 1 s doubling to 5 minutes (equal jitter),
     /// the manual queue after 10 tries or 24 hours, an alert for entries older than an hour,
-    /// and a 1 s poll when idle.
+    /// a 1 s poll when idle, and settled entries kept 30 days.
     pub fn builder(ledger: L, resolver: R) -> ReconcilerBuilder<L, R, Res> {
         ReconcilerBuilder {
             ledger,
@@ -116,6 +121,7 @@ where
                 alert_after: Duration::from_secs(3600),
                 alert_every: Duration::from_secs(60),
                 poll: Duration::from_secs(1),
+                retention: Some(Duration::from_secs(30 * 24 * 3600)),
             },
             backoff: None,
             _res: PhantomData,
@@ -288,7 +294,8 @@ where
 
     /// Runs rounds until `stop` completes: at once after a full batch, else after the poll
     /// interval. A failed round is logged, and the next one comes after the poll interval.
-    /// Overdue entries are reported at most once a minute.
+    /// Overdue entries are reported at most once a minute, and settled entries past the
+    /// [retention](ReconcilerBuilder::retention) swept at most once an hour.
     pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
         let mut stop = std::pin::pin!(stop);
         loop {
@@ -305,6 +312,20 @@ where
             if due {
                 if let Err(e) = self.alert().await {
                     tracing::warn!(error = %e, "ledger reconciler could not read the ledger's stats");
+                }
+            }
+            if let Some(retention) = self.config.retention {
+                let now = Instant::now();
+                if self
+                    .last_sweep
+                    .is_none_or(|t| now.saturating_duration_since(t) >= SWEEP_EVERY)
+                {
+                    self.last_sweep = Some(now);
+                    match self.ledger.sweep(retention).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::debug!(swept = n, "ledger: settled entries swept"),
+                        Err(e) => tracing::warn!(error = %e, "ledger sweep failed"),
+                    }
                 }
             }
             let wait = if busy {
@@ -376,6 +397,19 @@ where
         self
     }
 
+    /// How long [`run`](Reconciler::run) keeps settled entries before it sweeps them (30
+    /// days). Unsettled entries are never swept.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.retention = Some(retention);
+        self
+    }
+
+    /// Sweeps nothing: settled entries stay until [`Ledger::sweep`] is called.
+    pub fn no_sweep(mut self) -> Self {
+        self.config.retention = None;
+        self
+    }
+
     /// The reconciler.
     ///
     /// # Errors
@@ -420,6 +454,7 @@ where
                 ..self.config
             },
             last_alert: None,
+            last_sweep: None,
             _res: PhantomData,
         })
     }

@@ -474,3 +474,39 @@ async fn bad_settings_and_values_are_refused() {
     assert!(long.evidence.len() <= 16 * 1024);
     assert!(long.evidence.ends_with('…'));
 }
+
+/// A running reconciler settles what comes in, reports the overdue, and sweeps settled entries
+/// after their retention, until told to stop.
+#[tokio::test(start_paused = true)]
+async fn a_running_reconciler_settles_and_sweeps_until_stopped() {
+    let ledger = MemoryLedger::new();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let reconciler = Reconciler::builder(ledger.clone(), found)
+        .poll(secs(1))
+        .retention(secs(7200))
+        .build()
+        .unwrap();
+    let running = tokio::spawn(reconciler.run(async {
+        let _ = stopped.await;
+    }));
+    let yes = record(&ledger, "yes-6").await;
+    let maybe = record(&ledger, "maybe-6").await;
+    tokio::time::sleep(secs(2)).await;
+    assert_eq!(
+        ledger.get(&yes).await.unwrap().unwrap().state,
+        EntryState::Settled
+    );
+    // The sweep runs once an hour: the settled entry is gone after its two hours, the unknown
+    // one stays.
+    tokio::time::sleep(secs(3 * 3600 + 10)).await;
+    assert!(ledger.get(&yes).await.unwrap().is_none());
+    assert!(ledger
+        .get(&maybe)
+        .await
+        .unwrap()
+        .unwrap()
+        .state
+        .is_unsettled());
+    stop.send(()).unwrap();
+    running.await.unwrap();
+}
