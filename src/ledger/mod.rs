@@ -27,7 +27,7 @@
 //!   the entries by state and gives the oldest unsettled one's age, and the reconciler warns
 //!   about entries older than a limit.
 //!
-//! [`MemoryLedger`] is the embedded default (one process, and tests); `PostgresLedger` (feature
+//! [`MemoryLedger`] is the embedded default (one process, and tests); [`PostgresLedger`] (feature
 //! `postgres`) is the one for services with more than one instance.
 //!
 //! ```
@@ -88,10 +88,16 @@ use crate::record::{AttemptRecord, CallRecord};
 use crate::{Semantics, StopReason};
 
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod reconciler;
 mod recorder;
 
 pub use self::memory::MemoryLedger;
+#[cfg(feature = "postgres")]
+pub use self::postgres::PostgresLedger;
+#[cfg(feature = "postgres")]
+pub(crate) use self::postgres::POSTGRES_COMPONENT;
 pub use self::reconciler::{ReconcileRound, Reconciler, ReconcilerBuilder};
 pub use self::recorder::{LedgerRecorder, LedgerWrites};
 
@@ -668,7 +674,7 @@ impl LedgerStats {
     }
 }
 
-/// Where unknown calls wait for their answer. [`MemoryLedger`] and `PostgresLedger` implement
+/// Where unknown calls wait for their answer. [`MemoryLedger`] and [`PostgresLedger`] implement
 /// it; every method is one atomic operation of the store.
 pub trait Ledger: Send + Sync + 'static {
     /// Records an entry, open; returns false (and changes nothing) if an entry with its id is

@@ -22,11 +22,12 @@ pub(crate) struct Component {
 }
 
 /// Every component the crate has, in the order they are migrated.
-fn components() -> [&'static Component; 3] {
+fn components() -> [&'static Component; 4] {
     [
         &crate::idempotency::store::POSTGRES_COMPONENT,
         &crate::outbox::POSTGRES_COMPONENT,
         &crate::inbox::POSTGRES_COMPONENT,
+        &crate::ledger::POSTGRES_COMPONENT,
     ]
 }
 
@@ -107,6 +108,17 @@ impl Migrations {
     /// As for [`idempotency_table`](Self::idempotency_table).
     pub fn inbox_table(self, table: &str) -> Result<Self, ConfigError> {
         self.table_of(&crate::inbox::POSTGRES_COMPONENT, table)
+    }
+
+    /// The UNKNOWN ledger's table (default `surely_ledger`, with `surely_ledger_attempts`
+    /// beside it), as given to
+    /// [`PostgresLedger::with_table`](crate::ledger::PostgresLedger::with_table).
+    ///
+    /// # Errors
+    ///
+    /// As for [`idempotency_table`](Self::idempotency_table).
+    pub fn ledger_table(self, table: &str) -> Result<Self, ConfigError> {
+        self.table_of(&crate::ledger::POSTGRES_COMPONENT, table)
     }
 
     fn table_of(mut self, component: &Component, table: &str) -> Result<Self, ConfigError> {

@@ -70,6 +70,8 @@ macro_rules! answering_client {
 }
 
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 
 /// A resolver that may decline (`None`): one that cannot query some calls.
 pub(crate) struct Declining<F>(pub(crate) F);

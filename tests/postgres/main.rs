@@ -53,7 +53,8 @@ async fn forget(pool: &Pool, table: &str) {
 }
 
 /// Every component, each in a table of this test's own: the idempotency store's in `table`,
-/// the outbox's in `table_outbox`, the inbox's in `table_inbox`.
+/// the outbox's in `table_outbox`, the inbox's in `table_inbox`, the ledger's in
+/// `table_ledger`.
 fn migrations(table: &str) -> Migrations {
     Migrations::new()
         .idempotency_table(table)
@@ -61,6 +62,8 @@ fn migrations(table: &str) -> Migrations {
         .outbox_table(&format!("{table}_outbox"))
         .unwrap()
         .inbox_table(&format!("{table}_inbox"))
+        .unwrap()
+        .ledger_table(&format!("{table}_ledger"))
         .unwrap()
 }
 
@@ -70,6 +73,9 @@ async fn forget_all(pool: &Pool, table: &str) {
     forget(pool, &format!("{table}_outbox")).await;
     forget(pool, &format!("{table}_inbox")).await;
     forget(pool, &format!("{table}_inbox_versions")).await;
+    // The attempts first: they refer to the entries.
+    forget(pool, &format!("{table}_ledger_attempts")).await;
+    forget(pool, &format!("{table}_ledger")).await;
 }
 
 #[tokio::test]
@@ -87,6 +93,7 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
             format!("outbox {table}_outbox v1 (events)"),
             format!("outbox {table}_outbox v2 (quarantined index)"),
             format!("inbox {table}_inbox v1 (events and versions)"),
+            format!("ledger {table}_ledger v1 (entries and attempts)"),
         ]
     );
     // Again: nothing to do.
@@ -119,7 +126,7 @@ async fn instances_that_migrate_together_apply_each_migration_once() {
     for run in runs {
         total += run.await.unwrap();
     }
-    assert_eq!(total, 5, "five migrations, each applied by one instance");
+    assert_eq!(total, 6, "six migrations, each applied by one instance");
     forget_all(&pool(), &table).await;
 }
 
@@ -215,6 +222,8 @@ fn a_table_name_that_is_not_an_identifier_is_refused() {
     assert!(Migrations::new()
         .idempotency_table("billing.idem_2")
         .is_ok());
+    assert!(Migrations::new().ledger_table("bad; drop").is_err());
+    assert!(Migrations::new().ledger_table("ops.unknown_calls").is_ok());
 }
 
 #[test]

@@ -1,0 +1,852 @@
+//! The PostgreSQL ledger.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use super::{
+    AttemptEvidence, Claim, Entry, EntryId, EntryState, Evidence, Filter, Ledger, LedgerError,
+    LedgerStats, Settled, SettledBy, Settlement, Verdict,
+};
+use crate::classify::{AttemptClass, DeliveryPhase};
+use crate::postgres::{Component, Migration, Pool};
+use crate::{ConfigError, Semantics, StopReason};
+
+/// The ledger's tables (`name` and `name_attempts`), and their migrations in version order.
+pub(crate) static POSTGRES_COMPONENT: Component = Component {
+    name: "ledger",
+    default_table: "surely_ledger",
+    migrations: &[Migration {
+        version: 1,
+        name: "entries and attempts",
+        sql: |t| {
+            // Index names take no schema: they live in their table's.
+            let n = bare(t);
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    id text PRIMARY KEY,
+                    seq bigserial NOT NULL,
+                    call_id bigint,
+                    key text,
+                    operation text,
+                    semantics text NOT NULL,
+                    stop text NOT NULL,
+                    recorded_at timestamptz NOT NULL,
+                    created_at timestamptz NOT NULL DEFAULT now(),
+                    state text NOT NULL DEFAULT 'open'
+                        CHECK (state IN ('open', 'claimed', 'manual', 'settled')),
+                    fence bigint NOT NULL DEFAULT 0,
+                    until timestamptz,
+                    tries integer NOT NULL DEFAULT 0,
+                    note text,
+                    verdict text CHECK (verdict IN ('succeeded', 'failed')),
+                    evidence text,
+                    settled_by text CHECK (settled_by IN ('reconciler', 'manual')),
+                    settled_who text,
+                    verdict_at timestamptz,
+                    settled_at timestamptz,
+                    CHECK ((state = 'settled') = (verdict IS NOT NULL AND evidence IS NOT NULL
+                        AND settled_by IS NOT NULL AND verdict_at IS NOT NULL
+                        AND settled_at IS NOT NULL)),
+                    CHECK ((settled_by = 'manual') = (settled_who IS NOT NULL))
+                );
+                CREATE TABLE IF NOT EXISTS {t}_attempts (
+                    entry_id text NOT NULL REFERENCES {t} (id) ON DELETE CASCADE,
+                    pos integer NOT NULL,
+                    attempt bigint NOT NULL,
+                    started_at timestamptz NOT NULL,
+                    took_ns bigint NOT NULL,
+                    class text NOT NULL,
+                    phase text NOT NULL,
+                    timeout text,
+                    hedge boolean NOT NULL,
+                    cancelled boolean NOT NULL,
+                    downstream_id text,
+                    PRIMARY KEY (entry_id, pos)
+                );
+                CREATE INDEX IF NOT EXISTS {n}_key ON {t} USING hash (key);
+                CREATE INDEX IF NOT EXISTS {n}_due ON {t} (created_at, seq)
+                    WHERE state IN ('open', 'claimed');
+                CREATE INDEX IF NOT EXISTS {n}_unsettled ON {t} (state, created_at)
+                    WHERE state <> 'settled';
+                CREATE INDEX IF NOT EXISTS {n}_settled ON {t} (settled_at)
+                    WHERE state = 'settled';"
+            )
+        },
+    }],
+};
+
+/// A table's name without its schema.
+fn bare(table: &str) -> &str {
+    table.rsplit_once('.').map_or(table, |(_, t)| t)
+}
+
+/// The ledger for services with more than one instance, or whose unknown calls must outlive a
+/// restart: entries are rows of a table (default `surely_ledger`), their attempts rows of
+/// `surely_ledger_attempts`.
+///
+/// Every method is one statement (a settlement that finds nothing to change reads the entry
+/// once more, to say why). Reconcilers claim entries with `FOR UPDATE SKIP LOCKED` (they never
+/// wait on one another, and never take the same entry at once) and a lease on the database's
+/// clock: the entries of a reconciler that died come back when its lease passes. Changes are
+/// fenced by the claim's number. Ages, backoffs, leases and retentions are all on the
+/// database's clock, so instances whose clocks disagree still agree on them.
+///
+/// Keys are found by equality through a hash index, so a key of any length can be recorded
+/// and found. Times are kept to the microsecond (PostgreSQL's precision); an attempt's
+/// duration to the nanosecond.
+///
+/// The tables are created by [`surely::postgres::migrate`](crate::postgres::migrate)
+/// (component `ledger`), or by [`migrate`](Self::migrate) for this ledger alone.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use surely::ledger::{Ledger, LedgerRecorder, PostgresLedger};
+///
+/// let pool = surely::postgres::connect("postgres://postgres@127.0.0.1:5432/test")?;
+/// let ledger = PostgresLedger::new(pool).with_table("orders.unknown_calls")?;
+/// ledger.migrate().await?;
+/// let recorder = LedgerRecorder::new(ledger.clone());
+/// println!("{} unsettled", ledger.stats().await?.unsettled());
+/// # let _ = recorder; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresLedger {
+    pool: Pool,
+    sql: Arc<Sql>,
+}
+
+struct Sql {
+    table: String,
+    record: String,
+    claim: String,
+    settle: String,
+    settle_manually: String,
+    /// An entry's state and settlement, to say why a change found nothing to change.
+    look: String,
+    retry_later: String,
+    to_manual: String,
+    get: String,
+    /// `list`'s statement up to its `WHERE`.
+    list: String,
+    stats: String,
+    sweep: String,
+}
+
+/// The columns an entry is read from, `e` being the entry's row.
+fn columns(t: &str) -> String {
+    format!(
+        "e.id, e.call_id, e.key, e.operation, e.semantics, e.stop, e.recorded_at, e.state,
+         e.fence, e.tries, e.note, e.verdict, e.evidence, e.settled_by, e.settled_who,
+         e.verdict_at,
+         floor(EXTRACT(EPOCH FROM now() - e.created_at) * 1000000)::int8 AS age_us,
+         a.attempt, a.started_at, a.took_ns, a.class, a.phase, a.timeout, a.hedge, a.cancelled,
+         a.downstream_id
+         FROM {{entries}} AS e
+         LEFT JOIN LATERAL (
+             SELECT array_agg(x.attempt ORDER BY x.pos) AS attempt,
+                    array_agg(x.started_at ORDER BY x.pos) AS started_at,
+                    array_agg(x.took_ns ORDER BY x.pos) AS took_ns,
+                    array_agg(x.class ORDER BY x.pos) AS class,
+                    array_agg(x.phase ORDER BY x.pos) AS phase,
+                    array_agg(x.timeout ORDER BY x.pos) AS timeout,
+                    array_agg(x.hedge ORDER BY x.pos) AS hedge,
+                    array_agg(x.cancelled ORDER BY x.pos) AS cancelled,
+                    array_agg(x.downstream_id ORDER BY x.pos) AS downstream_id
+             FROM {t}_attempts AS x WHERE x.entry_id = e.id
+         ) AS a ON true"
+    )
+}
+
+/// How a settlement is written: `$1` to `$4` the settlement, `$5` when it was given (`$6` is
+/// the entry's id, `$7` the claim's fence).
+const SETTLE_SET: &str = "state = 'settled', until = NULL, verdict = $1, evidence = $2,
+     settled_by = $3, settled_who = $4, verdict_at = $5, settled_at = now()";
+
+impl Sql {
+    fn new(t: &str) -> Self {
+        let select = |entries: &str| columns(t).replace("{entries}", entries);
+        Sql {
+            table: t.to_owned(),
+            record: format!(
+                "WITH entry AS (
+                     INSERT INTO {t} (id, call_id, key, operation, semantics, stop, recorded_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7)
+                     ON CONFLICT (id) DO NOTHING
+                     RETURNING id
+                 ), attempts AS (
+                     INSERT INTO {t}_attempts (entry_id, pos, attempt, started_at, took_ns, class,
+                         phase, timeout, hedge, cancelled, downstream_id)
+                     SELECT entry.id, a.pos, a.attempt, a.started_at, a.took_ns, a.class, a.phase,
+                            a.timeout, a.hedge, a.cancelled, a.downstream_id
+                     FROM entry, unnest($8::int8[], $9::timestamptz[], $10::int8[], $11::text[],
+                         $12::text[], $13::text[], $14::bool[], $15::bool[], $16::text[])
+                         WITH ORDINALITY AS a(attempt, started_at, took_ns, class, phase, timeout,
+                             hedge, cancelled, downstream_id, pos)
+                 )
+                 SELECT count(*) FROM entry"
+            ),
+            claim: format!(
+                "WITH due AS (
+                     SELECT id FROM {t}
+                     WHERE state IN ('open', 'claimed') AND (until IS NULL OR until <= now())
+                     ORDER BY created_at, seq
+                     LIMIT $1
+                     FOR UPDATE SKIP LOCKED
+                 ), claimed AS (
+                     UPDATE {t} AS c
+                     SET state = 'claimed', fence = c.fence + 1,
+                         until = now() + $2::int8 * interval '1 microsecond'
+                     FROM due WHERE c.id = due.id
+                     RETURNING c.*
+                 )
+                 SELECT {} ORDER BY e.created_at, e.seq",
+                select("claimed")
+            ),
+            settle: format!(
+                "UPDATE {t} SET {SETTLE_SET} WHERE id = $6 AND state = 'claimed' AND fence = $7"
+            ),
+            settle_manually: format!(
+                "UPDATE {t} SET {SETTLE_SET} WHERE id = $6 AND state <> 'settled'"
+            ),
+            look: format!(
+                "SELECT state, verdict, evidence, settled_by, settled_who, verdict_at
+                 FROM {t} WHERE id = $1"
+            ),
+            retry_later: format!(
+                "UPDATE {t} SET state = 'open', tries = tries + 1, note = $3,
+                     until = now() + $4::int8 * interval '1 microsecond'
+                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
+            ),
+            to_manual: format!(
+                "UPDATE {t} SET state = 'manual', tries = tries + 1, note = $3, until = NULL
+                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
+            ),
+            get: format!("SELECT {} WHERE e.id = $1", select(t)),
+            list: format!("SELECT {}", select(t)),
+            stats: format!(
+                "SELECT count(*) FILTER (WHERE state = 'open'),
+                        count(*) FILTER (WHERE state = 'claimed'),
+                        count(*) FILTER (WHERE state = 'manual'),
+                        (SELECT count(*) FROM {t} WHERE state = 'settled'),
+                        floor(EXTRACT(EPOCH FROM now() - min(created_at)) * 1000000)::int8
+                 FROM {t} WHERE state <> 'settled'"
+            ),
+            sweep: format!(
+                "DELETE FROM {t}
+                 WHERE state = 'settled' AND settled_at <= now() - $1::int8 * interval '1 microsecond'"
+            ),
+        }
+    }
+}
+
+impl PostgresLedger {
+    /// A ledger over `pool`, in the tables `surely_ledger` and `surely_ledger_attempts`.
+    pub fn new(pool: Pool) -> Self {
+        PostgresLedger {
+            pool,
+            sql: Arc::new(Sql::new(POSTGRES_COMPONENT.default_table)),
+        }
+    }
+
+    /// The same ledger in another table, such as `orders.unknown_calls` (its attempts in
+    /// `orders.unknown_calls_attempts`).
+    ///
+    /// # Errors
+    ///
+    /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
+    /// optionally schema-qualified.
+    pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
+        if !crate::postgres::valid_table(table) {
+            return Err(ConfigError::new(
+                "ledger table name",
+                "must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 50 bytes), optionally schema-qualified",
+            ));
+        }
+        Ok(PostgresLedger {
+            pool: self.pool,
+            sql: Arc::new(Sql::new(table)),
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The entries' table's name (the attempts' is this with `_attempts`).
+    pub fn table(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Applies this ledger's tables' migrations that the database has not recorded yet.
+    ///
+    /// # Errors
+    ///
+    /// The database refused, or could not be reached.
+    pub async fn migrate(&self) -> Result<(), LedgerError> {
+        crate::postgres::Migrations::only(&POSTGRES_COMPONENT, self.table())
+            .run(&self.pool)
+            .await
+            .map(drop)
+            .map_err(LedgerError::backend)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, LedgerError> {
+        self.pool.get().await.map_err(LedgerError::backend)
+    }
+
+    /// Settles `id` with `sql` (fenced by `fence`, or not), or says why it did not.
+    async fn settle_with(
+        &self,
+        sql: &str,
+        id: &EntryId,
+        fence: Option<i64>,
+        settlement: &Settlement,
+    ) -> Result<Settled, LedgerError> {
+        let client = self.client().await?;
+        let (by, who) = match &settlement.by {
+            SettledBy::Reconciler => ("reconciler", None),
+            SettledBy::Manual { who } => ("manual", Some(who.as_str())),
+        };
+        let id_str = id.as_str();
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &settlement.verdict.as_str(),
+            &settlement.evidence,
+            &by,
+            &who,
+            &settlement.at,
+            &id_str,
+            &fence,
+        ];
+        let params = if fence.is_some() {
+            &params[..]
+        } else {
+            &params[..6]
+        };
+        // An unfenced (manual) settlement that found nothing may have raced the entry's
+        // recording: once it is there, it is tried again.
+        for _ in 0..3 {
+            let n = client.execute(sql, params).await.map_err(by_content)?;
+            if n == 1 {
+                return Ok(Settled::Now(settlement.clone()));
+            }
+            let row = client
+                .query_opt(&self.sql.look, &[&id.as_str()])
+                .await
+                .map_err(LedgerError::backend)?
+                .ok_or_else(|| LedgerError::not_found(id))?;
+            let state = parse_state(&row, "state")?;
+            if state == EntryState::Settled {
+                return Ok(Settled::Already(settlement_of(&row)?.ok_or_else(|| {
+                    LedgerError::backend(format!("ledger entry {id} is settled without a verdict"))
+                })?));
+            }
+            if fence.is_some() {
+                return Err(LedgerError::stale());
+            }
+        }
+        Err(LedgerError::backend(format!(
+            "ledger entry {id} kept changing under a manual settlement"
+        )))
+    }
+
+    /// Releases a claimed entry with `sql`, or says why not.
+    async fn release(
+        &self,
+        sql: &str,
+        claim: &Claim,
+        note: &str,
+        after: Option<Duration>,
+    ) -> Result<(), LedgerError> {
+        let client = self.client().await?;
+        let id = &claim.entry.evidence.id;
+        let fence = fence(claim);
+        let note = super::truncate(note, super::MAX_TEXT);
+        let n = match after {
+            Some(after) => {
+                client
+                    .execute(sql, &[&id.as_str(), &fence, &note, &micros(after)])
+                    .await
+            }
+            None => client.execute(sql, &[&id.as_str(), &fence, &note]).await,
+        }
+        .map_err(by_content)?;
+        if n == 1 {
+            return Ok(());
+        }
+        let found = client
+            .query_opt(&self.sql.look, &[&id.as_str()])
+            .await
+            .map_err(LedgerError::backend)?;
+        match found {
+            Some(_) => Err(LedgerError::stale()),
+            None => Err(LedgerError::not_found(id)),
+        }
+    }
+}
+
+/// A claim's fence as the table keeps it (one too large to be there matches nothing).
+fn fence(claim: &Claim) -> i64 {
+    i64::try_from(claim.fence()).unwrap_or(i64::MAX)
+}
+
+/// The longest duration written to the database: a century, far beyond any lease, backoff or
+/// retention, and far within a timestamp's range.
+const LONGEST: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
+
+/// A duration in microseconds, rounded up (a lease or backoff is never shortened) and capped
+/// at [`LONGEST`].
+fn micros(d: Duration) -> i64 {
+    let d = d.min(LONGEST);
+    let us = d.as_nanos().div_ceil(1000);
+    i64::try_from(us).unwrap_or(i64::MAX)
+}
+
+/// A failed statement that wrote the caller's values: a value PostgreSQL refuses (a NUL byte in
+/// a text, a time out of range) is the caller's doing, and writing it again would fail again;
+/// anything else is the backend's.
+fn by_content(e: tokio_postgres::Error) -> LedgerError {
+    if crate::postgres::is_input_error(&e) {
+        LedgerError::invalid(e.to_string())
+    } else {
+        LedgerError::backend(e)
+    }
+}
+
+fn semantics_str(s: Semantics) -> &'static str {
+    match s {
+        Semantics::Safe => "safe",
+        Semantics::Idempotent => "idempotent",
+        Semantics::Keyed => "keyed",
+        Semantics::NonIdempotent => "non-idempotent",
+    }
+}
+
+fn parse_semantics(name: &str) -> Option<Semantics> {
+    Some(match name {
+        "safe" => Semantics::Safe,
+        "idempotent" => Semantics::Idempotent,
+        "keyed" => Semantics::Keyed,
+        "non-idempotent" => Semantics::NonIdempotent,
+        _ => return None,
+    })
+}
+
+fn parse_stop(name: &str) -> Option<StopReason> {
+    Some(match name {
+        "success" => StopReason::Success,
+        "final" => StopReason::Final,
+        "conflict" => StopReason::Conflict,
+        "unknown" => StopReason::Unknown,
+        "not retried" => StopReason::NotRetried,
+        "deadline" => StopReason::Deadline,
+        "attempts exhausted" => StopReason::AttemptsExhausted,
+        "budget exhausted" => StopReason::BudgetExhausted,
+        "pushback" => StopReason::PushbackStop,
+        "not replayable" => StopReason::NotReplayable,
+        "upstream owns retries" => StopReason::UpstreamOwnsRetries,
+        "cancelled" => StopReason::Cancelled,
+        _ => return None,
+    })
+}
+
+fn parse_class(name: &str) -> Option<AttemptClass> {
+    Some(match name {
+        "success" => AttemptClass::Success,
+        "final" => AttemptClass::Final,
+        "conflict" => AttemptClass::Conflict,
+        "rejected" => AttemptClass::Rejected,
+        "maybe committed" => AttemptClass::MaybeCommitted,
+        _ => return None,
+    })
+}
+
+fn parse_phase(name: &str) -> Option<DeliveryPhase> {
+    Some(match name {
+        "not sent" => DeliveryPhase::NotSent,
+        "sent" => DeliveryPhase::Sent,
+        "response started" => DeliveryPhase::ResponseStarted,
+        _ => return None,
+    })
+}
+
+/// `value`, read as `what` by `parse`, or an error that names the column and the value.
+fn parsed<T>(what: &str, value: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T, LedgerError> {
+    parse(value).ok_or_else(|| {
+        LedgerError::backend(format!(
+            "the ledger table holds {what} {:?}, which this version does not know",
+            super::truncate(value, 64)
+        ))
+    })
+}
+
+fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    name: &str,
+) -> Result<T, LedgerError> {
+    row.try_get(name).map_err(LedgerError::backend)
+}
+
+fn parse_state(row: &Row, name: &str) -> Result<EntryState, LedgerError> {
+    parsed("the state", column(row, name)?, EntryState::parse)
+}
+
+/// The settlement of a row of `look` or of an entry's columns, if it has one.
+fn settlement_of(row: &Row) -> Result<Option<Settlement>, LedgerError> {
+    let Some(verdict) = column::<Option<&str>>(row, "verdict")? else {
+        return Ok(None);
+    };
+    let by = match column::<Option<&str>>(row, "settled_by")? {
+        Some("reconciler") => SettledBy::Reconciler,
+        Some("manual") => SettledBy::Manual {
+            who: column::<Option<String>>(row, "settled_who")?.unwrap_or_default(),
+        },
+        other => {
+            return Err(LedgerError::backend(format!(
+                "the ledger table holds a settlement by {other:?}, which this version does not know"
+            )))
+        }
+    };
+    Ok(Some(Settlement {
+        verdict: parsed("the verdict", verdict, Verdict::parse)?,
+        evidence: column::<Option<String>>(row, "evidence")?.unwrap_or_default(),
+        by,
+        at: column::<Option<SystemTime>>(row, "verdict_at")?.unwrap_or(SystemTime::UNIX_EPOCH),
+    }))
+}
+
+/// An entry's attempts, from its columns' arrays.
+fn attempts_of(row: &Row) -> Result<Vec<AttemptEvidence>, LedgerError> {
+    let Some(attempt) = column::<Option<Vec<i64>>>(row, "attempt")? else {
+        return Ok(Vec::new());
+    };
+    let started: Vec<SystemTime> = column(row, "started_at")?;
+    let took: Vec<i64> = column(row, "took_ns")?;
+    let class: Vec<&str> = column(row, "class")?;
+    let phase: Vec<&str> = column(row, "phase")?;
+    let timeout: Vec<Option<String>> = column(row, "timeout")?;
+    let hedge: Vec<bool> = column(row, "hedge")?;
+    let cancelled: Vec<bool> = column(row, "cancelled")?;
+    let downstream: Vec<Option<String>> = column(row, "downstream_id")?;
+    let n = attempt.len();
+    if [
+        started.len(),
+        took.len(),
+        class.len(),
+        phase.len(),
+        timeout.len(),
+        hedge.len(),
+        cancelled.len(),
+        downstream.len(),
+    ]
+    .iter()
+    .any(|&len| len != n)
+    {
+        return Err(LedgerError::backend(
+            "the ledger's attempts were read back with columns of different lengths",
+        ));
+    }
+    let mut timeout = timeout.into_iter();
+    let mut downstream = downstream.into_iter();
+    (0..n)
+        .map(|i| {
+            Ok(AttemptEvidence {
+                attempt: u32::try_from(attempt[i]).map_err(|_| {
+                    LedgerError::backend(format!(
+                        "the ledger table holds attempt number {}",
+                        attempt[i]
+                    ))
+                })?,
+                started_at: started[i],
+                took: Duration::from_nanos(u64::try_from(took[i]).unwrap_or(0)),
+                class: parsed("the attempt class", class[i], parse_class)?,
+                phase: parsed("the delivery phase", phase[i], parse_phase)?,
+                timeout: timeout.next().flatten(),
+                hedge: hedge[i],
+                cancelled: cancelled[i],
+                downstream_id: downstream.next().flatten(),
+            })
+        })
+        .collect()
+}
+
+/// An entry, and its fence, from its columns.
+fn entry_of(row: &Row) -> Result<(Entry, u64), LedgerError> {
+    let id: String = column(row, "id")?;
+    let id = EntryId::new(id).map_err(LedgerError::backend)?;
+    let evidence = Evidence {
+        id,
+        // Kept as its bits: every u64 comes back.
+        call: column::<Option<i64>>(row, "call_id")?.map(|c| c as u64),
+        key: column(row, "key")?,
+        operation: column(row, "operation")?,
+        semantics: parsed("the semantics", column(row, "semantics")?, parse_semantics)?,
+        stop: parsed("the stop reason", column(row, "stop")?, parse_stop)?,
+        attempts: attempts_of(row)?,
+        recorded_at: column(row, "recorded_at")?,
+    };
+    let state = parse_state(row, "state")?;
+    let settlement = settlement_of(row)?;
+    if (state == EntryState::Settled) != settlement.is_some() {
+        return Err(LedgerError::backend(format!(
+            "ledger entry {} is {} with{} a settlement",
+            evidence.id,
+            state.as_str(),
+            if settlement.is_some() { "" } else { "out" }
+        )));
+    }
+    let tries: i32 = column(row, "tries")?;
+    let fence: i64 = column(row, "fence")?;
+    let age: Option<i64> = column(row, "age_us")?;
+    let entry = Entry {
+        evidence,
+        state,
+        tries: u32::try_from(tries).unwrap_or(0),
+        note: column(row, "note")?,
+        settlement,
+        age: Duration::from_micros(age.map_or(0, |a| u64::try_from(a).unwrap_or(0))),
+    };
+    Ok((entry, u64::try_from(fence).unwrap_or(0)))
+}
+
+impl Ledger for PostgresLedger {
+    async fn record(&self, evidence: &Evidence) -> Result<bool, LedgerError> {
+        let a = &evidence.attempts;
+        let attempt: Vec<i64> = a.iter().map(|a| i64::from(a.attempt)).collect();
+        let started: Vec<SystemTime> = a.iter().map(|a| a.started_at).collect();
+        let took: Vec<i64> = a
+            .iter()
+            .map(|a| i64::try_from(a.took.as_nanos()).unwrap_or(i64::MAX))
+            .collect();
+        let class: Vec<&str> = a.iter().map(|a| a.class.as_str()).collect();
+        let phase: Vec<&str> = a.iter().map(|a| a.phase.as_str()).collect();
+        let timeout: Vec<Option<&str>> = a.iter().map(|a| a.timeout.as_deref()).collect();
+        let hedge: Vec<bool> = a.iter().map(|a| a.hedge).collect();
+        let cancelled: Vec<bool> = a.iter().map(|a| a.cancelled).collect();
+        let downstream: Vec<Option<&str>> = a.iter().map(|a| a.downstream_id.as_deref()).collect();
+        // Kept as its bits: every u64 goes in.
+        let call = evidence.call.map(|c| c as i64);
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                &self.sql.record,
+                &[
+                    &evidence.id.as_str(),
+                    &call,
+                    &evidence.key,
+                    &evidence.operation,
+                    &semantics_str(evidence.semantics),
+                    &evidence.stop.as_str(),
+                    &evidence.recorded_at,
+                    &attempt,
+                    &started,
+                    &took,
+                    &class,
+                    &phase,
+                    &timeout,
+                    &hedge,
+                    &cancelled,
+                    &downstream,
+                ],
+            )
+            .await
+            .map_err(by_content)?;
+        let added: i64 = column(&row, "count")?;
+        Ok(added == 1)
+    }
+
+    async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Claim>, LedgerError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let rows = client
+            .query(&self.sql.claim, &[&max, &micros(lease)])
+            .await
+            .map_err(LedgerError::backend)?;
+        rows.iter()
+            .map(|row| entry_of(row).map(|(entry, fence)| Claim::new(entry, fence)))
+            .collect()
+    }
+
+    async fn settle(&self, claim: &Claim, settlement: &Settlement) -> Result<Settled, LedgerError> {
+        self.settle_with(
+            &self.sql.settle,
+            &claim.entry.evidence.id,
+            Some(fence(claim)),
+            settlement,
+        )
+        .await
+    }
+
+    async fn retry_later(
+        &self,
+        claim: &Claim,
+        note: &str,
+        after: Duration,
+    ) -> Result<(), LedgerError> {
+        self.release(&self.sql.retry_later, claim, note, Some(after))
+            .await
+    }
+
+    async fn to_manual(&self, claim: &Claim, reason: &str) -> Result<(), LedgerError> {
+        self.release(&self.sql.to_manual, claim, reason, None).await
+    }
+
+    async fn settle_manually(
+        &self,
+        id: &EntryId,
+        settlement: &Settlement,
+    ) -> Result<Settled, LedgerError> {
+        self.settle_with(&self.sql.settle_manually, id, None, settlement)
+            .await
+    }
+
+    async fn get(&self, id: &EntryId) -> Result<Option<Entry>, LedgerError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(&self.sql.get, &[&id.as_str()])
+            .await
+            .map_err(LedgerError::backend)?;
+        row.map(|row| entry_of(&row).map(|(entry, _)| entry))
+            .transpose()
+    }
+
+    async fn list(&self, filter: &Filter) -> Result<Vec<Entry>, LedgerError> {
+        if filter.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let state = filter.state.map(EntryState::as_str);
+        let older = filter.older_than.map(micros);
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&limit];
+        let mut conditions = Vec::new();
+        if let Some(key) = &filter.key {
+            params.push(key);
+            conditions.push(format!("e.key = ${}", params.len()));
+        }
+        if let Some(state) = &state {
+            params.push(state);
+            conditions.push(format!("e.state = ${}", params.len()));
+        }
+        if let Some(older) = &older {
+            params.push(older);
+            conditions.push(format!(
+                "e.created_at <= now() - ${}::int8 * interval '1 microsecond'",
+                params.len()
+            ));
+        }
+        let mut sql = self.sql.list.clone();
+        if !conditions.is_empty() {
+            sql.push_str(" WHERE ");
+            sql.push_str(&conditions.join(" AND "));
+        }
+        sql.push_str(" ORDER BY e.created_at, e.seq LIMIT $1");
+        let client = self.client().await?;
+        let rows = client.query(&sql, &params).await.map_err(by_content)?;
+        rows.iter()
+            .map(|row| entry_of(row).map(|(entry, _)| entry))
+            .collect()
+    }
+
+    async fn stats(&self) -> Result<LedgerStats, LedgerError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(&self.sql.stats, &[])
+            .await
+            .map_err(LedgerError::backend)?;
+        let count = |i: usize| -> Result<u64, LedgerError> {
+            let n: i64 = row.try_get(i).map_err(LedgerError::backend)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        let oldest: Option<i64> = row.try_get(4).map_err(LedgerError::backend)?;
+        Ok(LedgerStats {
+            open: count(0)?,
+            claimed: count(1)?,
+            manual: count(2)?,
+            settled: count(3)?,
+            oldest_unsettled: oldest
+                .map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+        })
+    }
+
+    async fn sweep(&self, retention: Duration) -> Result<u64, LedgerError> {
+        let client = self.client().await?;
+        client
+            .execute(&self.sql.sweep, &[&micros(retention)])
+            .await
+            .map_err(LedgerError::backend)
+    }
+}
+
+impl fmt::Debug for PostgresLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLedger")
+            .field("table", &self.sql.table)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_written_is_read_back() {
+        for s in [
+            Semantics::Safe,
+            Semantics::Idempotent,
+            Semantics::Keyed,
+            Semantics::NonIdempotent,
+        ] {
+            assert_eq!(parse_semantics(semantics_str(s)), Some(s));
+        }
+        for s in [
+            StopReason::Success,
+            StopReason::Final,
+            StopReason::Conflict,
+            StopReason::Unknown,
+            StopReason::NotRetried,
+            StopReason::Deadline,
+            StopReason::AttemptsExhausted,
+            StopReason::BudgetExhausted,
+            StopReason::PushbackStop,
+            StopReason::NotReplayable,
+            StopReason::UpstreamOwnsRetries,
+            StopReason::Cancelled,
+        ] {
+            assert_eq!(parse_stop(s.as_str()), Some(s));
+        }
+        for c in [
+            AttemptClass::Success,
+            AttemptClass::Final,
+            AttemptClass::Conflict,
+            AttemptClass::Rejected,
+            AttemptClass::MaybeCommitted,
+        ] {
+            assert_eq!(parse_class(c.as_str()), Some(c));
+        }
+        for p in [
+            DeliveryPhase::NotSent,
+            DeliveryPhase::Sent,
+            DeliveryPhase::ResponseStarted,
+        ] {
+            assert_eq!(parse_phase(p.as_str()), Some(p));
+        }
+        assert!(parse_stop("gone").is_none());
+    }
+
+    #[test]
+    fn durations_round_up_to_the_microsecond_and_stop_at_a_century() {
+        assert_eq!(micros(Duration::from_nanos(1)), 1);
+        assert_eq!(micros(Duration::from_micros(7)), 7);
+        assert_eq!(micros(Duration::MAX), micros(LONGEST));
+        assert_eq!(bare("orders.unknown"), "unknown");
+        assert_eq!(bare("unknown"), "unknown");
+    }
+}
