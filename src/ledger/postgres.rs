@@ -79,10 +79,7 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
     }],
 };
 
-/// A table's name without its schema.
-fn bare(table: &str) -> &str {
-    table.rsplit_once('.').map_or(table, |(_, t)| t)
-}
+use crate::postgres::bare;
 
 /// The ledger for services with more than one instance, or whose unknown calls must outlive a
 /// restart: entries are rows of a table (default `surely_ledger`), their attempts rows of

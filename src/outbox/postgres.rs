@@ -28,6 +28,7 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
             version: 1,
             name: "events",
             sql: |t| {
+                let n = crate::postgres::bare(t);
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t} (
                     seq bigserial NOT NULL,
@@ -46,8 +47,8 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
                     enqueued_at timestamptz NOT NULL DEFAULT now(),
                     published_at timestamptz
                 );
-                CREATE INDEX IF NOT EXISTS {t}_pending ON {t} (seq) WHERE state = {PENDING};
-                CREATE INDEX IF NOT EXISTS {t}_published ON {t} (published_at)
+                CREATE INDEX IF NOT EXISTS {n}_pending ON {t} (seq) WHERE state = {PENDING};
+                CREATE INDEX IF NOT EXISTS {n}_published ON {t} (published_at)
                     WHERE state = {PUBLISHED};"
                 )
             },
@@ -58,8 +59,9 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
             // The stats read the pending and the quarantined rows only, never the published ones
             // kept for their retention.
             sql: |t| {
+                let n = crate::postgres::bare(t);
                 format!(
-                    "CREATE INDEX IF NOT EXISTS {t}_quarantined ON {t} (seq)
+                    "CREATE INDEX IF NOT EXISTS {n}_quarantined ON {t} (seq)
                     WHERE state = {QUARANTINED};"
                 )
             },

@@ -5,7 +5,9 @@
 //! * **The pool** is deadpool-postgres's [`Pool`], re-exported, over tokio-postgres: the
 //!   idempotency [store](crate::idempotency::store::PostgresStore) takes one, and a handler
 //!   that writes its business rows and completes its record in one transaction takes its
-//!   connection from the same pool. [`connect`] makes one.
+//!   connection from the same pool; so do the [outbox](crate::outbox::PostgresOutbox), the
+//!   [inbox](crate::inbox::PostgresInbox) and the [ledger](crate::ledger::PostgresLedger) of
+//!   unknown calls. [`connect`] makes one.
 //! * **Migrations** are versioned and named, per component and per table, and recorded in the
 //!   table `surely_migrations`. [`migrate`] applies every one the crate has that the database
 //!   has not seen yet, for every component with its default table, in one transaction under an
@@ -28,6 +30,12 @@
 //! ```
 
 mod migrate;
+
+/// A table's name without its schema: the prefix of its indexes' names, which PostgreSQL takes
+/// unqualified (an index lives in its table's schema).
+pub(crate) fn bare(table: &str) -> &str {
+    table.rsplit_once('.').map_or(table, |(_, t)| t)
+}
 
 pub use self::migrate::{migrate, Applied, MigrateError, Migrations};
 pub(crate) use self::migrate::{Component, Migration};

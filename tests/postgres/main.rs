@@ -113,6 +113,52 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
     forget_all(&pool, &table).await;
 }
 
+/// Tables in a schema of their own (`billing.idempotency`): every component migrates, and its
+/// indexes are named without the schema, which PostgreSQL refuses in an index's name.
+#[tokio::test]
+async fn tables_in_a_schema_of_their_own_migrate() {
+    let pool = pool();
+    let schema = unique("surely_mig_schema");
+    let client = pool
+        .get()
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {} did not answer: {e}", url()));
+    client
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let table = format!("{schema}.calls");
+    let applied = migrations(&table).run(&pool).await;
+    let forget = async {
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+        for t in [
+            table.clone(),
+            format!("{table}_outbox"),
+            format!("{table}_inbox"),
+            format!("{table}_ledger"),
+        ] {
+            client
+                .execute("DELETE FROM surely_migrations WHERE target = $1", &[&t])
+                .await
+                .unwrap();
+        }
+    };
+    let applied = match applied {
+        Ok(applied) => {
+            forget.await;
+            applied
+        }
+        Err(e) => {
+            forget.await;
+            panic!("migrating into schema {schema}: {e}");
+        }
+    };
+    assert_eq!(applied.len(), 6);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_that_migrate_together_apply_each_migration_once() {
     let table = unique("surely_mig_race");

@@ -95,6 +95,7 @@ pub(crate) static POSTGRES_COMPONENT: crate::postgres::Component = crate::postgr
             version: 1,
             name: "records",
             sql: |t| {
+                let n = crate::postgres::bare(t);
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t} (
                         tenant text NOT NULL,
@@ -111,7 +112,7 @@ pub(crate) static POSTGRES_COMPONENT: crate::postgres::Component = crate::postgr
                         body bytea,
                         PRIMARY KEY (tenant, operation, key)
                     );
-                    CREATE INDEX IF NOT EXISTS {t}_expires_at ON {t} (expires_at)
+                    CREATE INDEX IF NOT EXISTS {n}_expires_at ON {t} (expires_at)
                         WHERE state <> {PROCESSING};"
                 )
             },
@@ -120,9 +121,10 @@ pub(crate) static POSTGRES_COMPONENT: crate::postgres::Component = crate::postgr
             version: 2,
             name: "acquired_at",
             sql: |t| {
+                let n = crate::postgres::bare(t);
                 format!(
                     "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS acquired_at timestamptz;
-                     CREATE INDEX IF NOT EXISTS {t}_processing ON {t} (acquired_at)
+                     CREATE INDEX IF NOT EXISTS {n}_processing ON {t} (acquired_at)
                          WHERE state = {PROCESSING};"
                 )
             },
