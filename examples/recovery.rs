@@ -173,6 +173,10 @@ trait World: Send + Sync + 'static {
 
     /// One line on where things are kept.
     fn describe(&self) -> String;
+    /// What the order service's write is made of, for the log.
+    fn one_write(&self) -> &'static str;
+    /// What the broker does with a second publish of an event, for the log.
+    fn broker(&self) -> &'static str;
     /// The order service's idempotency store.
     fn store(&self) -> Self::Store;
     /// The ledger of unknown calls, shared by the gateway and the inventory service.
@@ -303,6 +307,15 @@ mod memory {
                 .to_owned()
         }
 
+        fn one_write(&self) -> &'static str {
+            "the order and its OrderCreated under one lock (no transaction in memory: the layer \
+             completes the idempotency record right after the handler)"
+        }
+
+        fn broker(&self) -> &'static str {
+            "the in-process broker delivers every publish, the second one included"
+        }
+
         fn store(&self) -> MemoryStore {
             self.store.clone()
         }
@@ -422,6 +435,345 @@ mod memory {
     }
 }
 
+#[cfg(all(feature = "postgres", feature = "nats"))]
+mod durable {
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    use super::*;
+    use surely::idempotency::store::PostgresStore;
+    use surely::inbox::{PostgresInbox, Versions};
+    use surely::ledger::PostgresLedger;
+    use surely::outbox::async_nats::{
+        self,
+        jetstream::{self, consumer, stream},
+    };
+    use surely::outbox::{JetStreamPublisher, PostgresOutbox};
+    use surely::postgres::Pool;
+    use tokio_stream::StreamExt;
+
+    /// How long the first contact with PostgreSQL or NATS may take.
+    const CONNECT: Duration = Duration::from_secs(5);
+    /// JetStream's duplicate window for the run's stream: shorter than a relay's lease, so that
+    /// a crashed relay's second publish is stored and delivered again, as it is in production
+    /// once a relay stays down past the window (2 minutes by default).
+    const DUPLICATE_WINDOW: Duration = Duration::from_millis(100);
+    /// The tables the crate's stores keep, after the run's prefix.
+    const STORE_TABLES: [&str; 5] = ["_idem", "_order_outbox", "_inv_outbox", "_inbox", "_ledger"];
+
+    /// Every store in PostgreSQL (tables of the run's own), NATS JetStream as the broker (a
+    /// stream of the run's own, a durable pull consumer per event kind).
+    pub(crate) struct PgWorld {
+        pg_url: String,
+        nats_url: String,
+        pool: Pool,
+        prefix: String,
+        store: PostgresStore,
+        ledger: PostgresLedger,
+        order_outbox: PostgresOutbox,
+        inventory_outbox: PostgresOutbox,
+        inbox: PostgresInbox,
+        js: jetstream::Context,
+        reserve: consumer::PullConsumer,
+        dispatch: consumer::PullConsumer,
+    }
+
+    impl PgWorld {
+        /// Connects to both, and makes the run's tables and stream; fails if either does not
+        /// answer.
+        pub(crate) async fn connect(pg_url: &str, nats_url: &str) -> Result<PgWorld, BoxError> {
+            let pool = surely::postgres::connect(pg_url)?;
+            let client = tokio::time::timeout(CONNECT, pool.get())
+                .await
+                .map_err(|_| format!("PostgreSQL at {pg_url} did not answer within {CONNECT:?}"))?
+                .map_err(|e| format!("PostgreSQL at {pg_url} did not answer: {}", chain(&e)))?;
+            let nats = tokio::time::timeout(CONNECT, async_nats::connect(nats_url))
+                .await
+                .map_err(|_| format!("NATS at {nats_url} did not answer within {CONNECT:?}"))?
+                .map_err(|e| format!("NATS at {nats_url} did not answer: {}", chain(&e)))?;
+            let js = jetstream::new(nats);
+            let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.subsec_nanos();
+            let prefix = format!("surely_rec_{}_{nanos}", std::process::id());
+            client
+                .batch_execute(&format!(
+                    "CREATE TABLE {prefix}_orders (id text NOT NULL, status text NOT NULL);
+                     CREATE TABLE {prefix}_stock (sku text PRIMARY KEY, qty bigint NOT NULL);
+                     INSERT INTO {prefix}_stock VALUES ('sku-42', {STOCK});
+                     CREATE TABLE {prefix}_reservations (event_id text NOT NULL, order_id text NOT NULL);"
+                ))
+                .await?;
+            let table = |suffix: &str| format!("{prefix}{suffix}");
+            let world = PgWorld {
+                pg_url: pg_url.to_owned(),
+                nats_url: nats_url.to_owned(),
+                store: PostgresStore::new(pool.clone()).with_table(&table("_idem"))?,
+                ledger: PostgresLedger::new(pool.clone()).with_table(&table("_ledger"))?,
+                order_outbox: PostgresOutbox::new(pool.clone())
+                    .with_table(&table("_order_outbox"))?,
+                inventory_outbox: PostgresOutbox::new(pool.clone())
+                    .with_table(&table("_inv_outbox"))?,
+                inbox: PostgresInbox::new(pool.clone()).with_table(&table("_inbox"))?,
+                reserve: consumer_of(&js, &prefix, "OrderCreated").await?,
+                dispatch: consumer_of(&js, &prefix, "InventoryReserved").await?,
+                js,
+                pool,
+                prefix,
+            };
+            world.store.migrate().await?;
+            world.ledger.migrate().await?;
+            world.order_outbox.migrate().await?;
+            world.inventory_outbox.migrate().await?;
+            world.inbox.migrate().await?;
+            Ok(world)
+        }
+
+        /// Drops the run's tables, their migration records and its stream; says what it
+        /// dropped.
+        pub(crate) async fn clean_up(&self) -> Result<String, BoxError> {
+            let p = &self.prefix;
+            let client = self.pool.get().await?;
+            client
+                .batch_execute(&format!(
+                    "DROP TABLE IF EXISTS {p}_orders, {p}_stock, {p}_reservations, {p}_idem,
+                         {p}_order_outbox, {p}_inv_outbox, {p}_inbox, {p}_inbox_versions,
+                         {p}_ledger_attempts, {p}_ledger"
+                ))
+                .await?;
+            let targets: Vec<String> = STORE_TABLES.iter().map(|t| format!("{p}{t}")).collect();
+            client
+                .execute(
+                    "DELETE FROM surely_migrations WHERE target = ANY($1)",
+                    &[&targets],
+                )
+                .await?;
+            self.js.delete_stream(p).await?;
+            Ok(format!("the tables {p}_* and the stream {p}"))
+        }
+
+        fn sql(&self, statement: &str) -> String {
+            statement.replace("{p}", &self.prefix)
+        }
+    }
+
+    /// A stream for the run (if it is not there yet), and a durable pull consumer of one kind.
+    async fn consumer_of(
+        js: &jetstream::Context,
+        name: &str,
+        kind: &str,
+    ) -> Result<consumer::PullConsumer, BoxError> {
+        let stream = js
+            .get_or_create_stream(stream::Config {
+                name: name.to_owned(),
+                subjects: vec![format!("{name}.>")],
+                duplicate_window: DUPLICATE_WINDOW,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("cannot make a JetStream stream (is JetStream on?): {e}"))?;
+        Ok(stream
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some(kind.to_lowercase()),
+                filter_subject: format!("{name}.{kind}"),
+                ack_wait: Duration::from_secs(10),
+                ..Default::default()
+            })
+            .await?)
+    }
+
+    /// The messages waiting for `consumer`: batches until one comes back empty.
+    async fn fetch(consumer: &consumer::PullConsumer) -> Result<Vec<jetstream::Message>, BoxError> {
+        let mut all = Vec::new();
+        loop {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(10)
+                .expires(Duration::from_millis(300))
+                .messages()
+                .await?;
+            let before = all.len();
+            while let Some(message) = batch.next().await {
+                all.push(message?);
+            }
+            if all.len() == before {
+                return Ok(all);
+            }
+        }
+    }
+
+    impl World for PgWorld {
+        type Store = PostgresStore;
+        type Outbox = PostgresOutbox;
+        type Publisher = JetStreamPublisher;
+        type Ledger = PostgresLedger;
+
+        fn describe(&self) -> String {
+            format!(
+                "PostgreSQL at {} (tables {}_*): PostgresStore, PostgresOutbox, PostgresInbox, \
+                 PostgresLedger; NATS JetStream at {} (stream {}, duplicate window {})",
+                self.pg_url,
+                self.prefix,
+                self.nats_url,
+                self.prefix,
+                ms(DUPLICATE_WINDOW)
+            )
+        }
+
+        fn one_write(&self) -> &'static str {
+            "the order, its OrderCreated and its idempotency record (complete_in) in one transaction"
+        }
+
+        fn broker(&self) -> &'static str {
+            "JetStream stores the second publish: the stream's duplicate window (100ms here) has passed"
+        }
+
+        fn store(&self) -> PostgresStore {
+            self.store.clone()
+        }
+
+        fn ledger(&self) -> PostgresLedger {
+            self.ledger.clone()
+        }
+
+        fn order_outbox(&self) -> PostgresOutbox {
+            self.order_outbox.clone()
+        }
+
+        fn inventory_outbox(&self) -> PostgresOutbox {
+            self.inventory_outbox.clone()
+        }
+
+        fn publisher(&self) -> JetStreamPublisher {
+            JetStreamPublisher::new(self.js.clone(), self.prefix.clone())
+        }
+
+        async fn create_order(
+            &self,
+            order: String,
+            ticket: Option<Ticket>,
+            reply: StoredResponse,
+        ) -> Result<(), BoxError> {
+            // One transaction: the order, its event, and the idempotency record completed.
+            let event = order_created(&order)?;
+            let insert = self.sql("INSERT INTO {p}_orders (id, status) VALUES ($1, $2)");
+            let mut client = self.pool.get().await?;
+            let txn = client.transaction().await?;
+            txn.execute(&insert, &[&order, &CREATED]).await?;
+            self.order_outbox.enqueue(&txn, &event).await?;
+            if let Some(ticket) = &ticket {
+                self.store.complete_in(&txn, ticket, &reply).await?;
+            }
+            txn.commit().await?;
+            Ok(())
+        }
+
+        async fn status(&self, order: String) -> Result<Option<String>, BoxError> {
+            let select = self.sql("SELECT status FROM {p}_orders WHERE id = $1 LIMIT 1");
+            let client = self.pool.get().await?;
+            let row = client.query_opt(&select, &[&order]).await?;
+            Ok(row.map(|r| r.get(0)))
+        }
+
+        async fn settle_status(&self, order: &str, to: &str) -> Result<bool, BoxError> {
+            let update =
+                self.sql("UPDATE {p}_orders SET status = $2 WHERE id = $1 AND status = $3");
+            let client = self.pool.get().await?;
+            Ok(client.execute(&update, &[&order, &to, &PENDING]).await? > 0)
+        }
+
+        async fn orders(&self) -> Result<Vec<String>, BoxError> {
+            let client = self.pool.get().await?;
+            let rows = client
+                .query(&self.sql("SELECT id FROM {p}_orders ORDER BY id"), &[])
+                .await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        }
+
+        async fn reservations(&self) -> Result<Vec<String>, BoxError> {
+            let client = self.pool.get().await?;
+            let rows = client
+                .query(&self.sql("SELECT event_id FROM {p}_reservations"), &[])
+                .await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        }
+
+        async fn stock(&self) -> Result<i64, BoxError> {
+            let client = self.pool.get().await?;
+            let row = client
+                .query_one(
+                    &self.sql("SELECT qty FROM {p}_stock WHERE sku = 'sku-42'"),
+                    &[],
+                )
+                .await?;
+            Ok(row.get(0))
+        }
+
+        async fn consume_orders(&self, report: fn(&Delivered)) -> Result<Vec<Delivered>, BoxError> {
+            let mut out = Vec::new();
+            for message in fetch(&self.reserve).await? {
+                let event = Event::from_nats(&message)?;
+                let order = order_of(&event);
+                let reserved = inventory_reserved(&order)?;
+                let id = event.id().as_str().to_owned();
+                let take = self.sql("UPDATE {p}_stock SET qty = qty - 1 WHERE sku = 'sku-42'");
+                let reserve =
+                    self.sql("INSERT INTO {p}_reservations (event_id, order_id) VALUES ($1, $2)");
+                let outbox = self.inventory_outbox.clone();
+                // The reservation, the inbox's record and InventoryReserved: one transaction,
+                // acknowledged after its commit.
+                let processed = self
+                    .inbox
+                    .process_jetstream(&message, "inventory", Versions::InOrder, move |txn| {
+                        Box::pin(async move {
+                            txn.execute(&take, &[]).await?;
+                            txn.execute(&reserve, &[&id, &order]).await?;
+                            outbox.enqueue(txn, &reserved).await?;
+                            Ok::<_, BoxError>(Bytes::from("reserved 1 x sku-42"))
+                        })
+                    })
+                    .await?;
+                let delivered = Delivered { event, processed };
+                report(&delivered);
+                out.push(delivered);
+            }
+            Ok(out)
+        }
+
+        async fn consume_reservations(
+            &self,
+            dispatch: Dispatch,
+            report: fn(&Delivered),
+        ) -> Result<Vec<Delivered>, BoxError> {
+            let mut out = Vec::new();
+            for message in fetch(&self.dispatch).await? {
+                let event = Event::from_nats(&message)?;
+                let order = order_of(&event);
+                let update = self.sql("UPDATE {p}_orders SET status = $2 WHERE id = $1");
+                let dispatch = dispatch.clone();
+                // The warehouse call happens inside the consumer's transaction: if the commit
+                // failed after it, the redelivery would call the warehouse again. That is the
+                // boundary the ledger is for.
+                let processed = self
+                    .inbox
+                    .process_jetstream(&message, "dispatch", Versions::InOrder, move |txn| {
+                        Box::pin(async move {
+                            let status = dispatch(order.clone()).await?;
+                            txn.execute(&update, &[&order, &status]).await?;
+                            Ok::<_, BoxError>(Bytes::from(status))
+                        })
+                    })
+                    .await?;
+                let delivered = Delivered { event, processed };
+                report(&delivered);
+                out.push(delivered);
+            }
+            Ok(out)
+        }
+
+        fn inbox_stats(&self) -> InboxStats {
+            self.inbox.stats()
+        }
+    }
+}
+
 // ----- fault injection ----------------------------------------------------------------------------
 
 /// An outbox as a relay that crashes sees it: it publishes its batch, and dies before it
@@ -519,8 +871,9 @@ async fn order_handler<W: World>(
             match world.create_order(order.clone(), ticket, stored).await {
                 Ok(()) => {
                     println!(
-                        "  orders     handler: order {order}, its OrderCreated and its idempotency record written (fence {fence}, after {})",
-                        ms(ORDER_WORK)
+                        "  orders     handler: order {order} written after {} (fence {fence}): {}",
+                        ms(ORDER_WORK),
+                        world.one_write()
                     );
                     reply(StatusCode::CREATED, body)
                 }
@@ -976,9 +1329,14 @@ impl<W: World> Chain<W> {
             "  {name:<10} restarted at once: {} (the crashed relay's lease holds them)",
             fmt_round(&round)
         );
-        tokio::time::sleep(RELAY_LEASE).await;
+        // A little past the lease: PostgreSQL's clock decides there.
+        tokio::time::sleep(RELAY_LEASE + Duration::from_millis(50)).await;
         let round = relay.run_once().await?;
-        println!("  {name:<10} after the lease: {}", fmt_round(&round));
+        println!(
+            "  {name:<10} after the lease: {}; {}",
+            fmt_round(&round),
+            self.world.broker()
+        );
         self.checks.check(
             round.published == 2,
             format!("{name}: the restarted relay published both events again"),
@@ -1593,6 +1951,12 @@ async fn main() {
 }
 
 #[cfg(all(feature = "postgres", feature = "nats"))]
-async fn durable(_: &str, _: &str) -> Result<bool, BoxError> {
-    Err("the PostgreSQL and JetStream mode is not written yet".into())
+async fn durable(postgres: &str, nats: &str) -> Result<bool, BoxError> {
+    let world = Arc::new(durable::PgWorld::connect(postgres, nats).await?);
+    let ran = story(world.clone()).await;
+    match world.clean_up().await {
+        Ok(what) => eprintln!("recovery: dropped {what}"),
+        Err(e) => eprintln!("recovery: could not clean up: {}", chain(&*e)),
+    }
+    ran
 }
