@@ -329,6 +329,10 @@ impl Evidence {
             });
         crate::retry::Query {
             key: self.key.as_deref().map(crate::record::BusinessKey::new),
+            operation: self
+                .operation
+                .as_deref()
+                .map(crate::record::Operation::named),
             semantics: self.semantics,
             attempts: self.attempts.len() as u32,
             last,

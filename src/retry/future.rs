@@ -22,7 +22,7 @@ use crate::classify::{
 use crate::context::Context;
 use crate::deadline::{self, codec, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::outcome::{budget_left_now, CallOutcome};
-use crate::record::{BusinessKey, CallTally, ResolutionRecord, RetryRecord, StopReason};
+use crate::record::{BusinessKey, CallTally, Operation, ResolutionRecord, RetryRecord, StopReason};
 use crate::{Envelope, Error, IntoError, Semantics};
 
 pin_project! {
@@ -107,8 +107,9 @@ struct Cold<Res, E> {
     // The outcome of the last attempt while a resolver is asked: the call's outcome if
     // nothing replaces it.
     last: Option<Result<Res, E>>,
-    // The business key, kept for a resolver.
+    // The business key and the operation, kept for a resolver.
     key: Option<BusinessKey>,
+    operation: Option<Operation>,
     // The idempotency key every attempt carries, for the call's outcome.
     idempotency_key: Option<HeaderValue>,
     // When the attempt in flight (or the resolver's query) started, when it is timed.
@@ -122,6 +123,7 @@ impl<Res, E> Cold<Res, E> {
             sleep: None,
             last: None,
             key: None,
+            operation: None,
             idempotency_key: None,
             started: None,
         })
@@ -142,18 +144,21 @@ where
         semantics: Semantics,
         template: Option<Req>,
         key: Option<BusinessKey>,
+        operation: Option<Operation>,
         idempotency_key: Option<HeaderValue>,
         mut service: S,
         config: Arc<Config<M, Z>>,
     ) -> Self {
         let learned = config.learned.is_some();
-        let cold = (key.is_some() || idempotency_key.is_some() || learned).then(|| {
-            let mut cold = Cold::new();
-            cold.key = key;
-            cold.idempotency_key = idempotency_key;
-            cold.started = learned.then(Instant::now);
-            cold
-        });
+        let cold = (key.is_some() || operation.is_some() || idempotency_key.is_some() || learned)
+            .then(|| {
+                let mut cold = Cold::new();
+                cold.key = key;
+                cold.operation = operation;
+                cold.idempotency_key = idempotency_key;
+                cold.started = learned.then(Instant::now);
+                cold
+            });
         // The first attempt's future is made last, in its place, so that it is not copied.
         ResponseFuture {
             classifier: Some(classifier),
@@ -268,6 +273,7 @@ where
                     if this.tally.outcome() == Some(Outcome::Unknown) {
                         let query = Query {
                             key: this.cold.as_mut().and_then(|c| c.key.take()),
+                            operation: this.cold.as_mut().and_then(|c| c.operation.take()),
                             semantics: this.tally.semantics(),
                             attempts: *this.attempts,
                             last: classification,

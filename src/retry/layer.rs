@@ -336,10 +336,10 @@ where
                 .extensions()
                 .is_none_or(|e| e.get::<NotReplayable>().is_none());
         let template = replayable.then(|| req.clone());
-        let key = if self.config.resolver.enabled() {
-            key_of(&req)
+        let (key, operation) = if self.config.resolver.enabled() {
+            (key_of(&req), req.operation())
         } else {
-            None
+            (None, None)
         };
         // Reads never carry a key that matters; for the others, the call's outcome names it.
         let idempotency_key = match semantics {
@@ -359,6 +359,7 @@ where
             semantics,
             template,
             key,
+            operation,
             idempotency_key,
             ready,
             self.config.clone(),

@@ -47,6 +47,9 @@ pub struct Query {
     /// The call's business key: a [`BusinessKey`] extension on the request, or its
     /// `Idempotency-Key`.
     pub key: Option<BusinessKey>,
+    /// What the call did ([`Operation`](crate::record::Operation)): which downstream to ask,
+    /// for a resolver (or a [reconciler](crate::ledger::Reconciler)) that serves several.
+    pub operation: Option<crate::record::Operation>,
     /// The request's semantics.
     pub semantics: Semantics,
     /// How many attempts were made.

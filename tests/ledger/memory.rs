@@ -54,6 +54,8 @@ async fn settled_calls_are_not_entries() {
     let ledger = MemoryLedger::new();
     let recorder = LedgerRecorder::new(ledger.clone());
     let found = |q: Query| async move {
+        // The resolver knows which downstream to ask.
+        assert_eq!(q.operation.unwrap().to_string(), "POST /orders");
         Resolution::Succeeded(http::Response::new(format!("{} exists", q.key.unwrap())))
     };
     let mut settled = unknown_client!(recorder.clone(), found);
@@ -509,4 +511,22 @@ async fn a_running_reconciler_settles_and_sweeps_until_stopped() {
         .is_unsettled());
     stop.send(()).unwrap();
     running.await.unwrap();
+}
+
+/// The reconciler's resolver is told the entry's operation: one reconciler can serve a ledger
+/// that several client stacks write to.
+#[tokio::test(start_paused = true)]
+async fn the_resolver_is_told_the_operation() {
+    let ledger = MemoryLedger::new();
+    record(&ledger, "r-1").await;
+    let by_operation = |q: Query| async move {
+        match q.operation.map(|o| o.to_string()).as_deref() {
+            Some("POST /reservations") => Resolution::Succeeded("the warehouse has it".to_owned()),
+            _ => Resolution::Unknown,
+        }
+    };
+    let mut reconciler = Reconciler::builder(ledger.clone(), by_operation)
+        .build()
+        .unwrap();
+    assert_eq!(reconciler.run_once().await.unwrap().succeeded, 1);
 }
