@@ -1417,7 +1417,7 @@ impl<W: World> Chain<W> {
     /// The reconciler's rounds, the manual queue, and the second reconciler.
     async fn reconcile(&mut self) -> Result<(), BoxError> {
         println!();
-        println!("   The reconciler asks by key: the order service for o-1, the warehouse's journal for the warehouse calls");
+        println!("   The reconciler asks by key, and by operation which downstream: the order service for o-1, the warehouse's journal for the warehouse calls");
         println!("   (the query times out after {}, {} unanswered queries go to the manual queue; entries unsettled", ms(QUERY_TIMEOUT), MAX_TRIES);
         println!(
             "   past {} are reported). Its next scheduled round is {} away.",
@@ -1789,7 +1789,10 @@ fn resolver(
             let Some(key) = q.key.map(|k| k.as_str().to_owned()) else {
                 return Resolution::Unknown;
             };
-            let uri = if key.starts_with("wh-") {
+            // One reconciler for the ledger both client stacks write to: the operation says
+            // which downstream to ask.
+            let operation = q.operation.map(|o| o.to_string());
+            let uri = if operation.as_deref() == Some("POST /reservations") {
                 format!("http://{warehouse}/journal/{key}")
             } else {
                 format!("http://{orders}/orders/{key}")
