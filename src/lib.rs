@@ -67,7 +67,7 @@
 //! assert_eq!(records.calls()[0].outcome, Outcome::Unknown);
 //! # }
 //! ```
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// `get_ref`, `get_mut` and `into_inner` for a service whose inner service `S` is in `inner`.
 macro_rules! inner_accessors {
