@@ -188,10 +188,7 @@ impl CallOutcome {
         };
         match out {
             Ok(res) => {
-                let replayed = res.headers().is_some_and(|h| {
-                    h.get(crate::idempotency::server::IDEMPOTENT_REPLAYED)
-                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
-                });
+                let replayed = is_replay(&*res);
                 if let Some(extensions) = res.extensions_mut() {
                     extensions.insert(call(replayed));
                 }
@@ -345,4 +342,12 @@ mod sealed {
     pub trait Sealed {}
     impl<B> Sealed for http::Response<B> {}
     impl<B, E> Sealed for Result<http::Response<B>, crate::Error<E>> {}
+}
+
+/// Whether a response is a server's stored result (`idempotent-replayed: true`).
+pub(crate) fn is_replay<Res: Envelope + ?Sized>(res: &Res) -> bool {
+    res.headers().is_some_and(|h| {
+        h.get(crate::idempotency::server::IDEMPOTENT_REPLAYED)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+    })
 }

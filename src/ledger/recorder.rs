@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
-use super::{Evidence, Ledger};
+use super::{Evidence, Ledger, Settlement, Verdict};
 use crate::classify::Outcome;
 use crate::record::{AttemptRecord, CallId, CallRecord, Recorder};
 
@@ -35,11 +35,29 @@ const MAX_FAILED: usize = 1_000;
 /// [`LedgerWrites::failed`], and kept for [`take_failed`](Self::take_failed) (the last 1 000):
 /// never dropped in silence.
 ///
+/// Asking again with the same key is itself a query: when a later call with an entry's key is
+/// answered with the server's stored result (`idempotent-replayed: true`, as surely's
+/// [`IdempotencyLayer`](crate::idempotency::server::IdempotencyLayer) answers), the first call
+/// took effect, and the recorder settles the key's unsettled entries as succeeded (through
+/// [`Ledger::settle_manually`], as the reconciler; counted in
+/// [`LedgerWrites::settled_by_replay`]). A success that is not a replay proves nothing about an
+/// earlier call, and settles nothing. The key must name one intent: a business key reused for
+/// another order would settle the wrong entry.
+///
 /// Clones share the writer.
 #[derive(Clone)]
 pub struct LedgerRecorder {
     shared: Arc<Shared>,
-    writes: mpsc::UnboundedSender<Evidence>,
+    writes: mpsc::UnboundedSender<Write>,
+}
+
+/// What the writer does.
+enum Write {
+    /// Records an unknown call.
+    Entry(Evidence),
+    /// A call with this key was answered with the server's stored result: settles the key's
+    /// unsettled entries as succeeded.
+    Replayed { key: String, call: u64 },
 }
 
 struct Shared {
@@ -48,6 +66,7 @@ struct Shared {
     written: AtomicU64,
     duplicate: AtomicU64,
     failed: AtomicU64,
+    settled_by_replay: AtomicU64,
     attempts_dropped: AtomicU64,
     failed_entries: Mutex<Vec<Evidence>>,
     /// Writes finished (written, duplicate or failed).
@@ -67,6 +86,9 @@ pub struct LedgerWrites {
     /// Entries that could not be written after every try: reported, and kept for
     /// [`LedgerRecorder::take_failed`].
     pub failed: u64,
+    /// Entries settled as succeeded because a later call with their key was answered with
+    /// the server's stored result.
+    pub settled_by_replay: u64,
     /// Attempt records not kept because too many calls were in flight.
     pub attempts_dropped: u64,
 }
@@ -94,6 +116,7 @@ impl LedgerRecorder {
             written: AtomicU64::new(0),
             duplicate: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            settled_by_replay: AtomicU64::new(0),
             attempts_dropped: AtomicU64::new(0),
             failed_entries: Mutex::new(Vec::new()),
             done: watch::channel(0).0,
@@ -119,6 +142,7 @@ impl LedgerRecorder {
             written: s.written.load(Ordering::SeqCst),
             duplicate: s.duplicate.load(Ordering::SeqCst),
             failed: s.failed.load(Ordering::SeqCst),
+            settled_by_replay: s.settled_by_replay.load(Ordering::SeqCst),
             attempts_dropped: s.attempts_dropped.load(Ordering::SeqCst),
         }
     }
@@ -162,12 +186,27 @@ impl Recorder for LedgerRecorder {
         let attempts = lock(&self.shared.attempts)
             .remove(&record.call)
             .unwrap_or_default();
+        if record.outcome == Outcome::Succeeded && record.replayed {
+            if let Some(key) = &record.key {
+                self.shared.queued.fetch_add(1, Ordering::SeqCst);
+                let replayed = Write::Replayed {
+                    key: key.as_str().to_owned(),
+                    call: record.call.get(),
+                };
+                if self.writes.send(replayed).is_err() {
+                    self.shared.done.send_modify(|n| *n += 1);
+                }
+            }
+            return;
+        }
         if record.outcome != Outcome::Unknown {
             return;
         }
         let evidence = Evidence::from_records(record, &attempts);
         self.shared.queued.fetch_add(1, Ordering::SeqCst);
-        if let Err(mpsc::error::SendError(evidence)) = self.writes.send(evidence) {
+        if let Err(mpsc::error::SendError(Write::Entry(evidence))) =
+            self.writes.send(Write::Entry(evidence))
+        {
             // The writer is gone (its runtime shut down): the entry cannot be written.
             tracing::error!(
                 entry = %evidence.id,
@@ -198,10 +237,18 @@ const MAX_WAIT: Duration = Duration::from_secs(5);
 
 async fn write(
     ledger: impl Ledger,
-    mut queue: mpsc::UnboundedReceiver<Evidence>,
+    mut queue: mpsc::UnboundedReceiver<Write>,
     shared: Arc<Shared>,
 ) {
-    while let Some(evidence) = queue.recv().await {
+    while let Some(write) = queue.recv().await {
+        let evidence = match write {
+            Write::Entry(evidence) => evidence,
+            Write::Replayed { key, call } => {
+                settle_replayed(&ledger, &key, call, &shared).await;
+                shared.done.send_modify(|n| *n += 1);
+                continue;
+            }
+        };
         let mut wait = FIRST_WAIT;
         let mut tries = 0;
         loop {
@@ -239,6 +286,41 @@ async fn write(
                     fail(&shared, evidence);
                     break;
                 }
+            }
+        }
+    }
+}
+
+/// Settles the unsettled entries of `key` as succeeded: call `call` with the same key was
+/// answered with the server's stored result, so an earlier call with it took effect. Best
+/// effort: an entry this cannot settle stays for the reconciler.
+async fn settle_replayed(ledger: &impl Ledger, key: &str, call: u64, shared: &Shared) {
+    let entries = match ledger.by_key(key).await {
+        Ok(entries) => entries,
+        Err(e) => {
+            tracing::warn!(key, error = %e, "ledger: could not look up the entries of a replayed key");
+            return;
+        }
+    };
+    for entry in entries.iter().filter(|e| e.state.is_unsettled()) {
+        let settlement = Settlement::reconciled(
+            Verdict::Succeeded,
+            format!(
+                "call-{call} with the same key was answered with the server's stored result \
+                 (idempotent-replayed): the call took effect"
+            ),
+        );
+        match ledger
+            .settle_manually(&entry.evidence.id, &settlement)
+            .await
+        {
+            Ok(settled) if settled.is_now() => {
+                shared.settled_by_replay.fetch_add(1, Ordering::SeqCst);
+                tracing::info!(entry = %entry.evidence.id, key, "ledger: settled by a replay of the same key");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(entry = %entry.evidence.id, key, error = %e, "ledger: could not settle an entry by its replay");
             }
         }
     }

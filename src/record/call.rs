@@ -136,6 +136,7 @@ where
             call,
             key,
             operation: req.operation(),
+            replayed: false,
             semantics,
             started,
             deadline_left: Deadline::earliest(
@@ -245,6 +246,8 @@ struct CallState<R, C> {
     call: CallId,
     key: Option<BusinessKey>,
     operation: Option<Operation>,
+    /// Whether the server answered with a stored result (`idempotent-replayed: true`).
+    replayed: bool,
     semantics: Semantics,
     started: Instant,
     deadline_left: Option<std::time::Duration>,
@@ -290,6 +293,7 @@ impl<R: Recorder, C> CallState<R, C> {
             resolution,
             retries: std::mem::take(&mut self.tally.retries),
             operation: self.operation.take(),
+            replayed: self.replayed,
         };
         self.span.in_scope(|| self.recorder.record_call(&rec));
         outcome
@@ -432,6 +436,7 @@ where
             Poll::Ready(out) => out.map_err(IntoError::into_error),
             Poll::Pending => return Poll::Pending,
         };
+        state.replayed = matches!(&out, Ok(res) if crate::outcome::is_replay(res));
         if let (Some(_), Ok(res)) = (state.tally.deferred, &out) {
             if res.extensions().and_then(|e| e.get::<Watch>()).is_some() {
                 // The last attempt is recorded when its body ends: so is the call, after it.

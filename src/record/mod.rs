@@ -338,6 +338,9 @@ pub struct CallRecord {
     pub retries: Vec<RetryRecord>,
     /// What the call did ([`Operation`]): an extension of the request, or its method and path.
     pub operation: Option<Operation>,
+    /// Whether the answer was the server's stored result for the call's idempotency key
+    /// (`idempotent-replayed: true`): an earlier call with the key took effect.
+    pub replayed: bool,
 }
 
 /// A retry the retry layer decided after an attempt.

@@ -530,3 +530,75 @@ async fn the_resolver_is_told_the_operation() {
         .unwrap();
     assert_eq!(reconciler.run_once().await.unwrap().succeeded, 1);
 }
+
+/// The caller asks again with the same key and the server answers with its stored result: the
+/// first call took effect, and its entry is settled without waiting for a reconciler.
+#[tokio::test(start_paused = true)]
+async fn a_replay_of_the_same_key_settles_its_entry() {
+    let ledger = MemoryLedger::new();
+    let recorder = LedgerRecorder::new(ledger.clone());
+    let placed = Arc::new(AtomicU32::new(0));
+    let count = placed.clone();
+    // The order service: places the order the first time, replays it after.
+    let service = tower::service_fn(move |_req: http::Request<String>| {
+        let first = count.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            let mut res = http::Response::new(String::from("o-8"));
+            if !first {
+                res.headers_mut().insert(
+                    surely::idempotency::server::IDEMPOTENT_REPLAYED,
+                    http::HeaderValue::from_static("true"),
+                );
+            }
+            Ok::<_, std::io::Error>(res)
+        }
+    });
+    // One attempt per call: the first reply is lost, and the call ends unknown.
+    let mut client = surely::client()
+        .recorder(recorder.clone())
+        .retry(|r| r.max_attempts(1))
+        .build(
+            tower::ServiceBuilder::new()
+                .layer(surely::fault::FaultLayer::new(
+                    surely::fault::Schedule::new().at(0, surely::fault::Fault::ResetAfterSend),
+                ))
+                .service(service),
+        )
+        .unwrap();
+    let keyed = || {
+        let mut req = order("o-8");
+        req.headers_mut().insert(
+            surely::IDEMPOTENCY_KEY,
+            http::HeaderValue::from_static("o-8"),
+        );
+        req
+    };
+    let err = crate::call(&mut client, keyed()).await.unwrap_err();
+    assert_eq!(err.outcome(), Outcome::Unknown);
+    recorder.flush().await;
+    assert_eq!(ledger.stats_now().open, 1);
+
+    let res = crate::call(&mut client, keyed()).await.unwrap();
+    assert!(surely::OutcomeExt::is_replayed(&res));
+    recorder.flush().await;
+    assert_eq!(recorder.writes().settled_by_replay, 1);
+    let entry = ledger.by_key("o-8").await.unwrap().remove(0);
+    let s = entry.settlement.unwrap();
+    assert_eq!(
+        (entry.state, s.verdict),
+        (EntryState::Settled, Verdict::Succeeded)
+    );
+    assert!(s.evidence.contains("stored result"), "{}", s.evidence);
+    assert_eq!(placed.load(Ordering::SeqCst), 2);
+
+    // A success that is not a replay proves nothing about an earlier call.
+    let other = Evidence::new("o-9", "POST /orders");
+    ledger.record(&other).await.unwrap();
+    let mut plain = answering_client!(recorder.clone(), 201);
+    crate::call(&mut plain, order("o-9")).await.unwrap();
+    recorder.flush().await;
+    assert_eq!(
+        ledger.get(&other.id).await.unwrap().unwrap().state,
+        EntryState::Open
+    );
+}
