@@ -16,6 +16,9 @@
 //!    to monitor.
 //! 7. [When nobody knows](unknowns): the ledger of unknown calls, who settles them and how
 //!    once, the manual queue, and what to monitor.
+//! 8. [Overload and recovery](overload): whether a system comes back after its trigger is
+//!    gone, and what deadline propagation, retry budgets and the breaker each contribute,
+//!    measured.
 //!
 //! Every example here is compiled and run as a test.
 
@@ -45,4 +48,8 @@ pub mod boundary {
 
 pub mod unknowns {
     #![doc = include_str!("unknowns.md")]
+}
+
+pub mod overload {
+    #![doc = include_str!("overload.md")]
 }
