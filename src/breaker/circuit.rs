@@ -14,7 +14,8 @@ use super::event::{BreakerEvent, BreakerEventKind, BreakerState, TransitionReaso
 use super::window::{Window, WindowCounts};
 use super::{
     DEFAULT_BREAK, DEFAULT_BREAK_MULTIPLIER, DEFAULT_FAILURE_RATIO, DEFAULT_HALF_OPEN_PROBES,
-    DEFAULT_JITTER, DEFAULT_MAX_BREAK, DEFAULT_MIN_THROUGHPUT, DEFAULT_WINDOW_CALLS,
+    DEFAULT_JITTER, DEFAULT_MAX_BREAK, DEFAULT_MIN_THROUGHPUT, DEFAULT_MIN_TIMEOUT_EVIDENCE,
+    DEFAULT_WINDOW_CALLS,
 };
 use crate::record::{Recorder, TracingRecorder};
 use crate::ConfigError;
@@ -86,6 +87,7 @@ struct Config {
     max_break: Duration,
     jitter: f64,
     probes: u32,
+    min_timeout_evidence: Duration,
 }
 
 struct Shared {
@@ -212,6 +214,12 @@ impl CircuitBreaker {
     }
 
     /// Whether the slow-call threshold is set, so a call must be timed.
+    /// Whether a timeout ended by the call's deadline, after the attempt was given `given`,
+    /// says nothing about the dependency.
+    pub(super) fn too_short_to_tell(&self, given: Duration) -> bool {
+        given < self.shared.config.min_timeout_evidence
+    }
+
     pub(super) fn times_calls(&self) -> bool {
         self.shared.config.slow_call.is_some()
     }
@@ -494,6 +502,7 @@ pub struct CircuitBreakerBuilder {
     jitter: f64,
     seed: Option<u64>,
     probes: u32,
+    min_timeout_evidence: Duration,
     recorder: Option<Arc<dyn Recorder + Send + Sync>>,
 }
 
@@ -511,6 +520,7 @@ impl Default for CircuitBreakerBuilder {
             jitter: DEFAULT_JITTER,
             seed: None,
             probes: DEFAULT_HALF_OPEN_PROBES,
+            min_timeout_evidence: DEFAULT_MIN_TIMEOUT_EVIDENCE,
             recorder: Some(Arc::new(TracingRecorder::new())),
         }
     }
@@ -581,6 +591,16 @@ impl CircuitBreakerBuilder {
     /// [`MAX_HALF_OPEN_PROBES`].
     pub fn half_open_probes(mut self, probes: u32) -> Self {
         self.probes = probes;
+        self
+    }
+
+    /// An attempt that the call's deadline ended counts as a failure only if it was given at
+    /// least this long (default 100 ms). A call refused by an open breaker waits out the break
+    /// if its deadline allows, so calls wake together when it ends, some with almost no budget
+    /// left; their attempts run out of time whatever the dependency's health, and counting them
+    /// would open the breaker again on every probe. Timeouts of the per-try limit always count.
+    pub fn min_timeout_evidence(mut self, given: Duration) -> Self {
+        self.min_timeout_evidence = given;
         self
     }
 
@@ -693,6 +713,7 @@ impl CircuitBreakerBuilder {
                     max_break: self.max_break,
                     jitter: self.jitter,
                     probes: self.probes,
+                    min_timeout_evidence: self.min_timeout_evidence,
                 },
                 slow: Mutex::new(Slow { reopens: 0, rng }),
                 recorder: self.recorder,

@@ -124,12 +124,18 @@ where
                             .class()
                             .is_health_failure(),
                     ),
-                    // Refusals that say nothing about the server: another breaker's, or a
-                    // deadline that left no time to send.
+                    // Refusals that say nothing about the server: another breaker's, a
+                    // deadline that left no time to send, or one that left the attempt too
+                    // little time to tell.
                     Err(e)
                         if e.is_circuit_open()
                             || e.deadline_exceeded()
-                                .is_some_and(|d| d.phase() == DeliveryPhase::NotSent) =>
+                                .is_some_and(|d| d.phase() == DeliveryPhase::NotSent)
+                            || e.elapsed().is_some_and(|t| {
+                                t.is_deadline()
+                                    && t.given()
+                                        .is_some_and(|g| permit.breaker.too_short_to_tell(g))
+                            }) =>
                     {
                         None
                     }

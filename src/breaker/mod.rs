@@ -61,9 +61,16 @@
 //! | break | 5 s, ×2 per failed probe up to 60 s, ±10% jitter | 5 s, fixed | 60 s, fixed |
 //! | half-open probes | 1 | 1 | 10 |
 //! | slow calls | off | — | off (60 s when on) |
+//! | a deadline's timeout counts | if the attempt was given 100 ms or more | always | always |
 //!
 //! Why these:
 //!
+//! * **A timeout the call's deadline set counts only after 100 ms.** A refused call waits out
+//!   the break when its deadline allows, so the calls refused in a break's last seconds all
+//!   wake when it ends, and the probe may go to one with a few milliseconds left. Its attempt
+//!   runs out of time whatever the dependency's health; counted, it reopens the breaker for a
+//!   longer break, again and again, and the breaker never closes (the `overload` example
+//!   found this). Such a probe now gives its place back to the next call.
 //! * **0.5**, like resilience4j and Hystrix, rather than Polly's 0.1: only health failures are
 //!   counted here (a 404 is not one), and retries with a budget already absorb a partial
 //!   failure; the breaker is for a dependency that is mostly down. At 0.1 a dependency that
@@ -172,3 +179,6 @@ pub const DEFAULT_MAX_BREAK: Duration = Duration::from_secs(60);
 pub const DEFAULT_JITTER: f64 = 0.1;
 /// The default number of half-open probes.
 pub const DEFAULT_HALF_OPEN_PROBES: u32 = 1;
+/// The default least time an attempt ended by the call's deadline must have been given for its
+/// timeout to count against the dependency.
+pub const DEFAULT_MIN_TIMEOUT_EVIDENCE: Duration = Duration::from_millis(100);

@@ -1,6 +1,7 @@
 //! Attempt timeout errors.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::classify::DeliveryPhase;
 
@@ -23,13 +24,34 @@ use crate::classify::DeliveryPhase;
 pub struct Elapsed {
     phase: DeliveryPhase,
     deadline: bool,
+    /// How long the attempt was given, in milliseconds; `u32::MAX` when unknown.
+    given_ms: u32,
 }
 
 impl Elapsed {
     /// A timeout that fired at `phase`; `deadline` says the call's deadline fired rather than
     /// the per-try timeout.
     pub fn new(phase: DeliveryPhase, deadline: bool) -> Self {
-        Elapsed { phase, deadline }
+        Elapsed {
+            phase,
+            deadline,
+            given_ms: u32::MAX,
+        }
+    }
+
+    /// The same timeout, saying how long the attempt was given (kept in whole milliseconds).
+    pub fn with_given(mut self, given: Duration) -> Self {
+        self.given_ms = u32::try_from(given.as_millis())
+            .unwrap_or(u32::MAX - 1)
+            .min(u32::MAX - 1);
+        self
+    }
+
+    /// How long the attempt was given before the timeout fired, to the millisecond, when the
+    /// timeout said. An attempt started with little of the call's budget left is given little:
+    /// its timeout says little about the server.
+    pub fn given(&self) -> Option<Duration> {
+        (self.given_ms != u32::MAX).then(|| Duration::from_millis(u64::from(self.given_ms)))
     }
 
     /// How far the request had got when the timeout fired.

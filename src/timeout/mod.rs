@@ -135,6 +135,7 @@ where
             per_try: self.per_try,
             deadline,
             by_deadline: false,
+            given: Duration::ZERO,
             progress,
             _error: PhantomData,
         }
@@ -153,6 +154,8 @@ pin_project! {
         deadline: Option<Deadline>,
         // Whether the armed timer is the call's deadline rather than the per-try timeout.
         by_deadline: bool,
+        // How long the armed timer gave the attempt.
+        given: Duration,
         progress: Option<Progress>,
         _error: PhantomData<fn() -> E>,
     }
@@ -184,6 +187,7 @@ where
             };
             let now = read.unwrap_or_else(Instant::now);
             *this.by_deadline = by_deadline;
+            *this.given = after;
             let limit = Deadline::after_from(now, after);
             let sleep = tokio::time::sleep_until(limit.instant());
             // This attempt ends by `limit`: an outer deadline layer needs no timer of its own.
@@ -208,7 +212,9 @@ where
             .progress
             .as_ref()
             .map_or(DeliveryPhase::Sent, Progress::phase);
-        Poll::Ready(Err(Elapsed::new(phase, *this.by_deadline).into()))
+        Poll::Ready(Err(Elapsed::new(phase, *this.by_deadline)
+            .with_given(*this.given)
+            .into()))
     }
 }
 

@@ -1090,3 +1090,50 @@ fn a_closure_recorder_hears_the_breaker() {
     assert_eq!(heard.len(), 2, "{heard:?}");
     assert!(heard[0].contains("isolated"), "{heard:?}");
 }
+
+/// An attempt the call's deadline ended after it was given little time says nothing about the
+/// dependency: it is not counted, and a half-open probe that ends so gives its place back. Given
+/// enough time, the same timeout counts.
+#[tokio::test(start_paused = true)]
+async fn a_timeout_with_too_little_budget_to_tell_is_not_counted() {
+    use surely::timeout::AttemptTimeoutLayer;
+    let rec = InMemoryRecorder::new();
+    let breaker = builder(&rec).build().unwrap();
+    let backend = Backend::new();
+    backend.delay(Duration::from_millis(300));
+    // The call's deadline, then the breaker, then attempts bounded by the deadline.
+    let with_budget = |budget: Duration| -> Svc {
+        BoxCloneService::new(
+            ServiceBuilder::new()
+                .layer(DeadlineLayer::new(budget).unwrap())
+                .layer(CircuitBreakerLayer::new(breaker.clone()))
+                .layer(AttemptTimeoutLayer::deadline_only())
+                .service(backend.service()),
+        )
+    };
+    let mut short = with_budget(Duration::from_millis(50));
+    for _ in 0..10 {
+        let err = call(&mut short).await.unwrap_err();
+        let elapsed = err.elapsed().expect("an attempt timeout");
+        assert!(elapsed.is_deadline());
+        assert_eq!(elapsed.given(), Some(Duration::from_millis(50)));
+    }
+    assert_eq!(breaker.window(), WindowCounts::default(), "none counted");
+    assert_eq!(breaker.state(), BreakerState::Closed);
+
+    // Given 200 ms, the dependency's 300 ms shows: counted, and the breaker opens.
+    let mut long = with_budget(Duration::from_millis(200));
+    for _ in 0..4 {
+        assert!(call(&mut long).await.unwrap_err().is_elapsed());
+    }
+    assert_eq!(breaker.state(), BreakerState::Open);
+
+    // After the break the dependency is healthy again. A probe with 50 ms left times out, and
+    // gives its place back instead of reopening the breaker; the next one closes it.
+    advance(BREAK).await;
+    backend.delay(Duration::from_millis(60));
+    assert!(call(&mut short).await.unwrap_err().is_elapsed());
+    assert_eq!(breaker.state(), BreakerState::HalfOpen);
+    assert_eq!(status(&mut long).await, 200);
+    assert_eq!(breaker.state(), BreakerState::Closed);
+}
