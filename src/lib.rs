@@ -111,6 +111,8 @@ pub mod outcome;
 pub mod postgres;
 pub mod pushback;
 pub mod record;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
 pub mod retry;
 mod semantics;
 pub mod timeout;

@@ -147,6 +147,10 @@ fn classify_known(
             }
         }
     }
+    #[cfg(feature = "reqwest")]
+    if let Some(e) = e.downcast_ref::<::reqwest::Error>() {
+        return Some(e.classify_error(phase));
+    }
     #[cfg(feature = "hyper")]
     {
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
@@ -182,6 +186,8 @@ fn classify_surely_error(
         hyper_util::client::legacy::Error,
         #[cfg(feature = "tonic")]
         tonic::transport::Error,
+        #[cfg(feature = "reqwest")]
+        ::reqwest::Error,
     );
     None
 }

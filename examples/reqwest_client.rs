@@ -1,0 +1,119 @@
+//! A `reqwest::Client` inside surely's client stack: a tiny order service on 127.0.0.1 loses
+//! some replies after committing, and the stack retries only what may be sent again.
+//!
+//! Run with `cargo run --features reqwest --example reqwest_client`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use surely::fault::{Fault, FaultLayer, Schedule};
+use surely::OutcomeExt;
+use tokio::net::TcpListener;
+use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    // The server: it commits every write it reads; its 2nd and 4th requests lose their reply.
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let committed = log.clone();
+    let handler = service_fn(move |req: Request<Incoming>| {
+        let committed = committed.clone();
+        async move {
+            let line = format!("{} {}", req.method(), req.uri().path());
+            let body = req.into_body().collect().await?.to_bytes();
+            committed.lock().unwrap().push(format!("{line} {body:?}"));
+            Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from("ok"))))
+        }
+    });
+    let faults = Schedule::new()
+        .at(1, Fault::ResetAfterSend)
+        .at(3, Fault::ResetAfterSend);
+    let server = ServiceBuilder::new()
+        .layer(FaultLayer::new(faults))
+        .service(handler);
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let svc = TowerToHyperService::new(server.clone());
+            tokio::spawn(async move {
+                let conn = hyper::server::conn::http1::Builder::new();
+                let _ = conn.serve_connection(TokioIo::new(stream), svc).await;
+            });
+        }
+    });
+
+    // The client: reqwest inside the stack, in one call.
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(500))
+        .build()?;
+    let client = surely::client::http()
+        .timeout(Duration::from_secs(3))
+        .per_try_timeout(Duration::from_secs(1))
+        .build(surely::reqwest::transport(http))?;
+
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let calls = [
+        ("GET", base.clone(), "a read"),
+        ("PUT", base.clone(), "reply lost: idempotent, sent again"),
+        ("POST", base.clone(), "reply lost: no key, not sent again"),
+        (
+            "POST",
+            format!("http://{nowhere}"),
+            "nothing listening: never sent",
+        ),
+    ];
+    for (method, base, what) in calls {
+        let body = if method == "GET" { "" } else { "qty=2" };
+        let path = if method == "POST" {
+            "/orders"
+        } else {
+            "/orders/o-1"
+        };
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("{base}{path}"))
+            .body(Full::new(Bytes::from(body)))?;
+        let started = tokio::time::Instant::now();
+        let (outcome, attempts, detail) = match client.clone().oneshot(req).await {
+            Ok(res) => {
+                let (outcome, attempts) = (res.outcome(), res.call_outcome().unwrap().attempts());
+                // Read the body as reqwest would.
+                let res = reqwest::Response::from(res.map(reqwest::Body::wrap));
+                let detail = format!("HTTP {}, {:?}", res.status(), res.text().await?);
+                (outcome, attempts, detail)
+            }
+            Err(err) => (
+                err.outcome(),
+                err.attempts(),
+                format!("{err}: {}", cause(&err)),
+            ),
+        };
+        println!(
+            "{method:<4} {what:<36} {:<9} after {attempts} attempt(s) in {:.0?} ({detail})",
+            outcome.as_str(),
+            started.elapsed(),
+        );
+    }
+
+    println!("\nthe server committed:");
+    for line in log.lock().unwrap().iter() {
+        println!("  {line}");
+    }
+    Ok(())
+}
+
+/// The innermost cause of an error: what reqwest's "error sending request" was about.
+fn cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut err = err;
+    while let Some(source) = err.source() {
+        err = source;
+    }
+    err.to_string()
+}
