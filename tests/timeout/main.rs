@@ -41,7 +41,11 @@ async fn the_per_try_timeout_fires() {
     assert!(err.is_elapsed());
     assert!(!err.is_deadline_exceeded());
     let elapsed = *err.elapsed().unwrap();
-    assert_eq!(elapsed, Elapsed::new(DeliveryPhase::Sent, false));
+    assert_eq!(
+        elapsed,
+        Elapsed::new(DeliveryPhase::Sent, false).with_given(ms(200))
+    );
+    assert_eq!(elapsed.given(), Some(ms(200)));
     assert_eq!(elapsed.phase(), DeliveryPhase::Sent);
     assert!(!elapsed.is_deadline());
     assert_eq!(err.local_phase(), Some(DeliveryPhase::Sent));
