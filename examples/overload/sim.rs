@@ -657,6 +657,14 @@ fn network(downstream: Downstream, metrics: Shared) -> Wire {
         async move {
             let mut res = Response::new(());
             *res.status_mut() = downstream.handle(req).await;
+            if res.status() == StatusCode::GATEWAY_TIMEOUT {
+                // Dropped at dequeue for its spent deadline: said as `ServerDeadlineLayer` says
+                // it on arrival, so the caller knows the handler never ran, and why.
+                res.headers_mut().insert(
+                    surely::classify::NOT_PROCESSED,
+                    http::HeaderValue::from_static("deadline"),
+                );
+            }
             Ok::<_, Infallible>(res)
         }
     });

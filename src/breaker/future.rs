@@ -117,13 +117,11 @@ where
                     return Poll::Ready(out);
                 };
                 let failure = match &out {
-                    Ok(res) => Some(
-                        classifier
-                            .classify_response(res)
-                            .at_head()
-                            .class()
-                            .is_health_failure(),
-                    ),
+                    // A refusal for the caller's spent deadline says nothing either way.
+                    Ok(res) => {
+                        let c = classifier.classify_response(res).at_head();
+                        (!c.is_deadline_refusal()).then(|| c.is_health_failure())
+                    }
                     // Refusals that say nothing about the server: another breaker's, a
                     // deadline that left no time to send, or one that left the attempt too
                     // little time to tell.
@@ -139,12 +137,10 @@ where
                     {
                         None
                     }
-                    Err(e) => Some(
-                        classifier
-                            .classify_error(e, DeliveryPhase::Sent)
-                            .class()
-                            .is_health_failure(),
-                    ),
+                    Err(e) => {
+                        let c = classifier.classify_error(e, DeliveryPhase::Sent);
+                        (!c.is_deadline_refusal()).then(|| c.is_health_failure())
+                    }
                 };
                 let mut now = None;
                 let failure = match (failure, *started, permit.breaker.slow_call()) {

@@ -26,8 +26,12 @@
 //! 500, 502, 504) counts as a failure; a success, a *final* answer (400, 404, 422) and a
 //! *conflict* (409) count as successes, since the server was well enough to answer them. With
 //! a [slow-call threshold](CircuitBreakerBuilder::slow_call_threshold), a call that answered but
-//! took longer counts as a failure too. Two refusals count as nothing: another breaker's
-//! [`CircuitOpen`], and a deadline that left no time to send. A call dropped before it ended
+//! took longer counts as a failure too. What says nothing about the dependency counts as
+//! nothing: another breaker's [`CircuitOpen`], a deadline that left no time to send, a timeout
+//! the call's deadline set on an attempt given less than
+//! [`min_timeout_evidence`](CircuitBreakerBuilder::min_timeout_evidence), and a server's refusal
+//! to start on a request whose deadline it found spent
+//! ([`Classification::is_deadline_refusal`](crate::classify::Classification::is_deadline_refusal)). A call dropped before it ended
 //! (its caller went away, a hedge lost) counts as nothing either.
 //!
 //! The failure rate is counted over a [`SlidingWindow`]: the last *n* calls, or the calls of

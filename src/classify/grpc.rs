@@ -135,7 +135,12 @@ fn classify_status_headers(headers: &HeaderMap, trailers_only: bool) -> Option<C
             .get(crate::pushback::GRPC_RETRY_PUSHBACK_MS)
             .map(crate::pushback::parse_grpc_pushback),
     };
-    Some(Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback))
+    let c = Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback);
+    if code != GrpcCode::OK && super::http::is_deadline_refusal(headers) {
+        Some(c.for_spent_deadline())
+    } else {
+        Some(c)
+    }
 }
 
 /// Classifies the head of a gRPC response whose HTTP status is 200: from `grpc-status` in the

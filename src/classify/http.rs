@@ -30,6 +30,11 @@ pub const NOT_PROCESSED: HeaderName = HeaderName::from_static("surely-not-proces
 /// | other 4xx | final |
 /// | 500, 502, 504, 503 without `Retry-After`, other 5xx | maybe committed |
 ///
+/// A refusal whose [`NOT_PROCESSED`] says `deadline` (the server found the request's deadline
+/// spent, or too short, before it started) is rejected too, and
+/// [marked](Classification::is_deadline_refusal) so that the circuit breaker does not count the
+/// caller's spent budget against the server's health.
+///
 /// Requests whose `content-type` starts with `application/grpc` are classified by gRPC status
 /// (see [`GrpcCode`](super::GrpcCode)): from the headers of a trailers-only response, else at
 /// the end of the stream ([`GrpcEos`]). A gRPC response with a non-200 HTTP status comes from a
@@ -115,8 +120,23 @@ impl HttpRequestClassifier {
             503 if retry_after.is_some() => AttemptClass::Rejected,
             _ => AttemptClass::MaybeCommitted,
         };
-        Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback)
+        let c = Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback);
+        if is_deadline_refusal(headers) {
+            c.for_spent_deadline()
+        } else {
+            c
+        }
     }
+}
+
+/// The `NOT_PROCESSED` value of a refusal for a spent deadline.
+pub(crate) const DEADLINE_REFUSAL: &str = "deadline";
+
+/// Whether `headers` say the server refused to start for the request's spent deadline.
+pub(crate) fn is_deadline_refusal(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(NOT_PROCESSED)
+        .is_some_and(|v| v.as_bytes() == DEADLINE_REFUSAL.as_bytes())
 }
 
 impl<B, E: ClassifyError> Classify<Response<B>, E> for HttpRequestClassifier {

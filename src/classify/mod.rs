@@ -65,6 +65,7 @@ mod error;
 mod func;
 mod grpc;
 mod http;
+pub(crate) use self::http::DEADLINE_REFUSAL;
 mod tally;
 
 pub(crate) use self::error::classify_dyn as error_chain;
@@ -225,6 +226,7 @@ pub struct Classification {
     class: AttemptClass,
     phase: DeliveryPhase,
     pushback: Option<Pushback>,
+    deadline_refusal: bool,
 }
 
 impl Classification {
@@ -234,6 +236,7 @@ impl Classification {
             class,
             phase,
             pushback: None,
+            deadline_refusal: false,
         }
     }
 
@@ -283,6 +286,35 @@ impl Classification {
     /// What the server asked about retrying, if anything.
     pub fn pushback(&self) -> Option<Pushback> {
         self.pushback
+    }
+
+    /// This classification, for a server's refusal to start on a request whose deadline it
+    /// found spent or too short (`surely-not-processed: deadline`, as
+    /// [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) answers): the caller's
+    /// budget, not the server's health, ended the attempt.
+    ///
+    /// ```
+    /// # use surely::classify::*;
+    /// let c = Classification::new(AttemptClass::Rejected, DeliveryPhase::ResponseStarted)
+    ///     .for_spent_deadline();
+    /// assert!(c.is_deadline_refusal());
+    /// assert!(!c.is_health_failure());
+    /// ```
+    pub fn for_spent_deadline(mut self) -> Self {
+        self.deadline_refusal = true;
+        self
+    }
+
+    /// Whether the server refused the attempt for its spent deadline.
+    pub fn is_deadline_refusal(&self) -> bool {
+        self.deadline_refusal
+    }
+
+    /// Whether the attempt says something about the server's health: its class is a
+    /// [health failure](AttemptClass::is_health_failure), and it is not a refusal for the
+    /// caller's spent deadline. The circuit breaker counts these.
+    pub fn is_health_failure(&self) -> bool {
+        self.class.is_health_failure() && !self.deadline_refusal
     }
 
     /// Whether this attempt may be retried for a request with these semantics. A server's

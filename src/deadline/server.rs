@@ -387,8 +387,10 @@ fn exceeded_response<B: Default>(grpc: bool) -> Response<B> {
         res
     };
     // The handler never ran: say so, or the client must assume it may have.
-    res.headers_mut()
-        .insert(NOT_PROCESSED, HeaderValue::from_static("deadline"));
+    res.headers_mut().insert(
+        NOT_PROCESSED,
+        HeaderValue::from_static(crate::classify::DEADLINE_REFUSAL),
+    );
     res
 }
 

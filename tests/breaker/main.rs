@@ -1137,3 +1137,37 @@ async fn a_timeout_with_too_little_budget_to_tell_is_not_counted() {
     assert_eq!(status(&mut long).await, 200);
     assert_eq!(breaker.state(), BreakerState::Closed);
 }
+
+/// A server that refused to start on a request whose deadline it found spent (as
+/// `ServerDeadlineLayer` answers: 504 with `surely-not-processed: deadline`) says nothing
+/// about its health: not counted. A plain 504 is.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_for_a_spent_deadline_is_not_counted() {
+    let rec = InMemoryRecorder::new();
+    let breaker = builder(&rec).build().unwrap();
+    let answer =
+        |marked: bool| -> Svc {
+            BoxCloneService::new(CircuitBreakerLayer::new(breaker.clone()).layer(
+                tower::service_fn(move |_req: Request<()>| async move {
+                    let mut res = Response::builder().status(504).body(()).unwrap();
+                    if marked {
+                        res.headers_mut().insert(
+                            surely::classify::NOT_PROCESSED,
+                            http::HeaderValue::from_static("deadline"),
+                        );
+                    }
+                    Ok::<_, std::io::Error>(res)
+                }),
+            ))
+        };
+    let mut refused = answer(true);
+    for _ in 0..10 {
+        assert_eq!(status(&mut refused).await, 504);
+    }
+    assert_eq!(breaker.window(), WindowCounts::default(), "none counted");
+    let mut failing = answer(false);
+    for _ in 0..4 {
+        assert_eq!(status(&mut failing).await, 504);
+    }
+    assert_eq!(breaker.state(), BreakerState::Open);
+}
