@@ -173,6 +173,43 @@ impl Operation {
     }
 }
 
+impl Operation {
+    /// Records the OpenTelemetry HTTP fields of an HTTP operation on `span` (the query is left
+    /// out of `url.full`: it may carry secrets).
+    pub(crate) fn record_http(&self, span: &tracing::Span) {
+        let OperationKind::Http(method, uri) = &self.0 else {
+            return;
+        };
+        span.record("http.request.method", method.as_str());
+        if let Some(host) = uri.host() {
+            span.record("server.address", host);
+            let port = uri.port_u16().or(match uri.scheme_str() {
+                Some("https") => Some(443),
+                Some("http") => Some(80),
+                _ => None,
+            });
+            if let Some(port) = port {
+                span.record("server.port", port);
+            }
+            // Host and port only: an authority's user information is a credential.
+            let scheme = uri.scheme_str().unwrap_or("http");
+            let path = uri.path();
+            match uri.port_u16() {
+                Some(port) => span.record(
+                    "url.full",
+                    tracing::field::display(format_args!("{scheme}://{host}:{port}{path}")),
+                ),
+                None => span.record(
+                    "url.full",
+                    tracing::field::display(format_args!("{scheme}://{host}{path}")),
+                ),
+            };
+        } else {
+            span.record("url.full", uri.path());
+        }
+    }
+}
+
 impl fmt::Display for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {

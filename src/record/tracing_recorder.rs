@@ -2,19 +2,25 @@ use tracing::field::Empty;
 
 use super::{AttemptRecord, BusinessKey, CallId, CallRecord, Recorder};
 use crate::breaker::{BreakerEvent, BreakerEventKind, BreakerState};
-use crate::classify::Outcome;
+use crate::classify::{AttemptClass, Outcome};
 use crate::outbox::RelayReport;
 use crate::Semantics;
 
 /// Records to [`tracing`]: a `surely.call` span per call and a `surely.attempt` span per attempt,
 /// each closed with an event carrying the record.
 ///
-/// Field names follow the OpenTelemetry semantic conventions where one exists
-/// (`http.request.resend_count`, `error.type`), and are
-/// prefixed `surely.` otherwise. Calls whose outcome is unknown are logged at `WARN`, other
-/// calls at `INFO`, attempts at `DEBUG`. A circuit breaker opening (or isolated) is logged at
-/// `WARN`, its other state changes at `INFO`, its refusals at `DEBUG`. A call's event carries
-/// `surely.retry_wait_ms`, the time its retries spent waiting (backoff and pushback).
+/// Field names follow the OpenTelemetry HTTP client semantic conventions where one exists
+/// (`http.request.method`, `url.full` with its query left out, `server.address`,
+/// `server.port`, `http.request.resend_count`, `error.type`), and are prefixed `surely.`
+/// otherwise. The call span's `surely.semantics` is what the call was treated as (a POST a key
+/// layer made keyed says `Keyed`).
+///
+/// Levels: calls whose outcome is unknown are logged at `WARN`, other calls at `INFO`. An
+/// attempt that failed (and so was retried, or ended the call) or was a hedge is `INFO`, with
+/// `error.type` its timeout, cancellation or class; a plain successful attempt is `DEBUG`. A
+/// circuit breaker opening (or isolated) is logged at `WARN`, its other state changes at
+/// `INFO`, its refusals at `DEBUG`. A call's event carries `surely.retry_wait_ms`, the time
+/// its retries spent waiting (backoff and pushback).
 ///
 /// ```
 /// use surely::record::{RecordCallLayer, TracingRecorder};
@@ -45,6 +51,10 @@ impl Recorder for TracingRecorder {
             surely.call_id = call.get(),
             surely.key = key.map(BusinessKey::as_str),
             surely.semantics = ?semantics,
+            http.request.method = Empty,
+            url.full = Empty,
+            server.address = Empty,
+            server.port = Empty,
             surely.attempts = Empty,
             surely.outcome = Empty,
             surely.stop_reason = Empty,
@@ -79,24 +89,46 @@ impl Recorder for TracingRecorder {
         if r.hedge {
             span.record("surely.hedge", true);
         }
-        if r.timeout.is_some() {
-            span.record("error.type", "timeout");
+        let error_type = if r.timeout.is_some() {
+            Some("timeout")
         } else if r.cancelled {
-            span.record("error.type", "cancelled");
+            Some("cancelled")
+        } else if r.class() != AttemptClass::Success {
+            Some(r.class().as_str())
+        } else {
+            None
+        };
+        if let Some(error_type) = error_type {
+            span.record("error.type", error_type);
         }
-        tracing::debug!(
-            surely.attempt = r.attempt,
-            surely.deadline_left_ms = r.deadline_left.map(|d| d.as_millis() as u64),
-            surely.duration_ms = r.duration().as_millis() as u64,
-            surely.phase = r.phase().as_str(),
-            surely.class = r.class().as_str(),
-            "attempt ended"
-        );
+        macro_rules! attempt_ended {
+            ($level:ident) => {
+                tracing::$level!(
+                    surely.attempt = r.attempt,
+                    surely.deadline_left_ms = r.deadline_left.map(|d| d.as_millis() as u64),
+                    surely.duration_ms = r.duration().as_millis() as u64,
+                    surely.phase = r.phase().as_str(),
+                    surely.class = r.class().as_str(),
+                    error.type = error_type,
+                    surely.hedge = r.hedge,
+                    "attempt ended"
+                )
+            };
+        }
+        if error_type.is_some() || r.hedge {
+            attempt_ended!(info);
+        } else {
+            attempt_ended!(debug);
+        }
     }
 
     fn record_call(&self, r: &CallRecord) {
         let retry_wait_ms: u64 = r.retries.iter().map(|x| x.wait.as_millis() as u64).sum();
         let span = tracing::Span::current();
+        span.record("surely.semantics", tracing::field::debug(r.semantics));
+        if let Some(op) = &r.operation {
+            op.record_http(&span);
+        }
         span.record("surely.attempts", r.attempts);
         span.record("surely.outcome", r.outcome.as_str());
         span.record("surely.stop_reason", r.stop.as_str());

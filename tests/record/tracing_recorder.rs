@@ -66,7 +66,9 @@ async fn an_unknown_call_has_a_call_span_an_attempt_span_and_a_warning() {
         .collect();
     assert_eq!(ended.len(), 1);
     let e = ended[0];
-    assert_eq!(e.level, Level::DEBUG);
+    // A failed attempt is seen at INFO; a plain success stays at DEBUG.
+    assert_eq!(e.level, Level::INFO);
+    assert_eq!(e.field("error.type"), Some("timeout"));
     assert_eq!(e.span, Some(*attempt_index));
     assert_eq!(e.field("surely.deadline_left_ms"), Some("2000"));
     assert_eq!(e.field("surely.duration_ms"), Some("500"));
@@ -168,4 +170,43 @@ async fn a_cancelled_attempt_says_so() {
     assert_eq!(attempt_span.field("error.type"), Some("cancelled"));
     assert_eq!(call_span.field("surely.stop_reason"), Some("cancelled"));
     assert_eq!(call_span.field("surely.outcome"), Some("unknown"));
+}
+
+/// The call span carries the OpenTelemetry HTTP client fields (no query, no credentials in the
+/// URL) and the semantics the call was treated as; a plain successful attempt stays at DEBUG.
+#[tokio::test(start_paused = true)]
+async fn the_call_span_has_the_http_fields_and_the_semantics_used() {
+    let capture = Capture::default();
+    let _guard = capture.install();
+
+    let mut client = ServiceBuilder::new()
+        .layer(RecordCallLayer::new(TracingRecorder::new()))
+        .layer(surely::idempotency::IdempotencyKeyLayer::new().server_honours_keys())
+        .layer(RecordAttemptLayer::new(TracingRecorder::new()))
+        .service(Script::new().answer(201, &[], ms(0)));
+    let req = Request::post("https://ann:s3cret@orders.example.com:8443/orders?token=abc")
+        .body(String::new())
+        .unwrap();
+    call(&mut client, req).await.unwrap();
+
+    let got = capture.get();
+    let (_, call_span) = got.spans_named("surely.call").remove(0);
+    assert_eq!(call_span.field("http.request.method"), Some("POST"));
+    assert_eq!(
+        call_span.field("url.full"),
+        Some("https://orders.example.com:8443/orders")
+    );
+    assert_eq!(
+        call_span.field("server.address"),
+        Some("orders.example.com")
+    );
+    assert_eq!(call_span.field("server.port"), Some("8443"));
+    assert_eq!(call_span.field("surely.semantics"), Some("Keyed"));
+    let ended: Vec<_> = got
+        .events
+        .iter()
+        .filter(|e| e.field("message") == Some("attempt ended"))
+        .collect();
+    assert_eq!(ended[0].level, Level::DEBUG);
+    assert_eq!(ended[0].field("error.type"), None);
 }
