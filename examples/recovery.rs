@@ -11,7 +11,8 @@
 //!    `LedgerRecorder` writes the call to the UNKNOWN ledger. Meanwhile a monitor reports the
 //!    idempotency record still `PROCESSING` past its limit.
 //! 2. **Asking again is the query.** The caller sends the same request with the same key: the
-//!    idempotency layer replays the stored `201`; there is still one order. Order `o-2` is then
+//!    idempotency layer replays the stored `201`; there is still one order, and the replay
+//!    settles the gateway's ledger entry for `o-1`. Order `o-2` is then
 //!    placed without trouble.
 //! 3. **Across the asynchronous boundary.** The order service's relay publishes both
 //!    `OrderCreated`s and crashes before it marks them; after its lease, a new relay publishes
@@ -23,8 +24,9 @@
 //!    `POST`, no key, no idempotent query): the warehouse commits, and its reply comes after
 //!    the attempt's timeout. The call is **unknown** and is not sent again; the order goes to
 //!    `PENDING_CONFIRMATION`, and the inventory service's own `LedgerRecorder` writes the call
-//!    to the same ledger. A reconciler settles `o-1`'s entries from the order service and the
-//!    warehouse's journal (asked over HTTP by key); `o-2`'s journal never answers, so its entry
+//!    to the same ledger. A reconciler settles `o-1`'s warehouse call from the warehouse's
+//!    journal (asked over HTTP by key; the order service would answer for an order entry that
+//!    no replay settled); `o-2`'s journal never answers, so its entry
 //!    goes to the manual queue, where a person settles it, saying who and why. A second
 //!    reconciler finds nothing left to do, and the verdicts stay as they were.
 //!
@@ -1272,6 +1274,21 @@ impl<W: World> Chain<W> {
             matches!(&got.got, Ok((StatusCode::CREATED, _, body)) if body == "o-1"),
             "step 2: the replay is the stored 201 for o-1",
         );
+        // The replay proves the first call took effect: the gateway's recorder settles its
+        // ledger entry, without waiting for the reconciler.
+        self.ledger_records.flush().await;
+        let entries = self.world.ledger().by_key("o-1").await?;
+        for e in &entries {
+            let how = e.settlement.as_ref().map_or_else(
+                || "not settled".to_owned(),
+                |s| format!("settled {}: {}", s.verdict.as_str(), s.evidence),
+            );
+            println!("  ledger     entry {} for key o-1: {}", e.evidence.id, how);
+        }
+        self.checks.check(
+            entries.len() == 1 && entries[0].state == EntryState::Settled,
+            "step 2: the replay settled the ledger entry of o-1",
+        );
         println!("   Then order o-2, without trouble.");
         let req = post(format!("http://{}/orders", self.orders), "o-2", "o-2", true)?;
         let got = answer(gateway.ready().await?.call(req).await).await;
@@ -1417,7 +1434,7 @@ impl<W: World> Chain<W> {
     /// The reconciler's rounds, the manual queue, and the second reconciler.
     async fn reconcile(&mut self) -> Result<(), BoxError> {
         println!();
-        println!("   The reconciler asks by key, and by operation which downstream: the order service for o-1, the warehouse's journal for the warehouse calls");
+        println!("   The reconciler asks by key, and by operation which downstream: the warehouse's journal for the warehouse calls (o-1's entry was settled by its replay)");
         println!("   (the query times out after {}, {} unanswered queries go to the manual queue; entries unsettled", ms(QUERY_TIMEOUT), MAX_TRIES);
         println!(
             "   past {} are reported). Its next scheduled round is {} away.",
