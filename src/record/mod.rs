@@ -69,10 +69,14 @@ mod tally;
 mod trailers;
 
 pub(crate) use self::tally::CallTally;
+#[cfg(feature = "opentelemetry")]
+mod otel;
 mod tracing_recorder;
 
 pub use self::attempt::{AttemptFuture, RecordAttempt, RecordAttemptLayer};
 pub use self::call::{CallFuture, RecordCall, RecordCallLayer};
+#[cfg(feature = "opentelemetry")]
+pub use self::otel::OtelRecorder;
 pub use self::tracing_recorder::TracingRecorder;
 #[cfg(feature = "tonic")]
 pub(crate) use self::trailers::{watch_response, WantsTrailers, WatchedBody as TrailersBody};

@@ -1,0 +1,265 @@
+//! Metrics through the OpenTelemetry metrics API.
+
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
+use opentelemetry::KeyValue;
+
+use super::{AttemptRecord, CallRecord, OperationKind, Recorder, StopReason};
+use crate::breaker::{BreakerEvent, BreakerEventKind};
+
+/// Bucket bounds of the call duration histogram, in seconds: those the OpenTelemetry HTTP
+/// semantic conventions advise for `http.client.request.duration`, extended to 60 s because a
+/// call with retries lasts up to its deadline (10 s by default, often more).
+const DURATION_BOUNDS: [f64; 17] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 15.0, 30.0,
+    60.0,
+];
+
+/// Records to the [OpenTelemetry metrics API](opentelemetry::metrics): counters and a histogram
+/// an operator can alert on, the rate of calls whose outcome is *unknown* first.
+///
+/// The instruments are made once, by [`new`](Self::new), from the [`Meter`] you give; every
+/// record then adds to them with attributes whose values are static strings, so recording
+/// allocates nothing beyond what the SDK does. Combine it with [`TracingRecorder`] as a pair,
+/// `(TracingRecorder::new(), OtelRecorder::new(&meter))`, to get spans and logs as well.
+///
+/// # Why the OpenTelemetry API, and not the `metrics` facade
+///
+/// Both separate the code that records from the code that exports. The OpenTelemetry API is
+/// the vendor-neutral standard: its data model (histograms with explicit buckets, units,
+/// descriptions, typed attributes) is what the OTLP collector, Prometheus (natively or through
+/// the collector) and every commercial backend read, and its semantic conventions give the
+/// names that dashboards already know (`http.request.method`, `error.type`). The `metrics`
+/// facade is smaller, but its exporters each define their own data model, and a service that
+/// already runs an OpenTelemetry SDK for its traces would need a bridge to see surely's
+/// numbers next to them. Behind the `opentelemetry` feature, the crate depends only on the API
+/// crate (no SDK, no exporter): the application chooses those.
+///
+/// # Instruments
+///
+/// | name | kind, unit | attributes | from |
+/// | --- | --- | --- | --- |
+/// | `surely.client.call.duration` | histogram, `s` | `surely.outcome`, `surely.stop_reason`, `http.request.method` | each call |
+/// | `surely.client.calls` | counter, `{call}` | the same | each call |
+/// | `surely.client.attempts` | counter, `{attempt}` | `surely.class`, `surely.phase` | each attempt |
+/// | `surely.client.retries` | counter, `{retry}` | `surely.retry.pushback`, `http.request.method` | each retry the retry layer decided |
+/// | `surely.client.hedges` | counter, `{hedge}` | `surely.class`, `surely.hedge.won` | each hedge sent |
+/// | `surely.client.budget.refusals` | counter, `{call}` | `http.request.method` | each call whose retry the budget refused |
+/// | `surely.client.breaker.transitions` | counter, `{transition}` | `surely.breaker`, `surely.breaker.from`, `surely.breaker.to` | each state change |
+/// | `surely.client.breaker.rejections` | counter, `{call}` | `surely.breaker`, `surely.breaker.state` | each refused call |
+/// | `surely.client.breaker.state` | gauge, `1` | `surely.breaker`, `surely.breaker.state` | 1 for the state entered, 0 for the one left |
+///
+/// The attribute values are the records' own names ([`Outcome::as_str`], [`StopReason::as_str`],
+/// [`AttemptClass::as_str`], [`DeliveryPhase::as_str`], [`BreakerState::as_str`]), the same as
+/// in [`TracingRecorder`]'s fields. `http.request.method` is set when the call's
+/// [`Operation`](super::Operation) is an HTTP request, as the semantic conventions say: a known
+/// method by its name, any other as `_OTHER`. `surely.breaker` is the breaker's name, or `-`.
+///
+/// The duration is the whole logical call, retries and their waits included, which is why it is
+/// not named `http.client.request.duration` (one HTTP request each, in the conventions): an
+/// attempt is that. A breaker's state gauge says nothing until its first state change; a
+/// breaker reports to the recorder given to its own builder
+/// ([`CircuitBreakerBuilder::recorder`](crate::breaker::CircuitBreakerBuilder::recorder)).
+///
+/// ```
+/// use surely::record::{OtelRecorder, TracingRecorder};
+///
+/// // The application's meter provider, installed with `opentelemetry::global::set_meter_provider`
+/// // (without one, the global meter records nothing).
+/// let meter = opentelemetry::global::meter("orders-service");
+/// let recorder = (TracingRecorder::new(), OtelRecorder::new(&meter));
+///
+/// let transport = tower::service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::io::Error>(http::Response::new(String::from("created")))
+/// });
+/// let client = surely::client().recorder(recorder).build(transport).unwrap();
+/// # let _ = client;
+/// ```
+///
+/// [`TracingRecorder`]: super::TracingRecorder
+/// [`Outcome::as_str`]: crate::classify::Outcome::as_str
+/// [`AttemptClass::as_str`]: crate::classify::AttemptClass::as_str
+/// [`DeliveryPhase::as_str`]: crate::classify::DeliveryPhase::as_str
+/// [`BreakerState::as_str`]: crate::breaker::BreakerState::as_str
+#[derive(Clone, Debug)]
+pub struct OtelRecorder {
+    call_duration: Histogram<f64>,
+    calls: Counter<u64>,
+    attempts: Counter<u64>,
+    retries: Counter<u64>,
+    hedges: Counter<u64>,
+    budget_refusals: Counter<u64>,
+    breaker_transitions: Counter<u64>,
+    breaker_rejections: Counter<u64>,
+    breaker_state: Gauge<u64>,
+}
+
+impl OtelRecorder {
+    /// Makes the instruments from `meter`.
+    pub fn new(meter: &Meter) -> Self {
+        OtelRecorder {
+            call_duration: meter
+                .f64_histogram("surely.client.call.duration")
+                .with_unit("s")
+                .with_description("How long logical calls took, retries included.")
+                .with_boundaries(DURATION_BOUNDS.to_vec())
+                .build(),
+            calls: meter
+                .u64_counter("surely.client.calls")
+                .with_unit("{call}")
+                .with_description("Logical calls, by outcome and stop reason.")
+                .build(),
+            attempts: meter
+                .u64_counter("surely.client.attempts")
+                .with_unit("{attempt}")
+                .with_description("Attempts, by class and how far they got.")
+                .build(),
+            retries: meter
+                .u64_counter("surely.client.retries")
+                .with_unit("{retry}")
+                .with_description("Retries the retry layer decided.")
+                .build(),
+            hedges: meter
+                .u64_counter("surely.client.hedges")
+                .with_unit("{hedge}")
+                .with_description("Hedged attempts sent.")
+                .build(),
+            budget_refusals: meter
+                .u64_counter("surely.client.budget.refusals")
+                .with_unit("{call}")
+                .with_description("Calls that stopped because the retry budget refused a retry.")
+                .build(),
+            breaker_transitions: meter
+                .u64_counter("surely.client.breaker.transitions")
+                .with_unit("{transition}")
+                .with_description("Circuit breaker state changes.")
+                .build(),
+            breaker_rejections: meter
+                .u64_counter("surely.client.breaker.rejections")
+                .with_unit("{call}")
+                .with_description("Calls a circuit breaker refused.")
+                .build(),
+            breaker_state: meter
+                .u64_gauge("surely.client.breaker.state")
+                .with_unit("1")
+                .with_description("1 for a circuit breaker's current state, 0 for the others.")
+                .build(),
+        }
+    }
+}
+
+/// The `http.request.method` value: a known method's name, `_OTHER` for any other, as the
+/// semantic conventions say (and so no allocation).
+fn method_name(method: &http::Method) -> &'static str {
+    match *method {
+        http::Method::GET => "GET",
+        http::Method::POST => "POST",
+        http::Method::PUT => "PUT",
+        http::Method::DELETE => "DELETE",
+        http::Method::PATCH => "PATCH",
+        http::Method::HEAD => "HEAD",
+        http::Method::OPTIONS => "OPTIONS",
+        http::Method::CONNECT => "CONNECT",
+        http::Method::TRACE => "TRACE",
+        _ => "_OTHER",
+    }
+}
+
+fn method_of(record: &CallRecord) -> Option<&'static str> {
+    match &record.operation.as_ref()?.0 {
+        OperationKind::Http(method, _) => Some(method_name(method)),
+        OperationKind::Named(_) => None,
+    }
+}
+
+impl Recorder for OtelRecorder {
+    fn record_attempt(&self, record: &AttemptRecord) {
+        let class = record.class().as_str();
+        self.attempts.add(
+            1,
+            &[
+                KeyValue::new("surely.class", class),
+                KeyValue::new("surely.phase", record.phase().as_str()),
+            ],
+        );
+        if record.hedge {
+            self.hedges.add(
+                1,
+                &[
+                    KeyValue::new("surely.class", class),
+                    KeyValue::new("surely.hedge.won", !record.cancelled),
+                ],
+            );
+        }
+    }
+
+    fn record_call(&self, record: &CallRecord) {
+        // The method first, so that the attributes without it are a suffix of the array and
+        // those with the method only a prefix: no allocation.
+        let method = method_of(record);
+        let from = usize::from(method.is_none());
+        let with_method = usize::from(method.is_some());
+        let attrs = [
+            KeyValue::new("http.request.method", method.unwrap_or("")),
+            KeyValue::new("surely.outcome", record.outcome.as_str()),
+            KeyValue::new("surely.stop_reason", record.stop.as_str()),
+        ];
+        let attrs = &attrs[from..];
+        self.call_duration
+            .record(record.duration().as_secs_f64(), attrs);
+        self.calls.add(1, attrs);
+
+        if record.stop == StopReason::BudgetExhausted {
+            self.budget_refusals.add(1, &attrs[..with_method]);
+        }
+        let pushed = record.retries.iter().filter(|r| r.pushback).count() as u64;
+        let backoff = record.retries.len() as u64 - pushed;
+        for (count, pushback) in [(backoff, false), (pushed, true)] {
+            if count > 0 {
+                let retry = [
+                    KeyValue::new("surely.retry.pushback", pushback),
+                    KeyValue::new("http.request.method", method.unwrap_or("")),
+                ];
+                self.retries.add(count, &retry[..1 + with_method]);
+            }
+        }
+    }
+
+    fn record_breaker(&self, event: &BreakerEvent) {
+        let name = KeyValue::new(
+            "surely.breaker",
+            event
+                .breaker
+                .clone()
+                .map_or_else(|| opentelemetry::Value::from("-"), Into::into),
+        );
+        match event.kind {
+            BreakerEventKind::Transition { from, to, .. } => {
+                self.breaker_transitions.add(
+                    1,
+                    &[
+                        name.clone(),
+                        KeyValue::new("surely.breaker.from", from.as_str()),
+                        KeyValue::new("surely.breaker.to", to.as_str()),
+                    ],
+                );
+                self.breaker_state.record(
+                    0,
+                    &[
+                        name.clone(),
+                        KeyValue::new("surely.breaker.state", from.as_str()),
+                    ],
+                );
+                self.breaker_state.record(
+                    1,
+                    &[name, KeyValue::new("surely.breaker.state", to.as_str())],
+                );
+            }
+            BreakerEventKind::Rejected { state, .. } => {
+                self.breaker_rejections.add(
+                    1,
+                    &[name, KeyValue::new("surely.breaker.state", state.as_str())],
+                );
+            }
+        }
+    }
+}
