@@ -4,6 +4,9 @@
 #![cfg(feature = "opentelemetry")]
 
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Request, Response};
 use opentelemetry::metrics::MeterProvider as _;
@@ -11,8 +14,10 @@ use opentelemetry::KeyValue;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, Metric, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, SdkMeterProvider};
 use surely::breaker::CircuitBreaker;
+use surely::budget::TokenBucket;
 use surely::classify::Outcome;
 use surely::fault::{Fault, FaultLayer, Schedule};
+use surely::hedge::{HedgeDelay, HedgeLayer};
 use surely::record::{InMemoryRecorder, OtelRecorder, TracingRecorder};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
@@ -305,5 +310,81 @@ async fn a_breaker_opening_and_its_refusals_are_counted() {
     assert_eq!(
         metrics.histogram_count("surely.client.call.duration", &[]),
         3
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_that_won_is_counted() {
+    let metrics = Metrics::new();
+    // The first attempt is slow; the hedge sent after 50 ms answers at once.
+    let sent = Arc::new(AtomicUsize::new(0));
+    let transport = service_fn(move |_req: Request<String>| {
+        let n = sent.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Ok::<_, io::Error>(Response::new(format!("answer {n}")))
+        }
+    });
+    let mut client = surely::client()
+        .hedge(HedgeLayer::builder().delay(HedgeDelay::fixed(Duration::from_millis(50))))
+        .recorder(metrics.recorder())
+        .build(transport)
+        .unwrap();
+
+    let res = call(&mut client, get()).await.unwrap();
+    assert_eq!(res.body(), "answer 1");
+
+    assert_eq!(
+        metrics.count(
+            "surely.client.hedges",
+            &[("surely.class", "success"), ("surely.hedge.won", "true")]
+        ),
+        1
+    );
+    assert_eq!(metrics.count("surely.client.hedges", &[]), 1);
+    assert_eq!(metrics.count("surely.client.attempts", &[]), 2);
+    // A hedge is not a retry.
+    assert!(!metrics.exported("surely.client.retries"));
+    assert_eq!(
+        metrics.histogram_count("surely.client.call.duration", &[]),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_the_budget_refused_is_counted() {
+    let metrics = Metrics::new();
+    // One token: the first failure spends it, and the budget refuses the retry.
+    let mut client = surely::client()
+        .budget(Arc::new(TokenBucket::new(1, 0.1).unwrap()))
+        .no_breaker()
+        .recorder(metrics.recorder())
+        .build(
+            ServiceBuilder::new()
+                .layer(FaultLayer::new(
+                    Schedule::new().otherwise(Fault::RefuseBeforeSend),
+                ))
+                .service(ok_transport()),
+        )
+        .unwrap();
+
+    call(&mut client, get()).await.unwrap_err();
+
+    let refused = metrics.count(
+        "surely.client.calls",
+        &[
+            ("surely.outcome", "failed"),
+            ("surely.stop_reason", "budget exhausted"),
+        ],
+    );
+    assert_eq!(refused, 1);
+    assert_eq!(
+        metrics.count(
+            "surely.client.budget.refusals",
+            &[("http.request.method", "GET")]
+        ),
+        1
     );
 }
