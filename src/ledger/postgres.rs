@@ -257,12 +257,7 @@ impl PostgresLedger {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        if !crate::postgres::valid_table(table) {
-            return Err(ConfigError::new(
-                "ledger table name",
-                "must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 50 bytes), optionally schema-qualified",
-            ));
-        }
+        crate::postgres::check_table("ledger table name", table)?;
         Ok(PostgresLedger {
             pool: self.pool,
             sql: Arc::new(Sql::new(table)),

@@ -189,12 +189,7 @@ impl PostgresOutbox {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        if !crate::postgres::valid_table(table) {
-            return Err(ConfigError::new(
-                "outbox table name",
-                "must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 50 bytes), optionally schema-qualified",
-            ));
-        }
+        crate::postgres::check_table("outbox table name", table)?;
         Ok(PostgresOutbox {
             pool: self.pool,
             sql: Arc::new(Sql::new(table)),

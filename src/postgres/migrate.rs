@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{valid_table, Pool};
+use super::Pool;
 use crate::classify::BoxError;
 use crate::ConfigError;
 
@@ -122,12 +122,7 @@ impl Migrations {
     }
 
     fn table_of(mut self, component: &Component, table: &str) -> Result<Self, ConfigError> {
-        if !valid_table(table) {
-            return Err(ConfigError::new(
-                "table name",
-                "must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 50 bytes), optionally schema-qualified",
-            ));
-        }
+        crate::postgres::check_table("table name", table)?;
         for target in &mut self.targets {
             if target.0 == component.name {
                 target.1 = table.to_owned();

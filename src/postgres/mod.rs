@@ -77,6 +77,19 @@ pub(crate) fn is_input_error(e: &tokio_postgres::Error) -> bool {
     matches!(e.code().map(|c| &c.code()[..2]), Some("22") | Some("54"))
 }
 
+/// `name`, if it is a table name the crate accepts ([`valid_table`]); else the error that says
+/// so, naming the setting `what`.
+pub(crate) fn check_table(what: &'static str, name: &str) -> Result<(), crate::ConfigError> {
+    if valid_table(name) {
+        Ok(())
+    } else {
+        Err(crate::ConfigError::new(
+            what,
+            "must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 50 bytes), optionally schema-qualified",
+        ))
+    }
+}
+
 /// A table name the crate accepts: a lower-case SQL identifier (at most 50 bytes), optionally
 /// schema-qualified (`schema.table`). Names are written into statements, so nothing else is.
 pub(crate) fn valid_table(name: &str) -> bool {

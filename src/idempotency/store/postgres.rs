@@ -241,12 +241,7 @@ impl PostgresStore {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally qualified by a schema of the same form.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        if !crate::postgres::valid_table(table) {
-            return Err(ConfigError::new(
-                "idempotency table name",
-                "must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 50 bytes), optionally schema-qualified",
-            ));
-        }
+        crate::postgres::check_table("idempotency table name", table)?;
         Ok(PostgresStore {
             pool: self.pool,
             sql: Arc::new(Sql::new(table)),
