@@ -602,3 +602,20 @@ async fn a_replay_of_the_same_key_settles_its_entry() {
         EntryState::Open
     );
 }
+
+/// A recorder whose writer is gone (its runtime shut down, or it was never spawned) cannot
+/// write: the unknown call is reported and kept, and a flush does not hang.
+#[tokio::test(start_paused = true)]
+async fn a_recorder_without_its_writer_reports_and_keeps_the_entry() {
+    let ledger = MemoryLedger::new();
+    let (recorder, writer) = LedgerRecorder::pair(ledger.clone());
+    drop(writer);
+    let mut client = unknown_client!(recorder.clone(), NoResolver::default());
+    let err = crate::call(&mut client, order("o-10")).await.unwrap_err();
+    assert_eq!(err.outcome(), Outcome::Unknown);
+    recorder.flush().await;
+    let writes = recorder.writes();
+    assert_eq!((writes.queued, writes.written, writes.failed), (1, 0, 1));
+    assert_eq!(recorder.take_failed()[0].key.as_deref(), Some("o-10"));
+    assert_eq!(ledger.stats_now(), LedgerStats::default());
+}
