@@ -73,9 +73,7 @@ use crate::classify::HttpClassifier;
 use crate::deadline::{AttemptTimers, DeadlineLayer, DeadlineLayerBuilder, WithDeadline};
 use crate::hedge::{HedgeLayer, HedgeLayerBuilder};
 use crate::idempotency::IdempotencyKeyLayer;
-use crate::record::{
-    RecordAttempt, RecordAttemptLayer, RecordCall, RecordCallLayer, WatchTrailersLayer,
-};
+use crate::record::{RecordAttemptLayer, RecordCallLayer, Recorder, WatchTrailersLayer};
 use crate::retry::{NoResolver, ReplayBodyLayer, Retry, RetryLayer, RetryLayerBuilder};
 use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
 use crate::ConfigError;
@@ -98,20 +96,29 @@ pub fn client() -> ClientBuilder {
 /// [`WatchedBody`](crate::record::WatchedBody)s of the transport's, which pass every frame
 /// through.
 ///
+/// The transport must take the buffered bodies, `http::Request<ReplayBody<B>>`, not
+/// `http::Request<B>`: [`surely::hyper::transport()`](crate::hyper::transport) makes
+/// hyper-util's client that way, and the result has a name, [`HttpClient`]. A hyper-util
+/// client built for `B` itself compiles here and is refused at the first call, where the
+/// request's body type is known (`build` cannot check it: transports generic over their body,
+/// reqwest's or a `service_fn`'s, would be refused with it).
+///
 /// ```
 /// # #[cfg(feature = "hyper")] {
 /// use bytes::Bytes;
 /// use http_body_util::Full;
-/// use hyper_util::client::legacy::Client;
-/// use hyper_util::rt::TokioExecutor;
+/// use surely::client::HttpClient;
+/// use surely::hyper::Transport;
 ///
-/// let transport = Client::builder(TokioExecutor::new()).build_http::<surely::retry::ReplayBody<Full<Bytes>>>();
-/// let client = surely::client::http().build(transport).unwrap();
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let client: HttpClient<Transport<Full<Bytes>>> =
+///     surely::client::http().build(surely::hyper::transport()).unwrap();
 /// # let _ = client;
 /// # }
+/// # main() }
 /// ```
 pub fn http() -> ClientBuilder<
-    (),
+    NoRecords,
     HttpClassifier,
     NoResolver,
     IdempotencyKeyLayer,
@@ -173,21 +180,89 @@ pub fn http() -> ClientBuilder<
 /// # }
 /// # main() }
 /// ```
-pub fn grpc() -> ClientBuilder<(), HttpClassifier, NoResolver, Identity, ReplayBodyLayer, Identity>
-{
+pub fn grpc(
+) -> ClientBuilder<NoRecords, HttpClassifier, NoResolver, Identity, ReplayBodyLayer, Identity> {
     ClientBuilder::new()
         .no_idempotency_keys()
         .replay_bodies(ReplayBodyLayer::new())
 }
 
+/// The layer [`client()`] builds with its defaults.
+pub type DefaultClientLayer = ClientLayer<
+    NoRecords,
+    HttpClassifier,
+    NoResolver,
+    IdempotencyKeyLayer,
+    Identity,
+    Identity,
+    CircuitBreaker,
+>;
+
+/// The layer [`http()`] builds with its defaults.
+pub type HttpClientLayer = ClientLayer<
+    NoRecords,
+    HttpClassifier,
+    NoResolver,
+    IdempotencyKeyLayer,
+    ReplayBodyLayer,
+    Identity,
+    CircuitBreaker,
+    WatchTrailersLayer,
+>;
+
+/// The layer [`grpc()`] builds with its defaults.
+pub type GrpcClientLayer = ClientLayer<
+    NoRecords,
+    HttpClassifier,
+    NoResolver,
+    Identity,
+    ReplayBodyLayer,
+    Identity,
+    CircuitBreaker,
+>;
+
+/// The service [`client()`]`.build(transport)` makes with the defaults, by name, for a struct
+/// field:
+///
+/// ```
+/// use surely::client::Client;
+/// use tower::service_fn;
+///
+/// type Transport = tower::util::ServiceFn<fn(http::Request<String>) -> std::future::Ready<std::io::Result<http::Response<String>>>>;
+///
+/// struct Payments {
+///     client: Client<Transport>,
+/// }
+///
+/// fn answer(_: http::Request<String>) -> std::future::Ready<std::io::Result<http::Response<String>>> {
+///     std::future::ready(Ok(http::Response::new(String::new())))
+/// }
+/// let transport: Transport = service_fn(answer);
+/// let payments = Payments { client: surely::client().build(transport).unwrap() };
+/// # let _ = payments.client;
+/// ```
+///
+/// Another configuration has another type: a [`ClientLayer`] with other parameters, as
+/// [`Layer::Service`]. Names for the presets: [`HttpClient`] (and
+/// [`surely::hyper::Client`](crate::hyper::Client) over hyper-util), [`GrpcClient`].
+pub type Client<S> = <DefaultClientLayer as Layer<S>>::Service;
+
+/// The service [`http()`]`.build(transport)` makes with the defaults, by name.
+pub type HttpClient<S> = <HttpClientLayer as Layer<S>>::Service;
+
+/// The service [`grpc()`]`.build(transport)` makes with the defaults, by name; with the
+/// `tonic` feature, `GrpcClient<GrpcTransport<Channel>>` is what
+/// [`build_channel`](ClientBuilder::build_channel) returns.
+pub type GrpcClient<S> = <GrpcClientLayer as Layer<S>>::Service;
+
 /// Builds the canonical client stack; see the [module docs](self).
 ///
-/// The type parameters are the recorder `R`, the classifier `M`, the resolver `Z`, and the
+/// The type parameters are the recorder `R` ([`NoRecords`] until one is given), the classifier `M`, the resolver `Z`, and the
 /// optional layers: key `K`, replay `P`, hedge `H`, breaker `B` (`Identity` when absent; the
 /// hedge and the breaker as a [`Part`], which gets the shared classifier and budget), and the
 /// body watch `W` around the transport.
 pub struct ClientBuilder<
-    R = (),
+    R = NoRecords,
     M = HttpClassifier,
     Z = NoResolver,
     K = IdempotencyKeyLayer,
@@ -217,14 +292,14 @@ struct Shared {
 }
 
 impl ClientBuilder {
-    /// The defaults: no records (`()`), [`HttpClassifier`], a 10 s total budget written on the
+    /// The defaults: no records and no record layers ([`NoRecords`]), [`HttpClassifier`], a 10 s total budget written on the
     /// wire, keys for POST and PATCH, [`RetryLayer::new`]'s retry settings with a
     /// [`RatioBudget`] shared with the hedge, no hedge, a [`CircuitBreaker::new`] of the
     /// client's own, and attempts bounded by the remaining budget only.
     pub fn new() -> Self {
         let budget: Arc<dyn RetryBudget> = Arc::new(RatioBudget::default());
         ClientBuilder {
-            recorder: (),
+            recorder: NoRecords,
             classifier: HttpClassifier::new(),
             shared: Shared {
                 budget: Some(budget.clone()),
@@ -355,9 +430,15 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         self
     }
 
-    /// Where the records go (default nowhere): a [`TracingRecorder`](crate::record::TracingRecorder),
-    /// an [`InMemoryRecorder`](crate::record::InMemoryRecorder), a closure.
-    pub fn recorder<R2>(self, recorder: R2) -> ClientBuilder<R2, M, Z, K, P, H, B, W> {
+    /// Where the records go: a [`TracingRecorder`](crate::record::TracingRecorder), an
+    /// [`InMemoryRecorder`](crate::record::InMemoryRecorder), an
+    /// `OtelRecorder`, a closure, a pair of them.
+    ///
+    /// By default ([`NoRecords`]) the stack has no record layers at all, and a call costs
+    /// nothing for records. The outcome is handed back with every response and error either
+    /// way (see [`OutcomeExt`](crate::OutcomeExt)). `()` is a recorder too, which records
+    /// nothing but keeps the two record layers in the stack (each a pass-through).
+    pub fn recorder<R2: Recorder>(self, recorder: R2) -> ClientBuilder<R2, M, Z, K, P, H, B, W> {
         ClientBuilder {
             recorder,
             classifier: self.classifier,
@@ -534,7 +615,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     #[allow(clippy::type_complexity)]
     pub fn into_layer(self) -> Result<ClientLayer<R, M, Z, K, P, H, B, W>, ConfigError>
     where
-        R: Clone,
+        R: RecorderPart<M>,
         M: Clone,
         H: Part<M>,
         B: Part<M>,
@@ -549,18 +630,12 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         let breaker = self
             .breaker
             .into_part(self.classifier.clone(), self.shared.budget)?;
-        let record_attempt =
-            RecordAttemptLayer::new(self.recorder.clone()).with_classifier(self.classifier.clone());
-        let record_attempt = if self.shared.at_body_end {
-            record_attempt.at_body_end()
-        } else {
-            record_attempt
-        };
+        let (record_call, record_attempt) = self
+            .recorder
+            .into_layers(self.classifier, self.shared.at_body_end);
         Ok(ClientLayer {
             record_attempt,
-            record_call: RecordCallLayer::new(self.recorder)
-                .with_classifier(self.classifier)
-                .inner_reports(),
+            record_call,
             deadline: self.shared.deadline.build()?,
             key: self.key,
             replay: self.replay,
@@ -587,7 +662,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     >
     where
         M: Clone,
-        R: Clone,
+        R: RecorderPart<M>,
         H: Part<M>,
         B: Part<M>,
         ClientLayer<R, M, Z, K, P, H, B, W>: Layer<crate::grpc::GrpcTransport<S>>,
@@ -603,7 +678,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     ) -> Result<<ClientLayer<R, M, Z, K, P, H, B, W> as Layer<S>>::Service, ConfigError>
     where
         M: Clone,
-        R: Clone,
+        R: RecorderPart<M>,
         H: Part<M>,
         B: Part<M>,
         ClientLayer<R, M, Z, K, P, H, B, W>: Layer<S>,
@@ -729,11 +804,63 @@ impl<M, M0> Part<M> for HedgeLayerBuilder<M0> {
     }
 }
 
+/// The recorder slot of a [`ClientBuilder`] before [`recorder`](ClientBuilder::recorder) is
+/// called: the stack it builds has no record layers at all, so records cost a call nothing,
+/// not even a pass-through. The outcome still comes back with every response and error: the
+/// retry layer, which every client stack has, hands it back.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoRecords;
+
+/// The recorder slot of a [`ClientBuilder`]: [`NoRecords`], or any [`Recorder`], which gets
+/// a [`RecordCallLayer`] around the deadline and a [`RecordAttemptLayer`] around each attempt.
+pub trait RecorderPart<M> {
+    /// The layer around the whole call.
+    type CallLayer;
+    /// The layer around each attempt.
+    type AttemptLayer;
+
+    /// Makes the two layers, with the client's classifier; `at_body_end` as
+    /// [`ClientBuilder::settle_at_body_end`] sets it.
+    fn into_layers(self, classifier: M, at_body_end: bool)
+        -> (Self::CallLayer, Self::AttemptLayer);
+}
+
+impl<M> RecorderPart<M> for NoRecords {
+    type CallLayer = Identity;
+    type AttemptLayer = Identity;
+
+    fn into_layers(self, _: M, _: bool) -> (Identity, Identity) {
+        (Identity::new(), Identity::new())
+    }
+}
+
+impl<R: Recorder + Clone, M: Clone> RecorderPart<M> for R {
+    type CallLayer = RecordCallLayer<R, M>;
+    type AttemptLayer = RecordAttemptLayer<R, M>;
+
+    fn into_layers(
+        self,
+        classifier: M,
+        at_body_end: bool,
+    ) -> (RecordCallLayer<R, M>, RecordAttemptLayer<R, M>) {
+        let attempt = RecordAttemptLayer::new(self.clone()).with_classifier(classifier.clone());
+        let attempt = if at_body_end {
+            attempt.at_body_end()
+        } else {
+            attempt
+        };
+        let call = RecordCallLayer::new(self)
+            .with_classifier(classifier)
+            .inner_reports();
+        (call, attempt)
+    }
+}
+
 /// The canonical client stack as one layer, made by [`ClientBuilder::into_layer`].
 #[derive(Clone)]
-pub struct ClientLayer<R, M, Z, K, P, H: Part<M>, B: Part<M>, W = Identity> {
-    record_call: RecordCallLayer<R, M>,
-    record_attempt: RecordAttemptLayer<R, M>,
+pub struct ClientLayer<R: RecorderPart<M>, M, Z, K, P, H: Part<M>, B: Part<M>, W = Identity> {
+    record_call: R::CallLayer,
+    record_attempt: R::AttemptLayer,
     deadline: DeadlineLayer<AttemptTimers>,
     key: K,
     replay: P,
@@ -745,7 +872,8 @@ pub struct ClientLayer<R, M, Z, K, P, H: Part<M>, B: Part<M>, W = Identity> {
 }
 
 /// The services from the (watched) transport up to the breaker.
-type Attempts<T, R, M> = RecordAttempt<AttemptTimeout<T>, R, M>;
+type Attempts<T, R, M> =
+    <<R as RecorderPart<M>>::AttemptLayer as Layer<AttemptTimeout<T>>>::Service;
 
 /// The services from the (watched) transport up to the hedge.
 type LayeredHedge<T, R, M, H, B> = <<H as Part<M>>::Layer as Layer<
@@ -754,17 +882,19 @@ type LayeredHedge<T, R, M, H, B> = <<H as Part<M>>::Layer as Layer<
 
 impl<S, R, M, Z, K, P, H, B, W> Layer<S> for ClientLayer<R, M, Z, K, P, H, B, W>
 where
-    R: Clone,
+    R: RecorderPart<M>,
     M: Clone,
     H: Part<M>,
     B: Part<M>,
     W: Layer<S>,
+    R::AttemptLayer: Layer<AttemptTimeout<W::Service>>,
     B::Layer: Layer<Attempts<W::Service, R, M>>,
     H::Layer: Layer<<B::Layer as Layer<Attempts<W::Service, R, M>>>::Service>,
     P: Layer<Retry<LayeredHedge<W::Service, R, M, H, B>, M, Z>>,
     K: Layer<P::Service>,
+    R::CallLayer: Layer<WithDeadline<K::Service, AttemptTimers>>,
 {
-    type Service = RecordCall<WithDeadline<K::Service, AttemptTimers>, R, M>;
+    type Service = <R::CallLayer as Layer<WithDeadline<K::Service, AttemptTimers>>>::Service;
 
     fn layer(&self, transport: S) -> Self::Service {
         let watched = self.watch.layer(transport);
@@ -777,7 +907,9 @@ where
     }
 }
 
-impl<R, M, Z, K, P, H: Part<M>, B: Part<M>, W> fmt::Debug for ClientLayer<R, M, Z, K, P, H, B, W> {
+impl<R: RecorderPart<M>, M, Z, K, P, H: Part<M>, B: Part<M>, W> fmt::Debug
+    for ClientLayer<R, M, Z, K, P, H, B, W>
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientLayer")
             .field("deadline", &self.deadline)

@@ -102,6 +102,8 @@ mod error;
 pub mod fault;
 pub mod grpc;
 pub mod hedge;
+#[cfg(feature = "hyper")]
+pub mod hyper;
 pub mod idempotency;
 pub mod inbox;
 pub mod ledger;

@@ -42,7 +42,7 @@
 //! Requests are `http::Request<B>`, not `reqwest::Request`, so that every layer of the crate
 //! reads them as it reads hyper's: the [`Semantics`](crate::Semantics) come from the method
 //! (and an `Idempotency-Key` header or a `Semantics` extension), keys and deadline headers are
-//! added as headers, and bodies are buffered by the [`ReplayBodyLayer`] so that a retried PUT
+//! added as headers, and bodies are buffered by the [`ReplayBodyLayer`](crate::retry::ReplayBodyLayer) so that a retried PUT
 //! sends the same bytes. `B` is any `http_body::Body` that is `Send + Sync + 'static`: a `String`,
 //! `Full<Bytes>`, a `reqwest::Body`, a stream. The URI must be absolute (`http://host/path`).
 //!
@@ -107,31 +107,13 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use tower_layer::{Identity, Layer};
+
 use tower_service::Service;
 
-use crate::breaker::CircuitBreaker;
-use crate::classify::{
-    AttemptClass, BoxError, Classification, ClassifyError, DeliveryPhase, HttpClassifier,
-};
-use crate::client::ClientLayer;
+use crate::classify::{AttemptClass, BoxError, Classification, ClassifyError, DeliveryPhase};
 use crate::delivery::Progress;
-use crate::idempotency::IdempotencyKeyLayer;
-use crate::record::WatchTrailersLayer;
-use crate::retry::{NoResolver, ReplayBodyLayer};
-use crate::{ConfigError, Error, IntoError};
 
-/// The layer of the [`client::http()`](crate::client::http) preset with its defaults.
-type HttpLayer = ClientLayer<
-    (),
-    HttpClassifier,
-    NoResolver,
-    IdempotencyKeyLayer,
-    ReplayBodyLayer,
-    Identity,
-    CircuitBreaker,
-    WatchTrailersLayer,
->;
+use crate::{ConfigError, Error, IntoError};
 
 /// The client stack [`client()`] returns: [`client::http()`](crate::client::http)'s defaults
 /// around a [`Transport`], for a struct field.
@@ -139,7 +121,7 @@ type HttpLayer = ClientLayer<
 /// It is a `tower::Service<http::Request<B>>` for the bodies described in the
 /// [module docs](self), with `http::Response<WatchedBody<reqwest::Body>>` responses and
 /// [`surely::Error<reqwest::Error>`](crate::Error) errors; `Clone`, `Send` and `Sync`.
-pub type Client = <HttpLayer as Layer<Transport>>::Service;
+pub type Client = crate::client::HttpClient<Transport>;
 
 /// Wraps `client` in the [`client::http()`](crate::client::http) stack with its defaults: a
 /// 10 s budget per call, idempotency keys for POST and PATCH, request bodies buffered up to
@@ -167,7 +149,7 @@ pub fn transport(client: ::reqwest::Client) -> Transport {
 /// about to write the request.
 ///
 /// The transport does not buffer bodies: a retry needs a copy of the request, which
-/// [`ReplayBodyLayer`] makes possible (the [`client()`] and
+/// [`ReplayBodyLayer`](crate::retry::ReplayBodyLayer) makes possible (the [`client()`] and
 /// [`client::http()`](crate::client::http) stacks have one).
 ///
 /// ```

@@ -372,3 +372,71 @@ impl http_body::Body for CutOff {
         std::task::Poll::Ready(Some(Err(std::io::ErrorKind::ConnectionReset.into())))
     }
 }
+
+/// The transport of the type-level tests: a plain function, so that its type has a name.
+type FnTransport = tower::util::ServiceFn<
+    fn(Request<String>) -> std::future::Ready<std::io::Result<Response<String>>>,
+>;
+
+fn answer(_: Request<String>) -> std::future::Ready<std::io::Result<Response<String>>> {
+    std::future::ready(Ok(Response::new(String::from("ok"))))
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_the_outcome() {
+    use surely::breaker::Breaker;
+    use surely::deadline::{AttemptTimers, WithDeadline};
+    use surely::idempotency::IdempotencyKeyService;
+    use surely::retry::Retry;
+    use surely::timeout::AttemptTimeout;
+    use surely::OutcomeExt;
+
+    // The default client is the stack with no record layer in it, as a type: this fails to
+    // compile if a record layer (even a pass-through one) comes back into the default.
+    type Bare = WithDeadline<
+        IdempotencyKeyService<Retry<Breaker<AttemptTimeout<FnTransport>>>>,
+        AttemptTimers,
+    >;
+    let transport: FnTransport = service_fn(answer);
+    let bare: Bare = surely::client().build(transport).unwrap();
+    let named: surely::client::Client<FnTransport> = bare;
+
+    let res = named
+        .oneshot(Request::post("/orders").body(String::new()).unwrap())
+        .await;
+    let call = res.as_ref().unwrap().call_outcome().unwrap();
+    assert_eq!(call.outcome(), Outcome::Succeeded);
+    assert_eq!(call.attempts(), 1);
+    assert!(call.idempotency_key().is_some());
+
+    // A recorder, even `()`, brings the two record layers.
+    let transport: FnTransport = service_fn(answer);
+    let recorded = surely::client().recorder(()).build(transport).unwrap();
+    let _: surely::record::RecordCall<_, (), _> = recorded;
+}
+
+#[tokio::test]
+async fn the_hyper_presets_are_named_and_send_the_replayable_body() {
+    use surely::OutcomeExt;
+
+    let (base, seen) = server(Schedule::new()).await;
+    // The names an SDK struct holds.
+    struct Shop {
+        defaults: surely::hyper::Client<Full<Bytes>>,
+        configured: surely::client::HttpClient<surely::hyper::Transport<Full<Bytes>>>,
+    }
+    let shop = Shop {
+        defaults: surely::hyper::client().unwrap(),
+        configured: surely::client::http()
+            .timeout(Duration::from_secs(2))
+            .build(surely::hyper::transport())
+            .unwrap(),
+    };
+    let res = shop.defaults.oneshot(order(&base)).await.unwrap();
+    assert_eq!(res.outcome(), Outcome::Succeeded);
+    let res = shop.configured.oneshot(order(&base)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|(_, body)| body == "o-1"));
+}

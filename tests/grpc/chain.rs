@@ -28,15 +28,7 @@ use crate::{channel, serve, unary, Shop, Step, Utf8Codec, CREATE};
 
 /// The middle service's client stack to the bottom one.
 type Downstream = tonic::client::Grpc<
-    <surely::client::ClientLayer<
-        (),
-        surely::classify::HttpClassifier,
-        surely::retry::NoResolver,
-        tower::layer::util::Identity,
-        surely::retry::ReplayBodyLayer,
-        tower::layer::util::Identity,
-        surely::breaker::CircuitBreaker,
-    > as tower::Layer<surely::grpc::GrpcTransport<tonic::transport::Channel>>>::Service,
+    surely::client::GrpcClient<surely::grpc::GrpcTransport<tonic::transport::Channel>>,
 >;
 
 /// The middle service: every call is passed on to the bottom one, and its status comes back.
