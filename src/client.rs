@@ -137,7 +137,9 @@ pub fn http() -> ClientBuilder<
 ///
 /// * The [`HttpClassifier`] reads `grpc-status` from the headers of a trailers-only response
 ///   (how a server answers an error before any message: tonic's unary errors), so a
-///   trailers-only `UNAVAILABLE` is retried and `INVALID_ARGUMENT` is final. A status that
+///   trailers-only `UNAVAILABLE` is retried (for a method that is not marked, only with
+///   `grpc-retry-pushback-ms`: the handler may have done its work) and `INVALID_ARGUMENT` is
+///   final. A status that
 ///   arrives in trailers after the response headers is not seen by the retry layer, which
 ///   decides at the head: by then the response has started and the call is not retried. The
 ///   records do see it: they are settled when the body ends, from its trailers.

@@ -5,9 +5,11 @@
 //!
 //! On the wire every gRPC call is an HTTP/2 `POST`, so by default the crate treats each one as
 //! [`Semantics::NonIdempotent`]: an attempt that was provably not processed (a refused
-//! connection, `UNAVAILABLE` in a trailers-only response, `RESOURCE_EXHAUSTED`) is retried, and
-//! one that may have committed (`INTERNAL`, `UNKNOWN`, `DEADLINE_EXCEEDED`, a reset stream) ends
-//! the call with an *unknown* outcome. Only the service's author knows that `GetOrder` is a read
+//! connection, `RESOURCE_EXHAUSTED`, `UNAVAILABLE` with `grpc-retry-pushback-ms` in a
+//! trailers-only response) is retried, and one that may have committed (`INTERNAL`, `UNKNOWN`,
+//! `DEADLINE_EXCEEDED`, a plain `UNAVAILABLE`, a reset stream) ends the call with an *unknown*
+//! outcome: a handler may answer `UNAVAILABLE` after it did its work
+//! ([`GrpcCode`](crate::classify::GrpcCode) says why). Only the service's author knows that `GetOrder` is a read
 //! and `SetQuantity` is idempotent; say so, and those methods are retried after a lost reply
 //! too:
 //!
@@ -28,7 +30,8 @@
 //! A gRPC server that fails a call before sending any message answers *trailers-only*:
 //! `grpc-status` in the response headers (tonic does so for every error of a unary method). The
 //! retry layer and the records classify that status ([`GrpcCode`](crate::classify::GrpcCode)):
-//! `UNAVAILABLE` there is retried, `INVALID_ARGUMENT` is final. A status sent in the trailers,
+//! `UNAVAILABLE` there is retried for a read or an idempotent method (for any method with
+//! `grpc-retry-pushback-ms`), `INVALID_ARGUMENT` is final. A status sent in the trailers,
 //! after the response headers and some messages (a server stream that fails midway), comes after
 //! the retry layer has handed the response to the caller, so it is never retried. The records
 //! wait for it: over [`GrpcTransport`] (which [`client::grpc()`](crate::client::grpc) uses), an
@@ -42,7 +45,15 @@
 //! attempt timeout) are unknown to tonic and arrive as `UNKNOWN`, with the
 //! [`Error`](crate::Error) as the status's `source()`: downcast it to
 //! `surely::Error<tonic::transport::Error>` to ask, say,
-//! [`is_deadline_exceeded`](crate::Error::is_deadline_exceeded).
+//! [`is_deadline_exceeded`](crate::Error::is_deadline_exceeded), or
+//! [`outcome`](crate::Error::outcome).
+//!
+//! The call's outcome reaches a tonic caller on a reply (a
+//! [`CallOutcome`](crate::CallOutcome) in the `tonic::Response`'s extensions) and with the
+//! stack's own errors, as above. A call that ends on an error status from the server does not
+//! carry it: tonic makes that `Status` from the response headers alone and drops the rest, so
+//! only the records see that outcome. Read `Status::code()` there: the stack retried what its
+//! classifier allowed, and a status that may have committed a write is still a maybe.
 //!
 //! ```
 //! use surely::grpc::MethodSemanticsLayer;
