@@ -65,6 +65,7 @@ use crate::Semantics;
 
 mod attempt;
 mod call;
+mod server;
 mod tally;
 mod trailers;
 
@@ -77,6 +78,7 @@ pub use self::attempt::{AttemptFuture, RecordAttempt, RecordAttemptLayer};
 pub use self::call::{CallFuture, RecordCall, RecordCallLayer};
 #[cfg(feature = "opentelemetry")]
 pub use self::otel::OtelRecorder;
+pub use self::server::{ServerEvent, ServerEventKind};
 pub use self::tracing_recorder::TracingRecorder;
 #[cfg(feature = "tonic")]
 pub(crate) use self::trailers::{watch_response, WantsTrailers, WatchedBody as TrailersBody};
@@ -511,6 +513,8 @@ pub enum Record<'a> {
     Breaker(&'a BreakerEvent),
     /// An outbox relay's round, or its outbox's stats.
     Relay(&'a RelayReport),
+    /// An event of the server idempotency layer.
+    Server(&'a ServerEvent),
 }
 
 /// Where records go.
@@ -570,6 +574,16 @@ pub trait Recorder {
     fn record_relay(&self, report: &RelayReport) {
         let _ = report;
     }
+
+    /// The server [idempotency layer](crate::idempotency::server) replayed a response, refused
+    /// a duplicate or a reused key, took over a stuck record, or could not reach its store;
+    /// or its stuck-record report ran (see [`ServerEventKind`]). The layer reports to the
+    /// recorder given to its builder
+    /// ([`IdempotencyLayerBuilder::recorder`](crate::idempotency::server::IdempotencyLayerBuilder::recorder)).
+    /// The default ignores it.
+    fn record_server(&self, event: &ServerEvent) {
+        let _ = event;
+    }
 }
 
 impl Recorder for () {
@@ -601,6 +615,10 @@ where
 
     fn record_relay(&self, report: &RelayReport) {
         self(Record::Relay(report))
+    }
+
+    fn record_server(&self, event: &ServerEvent) {
+        self(Record::Server(event))
     }
 }
 
@@ -643,6 +661,11 @@ impl<A: Recorder, B: Recorder> Recorder for (A, B) {
         self.0.record_relay(report);
         self.1.record_relay(report);
     }
+
+    fn record_server(&self, event: &ServerEvent) {
+        self.0.record_server(event);
+        self.1.record_server(event);
+    }
 }
 
 /// Keeps every record in memory, for tests and demos. Clones share the same store.
@@ -662,6 +685,7 @@ struct Store {
     calls: Vec<CallRecord>,
     breaker: Vec<BreakerEvent>,
     relay: Vec<RelayReport>,
+    server: Vec<ServerEvent>,
 }
 
 impl InMemoryRecorder {
@@ -705,6 +729,11 @@ impl InMemoryRecorder {
         self.store().relay.clone()
     }
 
+    /// The server idempotency layers' events so far, oldest first.
+    pub fn server_events(&self) -> Vec<ServerEvent> {
+        self.store().server.clone()
+    }
+
     /// Forgets every record.
     pub fn clear(&self) {
         let mut store = self.store();
@@ -712,6 +741,7 @@ impl InMemoryRecorder {
         store.calls.clear();
         store.breaker.clear();
         store.relay.clear();
+        store.server.clear();
     }
 }
 
@@ -730,5 +760,9 @@ impl Recorder for InMemoryRecorder {
 
     fn record_relay(&self, report: &RelayReport) {
         self.store().relay.push(*report);
+    }
+
+    fn record_server(&self, event: &ServerEvent) {
+        self.store().server.push(event.clone());
     }
 }

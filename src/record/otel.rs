@@ -3,8 +3,11 @@
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
 use opentelemetry::KeyValue;
 
-use super::{AttemptRecord, CallRecord, OperationKind, Recorder, StopReason};
+use super::{
+    AttemptRecord, CallRecord, OperationKind, Recorder, ServerEvent, ServerEventKind, StopReason,
+};
 use crate::breaker::{BreakerEvent, BreakerEventKind};
+use crate::outbox::RelayReport;
 
 /// Bucket bounds of the call duration histogram, in seconds: those the OpenTelemetry HTTP
 /// semantic conventions advise for `http.client.request.duration`, extended to 60 s because a
@@ -47,6 +50,16 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// | `surely.client.breaker.transitions` | counter, `{transition}` | `surely.breaker`, `surely.breaker.from`, `surely.breaker.to` | each state change |
 /// | `surely.client.breaker.rejections` | counter, `{call}` | `surely.breaker`, `surely.breaker.state` | each refused call |
 /// | `surely.client.breaker.state` | gauge, `1` | `surely.breaker`, `surely.breaker.state` | 1 for the state entered, 0 for the one left |
+/// | `surely.server.idempotency.events` | counter, `{event}` | `surely.event`, `http.request.method` | each event of the server idempotency layer |
+/// | `surely.server.idempotency.stuck` | gauge, `{record}` | none | each stuck-record report: records still `PROCESSING` past its threshold |
+/// | `surely.server.idempotency.stuck.oldest_age` | gauge, `s` | none | each stuck-record report: how long the oldest has been processing (0 without any) |
+/// | `surely.outbox.relay.published` | counter, `{event}` | none | each relay round: events published and marked |
+/// | `surely.outbox.relay.failed` | counter, `{event}` | none | each relay round: publishes that failed |
+/// | `surely.outbox.relay.quarantined` | counter, `{event}` | none | each relay round: events quarantined |
+/// | `surely.outbox.relay.stale` | counter, `{event}` | none | each relay round: events published whose mark came too late (sent more than once) |
+/// | `surely.outbox.backlog` | gauge, `{event}` | none | each stats read: events waiting to be published |
+/// | `surely.outbox.oldest_age` | gauge, `s` | none | each stats read: how long the oldest waiting event has waited (0 without any) |
+/// | `surely.outbox.quarantine` | gauge, `{event}` | none | each stats read: events in quarantine |
 ///
 /// The attribute values are the records' own names ([`Outcome::as_str`], [`StopReason::as_str`],
 /// [`AttemptClass::as_str`], [`DeliveryPhase::as_str`], [`BreakerState::as_str`]), the same as
@@ -59,6 +72,33 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// attempt is that. A breaker's state gauge says nothing until its first state change; a
 /// breaker reports to the recorder given to its own builder
 /// ([`CircuitBreakerBuilder::recorder`](crate::breaker::CircuitBreakerBuilder::recorder)).
+///
+/// # The server side and the outbox
+///
+/// The server [idempotency layer](crate::idempotency::server) reports to the recorder given to
+/// its builder ([`IdempotencyLayerBuilder::recorder`]). Its events share **one counter**,
+/// `surely.server.idempotency.events`, whose `surely.event` attribute is the
+/// [event's name](ServerEventKind::as_str): `replayed`, `in_flight`, `key_mismatch`, `expired`,
+/// `lease_takeover`, `released`, `store_unavailable`, `not_stored`. One instrument rather than
+/// one per kind, because a dashboard reads them together: one query stacks them by
+/// `surely.event`, the share of duplicates that came too early (`in_flight`) against those
+/// that found the answer (`replayed`) is a ratio of two series of the same metric, and a kind
+/// added later shows up on the existing panel instead of needing a new one. An alert picks its
+/// kind by attribute (`surely_event="lease_takeover"` in Prometheus). The attributes are the
+/// event's name and the method only: the tenant, the operation and the key are unbounded, and
+/// go to [`TracingRecorder`] instead.
+///
+/// The stuck-record gauges come from
+/// [`IdempotencyLayer::report_stuck`](crate::idempotency::server::IdempotencyLayer::report_stuck),
+/// run on a schedule; they say nothing until its first run. Alert on
+/// `surely.server.idempotency.stuck` above zero: a record held that long is an owner that
+/// crashed or hangs.
+///
+/// An [outbox relay](crate::outbox::Relay) reports to the recorder given to its builder
+/// ([`RelayBuilder::recorder`](crate::outbox::RelayBuilder::recorder)): the counters from each
+/// round, the gauges from the outbox's stats when they are read. They carry no attribute: give
+/// two relays in one process meters of their own to tell them apart. Alert on a rising
+/// `surely.outbox.oldest_age`, and on `surely.outbox.quarantine` above zero.
 ///
 /// ```
 /// use surely::record::{OtelRecorder, TracingRecorder};
@@ -80,6 +120,7 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// [`AttemptClass::as_str`]: crate::classify::AttemptClass::as_str
 /// [`DeliveryPhase::as_str`]: crate::classify::DeliveryPhase::as_str
 /// [`BreakerState::as_str`]: crate::breaker::BreakerState::as_str
+/// [`IdempotencyLayerBuilder::recorder`]: crate::idempotency::server::IdempotencyLayerBuilder::recorder
 #[derive(Clone, Debug)]
 pub struct OtelRecorder {
     call_duration: Histogram<f64>,
@@ -91,6 +132,16 @@ pub struct OtelRecorder {
     breaker_transitions: Counter<u64>,
     breaker_rejections: Counter<u64>,
     breaker_state: Gauge<u64>,
+    server_events: Counter<u64>,
+    server_stuck: Gauge<u64>,
+    server_stuck_oldest: Gauge<f64>,
+    relay_published: Counter<u64>,
+    relay_failed: Counter<u64>,
+    relay_quarantined: Counter<u64>,
+    relay_stale: Counter<u64>,
+    outbox_backlog: Gauge<u64>,
+    outbox_oldest: Gauge<f64>,
+    outbox_quarantine: Gauge<u64>,
 }
 
 impl OtelRecorder {
@@ -142,6 +193,65 @@ impl OtelRecorder {
                 .u64_gauge("surely.client.breaker.state")
                 .with_unit("1")
                 .with_description("1 for a circuit breaker's current state, 0 for the others.")
+                .build(),
+            server_events: meter
+                .u64_counter("surely.server.idempotency.events")
+                .with_unit("{event}")
+                .with_description(
+                    "Events of the server idempotency layer (replays, refused duplicates, \
+                     takeovers, store failures), by kind.",
+                )
+                .build(),
+            server_stuck: meter
+                .u64_gauge("surely.server.idempotency.stuck")
+                .with_unit("{record}")
+                .with_description(
+                    "Idempotency records still processing past the stuck-record threshold.",
+                )
+                .build(),
+            server_stuck_oldest: meter
+                .f64_gauge("surely.server.idempotency.stuck.oldest_age")
+                .with_unit("s")
+                .with_description(
+                    "How long the oldest stuck idempotency record has been processing.",
+                )
+                .build(),
+            relay_published: meter
+                .u64_counter("surely.outbox.relay.published")
+                .with_unit("{event}")
+                .with_description("Outbox events a relay published and marked.")
+                .build(),
+            relay_failed: meter
+                .u64_counter("surely.outbox.relay.failed")
+                .with_unit("{event}")
+                .with_description("Outbox publishes that failed.")
+                .build(),
+            relay_quarantined: meter
+                .u64_counter("surely.outbox.relay.quarantined")
+                .with_unit("{event}")
+                .with_description("Outbox events quarantined after too many failed publishes.")
+                .build(),
+            relay_stale: meter
+                .u64_counter("surely.outbox.relay.stale")
+                .with_unit("{event}")
+                .with_description(
+                    "Outbox events published whose mark came after another relay claimed them.",
+                )
+                .build(),
+            outbox_backlog: meter
+                .u64_gauge("surely.outbox.backlog")
+                .with_unit("{event}")
+                .with_description("Outbox events waiting to be published.")
+                .build(),
+            outbox_oldest: meter
+                .f64_gauge("surely.outbox.oldest_age")
+                .with_unit("s")
+                .with_description("How long the oldest waiting outbox event has waited.")
+                .build(),
+            outbox_quarantine: meter
+                .u64_gauge("surely.outbox.quarantine")
+                .with_unit("{event}")
+                .with_description("Outbox events in quarantine.")
                 .build(),
         }
     }
@@ -260,6 +370,45 @@ impl Recorder for OtelRecorder {
                     &[name, KeyValue::new("surely.breaker.state", state.as_str())],
                 );
             }
+        }
+    }
+
+    fn record_server(&self, event: &ServerEvent) {
+        if let ServerEventKind::Stuck { records, oldest } = event.kind {
+            self.server_stuck.record(records as u64, &[]);
+            self.server_stuck_oldest
+                .record(oldest.map_or(0.0, |d| d.as_secs_f64()), &[]);
+            return;
+        }
+        let attrs = [
+            KeyValue::new("surely.event", event.kind.as_str()),
+            KeyValue::new(
+                "http.request.method",
+                event.method.as_ref().map_or("", method_name),
+            ),
+        ];
+        let with_method = usize::from(event.method.is_some());
+        self.server_events.add(1, &attrs[..1 + with_method]);
+    }
+
+    fn record_relay(&self, report: &RelayReport) {
+        if let Some(round) = &report.round {
+            for (counter, n) in [
+                (&self.relay_published, round.published),
+                (&self.relay_failed, round.failed),
+                (&self.relay_quarantined, round.quarantined),
+                (&self.relay_stale, round.stale),
+            ] {
+                if n > 0 {
+                    counter.add(n as u64, &[]);
+                }
+            }
+        }
+        if let Some(stats) = &report.stats {
+            self.outbox_backlog.record(stats.backlog, &[]);
+            self.outbox_oldest
+                .record(stats.oldest.map_or(0.0, |d| d.as_secs_f64()), &[]);
+            self.outbox_quarantine.record(stats.quarantined, &[]);
         }
     }
 }

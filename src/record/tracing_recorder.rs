@@ -1,6 +1,8 @@
 use tracing::field::Empty;
 
-use super::{AttemptRecord, BusinessKey, CallId, CallRecord, Recorder};
+use super::{
+    AttemptRecord, BusinessKey, CallId, CallRecord, Recorder, ServerEvent, ServerEventKind,
+};
 use crate::breaker::{BreakerEvent, BreakerEventKind, BreakerState};
 use crate::classify::{AttemptClass, Outcome};
 use crate::outbox::RelayReport;
@@ -21,6 +23,15 @@ use crate::Semantics;
 /// circuit breaker opening (or isolated) is logged at `WARN`, its other state changes at
 /// `INFO`, its refusals at `DEBUG`. A call's event carries `surely.retry_wait_ms`, the time
 /// its retries spent waiting (backoff and pushback).
+///
+/// The server [idempotency layer](crate::idempotency::server)'s events
+/// ([`ServerEventKind`]) are logged with `surely.event` (their name), `http.request.method`,
+/// `surely.tenant`, `surely.operation` and `surely.key`: at `WARN` when they need a look (a key
+/// reused with another body, an expired key, a lease takeover, which means an owner crashed or
+/// hung, a store that could not be reached or could not record a result), at `INFO` for
+/// replays, duplicates refused while in flight and keys released by a dropped handler. A
+/// stuck-record report is `INFO` when it found records (each is also warned about on its own),
+/// `DEBUG` otherwise.
 ///
 /// ```
 /// use surely::record::{RecordCallLayer, TracingRecorder};
@@ -239,6 +250,82 @@ impl Recorder for TracingRecorder {
                     surely.outbox.quarantined = stats.quarantined,
                     "outbox stats"
                 );
+            }
+        }
+    }
+
+    fn record_server(&self, e: &ServerEvent) {
+        let event = e.kind.as_str();
+        let method = e.method.as_ref().map(http::Method::as_str);
+        let (tenant, operation, key) = (e.tenant(), e.operation(), e.key());
+        // The fields every event of a request carries, then the event's own.
+        macro_rules! server_event {
+            ($level:ident, $($rest:tt)+) => {
+                tracing::$level!(
+                    surely.event = event,
+                    http.request.method = method,
+                    surely.tenant = tenant,
+                    surely.operation = operation,
+                    surely.key = key,
+                    $($rest)+
+                )
+            };
+        }
+        match e.kind {
+            ServerEventKind::Replayed { status } => server_event!(
+                info,
+                http.response.status_code = status.as_u16(),
+                "idempotent request replayed"
+            ),
+            ServerEventKind::InFlight { lease_left } => server_event!(
+                info,
+                surely.lease_left_ms = lease_left.as_millis() as u64,
+                "idempotency key in flight: duplicate refused with 409"
+            ),
+            ServerEventKind::KeyMismatch => server_event!(
+                warn,
+                "idempotency key reused with a different request body: refused with 422"
+            ),
+            ServerEventKind::Expired => server_event!(
+                warn,
+                "idempotency key expired: refused with 410, its result is no longer kept"
+            ),
+            ServerEventKind::LeaseTakeover { fence, overdue } => server_event!(
+                warn,
+                surely.fence = fence.get(),
+                surely.overdue_ms = overdue.as_millis() as u64,
+                "idempotency lease taken over: the previous owner crashed or hung"
+            ),
+            ServerEventKind::Released { fence } => server_event!(
+                info,
+                surely.fence = fence.get(),
+                "idempotency key released: its handler was dropped before it answered"
+            ),
+            ServerEventKind::StoreUnavailable => server_event!(
+                warn,
+                "idempotency store unavailable: refused with 503, not processed"
+            ),
+            ServerEventKind::NotStored { fence } => server_event!(
+                warn,
+                surely.fence = fence.get(),
+                "idempotency result not stored: the record stays processing until its lease passes"
+            ),
+            ServerEventKind::Stuck { records, oldest } => {
+                let oldest_ms = oldest.map(|d| d.as_millis() as u64);
+                if records > 0 {
+                    tracing::info!(
+                        surely.event = event,
+                        surely.stuck.records = records,
+                        surely.stuck.oldest_ms = oldest_ms,
+                        "idempotency records stuck processing"
+                    );
+                } else {
+                    tracing::debug!(
+                        surely.event = event,
+                        surely.stuck.records = records,
+                        "no idempotency record stuck processing"
+                    );
+                }
             }
         }
     }

@@ -27,6 +27,7 @@ mod serve;
 
 #[cfg(feature = "postgres")]
 mod disconnect;
+mod events;
 mod limits;
 mod postgres;
 mod recovery;
@@ -333,10 +334,12 @@ where
     // The processing record's lease passed too; still it stays.
     assert_eq!(store.sweep(Duration::ZERO).await.unwrap(), 2);
     assert_eq!(store.sweep(Duration::ZERO).await.unwrap(), 0);
-    // It is there: acquiring takes it over (fence 2), rather than creating it (fence 1).
+    // It is there: acquiring takes it over (fence 2), rather than creating it (fence 1), and
+    // says so.
     assert!(matches!(
         store.acquire(&processing, &digest, short).await.unwrap(),
-        Acquire::Owner(f) if f == Fence::new(2)
+        Acquire::TakenOver { fence, overdue }
+            if fence == Fence::new(2) && overdue >= Duration::from_millis(100)
     ));
     // The swept ones start again at fence 1.
     assert!(matches!(
@@ -617,11 +620,16 @@ async fn the_memory_store_renews_only_its_owners_lease() {
         store.acquire(&key, &digest, secs(10)).await.unwrap(),
         Acquire::InFlight { retry_after } if retry_after == secs(10)
     ));
-    // Taken over: the old owner's renewal is stale.
+    // Taken over, a second past the renewed lease: the old owner's renewal is stale.
     tokio::time::advance(secs(11)).await;
-    let Acquire::Owner(second) = store.acquire(&key, &digest, secs(10)).await.unwrap() else {
+    let Acquire::TakenOver {
+        fence: second,
+        overdue,
+    } = store.acquire(&key, &digest, secs(10)).await.unwrap()
+    else {
         panic!("not taken over");
     };
+    assert_eq!(overdue, secs(1));
     assert!(store
         .renew(&key, first, secs(10))
         .await

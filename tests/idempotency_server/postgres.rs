@@ -239,10 +239,17 @@ async fn pg_lease_expiry_takeover_and_stale_completion_refused() {
         Acquire::Mismatch
     ));
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert!(matches!(
-        s.acquire(&key, &digest, lease).await.unwrap(),
-        Acquire::Owner(f) if f == Fence::new(2)
-    ));
+    // A takeover, and the store says how long past the lease, by the database's clock.
+    match s.acquire(&key, &digest, lease).await.unwrap() {
+        Acquire::TakenOver { fence, overdue } => {
+            assert_eq!(fence, Fence::new(2));
+            assert!(
+                overdue >= Duration::from_millis(50) && overdue < Duration::from_secs(5),
+                "{overdue:?}"
+            );
+        }
+        other => panic!("not taken over: {other:?}"),
+    }
     let late = StoredResponse::new(StatusCode::CREATED, &http::HeaderMap::new(), "late".into());
     let err = s
         .complete(&key, Fence::new(1), &late, Duration::from_secs(60))
@@ -266,6 +273,18 @@ async fn pg_lease_expiry_takeover_and_stale_completion_refused() {
     assert!(got.replayed());
     assert_eq!(got.body, "won");
     assert_eq!(seen.calls(), 0);
+    db.drop_tables().await;
+}
+
+#[tokio::test]
+async fn pg_a_takeover_is_told_from_a_release() {
+    let db = store("pg_a_takeover_is_told_from_a_release").await;
+    crate::events::a_takeover_is_told_from_a_release(
+        db.store.clone(),
+        Duration::from_millis(400),
+        tokio::time::sleep,
+    )
+    .await;
     db.drop_tables().await;
 }
 
@@ -294,7 +313,7 @@ async fn pg_renewal_extends_the_owners_lease_only() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(matches!(
         s.acquire(&key, &digest, short).await.unwrap(),
-        Acquire::Owner(f) if f == Fence::new(2)
+        Acquire::TakenOver { fence, .. } if fence == Fence::new(2)
     ));
     assert!(s
         .renew(&key, Fence::new(1), short)

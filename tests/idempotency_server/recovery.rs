@@ -136,7 +136,7 @@ where
     // The processing record was not swept: taking it over gives fence 2, not 1.
     assert!(matches!(
         store.acquire(&hung, &RequestDigest::of(b"o"), scale).await.unwrap(),
-        Acquire::Owner(f) if f == Fence::new(2)
+        Acquire::TakenOver { fence, .. } if fence == Fence::new(2)
     ));
 }
 
@@ -158,7 +158,7 @@ async fn memory_retention_by_operation() {
 
 /// A writer for tracing-subscriber that keeps what it is given.
 #[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+pub(crate) struct Captured(pub(crate) Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl std::io::Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

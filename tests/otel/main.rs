@@ -21,6 +21,8 @@ use surely::hedge::{HedgeDelay, HedgeLayer};
 use surely::record::{InMemoryRecorder, OtelRecorder, TracingRecorder};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
+mod server;
+
 /// A meter provider that exports to memory when flushed.
 struct Metrics {
     provider: SdkMeterProvider,
@@ -85,6 +87,27 @@ impl Metrics {
                 .find(|p| has(p.attributes(), attrs))
                 .map(|p| p.value()),
             other => panic!("{name} is not a u64 gauge: {other:?}"),
+        })
+    }
+
+    /// The last value of the f64 gauge `name` (its only point).
+    fn gauge_f64(&self, name: &str) -> Option<f64> {
+        self.with_metric(name, |m| match m.data() {
+            AggregatedMetrics::F64(MetricData::Gauge(g)) => {
+                g.data_points().next().map(|p| p.value())
+            }
+            other => panic!("{name} is not an f64 gauge: {other:?}"),
+        })
+    }
+
+    /// The attribute keys of every point of the u64 counter `name`.
+    fn attribute_keys(&self, name: &str) -> Vec<String> {
+        self.with_metric(name, |m| match m.data() {
+            AggregatedMetrics::U64(MetricData::Sum(sum)) => sum
+                .data_points()
+                .flat_map(|p| p.attributes().map(|kv| kv.key.as_str().to_owned()))
+                .collect(),
+            other => panic!("{name} is not a u64 counter: {other:?}"),
         })
     }
 

@@ -9,7 +9,8 @@ use http::Method;
 use tower_layer::Layer;
 
 use super::service::IdempotencyService;
-use crate::idempotency::store::IdempotencyStore;
+use crate::idempotency::store::{IdempotencyStore, RecordKey, StoreError, StuckRecord};
+use crate::record::{Recorder, ServerEvent, ServerEventKind};
 use crate::ConfigError;
 
 type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
@@ -34,6 +35,18 @@ pub(super) struct Config<St> {
     pub(super) detach: bool,
     pub(super) tenant: Option<Arc<TenantFn>>,
     pub(super) operation: Option<Arc<OperationFn>>,
+    /// Where events go; `None` when no recorder wants them.
+    pub(super) recorder: Option<Arc<dyn Recorder + Send + Sync>>,
+}
+
+impl<St> Config<St> {
+    /// Records `kind` for a request with `method` on `record`, if a recorder wants it. The
+    /// method and record are cloned only then.
+    pub(super) fn emit(&self, kind: ServerEventKind, method: &Method, record: &RecordKey) {
+        if let Some(recorder) = &self.recorder {
+            recorder.record_server(&ServerEvent::request(kind, method.clone(), record.clone()));
+        }
+    }
 }
 
 /// Honours `Idempotency-Key` on a server: first request wins, duplicates wait or replay. See the
@@ -69,6 +82,54 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     pub fn store(&self) -> &St {
         &self.config.store
     }
+
+    /// Reports the records that have been `PROCESSING` for `older_than` or more, as
+    /// [`report_stuck`](crate::idempotency::store::report_stuck) does (a `tracing` warning
+    /// for each, at most 100, oldest first), and tells the layer's
+    /// [recorder](IdempotencyLayerBuilder::recorder) how many there were and the oldest's age
+    /// ([`ServerEventKind::Stuck`]), zero included: an
+    /// `OtelRecorder` (feature `opentelemetry`) turns that into gauges to alert on.
+    ///
+    /// Run it on a schedule, with a threshold well over the longest a handler should take
+    /// (and over the lease, unless the owners [renew](IdempotencyLayerBuilder::renew_for)
+    /// theirs). A store that fails is reported to nothing but the caller.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::idempotency::server::IdempotencyLayer;
+    /// use surely::idempotency::store::MemoryStore;
+    /// use surely::record::{InMemoryRecorder, ServerEventKind};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let events = InMemoryRecorder::new();
+    /// let layer = IdempotencyLayer::builder(MemoryStore::new())
+    ///     .recorder(events.clone())
+    ///     .build()
+    ///     .unwrap();
+    /// // In production: every minute, on a task of its own.
+    /// let stuck = layer.report_stuck(Duration::from_secs(300)).await.unwrap();
+    /// assert!(stuck.is_empty());
+    /// assert_eq!(
+    ///     events.server_events()[0].kind,
+    ///     ServerEventKind::Stuck { records: 0, oldest: None }
+    /// );
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The store failed.
+    pub async fn report_stuck(&self, older_than: Duration) -> Result<Vec<StuckRecord>, StoreError> {
+        let stuck = crate::idempotency::store::report_stuck(&self.config.store, older_than).await?;
+        if let Some(recorder) = &self.config.recorder {
+            let kind = ServerEventKind::Stuck {
+                records: stuck.len(),
+                oldest: stuck.iter().map(|s| s.age).max(),
+            };
+            recorder.record_server(&ServerEvent::report(kind));
+        }
+        Ok(stuck)
+    }
 }
 
 impl<S, St> Layer<S> for IdempotencyLayer<St> {
@@ -100,6 +161,7 @@ impl<St> fmt::Debug for Config<St> {
             .field("detach", &self.detach)
             .field("tenant", &self.tenant.as_ref().map(|_| "fn"))
             .field("operation", &self.operation.as_ref().map(|_| "fn"))
+            .field("recorder", &self.recorder.is_some())
             .finish()
     }
 }
@@ -156,6 +218,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 detach: true,
                 tenant: None,
                 operation: None,
+                recorder: None,
             },
         }
     }
@@ -312,6 +375,56 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
         F: Fn(&Parts) -> String + Send + Sync + 'static,
     {
         self.config.operation = Some(Arc::new(operation));
+        self
+    }
+
+    /// Where the layer's events go ([`Recorder::record_server`]): replays, duplicates refused
+    /// while in flight (`409`), keys reused with another body (`422`), expired keys (`410`),
+    /// lease takeovers, keys released by a dropped handler, and a store that could not be
+    /// reached or could not record a result. See [`ServerEventKind`].
+    ///
+    /// The default is `()`: nothing is recorded, and no event is built. A recorder whose
+    /// [`enabled`](Recorder::enabled) is false when it is given costs the same. Combine
+    /// recorders as a pair: `(TracingRecorder::new(), OtelRecorder::new(&meter))`.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use surely::idempotency::server::IdempotencyLayer;
+    /// use surely::idempotency::store::MemoryStore;
+    /// use surely::record::{InMemoryRecorder, ServerEventKind, TracingRecorder};
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let events = InMemoryRecorder::new();
+    /// let layer = IdempotencyLayer::builder(MemoryStore::new())
+    ///     .recorder((TracingRecorder::new(), events.clone()))
+    ///     .build()
+    ///     .unwrap();
+    /// let svc = layer.layer(service_fn(|_req: http::Request<Full<Bytes>>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("o-1"))))
+    /// }));
+    /// let post = |body: &'static str| {
+    ///     http::Request::post("/orders")
+    ///         .header("idempotency-key", "k-1")
+    ///         .body(Full::new(Bytes::from(body)))
+    ///         .unwrap()
+    /// };
+    /// svc.clone().oneshot(post("o-1")).await.unwrap();
+    /// svc.clone().oneshot(post("o-1")).await.unwrap(); // replayed
+    /// svc.clone().oneshot(post("o-2")).await.unwrap(); // 422: the key was used for o-1
+    ///
+    /// let kinds: Vec<_> = events.server_events().iter().map(|e| e.kind.as_str()).collect();
+    /// assert_eq!(kinds, ["replayed", "key_mismatch"]);
+    /// assert_eq!(events.server_events()[1].key(), Some("k-1"));
+    /// # }
+    /// ```
+    pub fn recorder<R: Recorder + Send + Sync + 'static>(mut self, recorder: R) -> Self {
+        self.config.recorder = if recorder.enabled() {
+            Some(Arc::new(recorder))
+        } else {
+            None
+        };
         self
     }
 

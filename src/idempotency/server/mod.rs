@@ -101,6 +101,20 @@
 //! [`PostgresStore`](super::store::PostgresStore) closes that gap by completing inside the
 //! handler's own transaction.
 //!
+//! # Events
+//!
+//! Give the builder a [recorder](IdempotencyLayerBuilder::recorder) to see what the layer
+//! did, beyond running handlers: a replay, a duplicate refused while in flight, a key reused
+//! with another body, an expired key, a **lease takeover** (with how long the record was held
+//! past its lease: an owner crashed or hung), a key released by a dropped handler, a store that
+//! could not be reached (`503`) or could not record a result. Each is a
+//! [`ServerEvent`](crate::record::ServerEvent) with the request's method and record; the
+//! [`TracingRecorder`](crate::record::TracingRecorder) logs them, the
+//! `OtelRecorder` (feature `opentelemetry`) counts them.
+//! [`IdempotencyLayer::report_stuck`], run on a schedule, reports the records still
+//! `PROCESSING` past a threshold, to `tracing` and to the recorder. Without a recorder, the
+//! layer builds no event.
+//!
 //! # Example
 //!
 //! ```

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{header, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use tower_service::Service;
@@ -28,6 +28,7 @@ use crate::idempotency::store::{
     Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoredResponse,
 };
 use crate::idempotency::IdempotencyKey;
+use crate::record::ServerEventKind;
 use crate::IDEMPOTENCY_KEY;
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
@@ -176,7 +177,16 @@ where
 /// while it ran in the caller's task, or the runtime shut down): the next request with the key
 /// runs at once instead of waiting out the lease. Disarmed as soon as the handler answers.
 struct ReleaseIfDropped<St: IdempotencyStore> {
-    armed: Option<(Arc<Config<St>>, RecordKey, Fence)>,
+    armed: Option<Owned<St>>,
+}
+
+/// What an owner releases if its handler is dropped.
+struct Owned<St> {
+    config: Arc<Config<St>>,
+    key: RecordKey,
+    fence: Fence,
+    /// The request's method, when a recorder wants the release reported.
+    method: Option<Method>,
 }
 
 impl<St: IdempotencyStore> ReleaseIfDropped<St> {
@@ -187,7 +197,13 @@ impl<St: IdempotencyStore> ReleaseIfDropped<St> {
 
 impl<St: IdempotencyStore> Drop for ReleaseIfDropped<St> {
     fn drop(&mut self) {
-        let Some((config, key, fence)) = self.armed.take() else {
+        let Some(Owned {
+            config,
+            key,
+            fence,
+            method,
+        }) = self.armed.take()
+        else {
             return;
         };
         // No runtime (or one that is shutting down, which drops the task): the lease passes,
@@ -195,7 +211,12 @@ impl<St: IdempotencyStore> Drop for ReleaseIfDropped<St> {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 match config.store.release(&key, fence).await {
-                    Ok(()) => tracing::debug!(?key, "handler dropped: idempotency key released"),
+                    Ok(()) => {
+                        tracing::debug!(?key, "handler dropped: idempotency key released");
+                        if let Some(method) = &method {
+                            config.emit(ServerEventKind::Released { fence }, method, &key);
+                        }
+                    }
                     Err(e) => tracing::warn!(?key, error = %e, "handler dropped: idempotency key not released"),
                 }
             });
@@ -322,25 +343,44 @@ where
         }
     };
     let digest = RequestDigest::of(&body);
+    let method = &parts.method;
     let fence = match config.store.acquire(&key, &digest, config.lease).await {
         Ok(Acquire::Owner(fence)) => fence,
-        Ok(Acquire::InFlight { retry_after }) => {
-            return Ok(in_flight(retry_after.min(config.retry_after)))
+        Ok(Acquire::TakenOver { fence, overdue }) => {
+            config.emit(
+                ServerEventKind::LeaseTakeover { fence, overdue },
+                method,
+                &key,
+            );
+            fence
         }
-        Ok(Acquire::Completed(stored)) => return Ok(replay(&stored)),
+        Ok(Acquire::InFlight { retry_after }) => {
+            let kind = ServerEventKind::InFlight {
+                lease_left: retry_after,
+            };
+            config.emit(kind, method, &key);
+            return Ok(in_flight(retry_after.min(config.retry_after)));
+        }
+        Ok(Acquire::Completed(stored)) => {
+            let status = stored.status();
+            config.emit(ServerEventKind::Replayed { status }, method, &key);
+            return Ok(replay(&stored));
+        }
         Ok(Acquire::Mismatch) => {
+            config.emit(ServerEventKind::KeyMismatch, method, &key);
             return Ok(error(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 IDEMPOTENCY_KEY_MISMATCH,
                 "this idempotency key was used with a different request body",
-            ))
+            ));
         }
         Ok(Acquire::Expired) => {
+            config.emit(ServerEventKind::Expired, method, &key);
             return Ok(error(
                 StatusCode::GONE,
                 IDEMPOTENCY_KEY_EXPIRED,
                 "this idempotency key has expired; its result is no longer kept",
-            ))
+            ));
         }
         Err(e) if e.is_rejected() => {
             tracing::debug!(?key, error = %e, "idempotency store refused the request");
@@ -356,6 +396,7 @@ where
         }
         Err(e) => {
             tracing::warn!(error = %e, "idempotency store unavailable");
+            config.emit(ServerEventKind::StoreUnavailable, method, &key);
             let mut res = error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 IDEMPOTENCY_STORE_UNAVAILABLE,
@@ -371,8 +412,15 @@ where
     parts
         .extensions
         .insert(Ticket::new(key.clone(), fence, retention));
+    // Kept for the events after the handler, which takes the request.
+    let method = config.recorder.as_ref().map(|_| parts.method.clone());
     let mut guard = ReleaseIfDropped {
-        armed: Some((config.clone(), key.clone(), fence)),
+        armed: Some(Owned {
+            config: config.clone(),
+            key: key.clone(),
+            fence,
+            method: method.clone(),
+        }),
     };
     // An error from the handler leaves the record PROCESSING: its lease passes, and the next
     // attempt takes over, as after a crash. A handler dropped before it answered (its caller
@@ -413,6 +461,9 @@ where
             );
         } else {
             tracing::warn!(?key, fence = fence.get(), error = %e, "idempotency record not updated");
+            if let Some(method) = &method {
+                config.emit(ServerEventKind::NotStored { fence }, method, &key);
+            }
         }
     }
     Ok(Response::from_parts(head, Full::new(body)))

@@ -151,8 +151,9 @@ impl MemoryStore {
             }
             Entry::Occupied(mut o) => {
                 let record = o.get_mut();
-                match &record.state {
-                    State::Released { .. } => {}
+                // How long a processing record was held past its lease, when taken over.
+                let overdue = match &record.state {
+                    State::Released { .. } => None,
                     State::Processing {
                         lease_until: held, ..
                     } => {
@@ -164,6 +165,7 @@ impl MemoryStore {
                                 retry_after: *held - now,
                             };
                         }
+                        Some(now - *held)
                     }
                     State::Completed {
                         response,
@@ -177,7 +179,7 @@ impl MemoryStore {
                             Acquire::Completed(response.clone())
                         };
                     }
-                }
+                };
                 // Released, or a lease that passed: take over.
                 record.fence += 1;
                 record.digest = *digest;
@@ -185,7 +187,11 @@ impl MemoryStore {
                     lease_until,
                     since: now,
                 };
-                Acquire::Owner(Fence(record.fence))
+                let fence = Fence(record.fence);
+                match overdue {
+                    Some(overdue) => Acquire::TakenOver { fence, overdue },
+                    None => Acquire::Owner(fence),
+                }
             }
         }
     }

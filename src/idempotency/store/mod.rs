@@ -16,7 +16,10 @@
 //! * [`acquire`](IdempotencyStore::acquire) inserts the record if absent, or takes over a
 //!   `RELEASED` record or a `PROCESSING` one whose lease has passed, raising its **fence** (the
 //!   fencing token) by one; otherwise it reports what is there: still in flight, completed (the
-//!   stored response), a different request digest, or expired.
+//!   stored response), a different request digest, or expired. A takeover of a `PROCESSING`
+//!   record says so ([`Acquire::TakenOver`]), with how long the record was held past its lease:
+//!   the server layer reports it as a
+//!   [`LeaseTakeover`](crate::record::ServerEventKind::LeaseTakeover).
 //! * [`complete`](IdempotencyStore::complete) stores the response, only if the caller's fence is
 //!   still the record's and the record is `PROCESSING`: a stale owner, whose lease passed and
 //!   whose record was taken over, is refused ([`StoreError::is_stale`]).
@@ -393,9 +396,21 @@ impl fmt::Debug for StoredResponse {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum Acquire {
-    /// The caller owns the record now (a new key, a released record, or a takeover after the
-    /// lease passed), with this fence. It should run the request and then complete or release.
+    /// The caller owns the record now (a new key, or a released record), with this fence. It
+    /// should run the request and then complete or release.
     Owner(Fence),
+    /// The caller owns the record now, with this fence, taken over from an owner whose lease
+    /// passed while the record was still `PROCESSING` (that owner crashed, hung, or ran past
+    /// its lease). It runs the request as an [`Owner`](Self::Owner) does.
+    ///
+    /// A store of your own may report a takeover as a plain `Owner`; the server layer then
+    /// reports no [`LeaseTakeover`](crate::record::ServerEventKind::LeaseTakeover).
+    TakenOver {
+        /// The new owner's fence.
+        fence: Fence,
+        /// How long the record had been held past its lease when it was taken over.
+        overdue: Duration,
+    },
     /// Another owner holds an unexpired lease: try again after `retry_after` (the lease's
     /// remaining time).
     InFlight {
@@ -410,6 +425,26 @@ pub enum Acquire {
     /// The record's retention has ended; the stored response is no longer replayed, and the key
     /// may not be used again until the record is swept.
     Expired,
+}
+
+impl Acquire {
+    /// The caller's fence, if it became the owner ([`Owner`](Self::Owner) or
+    /// [`TakenOver`](Self::TakenOver)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::idempotency::store::{Acquire, Fence};
+    ///
+    /// let taken = Acquire::TakenOver { fence: Fence::new(2), overdue: Duration::from_secs(3) };
+    /// assert_eq!(taken.fence(), Some(Fence::new(2)));
+    /// assert_eq!(Acquire::Mismatch.fence(), None);
+    /// ```
+    pub fn fence(&self) -> Option<Fence> {
+        match self {
+            Acquire::Owner(fence) | Acquire::TakenOver { fence, .. } => Some(*fence),
+            _ => None,
+        }
+    }
 }
 
 /// A store operation failed: the backend failed, or a completion or release came with a stale

@@ -144,11 +144,13 @@ impl Sql {
         let columns = "t.digest, t.state,
                        GREATEST(EXTRACT(EPOCH FROM (t.lease_until - now())), 0)::float8,
                        COALESCE(t.expires_at <= now(), false),
-                       t.status, t.header_names, t.header_values, t.body";
+                       t.status, t.header_names, t.header_values, t.body,
+                       GREATEST(EXTRACT(EPOCH FROM (now() - t.lease_until)), 0)::float8";
         Sql {
             table: t.to_owned(),
             // One round trip: the upsert, and beside it the record as the statement's snapshot
-            // saw it (for the answer when the upsert changed nothing).
+            // saw it (for the answer when the upsert changed nothing, and for what it took
+            // over when it did).
             acquire: format!(
                 "WITH acquired AS (
                      INSERT INTO {t} AS r
@@ -375,7 +377,7 @@ impl PostgresStore {
             };
             let fence: Option<i64> = row.try_get(0).map_err(StoreError::backend)?;
             if let Some(fence) = fence {
-                return Ok(Acquire::Owner(Fence::new(fence as u64)));
+                return taken(&row, Fence::new(fence as u64));
             }
             let seen: Option<&[u8]> = row.try_get(1).map_err(StoreError::backend)?;
             if seen.is_none() {
@@ -404,6 +406,23 @@ fn by_content(e: tokio_postgres::Error) -> StoreError {
     } else {
         StoreError::backend(e)
     }
+}
+
+/// What the upsert that made the caller the owner took: a takeover when the statement's
+/// snapshot saw the record `PROCESSING` with its lease passed (the upsert took it over, as it
+/// takes nothing else that is processing); a new or released record otherwise. A record that
+/// another request committed after the snapshot reads as a plain owner.
+fn taken(row: &Row, fence: Fence) -> Result<Acquire, StoreError> {
+    let e = StoreError::backend;
+    let state: Option<i16> = row.try_get(2).map_err(e)?;
+    let overdue: Option<f64> = row.try_get(9).map_err(e)?;
+    Ok(match (state, overdue) {
+        (Some(PROCESSING), Some(overdue)) if fence.get() > 1 => Acquire::TakenOver {
+            fence,
+            overdue: Duration::try_from_secs_f64(overdue).unwrap_or(Duration::ZERO),
+        },
+        _ => Acquire::Owner(fence),
+    })
 }
 
 /// What a read of a record not taken says; `None` when it is free again (released meanwhile).

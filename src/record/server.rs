@@ -1,0 +1,196 @@
+//! What the server idempotency layer records.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+
+use crate::idempotency::store::{Fence, RecordKey};
+
+/// What happened to a keyed request at the server's
+/// [`IdempotencyLayer`](crate::idempotency::server::IdempotencyLayer), or what its stuck-record
+/// report found: the events an operator alerts on. A first request that runs its handler and
+/// completes its record is the normal case and makes no event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerEventKind {
+    /// A duplicate of a completed request got the stored response (`idempotent-replayed: true`).
+    Replayed {
+        /// The stored response's status.
+        status: StatusCode,
+    },
+    /// A duplicate came while the key's first request was still running, and got `409` with
+    /// `Retry-After`: its handler did not run.
+    InFlight {
+        /// The time left on the owner's lease.
+        lease_left: Duration,
+    },
+    /// The key was used before with a different request body: the request got `422`.
+    KeyMismatch,
+    /// The key's record outlived its retention: the request got `410 Gone`, and its client
+    /// cannot learn from the replay whether its first request took effect.
+    Expired,
+    /// The request took the record over from an owner whose lease had passed without it
+    /// completing or releasing the record: that owner crashed, hung, or ran longer than its
+    /// lease (and renewals). The handler runs again, with a higher fence.
+    LeaseTakeover {
+        /// The new owner's fence.
+        fence: Fence,
+        /// How long the record had been held past its lease, stuck `PROCESSING`, when it was
+        /// taken over.
+        overdue: Duration,
+    },
+    /// An owner whose handler was dropped before it answered (its caller went away with
+    /// [`cancel_with_caller`](crate::idempotency::server::IdempotencyLayerBuilder::cancel_with_caller),
+    /// or the runtime shut down) released its key, so that the next request runs at once.
+    Released {
+        /// The fence of the owner that released it.
+        fence: Fence,
+    },
+    /// The store could not be reached before the handler ran: the request got `503` with
+    /// `Retry-After` and `not-processed`.
+    StoreUnavailable,
+    /// The handler answered, but the store failed to record the result (complete or release):
+    /// the client got its answer, and the record stays `PROCESSING` until its lease passes, after
+    /// which a retry runs the handler again.
+    NotStored {
+        /// The owner's fence.
+        fence: Fence,
+    },
+    /// A [stuck-record report](crate::idempotency::server::IdempotencyLayer::report_stuck)
+    /// ran: how many records were still `PROCESSING` past its threshold. Reported on every run,
+    /// zero included, so that a gauge falls back when the records are settled.
+    Stuck {
+        /// Records found (the report reads at most 100).
+        records: usize,
+        /// How long the oldest of them has been processing; `None` without any.
+        oldest: Option<Duration>,
+    },
+}
+
+impl ServerEventKind {
+    /// A short snake-case name, for records, logs and metric attributes: `replayed`,
+    /// `in_flight`, `key_mismatch`, `expired`, `lease_takeover`, `released`,
+    /// `store_unavailable`, `not_stored`, `stuck`.
+    ///
+    /// ```
+    /// use surely::record::ServerEventKind;
+    /// assert_eq!(ServerEventKind::KeyMismatch.as_str(), "key_mismatch");
+    /// ```
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ServerEventKind::Replayed { .. } => "replayed",
+            ServerEventKind::InFlight { .. } => "in_flight",
+            ServerEventKind::KeyMismatch => "key_mismatch",
+            ServerEventKind::Expired => "expired",
+            ServerEventKind::LeaseTakeover { .. } => "lease_takeover",
+            ServerEventKind::Released { .. } => "released",
+            ServerEventKind::StoreUnavailable => "store_unavailable",
+            ServerEventKind::NotStored { .. } => "not_stored",
+            ServerEventKind::Stuck { .. } => "stuck",
+        }
+    }
+}
+
+impl fmt::Display for ServerEventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An event of the server [idempotency layer](crate::idempotency::server), as a
+/// [`Recorder`](super::Recorder) receives it in
+/// [`record_server`](super::Recorder::record_server).
+///
+/// The record (tenant, operation, key) is for logs and traces only: the key and the tenant are
+/// unbounded, and `OtelRecorder` never puts them in metric attributes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerEvent {
+    /// What happened.
+    pub kind: ServerEventKind,
+    /// The request's method; `None` for an event that no request made
+    /// ([`Stuck`](ServerEventKind::Stuck)).
+    pub method: Option<Method>,
+    /// The request's record: tenant, operation and key; `None` for an event that no request
+    /// made.
+    pub record: Option<RecordKey>,
+}
+
+impl ServerEvent {
+    pub(crate) fn request(kind: ServerEventKind, method: Method, record: RecordKey) -> Self {
+        ServerEvent {
+            kind,
+            method: Some(method),
+            record: Some(record),
+        }
+    }
+
+    pub(crate) fn report(kind: ServerEventKind) -> Self {
+        ServerEvent {
+            kind,
+            method: None,
+            record: None,
+        }
+    }
+
+    /// The tenant, if a request made the event.
+    pub fn tenant(&self) -> Option<&str> {
+        self.record.as_ref().map(RecordKey::tenant)
+    }
+
+    /// The operation (`POST /orders`), if a request made the event.
+    pub fn operation(&self) -> Option<&str> {
+        self.record.as_ref().map(RecordKey::operation)
+    }
+
+    /// The idempotency key, if a request made the event.
+    pub fn key(&self) -> Option<&str> {
+        self.record.as_ref().map(|r| r.key().as_str())
+    }
+}
+
+impl fmt::Display for ServerEvent {
+    /// One readable line: `idempotency lease_takeover POST tenant=acme operation="POST /orders"
+    /// key=k-1 fence=2 overdue=3000ms`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "idempotency {}", self.kind)?;
+        if let Some(method) = &self.method {
+            write!(f, " {method}")?;
+        }
+        if let Some(r) = &self.record {
+            write!(
+                f,
+                " tenant={} operation={:?} key={}",
+                r.tenant(),
+                r.operation(),
+                r.key().as_str()
+            )?;
+        }
+        match self.kind {
+            ServerEventKind::Replayed { status } => write!(f, " status={}", status.as_u16()),
+            ServerEventKind::InFlight { lease_left } => {
+                write!(f, " lease-left={}ms", lease_left.as_millis())
+            }
+            ServerEventKind::LeaseTakeover { fence, overdue } => write!(
+                f,
+                " fence={} overdue={}ms",
+                fence.get(),
+                overdue.as_millis()
+            ),
+            ServerEventKind::Released { fence } | ServerEventKind::NotStored { fence } => {
+                write!(f, " fence={}", fence.get())
+            }
+            ServerEventKind::Stuck { records, oldest } => {
+                write!(f, " records={records}")?;
+                match oldest {
+                    Some(d) => write!(f, " oldest={}ms", d.as_millis()),
+                    None => Ok(()),
+                }
+            }
+            ServerEventKind::KeyMismatch
+            | ServerEventKind::Expired
+            | ServerEventKind::StoreUnavailable => Ok(()),
+        }
+    }
+}

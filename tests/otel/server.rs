@@ -1,0 +1,327 @@
+//! The server idempotency layer's events and the outbox relay's reports, through a real
+//! `IdempotencyLayer` over the memory store and a real `Relay` over the memory outbox.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use surely::idempotency::server::IdempotencyLayer;
+use surely::idempotency::store::{
+    Acquire, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest, StoreError,
+    StoredResponse, StuckRecord,
+};
+use surely::outbox::{Event, EventId, MemoryOutbox, Relay};
+use surely::record::InMemoryRecorder;
+use tokio::sync::Notify;
+use tower::{service_fn, Layer, ServiceExt};
+
+use super::Metrics;
+
+type Req = Request<Full<Bytes>>;
+type Res = Response<Full<Bytes>>;
+
+fn keyed(method: http::Method, key: &str, body: &'static str) -> Req {
+    Request::builder()
+        .method(method)
+        .uri("/orders")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap()
+}
+
+fn post(key: &str, body: &'static str) -> Req {
+    keyed(http::Method::POST, key, body)
+}
+
+fn created() -> Res {
+    Response::builder()
+        .status(201)
+        .body(Full::new(Bytes::from("created")))
+        .unwrap()
+}
+
+const EVENTS: &str = "surely.server.idempotency.events";
+
+fn event(kind: &'static str) -> [(&'static str, &'static str); 2] {
+    [("surely.event", kind), ("http.request.method", "POST")]
+}
+
+/// Replay, in-flight 409, mismatch and a lease takeover (paused time), each counted once by
+/// name and method, with no attribute but those two.
+#[tokio::test(start_paused = true)]
+async fn server_events_are_counted_by_kind_and_method() {
+    let metrics = Metrics::new();
+    let gate = std::sync::Arc::new(Notify::new());
+    let held = gate.clone();
+    let handler = service_fn(move |req: Req| {
+        let hang = req.headers().contains_key("x-hang");
+        let held = held.clone();
+        async move {
+            if hang {
+                held.notified().await;
+            }
+            Ok::<_, Infallible>(created())
+        }
+    });
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .lease(Duration::from_secs(10))
+        .recorder(metrics.recorder())
+        .build()
+        .unwrap();
+    let svc = layer.layer(handler);
+
+    // Nothing yet: a first request is no event.
+    let res = svc.clone().oneshot(post("k-1", "o-1")).await.unwrap();
+    assert_eq!(res.status(), 201);
+    assert!(!metrics.exported(EVENTS));
+
+    let res = svc.clone().oneshot(post("k-1", "o-1")).await.unwrap();
+    assert_eq!(res.headers()["idempotent-replayed"], "true");
+    let res = svc.clone().oneshot(post("k-1", "o-2")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    // An owner that hangs: a duplicate gets 409; after the lease, one takes over.
+    let mut hung = post("k-2", "o");
+    hung.headers_mut().insert("x-hang", "1".parse().unwrap());
+    let first = tokio::spawn(svc.clone().oneshot(hung));
+    while layer.store().len() < 2 {
+        tokio::task::yield_now().await;
+    }
+    let res = svc.clone().oneshot(post("k-2", "o")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    tokio::time::advance(Duration::from_secs(12)).await;
+    let res = svc.clone().oneshot(post("k-2", "o")).await.unwrap();
+    assert_eq!(res.status(), 201);
+    gate.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), 201);
+
+    for kind in ["replayed", "key_mismatch", "in_flight", "lease_takeover"] {
+        assert_eq!(metrics.count(EVENTS, &event(kind)), 1, "{kind}");
+    }
+    assert_eq!(metrics.count(EVENTS, &[]), 4);
+    // Keys, tenants and operations are unbounded: never attributes.
+    let mut keys = metrics.attribute_keys(EVENTS);
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys, ["http.request.method", "surely.event"]);
+
+    // A method outside the standard ones is `_OTHER`.
+    let purge = http::Method::from_bytes(b"PURGE").unwrap();
+    svc.clone()
+        .oneshot(keyed(purge.clone(), "k-3", "o"))
+        .await
+        .unwrap();
+    svc.clone().oneshot(keyed(purge, "k-3", "o")).await.unwrap();
+    assert_eq!(
+        metrics.count(
+            EVENTS,
+            &[
+                ("surely.event", "replayed"),
+                ("http.request.method", "_OTHER")
+            ]
+        ),
+        1
+    );
+}
+
+/// A store that cannot be reached.
+#[derive(Clone)]
+struct Down;
+
+fn refused() -> StoreError {
+    StoreError::backend("connection refused")
+}
+
+impl IdempotencyStore for Down {
+    fn acquire(
+        &self,
+        _: &RecordKey,
+        _: &RequestDigest,
+        _: Duration,
+    ) -> impl Future<Output = Result<Acquire, StoreError>> + Send {
+        std::future::ready(Err(refused()))
+    }
+
+    fn complete(
+        &self,
+        _: &RecordKey,
+        _: Fence,
+        _: &StoredResponse,
+        _: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Err(refused()))
+    }
+
+    fn release(
+        &self,
+        _: &RecordKey,
+        _: Fence,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Err(refused()))
+    }
+
+    fn renew(
+        &self,
+        _: &RecordKey,
+        _: Fence,
+        _: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Err(refused()))
+    }
+
+    fn sweep(&self, _: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        std::future::ready(Err(refused()))
+    }
+
+    fn stuck(
+        &self,
+        _: Duration,
+        _: usize,
+    ) -> impl Future<Output = Result<Vec<StuckRecord>, StoreError>> + Send {
+        std::future::ready(Err(refused()))
+    }
+}
+
+/// An unreachable store answers 503 and counts `store_unavailable`; a stuck-record report that
+/// fails sets no gauge.
+#[tokio::test]
+async fn an_unreachable_store_is_counted() {
+    let metrics = Metrics::new();
+    let layer = IdempotencyLayer::builder(Down)
+        .recorder(metrics.recorder())
+        .build()
+        .unwrap();
+    let svc = layer.layer(service_fn(|_req: Req| async {
+        Ok::<_, Infallible>(created())
+    }));
+    let res = svc.clone().oneshot(post("k-1", "o")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(metrics.count(EVENTS, &event("store_unavailable")), 1);
+    assert!(layer.report_stuck(Duration::from_secs(60)).await.is_err());
+    assert!(!metrics.exported("surely.server.idempotency.stuck"));
+}
+
+/// The stuck-record report sets its gauges, and sets them back to zero once the record is
+/// settled.
+#[tokio::test(start_paused = true)]
+async fn stuck_records_are_a_gauge() {
+    let metrics = Metrics::new();
+    let store = MemoryStore::new();
+    let layer = IdempotencyLayer::builder(store.clone())
+        .recorder(metrics.recorder())
+        .build()
+        .unwrap();
+    let key = RecordKey::new(
+        "acme",
+        "POST /payments",
+        surely::idempotency::IdempotencyKey::new("pay-1").unwrap(),
+    );
+    let Acquire::Owner(fence) = store
+        .acquire(&key, &RequestDigest::of(b"42"), Duration::from_secs(30))
+        .await
+        .unwrap()
+    else {
+        panic!("not the owner");
+    };
+    tokio::time::advance(Duration::from_secs(600)).await;
+    assert_eq!(
+        layer
+            .report_stuck(Duration::from_secs(300))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        metrics.gauge("surely.server.idempotency.stuck", &[]),
+        Some(1)
+    );
+    assert_eq!(
+        metrics.gauge_f64("surely.server.idempotency.stuck.oldest_age"),
+        Some(600.0)
+    );
+
+    store.release(&key, fence).await.unwrap();
+    assert!(layer
+        .report_stuck(Duration::from_secs(300))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        metrics.gauge("surely.server.idempotency.stuck", &[]),
+        Some(0)
+    );
+    assert_eq!(
+        metrics.gauge_f64("surely.server.idempotency.stuck.oldest_age"),
+        Some(0.0)
+    );
+    // A report is not an event of a request.
+    assert!(!metrics.exported(EVENTS));
+}
+
+fn outbox_event(n: u32) -> Event {
+    let key = format!("order o-{n}");
+    Event::new(
+        EventId::derive(&key, "OrderCreated"),
+        key,
+        1,
+        "OrderCreated",
+        format!("o-{n}"),
+    )
+    .unwrap()
+}
+
+/// A relay round that published one event and quarantined another, with a third left waiting:
+/// the counters count them, the gauges say the backlog, its age and the quarantine.
+#[tokio::test(start_paused = true)]
+async fn relay_rounds_and_stats_are_metrics() {
+    let metrics = Metrics::new();
+    let records = InMemoryRecorder::new();
+    let outbox = MemoryOutbox::new();
+    for n in 1..=3 {
+        outbox.enqueue(outbox_event(n));
+    }
+    let refused = EventId::derive("order o-2", "OrderCreated");
+    let broker = service_fn(move |event: Event| {
+        let fails = *event.id() == refused;
+        async move {
+            if fails {
+                Err(std::io::Error::other("broker refused"))
+            } else {
+                Ok(())
+            }
+        }
+    });
+    let mut relay = Relay::builder(outbox.clone(), broker)
+        .batch(2)
+        .quarantine_after(1)
+        .recorder((records.clone(), metrics.recorder()))
+        .build()
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let round = relay.run_once().await.unwrap();
+    assert_eq!(
+        (round.published, round.failed, round.quarantined),
+        (1, 1, 1)
+    );
+    assert_eq!(records.relay_reports().len(), 1);
+
+    assert_eq!(metrics.count("surely.outbox.relay.published", &[]), 1);
+    assert_eq!(metrics.count("surely.outbox.relay.failed", &[]), 1);
+    assert_eq!(metrics.count("surely.outbox.relay.quarantined", &[]), 1);
+    assert!(!metrics.exported("surely.outbox.relay.stale"));
+    assert_eq!(metrics.gauge("surely.outbox.backlog", &[]), Some(1));
+    assert_eq!(metrics.gauge_f64("surely.outbox.oldest_age"), Some(5.0));
+    assert_eq!(metrics.gauge("surely.outbox.quarantine", &[]), Some(1));
+
+    // The next round publishes the last one; the stats, when due, empty the backlog.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    relay.run_once().await.unwrap();
+    assert_eq!(metrics.count("surely.outbox.relay.published", &[]), 2);
+    assert_eq!(metrics.gauge("surely.outbox.backlog", &[]), Some(0));
+    assert_eq!(metrics.gauge_f64("surely.outbox.oldest_age"), Some(0.0));
+    assert_eq!(metrics.gauge("surely.outbox.quarantine", &[]), Some(1));
+}
