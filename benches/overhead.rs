@@ -1,5 +1,5 @@
-//! What surely's client layers cost per call, next to the bare service and to tower's
-//! `Timeout`, all measured in the same run, the same way.
+//! What surely's client layers cost per call, next to the bare service, to tower's layers and
+//! to seatbelt's, all measured in the same run, the same way.
 //!
 //! Every case drives an in-memory `tower::service_fn` on a current-thread tokio runtime (time
 //! driver only): criterion's `iter_custom` runs one `block_on` of a loop of `iters` calls, each
@@ -66,18 +66,69 @@
 //! failsafe's `StateMachine` at its default `Config` wrapping the inner future with its
 //! futures-aware `CircuitBreaker::call`; `surely_breaker`, `CircuitBreakerLayer` over
 //! `CircuitBreaker::new()` (its default window, the last 100 calls) with the bench's
-//! classifier; and `surely_breaker_time`, the same with a time window (10 s in 10 buckets),
-//! which reads the clock on every call. The target: surely's overhead over `bare` at most
-//! 0.5 × failsafe's, with 0 allocations per call.
+//! classifier; `surely_breaker_time`, the same with a time window (10 s in 10 buckets),
+//! which reads the clock on every call; and `seatbelt_breaker`, seatbelt's `Breaker` at its
+//! defaults (a failure ratio of 0.1 over 30 s, at least 100 calls, a 5 s break), every error a
+//! failure, shown beside surely's. The target: surely's overhead over `bare` at most 0.5 ×
+//! failsafe's, with 0 allocations per call.
 //!
 //! The hedge family (`hedge_ready/safe`, `hedge_pending_once/safe`) compares hedge layers on
 //! the success path when the hedge does not fire, over `Safe`, a request type like `plain`
 //! whose [`Envelope`] says it is safe (so that surely's layer does hedge it): the inner future
 //! answers on its first poll (`ready`) or after one `Pending` (`pending_once`). Its cases:
 //! `bare`; `tower_hedge`, tower's `Hedge` (every request hedgeable, 95th percentile, 10 data
-//! points, 10 s period); `surely_hedge`, `HedgeLayer::new()` (learned 95th percentile, a
-//! `RatioBudget` of its own) with the bench's classifier. Target: surely's overhead over `bare`
-//! ≤ 0.5 × tower's, and 0 allocations per call.
+//! points, 10 s period); `seatbelt_hedging`, seatbelt's `Hedging` (one hedge at most, its
+//! default, after 1 s, every error retried; shown beside surely's); `surely_hedge`,
+//! `HedgeLayer::new()` (learned 95th percentile, a `RatioBudget` of its own) with the bench's
+//! classifier. Target: surely's overhead over `bare` ≤ 0.5 × tower's, and 0 allocations per
+//! call.
+//!
+//! The client family compares the stack users build, `surely::client()`, with the nearest
+//! stacks of tower and of seatbelt, over the `plain` request and two shapes of inner service.
+//! The shapes differ only in their error type: every layer moves the inner service's `Result`,
+//! and its own error around it, through its futures, so the error's size is part of the cost.
+//!
+//! * `…/small`: `std::io::Error`, one pointer wide, built from its kind (no allocation);
+//! * `…/large`: `BigError`, an enum of the bench's own whose refusal carries 64 bytes of detail
+//!   inline (`Refused([u8; 64])`, `Other(io::ErrorKind)`). It is classified as the `io::Error`
+//!   of its kind, so its refusal is `ConnectionRefused`'s: *rejected*, not sent, retried.
+//!
+//! Its groups: `client_ready/…` (the inner answers at once), `client_fail_once/…` (the inner
+//! refuses each call's first attempt and answers its retry, as in `retry_fail_once`),
+//! `client_pending_once/…` (the inner waits once) and `deadline_ready/…` (timeouts alone, the
+//! inner answering at once). The cases of the `client_*` groups:
+//!
+//! * `bare`: the inner answers alone (both of them on `fail_once`);
+//! * `tower_retry_tps_timeout`: as in the retry family, the reference;
+//! * `seatbelt_retry_timeout`: seatbelt's `Retry` over its `Timeout` (1 s) in a
+//!   `tower::ServiceBuilder`, on tick's tokio clock, set up as the tower policy: every error
+//!   retried, at most 2 retries (3 attempts), a clone of the request for each attempt, and no
+//!   wait between attempts (a zero base delay, which seatbelt turns into a zero delay that is
+//!   ready at once). seatbelt has no retry budget, so it does less work than tower and surely
+//!   here; its tower services box their futures;
+//! * `surely_client`: `surely::client().no_breaker()`, its defaults otherwise, with the bench's
+//!   classifier (the default `HttpClassifier` classifies HTTP responses only), `Backoff::none()`
+//!   and a budget given with `.budget(…)`: `RatioBudget::default()` (the client's own default),
+//!   one retry per first attempt on `fail_once` (as in the retry family). The recorder is the
+//!   default one; the stack is made by `build`;
+//! * `surely_client_breaker`: the same with the client's default breaker. On `fail_once` half
+//!   the attempts are refused, and the default breaker, which opens at a failure ratio of 0.5,
+//!   would open and make the calls wait out its break: there it opens at 0.75 and is the default
+//!   otherwise (the work per call is the same whatever the ratio);
+//! * `surely_client_no_records`: the stack `surely_client` builds, assembled by hand without its
+//!   record layers, in the order `ClientLayer` builds it: `DeadlineLayer` (the client's 10 s,
+//!   `enforce_in_attempts`) → `IdempotencyKeyLayer` → `RetryLayer` (the same classifier, backoff
+//!   and budget) → `AttemptTimeoutLayer::deadline_only()`. `surely_client` less this case is
+//!   what the record layers cost with the default recorder.
+//!
+//! The cases of `deadline_ready/…`: `bare`; `tower_timeout` (1 s); `seatbelt_timeout`,
+//! seatbelt's `Timeout` (1 s) on tick's tokio clock; `surely_deadline_attempt`, `DeadlineLayer`
+//! (`enforce_in_attempts`) → `AttemptTimeoutLayer`, as in `surely_stack` but without a record.
+//!
+//! seatbelt's clock spawns a task on the runtime that drives its timers, so the cases are made
+//! inside the runtime (`main` enters it). tick's timeout polls the inner future before it
+//! registers a timer, so on `ready` no timer is registered; on `pending_once` each call
+//! registers one in tick's timer set and wakes that task, which arms a tokio timer.
 //!
 //! Before criterion starts, the bench prints heap allocations per call for every case (10 000
 //! calls counted by a `stats_alloc` global allocator, outside any timing), in total and over
@@ -94,19 +145,40 @@
 //! * surely adds 0 allocations per call for `plain` requests (retries included), and at most
 //!   one per header written for `http` requests.
 //!
+//! For the client family the summary prints its own table: each case's median ns per call, its
+//! overhead over `bare`, its ratio to the tower reference (`tower_retry_tps_timeout`;
+//! `tower_timeout` in `deadline_ready`) and its ratio to the seatbelt one
+//! (`seatbelt_retry_timeout`; `seatbelt_timeout`). Its targets, on both shapes:
+//!
+//! * `surely_client` ≤ 0.6 × `tower_retry_tps_timeout` and ≤ 1.0 × `seatbelt_retry_timeout` on
+//!   `client_ready`, ≤ 0.75 × `tower_retry_tps_timeout` on `client_fail_once`;
+//!   `surely_client_breaker` ≤ 0.75 × `tower_retry_tps_timeout` on `client_ready`;
+//! * `surely_deadline_attempt` ≤ 0.6 × `tower_timeout` and ≤ 1.0 × `seatbelt_timeout`;
+//! * what the records cost: `surely_client` − `surely_client_no_records` ≤ 3 ns, in every
+//!   client group;
+//! * the shapes' spread: for `surely_client` (in each client group) and
+//!   `surely_deadline_attempt`, the larger per-call time of the two shapes ≤ 1.3 × the smaller;
+//! * `surely_client` and `surely_client_breaker` add 0 allocations per call over `bare`, in
+//!   every client group.
+//!
+//! `client_pending_once` has no ratio target; its ratios are shown, and its records cost,
+//! spread and allocations are judged as on the other paths.
+//!
 //! The time targets are judged on `plain` only, where both sides do the same work. On `http`
 //! surely's deadline layer also writes `x-request-timeout-ms`, which no tower layer here does,
 //! and one `HeaderMap::insert` of that name costs more than the whole stack does on `plain`; the
 //! summary shows those ratios ("shown") without a verdict.
 //!
-//! Run it with `cargo bench --bench overhead` (about two minutes and a half); one group with
-//! e.g. `cargo bench --bench overhead -- ready/plain`, the retry family with `-- retry`, the
-//! breaker family with `-- breaker`. The machine is noisy: compare ratios from one
-//! run, not absolute times across runs or machines.
+//! Run it with `cargo bench --bench overhead` (about five minutes); one group with e.g.
+//! `cargo bench --bench overhead -- ready/plain`, the retry family with `-- retry`, the breaker
+//! family with `-- breaker`, the client groups with `-- client`, the timeouts with
+//! `-- deadline_ready`, and the whole client family with `-- 'client|deadline_ready'` (the
+//! filter is a regular expression). The allocation table always covers every case. The machine
+//! is noisy: compare ratios from one run, not absolute times across runs or machines.
 
 use std::alloc::System;
 use std::cell::Cell;
-use std::fmt::Debug;
+use std::fmt::{self, Debug};
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;
 use std::io;
@@ -117,10 +189,13 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use http::header::{HeaderValue, CONTENT_TYPE};
+use seatbelt::{RecoveryInfo, ResilienceContext};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use surely::breaker::{CircuitBreaker, CircuitBreakerLayer, SlidingWindow};
 use surely::budget::{RatioBudget, RetryBudget};
-use surely::classify::{self, Attempted, Classification, ClassifyError, HttpClassifier};
+use surely::classify::{
+    self, Attempted, Classification, ClassifyError, DeliveryPhase, HttpClassifier,
+};
 use surely::deadline::{AttemptTimers, DeadlineLayer};
 use surely::hedge::HedgeLayer;
 use surely::idempotency::IdempotencyKeyLayer;
@@ -128,7 +203,7 @@ use surely::record::{Record, RecordAttemptLayer, RecordCallLayer, WatchTrailersL
 use surely::retry::backoff::Backoff;
 use surely::retry::RetryLayer;
 use surely::timeout::AttemptTimeoutLayer;
-use surely::{Envelope, Semantics};
+use surely::{Envelope, IntoError, Semantics};
 use tokio::runtime::Runtime;
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::{Policy, Retry};
@@ -170,6 +245,19 @@ const HEDGE_READY: &str = "hedge_ready/safe";
 const HEDGE_PENDING: &str = "hedge_pending_once/safe";
 const TOWER_HEDGE: &str = "tower_hedge";
 const SURELY_HEDGE: &str = "surely_hedge";
+/// The client family: its seatbelt references and surely's cases.
+const SEATBELT_RETRY: &str = "seatbelt_retry_timeout";
+const SEATBELT_TIMEOUT: &str = "seatbelt_timeout";
+const SEATBELT_BREAKER: &str = "seatbelt_breaker";
+const SEATBELT_HEDGING: &str = "seatbelt_hedging";
+const CLIENT: &str = "surely_client";
+const CLIENT_BREAKER: &str = "surely_client_breaker";
+const CLIENT_NO_RECORDS: &str = "surely_client_no_records";
+const DEADLINE_ATTEMPT: &str = "surely_deadline_attempt";
+/// The client family's groups are `family/shape`.
+const CLIENT_FAMILIES: [&str; 3] = ["client_ready", "client_fail_once", "client_pending_once"];
+const DEADLINE_FAMILY: &str = "deadline_ready";
+const SHAPES: [&str; 2] = ["small", "large"];
 /// Retries allowed per call by the hand-written tower policy: surely's default attempt limit
 /// (3, the first included) less the first.
 const TOWER_RETRIES: u32 = 2;
@@ -272,6 +360,136 @@ fn http_pending(_: http::Request<()>) -> PendingOnce<io::Result<http::Response<(
     PendingOnce::new(Ok(http::Response::new(())))
 }
 
+/// The error type of an inner service in the client family, and the two errors it fails with.
+/// Every layer moves the inner service's `Result` (and its own error wrapping it) through its
+/// futures, so the error's size is part of what a layer costs.
+trait Shape: 'static {
+    type Error: std::error::Error
+        + ClassifyError
+        + IntoError<Transport = Self::Error>
+        + Send
+        + Sync
+        + 'static;
+
+    /// The connection was refused: nothing was sent, so any request may be retried.
+    fn refused() -> Self::Error;
+
+    /// What a seatbelt timeout answers when it fires (never here, but its layer needs one).
+    fn timed_out() -> Self::Error;
+}
+
+/// The `small` shape: `std::io::Error`, one pointer wide, built from its kind (no allocation).
+enum Small {}
+
+impl Shape for Small {
+    type Error = io::Error;
+
+    fn refused() -> io::Error {
+        io::ErrorKind::ConnectionRefused.into()
+    }
+
+    fn timed_out() -> io::Error {
+        io::ErrorKind::TimedOut.into()
+    }
+}
+
+/// The `large` shape: `BigError`, an error that keeps 64 bytes of detail inline.
+enum Large {}
+
+impl Shape for Large {
+    type Error = BigError;
+
+    fn refused() -> BigError {
+        BigError::Refused([0; 64])
+    }
+
+    fn timed_out() -> BigError {
+        BigError::Other(io::ErrorKind::TimedOut)
+    }
+}
+
+/// A transport error as some clients define theirs: an enum whose largest variant carries its
+/// details (an address, a reason) inline rather than behind a pointer.
+#[derive(Debug)]
+enum BigError {
+    /// The peer refused the connection, with 64 bytes of detail.
+    Refused([u8; 64]),
+    /// Any other failure, by its kind.
+    Other(io::ErrorKind),
+}
+
+impl BigError {
+    /// The `io::ErrorKind` this error stands for: a refusal is `ConnectionRefused`.
+    fn kind(&self) -> io::ErrorKind {
+        match self {
+            BigError::Refused(_) => io::ErrorKind::ConnectionRefused,
+            BigError::Other(kind) => *kind,
+        }
+    }
+}
+
+impl fmt::Display for BigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BigError::Refused(detail) => {
+                write!(f, "connection refused ({} bytes of detail)", detail.len())
+            }
+            BigError::Other(kind) => write!(f, "{kind}"),
+        }
+    }
+}
+
+impl std::error::Error for BigError {}
+
+/// What every surely layer asks of a transport error: to become the transport error inside
+/// `surely::Error`.
+impl IntoError for BigError {
+    type Transport = BigError;
+
+    fn into_error(self) -> surely::Error<BigError> {
+        surely::Error::transport(self)
+    }
+}
+
+/// Classified as the `io::Error` of the same kind: a refusal is *rejected, not sent*, as
+/// `ConnectionRefused` is. The `io::Error` is made from its kind, which does not allocate.
+impl ClassifyError for BigError {
+    fn classify_error(&self, phase: DeliveryPhase) -> Classification {
+        io::Error::from(self.kind()).classify_error(phase)
+    }
+}
+
+/// surely's error over a shape's error: what the client family's classifier sees.
+type ShapeError<S> = surely::Error<<S as Shape>::Error>;
+
+fn shape_ready<S: Shape>(_: Req) -> Ready<Result<Res, S::Error>> {
+    ready(Ok(Res))
+}
+
+fn shape_pending<S: Shape>(_: Req) -> PendingOnce<Result<Res, S::Error>> {
+    PendingOnce::new(Ok(Res))
+}
+
+fn shape_fail_once<S: Shape>(_: Req) -> Ready<Result<Res, S::Error>> {
+    ready(fail_once_answer_of::<S>())
+}
+
+/// The `fail_once` baseline of a shape: both inner answers of a call.
+fn shape_fail_once_twice<S: Shape>(_: Req) -> Ready<Result<Res, S::Error>> {
+    ready(fail_once_answer_of::<S>().or_else(|_| fail_once_answer_of::<S>()))
+}
+
+/// The client family's classifier: `classify_plain` for any error that classifies itself.
+fn classify_shape<E: ClassifyError>(
+    attempt: Attempted<'_, Res, E>,
+    _: Semantics,
+) -> Classification {
+    match attempt {
+        Attempted::Response(_) => Classification::success(),
+        Attempted::Error(e, phase) => e.classify_error(phase),
+    }
+}
+
 /// The classifier for `Res`: every response a success, every error as the error's kind says
 /// (`surely::classify::ClassifyError`; a refused connection is *rejected*, so retried whatever
 /// the request). The record layers never call it with the `()` recorder, but their bounds need
@@ -294,15 +512,19 @@ thread_local! {
 
 /// The `fail_once` pattern: the even inner calls (each call's first attempt) are refused,
 /// the odd ones (its retry) answer. A call that retries once makes two inner calls, so every
-/// call starts on an even one. The error is an `io::Error` made from its kind, which does not
-/// allocate.
-fn fail_once_answer() -> io::Result<Res> {
+/// call starts on an even one. The error is the shape's refusal, which does not allocate.
+fn fail_once_answer_of<S: Shape>() -> Result<Res, S::Error> {
     let n = INNER_CALLS.with(|c| c.replace(c.get() + 1));
     if n.is_multiple_of(2) {
-        Err(io::ErrorKind::ConnectionRefused.into())
+        Err(S::refused())
     } else {
         Ok(Res)
     }
+}
+
+/// The `fail_once` pattern with an `io::Error` made from its kind.
+fn fail_once_answer() -> io::Result<Res> {
+    fail_once_answer_of::<Small>()
 }
 
 fn plain_fail_once(_: Req) -> Ready<io::Result<Res>> {
@@ -616,6 +838,39 @@ fn ratio_one_per_call() -> Option<Arc<dyn RetryBudget>> {
     Some(Arc::new(budget))
 }
 
+/// The client family's budgets for surely, given to the client and to the same stack built by
+/// hand: the client's own default (`RatioBudget::default()`), and one retry per first attempt on
+/// `fail_once`.
+fn ratio_client_default() -> Arc<dyn RetryBudget> {
+    Arc::new(RatioBudget::default())
+}
+
+fn ratio_client_one_per_call() -> Arc<dyn RetryBudget> {
+    ratio_one_per_call().expect("a budget")
+}
+
+/// The breaker of `surely_client_breaker` on `fail_once`. Half the attempts there are refused,
+/// and the default breaker opens at a failure ratio of 0.5 (counted per attempt, inside the
+/// retry layer), so it would open and the calls would wait out its break. This one opens at
+/// 0.75 and is the default otherwise; the work per call is the same whatever the ratio, as with
+/// the budgets.
+fn breaker_above_half() -> CircuitBreaker {
+    CircuitBreaker::builder()
+        .failure_ratio(0.75)
+        .build()
+        .expect("a valid breaker")
+}
+
+/// The deadline layer `surely::client()` builds by default: its 10 s budget, enforced by the
+/// attempt timeout inside.
+fn client_deadline() -> DeadlineLayer<AttemptTimers> {
+    DeadlineLayer::builder()
+        .timeout(surely::client::DEFAULT_TIMEOUT)
+        .enforce_in_attempts()
+        .build()
+        .expect("a valid deadline")
+}
+
 /// surely's retry layer with `classifier`, no backoff, and its own default budget (`None`) or
 /// the one given.
 fn retry<M>(classifier: M, budget: Option<Arc<dyn RetryBudget>>) -> RetryLayer<M> {
@@ -671,6 +926,52 @@ fn surely_breaker(
 ) -> CircuitBreakerLayer<classify::ClassifyFn<PlainClassifier>> {
     CircuitBreakerLayer::new(breaker)
         .classifier(classify::from_fn(classify_plain as PlainClassifier))
+}
+
+// ---- seatbelt ------------------------------------------------------------------------------
+
+/// What a seatbelt layer over a shape's service sees: the whole `Result`.
+type Out<E> = Result<Res, E>;
+
+/// A seatbelt context over tick's tokio clock, whose timers a task on the bench's runtime
+/// drives. One per case, as an application makes one per pipeline. Must be made inside the
+/// runtime (`main` enters it).
+fn seatbelt_context<Rq, O>() -> ResilienceContext<Rq, O> {
+    ResilienceContext::new(tick::Clock::new_tokio())
+}
+
+/// seatbelt's recovery rule for every case: any error is worth another attempt, no response
+/// is (the rule of the bench's tower policy).
+fn seatbelt_recovery<T, E>(out: &Result<T, E>) -> RecoveryInfo {
+    match out {
+        Ok(_) => RecoveryInfo::never(),
+        Err(_) => RecoveryInfo::retry(),
+    }
+}
+
+/// seatbelt's timeout (`BUDGET`), answering the shape's timeout error if it fires.
+fn seatbelt_timeout<Rq, S: Shape>(
+    ctx: &ResilienceContext<Rq, Out<S::Error>>,
+) -> seatbelt::timeout::TimeoutLayer<Rq, Out<S::Error>> {
+    seatbelt::timeout::Timeout::layer("timeout", ctx)
+        .timeout(BUDGET)
+        .timeout_error(|_| S::timed_out())
+}
+
+/// seatbelt's retry set up as the other retry layers here: every error retried, at most
+/// `TOWER_RETRIES` retries (3 attempts), each with a clone of the request, and no wait between
+/// attempts (a zero base delay: seatbelt then waits `Duration::ZERO` whatever the backoff, and
+/// its delay of zero is ready at once, with no timer). seatbelt has no retry budget.
+fn seatbelt_retry<S: Shape>(
+    ctx: &ResilienceContext<Req, Out<S::Error>>,
+) -> seatbelt::retry::RetryLayer<Req, Out<S::Error>> {
+    seatbelt::retry::Retry::layer("retry", ctx)
+        .clone_input()
+        .recovery_with(|out, _| seatbelt_recovery(out))
+        .max_retry_attempts(TOWER_RETRIES)
+        .backoff(seatbelt::retry::Backoff::Constant)
+        .base_delay(Duration::ZERO)
+        .use_jitter(false)
 }
 
 // ---- driving them -------------------------------------------------------------------------
@@ -888,7 +1189,7 @@ macro_rules! retry_group {
 }
 
 /// The breaker family: closed breakers on the success path.
-fn breaker_group() -> [Case; 4] {
+fn breaker_group() -> [Case; 5] {
     [
         Case {
             group: BREAKER_SUCCESS,
@@ -908,6 +1209,21 @@ fn breaker_group() -> [Case; 4] {
                     breaker: failsafe::Config::new().build(),
                 };
                 driver(svc, plain_req)
+            },
+        },
+        Case {
+            group: BREAKER_SUCCESS,
+            name: SEATBELT_BREAKER,
+            headers_written: 0,
+            outcome_allocs: 0,
+            make: || {
+                // Its defaults (a failure ratio of 0.1 over 30 s, at least 100 calls, a 5 s
+                // break); every error counts as a failure, as failsafe's `Any` counts them.
+                let ctx = seatbelt_context();
+                let layer = seatbelt::breaker::Breaker::layer("breaker", &ctx)
+                    .recovery_with(|out, _| seatbelt_recovery(out))
+                    .rejected_input_error(|_, _| Small::refused());
+                driver(layer.layer(service_fn(plain_ready)), plain_req)
             },
         },
         Case {
@@ -942,7 +1258,7 @@ fn breaker_group() -> [Case; 4] {
     ]
 }
 
-/// The three cases of one hedge group over `Safe`, the inner service `$svc`.
+/// The four cases of one hedge group over `Safe`, the inner service `$svc`.
 macro_rules! hedge_group {
     ($group:expr, $svc:expr) => {
         [
@@ -971,6 +1287,22 @@ macro_rules! hedge_group {
             },
             Case {
                 group: $group,
+                name: SEATBELT_HEDGING,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    // One hedge at most (its default, as tower's), after `BUDGET`: it never
+                    // fires within a call here.
+                    let ctx = seatbelt_context();
+                    let layer = seatbelt::hedging::Hedging::layer("hedging", &ctx)
+                        .clone_input()
+                        .recovery_with(|out, _| seatbelt_recovery(out))
+                        .hedging_delay(BUDGET);
+                    driver(layer.layer(service_fn($svc)), safe_req)
+                },
+            },
+            Case {
+                group: $group,
                 name: SURELY_HEDGE,
                 headers_written: 0,
                 outcome_allocs: 0,
@@ -980,6 +1312,160 @@ macro_rules! hedge_group {
                         .build()
                         .expect("a valid hedge layer");
                     driver(layer.layer(service_fn($svc)), safe_req)
+                },
+            },
+        ]
+    };
+}
+
+/// The six cases of one client group over the `plain` request and the shape `$shape`: the inner
+/// service `$svc`, the baseline `$bare` (the same inner answers without any layer), tower's
+/// budget `$tps`, surely's `$budget`, and the breaker of `surely_client_breaker` (`None`: the
+/// client's default one).
+macro_rules! client_group {
+    ($group:literal, $shape:ty, $svc:ident, $bare:ident, $tps:expr, $budget:expr, $breaker:expr) => {
+        [
+            Case {
+                group: $group,
+                name: BARE,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    reset_inner_calls();
+                    driver(service_fn($bare::<$shape>), plain_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: TOWER_RETRY,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    reset_inner_calls();
+                    let svc = Retry::new(
+                        TowerPolicy::new($tps),
+                        Timeout::new(service_fn($svc::<$shape>), BUDGET),
+                    );
+                    driver(svc, plain_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: SEATBELT_RETRY,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    reset_inner_calls();
+                    let ctx = seatbelt_context();
+                    let svc = ServiceBuilder::new()
+                        .layer(seatbelt_retry::<$shape>(&ctx))
+                        .layer(seatbelt_timeout::<Req, $shape>(&ctx))
+                        .service(service_fn($svc::<$shape>));
+                    driver(svc, plain_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: CLIENT,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    reset_inner_calls();
+                    let svc = surely::client()
+                        .no_breaker()
+                        .classifier(classify::from_fn(classify_shape::<ShapeError<$shape>>))
+                        .retry(|r| r.backoff(Backoff::none()))
+                        .budget($budget)
+                        .build(service_fn($svc::<$shape>))
+                        .expect("a valid client");
+                    driver(svc, plain_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: CLIENT_BREAKER,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    reset_inner_calls();
+                    let builder = surely::client()
+                        .classifier(classify::from_fn(classify_shape::<ShapeError<$shape>>))
+                        .retry(|r| r.backoff(Backoff::none()))
+                        .budget($budget);
+                    let builder = match $breaker {
+                        Some(breaker) => builder.breaker(breaker),
+                        None => builder,
+                    };
+                    let svc = builder
+                        .build(service_fn($svc::<$shape>))
+                        .expect("a valid client");
+                    driver(svc, plain_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: CLIENT_NO_RECORDS,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    reset_inner_calls();
+                    let classifier = classify::from_fn(classify_shape::<ShapeError<$shape>>);
+                    let svc = ServiceBuilder::new()
+                        .layer(client_deadline())
+                        .layer(IdempotencyKeyLayer::new())
+                        .layer(retry(classifier, Some($budget)))
+                        .layer(AttemptTimeoutLayer::deadline_only())
+                        .service(service_fn($svc::<$shape>));
+                    driver(svc, plain_req)
+                },
+            },
+        ]
+    };
+}
+
+/// The four cases of one `deadline_ready` group: timeouts alone over the shape `$shape`, whose
+/// inner service answers at once.
+macro_rules! deadline_group {
+    ($group:literal, $shape:ty) => {
+        [
+            Case {
+                group: $group,
+                name: BARE,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || driver(service_fn(shape_ready::<$shape>), plain_req),
+            },
+            Case {
+                group: $group,
+                name: TOWER,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    let svc = Timeout::new(service_fn(shape_ready::<$shape>), BUDGET);
+                    driver(svc, plain_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: SEATBELT_TIMEOUT,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    let layer = seatbelt_timeout::<Req, $shape>(&seatbelt_context());
+                    driver(layer.layer(service_fn(shape_ready::<$shape>)), plain_req)
+                },
+            },
+            Case {
+                group: $group,
+                name: DEADLINE_ATTEMPT,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    let svc = ServiceBuilder::new()
+                        .layer(stack_deadline())
+                        .layer(attempt_timeout())
+                        .service(service_fn(shape_ready::<$shape>));
+                    driver(svc, plain_req)
                 },
             },
         ]
@@ -1051,12 +1537,68 @@ fn cases() -> Vec<Case> {
     .chain(breaker_group())
     .chain(hedge_group!(HEDGE_READY, safe_ready))
     .chain(hedge_group!(HEDGE_PENDING, safe_pending))
+    .chain(client_group!(
+        "client_ready/small",
+        Small,
+        shape_ready,
+        shape_ready,
+        tps_default(),
+        ratio_client_default(),
+        None
+    ))
+    .chain(client_group!(
+        "client_ready/large",
+        Large,
+        shape_ready,
+        shape_ready,
+        tps_default(),
+        ratio_client_default(),
+        None
+    ))
+    .chain(client_group!(
+        "client_fail_once/small",
+        Small,
+        shape_fail_once,
+        shape_fail_once_twice,
+        tps_one_per_call(),
+        ratio_client_one_per_call(),
+        Some(breaker_above_half())
+    ))
+    .chain(client_group!(
+        "client_fail_once/large",
+        Large,
+        shape_fail_once,
+        shape_fail_once_twice,
+        tps_one_per_call(),
+        ratio_client_one_per_call(),
+        Some(breaker_above_half())
+    ))
+    .chain(client_group!(
+        "client_pending_once/small",
+        Small,
+        shape_pending,
+        shape_pending,
+        tps_default(),
+        ratio_client_default(),
+        None
+    ))
+    .chain(client_group!(
+        "client_pending_once/large",
+        Large,
+        shape_pending,
+        shape_pending,
+        tps_default(),
+        ratio_client_default(),
+        None
+    ))
+    .chain(deadline_group!("deadline_ready/small", Small))
+    .chain(deadline_group!("deadline_ready/large", Large))
     .collect()
 }
 
 /// The tower case a group's cases are compared with.
 fn reference(group: &str) -> &'static str {
-    if group.starts_with("retry_") {
+    if group.starts_with("retry_") || group.starts_with("client_") {
         TOWER_RETRY
     } else if group == BREAKER_SUCCESS {
         FAILSAFE
@@ -1065,6 +1607,20 @@ fn reference(group: &str) -> &'static str {
     } else {
         TOWER
     }
+}
+
+/// The seatbelt case a client-family group's cases are compared with.
+fn seatbelt_reference(group: &str) -> &'static str {
+    if group.starts_with("client_") {
+        SEATBELT_RETRY
+    } else {
+        SEATBELT_TIMEOUT
+    }
+}
+
+/// Whether `group` belongs to the client family (`client_*/…`, `deadline_ready/…`).
+fn in_client_family(group: &str) -> bool {
+    group.starts_with("client_") || group.starts_with(DEADLINE_FAMILY)
 }
 
 fn runtime() -> Runtime {
@@ -1101,7 +1657,7 @@ fn find(cases: &[Case], group: &str, name: &str) -> Option<usize> {
 fn print_allocations(cases: &[Case], allocs: &[f64]) {
     println!("heap allocations per successful call ({ALLOC_CALLS} calls per case)");
     println!(
-        "{:<22} {:<24} {:>7} {:>11} {:>8} {:>8}  target",
+        "{:<25} {:<24} {:>7} {:>11} {:>8} {:>8}  target",
         "group", "case", "total", "over bare", "headers", "outcome"
     );
     for (i, case) in cases.iter().enumerate() {
@@ -1111,6 +1667,7 @@ fn print_allocations(cases: &[Case], allocs: &[f64]) {
             || case.group == RECORD_BODY
             || case.name == TIMER_FLOOR
             || case.name.starts_with("tower")
+            || case.name.starts_with("seatbelt")
             || case.name == FAILSAFE
         {
             "-"
@@ -1120,7 +1677,7 @@ fn print_allocations(cases: &[Case], allocs: &[f64]) {
             "MISSED"
         };
         println!(
-            "{:<22} {:<24} {:>7.2} {:>11.2} {:>8} {:>8}  {verdict}",
+            "{:<25} {:<24} {:>7.2} {:>11.2} {:>8} {:>8}  {verdict}",
             case.group, case.name, allocs[i], added, case.headers_written, case.outcome_allocs
         );
     }
@@ -1169,14 +1726,27 @@ fn bench(c: &mut Criterion, rt: &Runtime, cases: &[Case]) -> Vec<Option<f64>> {
     medians
 }
 
-fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
-    if medians.iter().all(Option::is_none) {
-        return;
+/// The summary of the groups criterion measured: the layers' groups, then the client family's.
+fn print_summary(cases: &[Case], medians: &[Option<f64>], allocs: &[f64]) {
+    let measured = |client: bool| {
+        cases
+            .iter()
+            .zip(medians)
+            .any(|(c, m)| in_client_family(c.group) == client && m.is_some())
+    };
+    if measured(false) {
+        print_layer_summary(cases, medians);
     }
+    if measured(true) {
+        print_client_summary(cases, medians, allocs);
+    }
+}
+
+fn print_layer_summary(cases: &[Case], medians: &[Option<f64>]) {
     println!();
     println!("median ns per call (same run)");
     println!(
-        "{:<22} {:<24} {:>8} {:>9} {:>10} {:>12}",
+        "{:<25} {:<24} {:>8} {:>9} {:>10} {:>12}",
         "group", "case", "ns/call", "overhead", "÷ tower", "overhead ÷"
     );
     println!(
@@ -1185,6 +1755,9 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
     );
     let at = |group: &str, name: &str| find(cases, group, name).and_then(|i| medians[i]);
     for (i, case) in cases.iter().enumerate() {
+        if in_client_family(case.group) {
+            continue;
+        }
         let Some(t) = medians[i] else { continue };
         let bare = at(case.group, BARE);
         let tower = at(case.group, reference(case.group));
@@ -1198,7 +1771,7 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
             _ => None,
         };
         println!(
-            "{:<22} {:<24} {:>8.1} {:>9} {:>10} {:>12}",
+            "{:<25} {:<24} {:>8.1} {:>9} {:>10} {:>12}",
             case.group,
             case.name,
             t,
@@ -1287,10 +1860,154 @@ fn print_summary(cases: &[Case], medians: &[Option<f64>]) {
             s / tw
         );
     }
+    // seatbelt's breaker and hedge beside surely's: shown, no target.
+    for (group, surely, seatbelt) in [
+        (BREAKER_SUCCESS, "surely_breaker", SEATBELT_BREAKER),
+        (HEDGE_READY, SURELY_HEDGE, SEATBELT_HEDGING),
+        (HEDGE_PENDING, SURELY_HEDGE, SEATBELT_HEDGING),
+    ] {
+        let (Some(b), Some(s), Some(sb)) =
+            (at(group, BARE), at(group, surely), at(group, seatbelt))
+        else {
+            continue;
+        };
+        println!(
+            "  {group:<24} {surely} ÷ {seatbelt}: per call {:.2}, overheads {:.2} (shown)",
+            s / sb,
+            (s - b) / (sb - b),
+        );
+    }
+}
+
+/// A verdict: whether `value` is within `limit`.
+fn verdict(value: f64, limit: f64) -> &'static str {
+    if value <= limit {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+/// The client family's part of the summary: its table and its targets.
+fn print_client_summary(cases: &[Case], medians: &[Option<f64>], allocs: &[f64]) {
+    let at = |group: &str, name: &str| find(cases, group, name).and_then(|i| medians[i]);
+    println!();
+    println!("client family: median ns per call (same run)");
+    println!(
+        "{:<25} {:<24} {:>8} {:>9} {:>8} {:>10}",
+        "group", "case", "ns/call", "overhead", "÷ tower", "÷ seatbelt"
+    );
+    println!(
+        "(÷ tower: ÷ {TOWER_RETRY}, ÷ {TOWER} in {DEADLINE_FAMILY}; ÷ seatbelt: ÷ \
+         {SEATBELT_RETRY}, ÷ {SEATBELT_TIMEOUT} in {DEADLINE_FAMILY}; overhead over {BARE})"
+    );
+    let cell =
+        |v: Option<f64>, prec: usize| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.prec$}"));
+    for (i, case) in cases.iter().enumerate() {
+        if !in_client_family(case.group) {
+            continue;
+        }
+        let Some(t) = medians[i] else { continue };
+        let bare = at(case.group, BARE);
+        let tower = at(case.group, reference(case.group));
+        let seatbelt = at(case.group, seatbelt_reference(case.group));
+        println!(
+            "{:<25} {:<24} {:>8.1} {:>9} {:>8} {:>10}",
+            case.group,
+            case.name,
+            t,
+            cell(bare.map(|b| t - b), 1),
+            cell(tower.map(|tw| t / tw), 2),
+            cell(seatbelt.map(|sb| t / sb), 2),
+        );
+    }
+
+    println!();
+    println!("targets (client family, per-call times):");
+    let mut ratio_targets = Vec::new();
+    for shape in SHAPES {
+        let ready = format!("client_ready/{shape}");
+        let fail_once = format!("client_fail_once/{shape}");
+        let deadline = format!("{DEADLINE_FAMILY}/{shape}");
+        ratio_targets.push((ready.clone(), CLIENT, TOWER_RETRY, 0.6));
+        ratio_targets.push((ready.clone(), CLIENT, SEATBELT_RETRY, 1.0));
+        ratio_targets.push((fail_once, CLIENT, TOWER_RETRY, 0.75));
+        ratio_targets.push((ready, CLIENT_BREAKER, TOWER_RETRY, 0.75));
+        ratio_targets.push((deadline.clone(), DEADLINE_ATTEMPT, TOWER, 0.6));
+        ratio_targets.push((deadline, DEADLINE_ATTEMPT, SEATBELT_TIMEOUT, 1.0));
+    }
+    for (group, case, against, limit) in &ratio_targets {
+        let (Some(s), Some(r)) = (at(group, case), at(group, against)) else {
+            continue;
+        };
+        let ratio = s / r;
+        println!(
+            "  {group:<25} {case:<24} ÷ {against:<23} {ratio:>5.2} (≤ {limit:.2}) {}",
+            verdict(ratio, *limit)
+        );
+    }
+
+    println!("records cost: {CLIENT} − {CLIENT_NO_RECORDS} (≤ 3.0 ns)");
+    for family in CLIENT_FAMILIES {
+        for shape in SHAPES {
+            let group = format!("{family}/{shape}");
+            let (Some(c), Some(n)) = (at(&group, CLIENT), at(&group, CLIENT_NO_RECORDS)) else {
+                continue;
+            };
+            let cost = c - n;
+            println!("  {group:<25} {cost:>6.1} ns {}", verdict(cost, 3.0));
+        }
+    }
+
+    println!("shape spread: max ÷ min over {SHAPES:?} of the per-call time (≤ 1.30)");
+    let spreads = CLIENT_FAMILIES
+        .iter()
+        .map(|family| (*family, CLIENT))
+        .chain([(DEADLINE_FAMILY, DEADLINE_ATTEMPT)]);
+    for (family, case) in spreads {
+        let times: Option<Vec<f64>> = SHAPES
+            .iter()
+            .map(|shape| at(&format!("{family}/{shape}"), case))
+            .collect();
+        let Some(times) = times else { continue };
+        let max = times.iter().copied().fold(f64::MIN, f64::max);
+        let min = times.iter().copied().fold(f64::MAX, f64::min);
+        let spread = max / min;
+        println!(
+            "  {family:<25} {case:<24} {spread:.2} ({}) {}",
+            times
+                .iter()
+                .map(|t| format!("{t:.1}"))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            verdict(spread, 1.3)
+        );
+    }
+
+    println!("allocations per call over {BARE} (= 0)");
+    for family in CLIENT_FAMILIES {
+        for shape in SHAPES {
+            let group = format!("{family}/{shape}");
+            for case in [CLIENT, CLIENT_BREAKER] {
+                let (Some(c), Some(b)) = (find(cases, &group, case), find(cases, &group, BARE))
+                else {
+                    continue;
+                };
+                let added = allocs[c] - allocs[b];
+                println!(
+                    "  {group:<25} {case:<24} {added:>5.2} {}",
+                    verdict(added, 0.0)
+                );
+            }
+        }
+    }
 }
 
 fn main() {
     let rt = runtime();
+    // seatbelt's clock spawns the task that drives its timers when it is made, so the cases are
+    // made inside the runtime.
+    let _entered = rt.enter();
     let cases = cases();
     let allocs = count_allocations(&rt, &cases);
     print_allocations(&cases, &allocs);
@@ -1302,5 +2019,5 @@ fn main() {
         .configure_from_args();
     let medians = bench(&mut c, &rt, &cases);
     c.final_summary();
-    print_summary(&cases, &medians);
+    print_summary(&cases, &medians, &allocs);
 }
