@@ -1,6 +1,6 @@
 //! The sliding windows that count calls and failures, without a lock.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -23,7 +23,7 @@ impl Window {
     pub(super) fn count(size: u32) -> Self {
         Window::Count(CountWindow {
             slots: (0..size).map(|_| AtomicU8::new(EMPTY)).collect(),
-            next: AtomicU64::new(0),
+            next: AtomicU32::new(0),
             calls: AtomicI64::new(0),
             failures: AtomicI64::new(0),
         })
@@ -71,11 +71,14 @@ const SUCCESS: u8 = 1;
 const FAILURE: u8 = 2;
 
 /// The last `slots.len()` calls: a ring of slots, each the result of one call, and running
-/// totals kept in step with them. Recording a call is a `fetch_add`, a `swap`, and a total
-/// updated only when the slot's result changes.
+/// totals kept in step with them. Recording a call is a `fetch_add` and a read of its slot;
+/// the slot is written, and a total updated, only when the slot's result changes (a healthy
+/// dependency's successes write nothing).
 pub(super) struct CountWindow {
     slots: Box<[AtomicU8]>,
-    next: AtomicU64,
+    // 32 bits, so that the slot is found with a 32-bit division: the ring jumps once every
+    // 2^32 calls, when it wraps, which moves no total.
+    next: AtomicU32,
     // Signed: a clear racing with a record may leave a total briefly off by one; reads clamp.
     calls: AtomicI64,
     failures: AtomicI64,
@@ -83,10 +86,16 @@ pub(super) struct CountWindow {
 
 impl CountWindow {
     fn record(&self, failure: bool) {
-        let len = self.slots.len() as u64;
-        let i = (self.next.fetch_add(1, Relaxed) % len) as usize;
+        // The window's size is a `u32`.
+        let len = self.slots.len() as u32;
+        let slot = &self.slots[(self.next.fetch_add(1, Relaxed) % len) as usize];
         let new = if failure { FAILURE } else { SUCCESS };
-        let old = self.slots[i].swap(new, Relaxed);
+        // A slot another call writes at the same time (the ring came round in between) is
+        // that call's to count: the newer result stands either way.
+        if slot.load(Relaxed) == new {
+            return;
+        }
+        let old = slot.swap(new, Relaxed);
         if old == new {
             return;
         }
