@@ -72,8 +72,8 @@ const FAILURE: u8 = 2;
 
 /// The last `slots.len()` calls: a ring of slots, each the result of one call, and running
 /// totals kept in step with them. Recording a call is a `fetch_add` and a read of its slot;
-/// the slot is written, and a total updated, only when the slot's result changes (a healthy
-/// dependency's successes write nothing).
+/// the slot is written, and a total updated, only when the slot's result changes. A success
+/// into a full window without failures is two reads and nothing else.
 pub(super) struct CountWindow {
     slots: Box<[AtomicU8]>,
     // 32 bits, so that the slot is found with a 32-bit division: the ring jumps once every
@@ -88,6 +88,15 @@ impl CountWindow {
     fn record(&self, failure: bool) {
         // The window's size is a `u32`.
         let len = self.slots.len() as u32;
+        // A full window without a failure stays so after a success, wherever the success would
+        // go: nothing to write, nor to move (a failure after it moves the ring again). Two
+        // reads, the healthy dependency's path.
+        if !failure
+            && self.failures.load(Relaxed) == 0
+            && self.calls.load(Relaxed) >= i64::from(len)
+        {
+            return;
+        }
         let slot = &self.slots[(self.next.fetch_add(1, Relaxed) % len) as usize];
         let new = if failure { FAILURE } else { SUCCESS };
         // A slot another call writes at the same time (the ring came round in between) is

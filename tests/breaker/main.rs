@@ -679,6 +679,38 @@ async fn a_count_window_keeps_the_last_calls_only() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn after_a_long_run_of_successes_failures_count_and_age_out_after_the_window() {
+    let rec = InMemoryRecorder::new();
+    // 3 failures in 10 stay under its ratio: only the window's counts change.
+    let breaker = builder(&rec).build().unwrap();
+    let backend = Backend::new();
+    let mut svc = backend.guarded(&breaker);
+    backend.answer(200);
+    for _ in 0..25 {
+        assert_eq!(status(&mut svc).await, 200);
+    }
+    let full = WindowCounts {
+        calls: 10,
+        failures: 0,
+    };
+    assert_eq!(breaker.window(), full);
+    backend.answer(503);
+    for _ in 0..3 {
+        assert_eq!(status(&mut svc).await, 503);
+    }
+    backend.answer(200);
+    for _ in 0..7 {
+        assert_eq!(status(&mut svc).await, 200);
+    }
+    // The last 10 calls: 3 failures, 7 successes.
+    assert_eq!(breaker.window().failures, 3);
+    for _ in 0..3 {
+        assert_eq!(status(&mut svc).await, 200);
+    }
+    assert_eq!(breaker.window(), full);
+}
+
+#[tokio::test(start_paused = true)]
 async fn jitter_spreads_breaks_and_a_seed_repeats_them() {
     async fn breaks(seed: u64) -> Vec<Duration> {
         let rec = InMemoryRecorder::new();
