@@ -9,6 +9,9 @@
 //!
 //! Run with `cargo run --release --features tonic --example grpc_chain`.
 
+#[path = "support/raw_codec.rs"]
+mod raw_codec;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -18,13 +21,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use http::uri::PathAndQuery;
+use raw_codec::Raw;
 use surely::deadline::ServerDeadlineLayer;
 use surely::retry::backoff::Backoff;
 use surely::Envelope;
 use tokio::net::TcpListener;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
 use tonic::transport::{Endpoint, Server};
 use tonic::Status;
@@ -61,44 +64,6 @@ try:
 except grpc.RpcError as e:
     print(e.code().name)
 "#;
-
-/// Raw bytes in, raw bytes out.
-#[derive(Clone, Copy, Default)]
-struct Raw;
-
-impl Codec for Raw {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = Raw;
-    type Decoder = Raw;
-
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl Encoder for Raw {
-    type Item = Bytes;
-    type Error = Status;
-
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = Bytes;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
-    }
-}
 
 /// A unary gRPC service made of `handle`, served through tonic's `Grpc` with the raw codec.
 #[derive(Clone)]

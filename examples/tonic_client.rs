@@ -6,16 +6,19 @@
 //! the order and holds the reply past the attempt timeout, so the call ends `Unknown` and is not
 //! sent again.
 
+#[path = "support/raw_codec.rs"]
+mod raw_codec;
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use http::uri::PathAndQuery;
+use raw_codec::Raw;
 use surely::grpc::MethodSemanticsLayer;
 use surely::{Outcome, Semantics, StopReason};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{server::TcpIncoming, Endpoint, Server};
 use tonic::Status;
 use tower::{service_fn, Layer};
@@ -90,36 +93,4 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     assert_eq!([gets, creates], [2, 1], "server runs of Get, Create");
     println!("tonic_client: ok (the read retried, the write sent once and left unknown)");
     Ok(())
-}
-
-/// Messages are raw bytes: tonic's `Grpc` with this codec needs no generated code.
-#[derive(Clone, Copy, Default)]
-struct Raw;
-
-impl Codec for Raw {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-impl Encoder for Raw {
-    type Item = Bytes;
-    type Error = Status;
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-impl Decoder for Raw {
-    type Item = Bytes;
-    type Error = Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
-    }
 }
