@@ -5,18 +5,20 @@
 //! layers of DESIGN §8, outer to inner:
 //!
 //! ```text
-//! call record        RecordCallLayer       one record per logical call
+//! call record        RecordCallLayer       one record per logical call (with a recorder)
 //!   deadline         DeadlineLayer         total budget (default 10 s), propagated on the wire
 //!     key            IdempotencyKeyLayer   one key per call for POST and PATCH
 //!       replay       ReplayBodyLayer       bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
 //!         retry      RetryLayer            3 attempts, backoff, pushback, budget, owner marker
 //!           hedge    HedgeLayer            off by default; safe reads only, same budget
 //!             breaker  CircuitBreakerLayer one breaker per client: fail fast while it is down
-//!               attempt record  RecordAttemptLayer
+//!               attempt record  RecordAttemptLayer  (with a recorder)
 //!                 attempt timeout  AttemptTimeoutLayer  min(per-try, remaining)
 //!                   transport
 //! ```
 //!
+//! The two record layers are there only when [`recorder`](ClientBuilder::recorder) gives one:
+//! by default ([`NoRecords`]) a call pays nothing for records, and still gets its outcome back.
 //! Every layer is configurable, and every optional one removable (`no_*`); each one also works
 //! on its own in a `tower::ServiceBuilder`, which is the way to build any other order. The
 //! retry layer, the hedge, the breaker and the records share one classifier
