@@ -81,13 +81,31 @@ pin_project! {
         #[pin]
         inner: B,
         progress: Progress,
+        // Whether `size_hint` counts as a look: not for reqwest, whose redirect layer asks for
+        // the size before there is a connection.
+        sized_is_sent: bool,
     }
 }
 
 impl<B> TrackBody<B> {
     /// Wraps `inner`, reporting to `progress`.
     pub fn new(inner: B, progress: Progress) -> Self {
-        TrackBody { inner, progress }
+        TrackBody {
+            inner,
+            progress,
+            sized_is_sent: true,
+        }
+    }
+
+    /// The same, but asking for the body's size is not sending it: only `poll_frame` and
+    /// `is_end_stream` mark it sent.
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn sent_when_read(inner: B, progress: Progress) -> Self {
+        TrackBody {
+            inner,
+            progress,
+            sized_is_sent: false,
+        }
     }
 
     /// The wrapped body.
@@ -115,7 +133,9 @@ impl<B: Body> Body for TrackBody<B> {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.progress.mark(DeliveryPhase::Sent);
+        if self.sized_is_sent {
+            self.progress.mark(DeliveryPhase::Sent);
+        }
         self.inner.size_hint()
     }
 }

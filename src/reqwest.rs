@@ -111,7 +111,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::classify::{AttemptClass, BoxError, Classification, ClassifyError, DeliveryPhase};
-use crate::delivery::Progress;
+use crate::delivery::{Progress, TrackBody};
 
 use crate::{ConfigError, Error, IntoError};
 
@@ -227,7 +227,9 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let progress = req.extensions().get::<Progress>().cloned();
         let req = match progress {
-            Some(progress) => req.map(|inner| ::reqwest::Body::wrap(Tracked { inner, progress })),
+            Some(progress) => {
+                req.map(|inner| ::reqwest::Body::wrap(TrackBody::sent_when_read(inner, progress)))
+            }
             None => req.map(::reqwest::Body::wrap),
         };
         let state = match ::reqwest::Request::try_from(req) {
@@ -237,41 +239,6 @@ where
             Err(error) => State::Refused { error: Some(error) },
         };
         ResponseFuture { state }
-    }
-}
-
-pin_project! {
-    /// A request body that marks its [`Progress`] as sent when hyper is about to write the
-    /// request: the first `is_end_stream` or `poll_frame`. Unlike
-    /// [`TrackBody`](crate::delivery::TrackBody), not on `size_hint`, which reqwest's redirect
-    /// layer asks for before there is a connection.
-    struct Tracked<B> {
-        #[pin]
-        inner: B,
-        progress: Progress,
-    }
-}
-
-impl<B: Body> Body for Tracked<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-        let this = self.project();
-        this.progress.mark(DeliveryPhase::Sent);
-        this.inner.poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.progress.mark(DeliveryPhase::Sent);
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }
 
