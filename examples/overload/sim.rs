@@ -24,6 +24,9 @@
 //! * **Time** is tokio's paused clock on a current-thread runtime, and every random draw comes
 //!   from a seeded generator: a run is deterministic.
 
+#[path = "../support/splitmix.rs"]
+mod splitmix;
+
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::fmt;
@@ -33,6 +36,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
+use splitmix::SplitMix;
 use surely::breaker::CircuitBreaker;
 use surely::budget::{RatioBudget, RetryBudget};
 use surely::deadline::{Deadline, ServerDeadlineLayer};
@@ -816,34 +820,5 @@ impl fmt::Debug for Attempts {
             .field("attempts", &self.attempts)
             .field("max", &self.max)
             .finish_non_exhaustive()
-    }
-}
-
-/// SplitMix64: a tiny seeded generator whose sequence never changes with a dependency's
-/// version.
-#[derive(Clone, Debug)]
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn new(seed: u64) -> Self {
-        SplitMix(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Exponential with mean 1.
-    fn exponential(&mut self) -> f64 {
-        -(1.0 - self.unit()).ln()
     }
 }

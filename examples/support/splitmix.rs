@@ -1,0 +1,31 @@
+//! SplitMix64, the seeded generator the simulators share: its sequence never changes with a
+//! dependency's version, so a seed repeats a run.
+
+/// SplitMix64: a tiny seeded generator whose sequence never changes with a dependency's
+/// version.
+#[derive(Clone, Debug)]
+pub(crate) struct SplitMix(u64);
+
+impl SplitMix {
+    pub(crate) fn new(seed: u64) -> Self {
+        SplitMix(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Exponential with mean 1.
+    pub(crate) fn exponential(&mut self) -> f64 {
+        -(1.0 - self.unit()).ln()
+    }
+}
