@@ -80,7 +80,7 @@
 //! while connecting (or waiting for a pooled connection) is then *not sent*, and retried even
 //! for a POST. The handle is shared by the call's attempts, so once one attempt was sent, a
 //! later timeout counts as sent too: it errs on the side of *maybe committed*. No need to wrap
-//! the body in a [`TrackBody`](crate::delivery::TrackBody) as for hyper-util: the transport
+//! the body in a [`TrackBody`] as for hyper-util: the transport
 //! tracks the body itself, and must, since reqwest asks a body for its size before it has a
 //! connection.
 //!
