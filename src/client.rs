@@ -11,11 +11,17 @@
 //!       replay       ReplayBodyLayer       bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
 //!         retry      RetryLayer            3 attempts, backoff, pushback, budget, owner marker
 //!           hedge    HedgeLayer            off by default; safe reads only, same budget
-//!             breaker  CircuitBreakerLayer one breaker per client: fail fast while it is down
+//!             breaker  CircuitBreaker  one breaker per client: fail fast while it is down
 //!               attempt record  RecordAttemptLayer  (with a recorder)
 //!                 attempt timeout  AttemptTimeoutLayer  min(per-try, remaining)
 //!                   transport
 //! ```
+//!
+//! The breaker guards each attempt where it costs least: without a hedge the retry layer
+//! admits and counts the attempts itself ([`RetryLayerBuilder::circuit_breaker`]), with the
+//! same counts as a [`CircuitBreakerLayer`] in that place and no layer of its own; with a hedge
+//! it is a [`CircuitBreakerLayer`] under the hedge, which counts each copy (see
+//! [`BreakerPart`]).
 //!
 //! The two record layers are there only when [`recorder`](ClientBuilder::recorder) gives one:
 //! by default ([`NoRecords`]) a call pays nothing for records, and still gets its outcome back.
@@ -622,7 +628,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         R: RecorderPart<M>,
         M: Clone,
         H: Part<M>,
-        B: Part<M>,
+        B: BreakerPart<M, H>,
     {
         let timeout = match self.shared.per_try {
             Some(per_try) => AttemptTimeoutLayer::new(per_try)?,
@@ -631,9 +637,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         let hedge = self
             .hedge
             .into_part(self.classifier.clone(), self.shared.budget.clone())?;
-        let breaker = self
-            .breaker
-            .into_part(self.classifier.clone(), self.shared.budget)?;
+        let (breaker, retry) = self.breaker.into_part(self.classifier.clone(), self.retry);
         let (record_call, record_attempt) = self
             .recorder
             .into_layers(self.classifier, self.shared.at_body_end);
@@ -645,7 +649,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
             replay: self.replay,
             hedge,
             breaker,
-            retry: self.retry.build()?,
+            retry: retry.build()?,
             timeout,
             watch: self.watch,
         })
@@ -668,7 +672,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         M: Clone,
         R: RecorderPart<M>,
         H: Part<M>,
-        B: Part<M>,
+        B: BreakerPart<M, H>,
         ClientLayer<R, M, Z, K, P, H, B, W>: Layer<crate::grpc::GrpcTransport<S>>,
     {
         self.build(crate::grpc::GrpcTransport::new(channel))
@@ -684,7 +688,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         M: Clone,
         R: RecorderPart<M>,
         H: Part<M>,
-        B: Part<M>,
+        B: BreakerPart<M, H>,
         ClientLayer<R, M, Z, K, P, H, B, W>: Layer<S>,
     {
         Ok(self.into_layer()?.layer(transport))
@@ -757,8 +761,8 @@ impl<R, M, Z, K, P, H, B, W> fmt::Debug for ClientBuilder<R, M, Z, K, P, H, B, W
     }
 }
 
-/// A part of the stack that takes the client's classifier and budget: the hedge and the
-/// breaker slots of a [`ClientBuilder`] (`Identity` when absent).
+/// A part of the stack that takes the client's classifier and budget: the hedge slot of a
+/// [`ClientBuilder`] (`Identity` when absent).
 pub trait Part<M> {
     /// The layer it becomes.
     type Layer;
@@ -779,18 +783,6 @@ impl<M> Part<M> for Identity {
     }
 }
 
-impl<M> Part<M> for CircuitBreaker {
-    type Layer = CircuitBreakerLayer<M>;
-
-    fn into_part(
-        self,
-        classifier: M,
-        _: Option<Arc<dyn RetryBudget>>,
-    ) -> Result<CircuitBreakerLayer<M>, ConfigError> {
-        Ok(CircuitBreakerLayer::new(self).classifier(classifier))
-    }
-}
-
 impl<M, M0> Part<M> for HedgeLayerBuilder<M0> {
     type Layer = HedgeLayer<M>;
 
@@ -805,6 +797,65 @@ impl<M, M0> Part<M> for HedgeLayerBuilder<M0> {
             None => hedge.no_budget(),
         }
         .build()
+    }
+}
+
+/// The breaker slot of a [`ClientBuilder`], beside its hedge slot `H`: no breaker
+/// (`Identity`), or a [`CircuitBreaker`], which goes where it counts what it should at the
+/// least cost.
+///
+/// * Without a hedge, the retry layer guards each attempt itself
+///   ([`RetryLayerBuilder::circuit_breaker`]): the same admissions and counts as a
+///   [`CircuitBreakerLayer`] right inside it, with no layer and no clone of the breaker per
+///   call.
+/// * With a hedge, a [`CircuitBreakerLayer`] under the hedge admits and counts each copy of a
+///   hedged attempt.
+pub trait BreakerPart<M, H> {
+    /// The layer it puts under the hedge (`Identity` for none).
+    type Layer;
+
+    /// Makes its layer with the client's classifier, and gives the retry layer's builder its
+    /// part.
+    fn into_part<Z>(
+        self,
+        classifier: M,
+        retry: RetryLayerBuilder<M, Z>,
+    ) -> (Self::Layer, RetryLayerBuilder<M, Z>);
+}
+
+impl<M, H> BreakerPart<M, H> for Identity {
+    type Layer = Identity;
+
+    fn into_part<Z>(
+        self,
+        _: M,
+        retry: RetryLayerBuilder<M, Z>,
+    ) -> (Identity, RetryLayerBuilder<M, Z>) {
+        (self, retry)
+    }
+}
+
+impl<M> BreakerPart<M, Identity> for CircuitBreaker {
+    type Layer = Identity;
+
+    fn into_part<Z>(
+        self,
+        _: M,
+        retry: RetryLayerBuilder<M, Z>,
+    ) -> (Identity, RetryLayerBuilder<M, Z>) {
+        (Identity::new(), retry.circuit_breaker(self))
+    }
+}
+
+impl<M, M0> BreakerPart<M, HedgeLayerBuilder<M0>> for CircuitBreaker {
+    type Layer = CircuitBreakerLayer<M>;
+
+    fn into_part<Z>(
+        self,
+        classifier: M,
+        retry: RetryLayerBuilder<M, Z>,
+    ) -> (CircuitBreakerLayer<M>, RetryLayerBuilder<M, Z>) {
+        (CircuitBreakerLayer::new(self).classifier(classifier), retry)
     }
 }
 
@@ -862,7 +913,16 @@ impl<R: Recorder + Clone, M: Clone> RecorderPart<M> for R {
 
 /// The canonical client stack as one layer, made by [`ClientBuilder::into_layer`].
 #[derive(Clone)]
-pub struct ClientLayer<R: RecorderPart<M>, M, Z, K, P, H: Part<M>, B: Part<M>, W = Identity> {
+pub struct ClientLayer<
+    R: RecorderPart<M>,
+    M,
+    Z,
+    K,
+    P,
+    H: Part<M>,
+    B: BreakerPart<M, H>,
+    W = Identity,
+> {
     record_call: R::CallLayer,
     record_attempt: R::AttemptLayer,
     deadline: DeadlineLayer<AttemptTimers>,
@@ -881,7 +941,7 @@ type Attempts<T, R, M> =
 
 /// The services from the (watched) transport up to the hedge.
 type LayeredHedge<T, R, M, H, B> = <<H as Part<M>>::Layer as Layer<
-    <<B as Part<M>>::Layer as Layer<Attempts<T, R, M>>>::Service,
+    <<B as BreakerPart<M, H>>::Layer as Layer<Attempts<T, R, M>>>::Service,
 >>::Service;
 
 impl<S, R, M, Z, K, P, H, B, W> Layer<S> for ClientLayer<R, M, Z, K, P, H, B, W>
@@ -889,7 +949,7 @@ where
     R: RecorderPart<M>,
     M: Clone,
     H: Part<M>,
-    B: Part<M>,
+    B: BreakerPart<M, H>,
     W: Layer<S>,
     R::AttemptLayer: Layer<AttemptTimeout<W::Service>>,
     B::Layer: Layer<Attempts<W::Service, R, M>>,
@@ -911,7 +971,7 @@ where
     }
 }
 
-impl<R: RecorderPart<M>, M, Z, K, P, H: Part<M>, B: Part<M>, W> fmt::Debug
+impl<R: RecorderPart<M>, M, Z, K, P, H: Part<M>, B: BreakerPart<M, H>, W> fmt::Debug
     for ClientLayer<R, M, Z, K, P, H, B, W>
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -17,8 +17,9 @@ use super::{
     DEFAULT_JITTER, DEFAULT_MAX_BREAK, DEFAULT_MIN_THROUGHPUT, DEFAULT_MIN_TIMEOUT_EVIDENCE,
     DEFAULT_WINDOW_CALLS,
 };
+use crate::classify::{Classification, DeliveryPhase};
 use crate::record::{Recorder, TracingRecorder};
-use crate::ConfigError;
+use crate::{ConfigError, Error};
 
 /// The most half-open probes a breaker may allow.
 pub const MAX_HALF_OPEN_PROBES: u32 = 1000;
@@ -164,9 +165,15 @@ fn code(state: BreakerState) -> u64 {
 /// Leave to pass one call: a call counted in the closed state, or a half-open probe, each of
 /// one generation of the state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Pass {
+pub(crate) enum Pass {
     Closed(u64),
     Probe(u64),
+}
+
+/// What a classified result says of the dependency: `Some(true)` a failure, `Some(false)` a
+/// success, and `None` for a server's refusal of a request whose deadline it found spent.
+pub(crate) fn health(c: &Classification) -> Option<bool> {
+    (!c.is_deadline_refusal()).then(|| c.is_health_failure())
 }
 
 impl CircuitBreaker {
@@ -216,16 +223,16 @@ impl CircuitBreaker {
     /// Whether the slow-call threshold is set, so a call must be timed.
     /// Whether a timeout ended by the call's deadline, after the attempt was given `given`,
     /// says nothing about the dependency.
-    pub(super) fn too_short_to_tell(&self, given: Duration) -> bool {
+    fn too_short_to_tell(&self, given: Duration) -> bool {
         given < self.shared.config.min_timeout_evidence
     }
 
-    pub(super) fn times_calls(&self) -> bool {
+    pub(crate) fn times_calls(&self) -> bool {
         self.shared.config.slow_call.is_some()
     }
 
     /// Asks to pass one call: leave, or the error to refuse it with.
-    pub(super) fn admit(&self) -> Result<Pass, CircuitOpen> {
+    pub(crate) fn admit(&self) -> Result<Pass, CircuitOpen> {
         let shared = &*self.shared;
         let mut word = shared.word.load(Acquire);
         loop {
@@ -257,9 +264,34 @@ impl CircuitBreaker {
         }
     }
 
+    /// Whether an error says nothing about the dependency, whatever the classifier makes of
+    /// it: another breaker's refusal, a deadline that left no time to send, or a timeout the
+    /// call's deadline set on an attempt given too little time to tell.
+    pub(crate) fn says_nothing<T>(&self, e: &Error<T>) -> bool {
+        e.is_circuit_open()
+            || e.deadline_exceeded()
+                .is_some_and(|d| d.phase() == DeliveryPhase::NotSent)
+            || e.elapsed().is_some_and(|t| {
+                t.is_deadline() && t.given().is_some_and(|g| self.too_short_to_tell(g))
+            })
+    }
+
+    /// Counts a passed call's result, as [`complete`](Self::complete) does, after timing it
+    /// against the slow-call threshold when the call was timed from `started` and succeeded.
+    pub(crate) fn settle(&self, pass: Pass, failure: Option<bool>, started: Option<Instant>) {
+        match (failure, started, self.shared.config.slow_call) {
+            (Some(false), Some(started), Some(threshold)) => {
+                let end = Instant::now();
+                let slow = end.saturating_duration_since(started) > threshold;
+                self.complete(pass, Some(slow), Some(end));
+            }
+            (failure, _, _) => self.complete(pass, failure, None),
+        }
+    }
+
     /// Counts a passed call's result: `Some(true)` a failure, `Some(false)` a success, `None`
     /// neither (cancelled, or a refusal that says nothing about the server).
-    pub(super) fn complete(&self, pass: Pass, failure: Option<bool>, now: Option<Instant>) {
+    pub(crate) fn complete(&self, pass: Pass, failure: Option<bool>, now: Option<Instant>) {
         let shared = &*self.shared;
         match (pass, failure) {
             (Pass::Closed(gen), Some(failure)) => {
@@ -719,12 +751,6 @@ impl CircuitBreakerBuilder {
                 recorder: self.recorder,
             }),
         })
-    }
-}
-
-impl CircuitBreaker {
-    pub(super) fn slow_call(&self) -> Option<Duration> {
-        self.shared.config.slow_call
     }
 }
 

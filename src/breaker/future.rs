@@ -8,7 +8,7 @@ use std::task::{ready, Context, Poll};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use super::circuit::{CircuitBreaker, Pass};
+use super::circuit::{health, CircuitBreaker, Pass};
 use super::error::CircuitOpen;
 use crate::classify::{Classify, DeliveryPhase};
 use crate::{Error, IntoError};
@@ -43,13 +43,6 @@ struct Permit {
     breaker: CircuitBreaker,
     pass: Pass,
     done: bool,
-}
-
-impl Permit {
-    fn complete(&mut self, failure: Option<bool>, now: Option<Instant>) {
-        self.done = true;
-        self.breaker.complete(self.pass, failure, now);
-    }
 }
 
 impl Drop for Permit {
@@ -116,42 +109,14 @@ where
                 let Some(classifier) = classifier.take() else {
                     return Poll::Ready(out);
                 };
+                let breaker = &permit.breaker;
                 let failure = match &out {
-                    // A refusal for the caller's spent deadline says nothing either way.
-                    Ok(res) => {
-                        let c = classifier.classify_response(res).at_head();
-                        (!c.is_deadline_refusal()).then(|| c.is_health_failure())
-                    }
-                    // Refusals that say nothing about the server: another breaker's, a
-                    // deadline that left no time to send, or one that left the attempt too
-                    // little time to tell.
-                    Err(e)
-                        if e.is_circuit_open()
-                            || e.deadline_exceeded()
-                                .is_some_and(|d| d.phase() == DeliveryPhase::NotSent)
-                            || e.elapsed().is_some_and(|t| {
-                                t.is_deadline()
-                                    && t.given()
-                                        .is_some_and(|g| permit.breaker.too_short_to_tell(g))
-                            }) =>
-                    {
-                        None
-                    }
-                    Err(e) => {
-                        let c = classifier.classify_error(e, DeliveryPhase::Sent);
-                        (!c.is_deadline_refusal()).then(|| c.is_health_failure())
-                    }
+                    Err(e) if breaker.says_nothing(e) => None,
+                    Ok(res) => health(&classifier.classify_response(res).at_head()),
+                    Err(e) => health(&classifier.classify_error(e, DeliveryPhase::Sent)),
                 };
-                let mut now = None;
-                let failure = match (failure, *started, permit.breaker.slow_call()) {
-                    (Some(false), Some(started), Some(threshold)) => {
-                        let end = Instant::now();
-                        now = Some(end);
-                        Some(end.saturating_duration_since(started) > threshold)
-                    }
-                    (failure, _, _) => failure,
-                };
-                permit.complete(failure, now);
+                permit.done = true;
+                breaker.settle(permit.pass, failure, *started);
                 Poll::Ready(out)
             }
         }

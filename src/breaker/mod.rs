@@ -158,6 +158,7 @@ mod window;
 
 use std::time::Duration;
 
+pub(crate) use self::circuit::{health, Pass};
 pub use self::circuit::{
     CircuitBreaker, CircuitBreakerBuilder, SlidingWindow, MAX_HALF_OPEN_PROBES,
 };

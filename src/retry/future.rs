@@ -15,6 +15,7 @@ use tower_service::Service;
 use super::backoff::Delays;
 use super::layer::{Config, GRPC_PREVIOUS_RPC_ATTEMPTS};
 use super::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};
+use crate::breaker::{health, CircuitBreaker, CircuitOpen, Pass};
 use crate::classify::{
     AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, Outcome, OutcomeTally,
     Pushback,
@@ -47,6 +48,8 @@ pin_project! {
         // Attempts that went out and ended (a breaker's refusal did not go out; a hedged
         // attempt counts its copies).
         sent: u32,
+        // The leave of the layer's own breaker for the attempt in flight, if it has one.
+        pass: Option<Pass>,
         // What only some calls need (a wait before a retry, a resolver, a learned attempt
         // time), boxed and made the first time it is needed, so that every layer outside moves
         // a small future.
@@ -61,6 +64,11 @@ pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
+            if let (Some(pass), Some(breaker)) = (this.pass.take(), &this.config.breaker) {
+                // An attempt cut short says nothing of the dependency; a probe's place is
+                // given back.
+                breaker.complete(pass, None, None);
+            }
             let in_flight = match this.state.as_ref().get_ref() {
                 State::Done => return,
                 State::Attempt { .. } => this.classifier.is_some(),
@@ -91,6 +99,8 @@ pin_project! {
     #[project = StateProj]
     enum State<F, Res> {
         Attempt { #[pin] future: F },
+        // The layer's own breaker refused the attempt: it was not made.
+        Refused { error: Option<CircuitOpen> },
         // The timer is in `Cold`; the retry is recorded when it goes out.
         Waiting { retry: RetryRecord },
         Readying { retry: RetryRecord },
@@ -148,17 +158,23 @@ where
         idempotency_key: Option<HeaderValue>,
         mut service: S,
         config: Arc<Config<M, Z>>,
+        gate: Option<Result<Pass, CircuitOpen>>,
     ) -> Self {
-        let learned = config.learned.is_some();
-        let cold = (key.is_some() || operation.is_some() || idempotency_key.is_some() || learned)
+        let timed = times_attempts(&config);
+        let cold = (key.is_some() || operation.is_some() || idempotency_key.is_some() || timed)
             .then(|| {
                 let mut cold = Cold::new();
                 cold.key = key;
                 cold.operation = operation;
                 cold.idempotency_key = idempotency_key;
-                cold.started = learned.then(Instant::now);
+                cold.started = timed.then(Instant::now);
                 cold
             });
+        let (pass, refused) = match gate {
+            Some(Ok(pass)) => (Some(pass), None),
+            Some(Err(open)) => (None, Some(open)),
+            None => (None, None),
+        };
         // The first attempt's future is made last, in its place, so that it is not copied.
         ResponseFuture {
             classifier: Some(classifier),
@@ -167,9 +183,13 @@ where
             config,
             attempts: 1,
             sent: 0,
+            pass,
             cold,
-            state: State::Attempt {
-                future: service.call(req),
+            state: match refused {
+                None => State::Attempt {
+                    future: service.call(req),
+                },
+                error => State::Refused { error },
             },
             service,
         }
@@ -201,94 +221,12 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
+            let out = match this.state.as_mut().project() {
                 StateProj::Attempt { future } => {
-                    let out = ready!(future.poll(cx)).map_err(IntoError::into_error);
-                    let Some(classifier) = this.classifier.take() else {
-                        return Poll::Ready(out);
-                    };
-                    *this.sent += copies(&out);
-                    let classification = match &out {
-                        Ok(res) => classifier.classify_response(res).at_head(),
-                        Err(e) => classifier.classify_error(e, DeliveryPhase::Sent),
-                    };
-                    this.tally.observe(classification.class());
-                    let config = &**this.config;
-                    let started = this.cold.as_ref().and_then(|c| c.started);
-                    if let (Some(learned), Some(started)) = (&config.learned, started) {
-                        // Only answered attempts say how long the server takes.
-                        if classification.phase() == DeliveryPhase::ResponseStarted {
-                            learned.observe(started.elapsed());
-                        }
-                    }
-                    if let Some(budget) = &config.budget {
-                        budget.record_outcome(classification.class());
-                    }
-                    let next = if ended_by_deadline(&out) {
-                        // Whatever the attempt was, the call has no time left for another.
-                        Next::Stop(StopReason::Deadline)
-                    } else if classification.class().is_retryable(this.tally.semantics()) {
-                        decide(
-                            config,
-                            &classification,
-                            *this.attempts,
-                            this.template.as_ref(),
-                            this.cold,
-                        )
-                    } else {
-                        Next::Done
-                    };
-                    let stop = match next {
-                        Next::Retry(wait, pushback) => {
-                            let retry = RetryRecord {
-                                after: *this.attempts,
-                                wait,
-                                pushback,
-                            };
-                            if wait.is_zero() {
-                                this.state.set(State::Readying { retry });
-                                continue;
-                            }
-                            let until = Instant::now() + wait;
-                            let cold = this.cold.get_or_insert_with(Cold::new);
-                            match &mut cold.sleep {
-                                Some(sleep) => sleep.as_mut().reset(until),
-                                None => {
-                                    cold.sleep = Some(Box::pin(tokio::time::sleep_until(until)))
-                                }
-                            }
-                            this.state.set(State::Waiting { retry });
-                            continue;
-                        }
-                        Next::Stop(reason) => {
-                            report_stop(reason);
-                            reason
-                        }
-                        Next::Done => {
-                            StopReason::after(classification.class(), this.tally.semantics())
-                        }
-                    };
-                    // An unknown outcome is settled by the resolver, when there is one and it
-                    // takes the question.
-                    if this.tally.outcome() == Some(Outcome::Unknown) {
-                        let query = Query {
-                            key: this.cold.as_mut().and_then(|c| c.key.take()),
-                            operation: this.cold.as_mut().and_then(|c| c.operation.take()),
-                            semantics: this.tally.semantics(),
-                            attempts: *this.attempts,
-                            last: classification,
-                        };
-                        if let Some(query) = config.resolver.resolve(query) {
-                            let cold = this.cold.get_or_insert_with(Cold::new);
-                            cold.last = Some(out);
-                            cold.started = Some(Instant::now());
-                            this.state.set(State::Resolving { query, stop });
-                            continue;
-                        }
-                    }
-                    let outcome = this.tally.outcome().unwrap_or(Outcome::Unknown);
-                    this.state.set(State::Done);
-                    return Poll::Ready(hand_back(out, outcome, stop, *this.sent, this.cold));
+                    ready!(future.poll(cx)).map_err(IntoError::into_error)
+                }
+                StateProj::Refused { error } => {
+                    Err(error.take().expect("a refused attempt ends once").into())
                 }
                 StateProj::Waiting { retry } => {
                     if let Some(sleep) = this.cold.as_mut().and_then(|c| c.sleep.as_mut()) {
@@ -296,6 +234,7 @@ where
                     }
                     let retry = *retry;
                     this.state.set(State::Readying { retry });
+                    continue;
                 }
                 StateProj::Readying { retry } => {
                     if let Err(e) = ready!(this.service.poll_ready(cx)) {
@@ -328,12 +267,19 @@ where
                     write_attempts(&mut req, previous, this.config.attempt_header.as_ref());
                     refresh_deadline(&mut req);
                     *this.classifier = Some(this.config.classifier.make_classifier(&req));
-                    if this.config.learned.is_some() {
+                    if times_attempts(this.config) {
                         this.cold.get_or_insert_with(Cold::new).started = Some(Instant::now());
                     }
-                    this.state.set(State::Attempt {
-                        future: this.service.call(req),
-                    });
+                    match this.config.breaker.as_ref().map(CircuitBreaker::admit) {
+                        Some(Err(open)) => this.state.set(State::Refused { error: Some(open) }),
+                        gate => {
+                            *this.pass = gate.and_then(Result::ok);
+                            this.state.set(State::Attempt {
+                                future: this.service.call(req),
+                            });
+                        }
+                    }
+                    continue;
                 }
                 StateProj::Resolving { query, stop } => {
                     let answer = ready!(query.future().poll(cx));
@@ -358,7 +304,96 @@ where
                 }
                 // Polled again after it returned.
                 StateProj::Done => return Poll::Pending,
+            };
+            // The attempt ended (or was refused by the layer's own breaker).
+            let Some(classifier) = this.classifier.take() else {
+                return Poll::Ready(out);
+            };
+            *this.sent += copies(&out);
+            let classification = match &out {
+                Ok(res) => classifier.classify_response(res).at_head(),
+                Err(e) => classifier.classify_error(e, DeliveryPhase::Sent),
+            };
+            this.tally.observe(classification.class());
+            let config = &**this.config;
+            let started = this.cold.as_ref().and_then(|c| c.started);
+            if let (Some(pass), Some(breaker)) = (this.pass.take(), &config.breaker) {
+                let failure = match &out {
+                    Err(e) if breaker.says_nothing(e) => None,
+                    _ => health(&classification),
+                };
+                breaker.settle(pass, failure, started);
             }
+            if let (Some(learned), Some(started)) = (&config.learned, started) {
+                // Only answered attempts say how long the server takes.
+                if classification.phase() == DeliveryPhase::ResponseStarted {
+                    learned.observe(started.elapsed());
+                }
+            }
+            if let Some(budget) = &config.budget {
+                budget.record_outcome(classification.class());
+            }
+            let next = if ended_by_deadline(&out) {
+                // Whatever the attempt was, the call has no time left for another.
+                Next::Stop(StopReason::Deadline)
+            } else if classification.class().is_retryable(this.tally.semantics()) {
+                decide(
+                    config,
+                    &classification,
+                    *this.attempts,
+                    this.template.as_ref(),
+                    this.cold,
+                )
+            } else {
+                Next::Done
+            };
+            let stop = match next {
+                Next::Retry(wait, pushback) => {
+                    let retry = RetryRecord {
+                        after: *this.attempts,
+                        wait,
+                        pushback,
+                    };
+                    if wait.is_zero() {
+                        this.state.set(State::Readying { retry });
+                        continue;
+                    }
+                    let until = Instant::now() + wait;
+                    let cold = this.cold.get_or_insert_with(Cold::new);
+                    match &mut cold.sleep {
+                        Some(sleep) => sleep.as_mut().reset(until),
+                        None => cold.sleep = Some(Box::pin(tokio::time::sleep_until(until))),
+                    }
+                    this.state.set(State::Waiting { retry });
+                    continue;
+                }
+                Next::Stop(reason) => {
+                    report_stop(reason);
+                    reason
+                }
+                Next::Done => StopReason::after(classification.class(), this.tally.semantics()),
+            };
+            // An unknown outcome is settled by the resolver, when there is one and it
+            // takes the question.
+            if this.tally.outcome() == Some(Outcome::Unknown) {
+                let query = Query {
+                    key: this.cold.as_mut().and_then(|c| c.key.take()),
+                    operation: this.cold.as_mut().and_then(|c| c.operation.take()),
+                    semantics: this.tally.semantics(),
+                    attempts: *this.attempts,
+                    last: classification,
+                };
+                if let Some(query) = config.resolver.resolve(query) {
+                    let cold = this.cold.get_or_insert_with(Cold::new);
+                    cold.last = Some(out);
+                    cold.started = Some(Instant::now());
+                    this.state.set(State::Resolving { query, stop });
+                    continue;
+                }
+            }
+            let outcome = this.tally.outcome().unwrap_or(Outcome::Unknown);
+            this.state.set(State::Done);
+            return Poll::Ready(hand_back(out, outcome, stop, *this.sent, this.cold));
         }
     }
 }
@@ -372,6 +407,16 @@ fn copies<Res: Envelope, T>(out: &Result<Res, Error<T>>) -> u32 {
         Err(e) if e.is_circuit_open() => 0,
         out => CallOutcome::of(out).map_or(1, CallOutcome::attempts),
     }
+}
+
+/// Whether each attempt is timed: for a learned attempt time, or for the layer's own breaker's
+/// slow-call threshold.
+fn times_attempts<M, Z>(config: &Config<M, Z>) -> bool {
+    config.learned.is_some()
+        || config
+            .breaker
+            .as_ref()
+            .is_some_and(CircuitBreaker::times_calls)
 }
 
 /// Whether the attempt was ended by the call's deadline (an attempt timeout at the deadline,

@@ -12,6 +12,7 @@ use super::future::ResponseFuture;
 use super::learn::AttemptTimes;
 use super::replay::NotReplayable;
 use super::resolve::{NoResolver, Resolve};
+use crate::breaker::CircuitBreaker;
 use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::{Classify, HttpClassifier, MakeClassifier};
 use crate::record::key_of;
@@ -55,6 +56,7 @@ pub(super) struct Config<M, Z = NoResolver> {
     pub(super) min_attempt: Duration,
     pub(super) attempt_header: Option<HeaderName>,
     pub(super) mark_owner: bool,
+    pub(super) breaker: Option<CircuitBreaker>,
 }
 
 /// Builds a [`RetryLayer`], validating its settings.
@@ -75,6 +77,7 @@ struct Settings {
     min_attempt: Duration,
     attempt_header: Option<HeaderName>,
     mark_owner: bool,
+    breaker: Option<CircuitBreaker>,
 }
 
 impl RetryLayer {
@@ -103,6 +106,7 @@ impl RetryLayer {
                 min_attempt: DEFAULT_MIN_ATTEMPT,
                 attempt_header: None,
                 mark_owner: true,
+                breaker: None,
             },
         }
     }
@@ -203,6 +207,34 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         self
     }
 
+    /// Guards every attempt with `breaker`, as a
+    /// [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) right inside this layer
+    /// would, with this layer's classifier: an attempt the breaker refuses is not made and
+    /// ends with its [`CircuitOpen`](crate::breaker::CircuitOpen), which is retried after the
+    /// break when the call's deadline allows; an attempt made is counted when it ends, and
+    /// counts nothing if the call is dropped first. The breaker's state lives with the layer's
+    /// settings, so guarding costs a call no clone of it, where a breaker layer clones it for
+    /// the service each call keeps and again for its future. A layer that makes several
+    /// requests of one attempt (a hedge) sits inside, so its copies count as one attempt: put
+    /// a breaker layer under it to count each copy, as [`client()`](crate::client()) does.
+    ///
+    /// ```
+    /// use surely::breaker::{BreakerState, CircuitBreaker};
+    /// use surely::retry::RetryLayer;
+    ///
+    /// let breaker = CircuitBreaker::new();
+    /// let layer = RetryLayer::builder()
+    ///     .circuit_breaker(breaker.clone())
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(breaker.state(), BreakerState::Closed);
+    /// # drop(layer);
+    /// ```
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.settings.breaker = Some(breaker);
+        self
+    }
+
     /// Validates and builds.
     pub fn build(self) -> Result<RetryLayer<M, Z>, ConfigError> {
         if self.settings.max_attempts == 0 {
@@ -234,6 +266,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
             min_attempt,
             attempt_header,
             mark_owner,
+            breaker,
         } = self.settings;
         let budget = if own_budget {
             Some(Arc::new(RatioBudget::default()) as Arc<dyn RetryBudget>)
@@ -252,6 +285,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
                 min_attempt,
                 attempt_header,
                 mark_owner,
+                breaker,
             }),
         }
     }
@@ -349,6 +383,7 @@ where
                 .and_then(|h| h.get(crate::IDEMPOTENCY_KEY))
                 .cloned(),
         };
+        let gate = self.config.breaker.as_ref().map(CircuitBreaker::admit);
         // The service that was made ready is the one called; the future keeps a clone of it
         // for the retries, which it makes ready itself.
         let clone = self.inner.clone();
@@ -363,6 +398,7 @@ where
             idempotency_key,
             ready,
             self.config.clone(),
+            gate,
         )
     }
 }
@@ -375,6 +411,7 @@ impl<M, Z> fmt::Debug for RetryLayer<M, Z> {
             .field("budget", &self.config.budget)
             .field("max_pushback", &self.config.max_pushback)
             .field("min_attempt", &self.config.min_attempt)
+            .field("breaker", &self.config.breaker)
             .finish_non_exhaustive()
     }
 }

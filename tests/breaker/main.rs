@@ -21,6 +21,8 @@ use tokio::time::{advance, Instant};
 use tower::util::BoxCloneService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
+mod in_retry;
+
 const BREAK: Duration = Duration::from_secs(5);
 
 /// A dependency whose answer, delay and call count the test controls.

@@ -384,7 +384,6 @@ fn answer(_: Request<String>) -> std::future::Ready<std::io::Result<Response<Str
 
 #[tokio::test(start_paused = true)]
 async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_the_outcome() {
-    use surely::breaker::Breaker;
     use surely::deadline::{AttemptTimers, WithDeadline};
     use surely::idempotency::IdempotencyKeyService;
     use surely::retry::Retry;
@@ -392,11 +391,10 @@ async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_
     use surely::OutcomeExt;
 
     // The default client is the stack with no record layer in it, as a type: this fails to
-    // compile if a record layer (even a pass-through one) comes back into the default.
-    type Bare = WithDeadline<
-        IdempotencyKeyService<Retry<Breaker<AttemptTimeout<FnTransport>>>>,
-        AttemptTimers,
-    >;
+    // compile if a record layer (even a pass-through one) comes back into the default. Its
+    // breaker is kept by the retry layer: no breaker layer either.
+    type Bare =
+        WithDeadline<IdempotencyKeyService<Retry<AttemptTimeout<FnTransport>>>, AttemptTimers>;
     let transport: FnTransport = service_fn(answer);
     let bare: Bare = surely::client().build(transport).unwrap();
     let named: surely::client::Client<FnTransport> = bare;
@@ -413,6 +411,53 @@ async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_
     let transport: FnTransport = service_fn(answer);
     let recorded = surely::client().recorder(()).build(transport).unwrap();
     let _: surely::record::RecordCall<_, (), _> = recorded;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_is_kept_by_the_retry_layer_and_goes_under_a_hedge_when_there_is_one() {
+    use surely::breaker::{BreakerState, CircuitBreaker};
+    use surely::deadline::{AttemptTimers, WithDeadline};
+    use surely::hedge::HedgeLayer;
+    use surely::idempotency::IdempotencyKeyService;
+    use surely::retry::Retry;
+    use surely::timeout::AttemptTimeout;
+
+    use surely::breaker::Breaker;
+    use surely::hedge::Hedge;
+
+    type Hedged = WithDeadline<
+        IdempotencyKeyService<Retry<Hedge<Breaker<AttemptTimeout<FnTransport>>>>>,
+        AttemptTimers,
+    >;
+    let breaker = CircuitBreaker::builder().min_throughput(1).build().unwrap();
+    // With a hedge, a breaker layer under it counts each copy: the type says where it is.
+    let transport: FnTransport = service_fn(answer);
+    let _: Hedged = surely::client()
+        .breaker(breaker.clone())
+        .hedge(HedgeLayer::builder())
+        .build(transport)
+        .unwrap();
+    // Without one, the retry layer keeps the breaker (no layer in the type) and still counts
+    // every attempt with it: an isolated breaker refuses, and nothing is sent.
+    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = sent.clone();
+    let transport = service_fn(move |_: Request<String>| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::future::ready(Ok::<_, std::io::Error>(Response::new(String::new())))
+    });
+    let client = surely::client()
+        .breaker(breaker.clone())
+        .build(transport)
+        .unwrap();
+    let get = || Request::get("/stock").body(String::new()).unwrap();
+    let res = client.clone().oneshot(get()).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(breaker.window().calls, 1);
+    breaker.isolate();
+    let err = client.clone().oneshot(get()).await.unwrap_err();
+    assert!(err.is_circuit_open(), "{err:?}");
+    assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(breaker.state(), BreakerState::Isolated);
 }
 
 #[tokio::test]
