@@ -111,7 +111,8 @@
 //!   and a budget given with `.budget(…)`: `RatioBudget::default()` (the client's own default),
 //!   one retry per first attempt on `fail_once` (as in the retry family). The recorder is the
 //!   default one; the stack is made by `build`;
-//! * `surely_client_breaker`: the same with the client's default breaker. On `fail_once` half
+//! * `surely_client_breaker`: the same with the client's default breaker (which the retry layer
+//!   keeps: no hedge, so no breaker layer; see `client::BreakerPart`). On `fail_once` half
 //!   the attempts are refused, and the default breaker, which opens at a failure ratio of 0.5,
 //!   would open and make the calls wait out its break: there it opens at 0.75 and is the default
 //!   otherwise (the work per call is the same whatever the ratio);

@@ -23,6 +23,10 @@
 //!                   transport              hyper-util, tonic, any tower::Service
 //! ```
 //!
+//! Without a hedge, [`client()`] has the retry layer keep the breaker
+//! ([`RetryLayerBuilder::circuit_breaker`](retry::RetryLayerBuilder::circuit_breaker)): the
+//! same place in the order, and no layer of its own.
+//!
 //! Start with [`client()`] (or [`client::http()`], [`client::grpc()`]) and the guide in
 //! [`docs`]; every layer also works on its own in a `tower::ServiceBuilder`.
 //!

@@ -108,6 +108,14 @@
 //! One breaker per dependency: share a [`CircuitBreaker`] (clones share its state) between the
 //! services that reach the same one.
 //!
+//! Right inside a retry layer, the retry layer can keep the breaker itself
+//! ([`RetryLayerBuilder::circuit_breaker`](crate::retry::RetryLayerBuilder::circuit_breaker)):
+//! the same admissions, refusals and counts as a [`CircuitBreakerLayer`] in that place (a
+//! test drives both with generated scripts and compares them), without the layer, whose
+//! service the retry layer clones for each call and whose future holds a clone of the breaker
+//! until the answer comes. [`client()`](crate::client()) does this unless it hedges; with a
+//! hedge the breaker is a layer under it, to count each copy.
+//!
 //! ```
 //! use std::time::Duration;
 //! use surely::breaker::{BreakerState, CircuitBreaker, CircuitBreakerLayer, SlidingWindow};
