@@ -95,8 +95,9 @@
 //!
 //! Its groups: `client_ready/…` (the inner answers at once), `client_fail_once/…` (the inner
 //! refuses each call's first attempt and answers its retry, as in `retry_fail_once`),
-//! `client_pending_once/…` (the inner waits once) and `deadline_ready/…` (timeouts alone, the
-//! inner answering at once). The cases of the `client_*` groups:
+//! `client_pending_once/…` (the inner waits once), `client_http/…` (below) and
+//! `deadline_ready/…` (timeouts alone, the inner answering at once). The cases of the first
+//! three:
 //!
 //! * `bare`: the inner answers alone (both of them on `fail_once`);
 //! * `tower_retry_tps_timeout`: as in the retry family, the reference;
@@ -121,6 +122,15 @@
 //!   `enforce_in_attempts`) → `IdempotencyKeyLayer` → `RetryLayer` (the same classifier, backoff
 //!   and budget) → `AttemptTimeoutLayer::deadline_only()`. `surely_client` less this case is
 //!   what the record layers cost with the default recorder.
+//!
+//! `client_http/…` is the client family's ready path over HTTP: a GET (`http_body_util::Empty`
+//! body, one header) whose inner service (of the `small` or `large` shape) answers 200 with a
+//! whole `Full` body at once. Its cases: `bare`; `tower_retry_tps_timeout` and
+//! `seatbelt_retry_timeout`, as above (each clones the request for its attempt);
+//! `surely_client_http`, the `client::http()` preset with its defaults (replayable bodies, the
+//! body watch, the breaker, the deadline written on the wire, the retry owner marker, the
+//! outcome handed back in the response's extensions), the bench's budget and no backoff; and
+//! `surely_client_http_no_breaker`. No target: the summary shows their ratios and allocations.
 //!
 //! The cases of `deadline_ready/…`: `bare`; `tower_timeout` (1 s); `seatbelt_timeout`,
 //! seatbelt's `Timeout` (1 s) on tick's tokio clock; `surely_deadline_attempt`, `DeadlineLayer`
@@ -198,7 +208,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use seatbelt::{RecoveryInfo, ResilienceContext};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use surely::breaker::{CircuitBreaker, CircuitBreakerLayer, SlidingWindow};
@@ -265,6 +275,9 @@ const CLIENT_BREAKER: &str = "surely_client_breaker";
 const CLIENT_NO_RECORDS: &str = "surely_client_no_records";
 /// The records group: the default client with a recorder on, and its cases.
 const CLIENT_RECORDS: &str = "client_records/small";
+const CLIENT_HTTP_FAMILY: &str = "client_http";
+const CLIENT_HTTP: &str = "surely_client_http";
+const CLIENT_HTTP_NO_BREAKER: &str = "surely_client_http_no_breaker";
 const CLIENT_TRACING: &str = "surely_client_tracing";
 const CLIENT_OTEL: &str = "surely_client_otel";
 const DEADLINE_ATTEMPT: &str = "surely_deadline_attempt";
@@ -372,6 +385,25 @@ fn http_ext_ready(_: http::Request<()>) -> Ready<io::Result<http::Response<()>>>
 
 fn http_pending(_: http::Request<()>) -> PendingOnce<io::Result<http::Response<()>>> {
     PendingOnce::new(Ok(http::Response::new(())))
+}
+
+/// The client family's HTTP request: a GET with an empty body and one header, as a client
+/// sends it.
+fn http_get(_: u64) -> http::Request<http_body_util::Empty<bytes::Bytes>> {
+    let mut req = http::Request::new(http_body_util::Empty::new());
+    req.headers_mut()
+        .insert(ACCEPT, HeaderValue::from_static("application/json"));
+    req
+}
+
+/// A 200 with a whole body, at once, from an inner service of the shape `S` over any request
+/// body (the `http()` preset's transport gets `ReplayBody`s).
+fn http_shape_ready<S: Shape, B>(
+    _: http::Request<B>,
+) -> Ready<Result<http::Response<http_body_util::Full<bytes::Bytes>>, S::Error>> {
+    ready(Ok(http::Response::new(http_body_util::Full::new(
+        bytes::Bytes::from_static(b"{}"),
+    ))))
 }
 
 /// The error type of an inner service in the client family, and the two errors it fails with.
@@ -944,9 +976,6 @@ fn surely_breaker(
 
 // ---- seatbelt ------------------------------------------------------------------------------
 
-/// What a seatbelt layer over a shape's service sees: the whole `Result`.
-type Out<E> = Result<Res, E>;
-
 /// A seatbelt context over tick's tokio clock, whose timers a task on the bench's runtime
 /// drives. One per case, as an application makes one per pipeline. Must be made inside the
 /// runtime (`main` enters it).
@@ -964,9 +993,9 @@ fn seatbelt_recovery<T, E>(out: &Result<T, E>) -> RecoveryInfo {
 }
 
 /// seatbelt's timeout (`BUDGET`), answering the shape's timeout error if it fires.
-fn seatbelt_timeout<Rq, S: Shape>(
-    ctx: &ResilienceContext<Rq, Out<S::Error>>,
-) -> seatbelt::timeout::TimeoutLayer<Rq, Out<S::Error>> {
+fn seatbelt_timeout<Rq, T, S: Shape>(
+    ctx: &ResilienceContext<Rq, Result<T, S::Error>>,
+) -> seatbelt::timeout::TimeoutLayer<Rq, Result<T, S::Error>> {
     seatbelt::timeout::Timeout::layer("timeout", ctx)
         .timeout(BUDGET)
         .timeout_error(|_| S::timed_out())
@@ -976,9 +1005,9 @@ fn seatbelt_timeout<Rq, S: Shape>(
 /// `TOWER_RETRIES` retries (3 attempts), each with a clone of the request, and no wait between
 /// attempts (a zero base delay: seatbelt then waits `Duration::ZERO` whatever the backoff, and
 /// its delay of zero is ready at once, with no timer). seatbelt has no retry budget.
-fn seatbelt_retry<S: Shape>(
-    ctx: &ResilienceContext<Req, Out<S::Error>>,
-) -> seatbelt::retry::RetryLayer<Req, Out<S::Error>> {
+fn seatbelt_retry<Rq: Clone, T, S: Shape>(
+    ctx: &ResilienceContext<Rq, Result<T, S::Error>>,
+) -> seatbelt::retry::RetryLayer<Rq, Result<T, S::Error>> {
     seatbelt::retry::Retry::layer("retry", ctx)
         .clone_input()
         .recovery_with(|out, _| seatbelt_recovery(out))
@@ -1372,8 +1401,8 @@ macro_rules! client_group {
                     reset_inner_calls();
                     let ctx = seatbelt_context();
                     let svc = ServiceBuilder::new()
-                        .layer(seatbelt_retry::<$shape>(&ctx))
-                        .layer(seatbelt_timeout::<Req, $shape>(&ctx))
+                        .layer(seatbelt_retry::<Req, Res, $shape>(&ctx))
+                        .layer(seatbelt_timeout::<Req, Res, $shape>(&ctx))
                         .service(service_fn($svc::<$shape>));
                     driver(svc, plain_req)
                 },
@@ -1437,6 +1466,81 @@ macro_rules! client_group {
     };
 }
 
+/// The cases of one `client_http` group: the client family's ready path over `http_get`
+/// requests, the inner service of the shape `$shape` answering 200 at once with a whole body.
+/// tower's and seatbelt's retries clone the request for each attempt (as their policies must);
+/// surely's `client::http()` preset (its defaults: replayable bodies, the body watch, the
+/// breaker, the bench's budget and no backoff) and the same without its breaker.
+macro_rules! client_http_group {
+    ($group:literal, $shape:ty) => {
+        [
+            Case {
+                group: $group,
+                name: BARE,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || driver(service_fn(http_shape_ready::<$shape, _>), http_get),
+            },
+            Case {
+                group: $group,
+                name: TOWER_RETRY,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    let svc = Retry::new(
+                        TowerPolicy::new(tps_default()),
+                        Timeout::new(service_fn(http_shape_ready::<$shape, _>), BUDGET),
+                    );
+                    driver(svc, http_get)
+                },
+            },
+            Case {
+                group: $group,
+                name: SEATBELT_RETRY,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    let ctx = seatbelt_context();
+                    let svc = ServiceBuilder::new()
+                        .layer(seatbelt_retry::<_, _, $shape>(&ctx))
+                        .layer(seatbelt_timeout::<_, _, $shape>(&ctx))
+                        .service(service_fn(http_shape_ready::<$shape, _>));
+                    driver(svc, http_get)
+                },
+            },
+            Case {
+                group: $group,
+                name: CLIENT_HTTP,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    let svc = surely::client::http()
+                        .retry(|r| r.backoff(Backoff::none()))
+                        .budget(ratio_client_default())
+                        .build(service_fn(http_shape_ready::<$shape, _>))
+                        .expect("a valid client");
+                    driver(svc, http_get)
+                },
+            },
+            Case {
+                group: $group,
+                name: CLIENT_HTTP_NO_BREAKER,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    let svc = surely::client::http()
+                        .no_breaker()
+                        .retry(|r| r.backoff(Backoff::none()))
+                        .budget(ratio_client_default())
+                        .build(service_fn(http_shape_ready::<$shape, _>))
+                        .expect("a valid client");
+                    driver(svc, http_get)
+                },
+            },
+        ]
+    };
+}
+
 /// The four cases of one `deadline_ready` group: timeouts alone over the shape `$shape`, whose
 /// inner service answers at once.
 macro_rules! deadline_group {
@@ -1465,7 +1569,7 @@ macro_rules! deadline_group {
                 headers_written: 0,
                 outcome_allocs: 0,
                 make: || {
-                    let layer = seatbelt_timeout::<Req, $shape>(&seatbelt_context());
+                    let layer = seatbelt_timeout::<Req, Res, $shape>(&seatbelt_context());
                     driver(layer.layer(service_fn(shape_ready::<$shape>)), plain_req)
                 },
             },
@@ -1682,6 +1786,8 @@ fn cases() -> Vec<Case> {
         ratio_client_default(),
         None
     ))
+    .chain(client_http_group!("client_http/small", Small))
+    .chain(client_http_group!("client_http/large", Large))
     .chain(deadline_group!("deadline_ready/small", Small))
     .chain(deadline_group!("deadline_ready/large", Large))
     .collect()
@@ -1766,6 +1872,7 @@ fn print_allocations(cases: &[Case], allocs: &[f64]) {
         let verdict = if case.name == BARE
             || case.group == RECORD_BODY
             || case.group == CLIENT_RECORDS
+            || case.group.starts_with(CLIENT_HTTP_FAMILY)
             || case.name == TIMER_FLOOR
             || case.name.starts_with("tower")
             || case.name.starts_with("seatbelt")
@@ -2100,6 +2207,31 @@ fn print_client_summary(cases: &[Case], medians: &[Option<f64>], allocs: &[f64])
                     verdict(added, 0.0)
                 );
             }
+        }
+    }
+
+    println!(
+        "over HTTP ({CLIENT_HTTP_FAMILY}/…; shown): ÷ {TOWER_RETRY}, ÷ {SEATBELT_RETRY}, \
+         allocations over {BARE}"
+    );
+    for shape in SHAPES {
+        let group = format!("{CLIENT_HTTP_FAMILY}/{shape}");
+        for case in [CLIENT_HTTP, CLIENT_HTTP_NO_BREAKER] {
+            let (Some(t), Some(tw), Some(sb), Some(c), Some(b)) = (
+                at(&group, case),
+                at(&group, TOWER_RETRY),
+                at(&group, SEATBELT_RETRY),
+                find(cases, &group, case),
+                find(cases, &group, BARE),
+            ) else {
+                continue;
+            };
+            println!(
+                "  {group:<25} {case:<30} {:>5.2} {:>5.2} {:>5.2}",
+                t / tw,
+                t / sb,
+                allocs[c] - allocs[b]
+            );
         }
     }
 

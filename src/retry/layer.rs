@@ -216,7 +216,10 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     /// settings, so guarding costs a call no clone of it, where a breaker layer clones it for
     /// the service each call keeps and again for its future. A layer that makes several
     /// requests of one attempt (a hedge) sits inside, so its copies count as one attempt: put
-    /// a breaker layer under it to count each copy, as [`client()`](crate::client()) does.
+    /// a breaker layer under it to count each copy, as [`client()`](crate::client()) does. In a
+    /// client stack, give the breaker with
+    /// [`ClientBuilder::breaker`](crate::client::ClientBuilder::breaker): the client's breaker
+    /// slot, which has one by default, replaces a breaker set here.
     ///
     /// ```
     /// use surely::breaker::{BreakerState, CircuitBreaker};
