@@ -270,3 +270,79 @@ async fn a_replayable_body_reports_its_exact_size() {
     assert_eq!(copy.collect().await.unwrap().to_bytes(), "hello");
     assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
 }
+
+/// A body whose chunks come over a channel, as an upload streamed by another task: it is not
+/// all there when the call is made.
+struct Channel(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl Body for Channel {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_still_coming_when_the_call_is_made_is_read_as_it_comes_then_replayed() {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(Bytes::from_static(b"qty=")).await.unwrap();
+    // The rest comes later, from another task; the call waits for it, woken by the channel.
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tx.send(Bytes::from_static(b"1&")).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tx.send(Bytes::from_static(b"sku=42")).await.unwrap();
+    });
+    let req = Request::put("/orders/o-1").body(Channel(rx)).unwrap();
+    let (res, seen, recorder) = send(req, 1024, Schedule::new().at(0, Fault::ResetAfterSend)).await;
+
+    assert!(res.is_ok());
+    assert_eq!(
+        bodies(&seen),
+        vec![Bytes::from("qty=1&sku=42"), Bytes::from("qty=1&sku=42")]
+    );
+    assert_eq!(recorder.calls()[0].attempts, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_still_coming_that_grows_past_the_limit_is_sent_once_whole() {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        for chunk in ["0123", "4567", "89"] {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            tx.send(Bytes::from_static(chunk.as_bytes())).await.unwrap();
+        }
+    });
+    let req = Request::put("/orders/o-1").body(Channel(rx)).unwrap();
+    // Over the limit after the second chunk: sent as it comes, once, not retried.
+    let (res, seen, recorder) = send(req, 6, Schedule::new().at(0, unavailable())).await;
+
+    assert!(res.is_ok(), "the 503 is the call's answer: {res:?}");
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "the fault answered without reading"
+    );
+    let call = &recorder.calls()[0];
+    assert_eq!(call.attempts, 1);
+    assert_eq!(call.stop, StopReason::NotReplayable);
+
+    // And without a fault, the one attempt gets every byte, in order.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        for chunk in ["0123", "4567", "89"] {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            tx.send(Bytes::from_static(chunk.as_bytes())).await.unwrap();
+        }
+    });
+    let req = Request::put("/orders/o-1").body(Channel(rx)).unwrap();
+    let (res, seen, _) = send(req, 6, Schedule::new()).await;
+    assert!(res.is_ok());
+    assert_eq!(bodies(&seen), vec![Bytes::from("0123456789")]);
+}
