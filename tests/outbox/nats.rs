@@ -174,11 +174,6 @@ async fn reserved_headers_are_refused_and_repeated_ones_kept() {
         .unwrap()
         .with_header("x-trace", "b")
         .unwrap();
-    // Read as a subscriber sees it (async-nats's reading of a stored message keeps one value
-    // per name).
-    let client = surely::outbox::async_nats::connect(url()).await.unwrap();
-    let mut live = client.subscribe(format!("{name}.>")).await.unwrap();
-    client.flush().await.unwrap();
     publisher
         .ready()
         .await
@@ -186,9 +181,27 @@ async fn reserved_headers_are_refused_and_repeated_ones_kept() {
         .call(repeated.clone())
         .await
         .unwrap();
-    let message = tokio::time::timeout(Duration::from_secs(5), live.next())
+    // Read as a consumer gets it, delivered from the stream (async-nats's reading of a stored
+    // message keeps one value per name). The message is stored once the publish is acked, so
+    // the fetch does not race the publish, as a live subscription made before it could.
+    let consumer = js
+        .get_stream(&name)
         .await
-        .expect("the message arrived")
+        .unwrap()
+        .create_consumer(jetstream::consumer::pull::Config::default())
+        .await
+        .unwrap();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(Duration::from_secs(5))
+        .messages()
+        .await
+        .unwrap();
+    let message = batch
+        .next()
+        .await
+        .expect("the stored message is delivered")
         .unwrap();
     let values: Vec<String> = message
         .headers
