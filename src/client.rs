@@ -11,7 +11,7 @@
 //!       replay       ReplayBodyLayer       bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
 //!         retry      RetryLayer            3 attempts, backoff, pushback, budget, owner marker
 //!           hedge    HedgeLayer            off by default; safe reads only, same budget
-//!             breaker  CircuitBreaker  one breaker per client: fail fast while it is down
+//!             breaker  CircuitBreaker      one breaker per client: fail fast while it is down
 //!               attempt record  RecordAttemptLayer  (with a recorder)
 //!                 attempt timeout  AttemptTimeoutLayer  min(per-try, remaining)
 //!                   transport

@@ -220,13 +220,13 @@ impl CircuitBreaker {
             .force(BreakerState::Closed, TransitionReason::Reset);
     }
 
-    /// Whether the slow-call threshold is set, so a call must be timed.
     /// Whether a timeout ended by the call's deadline, after the attempt was given `given`,
     /// says nothing about the dependency.
     fn too_short_to_tell(&self, given: Duration) -> bool {
         given < self.shared.config.min_timeout_evidence
     }
 
+    /// Whether the slow-call threshold is set, so a call must be timed.
     pub(crate) fn times_calls(&self) -> bool {
         self.shared.config.slow_call.is_some()
     }
