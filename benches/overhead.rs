@@ -131,6 +131,8 @@
 //! body watch, the breaker, the deadline written on the wire, the retry owner marker, the
 //! outcome handed back in the response's extensions), the bench's budget and no backoff; and
 //! `surely_client_http_no_breaker`. No target: the summary shows their ratios and allocations.
+//! `client_http_parts/small` takes the preset's parts away one at a time (the headers it writes
+//! for the next hop, the body watch, the replayable body), to show where its time goes.
 //!
 //! The cases of `deadline_ready/…`: `bare`; `tower_timeout` (1 s); `seatbelt_timeout`,
 //! seatbelt's `Timeout` (1 s) on tick's tokio clock; `surely_deadline_attempt`, `DeadlineLayer`
@@ -1541,6 +1543,72 @@ macro_rules! client_http_group {
     };
 }
 
+/// `client_http_parts/small`: where the `http()` preset's time goes over HTTP, by taking its
+/// parts away one at a time (the inner service as in `client_http/small`): the preset
+/// (`surely_client_http`); without the headers it writes for the next hop
+/// (`no_internal_headers`: deadline, retry owner); without the body watch (`no_body_watch`);
+/// without the replayable body (`no_replay`: `Empty` is `Clone`, so the retry layer copies
+/// the request as it is); and without all three. No target: a breakdown.
+fn client_http_parts_group() -> [Case; 6] {
+    const GROUP: &str = "client_http_parts/small";
+    fn preset() -> surely::client::ClientBuilder<
+        surely::client::NoRecords,
+        HttpClassifier,
+        surely::retry::NoResolver,
+        IdempotencyKeyLayer,
+        surely::retry::ReplayBodyLayer,
+        tower::layer::util::Identity,
+        CircuitBreaker,
+        WatchTrailersLayer,
+    > {
+        surely::client::http()
+            .retry(|r| r.backoff(Backoff::none()))
+            .budget(ratio_client_default())
+    }
+    let case = |name, make| Case {
+        group: GROUP,
+        name,
+        headers_written: 0,
+        outcome_allocs: 0,
+        make,
+    };
+    [
+        case(BARE, || {
+            driver(service_fn(http_shape_ready::<Small, _>), http_get)
+        }),
+        case(CLIENT_HTTP, || {
+            let svc = preset().build(service_fn(http_shape_ready::<Small, _>));
+            driver(svc.expect("a valid client"), http_get)
+        }),
+        case("no_internal_headers", || {
+            let svc = preset()
+                .no_internal_headers()
+                .build(service_fn(http_shape_ready::<Small, _>));
+            driver(svc.expect("a valid client"), http_get)
+        }),
+        case("no_body_watch", || {
+            let svc = preset()
+                .no_body_watch()
+                .build(service_fn(http_shape_ready::<Small, _>));
+            driver(svc.expect("a valid client"), http_get)
+        }),
+        case("no_replay", || {
+            let svc = preset()
+                .no_replay()
+                .build(service_fn(http_shape_ready::<Small, _>));
+            driver(svc.expect("a valid client"), http_get)
+        }),
+        case("none_of_the_three", || {
+            let svc = preset()
+                .no_internal_headers()
+                .no_body_watch()
+                .no_replay()
+                .build(service_fn(http_shape_ready::<Small, _>));
+            driver(svc.expect("a valid client"), http_get)
+        }),
+    ]
+}
+
 /// The four cases of one `deadline_ready` group: timeouts alone over the shape `$shape`, whose
 /// inner service answers at once.
 macro_rules! deadline_group {
@@ -1788,6 +1856,7 @@ fn cases() -> Vec<Case> {
     ))
     .chain(client_http_group!("client_http/small", Small))
     .chain(client_http_group!("client_http/large", Large))
+    .chain(client_http_parts_group())
     .chain(deadline_group!("deadline_ready/small", Small))
     .chain(deadline_group!("deadline_ready/large", Large))
     .collect()
