@@ -160,7 +160,7 @@ where
         config: Arc<Config<M, Z>>,
         gate: Option<Result<Pass, CircuitOpen>>,
     ) -> Self {
-        let timed = times_attempts(&config);
+        let timed = config.timed;
         let cold = (key.is_some() || operation.is_some() || idempotency_key.is_some() || timed)
             .then(|| {
                 let mut cold = Cold::new();
@@ -267,7 +267,7 @@ where
                     write_attempts(&mut req, previous, this.config.attempt_header.as_ref());
                     refresh_deadline(&mut req);
                     *this.classifier = Some(this.config.classifier.make_classifier(&req));
-                    if times_attempts(this.config) {
+                    if this.config.timed {
                         this.cold.get_or_insert_with(Cold::new).started = Some(Instant::now());
                     }
                     match this.config.breaker.as_ref().map(CircuitBreaker::admit) {
@@ -407,16 +407,6 @@ fn copies<Res: Envelope, T>(out: &Result<Res, Error<T>>) -> u32 {
         Err(e) if e.is_circuit_open() => 0,
         out => CallOutcome::of(out).map_or(1, CallOutcome::attempts),
     }
-}
-
-/// Whether each attempt is timed: for a learned attempt time, or for the layer's own breaker's
-/// slow-call threshold.
-fn times_attempts<M, Z>(config: &Config<M, Z>) -> bool {
-    config.learned.is_some()
-        || config
-            .breaker
-            .as_ref()
-            .is_some_and(CircuitBreaker::times_calls)
 }
 
 /// Whether the attempt was ended by the call's deadline (an attempt timeout at the deadline,

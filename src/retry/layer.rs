@@ -57,6 +57,9 @@ pub(super) struct Config<M, Z = NoResolver> {
     pub(super) attempt_header: Option<HeaderName>,
     pub(super) mark_owner: bool,
     pub(super) breaker: Option<CircuitBreaker>,
+    // Whether each attempt is timed: for a learned attempt time, or for the breaker's
+    // slow-call threshold. Decided once here, not read through the breaker on every call.
+    pub(super) timed: bool,
 }
 
 /// Builds a [`RetryLayer`], validating its settings.
@@ -279,6 +282,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         RetryLayer {
             config: Arc::new(Config {
                 resolver: self.resolver,
+                timed: learn.is_some() || breaker.as_ref().is_some_and(CircuitBreaker::times_calls),
                 learned: learn.map(AttemptTimes::new),
                 classifier: self.classifier,
                 max_attempts,
