@@ -1551,16 +1551,7 @@ macro_rules! client_http_group {
 /// the request as it is); and without all three. No target: a breakdown.
 fn client_http_parts_group() -> [Case; 6] {
     const GROUP: &str = "client_http_parts/small";
-    fn preset() -> surely::client::ClientBuilder<
-        surely::client::NoRecords,
-        HttpClassifier,
-        surely::retry::NoResolver,
-        IdempotencyKeyLayer,
-        surely::retry::ReplayBodyLayer,
-        tower::layer::util::Identity,
-        CircuitBreaker,
-        WatchTrailersLayer,
-    > {
+    fn preset() -> surely::client::HttpClientBuilder {
         surely::client::http()
             .retry(|r| r.backoff(Backoff::none()))
             .budget(ratio_client_default())

@@ -47,24 +47,21 @@ use surely::breaker::{
     BreakerEvent, BreakerEventKind, BreakerState, CircuitBreaker, SlidingWindow,
 };
 use surely::budget::{RetryBudget, TokenBucket};
-use surely::classify::{AttemptClass, HttpClassifier, Outcome};
-use surely::client::ClientBuilder;
+use surely::classify::{AttemptClass, Outcome};
+use surely::client::HttpClientBuilder;
 use surely::deadline::ServerDeadlineLayer;
 use surely::fault::{Fault, FaultLayer, Reply};
 use surely::hedge::{HedgeDelay, HedgeLayer};
 use surely::idempotency::server::{IdempotencyLayer, Ticket, IDEMPOTENT_REPLAYED};
 use surely::idempotency::store::MemoryStore;
-use surely::idempotency::IdempotencyKeyLayer;
 use surely::record::{
-    AttemptRecord, BusinessKey, CallRecord, InMemoryRecorder, Recorder, StopReason,
-    WatchTrailersLayer, WatchedBody,
+    AttemptRecord, BusinessKey, CallRecord, InMemoryRecorder, Recorder, StopReason, WatchedBody,
 };
 use surely::retry::backoff::Backoff;
-use surely::retry::{NoResolver, Query, ReplayBody, ReplayBodyLayer, Resolution};
+use surely::retry::{Query, ReplayBody, Resolution};
 use surely::{CallOutcome, OutcomeExt, IDEMPOTENCY_KEY};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
-use tower::layer::util::Identity;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -313,18 +310,7 @@ impl Recorder for Log {
 
 /// What every client of the demo shares: a 3 s budget per call, 500 ms per attempt, retries
 /// 50 ms apart (the server's pushback wins when it gives one), the records.
-fn stack(
-    log: &Log,
-) -> ClientBuilder<
-    Log,
-    HttpClassifier,
-    NoResolver,
-    IdempotencyKeyLayer,
-    ReplayBodyLayer,
-    Identity,
-    CircuitBreaker,
-    WatchTrailersLayer,
-> {
+fn stack(log: &Log) -> HttpClientBuilder<Log> {
     surely::client::http()
         .timeout(CALL_TIMEOUT)
         .per_try_timeout(Duration::from_millis(500))

@@ -125,16 +125,7 @@ pub fn client() -> ClientBuilder {
 /// # }
 /// # main() }
 /// ```
-pub fn http() -> ClientBuilder<
-    NoRecords,
-    HttpClassifier,
-    NoResolver,
-    IdempotencyKeyLayer,
-    ReplayBodyLayer,
-    Identity,
-    CircuitBreaker,
-    WatchTrailersLayer,
-> {
+pub fn http() -> HttpClientBuilder {
     ClientBuilder::new()
         .replay_bodies(ReplayBodyLayer::new())
         .settle_at_body_end()
@@ -206,6 +197,33 @@ pub type DefaultClientLayer = ClientLayer<
     Identity,
     Identity,
     CircuitBreaker,
+>;
+
+/// What [`http()`] returns, by name, with the recorder `R` that
+/// [`recorder`](ClientBuilder::recorder) gives it: for a function that sets up the builder a
+/// service's clients share.
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::client::HttpClientBuilder;
+/// use surely::record::TracingRecorder;
+///
+/// fn shared() -> HttpClientBuilder<TracingRecorder> {
+///     surely::client::http()
+///         .timeout(Duration::from_secs(3))
+///         .recorder(TracingRecorder::new())
+/// }
+/// let _payments = shared();
+/// ```
+pub type HttpClientBuilder<R = NoRecords> = ClientBuilder<
+    R,
+    HttpClassifier,
+    NoResolver,
+    IdempotencyKeyLayer,
+    ReplayBodyLayer,
+    Identity,
+    CircuitBreaker,
+    WatchTrailersLayer,
 >;
 
 /// The layer [`http()`] builds with its defaults.
