@@ -57,6 +57,7 @@
 //!
 //! [th]: https://docs.rs/tower-http/latest/tower_http/classify/index.html
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::Semantics;
@@ -221,22 +222,81 @@ pub enum Pushback {
 ///     .with_pushback(Some(Pushback::After(Duration::from_secs(2))));
 /// assert_eq!(c.pushback(), Some(Pushback::After(Duration::from_secs(2))));
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+///
+/// A pushback is kept to the nanosecond up to about 584 years; a longer one reads back as that
+/// (no retry layer waits for either).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Classification {
-    class: AttemptClass,
-    phase: DeliveryPhase,
-    pushback: Option<Pushback>,
-    deadline_refusal: bool,
+    // Two scalars, so that a classifier returns a classification in two registers: a larger
+    // one went through memory, written field by field and read back whole, which stalled the
+    // caller on every attempt. The pushback: `NO_PUSHBACK`, `PUSHBACK_STOP`, or the wait in
+    // nanoseconds.
+    pushback: u64,
+    // The class (bits 0–3), the phase (bits 4–5) and whether it is a refusal for a spent
+    // deadline (bit 8).
+    head: u16,
+}
+
+/// [`Classification::pushback`]'s word for no pushback.
+const NO_PUSHBACK: u64 = u64::MAX;
+/// [`Classification::pushback`]'s word for [`Pushback::Stop`].
+const PUSHBACK_STOP: u64 = u64::MAX - 1;
+/// The longest wait the word holds, in nanoseconds.
+const PUSHBACK_MAX_NANOS: u64 = u64::MAX - 2;
+const PHASE_SHIFT: u16 = 4;
+const SPENT_DEADLINE_BIT: u16 = 1 << 8;
+
+fn pack_pushback(pushback: Option<Pushback>) -> u64 {
+    match pushback {
+        None => NO_PUSHBACK,
+        Some(Pushback::Stop) => PUSHBACK_STOP,
+        Some(Pushback::After(wait)) => {
+            u64::try_from(wait.as_nanos()).map_or(PUSHBACK_MAX_NANOS, |n| n.min(PUSHBACK_MAX_NANOS))
+        }
+    }
+}
+
+fn unpack_pushback(word: u64) -> Option<Pushback> {
+    match word {
+        NO_PUSHBACK => None,
+        PUSHBACK_STOP => Some(Pushback::Stop),
+        nanos => Some(Pushback::After(Duration::from_nanos(nanos))),
+    }
+}
+
+fn pack_head(class: AttemptClass, phase: DeliveryPhase) -> u16 {
+    let class = match class {
+        AttemptClass::Success => 0,
+        AttemptClass::Final => 1,
+        AttemptClass::Conflict => 2,
+        AttemptClass::Rejected => 3,
+        AttemptClass::MaybeCommitted => 4,
+    };
+    let phase = match phase {
+        DeliveryPhase::NotSent => 0,
+        DeliveryPhase::Sent => 1,
+        DeliveryPhase::ResponseStarted => 2,
+    };
+    class | phase << PHASE_SHIFT
+}
+
+impl fmt::Debug for Classification {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Classification")
+            .field("class", &self.class())
+            .field("phase", &self.phase())
+            .field("pushback", &self.pushback())
+            .field("deadline_refusal", &self.is_deadline_refusal())
+            .finish()
+    }
 }
 
 impl Classification {
     /// A classification without pushback.
     pub fn new(class: AttemptClass, phase: DeliveryPhase) -> Self {
         Classification {
-            class,
-            phase,
-            pushback: None,
-            deadline_refusal: false,
+            pushback: NO_PUSHBACK,
+            head: pack_head(class, phase),
         }
     }
 
@@ -269,23 +329,34 @@ impl Classification {
 
     /// This classification with the given pushback.
     pub fn with_pushback(mut self, pushback: Option<Pushback>) -> Self {
-        self.pushback = pushback;
+        self.pushback = pack_pushback(pushback);
         self
     }
 
     /// The attempt's class.
     pub fn class(&self) -> AttemptClass {
-        self.class
+        // Only `pack_head` writes the bits.
+        match self.head & 0xf {
+            0 => AttemptClass::Success,
+            1 => AttemptClass::Final,
+            2 => AttemptClass::Conflict,
+            3 => AttemptClass::Rejected,
+            _ => AttemptClass::MaybeCommitted,
+        }
     }
 
     /// How far the request got.
     pub fn phase(&self) -> DeliveryPhase {
-        self.phase
+        match (self.head >> PHASE_SHIFT) & 0x3 {
+            0 => DeliveryPhase::NotSent,
+            1 => DeliveryPhase::Sent,
+            _ => DeliveryPhase::ResponseStarted,
+        }
     }
 
     /// What the server asked about retrying, if anything.
     pub fn pushback(&self) -> Option<Pushback> {
-        self.pushback
+        unpack_pushback(self.pushback)
     }
 
     /// This classification, for a server's refusal to start on a request whose deadline it
@@ -301,26 +372,26 @@ impl Classification {
     /// assert!(!c.is_health_failure());
     /// ```
     pub fn for_spent_deadline(mut self) -> Self {
-        self.deadline_refusal = true;
+        self.head |= SPENT_DEADLINE_BIT;
         self
     }
 
     /// Whether the server refused the attempt for its spent deadline.
     pub fn is_deadline_refusal(&self) -> bool {
-        self.deadline_refusal
+        self.head & SPENT_DEADLINE_BIT != 0
     }
 
     /// Whether the attempt says something about the server's health: its class is a
     /// [health failure](AttemptClass::is_health_failure), and it is not a refusal for the
     /// caller's spent deadline. The circuit breaker counts these.
     pub fn is_health_failure(&self) -> bool {
-        self.class.is_health_failure() && !self.deadline_refusal
+        self.class().is_health_failure() && !self.is_deadline_refusal()
     }
 
     /// Whether this attempt may be retried for a request with these semantics. A server's
     /// [`Pushback::Stop`] forbids it too.
     pub fn is_retryable(&self, semantics: Semantics) -> bool {
-        self.class.is_retryable(semantics) && self.pushback != Some(Pushback::Stop)
+        self.class().is_retryable(semantics) && self.pushback != PUSHBACK_STOP
     }
 }
 

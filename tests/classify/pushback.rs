@@ -306,3 +306,74 @@ proptest! {
         prop_assert_eq!(parsed, Ok(Duration::from_secs(at.saturating_sub(now_secs))));
     }
 }
+
+proptest! {
+    /// Every pushback a classification is given reads back the same, to the nanosecond, up to
+    /// about 584 years; a longer one reads back as that longest wait, never as a shorter one
+    /// that a retry layer would honour, nor as no pushback or a stop.
+    #[test]
+    fn a_pushback_reads_back_as_it_was_given(secs in any::<u64>(), nanos in 0u32..1_000_000_000, pick in 0u8..3) {
+        let pushback = match pick {
+            0 => None,
+            1 => Some(Pushback::Stop),
+            _ => Some(Pushback::After(Duration::new(secs, nanos))),
+        };
+        let c = Classification::new(AttemptClass::Rejected, DeliveryPhase::ResponseStarted)
+            .with_pushback(pushback);
+        let longest = Duration::from_nanos(u64::MAX - 2);
+        match pushback {
+            Some(Pushback::After(d)) if d > longest => {
+                prop_assert_eq!(c.pushback(), Some(Pushback::After(longest)));
+            }
+            given => prop_assert_eq!(c.pushback(), given),
+        }
+        prop_assert_eq!(c.is_retryable(Semantics::Keyed), pushback != Some(Pushback::Stop));
+        prop_assert_eq!(c.class(), AttemptClass::Rejected);
+        prop_assert_eq!(c.phase(), DeliveryPhase::ResponseStarted);
+    }
+}
+
+#[test]
+fn a_classification_fits_in_two_registers() {
+    // A classifier returns it on every attempt: at 16 bytes it comes back in registers.
+    assert_eq!(std::mem::size_of::<Classification>(), 16);
+    let c = Classification::new(AttemptClass::Rejected, DeliveryPhase::Sent)
+        .with_pushback(Some(Pushback::After(Duration::from_millis(1500))))
+        .for_spent_deadline();
+    assert_eq!(
+        format!("{c:?}"),
+        "Classification { class: Rejected, phase: Sent, pushback: Some(After(1.5s)), deadline_refusal: true }"
+    );
+}
+
+#[test]
+fn every_class_phase_and_refusal_reads_back() {
+    use AttemptClass::*;
+    use DeliveryPhase::*;
+    for class in [Success, Final, Conflict, Rejected, MaybeCommitted] {
+        for phase in [NotSent, Sent, ResponseStarted] {
+            for refusal in [false, true] {
+                for pushback in [
+                    None,
+                    Some(Pushback::Stop),
+                    Some(Pushback::After(Duration::MAX)),
+                ] {
+                    let mut c = Classification::new(class, phase).with_pushback(pushback);
+                    if refusal {
+                        c = c.for_spent_deadline();
+                    }
+                    let case = format!("{class:?} {phase:?} {refusal} {pushback:?}");
+                    assert_eq!(c.class(), class, "{case}");
+                    assert_eq!(c.phase(), phase, "{case}");
+                    assert_eq!(c.is_deadline_refusal(), refusal, "{case}");
+                    assert_eq!(
+                        c.is_health_failure(),
+                        class.is_health_failure() && !refusal,
+                        "{case}"
+                    );
+                    assert_eq!(c.pushback().is_some(), pushback.is_some(), "{case}");
+                }
+            }
+        }
+    }
+}
