@@ -183,6 +183,13 @@
 //! provider, exporting to memory once a minute). Shown, no target: the per-call time, and the
 //! time and allocations over `surely_client`.
 //!
+//! The ratio targets are then measured again, paired: the case and its reference, made afresh,
+//! take turns for 41 rounds of 5 ms a side, and the median of the rounds' ratios is printed
+//! with its interquartile range. On a VM whose speed drifts between criterion's cases (seconds
+//! apart), a round's two sides run at the same speed, so the drift cancels out of each round's
+//! ratio. From run to run this ratio still moves (each run makes its stacks afresh, at other
+//! addresses): judge it, like the criterion ratios above it, from several runs.
+//!
 //! `client_pending_once` has no ratio target; its ratios are shown, and its records cost,
 //! spread and allocations are judged as on the other paths.
 //!
@@ -2331,4 +2338,77 @@ fn main() {
     let medians = bench(&mut c, &rt, &cases);
     c.final_summary();
     print_summary(&cases, &medians, &allocs);
+    print_paired_targets(&rt, &cases, &medians);
+}
+
+/// Rounds of a paired measurement.
+const PAIRED_ROUNDS: usize = 41;
+/// How long one side of one round runs.
+const PAIRED_CHUNK: Duration = Duration::from_millis(5);
+
+/// The client family's ratio targets, each measured again as a paired comparison: the case and
+/// its reference, made afresh, take turns (which one goes first alternates) for
+/// [`PAIRED_ROUNDS`] rounds of [`PAIRED_CHUNK`] each, and the ratio is taken within each round.
+/// A VM's speed drifts by a quarter over the seconds between two criterion cases; within a
+/// round both sides run at the same speed, so the median of the rounds' ratios moves far less
+/// from run to run than the ratio of two criterion medians. Shown with its interquartile range.
+fn print_paired_targets(rt: &Runtime, cases: &[Case], medians: &[Option<f64>]) {
+    let targets = SHAPES.iter().flat_map(|shape| {
+        let ready = format!("client_ready/{shape}");
+        let fail_once = format!("client_fail_once/{shape}");
+        let deadline = format!("{DEADLINE_FAMILY}/{shape}");
+        [
+            (ready.clone(), CLIENT, TOWER_RETRY, 0.6),
+            (ready.clone(), CLIENT, SEATBELT_RETRY, 1.0),
+            (fail_once, CLIENT, TOWER_RETRY, 0.75),
+            (ready, CLIENT_BREAKER, TOWER_RETRY, 0.75),
+            (deadline.clone(), DEADLINE_ATTEMPT, TOWER, 0.6),
+            (deadline, DEADLINE_ATTEMPT, SEATBELT_TIMEOUT, 1.0),
+        ]
+    });
+    let mut header = false;
+    for (group, case, against, limit) in targets {
+        let (Some(i), Some(j)) = (find(cases, &group, case), find(cases, &group, against)) else {
+            continue;
+        };
+        // Only what criterion measured in this run (not filtered out, not `--test`).
+        let (Some(ns_case), Some(ns_ref)) = (medians[i], medians[j]) else {
+            continue;
+        };
+        if !header {
+            println!(
+                "paired ratios ({PAIRED_ROUNDS} rounds of {PAIRED_CHUNK:?} a side, taking turns): \
+                 median [25th–75th percentile]"
+            );
+            header = true;
+        }
+        let (mut a, mut b) = ((cases[i].make)(), (cases[j].make)());
+        let calls = |ns: f64| (PAIRED_CHUNK.as_nanos() as f64 / ns.max(1.0)).ceil() as u64;
+        let (n_a, n_b) = (calls(ns_case), calls(ns_ref));
+        // Warm both up.
+        a.run(rt, n_a);
+        b.run(rt, n_b);
+        let mut ratios = Vec::with_capacity(PAIRED_ROUNDS);
+        for round in 0..PAIRED_ROUNDS {
+            let per_call =
+                |d: &mut Box<dyn Drive>, n: u64| d.run(rt, n).as_nanos() as f64 / n as f64;
+            let (t_a, t_b) = if round % 2 == 0 {
+                let t_a = per_call(&mut a, n_a);
+                (t_a, per_call(&mut b, n_b))
+            } else {
+                let t_b = per_call(&mut b, n_b);
+                (per_call(&mut a, n_a), t_b)
+            };
+            ratios.push(t_a / t_b);
+        }
+        ratios.sort_by(f64::total_cmp);
+        let at = |q: f64| ratios[((ratios.len() - 1) as f64 * q).round() as usize];
+        let ratio = median(&ratios);
+        println!(
+            "  {group:<25} {case:<24} ÷ {against:<23} {ratio:>5.2} [{:.2}–{:.2}] (≤ {limit:.2}) {}",
+            at(0.25),
+            at(0.75),
+            verdict(ratio, limit)
+        );
+    }
 }
