@@ -2199,19 +2199,7 @@ fn print_client_summary(cases: &[Case], medians: &[Option<f64>], allocs: &[f64])
 
     println!();
     println!("targets (client family, per-call times):");
-    let mut ratio_targets = Vec::new();
-    for shape in SHAPES {
-        let ready = format!("client_ready/{shape}");
-        let fail_once = format!("client_fail_once/{shape}");
-        let deadline = format!("{DEADLINE_FAMILY}/{shape}");
-        ratio_targets.push((ready.clone(), CLIENT, TOWER_RETRY, 0.6));
-        ratio_targets.push((ready.clone(), CLIENT, SEATBELT_RETRY, 1.0));
-        ratio_targets.push((fail_once, CLIENT, TOWER_RETRY, 0.75));
-        ratio_targets.push((ready, CLIENT_BREAKER, TOWER_RETRY, 0.75));
-        ratio_targets.push((deadline.clone(), DEADLINE_ATTEMPT, TOWER, 0.6));
-        ratio_targets.push((deadline, DEADLINE_ATTEMPT, SEATBELT_TIMEOUT, 1.0));
-    }
-    for (group, case, against, limit) in &ratio_targets {
+    for (group, case, against, limit) in &ratio_targets() {
         let (Some(s), Some(r)) = (at(group, case), at(group, against)) else {
             continue;
         };
@@ -2341,6 +2329,26 @@ fn main() {
     print_paired_targets(&rt, &cases, &medians);
 }
 
+/// The client family's ratio targets: group, case, reference, and the largest ratio allowed.
+fn ratio_targets() -> Vec<(String, &'static str, &'static str, f64)> {
+    SHAPES
+        .iter()
+        .flat_map(|shape| {
+            let ready = format!("client_ready/{shape}");
+            let fail_once = format!("client_fail_once/{shape}");
+            let deadline = format!("{DEADLINE_FAMILY}/{shape}");
+            [
+                (ready.clone(), CLIENT, TOWER_RETRY, 0.6),
+                (ready.clone(), CLIENT, SEATBELT_RETRY, 1.0),
+                (fail_once, CLIENT, TOWER_RETRY, 0.75),
+                (ready, CLIENT_BREAKER, TOWER_RETRY, 0.75),
+                (deadline.clone(), DEADLINE_ATTEMPT, TOWER, 0.6),
+                (deadline, DEADLINE_ATTEMPT, SEATBELT_TIMEOUT, 1.0),
+            ]
+        })
+        .collect()
+}
+
 /// Rounds of a paired measurement.
 const PAIRED_ROUNDS: usize = 41;
 /// How long one side of one round runs.
@@ -2353,21 +2361,8 @@ const PAIRED_CHUNK: Duration = Duration::from_millis(5);
 /// round both sides run at the same speed, so the median of the rounds' ratios moves far less
 /// from run to run than the ratio of two criterion medians. Shown with its interquartile range.
 fn print_paired_targets(rt: &Runtime, cases: &[Case], medians: &[Option<f64>]) {
-    let targets = SHAPES.iter().flat_map(|shape| {
-        let ready = format!("client_ready/{shape}");
-        let fail_once = format!("client_fail_once/{shape}");
-        let deadline = format!("{DEADLINE_FAMILY}/{shape}");
-        [
-            (ready.clone(), CLIENT, TOWER_RETRY, 0.6),
-            (ready.clone(), CLIENT, SEATBELT_RETRY, 1.0),
-            (fail_once, CLIENT, TOWER_RETRY, 0.75),
-            (ready, CLIENT_BREAKER, TOWER_RETRY, 0.75),
-            (deadline.clone(), DEADLINE_ATTEMPT, TOWER, 0.6),
-            (deadline, DEADLINE_ATTEMPT, SEATBELT_TIMEOUT, 1.0),
-        ]
-    });
     let mut header = false;
-    for (group, case, against, limit) in targets {
+    for (group, case, against, limit) in ratio_targets() {
         let (Some(i), Some(j)) = (find(cases, &group, case), find(cases, &group, against)) else {
             continue;
         };
