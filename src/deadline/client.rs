@@ -378,83 +378,104 @@ where
 {
     type Output = Result<R, Error<E0::Transport>>;
 
+    // Inlined, and kept to what a call that answers on its first poll runs, so that the
+    // inner future's answer is not returned through memory once more; the rest is out of line.
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let mut state = self.project().state;
-        match state.as_mut().project() {
-            StateProj::Refused => {
-                // Refused before any attempt: nothing went out.
-                let mut err: Error<E0::Transport> = DeadlineExceeded::refused().into();
-                err.set_call_outcome(CallOutcome::refused(
-                    StopReason::Deadline,
-                    Some(Duration::ZERO),
-                ));
-                Poll::Ready(Err(err))
-            }
-            StateProj::Running {
-                inner,
-                mut timer,
-                ctx,
-            } => {
-                let (out, inside) = ctx.scope_collect(|| inner.poll(cx));
-                if let Poll::Ready(out) = out {
-                    return Poll::Ready(out.map_err(IntoError::into_error));
-                }
-                if !ctx.has_deadline() {
-                    return Poll::Pending;
-                }
-                let armed = T::is_armed(&timer);
-                if !armed {
-                    if let Some((now, ends_by)) = inside.packed() {
-                        // The common case, in packed time: anchor the deadline at the clock
-                        // reading of the layer inside, and if that layer ends the call by the
-                        // deadline, one timer is enough.
-                        if ctx.anchor_packed(now).is_some_and(|d| ends_by <= d) {
-                            return Poll::Pending;
-                        }
-                    }
-                }
-                let Some(deadline) = ctx.deadline() else {
-                    return Poll::Pending;
-                };
-                // The call waits: from now on its deadline is an instant.
-                let (deadline, now) = match deadline {
-                    CallDeadline::At(d) => (d, inside.now()),
-                    CallDeadline::Budget(b) => {
-                        let now = inside.now().unwrap_or_else(Instant::now);
-                        let d = Deadline::after_from(now, b);
-                        ctx.set_deadline(Some(CallDeadline::At(d)));
-                        (d, Some(now))
-                    }
-                };
-                let inside_ends_by = inside.ends_by();
-                if !armed && inside_ends_by.is_some_and(|e| e <= deadline.instant()) {
-                    // A layer inside (an attempt timeout) will end the call by the deadline:
-                    // one timer is enough.
-                    Report::publish(Report::new(now, inside_ends_by));
-                    return Poll::Pending;
-                }
-                if !armed {
-                    T::arm(timer.as_mut(), deadline.instant());
-                }
-                if T::poll(timer, cx).is_pending() {
-                    let ends_by =
-                        inside_ends_by.map_or(deadline.instant(), |e| e.min(deadline.instant()));
-                    Report::publish(Report::new(now, Some(ends_by)));
-                    return Poll::Pending;
-                }
-                // Let the attempt go now, so that it is cancelled (and recorded) before the call
-                // ends, not whenever the caller drops this future. A retry layer inside leaves
-                // what its attempts came to, to hand back with the deadline's error.
-                crate::outcome::take_left_behind();
-                state.set(State::Refused);
-                let mut err: Error<E0::Transport> = DeadlineExceeded::in_flight().into();
-                if let Some(call) = crate::outcome::take_left_behind() {
-                    err.set_call_outcome(call.stopped(StopReason::Deadline, Duration::ZERO));
-                }
-                Poll::Ready(Err(err))
+        let StateProj::Running { inner, ctx, .. } = state.as_mut().project() else {
+            // Refused before any attempt: nothing went out.
+            return Poll::Ready(Err(refused()));
+        };
+        let (out, inside) = ctx.scope_collect(|| inner.poll(cx));
+        match out {
+            // Taken apart, so that an answer is not copied whole with its error's room.
+            Poll::Ready(Ok(res)) => return Poll::Ready(Ok(res)),
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into_error())),
+            Poll::Pending => {}
+        }
+        if !ctx.has_deadline() {
+            return Poll::Pending;
+        }
+        wait::<F, T, R, E0::Transport>(state, cx, inside)
+    }
+}
+
+/// The error of a call its deadline refused before any attempt.
+#[cold]
+#[inline(never)]
+fn refused<E>() -> Error<E> {
+    let mut err: Error<E> = DeadlineExceeded::refused().into();
+    err.set_call_outcome(CallOutcome::refused(
+        StopReason::Deadline,
+        Some(Duration::ZERO),
+    ));
+    err
+}
+
+/// The rest of a poll of [`ResponseFuture`] whose call has a deadline and waits: one timer for
+/// the call, unless a layer inside (`inside` says what it reported) ends it by the deadline.
+#[inline(never)]
+fn wait<F, T, R, E>(
+    mut state: Pin<&mut State<F, T>>,
+    cx: &mut TaskContext<'_>,
+    inside: Report,
+) -> Poll<Result<R, Error<E>>>
+where
+    T: Enforcement,
+{
+    let StateProj::Running { mut timer, ctx, .. } = state.as_mut().project() else {
+        return Poll::Pending;
+    };
+    let armed = T::is_armed(&timer);
+    if !armed {
+        if let Some((now, ends_by)) = inside.packed() {
+            // The common case, in packed time: anchor the deadline at the clock reading of the
+            // layer inside, and if that layer ends the call by the deadline, one timer is
+            // enough.
+            if ctx.anchor_packed(now).is_some_and(|d| ends_by <= d) {
+                return Poll::Pending;
             }
         }
     }
+    let Some(deadline) = ctx.deadline() else {
+        return Poll::Pending;
+    };
+    // The call waits: from now on its deadline is an instant.
+    let (deadline, now) = match deadline {
+        CallDeadline::At(d) => (d, inside.now()),
+        CallDeadline::Budget(b) => {
+            let now = inside.now().unwrap_or_else(Instant::now);
+            let d = Deadline::after_from(now, b);
+            ctx.set_deadline(Some(CallDeadline::At(d)));
+            (d, Some(now))
+        }
+    };
+    let inside_ends_by = inside.ends_by();
+    if !armed && inside_ends_by.is_some_and(|e| e <= deadline.instant()) {
+        // A layer inside (an attempt timeout) will end the call by the deadline: one timer is
+        // enough.
+        Report::publish(Report::new(now, inside_ends_by));
+        return Poll::Pending;
+    }
+    if !armed {
+        T::arm(timer.as_mut(), deadline.instant());
+    }
+    if T::poll(timer, cx).is_pending() {
+        let ends_by = inside_ends_by.map_or(deadline.instant(), |e| e.min(deadline.instant()));
+        Report::publish(Report::new(now, Some(ends_by)));
+        return Poll::Pending;
+    }
+    // Let the attempt go now, so that it is cancelled (and recorded) before the call ends, not
+    // whenever the caller drops this future. A retry layer inside leaves what its attempts came
+    // to, to hand back with the deadline's error.
+    crate::outcome::take_left_behind();
+    state.set(State::Refused);
+    let mut err: Error<E> = DeadlineExceeded::in_flight().into();
+    if let Some(call) = crate::outcome::take_left_behind() {
+        err.set_call_outcome(call.stopped(StopReason::Deadline, Duration::ZERO));
+    }
+    Poll::Ready(Err(err))
 }
 
 impl<F, E, T: Enforcement> fmt::Debug for ResponseFuture<F, E, T> {

@@ -521,20 +521,31 @@ where
 {
     type Output = Result<T, Error<E0::Transport>>;
 
+    // Inlined, so that the inner future's answer is not returned through memory once more.
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            StateProj::Call { future } => future.poll(cx).map_err(IntoError::into_error),
-            StateProj::Invalid { error } => {
-                // Refused before any attempt: the key never left the process.
-                let mut err: Error<E0::Transport> = (*error).into();
-                err.set_call_outcome(CallOutcome::refused(
-                    StopReason::Final,
-                    crate::outcome::budget_left_now(),
-                ));
-                Poll::Ready(Err(err))
-            }
+            // Taken apart, so that an answer is not copied whole with its error's room.
+            StateProj::Call { future } => match future.poll(cx) {
+                Poll::Ready(Ok(res)) => Poll::Ready(Ok(res)),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e.into_error())),
+                Poll::Pending => Poll::Pending,
+            },
+            StateProj::Invalid { error } => Poll::Ready(Err(invalid_key(*error))),
         }
     }
+}
+
+/// A call refused before any attempt: the key never left the process.
+#[cold]
+#[inline(never)]
+fn invalid_key<T>(error: InvalidKey) -> Error<T> {
+    let mut err: Error<T> = error.into();
+    err.set_call_outcome(CallOutcome::refused(
+        StopReason::Final,
+        crate::outcome::budget_left_now(),
+    ));
+    err
 }
 
 impl<F, E> fmt::Debug for ResponseFuture<F, E> {

@@ -144,6 +144,7 @@ where
 
 pin_project! {
     /// The future of [`AttemptTimeout`].
+    #[project = ResponseFutureProj]
     pub struct ResponseFuture<F, E> {
         #[pin]
         inner: F,
@@ -168,54 +169,69 @@ where
 {
     type Output = Result<T, Error<E0::Transport>>;
 
+    // Inlined, and kept to what an attempt that answers on its first poll runs, so that the
+    // inner future's answer is not returned through memory once more; the rest is out of line.
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        if let Poll::Ready(out) = this.inner.poll(cx) {
-            return Poll::Ready(out.map_err(IntoError::into_error));
+        match this.inner.as_mut().poll(cx) {
+            // Taken apart, so that an answer is not copied whole with its error's room.
+            Poll::Ready(Ok(res)) => Poll::Ready(Ok(res)),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into_error())),
+            Poll::Pending => wait(this, cx),
         }
-        let mut armed = false;
-        if this.sleep.is_none() {
-            // The first wait: read the clock once, and arm one timer for the earlier of the
-            // per-try timeout and the call's deadline, both counted from that reading.
-            let mut read = None;
-            let left = deadline::left_at(*this.deadline, || *read.insert(Instant::now()));
-            let (after, by_deadline) = match (*this.per_try, left) {
-                (None, None) => return Poll::Pending,
-                (Some(per_try), Some(left)) if left > per_try => (per_try, false),
-                (Some(per_try), None) => (per_try, false),
-                (_, Some(left)) => (left, true),
-            };
-            let now = read.unwrap_or_else(Instant::now);
-            *this.by_deadline = by_deadline;
-            *this.given = after;
-            let limit = Deadline::after_from(now, after);
-            let sleep = tokio::time::sleep_until(limit.instant());
-            // This attempt ends by `limit`: an outer deadline layer needs no timer of its own.
-            // Said before the timer is polled (if it fires at once, the attempt ends in this
-            // poll and the report is moot), so that the timer's fresh stores have landed by the
-            // time it is moved into the future.
-            Report::publish(Report::after(now, after));
-            this.sleep.set(Some(sleep));
-            armed = true;
-        }
-        let Some(sleep) = this.sleep.as_pin_mut() else {
-            return Poll::Pending;
-        };
-        let limit = sleep.deadline();
-        if sleep.poll(cx).is_pending() {
-            if !armed {
-                Report::publish(Report::new(None, Some(limit)));
-            }
-            return Poll::Pending;
-        }
-        let phase = this
-            .progress
-            .as_ref()
-            .map_or(DeliveryPhase::Sent, Progress::phase);
-        Poll::Ready(Err(Elapsed::new(phase, *this.by_deadline)
-            .with_given(*this.given)
-            .into()))
     }
+}
+
+/// The rest of a poll of [`ResponseFuture`] whose attempt waits: its timer, armed on the first
+/// wait.
+#[inline(never)]
+fn wait<F, T, E>(
+    mut this: ResponseFutureProj<'_, F, Error<E>>,
+    cx: &mut TaskContext<'_>,
+) -> Poll<Result<T, Error<E>>> {
+    let mut armed = false;
+    if this.sleep.is_none() {
+        // The first wait: read the clock once, and arm one timer for the earlier of the per-try
+        // timeout and the call's deadline, both counted from that reading.
+        let mut read = None;
+        let left = deadline::left_at(*this.deadline, || *read.insert(Instant::now()));
+        let (after, by_deadline) = match (*this.per_try, left) {
+            (None, None) => return Poll::Pending,
+            (Some(per_try), Some(left)) if left > per_try => (per_try, false),
+            (Some(per_try), None) => (per_try, false),
+            (_, Some(left)) => (left, true),
+        };
+        let now = read.unwrap_or_else(Instant::now);
+        *this.by_deadline = by_deadline;
+        *this.given = after;
+        let limit = Deadline::after_from(now, after);
+        let sleep = tokio::time::sleep_until(limit.instant());
+        // This attempt ends by `limit`: an outer deadline layer needs no timer of its own. Said
+        // before the timer is polled (if it fires at once, the attempt ends in this poll and the
+        // report is moot), so that the timer's fresh stores have landed by the time it is moved
+        // into the future.
+        Report::publish(Report::after(now, after));
+        this.sleep.set(Some(sleep));
+        armed = true;
+    }
+    let Some(sleep) = this.sleep.as_pin_mut() else {
+        return Poll::Pending;
+    };
+    let limit = sleep.deadline();
+    if sleep.poll(cx).is_pending() {
+        if !armed {
+            Report::publish(Report::new(None, Some(limit)));
+        }
+        return Poll::Pending;
+    }
+    let phase = this
+        .progress
+        .as_ref()
+        .map_or(DeliveryPhase::Sent, Progress::phase);
+    Poll::Ready(Err(Elapsed::new(phase, *this.by_deadline)
+        .with_given(*this.given)
+        .into()))
 }
 
 impl<F, E> fmt::Debug for ResponseFuture<F, E> {
