@@ -1,6 +1,7 @@
 //! The crate's error type.
 
 use std::fmt;
+use std::task::Poll;
 
 use crate::breaker::CircuitOpen;
 use crate::classify::{AttemptClass, BoxError, Classification, ClassifyError, DeliveryPhase};
@@ -433,6 +434,37 @@ impl<E> IntoError for Error<E> {
 
     fn into_error(self) -> Error<E> {
         self
+    }
+}
+
+/// `out.map_err(IntoError::into_error)`, written so that a success is passed on by itself.
+///
+/// With an `into_error` that changes nothing (an inner surely layer's error), `map_err` is
+/// compiled into one copy of the whole `Result`, the error's room included. For a large
+/// transport error that copy is most of the bytes a layer moves, and since the bytes were
+/// stored piecewise, the wide loads that copy them wait for those stores to land. Taken apart,
+/// a success moves only itself.
+///
+/// Where the answer comes out of a poll, match the poll whole (or use [`lift_poll`]): binding
+/// the `Result` out of `Poll::Ready` first can bring the whole copy back (measured on the
+/// deadline stack over a 65-byte error: 9.5 against 16.5 ns).
+#[inline(always)]
+pub(crate) fn lift<T, E: IntoError>(out: Result<T, E>) -> Result<T, Error<E::Transport>> {
+    match out {
+        Ok(res) => Ok(res),
+        Err(e) => Err(e.into_error()),
+    }
+}
+
+/// [`lift`] on a poll's answer.
+#[inline(always)]
+pub(crate) fn lift_poll<T, E: IntoError>(
+    out: Poll<Result<T, E>>,
+) -> Poll<Result<T, Error<E::Transport>>> {
+    match out {
+        Poll::Ready(Ok(res)) => Poll::Ready(Ok(res)),
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e.into_error())),
+        Poll::Pending => Poll::Pending,
     }
 }
 

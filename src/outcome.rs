@@ -197,6 +197,43 @@ impl CallOutcome {
         }
     }
 
+    /// [`hand_back`](Self::hand_back) on a result taken by value and returned.
+    ///
+    /// The result is taken apart and put together again rather than changed in place: a
+    /// success is then passed on without its error's room, which for a large error is most
+    /// of the bytes, copied through every layer outside.
+    #[inline]
+    pub(crate) fn handed_back<Res: Envelope, T>(
+        out: Result<Res, Error<T>>,
+        outcome: Outcome,
+        stop: StopReason,
+        attempts: u32,
+        key: Option<HeaderValue>,
+        left: impl FnOnce() -> Option<Duration>,
+    ) -> Result<Res, Error<T>> {
+        let call = |replayed| CallOutcome {
+            outcome,
+            stop,
+            attempts,
+            replayed,
+            key,
+            budget_left: left(),
+        };
+        match out {
+            Ok(mut res) => {
+                let replayed = is_replay(&res);
+                if let Some(extensions) = res.extensions_mut() {
+                    extensions.insert(call(replayed));
+                }
+                Ok(res)
+            }
+            Err(mut e) => {
+                e.set_call_outcome(call(false));
+                Err(e)
+            }
+        }
+    }
+
     /// A call refused for `stop` before any attempt, with `left` of its budget: nothing went
     /// out, so it failed.
     pub(crate) fn refused(stop: StopReason, left: Option<Duration>) -> Self {

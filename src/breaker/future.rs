@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::circuit::{health, CircuitBreaker, Pass};
 use super::error::CircuitOpen;
 use crate::classify::{Classify, DeliveryPhase};
+use crate::error::lift;
 use crate::{Error, IntoError};
 
 pin_project! {
@@ -105,7 +106,7 @@ where
                 permit,
                 started,
             } => {
-                let out = ready!(future.poll(cx)).map_err(IntoError::into_error);
+                let out = lift(ready!(future.poll(cx)));
                 let Some(classifier) = classifier.take() else {
                     return Poll::Ready(out);
                 };

@@ -388,8 +388,9 @@ where
             return Poll::Ready(Err(refused()));
         };
         let (out, inside) = ctx.scope_collect(|| inner.poll(cx));
+        // Matched whole: binding the answer first would copy it with its error's room (see
+        // `lift`).
         match out {
-            // Taken apart, so that an answer is not copied whole with its error's room.
             Poll::Ready(Ok(res)) => return Poll::Ready(Ok(res)),
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into_error())),
             Poll::Pending => {}

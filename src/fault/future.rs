@@ -12,6 +12,7 @@ use tokio::time::{sleep, Sleep};
 use super::error::InjectedFault;
 use crate::classify::DeliveryPhase;
 use crate::delivery::Progress;
+use crate::error::lift;
 use crate::{Error, IntoError};
 
 const POLLED_AFTER_COMPLETION: &str = "fault::ResponseFuture polled after completion";
@@ -112,7 +113,7 @@ where
                 StateProj::Call { future, then } => {
                     let output = ready!(future.poll(cx));
                     let then = then.take().expect(POLLED_AFTER_COMPLETION);
-                    let output = output.map_err(IntoError::into_error);
+                    let output = lift(output);
                     let result = match then {
                         Then::Pass => output,
                         Then::Reset => {

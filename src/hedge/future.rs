@@ -15,6 +15,7 @@ use super::layer::Config;
 use crate::classify::{
     AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, OutcomeTally, Pushback,
 };
+use crate::error::{lift, lift_poll};
 use crate::outcome::{budget_left_now, CallOutcome, Outcome, StopReason};
 use crate::record::CallTally;
 use crate::{Envelope, Error, IntoError};
@@ -163,7 +164,7 @@ where
         let mut this = self.project();
         let Some(race) = this.race.as_mut() else {
             return match this.first.project() {
-                SlotProj::Running { future } => future.poll(cx).map_err(IntoError::into_error),
+                SlotProj::Running { future } => lift_poll(future.poll(cx)),
                 SlotProj::Done => Poll::Pending,
             };
         };
@@ -172,7 +173,7 @@ where
             if let SlotProj::Running { future } = this.first.as_mut().project() {
                 if let Poll::Ready(out) = future.poll(cx) {
                     this.first.set(Slot::Done);
-                    let out = out.map_err(IntoError::into_error);
+                    let out = lift(out);
                     let started = race.first_started;
                     let classifier = race.classifier.take();
                     match race.judge(out, classifier, started) {
@@ -192,7 +193,7 @@ where
                     continue;
                 };
                 let mut done = race.hedges.remove(i);
-                let out = out.map_err(IntoError::into_error);
+                let out = lift(out);
                 match race.judge(out, done.classifier.take(), Some(done.started)) {
                     Verdict::Win(out) => {
                         drop(done);

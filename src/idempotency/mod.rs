@@ -141,6 +141,7 @@ pub use self::key::IdempotencyKey;
 
 use self::error::InvalidKey;
 use crate::context::Context as CallContext;
+use crate::error::lift_poll;
 use crate::outcome::{CallOutcome, StopReason};
 use crate::record::{BusinessKey, CallTally};
 use crate::{Envelope, Error, IntoError, Semantics, IDEMPOTENCY_KEY};
@@ -525,12 +526,7 @@ where
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            // Taken apart, so that an answer is not copied whole with its error's room.
-            StateProj::Call { future } => match future.poll(cx) {
-                Poll::Ready(Ok(res)) => Poll::Ready(Ok(res)),
-                Poll::Ready(Err(e)) => Poll::Ready(Err(e.into_error())),
-                Poll::Pending => Poll::Pending,
-            },
+            StateProj::Call { future } => lift_poll(future.poll(cx)),
             StateProj::Invalid { error } => Poll::Ready(Err(invalid_key(*error))),
         }
     }

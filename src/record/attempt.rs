@@ -19,6 +19,7 @@ use crate::classify::{
 };
 use crate::context::{CallDeadline, Context};
 use crate::deadline::Deadline;
+use crate::error::{lift, lift_poll};
 use crate::timeout::error::Elapsed;
 use crate::{Envelope, Error, IntoError};
 
@@ -276,11 +277,11 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let Some(state) = this.state.as_mut() else {
-            return this.inner.poll(cx).map_err(IntoError::into_error);
+            return lift_poll(this.inner.poll(cx));
         };
         let inner = this.inner;
         let out = match state.run(|| inner.poll(cx)) {
-            Poll::Ready(out) => out.map_err(IntoError::into_error),
+            Poll::Ready(out) => lift(out),
             Poll::Pending => return Poll::Pending,
         };
         let mut state = this.state.take().expect("polled after completion");

@@ -19,6 +19,7 @@ use crate::classify::{
 };
 use crate::context::Context;
 use crate::deadline::Deadline;
+use crate::error::lift;
 use crate::outcome::CallOutcome;
 use crate::{Envelope, Error, IntoError, Semantics};
 
@@ -425,7 +426,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let Some(state) = this.state.as_mut() else {
-            let mut out = ready!(this.inner.poll(cx)).map_err(IntoError::into_error);
+            let mut out = lift(ready!(this.inner.poll(cx)));
             if let Some(light) = this.light.take() {
                 light.hand_back(&mut out);
             }
@@ -433,7 +434,7 @@ where
         };
         let inner = this.inner;
         let mut out = match state.run(|| inner.poll(cx)) {
-            Poll::Ready(out) => out.map_err(IntoError::into_error),
+            Poll::Ready(out) => lift(out),
             Poll::Pending => return Poll::Pending,
         };
         state.replayed = matches!(&out, Ok(res) if crate::outcome::is_replay(res));

@@ -22,6 +22,7 @@ use crate::classify::{
 };
 use crate::context::Context;
 use crate::deadline::{self, codec, DEFAULT_HEADER, GRPC_TIMEOUT};
+use crate::error::lift;
 use crate::outcome::{budget_left_now, CallOutcome};
 use crate::record::{BusinessKey, CallTally, Operation, ResolutionRecord, RetryRecord, StopReason};
 use crate::{Envelope, Error, IntoError, Semantics};
@@ -222,9 +223,7 @@ where
         let mut this = self.project();
         loop {
             let out = match this.state.as_mut().project() {
-                StateProj::Attempt { future } => {
-                    ready!(future.poll(cx)).map_err(IntoError::into_error)
-                }
+                StateProj::Attempt { future } => lift(ready!(future.poll(cx))),
                 StateProj::Refused { error } => {
                     Err(error.take().expect("a refused attempt ends once").into())
                 }
@@ -421,15 +420,14 @@ fn ended_by_deadline<Res, T>(out: &Result<Res, Error<T>>) -> bool {
 /// Hands the call's outcome back with its result.
 #[inline]
 fn hand_back<Res: Envelope, T, R, E>(
-    mut out: Result<Res, Error<T>>,
+    out: Result<Res, Error<T>>,
     outcome: Outcome,
     stop: StopReason,
     sent: u32,
     cold: &mut Option<Box<Cold<R, E>>>,
 ) -> Result<Res, Error<T>> {
     let key = cold.as_mut().and_then(|c| c.idempotency_key.take());
-    CallOutcome::hand_back(&mut out, outcome, stop, sent, key, budget_left_now);
-    out
+    CallOutcome::handed_back(out, outcome, stop, sent, key, budget_left_now)
 }
 
 /// After a retryable attempt: retry after how long, or stop and why.

@@ -174,8 +174,9 @@ where
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        // Matched whole: binding the answer first would copy it with its error's room (see
+        // `lift`).
         match this.inner.as_mut().poll(cx) {
-            // Taken apart, so that an answer is not copied whole with its error's room.
             Poll::Ready(Ok(res)) => Poll::Ready(Ok(res)),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e.into_error())),
             Poll::Pending => wait(this, cx),
