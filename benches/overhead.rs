@@ -61,8 +61,9 @@
 //! (the `http()` preset's way), and what the preset's body wrapper costs when no record layer
 //! asks it to watch (the `()` recorder). No target; shown.
 //!
-//! The breaker family (`breaker_success/plain`) compares circuit breakers in the closed state on
-//! the success path, over the `plain` request and the `ready` service: `bare`; `failsafe`,
+//! The breaker family (`breaker_success/plain`, and `breaker_success/large` over the client
+//! family's `large` shape below) compares circuit breakers in the closed state on the success
+//! path, over the `plain` request and the `ready` service: `bare`; `failsafe`,
 //! failsafe's `StateMachine` at its default `Config` wrapping the inner future with its
 //! futures-aware `CircuitBreaker::call`; `surely_breaker`, `CircuitBreakerLayer` over
 //! `CircuitBreaker::new()` (its default window, the last 100 calls) with the bench's
@@ -72,7 +73,8 @@
 //! failure, shown beside surely's. The target: surely's overhead over `bare` at most 0.5 ×
 //! failsafe's, with 0 allocations per call.
 //!
-//! The hedge family (`hedge_ready/safe`, `hedge_pending_once/safe`) compares hedge layers on
+//! The hedge family (`hedge_ready/safe`, `hedge_pending_once/safe`, and the same over the `large`
+//! shape: `hedge_ready/large`, `hedge_pending_once/large`) compares hedge layers on
 //! the success path when the hedge does not fire, over `Safe`, a request type like `plain`
 //! whose [`Envelope`] says it is safe (so that surely's layer does hedge it): the inner future
 //! answers on its first poll (`ready`) or after one `Pending` (`pending_once`). Its cases:
@@ -268,10 +270,13 @@ const RETRY_SUCCESS_HTTP_EXT: &str = "retry_success/http_ext";
 const RECORD_BODY: &str = "record_body/http";
 /// The breaker family's group and its reference.
 const BREAKER_SUCCESS: &str = "breaker_success/plain";
+const BREAKER_SUCCESS_LARGE: &str = "breaker_success/large";
 const FAILSAFE: &str = "failsafe";
 /// The hedge family's groups and its reference.
 const HEDGE_READY: &str = "hedge_ready/safe";
 const HEDGE_PENDING: &str = "hedge_pending_once/safe";
+const HEDGE_READY_LARGE: &str = "hedge_ready/large";
+const HEDGE_PENDING_LARGE: &str = "hedge_pending_once/large";
 const TOWER_HEDGE: &str = "tower_hedge";
 const SURELY_HEDGE: &str = "surely_hedge";
 /// The client family: its seatbelt references and surely's cases.
@@ -328,11 +333,11 @@ fn safe_req(i: u64) -> Safe {
     Safe(i)
 }
 
-fn safe_ready(_: Safe) -> Ready<io::Result<Res>> {
+fn safe_ready<S: Shape>(_: Safe) -> Ready<Result<Res, S::Error>> {
     ready(Ok(Res))
 }
 
-fn safe_pending(_: Safe) -> PendingOnce<io::Result<Res>> {
+fn safe_pending<S: Shape>(_: Safe) -> PendingOnce<Result<Res, S::Error>> {
     PendingOnce::new(Ok(Res))
 }
 
@@ -971,16 +976,16 @@ where
     }
 }
 
-/// The bench's classifier, as a function pointer.
-type PlainClassifier =
-    fn(Attempted<'_, Res, surely::Error<io::Error>>, Semantics) -> Classification;
+/// The client family's classifier over the shape `S`, as a function pointer.
+type ShapeClassifier<S> = fn(Attempted<'_, Res, ShapeError<S>>, Semantics) -> Classification;
 
-/// surely's breaker with the bench's classifier, over `breaker`.
-fn surely_breaker(
+/// surely's breaker with the classifier of the shape `S`, over `breaker`.
+fn surely_breaker<S: Shape>(
     breaker: CircuitBreaker,
-) -> CircuitBreakerLayer<classify::ClassifyFn<PlainClassifier>> {
-    CircuitBreakerLayer::new(breaker)
-        .classifier(classify::from_fn(classify_plain as PlainClassifier))
+) -> CircuitBreakerLayer<classify::ClassifyFn<ShapeClassifier<S>>> {
+    CircuitBreakerLayer::new(breaker).classifier(classify::from_fn(
+        classify_shape::<ShapeError<S>> as ShapeClassifier<S>,
+    ))
 }
 
 // ---- seatbelt ------------------------------------------------------------------------------
@@ -1240,79 +1245,83 @@ macro_rules! retry_group {
     };
 }
 
-/// The breaker family: closed breakers on the success path.
-fn breaker_group() -> [Case; 5] {
-    [
-        Case {
-            group: BREAKER_SUCCESS,
-            name: BARE,
-            headers_written: 0,
-            outcome_allocs: 0,
-            make: || driver(service_fn(plain_ready), plain_req),
-        },
-        Case {
-            group: BREAKER_SUCCESS,
-            name: FAILSAFE,
-            headers_written: 0,
-            outcome_allocs: 0,
-            make: || {
-                let svc = Failsafe {
-                    inner: service_fn(plain_ready),
-                    breaker: failsafe::Config::new().build(),
-                };
-                driver(svc, plain_req)
+/// The five cases of one breaker group: closed breakers on the success path, over the `plain`
+/// request and the shape `$shape`.
+macro_rules! breaker_group {
+    ($group:expr, $shape:ty) => {
+        [
+            Case {
+                group: $group,
+                name: BARE,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || driver(service_fn(shape_ready::<$shape>), plain_req),
             },
-        },
-        Case {
-            group: BREAKER_SUCCESS,
-            name: SEATBELT_BREAKER,
-            headers_written: 0,
-            outcome_allocs: 0,
-            make: || {
-                // Its defaults (a failure ratio of 0.1 over 30 s, at least 100 calls, a 5 s
-                // break); every error counts as a failure, as failsafe's `Any` counts them.
-                let ctx = seatbelt_context();
-                let layer = seatbelt::breaker::Breaker::layer("breaker", &ctx)
-                    .recovery_with(|out, _| seatbelt_recovery(out))
-                    .rejected_input_error(|_, _| Small::refused());
-                driver(layer.layer(service_fn(plain_ready)), plain_req)
+            Case {
+                group: $group,
+                name: FAILSAFE,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    let svc = Failsafe {
+                        inner: service_fn(shape_ready::<$shape>),
+                        breaker: failsafe::Config::new().build(),
+                    };
+                    driver(svc, plain_req)
+                },
             },
-        },
-        Case {
-            group: BREAKER_SUCCESS,
-            name: "surely_breaker",
-            headers_written: 0,
-            outcome_allocs: 0,
-            make: || {
-                let layer = surely_breaker(CircuitBreaker::new());
-                driver(layer.layer(service_fn(plain_ready)), plain_req)
+            Case {
+                group: $group,
+                name: SEATBELT_BREAKER,
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    // Its defaults (a failure ratio of 0.1 over 30 s, at least 100 calls, a 5 s
+                    // break); every error counts as a failure, as failsafe's `Any` counts them.
+                    let ctx = seatbelt_context();
+                    let layer = seatbelt::breaker::Breaker::layer("breaker", &ctx)
+                        .recovery_with(|out, _| seatbelt_recovery(out))
+                        .rejected_input_error(|_, _| <$shape as Shape>::refused());
+                    driver(layer.layer(service_fn(shape_ready::<$shape>)), plain_req)
+                },
             },
-        },
-        Case {
-            group: BREAKER_SUCCESS,
-            name: "surely_breaker_time",
-            headers_written: 0,
-            outcome_allocs: 0,
-            make: || {
-                let breaker = CircuitBreaker::builder()
-                    .window(SlidingWindow::Time {
-                        length: Duration::from_secs(10),
-                        buckets: 10,
-                    })
-                    .build()
-                    .expect("a valid breaker");
-                driver(
-                    surely_breaker(breaker).layer(service_fn(plain_ready)),
-                    plain_req,
-                )
+            Case {
+                group: $group,
+                name: "surely_breaker",
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    let layer = surely_breaker::<$shape>(CircuitBreaker::new());
+                    driver(layer.layer(service_fn(shape_ready::<$shape>)), plain_req)
+                },
             },
-        },
-    ]
+            Case {
+                group: $group,
+                name: "surely_breaker_time",
+                headers_written: 0,
+                outcome_allocs: 0,
+                make: || {
+                    let breaker = CircuitBreaker::builder()
+                        .window(SlidingWindow::Time {
+                            length: Duration::from_secs(10),
+                            buckets: 10,
+                        })
+                        .build()
+                        .expect("a valid breaker");
+                    driver(
+                        surely_breaker::<$shape>(breaker).layer(service_fn(shape_ready::<$shape>)),
+                        plain_req,
+                    )
+                },
+            },
+        ]
+    };
 }
 
-/// The four cases of one hedge group over `Safe`, the inner service `$svc`.
+/// The four cases of one hedge group over `Safe` and the shape `$shape`, the inner service
+/// `$svc`.
 macro_rules! hedge_group {
-    ($group:expr, $svc:expr) => {
+    ($group:expr, $shape:ty, $svc:expr) => {
         [
             Case {
                 group: $group,
@@ -1360,7 +1369,7 @@ macro_rules! hedge_group {
                 outcome_allocs: 0,
                 make: || {
                     let layer = HedgeLayer::builder()
-                        .classifier(classify::from_fn(classify_plain))
+                        .classifier(classify::from_fn(classify_shape::<ShapeError<$shape>>))
                         .build()
                         .expect("a valid hedge layer");
                     driver(layer.layer(service_fn($svc)), safe_req)
@@ -1794,9 +1803,16 @@ fn cases() -> Vec<Case> {
         outcome = 1
     ))
     .chain(record_body_group())
-    .chain(breaker_group())
-    .chain(hedge_group!(HEDGE_READY, safe_ready))
-    .chain(hedge_group!(HEDGE_PENDING, safe_pending))
+    .chain(breaker_group!(BREAKER_SUCCESS, Small))
+    .chain(breaker_group!(BREAKER_SUCCESS_LARGE, Large))
+    .chain(hedge_group!(HEDGE_READY, Small, safe_ready::<Small>))
+    .chain(hedge_group!(HEDGE_READY_LARGE, Large, safe_ready::<Large>))
+    .chain(hedge_group!(HEDGE_PENDING, Small, safe_pending::<Small>))
+    .chain(hedge_group!(
+        HEDGE_PENDING_LARGE,
+        Large,
+        safe_pending::<Large>
+    ))
     .chain(client_records_group())
     .chain(client_group!(
         "client_ready/small",
@@ -1864,7 +1880,7 @@ fn cases() -> Vec<Case> {
 fn reference(group: &str) -> &'static str {
     if group.starts_with("retry_") || group.starts_with("client_") {
         TOWER_RETRY
-    } else if group == BREAKER_SUCCESS {
+    } else if group.starts_with("breaker_") {
         FAILSAFE
     } else if group.starts_with("hedge_") {
         TOWER_HEDGE
@@ -2025,8 +2041,8 @@ fn print_layer_summary(cases: &[Case], medians: &[Option<f64>]) {
         "group", "case", "ns/call", "overhead", "÷ tower", "overhead ÷"
     );
     println!(
-        "(÷ tower: ÷ {TOWER}, ÷ {TOWER_RETRY} in the retry groups, ÷ {FAILSAFE} in \
-         {BREAKER_SUCCESS}, ÷ {TOWER_HEDGE} in the hedge groups)"
+        "(÷ tower: ÷ {TOWER}, ÷ {TOWER_RETRY} in the retry groups, ÷ {FAILSAFE} in the \
+         breaker groups, ÷ {TOWER_HEDGE} in the hedge groups)"
     );
     let at = |group: &str, name: &str| find(cases, group, name).and_then(|i| medians[i]);
     for (i, case) in cases.iter().enumerate() {
@@ -2102,25 +2118,30 @@ fn print_layer_summary(cases: &[Case], medians: &[Option<f64>]) {
         );
     }
     // The breaker's target is on overheads: surely's ≤ 0.5 × failsafe's.
-    for case in ["surely_breaker", "surely_breaker_time"] {
-        let (Some(b), Some(s), Some(fs)) = (
-            at(BREAKER_SUCCESS, BARE),
-            at(BREAKER_SUCCESS, case),
-            at(BREAKER_SUCCESS, FAILSAFE),
-        ) else {
-            continue;
-        };
-        let ratio = (s - b) / (fs - b);
-        let verdict = if ratio <= 0.5 { "met" } else { "MISSED" };
-        println!(
-            "  {BREAKER_SUCCESS:<24} {case} overhead {:.1} ns ÷ {FAILSAFE} {:.1} ns = {ratio:.2} \
-             (≤ 0.50) {verdict}",
-            s - b,
-            fs - b,
-        );
+    for group in [BREAKER_SUCCESS, BREAKER_SUCCESS_LARGE] {
+        for case in ["surely_breaker", "surely_breaker_time"] {
+            let (Some(b), Some(s), Some(fs)) =
+                (at(group, BARE), at(group, case), at(group, FAILSAFE))
+            else {
+                continue;
+            };
+            let ratio = (s - b) / (fs - b);
+            let verdict = if ratio <= 0.5 { "met" } else { "MISSED" };
+            println!(
+                "  {group:<24} {case} overhead {:.1} ns ÷ {FAILSAFE} {:.1} ns = {ratio:.2} \
+                 (≤ 0.50) {verdict}",
+                s - b,
+                fs - b,
+            );
+        }
     }
     println!("targets: {SURELY_HEDGE} overhead over {BARE} ÷ {TOWER_HEDGE}'s");
-    for group in [HEDGE_READY, HEDGE_PENDING] {
+    for group in [
+        HEDGE_READY,
+        HEDGE_READY_LARGE,
+        HEDGE_PENDING,
+        HEDGE_PENDING_LARGE,
+    ] {
         let (Some(b), Some(s), Some(tw)) = (
             at(group, BARE),
             at(group, SURELY_HEDGE),
@@ -2138,8 +2159,11 @@ fn print_layer_summary(cases: &[Case], medians: &[Option<f64>]) {
     // seatbelt's breaker and hedge beside surely's: shown, no target.
     for (group, surely, seatbelt) in [
         (BREAKER_SUCCESS, "surely_breaker", SEATBELT_BREAKER),
+        (BREAKER_SUCCESS_LARGE, "surely_breaker", SEATBELT_BREAKER),
         (HEDGE_READY, SURELY_HEDGE, SEATBELT_HEDGING),
+        (HEDGE_READY_LARGE, SURELY_HEDGE, SEATBELT_HEDGING),
         (HEDGE_PENDING, SURELY_HEDGE, SEATBELT_HEDGING),
+        (HEDGE_PENDING_LARGE, SURELY_HEDGE, SEATBELT_HEDGING),
     ] {
         let (Some(b), Some(s), Some(sb)) =
             (at(group, BARE), at(group, surely), at(group, seatbelt))
