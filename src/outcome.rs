@@ -178,21 +178,9 @@ impl CallOutcome {
         key: Option<HeaderValue>,
         left: impl FnOnce() -> Option<Duration>,
     ) {
-        let call = |replayed| CallOutcome {
-            outcome,
-            stop,
-            attempts,
-            replayed,
-            key,
-            budget_left: left(),
-        };
+        let call = CallOutcome::maker(outcome, stop, attempts, key, left);
         match out {
-            Ok(res) => {
-                let replayed = is_replay(&*res);
-                if let Some(extensions) = res.extensions_mut() {
-                    extensions.insert(call(replayed));
-                }
-            }
+            Ok(res) => CallOutcome::put_on(res, call),
             Err(e) => e.set_call_outcome(call(false)),
         }
     }
@@ -211,26 +199,46 @@ impl CallOutcome {
         key: Option<HeaderValue>,
         left: impl FnOnce() -> Option<Duration>,
     ) -> Result<Res, Error<T>> {
-        let call = |replayed| CallOutcome {
-            outcome,
-            stop,
-            attempts,
-            replayed,
-            key,
-            budget_left: left(),
-        };
+        let call = CallOutcome::maker(outcome, stop, attempts, key, left);
         match out {
             Ok(mut res) => {
-                let replayed = is_replay(&res);
-                if let Some(extensions) = res.extensions_mut() {
-                    extensions.insert(call(replayed));
-                }
+                CallOutcome::put_on(&mut res, call);
                 Ok(res)
             }
             Err(mut e) => {
                 e.set_call_outcome(call(false));
                 Err(e)
             }
+        }
+    }
+
+    /// What makes the outcome to hand back, given whether the answer was a replay; `left` is
+    /// asked only then.
+    #[inline]
+    fn maker(
+        outcome: Outcome,
+        stop: StopReason,
+        attempts: u32,
+        key: Option<HeaderValue>,
+        left: impl FnOnce() -> Option<Duration>,
+    ) -> impl FnOnce(bool) -> CallOutcome {
+        move |replayed| CallOutcome {
+            outcome,
+            stop,
+            attempts,
+            replayed,
+            key,
+            budget_left: left(),
+        }
+    }
+
+    /// Puts the outcome `call` makes into the response's extensions, with the response's replay
+    /// mark; a response type without extensions carries none.
+    #[inline]
+    fn put_on<Res: Envelope>(res: &mut Res, call: impl FnOnce(bool) -> CallOutcome) {
+        let replayed = is_replay(&*res);
+        if let Some(extensions) = res.extensions_mut() {
+            extensions.insert(call(replayed));
         }
     }
 
