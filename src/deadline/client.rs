@@ -426,6 +426,7 @@ where
     T: Enforcement,
 {
     let StateProj::Running { mut timer, ctx, .. } = state.as_mut().project() else {
+        // Only a running call is handed here (`poll` returns for a refused one).
         return Poll::Pending;
     };
     let armed = T::is_armed(&timer);
