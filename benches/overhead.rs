@@ -178,8 +178,10 @@
 //!   every client group.
 //!
 //! `client_records/small` shows what records cost when a recorder is on: `bare`,
-//! `surely_client` (as in `client_ready/small`, no recorder), `surely_client_tracing` (the same
-//! with a `TracingRecorder` and no `tracing` subscriber listening) and, with the
+//! `surely_client` (as in `client_ready/small`, no recorder), `surely_client_unit_recorder` (the
+//! same with `.recorder(())`: the two record layers in the stack, recording nothing),
+//! `surely_client_tracing` (the same with a `TracingRecorder` and no `tracing` subscriber
+//! listening) and, with the
 //! `opentelemetry` feature (`cargo bench --bench overhead --features opentelemetry --
 //! client_records`), `surely_client_otel` (an `OtelRecorder` on the OpenTelemetry SDK's meter
 //! provider, exporting to memory once a minute). Shown, no target: the per-call time, and the
@@ -292,6 +294,7 @@ const CLIENT_RECORDS: &str = "client_records/small";
 const CLIENT_HTTP_FAMILY: &str = "client_http";
 const CLIENT_HTTP: &str = "surely_client_http";
 const CLIENT_HTTP_NO_BREAKER: &str = "surely_client_http_no_breaker";
+const CLIENT_UNIT: &str = "surely_client_unit_recorder";
 const CLIENT_TRACING: &str = "surely_client_tracing";
 const CLIENT_OTEL: &str = "surely_client_otel";
 const DEADLINE_ATTEMPT: &str = "surely_deadline_attempt";
@@ -1711,6 +1714,13 @@ fn client_records_group() -> Vec<Case> {
         },
         Case {
             group: CLIENT_RECORDS,
+            name: CLIENT_UNIT,
+            headers_written: 0,
+            outcome_allocs: 0,
+            make: || client(()),
+        },
+        Case {
+            group: CLIENT_RECORDS,
             name: CLIENT_TRACING,
             headers_written: 0,
             outcome_allocs: 0,
@@ -2316,7 +2326,7 @@ fn print_client_summary(cases: &[Case], medians: &[Option<f64>], allocs: &[f64])
 
     println!("what a recorder that is on costs, over {CLIENT} ({CLIENT_RECORDS}; shown)");
     let base = at(CLIENT_RECORDS, CLIENT);
-    for case in [CLIENT_TRACING, CLIENT_OTEL] {
+    for case in [CLIENT_UNIT, CLIENT_TRACING, CLIENT_OTEL] {
         let (Some(t), Some(b), Some(i), Some(ib)) = (
             at(CLIENT_RECORDS, case),
             base,
