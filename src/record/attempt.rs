@@ -252,7 +252,6 @@ impl<R: Recorder, C> Drop for AttemptState<R, C> {
 
 pin_project! {
     /// The future of [`RecordAttempt`].
-    #[project = AttemptFutureProj]
     pub struct AttemptFuture<F, R: Recorder, C, E> {
         // Boxed: a disabled recorder (`()`) keeps the future small. Declared first, so that a
         // dropped attempt is recorded before the inner future goes.
@@ -274,104 +273,81 @@ where
 {
     type Output = Result<Res, Error<T>>;
 
-    // Inlined, and kept to what an attempt with nothing to record runs (a recorder that is
-    // off, such as `()`): the answer passed on; the rest is out of line.
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        if this.state.is_none() {
+        let Some(state) = this.state.as_mut() else {
             return lift_poll(this.inner.poll(cx));
-        }
-        poll_recorded(this, cx)
-    }
-}
-
-/// The rest of a poll of [`AttemptFuture`] whose attempt is recorded.
-#[inline(never)]
-fn poll_recorded<F, R, C, Res, T, E0>(
-    this: AttemptFutureProj<'_, F, R, C, Error<T>>,
-    cx: &mut TaskContext<'_>,
-) -> Poll<Result<Res, Error<T>>>
-where
-    F: Future<Output = Result<Res, E0>>,
-    E0: IntoError<Transport = T>,
-    Res: Envelope,
-    R: Recorder + Send + 'static,
-    C: Classify<Res, Error<T>> + Send + 'static,
-    C::ClassifyEos: Send + 'static,
-{
-    let Some(state) = this.state.as_mut() else {
-        // Only a recorded attempt is handed here (`poll` checks).
-        return Poll::Pending;
-    };
-    let inner = this.inner;
-    let out = match state.run(|| inner.poll(cx)) {
-        Poll::Ready(out) => lift(out),
-        Poll::Pending => return Poll::Pending,
-    };
-    let mut state = this.state.take().expect("polled after completion");
-    if let Some(classifier) = state.classifier.take() {
-        match &out {
-            Ok(res) => {
-                let request_id = res
-                    .headers()
-                    .and_then(|h| h.get(&state.request_id))
-                    .cloned();
-                let classified = classifier.classify_response(res);
-                // A response whose body is watched (the transport was asked to) is
-                // recorded when the body ends; the call layer outside waits for it.
-                if let Some(watch) = res.extensions().and_then(|e| e.get::<Watch>()).cloned() {
-                    let attempt = state.attempt;
-                    CallTally::update(|t| t.deferred = Some(attempt));
-                    watch.defer_attempt(Box::new(move |end| {
-                        let (classification, cancelled) = match (classified, end) {
-                            // gRPC: the status is in the trailers.
-                            (Classified::RequiresEos(eos), End::Trailers(trailers)) => {
-                                (eos.classify_eos(trailers), false)
+        };
+        let inner = this.inner;
+        let out = match state.run(|| inner.poll(cx)) {
+            Poll::Ready(out) => lift(out),
+            Poll::Pending => return Poll::Pending,
+        };
+        let mut state = this.state.take().expect("polled after completion");
+        if let Some(classifier) = state.classifier.take() {
+            match &out {
+                Ok(res) => {
+                    let request_id = res
+                        .headers()
+                        .and_then(|h| h.get(&state.request_id))
+                        .cloned();
+                    let classified = classifier.classify_response(res);
+                    // A response whose body is watched (the transport was asked to) is
+                    // recorded when the body ends; the call layer outside waits for it.
+                    if let Some(watch) = res.extensions().and_then(|e| e.get::<Watch>()).cloned() {
+                        let attempt = state.attempt;
+                        CallTally::update(|t| t.deferred = Some(attempt));
+                        watch.defer_attempt(Box::new(move |end| {
+                            let (classification, cancelled) = match (classified, end) {
+                                // gRPC: the status is in the trailers.
+                                (Classified::RequiresEos(eos), End::Trailers(trailers)) => {
+                                    (eos.classify_eos(trailers), false)
+                                }
+                                (Classified::RequiresEos(eos), End::Broken) => {
+                                    (eos.classify_body_error(), false)
+                                }
+                                (Classified::RequiresEos(_), End::Dropped) => {
+                                    (Classification::success(), true)
+                                }
+                                // HTTP: the head said it all, unless the body broke off.
+                                (Classified::Ready(head), End::Broken)
+                                    if head.class() == AttemptClass::Success =>
+                                {
+                                    (
+                                        Classification::failure_at(DeliveryPhase::ResponseStarted),
+                                        false,
+                                    )
+                                }
+                                (Classified::Ready(head), _) => (head, false),
+                            };
+                            // Wherever the body ends, the attempt is not part of a call
+                            // being polled there: its call hears of it through the watch.
+                            CallTally::isolate(|| {
+                                state.finish(classification, |r| {
+                                    r.request_id = request_id;
+                                    r.cancelled = cancelled;
+                                })
+                            });
+                            Settled {
+                                attempt,
+                                classification,
+                                cancelled,
                             }
-                            (Classified::RequiresEos(eos), End::Broken) => {
-                                (eos.classify_body_error(), false)
-                            }
-                            (Classified::RequiresEos(_), End::Dropped) => {
-                                (Classification::success(), true)
-                            }
-                            // HTTP: the head said it all, unless the body broke off.
-                            (Classified::Ready(head), End::Broken)
-                                if head.class() == AttemptClass::Success =>
-                            {
-                                (
-                                    Classification::failure_at(DeliveryPhase::ResponseStarted),
-                                    false,
-                                )
-                            }
-                            (Classified::Ready(head), _) => (head, false),
-                        };
-                        // Wherever the body ends, the attempt is not part of a call
-                        // being polled there: its call hears of it through the watch.
-                        CallTally::isolate(|| {
-                            state.finish(classification, |r| {
-                                r.request_id = request_id;
-                                r.cancelled = cancelled;
-                            })
-                        });
-                        Settled {
-                            attempt,
-                            classification,
-                            cancelled,
-                        }
-                    }));
-                    return Poll::Ready(out);
+                        }));
+                        return Poll::Ready(out);
+                    }
+                    state.finish(classified.at_head(), |r| r.request_id = request_id);
                 }
-                state.finish(classified.at_head(), |r| r.request_id = request_id);
-            }
-            Err(e) => {
-                let classification = classifier.classify_error(e, DeliveryPhase::Sent);
-                let timeout = e.elapsed().copied();
-                state.finish(classification, |r| r.timeout = timeout);
+                Err(e) => {
+                    let classification = classifier.classify_error(e, DeliveryPhase::Sent);
+                    let timeout = e.elapsed().copied();
+                    state.finish(classification, |r| r.timeout = timeout);
+                }
             }
         }
+        Poll::Ready(out)
     }
-    Poll::Ready(out)
 }
 
 impl<F, R: Recorder, C, E> fmt::Debug for AttemptFuture<F, R, C, E> {

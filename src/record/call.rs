@@ -389,7 +389,6 @@ impl<R: Recorder, C> CallState<R, C> {
 
 pin_project! {
     /// The future of [`RecordCall`].
-    #[project = CallFutureProj]
     pub struct CallFuture<F, R: Recorder, C, E> {
         #[pin]
         inner: F,
@@ -427,76 +426,53 @@ where
 {
     type Output = Result<Res, Error<T>>;
 
-    // Inlined, and kept to what a call with nothing to record runs (a recorder that is off,
-    // such as `()`): the answer passed on; the rest is out of line.
-    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        if this.state.is_some() {
-            return poll_recorded(this, cx);
-        }
-        if this.light.is_none() {
-            // A layer inside hands the outcome back.
-            return lift_poll(this.inner.poll(cx));
-        }
-        let mut out = lift(ready!(this.inner.poll(cx)));
-        if let Some(light) = this.light.take() {
-            light.hand_back(&mut out);
-        }
-        Poll::Ready(out)
-    }
-}
-
-/// The rest of a poll of [`CallFuture`] whose call is recorded.
-#[inline(never)]
-fn poll_recorded<F, R, C, Res, T, E0>(
-    this: CallFutureProj<'_, F, R, C, Error<T>>,
-    cx: &mut TaskContext<'_>,
-) -> Poll<Result<Res, Error<T>>>
-where
-    F: Future<Output = Result<Res, E0>>,
-    E0: IntoError<Transport = T>,
-    Res: Envelope,
-    R: Recorder + Send + 'static,
-    C: Classify<Res, Error<T>> + Send + 'static,
-{
-    let Some(state) = this.state.as_mut() else {
-        // Only a recorded call is handed here (`poll` checks).
-        return Poll::Pending;
-    };
-    let inner = this.inner;
-    let mut out = match state.run(|| inner.poll(cx)) {
-        Poll::Ready(out) => lift(out),
-        Poll::Pending => return Poll::Pending,
-    };
-    state.replayed = matches!(&out, Ok(res) if crate::outcome::is_replay(res));
-    if let (Some(_), Ok(res)) = (state.tally.deferred, &out) {
-        if res.extensions().and_then(|e| e.get::<Watch>()).is_some() {
-            // The last attempt is recorded when its body ends: so is the call, after it.
-            // The caller gets the outcome as it stands at the head.
-            if CallOutcome::of(&out).is_none() {
-                let (attempts, outcome, _, stop) = state.verdict(&out);
-                state.hand_back(&mut out, attempts, outcome, stop);
+        let Some(state) = this.state.as_mut() else {
+            if this.light.is_none() {
+                // A layer inside hands the outcome back: the answer passes on as it is.
+                return lift_poll(this.inner.poll(cx));
             }
-            let mut state = this.state.take().expect("checked above");
-            if let Ok(res) = &out {
-                if let Some(watch) = res.extensions().and_then(|e| e.get::<Watch>()) {
-                    watch.then_call(Box::new(move |settled: Settled| {
-                        state.tally.observe(settled.attempt, settled.classification);
-                        if settled.cancelled {
-                            state.tally.stop.get_or_insert(StopReason::Cancelled);
-                        }
-                        let (attempts, outcome, last, stop) = state.settled();
-                        state.finish(attempts, outcome, last, stop);
-                    }));
-                }
+            let mut out = lift(ready!(this.inner.poll(cx)));
+            if let Some(light) = this.light.take() {
+                light.hand_back(&mut out);
             }
             return Poll::Ready(out);
+        };
+        let inner = this.inner;
+        let mut out = match state.run(|| inner.poll(cx)) {
+            Poll::Ready(out) => lift(out),
+            Poll::Pending => return Poll::Pending,
+        };
+        state.replayed = matches!(&out, Ok(res) if crate::outcome::is_replay(res));
+        if let (Some(_), Ok(res)) = (state.tally.deferred, &out) {
+            if res.extensions().and_then(|e| e.get::<Watch>()).is_some() {
+                // The last attempt is recorded when its body ends: so is the call, after it.
+                // The caller gets the outcome as it stands at the head.
+                if CallOutcome::of(&out).is_none() {
+                    let (attempts, outcome, _, stop) = state.verdict(&out);
+                    state.hand_back(&mut out, attempts, outcome, stop);
+                }
+                let mut state = this.state.take().expect("checked above");
+                if let Ok(res) = &out {
+                    if let Some(watch) = res.extensions().and_then(|e| e.get::<Watch>()) {
+                        watch.then_call(Box::new(move |settled: Settled| {
+                            state.tally.observe(settled.attempt, settled.classification);
+                            if settled.cancelled {
+                                state.tally.stop.get_or_insert(StopReason::Cancelled);
+                            }
+                            let (attempts, outcome, last, stop) = state.settled();
+                            state.finish(attempts, outcome, last, stop);
+                        }));
+                    }
+                }
+                return Poll::Ready(out);
+            }
         }
+        state.finish_with(&mut out);
+        *this.state = None;
+        Poll::Ready(out)
     }
-    state.finish_with(&mut out);
-    *this.state = None;
-    Poll::Ready(out)
 }
 
 impl<R: Recorder, C> CallState<R, C> {
