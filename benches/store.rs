@@ -38,10 +38,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use criterion::Criterion;
 use http::{HeaderMap, StatusCode};
-use surely::idempotency::store::{
+use surely::idempotency::IdempotencyKey;
+use surely::server::store::{
     Acquire, IdempotencyStore, MemoryStore, RecordKey, RequestDigest, StoredResponse,
 };
-use surely::idempotency::IdempotencyKey;
 use tokio::runtime::Runtime;
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -302,7 +302,7 @@ fn bench_layer<St: IdempotencyStore + Clone>(
     use std::sync::Arc;
 
     use http_body_util::Full;
-    use surely::idempotency::server::IdempotencyLayer;
+    use surely::server::idempotency::IdempotencyLayer;
     use tower::{Layer, Service, ServiceExt};
 
     let done = Arc::new(AtomicU64::new(0));
@@ -444,7 +444,7 @@ fn bench_bounded(c: &mut Criterion, rt: &Runtime) {
 
 #[cfg(feature = "postgres")]
 fn postgres(c: &mut Criterion, rt: &Runtime) -> Option<(&'static str, f64, f64)> {
-    use surely::idempotency::store::PostgresStore;
+    use surely::server::store::PostgresStore;
 
     let Ok(url) = std::env::var("SURELY_TEST_POSTGRES_URL") else {
         println!("postgres: skipped (SURELY_TEST_POSTGRES_URL is not set)");
@@ -454,7 +454,7 @@ fn postgres(c: &mut Criterion, rt: &Runtime) -> Option<(&'static str, f64, f64)>
     let store = PostgresStore::connect(&url)
         .and_then(|s| {
             s.with_table(&table)
-                .map_err(surely::idempotency::store::StoreError::backend)
+                .map_err(surely::server::store::StoreError::backend)
         })
         .expect("a store");
     rt.block_on(store.migrate()).expect("migrate");

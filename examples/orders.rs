@@ -49,16 +49,16 @@ use surely::breaker::{
 use surely::budget::{RetryBudget, TokenBucket};
 use surely::classify::{AttemptClass, Outcome};
 use surely::client::HttpClientBuilder;
-use surely::deadline::ServerDeadlineLayer;
 use surely::fault::{Fault, FaultLayer, Reply};
 use surely::hedge::{HedgeDelay, HedgeLayer};
-use surely::idempotency::server::{IdempotencyLayer, Ticket, IDEMPOTENT_REPLAYED};
-use surely::idempotency::store::MemoryStore;
 use surely::record::{
     AttemptRecord, BusinessKey, CallRecord, InMemoryRecorder, Recorder, StopReason, WatchedBody,
 };
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, ReplayBody, Resolution};
+use surely::server::deadline::ServerDeadlineLayer;
+use surely::server::idempotency::{IdempotencyLayer, Ticket, IDEMPOTENT_REPLAYED};
+use surely::server::store::MemoryStore;
 use surely::{CallOutcome, OutcomeExt, IDEMPOTENCY_KEY};
 use tokio::net::TcpListener;
 use tokio::time::Instant;

@@ -72,10 +72,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use surely::classify::NOT_PROCESSED;
-use surely::deadline::ServerDeadlineLayer;
 use surely::fault::{Fault, FaultLayer};
-use surely::idempotency::server::{IdempotencyLayer, Ticket};
-use surely::idempotency::store::{report_stuck, IdempotencyStore, StoredResponse};
 use surely::inbox::{InboxStats, Processed};
 use surely::ledger::{
     Entry, EntryState, Filter, Ledger, LedgerRecorder, Reconciler, SettledBy, Settlement, Verdict,
@@ -85,6 +82,9 @@ use surely::outbox::{Relay, RelayRound};
 use surely::record::{BusinessKey, CallRecord, InMemoryRecorder, WatchedBody};
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, ReplayBody, Resolution};
+use surely::server::deadline::ServerDeadlineLayer;
+use surely::server::idempotency::{IdempotencyLayer, Ticket};
+use surely::server::store::{report_stuck, IdempotencyStore, StoredResponse};
 use surely::{CallOutcome, Outcome, OutcomeExt, IDEMPOTENCY_KEY};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -222,10 +222,10 @@ trait World: Send + Sync + 'static {
 
 mod memory {
     use super::*;
-    use surely::idempotency::store::MemoryStore;
     use surely::inbox::{MemoryInbox, Versions};
     use surely::ledger::MemoryLedger;
     use surely::outbox::MemoryOutbox;
+    use surely::server::store::MemoryStore;
 
     /// The embedded defaults: every store in memory, one lock per service standing in for its
     /// transaction.
@@ -442,7 +442,6 @@ mod durable {
     use std::time::{SystemTime, UNIX_EPOCH};
 
     use super::*;
-    use surely::idempotency::store::PostgresStore;
     use surely::inbox::{PostgresInbox, Versions};
     use surely::ledger::PostgresLedger;
     use surely::outbox::async_nats::{
@@ -451,6 +450,7 @@ mod durable {
     };
     use surely::outbox::{JetStreamPublisher, PostgresOutbox};
     use surely::postgres::Pool;
+    use surely::server::store::PostgresStore;
     use tokio_stream::StreamExt;
 
     /// How long the first contact with PostgreSQL or NATS may take.

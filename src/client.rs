@@ -715,7 +715,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
 
 impl<R, M, Z, Q, P, H, B, W> ClientBuilder<R, M, Z, IdempotencyKeyLayer<Q>, P, H, B, W> {
     /// Declares that the server this client calls honours idempotency keys (it runs this
-    /// crate's [`IdempotencyLayer`](crate::idempotency::server::IdempotencyLayer), or documents
+    /// crate's [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer), or documents
     /// the `Idempotency-Key` header): the keys the client generates then make POST and PATCH
     /// requests [`Keyed`](crate::Semantics::Keyed), retried with the same key after a lost
     /// reply.

@@ -30,13 +30,13 @@
 //! Start with [`client()`] (or [`client::http()`], [`client::grpc()`]) and the guide in
 //! [`docs`]; every layer also works on its own in a `tower::ServiceBuilder`.
 //!
-//! On the server, [`deadline::ServerDeadlineLayer`] reads the caller's budget and makes it the
+//! On the server, [`server::deadline::ServerDeadlineLayer`] reads the caller's budget and makes it the
 //! current deadline for the handler, and [`fault::FaultLayer`] injects the failures this crate
 //! exists to handle, for tests and chaos drills.
 //!
-//! [`idempotency::server::IdempotencyLayer`] honours the client's `Idempotency-Key`: the first
+//! [`server::idempotency::IdempotencyLayer`] honours the client's `Idempotency-Key`: the first
 //! request with a key runs, a duplicate waits (409) or gets the stored response, over an
-//! in-memory or a PostgreSQL [store](idempotency::store) (feature `postgres`).
+//! in-memory or a PostgreSQL [store](server::store) (feature `postgres`).
 //!
 //! [`retry::RetryLayer`] puts the classification to work: it retries only what may be retried,
 //! waits as [`retry::backoff`] or the server's pushback says, stops at the call's deadline, and
@@ -121,6 +121,7 @@ pub mod record;
 pub mod reqwest;
 pub mod retry;
 mod semantics;
+pub mod server;
 pub mod timeout;
 
 pub use crate::client::client;

@@ -22,7 +22,7 @@
 //!   invalid key, an open circuit breaker);
 //! * the idempotency key the attempts carried, if any;
 //! * whether the answer was a stored replay (`idempotent-replayed: true`, set by a server's
-//!   [idempotency layer](crate::idempotency::server));
+//!   [idempotency layer](crate::server::idempotency));
 //! * how much of the call's deadline was left when it ended.
 //!
 //! It is decided when the call returns. A record settled later, at the end of a response's
@@ -392,7 +392,7 @@ mod sealed {
 /// Whether a response is a server's stored result (`idempotent-replayed: true`).
 pub(crate) fn is_replay<Res: Envelope + ?Sized>(res: &Res) -> bool {
     res.headers().is_some_and(|h| {
-        h.get(crate::idempotency::server::IDEMPOTENT_REPLAYED)
+        h.get(crate::server::idempotency::IDEMPOTENT_REPLAYED)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
     })
 }

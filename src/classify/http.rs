@@ -12,7 +12,7 @@ use crate::{Envelope, Semantics};
 pub const KEY_IN_FLIGHT: HeaderName = HeaderName::from_static("idempotency-key-in-flight");
 
 /// The header with which a server says it did not process a request (its handler never ran),
-/// whatever the status: [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) sets it on
+/// whatever the status: [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) sets it on
 /// its refusals. The built-in classifiers take the server at its word: the attempt is
 /// [`Rejected`](AttemptClass::Rejected).
 pub const NOT_PROCESSED: HeaderName = HeaderName::from_static("surely-not-processed");

@@ -361,7 +361,7 @@ impl Classification {
 
     /// This classification, for a server's refusal to start on a request whose deadline it
     /// found spent or too short (`surely-not-processed: deadline`, as
-    /// [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) answers): the caller's
+    /// [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) answers): the caller's
     /// budget, not the server's health, ended the attempt.
     ///
     /// ```

@@ -11,7 +11,7 @@
 //! * **on the wire**: the remaining budget, less a small reserve for transit, as a *relative*
 //!   value (no clock sync needed): `grpc-timeout` for gRPC and a millisecond header
 //!   (default [`DEFAULT_HEADER`]) for HTTP;
-//! * **in the server**: the [`ServerDeadlineLayer`] reads that header, caps it by the server's
+//! * **in the server**: the [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) reads that header, caps it by the server's
 //!   own maximum, refuses a request whose budget is spent (504 / `DEADLINE_EXCEEDED`) without
 //!   calling the handler, and makes the deadline current for the handler, so the handler's own
 //!   outgoing calls inherit it.
@@ -74,14 +74,9 @@ use tokio::time::Instant;
 mod client;
 pub mod codec;
 pub mod error;
-mod server;
 mod timer;
 
 pub use self::client::{DeadlineLayer, DeadlineLayerBuilder, ResponseFuture, WithDeadline};
-pub use self::server::{
-    Malformed, ServerDeadline, ServerDeadlineFuture, ServerDeadlineLayer,
-    ServerDeadlineLayerBuilder,
-};
 pub use self::timer::{AttemptTimers, Enforcement, OwnTimer};
 
 use crate::context::{CallDeadline, Context};

@@ -57,7 +57,7 @@ impl InvalidKey {
         }
     }
 
-    pub(super) fn repeated() -> Self {
+    pub(crate) fn repeated() -> Self {
         InvalidKey {
             reason: Reason::Repeated,
         }

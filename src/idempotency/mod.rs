@@ -43,7 +43,7 @@
 //!
 //! # What the server does with it
 //!
-//! A server that honours keys (this crate's [server layer](server), or most payment APIs)
+//! A server that honours keys (this crate's [server layer](crate::server::idempotency), or most payment APIs)
 //! answers:
 //!
 //! * **a repeat of a finished request**: the stored response of the first one, without doing the
@@ -134,8 +134,6 @@ use tower_service::Service;
 pub mod error;
 mod key;
 pub(crate) use self::key::random_u128;
-pub mod server;
-pub mod store;
 
 pub use self::key::IdempotencyKey;
 
@@ -290,7 +288,7 @@ impl<P> IdempotencyKeyLayer<P> {
     }
 
     /// Declares that the server behind this client honours idempotency keys (it runs this
-    /// crate's [server layer](server), or documents the `Idempotency-Key` header), so that a
+    /// crate's [server layer](crate::server::idempotency), or documents the `Idempotency-Key` header), so that a
     /// key the layer generates makes its request [`Keyed`](Semantics::Keyed): retried with the
     /// same key after a lost reply.
     ///

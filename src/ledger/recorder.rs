@@ -37,7 +37,7 @@ const MAX_FAILED: usize = 1_000;
 ///
 /// Asking again with the same key is itself a query: when a later call with an entry's key is
 /// answered with the server's stored result (`idempotent-replayed: true`, as surely's
-/// [`IdempotencyLayer`](crate::idempotency::server::IdempotencyLayer) answers), the first call
+/// [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer) answers), the first call
 /// took effect, and the recorder settles the key's unsettled entries as succeeded (through
 /// [`Ledger::settle_manually`], as the reconciler; counted in
 /// [`LedgerWrites::settled_by_replay`]). A success that is not a replay proves nothing about an

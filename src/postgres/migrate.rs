@@ -24,7 +24,7 @@ pub(crate) struct Component {
 /// Every component the crate has, in the order they are migrated.
 fn components() -> [&'static Component; 4] {
     [
-        &crate::idempotency::store::POSTGRES_COMPONENT,
+        &crate::server::store::POSTGRES_COMPONENT,
         &crate::outbox::POSTGRES_COMPONENT,
         &crate::inbox::POSTGRES_COMPONENT,
         &crate::ledger::POSTGRES_COMPONENT,
@@ -80,14 +80,14 @@ impl Migrations {
     }
 
     /// The idempotency store's table (default `surely_idempotency`), as given to
-    /// [`PostgresStore::with_table`](crate::idempotency::store::PostgresStore::with_table).
+    /// [`PostgresStore::with_table`](crate::server::store::PostgresStore::with_table).
     ///
     /// # Errors
     ///
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn idempotency_table(self, table: &str) -> Result<Self, ConfigError> {
-        self.table_of(&crate::idempotency::store::POSTGRES_COMPONENT, table)
+        self.table_of(&crate::server::store::POSTGRES_COMPONENT, table)
     }
 
     /// The outbox's table (default `surely_outbox`), as given to

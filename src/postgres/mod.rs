@@ -3,7 +3,7 @@
 //! errors.
 //!
 //! * **The pool** is deadpool-postgres's [`Pool`], re-exported, over tokio-postgres: the
-//!   idempotency [store](crate::idempotency::store::PostgresStore) takes one, and a handler
+//!   idempotency [store](crate::server::store::PostgresStore) takes one, and a handler
 //!   that writes its business rows and completes its record in one transaction takes its
 //!   connection from the same pool; so do the [outbox](crate::outbox::PostgresOutbox), the
 //!   [inbox](crate::inbox::PostgresInbox) and the [ledger](crate::ledger::PostgresLedger) of
@@ -25,7 +25,7 @@
 //! for applied in surely::postgres::migrate(&pool).await? {
 //!     println!("applied {applied}");
 //! }
-//! let store = surely::idempotency::store::PostgresStore::new(pool.clone());
+//! let store = surely::server::store::PostgresStore::new(pool.clone());
 //! # let _ = store; Ok(()) }
 //! ```
 

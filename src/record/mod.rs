@@ -575,11 +575,11 @@ pub trait Recorder {
         let _ = report;
     }
 
-    /// The server [idempotency layer](crate::idempotency::server) replayed a response, refused
+    /// The server [idempotency layer](crate::server::idempotency) replayed a response, refused
     /// a duplicate or a reused key, took over a stuck record, or could not reach its store;
     /// or its stuck-record report ran (see [`ServerEventKind`]). The layer reports to the
     /// recorder given to its builder
-    /// ([`IdempotencyLayerBuilder::recorder`](crate::idempotency::server::IdempotencyLayerBuilder::recorder)).
+    /// ([`IdempotencyLayerBuilder::recorder`](crate::server::idempotency::IdempotencyLayerBuilder::recorder)).
     /// The default ignores it.
     fn record_server(&self, event: &ServerEvent) {
         let _ = event;

@@ -75,7 +75,7 @@ const DURATION_BOUNDS: [f64; 17] = [
 ///
 /// # The server side and the outbox
 ///
-/// The server [idempotency layer](crate::idempotency::server) reports to the recorder given to
+/// The server [idempotency layer](crate::server::idempotency) reports to the recorder given to
 /// its builder ([`IdempotencyLayerBuilder::recorder`]). Its events share **one counter**,
 /// `surely.server.idempotency.events`, whose `surely.event` attribute is the
 /// [event's name](ServerEventKind::as_str): `replayed`, `in_flight`, `key_mismatch`, `expired`,
@@ -89,7 +89,7 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// go to [`TracingRecorder`] instead.
 ///
 /// The stuck-record gauges come from
-/// [`IdempotencyLayer::report_stuck`](crate::idempotency::server::IdempotencyLayer::report_stuck),
+/// [`IdempotencyLayer::report_stuck`](crate::server::idempotency::IdempotencyLayer::report_stuck),
 /// run on a schedule; they say nothing until its first run. Alert on
 /// `surely.server.idempotency.stuck` above zero: a record held that long is an owner that
 /// crashed or hangs.
@@ -120,7 +120,7 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// [`AttemptClass::as_str`]: crate::classify::AttemptClass::as_str
 /// [`DeliveryPhase::as_str`]: crate::classify::DeliveryPhase::as_str
 /// [`BreakerState::as_str`]: crate::breaker::BreakerState::as_str
-/// [`IdempotencyLayerBuilder::recorder`]: crate::idempotency::server::IdempotencyLayerBuilder::recorder
+/// [`IdempotencyLayerBuilder::recorder`]: crate::server::idempotency::IdempotencyLayerBuilder::recorder
 #[derive(Clone, Debug)]
 pub struct OtelRecorder {
     call_duration: Histogram<f64>,

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 
-use crate::idempotency::store::{Fence, RecordKey};
+use crate::server::store::{Fence, RecordKey};
 
 /// What happened to a keyed request at the server's
-/// [`IdempotencyLayer`](crate::idempotency::server::IdempotencyLayer), or what its stuck-record
+/// [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer), or what its stuck-record
 /// report found: the events an operator alerts on. A first request that runs its handler and
 /// completes its record is the normal case and makes no event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +41,7 @@ pub enum ServerEventKind {
         overdue: Duration,
     },
     /// An owner whose handler was dropped before it answered (its caller went away with
-    /// [`cancel_with_caller`](crate::idempotency::server::IdempotencyLayerBuilder::cancel_with_caller),
+    /// [`cancel_with_caller`](crate::server::idempotency::IdempotencyLayerBuilder::cancel_with_caller),
     /// or the runtime shut down) released its key, so that the next request runs at once.
     Released {
         /// The fence of the owner that released it.
@@ -57,7 +57,7 @@ pub enum ServerEventKind {
         /// The owner's fence.
         fence: Fence,
     },
-    /// A [stuck-record report](crate::idempotency::server::IdempotencyLayer::report_stuck)
+    /// A [stuck-record report](crate::server::idempotency::IdempotencyLayer::report_stuck)
     /// ran: how many records were still `PROCESSING` past its threshold. Reported on every run,
     /// zero included, so that a gauge falls back when the records are settled.
     Stuck {
@@ -98,7 +98,7 @@ impl fmt::Display for ServerEventKind {
     }
 }
 
-/// An event of the server [idempotency layer](crate::idempotency::server), as a
+/// An event of the server [idempotency layer](crate::server::idempotency), as a
 /// [`Recorder`](super::Recorder) receives it in
 /// [`record_server`](super::Recorder::record_server).
 ///

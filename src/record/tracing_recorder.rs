@@ -24,7 +24,7 @@ use crate::Semantics;
 /// `INFO`, its refusals at `DEBUG`. A call's event carries `surely.retry_wait_ms`, the time
 /// its retries spent waiting (backoff and pushback).
 ///
-/// The server [idempotency layer](crate::idempotency::server)'s events
+/// The server [idempotency layer](crate::server::idempotency)'s events
 /// ([`ServerEventKind`]) are logged with `surely.event` (their name), `http.request.method`,
 /// `surely.tenant`, `surely.operation` and `surely.key`: at `WARN` when they need a look (a key
 /// reused with another body, an expired key, a lease takeover, which means an owner crashed or

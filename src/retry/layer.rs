@@ -29,7 +29,7 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(30);
 pub const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
 
 /// The header with which a retry layer tells the next hop that it owns retries for the request.
-/// The [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) carries it into the
+/// The [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) carries it into the
 /// handler's context, and a retry layer inside that handler then retries only attempts that
 /// were provably not sent: retries do not multiply with the depth of the chain.
 pub const RETRY_OWNER: HeaderName = HeaderName::from_static("surely-retry-owner");

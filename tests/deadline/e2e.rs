@@ -16,7 +16,8 @@ use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::deadline::{Deadline, DeadlineLayer, ServerDeadlineLayer};
+use surely::deadline::{Deadline, DeadlineLayer};
+use surely::server::deadline::ServerDeadlineLayer;
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 use crate::support::{call, secs};

@@ -4,7 +4,8 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use http::{HeaderValue, Request, Response, StatusCode};
-use surely::deadline::{Deadline, Malformed, ServerDeadlineLayer};
+use surely::deadline::Deadline;
+use surely::server::deadline::{Malformed, ServerDeadlineLayer};
 use tokio::time::Instant;
 use tower::{service_fn, Layer};
 

@@ -328,8 +328,8 @@ async fn conflict() {
 /// timeout), against a server with surely's `IdempotencyLayer`: the retry is answered from the
 /// stored result, and the order is committed once.
 async fn keyed_against_an_idempotent_server(failure: Failure) -> (Outcome, u32, usize, bool) {
-    use surely::idempotency::server::IdempotencyLayer;
-    use surely::idempotency::store::MemoryStore;
+    use surely::server::idempotency::IdempotencyLayer;
+    use surely::server::store::MemoryStore;
 
     let (client_faults, server_faults) = faults(failure);
     let commits = Arc::new(AtomicUsize::new(0));

@@ -15,8 +15,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::uri::PathAndQuery;
-use surely::deadline::ServerDeadlineLayer;
 use surely::retry::backoff::Backoff;
+use surely::server::deadline::ServerDeadlineLayer;
 use surely::Envelope;
 use tokio::net::TcpListener;
 use tonic::transport::server::{TcpConnectInfo, TcpIncoming};

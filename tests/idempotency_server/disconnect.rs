@@ -19,10 +19,10 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use surely::classify::AttemptClass;
-use surely::idempotency::server::IdempotencyLayer;
-use surely::idempotency::store::IdempotencyStore;
 use surely::record::InMemoryRecorder;
 use surely::retry::ReplayBody;
+use surely::server::idempotency::IdempotencyLayer;
+use surely::server::store::IdempotencyStore;
 use surely::{Outcome, OutcomeExt};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -171,15 +171,13 @@ where
 
 #[tokio::test(start_paused = true)]
 async fn memory_a_handler_outlives_its_caller() {
-    a_handler_outlives_its_caller(surely::idempotency::store::MemoryStore::new()).await;
+    a_handler_outlives_its_caller(surely::server::store::MemoryStore::new()).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn memory_a_handler_cancelled_with_its_caller_frees_its_key() {
-    a_handler_cancelled_with_its_caller_frees_its_key(
-        surely::idempotency::store::MemoryStore::new(),
-    )
-    .await;
+    a_handler_cancelled_with_its_caller_frees_its_key(surely::server::store::MemoryStore::new())
+        .await;
 }
 
 /// The runtime shuts down while a keyed handler runs on its own task: nothing releases the
@@ -194,7 +192,7 @@ pub(crate) fn a_shutdown_mid_handler_leaves_the_key_to_its_lease<St>(
 ) where
     St: IdempotencyStore + Clone,
 {
-    use surely::idempotency::server::Ticket;
+    use surely::server::idempotency::Ticket;
 
     let fences = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = fences.clone();
@@ -266,7 +264,7 @@ pub(crate) fn a_shutdown_mid_handler_leaves_the_key_to_its_lease<St>(
 
 #[test]
 fn memory_a_shutdown_mid_handler_leaves_the_key_to_its_lease() {
-    let store = surely::idempotency::store::MemoryStore::new();
+    let store = surely::server::store::MemoryStore::new();
     a_shutdown_mid_handler_leaves_the_key_to_its_lease(
         || store.clone(),
         Duration::from_secs(30),

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use surely::idempotency::server::IdempotencyLayer;
-use surely::idempotency::store::{
-    Acquire, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest, StoreError,
-    StoredResponse, StuckRecord,
-};
 use surely::record::{
     AttemptRecord, CallRecord, InMemoryRecorder, Recorder, ServerEvent, ServerEventKind,
     TracingRecorder,
+};
+use surely::server::idempotency::IdempotencyLayer;
+use surely::server::store::{
+    Acquire, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest, StoreError,
+    StoredResponse, StuckRecord,
 };
 use tower::{service_fn, Layer};
 

@@ -12,8 +12,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::idempotency::server::IdempotencyLayer;
-use surely::idempotency::store::IdempotencyStore;
+use surely::server::idempotency::IdempotencyLayer;
+use surely::server::store::IdempotencyStore;
 use tower::{service_fn, Layer, ServiceExt};
 
 use crate::serve::serve;
@@ -137,5 +137,5 @@ pub(crate) async fn client_input_never_makes_a_5xx<St: IdempotencyStore + Clone>
 
 #[tokio::test]
 async fn memory_client_input_never_makes_a_5xx() {
-    client_input_never_makes_a_5xx(surely::idempotency::store::MemoryStore::new()).await;
+    client_input_never_makes_a_5xx(surely::server::store::MemoryStore::new()).await;
 }

@@ -13,12 +13,12 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use surely::deadline::Deadline;
-use surely::idempotency::server::{IdempotencyLayer, Ticket};
-use surely::idempotency::store::{
+use surely::idempotency::IdempotencyKey;
+use surely::server::idempotency::{IdempotencyLayer, Ticket};
+use surely::server::store::{
     Acquire, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest, StoreError,
     StoredResponse, StuckRecord,
 };
-use surely::idempotency::IdempotencyKey;
 use tokio::sync::Notify;
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -758,7 +758,7 @@ async fn client_retries_with_the_same_key_get_the_replay_over_hyper() {
 /// deadline layer outside, the idempotency layer inside it, over an `async fn` handler.
 #[tokio::test]
 async fn composes_with_service_builder_and_the_server_deadline_layer() {
-    use surely::deadline::ServerDeadlineLayer;
+    use surely::server::deadline::ServerDeadlineLayer;
 
     async fn create(req: Req) -> Result<support::Res, Infallible> {
         let fence = req.extensions().get::<Ticket>().map(|t| t.fence().get());

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::StatusCode;
-use surely::idempotency::server::{IdempotencyLayer, Ticket};
-use surely::idempotency::store::{
+use surely::server::idempotency::{IdempotencyLayer, Ticket};
+use surely::server::store::{
     Acquire, Fence, IdempotencyStore, PostgresStore, RequestDigest, StoredResponse,
 };
 use tokio::sync::Notify;

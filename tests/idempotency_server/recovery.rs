@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use surely::idempotency::server::IdempotencyLayer;
-use surely::idempotency::store::{
+use surely::server::idempotency::IdempotencyLayer;
+use surely::server::store::{
     report_stuck, Acquire, Fence, IdempotencyStore, MemoryStore, RequestDigest,
 };
 use tower::{service_fn, Layer};
@@ -34,7 +34,7 @@ where
     let Acquire::Owner(f) = store.acquire(&done, &digest, lease).await.unwrap() else {
         panic!("not the owner");
     };
-    let ok = surely::idempotency::store::StoredResponse::new(
+    let ok = surely::server::store::StoredResponse::new(
         StatusCode::OK,
         &http::HeaderMap::new(),
         "ok".into(),
@@ -108,7 +108,7 @@ where
     assert_eq!(send(&mut svc, at("/search", "k-s")).await.status, 201);
     assert_eq!(send(&mut svc, at("/payments", "k-p")).await.status, 201);
     // An owner that never answers.
-    let hung = surely::idempotency::store::RecordKey::new(
+    let hung = surely::server::store::RecordKey::new(
         "",
         "POST /payments",
         surely::idempotency::IdempotencyKey::new("k-hung").unwrap(),

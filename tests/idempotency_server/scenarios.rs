@@ -5,8 +5,8 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use http::StatusCode;
-use surely::idempotency::server::{IdempotencyLayer, IdempotencyLayerBuilder};
-use surely::idempotency::store::IdempotencyStore;
+use surely::server::idempotency::{IdempotencyLayer, IdempotencyLayerBuilder};
+use surely::server::store::IdempotencyStore;
 use tower::Layer;
 
 use crate::support::{handler, post, post_as, reply, send, Req, Res, Seen};

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use surely::idempotency::server::Ticket;
+use surely::server::idempotency::Ticket;
 use tower::{Service, ServiceExt};
 
 pub(crate) type Req = Request<Full<Bytes>>;

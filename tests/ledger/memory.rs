@@ -546,7 +546,7 @@ async fn a_replay_of_the_same_key_settles_its_entry() {
             let mut res = http::Response::new(String::from("o-8"));
             if !first {
                 res.headers_mut().insert(
-                    surely::idempotency::server::IDEMPOTENT_REPLAYED,
+                    surely::server::idempotency::IDEMPOTENT_REPLAYED,
                     http::HeaderValue::from_static("true"),
                 );
             }

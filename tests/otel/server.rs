@@ -8,13 +8,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use surely::idempotency::server::IdempotencyLayer;
-use surely::idempotency::store::{
+use surely::outbox::{Event, EventId, MemoryOutbox, Relay};
+use surely::record::InMemoryRecorder;
+use surely::server::idempotency::IdempotencyLayer;
+use surely::server::store::{
     Acquire, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest, StoreError,
     StoredResponse, StuckRecord,
 };
-use surely::outbox::{Event, EventId, MemoryOutbox, Relay};
-use surely::record::InMemoryRecorder;
 use tokio::sync::Notify;
 use tower::{service_fn, Layer, ServiceExt};
 

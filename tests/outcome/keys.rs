@@ -16,11 +16,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use surely::fault::{Fault, FaultLayer, Schedule};
-use surely::idempotency::server::IdempotencyLayer;
-use surely::idempotency::store::MemoryStore;
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
 use surely::retry::ReplayBody;
+use surely::server::idempotency::IdempotencyLayer;
+use surely::server::store::MemoryStore;
 use surely::{Outcome, OutcomeExt, Semantics, StopReason, IDEMPOTENCY_KEY};
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 

@@ -7,11 +7,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use surely::idempotency::store::{
-    Acquire, IdempotencyStore, PostgresStore, RecordKey, RequestDigest,
-};
 use surely::idempotency::IdempotencyKey;
 use surely::postgres::{Migrations, Pool};
+use surely::server::store::{Acquire, IdempotencyStore, PostgresStore, RecordKey, RequestDigest};
 
 fn url() -> String {
     std::env::var("SURELY_TEST_POSTGRES_URL")

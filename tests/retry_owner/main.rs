@@ -19,10 +19,10 @@ use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::deadline::ServerDeadlineLayer;
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer, StopReason};
 use surely::retry::backoff::Backoff;
 use surely::retry::{RetryLayer, RETRY_OWNER};
+use surely::server::deadline::ServerDeadlineLayer;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 
 use crate::support::{retry, serve, Counter};

@@ -3,9 +3,9 @@
 //! anyone else's request.
 
 use http::Request;
-use surely::deadline::ServerDeadlineLayer;
 use surely::record::{InMemoryRecorder, StopReason};
 use surely::retry::RETRY_OWNER;
+use surely::server::deadline::ServerDeadlineLayer;
 use surely::Envelope;
 
 use crate::support::Counter;

@@ -24,11 +24,11 @@ use super::{
 use crate::classify::{BoxError, KEY_IN_FLIGHT, NOT_PROCESSED};
 use crate::context::{Context as CallContext, InContext};
 use crate::idempotency::error::InvalidKey;
-use crate::idempotency::store::{
-    Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoredResponse,
-};
 use crate::idempotency::IdempotencyKey;
 use crate::record::ServerEventKind;
+use crate::server::store::{
+    Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoredResponse,
+};
 use crate::IDEMPOTENCY_KEY;
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).

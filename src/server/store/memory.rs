@@ -29,7 +29,7 @@ use super::{
 ///
 /// ```
 /// use std::time::Duration;
-/// use surely::idempotency::store::{Acquire, IdempotencyStore, MemoryStore, RecordKey, RequestDigest};
+/// use surely::server::store::{Acquire, IdempotencyStore, MemoryStore, RecordKey, RequestDigest};
 /// use surely::idempotency::IdempotencyKey;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {

@@ -15,8 +15,8 @@ use super::{
     Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError, StoredResponse,
     StuckRecord,
 };
-use crate::idempotency::server::Ticket;
 use crate::idempotency::IdempotencyKey;
+use crate::server::idempotency::Ticket;
 use crate::ConfigError;
 
 /// The store for services that run more than one instance: records in a PostgreSQL table, with
@@ -282,9 +282,9 @@ impl PostgresStore {
     /// (`store.complete_in(&txn, ...)`).
     ///
     /// ```no_run
-    /// # async fn handler(store: surely::idempotency::store::PostgresStore,
-    /// #     ticket: surely::idempotency::server::Ticket) -> Result<(), Box<dyn std::error::Error>> {
-    /// use surely::idempotency::store::StoredResponse;
+    /// # async fn handler(store: surely::server::store::PostgresStore,
+    /// #     ticket: surely::server::idempotency::Ticket) -> Result<(), Box<dyn std::error::Error>> {
+    /// use surely::server::store::StoredResponse;
     ///
     /// let mut client = store.pool().get().await?;
     /// let txn = client.transaction().await?;

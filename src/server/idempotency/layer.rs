@@ -9,8 +9,8 @@ use http::Method;
 use tower_layer::Layer;
 
 use super::service::IdempotencyService;
-use crate::idempotency::store::{IdempotencyStore, RecordKey, StoreError, StuckRecord};
 use crate::record::{Recorder, ServerEvent, ServerEventKind};
+use crate::server::store::{IdempotencyStore, RecordKey, StoreError, StuckRecord};
 use crate::ConfigError;
 
 type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
@@ -84,7 +84,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     }
 
     /// Reports the records that have been `PROCESSING` for `older_than` or more, as
-    /// [`report_stuck`](crate::idempotency::store::report_stuck) does (a `tracing` warning
+    /// [`report_stuck`](crate::server::store::report_stuck) does (a `tracing` warning
     /// for each, at most 100, oldest first), and tells the layer's
     /// [recorder](IdempotencyLayerBuilder::recorder) how many there were and the oldest's age
     /// ([`ServerEventKind::Stuck`]), zero included: an
@@ -96,8 +96,8 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use surely::idempotency::server::IdempotencyLayer;
-    /// use surely::idempotency::store::MemoryStore;
+    /// use surely::server::idempotency::IdempotencyLayer;
+    /// use surely::server::store::MemoryStore;
     /// use surely::record::{InMemoryRecorder, ServerEventKind};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -120,7 +120,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     ///
     /// The store failed.
     pub async fn report_stuck(&self, older_than: Duration) -> Result<Vec<StuckRecord>, StoreError> {
-        let stuck = crate::idempotency::store::report_stuck(&self.config.store, older_than).await?;
+        let stuck = crate::server::store::report_stuck(&self.config.store, older_than).await?;
         if let Some(recorder) = &self.config.recorder {
             let kind = ServerEventKind::Stuck {
                 records: stuck.len(),
@@ -170,8 +170,8 @@ impl<St> fmt::Debug for Config<St> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use surely::idempotency::server::IdempotencyLayer;
-/// use surely::idempotency::store::MemoryStore;
+/// use surely::server::idempotency::IdempotencyLayer;
+/// use surely::server::store::MemoryStore;
 ///
 /// let layer = IdempotencyLayer::builder(MemoryStore::new())
 ///     .lease(Duration::from_secs(10))
@@ -238,7 +238,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// A handler slower than the lease then keeps its key: duplicates get `409` until it
     /// answers, instead of taking over and running it a second time. `max` bounds a handler
     /// that hangs: once it has passed (or the handler's deadline, when a
-    /// [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) outside set one), the owner
+    /// [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) outside set one), the owner
     /// stops renewing, its lease runs out, and the next request with the key takes over as
     /// without renewal. An owner that crashes stops renewing with it. A renewal the store
     /// refuses as stale (another request took over while the store could not be reached) ends
@@ -246,8 +246,8 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use surely::idempotency::server::IdempotencyLayer;
-    /// use surely::idempotency::store::MemoryStore;
+    /// use surely::server::idempotency::IdempotencyLayer;
+    /// use surely::server::store::MemoryStore;
     ///
     /// // Handlers answer in seconds, but a slow batch may take a few minutes.
     /// let layer = IdempotencyLayer::builder(MemoryStore::new())
@@ -281,13 +281,13 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// The retention of the requests for which `by` says one, the default
     /// ([`retention`](Self::retention)) for the others: a payment's key may be kept for a month,
     /// a search's for an hour. A retention over ten years is kept as ten years. The
-    /// [sweeper](crate::idempotency::store::IdempotencyStore::sweep) deletes each record when
+    /// [sweeper](crate::server::store::IdempotencyStore::sweep) deletes each record when
     /// its own retention has ended, and never one still `PROCESSING`.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use surely::idempotency::server::IdempotencyLayer;
-    /// use surely::idempotency::store::MemoryStore;
+    /// use surely::server::idempotency::IdempotencyLayer;
+    /// use surely::server::store::MemoryStore;
     ///
     /// let layer = IdempotencyLayer::builder(MemoryStore::new())
     ///     .retention(Duration::from_secs(3600))
@@ -328,15 +328,15 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// An owner whose handler is dropped before it answered releases its key at once, so the
     /// caller's retry runs the handler again instead of waiting out the lease. That is safe for
     /// a handler that writes in one transaction with its completion
-    /// ([`PostgresStore::complete_in`](crate::idempotency::store::PostgresStore::complete_in)):
+    /// ([`PostgresStore::complete_in`](crate::server::store::PostgresStore::complete_in)):
     /// a dropped handler's transaction rolls back. A handler that is not transactional may have
     /// done part of its work when it was dropped, and the retry does it again: keep the
     /// default for those.
     ///
     /// ```
     /// # #[cfg(feature = "postgres")] {
-    /// use surely::idempotency::server::IdempotencyLayer;
-    /// use surely::idempotency::store::PostgresStore;
+    /// use surely::server::idempotency::IdempotencyLayer;
+    /// use surely::server::store::PostgresStore;
     ///
     /// // Every handler writes and completes in one transaction: a dropped one rolls back.
     /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test").unwrap();
@@ -390,8 +390,8 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// ```
     /// use bytes::Bytes;
     /// use http_body_util::Full;
-    /// use surely::idempotency::server::IdempotencyLayer;
-    /// use surely::idempotency::store::MemoryStore;
+    /// use surely::server::idempotency::IdempotencyLayer;
+    /// use surely::server::store::MemoryStore;
     /// use surely::record::{InMemoryRecorder, ServerEventKind, TracingRecorder};
     /// use tower::{service_fn, Layer, ServiceExt};
     ///

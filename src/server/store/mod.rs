@@ -55,8 +55,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use sha2::{Digest as _, Sha256};
 
-use super::IdempotencyKey;
 use crate::classify::BoxError;
+use crate::idempotency::IdempotencyKey;
 
 mod memory;
 #[cfg(feature = "postgres")]
@@ -90,7 +90,7 @@ pub use {deadpool_postgres, tokio_postgres};
 /// value: bounded, still different for different values, and still readable by an operator.
 ///
 /// ```
-/// use surely::idempotency::store::{RecordKey, MAX_OPERATION_BYTES};
+/// use surely::server::store::{RecordKey, MAX_OPERATION_BYTES};
 /// use surely::idempotency::IdempotencyKey;
 ///
 /// let key = IdempotencyKey::new("k-1").unwrap();
@@ -234,7 +234,7 @@ impl fmt::Debug for RecordKey {
 /// one, and a store refuses a completion whose fence is not the record's current one.
 ///
 /// The server layer puts the owner's token in the handler's request extensions (inside a
-/// [`Ticket`](crate::idempotency::server::Ticket)), so that a handler can guard its own writes
+/// [`Ticket`](crate::server::idempotency::Ticket)), so that a handler can guard its own writes
 /// with it (`UPDATE ... WHERE fence < $token`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Fence(u64);
@@ -260,7 +260,7 @@ impl RequestDigest {
     /// The digest of `body`.
     ///
     /// ```
-    /// use surely::idempotency::store::RequestDigest;
+    /// use surely::server::store::RequestDigest;
     /// assert_eq!(RequestDigest::of(b"o-1"), RequestDigest::of(b"o-1"));
     /// assert_ne!(RequestDigest::of(b"o-1"), RequestDigest::of(b"o-2"));
     /// ```
@@ -297,7 +297,7 @@ impl fmt::Debug for RequestDigest {
 /// crate's own replay and not-processed markers. Clones share the bytes.
 ///
 /// ```
-/// use surely::idempotency::store::StoredResponse;
+/// use surely::server::store::StoredResponse;
 ///
 /// let mut headers = http::HeaderMap::new();
 /// headers.insert("location", "/orders/o-1".parse().unwrap());
@@ -327,7 +327,7 @@ fn replayable(name: &HeaderName) -> bool {
         || name == header::TRAILER
         || name == header::UPGRADE
         || name.as_str() == "keep-alive"
-        || name == super::server::IDEMPOTENT_REPLAYED
+        || name == crate::server::idempotency::IDEMPOTENT_REPLAYED
         || name == crate::classify::NOT_PROCESSED)
 }
 
@@ -433,7 +433,7 @@ impl Acquire {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use surely::idempotency::store::{Acquire, Fence};
+    /// use surely::server::store::{Acquire, Fence};
     ///
     /// let taken = Acquire::TakenOver { fence: Fence::new(2), overdue: Duration::from_secs(3) };
     /// assert_eq!(taken.fence(), Some(Fence::new(2)));
@@ -607,7 +607,7 @@ impl StuckRecord {
 ///
 /// ```
 /// use std::time::Duration;
-/// use surely::idempotency::store::{report_stuck, IdempotencyStore, MemoryStore, RecordKey, RequestDigest};
+/// use surely::server::store::{report_stuck, IdempotencyStore, MemoryStore, RecordKey, RequestDigest};
 /// use surely::idempotency::IdempotencyKey;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {

@@ -68,7 +68,7 @@
 //! its future is dropped before it answered, the work in flight (body, acquire, handler,
 //! completion) is spawned on the current runtime, in the call context and `tracing` span it was
 //! called in (so it keeps the deadline a
-//! [`ServerDeadlineLayer`](crate::deadline::ServerDeadlineLayer) gave it); it runs to its end,
+//! [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) gave it); it runs to its end,
 //! its result is stored, and the client's retry gets the replay. While the caller waits, the work
 //! runs in the caller's task, and costs nothing more. That is why the handler and its future
 //! must be `Send + 'static` (as any service hyper serves already is).
@@ -120,8 +120,8 @@
 //! ```
 //! use bytes::Bytes;
 //! use http_body_util::{BodyExt, Full};
-//! use surely::idempotency::server::{IdempotencyLayer, Ticket, IDEMPOTENT_REPLAYED};
-//! use surely::idempotency::store::MemoryStore;
+//! use surely::server::idempotency::{IdempotencyLayer, Ticket, IDEMPOTENT_REPLAYED};
+//! use surely::server::store::MemoryStore;
 //! use tower::{service_fn, Layer, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -151,7 +151,7 @@
 //! # }
 //! ```
 //!
-//! [`IdempotencyKey`]: super::IdempotencyKey
+//! [`IdempotencyKey`]: crate::idempotency::IdempotencyKey
 //! [`KEY_IN_FLIGHT`]: crate::classify::KEY_IN_FLIGHT
 //! [`NOT_PROCESSED`]: crate::classify::NOT_PROCESSED
 

@@ -1,3 +1,11 @@
+//! The server's side of the deadline: read the caller's budget, cap it, refuse a spent one
+//! before any handler runs, and make it current for the handler.
+//!
+//! The budget arrives as a *relative* value (`grpc-timeout`, or a millisecond header written by
+//! the client's [`DeadlineLayer`](crate::deadline::DeadlineLayer)); an inbound header can shorten
+//! the server's own budget, never lengthen it. See [`ServerDeadlineLayer`] and the
+//! [deadlines chapter](crate::docs::deadlines).
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -11,10 +19,10 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::codec::{self, ParseTimeoutError};
-use super::{Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::classify::NOT_PROCESSED;
 use crate::context::{CallDeadline, Context};
+use crate::deadline::codec::{self, ParseTimeoutError};
+use crate::deadline::{Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::record::CallTally;
 use crate::retry::RETRY_OWNER;
 use crate::{ConfigError, Envelope};
@@ -38,11 +46,11 @@ pub enum Malformed {
 ///
 /// * a budget that is spent, or below the configured minimum, is refused at once with 504
 ///   (HTTP) or `grpc-status: 4` `DEADLINE_EXCEEDED` (gRPC), and the handler is not called; the
-///   refusal carries [`NOT_PROCESSED`](crate::classify::NOT_PROCESSED), so the client's
+///   refusal carries [`NOT_PROCESSED`], so the client's
 ///   classifier knows nothing happened;
 /// * a malformed header is refused with 400 / `INVALID_ARGUMENT`, or ignored, per [`Malformed`];
 /// * otherwise the deadline is put in the request's extensions and made the
-///   [`current`](super::current) deadline while the handler runs, so every client stack the
+///   [`current`](crate::deadline::current) deadline while the handler runs, so every client stack the
 ///   handler calls inherits it.
 ///
 /// A handler served in-process inside a caller's call (same task) never gets more than the
@@ -70,7 +78,7 @@ pub enum Malformed {
 ///
 /// ```
 /// use std::time::Duration;
-/// use surely::deadline::ServerDeadlineLayer;
+/// use surely::server::deadline::ServerDeadlineLayer;
 /// use tower::{service_fn, Layer, Service, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -157,7 +165,7 @@ impl Default for ServerDeadlineLayer {
 
 impl ServerDeadlineLayerBuilder {
     /// The HTTP header carrying the remaining milliseconds (default
-    /// [`DEFAULT_HEADER`](super::DEFAULT_HEADER)).
+    /// [`DEFAULT_HEADER`]).
     pub fn http_header(mut self, header: HeaderName) -> Self {
         self.config.header = header;
         self
@@ -195,7 +203,7 @@ impl ServerDeadlineLayerBuilder {
     /// internet: a caller there could switch off the retries your handler's own calls rely on.
     ///
     /// ```
-    /// use surely::deadline::ServerDeadlineLayer;
+    /// use surely::server::deadline::ServerDeadlineLayer;
     /// use surely::Envelope;
     ///
     /// // Our gateway sets `x-internal: 1` and strips it from what comes from outside.
