@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::deadline::Deadline;
-use crate::record::CallId;
+use crate::ids::CallId;
+use crate::time::Deadline;
 
 thread_local! {
     // The inward context and the outward report, one scalar per cell: they are read and written

@@ -2,12 +2,11 @@
 
 use http::{Extensions, HeaderMap, Method};
 
-use crate::deadline::Deadline;
-use crate::record::Operation;
+use crate::ids::Operation;
+use crate::time::Deadline;
 use crate::Semantics;
 
-/// The header that carries an idempotency key (IETF `Idempotency-Key` draft).
-pub const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+use crate::headers::IDEMPOTENCY_KEY;
 
 /// Access to the parts of a message that surely's layers read and write: headers, extensions,
 /// method, and the [`Semantics`] and [`Deadline`] derived from them.

@@ -105,10 +105,12 @@ mod envelope;
 mod error;
 pub mod fault;
 pub mod grpc;
+pub mod headers;
 pub mod hedge;
 #[cfg(feature = "hyper")]
 pub mod hyper;
 pub mod idempotency;
+mod ids;
 pub mod inbox;
 pub mod ledger;
 pub mod outbox;
@@ -122,11 +124,13 @@ pub mod reqwest;
 pub mod retry;
 mod semantics;
 pub mod server;
+mod time;
 pub mod timeout;
 
 pub use crate::client::client;
-pub use crate::envelope::{Envelope, IDEMPOTENCY_KEY};
+pub use crate::envelope::Envelope;
 pub use crate::error::{BoxedError, ConfigError, Error, ErrorKind, IntoError};
+pub use crate::headers::IDEMPOTENCY_KEY;
 pub use crate::outcome::{CallOutcome, Outcome, OutcomeExt, StopReason};
 pub use crate::semantics::Semantics;
 

@@ -392,7 +392,7 @@ mod sealed {
 /// Whether a response is a server's stored result (`idempotent-replayed: true`).
 pub(crate) fn is_replay<Res: Envelope + ?Sized>(res: &Res) -> bool {
     res.headers().is_some_and(|h| {
-        h.get(crate::server::idempotency::IDEMPOTENT_REPLAYED)
+        h.get(crate::headers::IDEMPOTENT_REPLAYED)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
     })
 }

@@ -8,12 +8,11 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 
 use crate::classify::Pushback;
 
-/// The gRPC pushback header, in milliseconds.
-pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+pub use crate::headers::GRPC_RETRY_PUSHBACK_MS;
 
 /// Why a `Retry-After` value could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -125,14 +125,14 @@ fn classify_status_headers(headers: &HeaderMap, trailers_only: bool) -> Option<C
     let class = if code != GrpcCode::OK && headers.contains_key(super::NOT_PROCESSED) {
         AttemptClass::Rejected
     } else if trailers_only {
-        code.class_trailers_only(headers.contains_key(crate::pushback::GRPC_RETRY_PUSHBACK_MS))
+        code.class_trailers_only(headers.contains_key(crate::headers::GRPC_RETRY_PUSHBACK_MS))
     } else {
         code.class_after_headers()
     };
     let pushback = match class {
         AttemptClass::Success => None,
         _ => headers
-            .get(crate::pushback::GRPC_RETRY_PUSHBACK_MS)
+            .get(crate::headers::GRPC_RETRY_PUSHBACK_MS)
             .map(crate::pushback::parse_grpc_pushback),
     };
     let c = Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback);

@@ -1,4 +1,4 @@
-use http::{HeaderName, Response, StatusCode};
+use http::{Response, StatusCode};
 
 use super::grpc::{self, GrpcEos};
 use super::{
@@ -7,15 +7,9 @@ use super::{
 };
 use crate::{Envelope, Semantics};
 
-/// The header with which a server-side idempotency layer marks a 409 as "the key's first request
-/// is still running": for a keyed request it means "retry later with the same key".
-pub const KEY_IN_FLIGHT: HeaderName = HeaderName::from_static("idempotency-key-in-flight");
+pub use crate::headers::KEY_IN_FLIGHT;
 
-/// The header with which a server says it did not process a request (its handler never ran),
-/// whatever the status: [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) sets it on
-/// its refusals. The built-in classifiers take the server at its word: the attempt is
-/// [`Rejected`](AttemptClass::Rejected).
-pub const NOT_PROCESSED: HeaderName = HeaderName::from_static("surely-not-processed");
+pub use crate::headers::NOT_PROCESSED;
 
 /// The built-in classifier for HTTP and gRPC over `http::Request` / `http::Response`.
 ///
@@ -103,7 +97,7 @@ impl HttpRequestClassifier {
         }
         // A `Retry-After` that does not parse counts as absent.
         let retry_after = crate::pushback::retry_after(headers);
-        let pushback = match headers.get(crate::pushback::GRPC_RETRY_PUSHBACK_MS) {
+        let pushback = match headers.get(crate::headers::GRPC_RETRY_PUSHBACK_MS) {
             Some(v) => Some(crate::pushback::parse_grpc_pushback(v)),
             None => retry_after.map(Pushback::After),
         };

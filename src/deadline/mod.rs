@@ -72,8 +72,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 mod client;
-pub mod codec;
 pub mod error;
+
+pub use crate::time::{codec, Deadline};
 mod timer;
 
 pub use self::client::{DeadlineLayer, DeadlineLayerBuilder, ResponseFuture, WithDeadline};
@@ -81,8 +82,7 @@ pub use self::timer::{AttemptTimers, Enforcement, OwnTimer};
 
 use crate::context::{CallDeadline, Context};
 
-/// The default HTTP header that carries the remaining budget in milliseconds.
-pub const DEFAULT_HEADER: http::HeaderName = http::HeaderName::from_static("x-request-timeout-ms");
+pub use crate::headers::DEFAULT_HEADER;
 
 /// A request extension: the header, other than [`DEFAULT_HEADER`], into which a client
 /// [`DeadlineLayer`] wrote the call's budget, so that a retry layer inside can lower it on each
@@ -90,84 +90,7 @@ pub const DEFAULT_HEADER: http::HeaderName = http::HeaderName::from_static("x-re
 #[derive(Clone, Debug)]
 pub(crate) struct WireHeader(pub(crate) http::HeaderName);
 
-/// The gRPC deadline header.
-pub const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
-
-/// About 30 years: what a deadline "infinitely far" away is clamped to, so that arithmetic on
-/// instants never overflows.
-const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
-
-/// The instant a logical call stops being useful, on tokio's clock (so paused-time tests
-/// control it).
-///
-/// Put it in an `http::Request`'s extensions to give one call a deadline; the layers combine it
-/// with the [`current`] one, and the earlier wins.
-///
-/// ```
-/// use std::time::Duration;
-/// use surely::deadline::Deadline;
-///
-/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-/// let parent = Deadline::after(Duration::from_secs(5));
-/// let child = Deadline::after(Duration::from_secs(10)).min(parent);
-/// assert_eq!(child, parent);
-/// tokio::time::advance(Duration::from_secs(3)).await;
-/// assert_eq!(parent.remaining(), Duration::from_secs(2));
-/// # }
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Deadline(Instant);
-
-impl Deadline {
-    /// A deadline at `instant`.
-    pub fn at(instant: Instant) -> Self {
-        Deadline(instant)
-    }
-
-    /// A deadline `budget` from now. An absurdly long budget is clamped to about 30 years.
-    pub fn after(budget: Duration) -> Self {
-        Self::after_from(Instant::now(), budget)
-    }
-
-    /// A deadline `budget` after `now`, clamped like [`after`](Self::after).
-    pub fn after_from(now: Instant, budget: Duration) -> Self {
-        Deadline(now + budget.min(FAR_FUTURE))
-    }
-
-    /// The instant.
-    pub fn instant(self) -> Instant {
-        self.0
-    }
-
-    /// The budget left now; zero once passed.
-    pub fn remaining(self) -> Duration {
-        self.remaining_at(Instant::now())
-    }
-
-    /// The budget left at `now`; zero once passed.
-    pub fn remaining_at(self, now: Instant) -> Duration {
-        self.0.saturating_duration_since(now)
-    }
-
-    /// Whether the deadline has passed (no budget left).
-    pub fn is_expired(self) -> bool {
-        self.remaining().is_zero()
-    }
-
-    /// The earlier of two deadlines: a child deadline is never later than its parent.
-    #[must_use]
-    pub fn min(self, other: Deadline) -> Deadline {
-        Ord::min(self, other)
-    }
-
-    /// The earlier of `own` and `other`, where `None` means "no deadline".
-    pub fn earliest(own: Option<Deadline>, other: Option<Deadline>) -> Option<Deadline> {
-        match (own, other) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-}
+pub use crate::headers::GRPC_TIMEOUT;
 
 /// The current deadline: the one a deadline layer or the server deadline layer set for the call
 /// running on this task, or the one of a [`scope`].

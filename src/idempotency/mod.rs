@@ -131,11 +131,12 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-pub mod error;
-mod key;
-pub(crate) use self::key::random_u128;
+pub mod error {
+    //! Idempotency key errors.
+    pub use crate::ids::InvalidKey;
+}
 
-pub use self::key::IdempotencyKey;
+pub use crate::ids::IdempotencyKey;
 
 use self::error::InvalidKey;
 use crate::context::Context as CallContext;
@@ -462,7 +463,7 @@ fn attach_key<Req: Envelope>(
             return Err(InvalidKey::repeated());
         }
         // The caller's header, kept as it is.
-        return key::validate(value.as_bytes());
+        return crate::ids::validate_key(value.as_bytes());
     }
     let value = match req.extensions().and_then(|e| e.get::<IdempotencyKey>()) {
         Some(caller) => caller.to_header_value(),

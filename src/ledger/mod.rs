@@ -115,7 +115,7 @@ pub struct EntryId(Arc<str>);
 impl EntryId {
     /// A fresh, random id.
     pub fn generate() -> Self {
-        EntryId(format!("unk-{:032x}", crate::idempotency::random_u128()).into())
+        EntryId(format!("unk-{:032x}", crate::ids::random_u128()).into())
     }
 
     /// An id of your own: 1 to 128 characters of `[A-Za-z0-9_.:-]`.
@@ -241,7 +241,7 @@ impl AttemptEvidence {
 pub struct Evidence {
     /// The entry's id.
     pub id: EntryId,
-    /// The call's id in the process that made it ([`CallId`](crate::record::CallId)).
+    /// The call's id in the process that made it ([`CallId`](crate::ids::CallId)).
     pub call: Option<u64>,
     /// The business or idempotency key: what the reconciler queries by.
     pub key: Option<String>,
@@ -328,11 +328,8 @@ impl Evidence {
                 Classification::new(a.class, a.phase)
             });
         crate::retry::Query {
-            key: self.key.as_deref().map(crate::record::BusinessKey::new),
-            operation: self
-                .operation
-                .as_deref()
-                .map(crate::record::Operation::named),
+            key: self.key.as_deref().map(crate::ids::BusinessKey::new),
+            operation: self.operation.as_deref().map(crate::ids::Operation::named),
             semantics: self.semantics,
             attempts: self.attempts.len() as u32,
             last,

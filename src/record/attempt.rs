@@ -18,8 +18,8 @@ use crate::classify::{
     MakeClassifier,
 };
 use crate::context::{CallDeadline, Context};
-use crate::deadline::Deadline;
 use crate::error::{lift, lift_poll};
+use crate::time::Deadline;
 use crate::timeout::error::Elapsed;
 use crate::{Envelope, Error, IntoError};
 

@@ -18,9 +18,9 @@ use crate::classify::{
     Classification, Classify, DeliveryPhase, HttpClassifier, MakeClassifier, Outcome, OutcomeTally,
 };
 use crate::context::Context;
-use crate::deadline::Deadline;
 use crate::error::{lift, lift_poll};
 use crate::outcome::CallOutcome;
+use crate::time::Deadline;
 use crate::{Envelope, Error, IntoError, Semantics};
 
 /// Records every logical call that passes through it. See the [module docs](super).

@@ -3,10 +3,9 @@
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
 use opentelemetry::KeyValue;
 
-use super::{
-    AttemptRecord, CallRecord, OperationKind, Recorder, ServerEvent, ServerEventKind, StopReason,
-};
+use super::{AttemptRecord, CallRecord, Recorder, ServerEvent, ServerEventKind, StopReason};
 use crate::breaker::{BreakerEvent, BreakerEventKind};
+use crate::ids::OperationKind;
 use crate::outbox::RelayReport;
 
 /// Bucket bounds of the call duration histogram, in seconds: those the OpenTelemetry HTTP

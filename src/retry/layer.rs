@@ -28,15 +28,9 @@ pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(30);
 /// is not started.
 pub const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
 
-/// The header with which a retry layer tells the next hop that it owns retries for the request.
-/// The [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) carries it into the
-/// handler's context, and a retry layer inside that handler then retries only attempts that
-/// were provably not sent: retries do not multiply with the depth of the chain.
-pub const RETRY_OWNER: HeaderName = HeaderName::from_static("surely-retry-owner");
+pub use crate::headers::RETRY_OWNER;
 
-/// The gRPC header that tells the server how many attempts came before this one.
-pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
-    HeaderName::from_static("grpc-previous-rpc-attempts");
+pub use crate::headers::GRPC_PREVIOUS_RPC_ATTEMPTS;
 
 /// Retries attempts that may be retried, within the attempt limit, the retry budget and the
 /// call's deadline. See the [module docs](super).

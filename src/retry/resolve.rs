@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::classify::Classification;
-use crate::record::BusinessKey;
+use crate::ids::BusinessKey;
 use crate::Semantics;
 
 /// What a [`Resolve`]r found out about a call whose outcome was unknown.
@@ -47,9 +47,9 @@ pub struct Query {
     /// The call's business key: a [`BusinessKey`] extension on the request, or its
     /// `Idempotency-Key`.
     pub key: Option<BusinessKey>,
-    /// What the call did ([`Operation`](crate::record::Operation)): which downstream to ask,
+    /// What the call did ([`Operation`](crate::ids::Operation)): which downstream to ask,
     /// for a resolver (or a [reconciler](crate::ledger::Reconciler)) that serves several.
-    pub operation: Option<crate::record::Operation>,
+    pub operation: Option<crate::ids::Operation>,
     /// The request's semantics.
     pub semantics: Semantics,
     /// How many attempts were made.

@@ -23,8 +23,8 @@ use crate::classify::NOT_PROCESSED;
 use crate::context::{CallDeadline, Context};
 use crate::deadline::codec::{self, ParseTimeoutError};
 use crate::deadline::{Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
+use crate::headers::RETRY_OWNER;
 use crate::record::CallTally;
-use crate::retry::RETRY_OWNER;
 use crate::{ConfigError, Envelope};
 
 /// What the [`ServerDeadlineLayer`] does with a malformed deadline header.

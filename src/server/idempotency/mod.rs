@@ -157,8 +157,6 @@
 
 use std::time::Duration;
 
-use http::HeaderName;
-
 mod layer;
 mod service;
 
@@ -167,12 +165,9 @@ pub use self::service::{IdempotencyService, ResponseFuture};
 
 use super::store::{Fence, RecordKey};
 
-/// The header that marks a replayed response: `idempotent-replayed: true`.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub use crate::headers::IDEMPOTENT_REPLAYED;
 
-/// The header in which the layer's own error responses carry their code (also in the JSON body's
-/// `code`): one of the `IDEMPOTENCY_KEY_*` constants.
-pub const IDEMPOTENCY_ERROR: HeaderName = HeaderName::from_static("idempotency-error");
+pub use crate::headers::IDEMPOTENCY_ERROR;
 
 /// `400`: the method requires an `Idempotency-Key` and the request has none.
 pub const IDEMPOTENCY_KEY_MISSING: &str = "IDEMPOTENCY_KEY_MISSING";

@@ -9,10 +9,10 @@ use http::HeaderValue;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
-use super::error::InvalidKey;
+use super::key_error::InvalidKey;
 
 /// The longest key accepted, in bytes.
-pub(super) const MAX_LEN: usize = 255;
+pub(crate) const MAX_LEN: usize = 255;
 
 /// A valid idempotency key: 1 to 255 bytes of visible ASCII (`0x21..=0x7E`).
 ///
@@ -118,7 +118,7 @@ impl IdempotencyKey {
 }
 
 /// 1 to 255 bytes, each visible ASCII.
-pub(super) fn validate(key: &[u8]) -> Result<(), InvalidKey> {
+pub(crate) fn validate(key: &[u8]) -> Result<(), InvalidKey> {
     if key.is_empty() {
         return Err(InvalidKey::empty());
     }

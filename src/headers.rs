@@ -1,0 +1,49 @@
+//! Every header name the crate reads or writes, in one place.
+//!
+//! The client layers write some (the budget, the key, the retry owner), the server layers others
+//! (the replay mark, the refusal marks), and the classifiers read both. Each constant is also
+//! re-exported by the module that uses it most.
+
+use http::HeaderName;
+
+/// The header that carries an idempotency key (IETF `Idempotency-Key` draft).
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The default HTTP header that carries the remaining budget in milliseconds.
+pub const DEFAULT_HEADER: HeaderName = HeaderName::from_static("x-request-timeout-ms");
+
+/// The gRPC deadline header.
+pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
+/// The header with which a retry layer tells the next hop that it owns retries for the request.
+/// The [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) carries it into the
+/// handler's context, and a retry layer inside that handler then retries only attempts that
+/// were provably not sent: retries do not multiply with the depth of the chain.
+pub const RETRY_OWNER: HeaderName = HeaderName::from_static("surely-retry-owner");
+
+/// The gRPC header that tells the server how many attempts came before this one.
+pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
+    HeaderName::from_static("grpc-previous-rpc-attempts");
+
+/// The header with which a server-side idempotency layer marks a 409 as "the key's first request
+/// is still running": for a keyed request it means "retry later with the same key".
+pub const KEY_IN_FLIGHT: HeaderName = HeaderName::from_static("idempotency-key-in-flight");
+
+/// The header with which a server says it did not process a request (its handler never ran),
+/// whatever the status: [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) sets it on
+/// its refusals. The built-in classifiers take the server at its word: the attempt is
+/// [`Rejected`](crate::classify::AttemptClass::Rejected).
+pub const NOT_PROCESSED: HeaderName = HeaderName::from_static("surely-not-processed");
+
+/// The gRPC pushback header, in milliseconds.
+pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// The header that marks a replayed response: `idempotent-replayed: true`.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The header in which the layer's own error responses carry their code (also in the JSON body's
+/// `code`): one of the `IDEMPOTENCY_KEY_*` constants.
+pub const IDEMPOTENCY_ERROR: HeaderName = HeaderName::from_static("idempotency-error");
+
+/// The default response header read as the downstream request id.
+pub const DEFAULT_REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
