@@ -303,7 +303,7 @@ impl ClassifyError for ::reqwest::Error {
             phase
         };
         match std::error::Error::source(self) {
-            Some(source) => crate::classify::error_chain(source, phase),
+            Some(source) => crate::error::error_chain(source, phase),
             None => Classification::failure_at(phase),
         }
     }

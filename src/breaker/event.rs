@@ -6,41 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// A breaker's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BreakerState {
-    /// Calls pass, and their results are counted.
-    Closed,
-    /// Calls are refused at once, until the break ends.
-    Open,
-    /// The break ended: a few probe calls pass; the others are refused until the probes answer.
-    HalfOpen,
-    /// Shut by hand ([`CircuitBreaker::isolate`](super::CircuitBreaker::isolate)): every call
-    /// is refused until [`reset`](super::CircuitBreaker::reset).
-    Isolated,
-}
-
-impl BreakerState {
-    /// A short lower-case name, for records and logs.
-    ///
-    /// ```
-    /// assert_eq!(surely::breaker::BreakerState::HalfOpen.as_str(), "half-open");
-    /// ```
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BreakerState::Closed => "closed",
-            BreakerState::Open => "open",
-            BreakerState::HalfOpen => "half-open",
-            BreakerState::Isolated => "isolated",
-        }
-    }
-}
-
-impl fmt::Display for BreakerState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::error::BreakerState;
 
 /// Why a breaker changed state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

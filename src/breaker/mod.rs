@@ -158,7 +158,10 @@
 //! path, and its refusal carries the time to come back, which the retry layer obeys.
 
 mod circuit;
-pub mod error;
+pub mod error {
+    //! The breaker's error.
+    pub use crate::error::CircuitOpen;
+}
 mod event;
 mod future;
 mod layer;

@@ -69,7 +69,6 @@ mod http;
 pub(crate) use self::http::DEADLINE_REFUSAL;
 mod tally;
 
-pub(crate) use self::error::classify_dyn as error_chain;
 pub use self::error::{BoxError, ClassifyError};
 pub use self::func::{from_fn, Attempted, ClassifyFn, FnClassifier};
 pub use self::grpc::{GrpcCode, GrpcEos};

@@ -72,7 +72,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 mod client;
-pub mod error;
+pub mod error {
+    //! Deadline errors.
+    pub use crate::error::DeadlineExceeded;
+}
 
 pub use crate::time::{codec, Deadline};
 mod timer;

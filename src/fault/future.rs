@@ -9,10 +9,10 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::time::{sleep, Sleep};
 
-use super::error::InjectedFault;
 use crate::classify::DeliveryPhase;
 use crate::delivery::Progress;
 use crate::error::lift;
+use crate::error::InjectedFault;
 use crate::{Error, IntoError};
 
 const POLLED_AFTER_COMPLETION: &str = "fault::ResponseFuture polled after completion";

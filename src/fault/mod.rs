@@ -152,16 +152,15 @@ use crate::classify::DeliveryPhase;
 use crate::delivery::Progress;
 use crate::{Envelope, Error, IntoError};
 
-mod error;
 pub mod future;
 mod layer;
 mod policy;
 mod reply;
 
-pub use self::error::InjectedFault;
 pub use self::layer::FaultLayer;
 pub use self::policy::{FaultPolicy, Schedule, Seeded};
 pub use self::reply::{EmptyBody, MakeResponse, NoResponse, Reply};
+pub use crate::error::InjectedFault;
 
 use self::future::{ResponseFuture, Then};
 

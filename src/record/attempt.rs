@@ -18,9 +18,9 @@ use crate::classify::{
     MakeClassifier,
 };
 use crate::context::{CallDeadline, Context};
+use crate::error::Elapsed;
 use crate::error::{lift, lift_poll};
 use crate::time::Deadline;
-use crate::timeout::error::Elapsed;
 use crate::{Envelope, Error, IntoError};
 
 /// Records every attempt that passes through it. See the [module docs](super).

@@ -57,8 +57,8 @@ use tokio::time::Instant;
 
 use crate::breaker::BreakerEvent;
 use crate::classify::{AttemptClass, Classification, DeliveryPhase, Outcome};
+use crate::error::Elapsed;
 use crate::outbox::RelayReport;
-use crate::timeout::error::Elapsed;
 use crate::Semantics;
 
 mod attempt;

@@ -17,7 +17,7 @@ const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
 /// control it).
 ///
 /// Put it in an `http::Request`'s extensions to give one call a deadline; the layers combine it
-/// with the [`current`] one, and the earlier wins.
+/// with the [`current`](crate::deadline::current) one, and the earlier wins.
 ///
 /// ```
 /// use std::time::Duration;

@@ -43,7 +43,10 @@ use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
 use tower_service::Service;
 
-pub mod error;
+pub mod error {
+    //! Attempt timeout errors.
+    pub use crate::error::Elapsed;
+}
 
 use self::error::Elapsed;
 use crate::classify::DeliveryPhase;

@@ -23,8 +23,8 @@ use super::{
 };
 use crate::classify::{BoxError, KEY_IN_FLIGHT, NOT_PROCESSED};
 use crate::context::{Context as CallContext, InContext};
-use crate::idempotency::error::InvalidKey;
 use crate::idempotency::IdempotencyKey;
+use crate::ids::InvalidKey;
 use crate::record::ServerEventKind;
 use crate::server::store::{
     Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoredResponse,

@@ -5,16 +5,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::BreakerState;
 use crate::classify::{AttemptClass, Classification, DeliveryPhase, Pushback};
 
-/// A call the [`CircuitBreaker`](super::CircuitBreaker) refused: the inner service was not
+/// A call the [`CircuitBreaker`](crate::breaker::CircuitBreaker) refused: the inner service was not
 /// called, so nothing was sent.
 ///
 /// It says when to come back, the way governor's `NotUntil` does: an open breaker knows when
 /// its break ends ([`retry_after`](Self::retry_after)); a half-open breaker whose probes are all
 /// out does not (the probes decide); an isolated breaker stays shut until someone
-/// [`reset`](super::CircuitBreaker::reset)s it.
+/// [`reset`](crate::breaker::CircuitBreaker::reset)s it.
 ///
 /// Classified [`Rejected`](AttemptClass::Rejected) at [`NotSent`](DeliveryPhase::NotSent), so
 /// that a retry layer outside may try again, a POST without a key included (nothing happened),
@@ -59,19 +58,19 @@ enum Refusal {
 }
 
 impl CircuitOpen {
-    pub(super) fn open(until: Instant) -> Self {
+    pub(crate) fn open(until: Instant) -> Self {
         CircuitOpen {
             kind: Refusal::Open(until),
         }
     }
 
-    pub(super) fn half_open() -> Self {
+    pub(crate) fn half_open() -> Self {
         CircuitOpen {
             kind: Refusal::HalfOpen,
         }
     }
 
-    pub(super) fn isolated() -> Self {
+    pub(crate) fn isolated() -> Self {
         CircuitOpen {
             kind: Refusal::Isolated,
         }
@@ -135,5 +134,41 @@ impl std::error::Error for CircuitOpen {}
 impl crate::classify::ClassifyError for CircuitOpen {
     fn classify_error(&self, _: DeliveryPhase) -> Classification {
         self.classification()
+    }
+}
+
+/// A breaker's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BreakerState {
+    /// Calls pass, and their results are counted.
+    Closed,
+    /// Calls are refused at once, until the break ends.
+    Open,
+    /// The break ended: a few probe calls pass; the others are refused until the probes answer.
+    HalfOpen,
+    /// Shut by hand ([`CircuitBreaker::isolate`](crate::breaker::CircuitBreaker::isolate)): every call
+    /// is refused until [`reset`](crate::breaker::CircuitBreaker::reset).
+    Isolated,
+}
+
+impl BreakerState {
+    /// A short lower-case name, for records and logs.
+    ///
+    /// ```
+    /// assert_eq!(surely::breaker::BreakerState::HalfOpen.as_str(), "half-open");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half-open",
+            BreakerState::Isolated => "isolated",
+        }
+    }
+}
+
+impl fmt::Display for BreakerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }

@@ -6,20 +6,20 @@ use http::StatusCode;
 
 use crate::classify::DeliveryPhase;
 
-/// The error a [`FaultService`](super::FaultService) returns for an injected failure.
+/// The error a [`FaultService`](crate::fault::FaultService) returns for an injected failure.
 ///
 /// Its [`phase`](InjectedFault::phase) is what the classifiers read:
-/// [`RefuseBeforeSend`](super::Fault::RefuseBeforeSend) fails
+/// [`RefuseBeforeSend`](crate::fault::Fault::RefuseBeforeSend) fails
 /// [`NotSent`](DeliveryPhase::NotSent) (classified
 /// [`Rejected`](crate::classify::AttemptClass::Rejected): any request may be retried), and
-/// [`ResetAfterSend`](super::Fault::ResetAfterSend) fails
+/// [`ResetAfterSend`](crate::fault::Fault::ResetAfterSend) fails
 /// [`Sent`](DeliveryPhase::Sent) after the inner service completed (classified
 /// [`MaybeCommitted`](crate::classify::AttemptClass::MaybeCommitted): only a repeatable request
 /// may be retried, and the call's outcome is otherwise unknown).
 ///
-/// The same error stands in for a [`Respond`](super::Fault::Respond) or
-/// [`RespondAfterSend`](super::Fault::RespondAfterSend) fault whose reply the service's response
-/// type cannot carry (see [`NoResponse`](super::NoResponse)), with the phase of the fault it
+/// The same error stands in for a [`Respond`](crate::fault::Fault::Respond) or
+/// [`RespondAfterSend`](crate::fault::Fault::RespondAfterSend) fault whose reply the service's response
+/// type cannot carry (see [`NoResponse`](crate::fault::NoResponse)), with the phase of the fault it
 /// replaced.
 ///
 /// ```

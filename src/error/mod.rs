@@ -1,15 +1,23 @@
 //! The crate's error type.
 
+mod breaker;
+mod classify;
+mod deadline;
+mod fault;
+mod timeout;
+
+pub use self::breaker::{BreakerState, CircuitOpen};
+pub(crate) use self::classify::classify_dyn as error_chain;
+pub use self::deadline::DeadlineExceeded;
+pub use self::fault::InjectedFault;
+pub use self::timeout::Elapsed;
+
 use std::fmt;
 use std::task::Poll;
 
-use crate::breaker::CircuitOpen;
 use crate::classify::{AttemptClass, BoxError, Classification, ClassifyError, DeliveryPhase};
-use crate::deadline::error::DeadlineExceeded;
-use crate::fault::InjectedFault;
-use crate::idempotency::error::InvalidKey;
+use crate::ids::InvalidKey;
 use crate::outcome::{fmt_verdict, CallOutcome, Outcome, StopReason};
-use crate::timeout::error::Elapsed;
 
 /// The error of every surely client layer: the transport's own error `E`, kept as it is, or one
 /// of the crate's local errors (a deadline, a timeout, an injected fault, an invalid idempotency key, an open circuit breaker), each carrying what the
@@ -587,6 +595,6 @@ impl std::error::Error for BoxedError {
 
 impl ClassifyError for BoxedError {
     fn classify_error(&self, phase: DeliveryPhase) -> Classification {
-        crate::classify::error_chain(&*self.0, phase)
+        crate::error::error_chain(&*self.0, phase)
     }
 }
