@@ -492,3 +492,30 @@ impl<F: std::future::Future> std::future::Future for InContext<F> {
         crate::record::CallTally::isolate(|| ctx.scope(|| inner.poll(cx)))
     }
 }
+
+// The hedge mark: call-scoped state of the hedge layer, read by the attempt record layer.
+
+std::thread_local! {
+    /// Set while the hedge layer calls its inner service for a hedge, so that an attempt record
+    /// layer inside marks the attempt. Works for any request type and allocates nothing.
+    static HEDGE_MARK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the inner `call` running now is a hedge; clears the mark, so that a client nested
+/// inside the attempt does not see it.
+pub(crate) fn take_hedge_mark() -> bool {
+    HEDGE_MARK.with(|m| m.replace(false))
+}
+
+/// Runs `f` (an inner `call`) marked as a hedge.
+pub(crate) fn as_hedge<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let old = self.0;
+            HEDGE_MARK.with(|m| m.set(old));
+        }
+    }
+    let _restore = Restore(HEDGE_MARK.with(|m| m.replace(true)));
+    f()
+}

@@ -8,7 +8,7 @@
 //! * on a response, as a [`CallOutcome`] in its extensions, read with [`OutcomeExt`]
 //!   (`res.outcome()`); a response type of your own that has no extensions
 //!   ([`Envelope::extensions_mut`] returns `None`) carries none;
-//! * on an error, from the [`Error`] itself: [`outcome`](crate::Error::outcome),
+//! * on an error, from the [`Error`](crate::Error) itself: [`outcome`](crate::Error::outcome),
 //!   [`stop_reason`](crate::Error::stop_reason), [`attempts`](crate::Error::attempts), and its
 //!   `Display` ("unknown after 2 attempts: ...").
 //!
@@ -72,23 +72,23 @@ pub use crate::classify::Outcome;
 pub use crate::record::StopReason;
 
 use crate::context::{CallDeadline, Context};
-use crate::{Envelope, Error};
+use crate::Envelope;
 
 /// What a call came to: its [`Outcome`], why it stopped, how many attempts went out, its
 /// idempotency key, whether the answer was a replay, and the budget it left. See the
 /// [module docs](self).
 ///
 /// Found in a response's extensions ([`OutcomeExt::call_outcome`]) and in an
-/// [`Error`] ([`Error::call_outcome`]). An SDK's tests
+/// [`Error`](crate::Error) ([`Error::call_outcome`](crate::Error::call_outcome)). An SDK's tests
 /// can make one with [`new`](Self::new) to try their handling of each outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallOutcome {
-    outcome: Outcome,
-    stop: StopReason,
-    attempts: u32,
-    replayed: bool,
-    key: Option<HeaderValue>,
-    budget_left: Option<Duration>,
+    pub(crate) outcome: Outcome,
+    pub(crate) stop: StopReason,
+    pub(crate) attempts: u32,
+    pub(crate) replayed: bool,
+    pub(crate) key: Option<HeaderValue>,
+    pub(crate) budget_left: Option<Duration>,
 }
 
 impl CallOutcome {
@@ -165,83 +165,6 @@ impl CallOutcome {
         self.budget_left
     }
 
-    /// Hands the outcome of a call that ended with `out` back on it: into the response's
-    /// extensions (a response type without extensions carries none, and costs nothing), or
-    /// into the error. The replay mark is read from the response; `left` is asked for the
-    /// budget left only when the outcome has somewhere to go.
-    #[inline]
-    pub(crate) fn hand_back<Res: Envelope, T>(
-        out: &mut Result<Res, Error<T>>,
-        outcome: Outcome,
-        stop: StopReason,
-        attempts: u32,
-        key: Option<HeaderValue>,
-        left: impl FnOnce() -> Option<Duration>,
-    ) {
-        let call = CallOutcome::maker(outcome, stop, attempts, key, left);
-        match out {
-            Ok(res) => CallOutcome::put_on(res, call),
-            Err(e) => e.set_call_outcome(call(false)),
-        }
-    }
-
-    /// [`hand_back`](Self::hand_back) on a result taken by value and returned.
-    ///
-    /// The result is taken apart and put together again rather than changed in place: a
-    /// success is then passed on without its error's room, which for a large error is most
-    /// of the bytes, copied through every layer outside.
-    #[inline]
-    pub(crate) fn handed_back<Res: Envelope, T>(
-        out: Result<Res, Error<T>>,
-        outcome: Outcome,
-        stop: StopReason,
-        attempts: u32,
-        key: Option<HeaderValue>,
-        left: impl FnOnce() -> Option<Duration>,
-    ) -> Result<Res, Error<T>> {
-        let call = CallOutcome::maker(outcome, stop, attempts, key, left);
-        match out {
-            Ok(mut res) => {
-                CallOutcome::put_on(&mut res, call);
-                Ok(res)
-            }
-            Err(mut e) => {
-                e.set_call_outcome(call(false));
-                Err(e)
-            }
-        }
-    }
-
-    /// What makes the outcome to hand back, given whether the answer was a replay; `left` is
-    /// asked only then.
-    #[inline]
-    fn maker(
-        outcome: Outcome,
-        stop: StopReason,
-        attempts: u32,
-        key: Option<HeaderValue>,
-        left: impl FnOnce() -> Option<Duration>,
-    ) -> impl FnOnce(bool) -> CallOutcome {
-        move |replayed| CallOutcome {
-            outcome,
-            stop,
-            attempts,
-            replayed,
-            key,
-            budget_left: left(),
-        }
-    }
-
-    /// Puts the outcome `call` makes into the response's extensions, with the response's replay
-    /// mark; a response type without extensions carries none.
-    #[inline]
-    fn put_on<Res: Envelope>(res: &mut Res, call: impl FnOnce(bool) -> CallOutcome) {
-        let replayed = is_replay(&*res);
-        if let Some(extensions) = res.extensions_mut() {
-            extensions.insert(call(replayed));
-        }
-    }
-
     /// A call refused for `stop` before any attempt, with `left` of its budget: nothing went
     /// out, so it failed.
     pub(crate) fn refused(stop: StopReason, left: Option<Duration>) -> Self {
@@ -256,14 +179,6 @@ impl CallOutcome {
         self.stop = stop;
         self.budget_left = Some(left);
         self
-    }
-
-    /// The outcome already handed back on `out` by a layer inside, if any.
-    pub(crate) fn of<Res: Envelope, T>(out: &Result<Res, Error<T>>) -> Option<&CallOutcome> {
-        match out {
-            Ok(res) => res.extensions()?.get::<CallOutcome>(),
-            Err(e) => e.call_outcome(),
-        }
     }
 }
 
@@ -347,7 +262,7 @@ pub trait OutcomeExt: sealed::Sealed {
 
     /// The call's outcome. A response that no surely call layer vouched for has none to give,
     /// and says [`Unknown`](Outcome::Unknown); an error without one says what the error alone
-    /// proves ([`Error::outcome`]).
+    /// proves ([`Error::outcome`](crate::Error::outcome)).
     fn outcome(&self) -> Outcome;
 
     /// Whether the answer was a stored replay of an earlier request with the same key.
@@ -367,26 +282,9 @@ impl<B> OutcomeExt for http::Response<B> {
     }
 }
 
-impl<B, E> OutcomeExt for Result<http::Response<B>, Error<E>> {
-    fn call_outcome(&self) -> Option<&CallOutcome> {
-        match self {
-            Ok(res) => res.call_outcome(),
-            Err(e) => e.call_outcome(),
-        }
-    }
-
-    fn outcome(&self) -> Outcome {
-        match self {
-            Ok(res) => res.outcome(),
-            Err(e) => e.outcome(),
-        }
-    }
-}
-
-mod sealed {
+pub(crate) mod sealed {
     pub trait Sealed {}
     impl<B> Sealed for http::Response<B> {}
-    impl<B, E> Sealed for Result<http::Response<B>, crate::Error<E>> {}
 }
 
 /// Whether a response is a server's stored result (`idempotent-replayed: true`).

@@ -10,8 +10,6 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderValue};
 
-use crate::classify::Pushback;
-
 pub use crate::headers::GRPC_RETRY_PUSHBACK_MS;
 
 /// Why a `Retry-After` value could not be read.
@@ -80,4 +78,13 @@ pub fn parse_grpc_pushback(value: &HeaderValue) -> Pushback {
 pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let v = headers.get(http::header::RETRY_AFTER)?;
     parse_retry_after(v, SystemTime::now()).ok()
+}
+
+/// What the server asked about retrying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pushback {
+    /// Retry no earlier than this (`Retry-After`, `grpc-retry-pushback-ms`).
+    After(Duration),
+    /// Do not retry (a negative or malformed `grpc-retry-pushback-ms`).
+    Stop,
 }

@@ -10,8 +10,8 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::error::CircuitOpen;
-use super::event::{BreakerEvent, BreakerEventKind, BreakerState, TransitionReason};
 use super::window::{Window, WindowCounts};
+use super::{BreakerEvent, BreakerEventKind, BreakerState, TransitionReason};
 use super::{
     DEFAULT_BREAK, DEFAULT_BREAK_MULTIPLIER, DEFAULT_FAILURE_RATIO, DEFAULT_HALF_OPEN_PROBES,
     DEFAULT_JITTER, DEFAULT_MAX_BREAK, DEFAULT_MIN_THROUGHPUT, DEFAULT_MIN_TIMEOUT_EVIDENCE,

@@ -162,7 +162,6 @@ pub mod error {
     //! The breaker's error.
     pub use crate::error::CircuitOpen;
 }
-mod event;
 mod future;
 mod layer;
 mod window;
@@ -174,10 +173,11 @@ pub use self::circuit::{
     CircuitBreaker, CircuitBreakerBuilder, SlidingWindow, MAX_HALF_OPEN_PROBES,
 };
 pub use self::error::CircuitOpen;
-pub use self::event::{BreakerEvent, BreakerEventKind, BreakerState, TransitionReason};
 pub use self::future::ResponseFuture;
 pub use self::layer::{Breaker, CircuitBreakerLayer};
 pub use self::window::WindowCounts;
+pub use crate::error::BreakerState;
+pub use crate::record::{BreakerEvent, BreakerEventKind, TransitionReason};
 
 /// The default failure ratio at which the breaker opens.
 pub const DEFAULT_FAILURE_RATIO: f64 = 0.5;

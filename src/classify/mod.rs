@@ -201,14 +201,7 @@ impl Outcome {
     }
 }
 
-/// What the server asked about retrying.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Pushback {
-    /// Retry no earlier than this (`Retry-After`, `grpc-retry-pushback-ms`).
-    After(Duration),
-    /// Do not retry (a negative or malformed `grpc-retry-pushback-ms`).
-    Stop,
-}
+pub use crate::pushback::Pushback;
 
 /// The classification of one attempt: its [`AttemptClass`], the [`DeliveryPhase`] it reached,
 /// and the server's [`Pushback`], if any.

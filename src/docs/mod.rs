@@ -19,6 +19,8 @@
 //! 8. [Overload and recovery](overload): whether a system comes back after its trigger is
 //!    gone, and what deadline propagation, retry budgets and the breaker each contribute,
 //!    measured.
+//! 9. [How the crate is built](architecture): its layers, bottom to top, and the rule that
+//!    keeps them apart.
 //!
 //! Every example here is compiled and run as a test.
 
@@ -52,4 +54,8 @@ pub mod unknowns {
 
 pub mod overload {
     #![doc = include_str!("overload.md")]
+}
+
+pub mod architecture {
+    #![doc = include_str!("architecture.md")]
 }

@@ -4,6 +4,7 @@ mod breaker;
 mod classify;
 mod deadline;
 mod fault;
+mod outcome;
 mod timeout;
 
 pub use self::breaker::{BreakerState, CircuitOpen};

@@ -124,7 +124,6 @@
 //! hedged. This layer reads the request's semantics itself, classifies every answer, spends the
 //! retry budget, respects the deadline, and records losers as cancelled hedges.
 
-use std::cell::Cell;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
@@ -144,30 +143,7 @@ pub use self::layer::{
     DEFAULT_MIN_ATTEMPT, DEFAULT_MIN_SAMPLES, DEFAULT_PERCENTILE, DEFAULT_WINDOW, MAX_WINDOW,
 };
 
-thread_local! {
-    /// Set while the hedge layer calls its inner service for a hedge, so that an attempt record
-    /// layer inside marks the attempt. Works for any request type and allocates nothing.
-    static HEDGE_MARK: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Whether the inner `call` running now is a hedge; clears the mark, so that a client nested
-/// inside the attempt does not see it.
-pub(crate) fn take_hedge_mark() -> bool {
-    HEDGE_MARK.with(|m| m.replace(false))
-}
-
-/// Runs `f` (an inner `call`) marked as a hedge.
-fn as_hedge<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let old = self.0;
-            HEDGE_MARK.with(|m| m.set(old));
-        }
-    }
-    let _restore = Restore(HEDGE_MARK.with(|m| m.replace(true)));
-    f()
-}
+use crate::context::as_hedge;
 
 /// The service made by [`HedgeLayer`].
 ///

@@ -142,7 +142,7 @@ where
             t.started
         })
         .unwrap_or(1);
-        let hedge = crate::hedge::take_hedge_mark();
+        let hedge = crate::context::take_hedge_mark();
         let started = Instant::now();
         let deadline =
             Deadline::earliest(req.deadline(), ctx.deadline().map(|d| d.anchor(started)));

@@ -55,13 +55,13 @@ use std::time::Duration;
 use http::HeaderValue;
 use tokio::time::Instant;
 
-use crate::breaker::BreakerEvent;
 use crate::classify::{AttemptClass, Classification, DeliveryPhase, Outcome};
 use crate::error::Elapsed;
 use crate::outbox::RelayReport;
 use crate::Semantics;
 
 mod attempt;
+mod breaker_event;
 mod call;
 mod server;
 mod tally;
@@ -73,6 +73,7 @@ mod otel;
 mod tracing_recorder;
 
 pub use self::attempt::{AttemptFuture, RecordAttempt, RecordAttemptLayer};
+pub use self::breaker_event::{BreakerEvent, BreakerEventKind, TransitionReason};
 pub use self::call::{CallFuture, RecordCall, RecordCallLayer};
 #[cfg(feature = "opentelemetry")]
 pub use self::otel::OtelRecorder;

@@ -4,7 +4,7 @@ use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
 use opentelemetry::KeyValue;
 
 use super::{AttemptRecord, CallRecord, Recorder, ServerEvent, ServerEventKind, StopReason};
-use crate::breaker::{BreakerEvent, BreakerEventKind};
+use super::{BreakerEvent, BreakerEventKind};
 use crate::ids::OperationKind;
 use crate::outbox::RelayReport;
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 
-use crate::server::store::{Fence, RecordKey};
+use crate::ids::{Fence, RecordKey};
 
 /// What happened to a keyed request at the server's
 /// [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer), or what its stuck-record

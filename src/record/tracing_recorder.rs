@@ -3,8 +3,9 @@ use tracing::field::Empty;
 use super::{
     AttemptRecord, BusinessKey, CallId, CallRecord, Recorder, ServerEvent, ServerEventKind,
 };
-use crate::breaker::{BreakerEvent, BreakerEventKind, BreakerState};
+use super::{BreakerEvent, BreakerEventKind};
 use crate::classify::{AttemptClass, Outcome};
+use crate::error::BreakerState;
 use crate::outbox::RelayReport;
 use crate::Semantics;
 

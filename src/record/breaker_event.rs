@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub use crate::error::BreakerState;
+use crate::error::BreakerState;
 
 /// Why a breaker changed state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

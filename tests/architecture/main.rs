@@ -1,0 +1,485 @@
+//! The crate's layering, checked: every top-level module of `src/` belongs to one layer, imports
+//! only from its own layer or the layers below, and no two top-level modules import each other,
+//! even through others.
+//!
+//! The layers are listed once, in the architecture chapter of the docs
+//! (`src/docs/architecture.md`), as the block that follows its "The layers" heading; this test
+//! reads them from there. An import is any path the code names (`use` or not) that starts at
+//! `crate::`, at `super::` past the module's top, or at a name `lib.rs` re-exports; comments,
+//! doc comments and string literals are not code.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Modules that hold no code of their own: text included as documentation.
+const TEXT_ONLY: &[&str] = &["docs"];
+
+/// Imports that still run up a layer, each to be removed by moving a type down (the
+/// architecture chapter says where each goes). The list may only shrink: an entry whose import
+/// is gone fails the test until it is taken off, and an import up a layer that is not here fails
+/// it too. Imports listed here are also left out of the search for cycles.
+const NOT_YET_MOVED: &[(&str, &str)] = &[
+    // The call's tally and its retry and resolution records: to the call context and the
+    // record types below the layers.
+    ("context", "record"),
+    // `StopReason`: to the outcome types.
+    ("outcome", "record"),
+    // `RelayReport`, the relay's event: to the record types, as plain data.
+    ("record", "outbox"),
+    // The PostgreSQL base (pool, migration type, table helper, error mapping): below the
+    // server half, with `postgres` keeping only the list of every component's migrations.
+    ("server", "postgres"),
+    ("outbox", "postgres"),
+    ("inbox", "postgres"),
+    ("ledger", "postgres"),
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The layers, bottom first, each with its modules, read from the architecture chapter.
+fn layers() -> Vec<(String, Vec<String>)> {
+    let chapter = fs::read_to_string(root().join("src/docs/architecture.md"))
+        .expect("src/docs/architecture.md is readable");
+    let after = chapter
+        .split_once("## The layers")
+        .expect("the architecture chapter has a heading \"## The layers\"")
+        .1;
+    let block = after
+        .split_once("```text\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("a ```text block follows \"## The layers\"")
+        .0;
+    let mut layers: Vec<(usize, String, Vec<String>)> = Vec::new();
+    for line in block.lines() {
+        // `N  name  module module ...`; other lines (arrows, blank) are drawing.
+        let mut words = line.split_whitespace();
+        let Some(number) = words.next().and_then(|w| w.parse::<usize>().ok()) else {
+            continue;
+        };
+        let name = words
+            .next()
+            .expect("a layer line names its layer")
+            .to_owned();
+        let modules = words.map(str::to_owned).collect::<Vec<_>>();
+        assert!(!modules.is_empty(), "layer {name} lists no module");
+        layers.push((number, name, modules));
+    }
+    layers.sort_by_key(|l| l.0);
+    for (i, l) in layers.iter().enumerate() {
+        assert_eq!(
+            l.0,
+            i + 1,
+            "the layers are numbered 1, 2, 3, ... from the bottom"
+        );
+    }
+    layers.into_iter().map(|(_, n, m)| (n, m)).collect()
+}
+
+/// The source with comments and string and character literals blanked out, lines kept.
+fn code_only(src: &str) -> String {
+    let b = src.as_bytes();
+    let mut out = String::with_capacity(src.len());
+    let mut i = 0;
+    let keep_lines = |s: &[u8], out: &mut String| {
+        for &c in s {
+            out.push(if c == b'\n' { '\n' } else { ' ' });
+        }
+    };
+    while i < b.len() {
+        let c = b[i];
+        if c == b'/' && b.get(i + 1) == Some(&b'/') {
+            let end = src[i..].find('\n').map_or(b.len(), |n| i + n);
+            keep_lines(&b[i..end], &mut out);
+            i = end;
+        } else if c == b'/' && b.get(i + 1) == Some(&b'*') {
+            let (mut depth, mut j) = (1, i + 2);
+            while j < b.len() && depth > 0 {
+                if b[j] == b'/' && b.get(j + 1) == Some(&b'*') {
+                    depth += 1;
+                    j += 2;
+                } else if b[j] == b'*' && b.get(j + 1) == Some(&b'/') {
+                    depth -= 1;
+                    j += 2;
+                } else {
+                    j += 1;
+                }
+            }
+            keep_lines(&b[i..j], &mut out);
+            i = j;
+        } else if c == b'r'
+            && matches!(b.get(i + 1), Some(b'"') | Some(b'#'))
+            && !ident_before(b, i)
+        {
+            // A raw string: r"..." or r#"..."#.
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while b.get(j) == Some(&b'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if b.get(j) != Some(&b'"') {
+                out.push(c as char);
+                i += 1;
+                continue;
+            }
+            let close = format!("\"{}", "#".repeat(hashes));
+            let end = src[j + 1..]
+                .find(&close)
+                .map_or(b.len(), |n| j + 1 + n + close.len());
+            keep_lines(&b[i..end], &mut out);
+            i = end;
+        } else if c == b'"' {
+            let mut j = i + 1;
+            while j < b.len() && b[j] != b'"' {
+                j += if b[j] == b'\\' { 2 } else { 1 };
+            }
+            keep_lines(&b[i..(j + 1).min(b.len())], &mut out);
+            i = j + 1;
+        } else if c == b'\'' {
+            // A character literal ('x', '\n', '\u{..}') or a lifetime ('a).
+            let end = if b.get(i + 1) == Some(&b'\\') {
+                src[i + 2..].find('\'').map(|n| i + 2 + n + 1)
+            } else {
+                let ch = src[i + 1..].chars().next().map_or(1, char::len_utf8);
+                (b.get(i + 1 + ch) == Some(&b'\'')).then_some(i + 2 + ch)
+            };
+            match end {
+                Some(end) => {
+                    keep_lines(&b[i..end], &mut out);
+                    i = end;
+                }
+                None => {
+                    out.push('\'');
+                    i += 1;
+                }
+            }
+        } else {
+            let ch = src[i..].chars().next().expect("in bounds");
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+fn ident_before(b: &[u8], i: usize) -> bool {
+    i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_')
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).expect("src/ is readable") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The module path of a file under `src/` (`src/retry/future.rs` is `["retry", "future"]`).
+fn module_path(rel: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let file = parts.pop().expect("a file name");
+    let stem = file.trim_end_matches(".rs");
+    if stem != "mod" && stem != "lib" {
+        parts.push(stem.to_owned());
+    }
+    parts
+}
+
+/// The names `lib.rs` re-exports, and the top-level module each comes from.
+fn root_reexports(lib: &str) -> BTreeMap<String, String> {
+    let code = code_only(lib);
+    let mut names = BTreeMap::new();
+    for stmt in code.split(';') {
+        let stmt = stmt.trim();
+        let Some(rest) = stmt
+            .strip_prefix("pub use crate::")
+            .or_else(|| stmt.strip_prefix("pub use self::"))
+        else {
+            continue;
+        };
+        let (module, items) = rest.split_once("::").unwrap_or((rest, ""));
+        let items = items.trim_start_matches('{').trim_end_matches('}');
+        for item in items.split(',') {
+            let name = item.rsplit(" as ").next().unwrap_or(item).trim();
+            let name = name.rsplit("::").next().unwrap_or(name);
+            if !name.is_empty() {
+                names.insert(name.to_owned(), module.to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// The top-level modules a file's code names, other than its own.
+fn imports(code: &str, path: &[String], reexports: &BTreeMap<String, String>) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let own = &path[0];
+    let mut add = |name: &str| {
+        let module = reexports.get(name).map_or(name, String::as_str);
+        if module != own && module != "self" && module != "crate" && module != "super" {
+            found.insert(module.to_owned());
+        }
+    };
+    let text = code;
+    let mut at = 0;
+    loop {
+        let next = [text[at..].find("crate::"), text[at..].find("super::")];
+        let Some(n) = next.into_iter().flatten().min() else {
+            break;
+        };
+        let start = at + n;
+        at = start + 1;
+        if start > 0 && text[..start].chars().next_back().is_some_and(is_ident) {
+            continue;
+        }
+        // Climb: `crate::` is the root; each `super::` is one module up.
+        let mut depth = path.len();
+        let mut rest = &text[start..];
+        let mut from_root = false;
+        loop {
+            if let Some(r) = rest.strip_prefix("crate::") {
+                from_root = true;
+                rest = r;
+                break;
+            } else if let Some(r) = rest.strip_prefix("super::") {
+                depth = depth.saturating_sub(1);
+                rest = r;
+            } else {
+                break;
+            }
+        }
+        if !from_root && depth > 0 {
+            continue; // inside its own top-level module
+        }
+        let rest = rest.trim_start();
+        if let Some(group) = rest.strip_prefix('{') {
+            // `crate::{a, b::c, D}`: each item's first segment.
+            let mut level = 0;
+            let mut item = String::new();
+            for c in group.chars() {
+                match c {
+                    '{' => level += 1,
+                    '}' if level == 0 => break,
+                    '}' => level -= 1,
+                    ',' if level == 0 => {
+                        let first: String =
+                            item.trim().chars().take_while(|c| is_ident(*c)).collect();
+                        add(&first);
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+            let first: String = item.trim().chars().take_while(|c| is_ident(*c)).collect();
+            if !first.is_empty() {
+                add(&first);
+            }
+        } else {
+            let first: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+            if !first.is_empty() {
+                add(&first);
+            }
+        }
+    }
+    found
+}
+
+/// Edges between top-level modules: importer → imported, with the files that make each.
+fn graph() -> BTreeMap<(String, String), BTreeSet<String>> {
+    let src = root().join("src");
+    let lib = fs::read_to_string(src.join("lib.rs")).expect("src/lib.rs is readable");
+    let reexports = root_reexports(&lib);
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut edges: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let rel = file.strip_prefix(&src).expect("under src/").to_path_buf();
+        let path = module_path(&rel);
+        if path.is_empty() {
+            continue; // lib.rs: the root declares and re-exports every module
+        }
+        let code = code_only(&fs::read_to_string(&file).expect("a source file is readable"));
+        for to in imports(&code, &path, &reexports) {
+            edges
+                .entry((path[0].clone(), to))
+                .or_default()
+                .insert(rel.display().to_string());
+        }
+    }
+    edges
+}
+
+/// The top-level modules `lib.rs` declares.
+fn declared_modules() -> BTreeSet<String> {
+    let lib = code_only(&fs::read_to_string(root().join("src/lib.rs")).expect("src/lib.rs"));
+    lib.split(';')
+        .filter_map(|stmt| {
+            let words: Vec<&str> = stmt.split_whitespace().collect();
+            let i = words.iter().position(|w| *w == "mod")?;
+            (i + 2 == words.len()).then(|| words[i + 1].to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn every_module_is_in_one_layer() {
+    let mut seen = BTreeMap::new();
+    for (layer, modules) in layers() {
+        for m in modules {
+            if let Some(other) = seen.insert(m.clone(), layer.clone()) {
+                panic!("module {m} is listed in two layers: {other} and {layer}");
+            }
+        }
+    }
+    for m in declared_modules() {
+        if TEXT_ONLY.contains(&m.as_str()) {
+            continue;
+        }
+        assert!(
+            seen.contains_key(&m),
+            "module {m} is in src/lib.rs but in no layer of src/docs/architecture.md"
+        );
+    }
+    for m in seen.keys() {
+        assert!(
+            declared_modules().contains(m),
+            "the architecture chapter lists {m}, which src/lib.rs does not declare"
+        );
+    }
+}
+
+#[test]
+fn no_import_runs_up_a_layer() {
+    let mut level = BTreeMap::new();
+    for (i, (layer, modules)) in layers().into_iter().enumerate() {
+        for m in modules {
+            level.insert(m, (i, layer.clone()));
+        }
+    }
+    let mut up = Vec::new();
+    let mut still_up = BTreeSet::new();
+    for ((from, to), files) in graph() {
+        let (Some(f), Some(t)) = (level.get(&from), level.get(&to)) else {
+            continue; // every_module_is_in_one_layer names it
+        };
+        if t.0 > f.0 && NOT_YET_MOVED.contains(&(from.as_str(), to.as_str())) {
+            still_up.insert((from, to));
+        } else if t.0 > f.0 {
+            up.push(format!(
+                "{from} ({}) imports {to} ({}) in {}",
+                f.1,
+                t.1,
+                files.iter().cloned().collect::<Vec<_>>().join(", ")
+            ));
+        }
+    }
+    assert!(
+        up.is_empty(),
+        "imports that run up a layer:\n{}",
+        up.join("\n")
+    );
+}
+
+#[test]
+fn no_cycle_between_top_level_modules() {
+    let mut edges = graph();
+    edges.retain(|(f, t), _| !NOT_YET_MOVED.contains(&(f.as_str(), t.as_str())));
+    let mut next: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (from, to) in edges.keys() {
+        next.entry(from).or_default().push(to);
+    }
+    // A module is on a cycle when it can reach itself; report each cycle's members once.
+    let mut cycles: BTreeSet<Vec<String>> = BTreeSet::new();
+    for start in next.keys() {
+        let mut stack = vec![*start];
+        let mut reached = BTreeSet::new();
+        while let Some(m) = stack.pop() {
+            for n in next.get(m).into_iter().flatten() {
+                if reached.insert(*n) {
+                    stack.push(n);
+                }
+            }
+        }
+        if reached.contains(start) {
+            let mut members: Vec<String> = reached
+                .iter()
+                .filter(|m| reaches(&next, m, start))
+                .map(|m| m.to_string())
+                .collect();
+            members.sort();
+            cycles.insert(members);
+        }
+    }
+    let described: Vec<String> = cycles
+        .iter()
+        .map(|members| {
+            let inside: Vec<String> = edges
+                .iter()
+                .filter(|((f, t), _)| members.contains(f) && members.contains(t))
+                .map(|((f, t), files)| {
+                    format!(
+                        "  {f} -> {t} ({})",
+                        files.iter().cloned().collect::<Vec<_>>().join(", ")
+                    )
+                })
+                .collect();
+            format!("{}:\n{}", members.join(", "), inside.join("\n"))
+        })
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "import cycles between top-level modules:\n{}",
+        described.join("\n")
+    );
+}
+
+fn reaches(next: &BTreeMap<&str, Vec<&str>>, from: &str, to: &str) -> bool {
+    let mut stack = vec![from];
+    let mut seen = BTreeSet::new();
+    while let Some(m) = stack.pop() {
+        if m == to {
+            return true;
+        }
+        for n in next.get(m).into_iter().flatten() {
+            if seen.insert(*n) {
+                stack.push(n);
+            }
+        }
+    }
+    false
+}
+
+/// The reader itself: comments and strings are not imports, `super::` past the top is, and a
+/// root re-export counts as its module.
+#[test]
+fn the_reader_reads_imports() {
+    let reexports = BTreeMap::from([("Error".to_owned(), "error".to_owned())]);
+    let path = vec!["retry".to_owned(), "future".to_owned()];
+    let code = code_only(
+        "use crate::{classify::X, Error};\n// crate::ledger\n/// [a](crate::outbox)\n\
+         let s = \"crate::inbox\"; let c = '\"'; fn f<'a>(x: &'a u8) {}\n\
+         use super::super::hedge::Y; use super::layer::Z; crate::deadline::current();",
+    );
+    let found = imports(&code, &path, &reexports);
+    let want: BTreeSet<String> = ["classify", "error", "hedge", "deadline"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(found, want);
+}
