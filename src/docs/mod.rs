@@ -4,13 +4,14 @@
 //! 1. [Which outcome states exist](outcomes): succeeded, failed, and *unknown*; and what each
 //!    attempt's class means for the call.
 //! 2. [Who retries](retries): one retry owner per chain, a budget so that an outage is not
-//!    multiplied, and the requests that are never sent twice.
+//!    multiplied, and the requests that are never sent twice; retry amplification and hedging,
+//!    measured.
 //! 3. [What the key means](keys): one idempotency key per logical intent, the same on every
 //!    attempt, and a server that honours it.
 //! 4. [What happens at the deadline](deadlines): one budget per call, carried to every hop; no
 //!    attempt started that cannot finish.
 //! 5. [How to read the records](records): one line per attempt and per call, with the evidence
-//!    for each decision.
+//!    for each decision; the server's events; metrics.
 //! 6. [Across the asynchronous boundary](boundary): which segment of the outbox-to-inbox chain
 //!    is exactly once and which is not, what the outbox promises, order and versions, and what
 //!    to monitor.
