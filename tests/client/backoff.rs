@@ -8,9 +8,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use surely::retry::backoff::{Backoff, BackoffBuilder, Jitter, DEFAULT_CAP, DEFAULT_MULTIPLIER};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::support::time::ms;
 
 fn take(backoff: &Backoff, n: usize) -> Vec<Duration> {
     backoff.iter().take(n).collect()

@@ -14,9 +14,7 @@ use surely::budget::{
 use surely::classify::AttemptClass;
 use tokio::time::advance;
 
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::support::time::secs;
 
 fn ratio(ratio: f64, ttl: Duration, min_per_sec: f64) -> RatioBudget {
     RatioBudget::builder()

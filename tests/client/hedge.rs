@@ -23,12 +23,10 @@ use surely::{Semantics, IDEMPOTENCY_KEY};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 
+use crate::support::time::ms;
+
 type Req = Request<()>;
 type Res = Response<()>;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 // ---- a scripted server ------------------------------------------------------------------------
 

@@ -34,3 +34,11 @@ where
     });
     addr
 }
+
+/// An address on 127.0.0.1 with nothing listening: bound, then closed.
+pub(crate) fn closed_port() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    addr
+}

@@ -19,18 +19,13 @@ use surely::classify::{
 use surely::{Envelope, IntoError, Semantics, IDEMPOTENCY_KEY};
 
 use super::support::{outcome_of, SEMANTICS};
+use crate::support::serve::closed_port;
 
 /// Every network step is bounded: a hung test fails instead of hanging.
 async fn bounded<T>(f: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(5), f)
         .await
         .expect("network I/O on 127.0.0.1 took more than 5s")
-}
-
-/// A port on 127.0.0.1 that nothing listens on.
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 fn request(port: u16, semantics: Semantics) -> http::Request<Full<Bytes>> {
@@ -72,7 +67,7 @@ fn classify(
 
 #[tokio::test]
 async fn refused_connection_is_rejected_not_sent() {
-    let port = closed_port();
+    let port = closed_port().port();
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     for semantics in SEMANTICS {
         let req = request(port, semantics);

@@ -5,27 +5,13 @@ use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use http::{HeaderMap, Request, Response};
 use surely::deadline::Deadline;
-use tower::{service_fn, Service, ServiceExt};
+use tower::{service_fn, Service};
 
-pub(crate) fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-pub(crate) fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// Calls `svc` once, waiting for readiness first.
-pub(crate) async fn call<S, Req>(svc: &mut S, req: Req) -> Result<S::Response, S::Error>
-where
-    S: Service<Req>,
-{
-    svc.ready().await?.call(req).await
-}
+pub(crate) use crate::support::call;
+pub(crate) use crate::support::time::{ms, secs};
 
 /// What an inner service saw of one request.
 #[derive(Clone, Debug)]

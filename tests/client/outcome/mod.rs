@@ -21,13 +21,12 @@ use surely::retry::RetryLayer;
 use surely::{
     CallOutcome, Error, ErrorKind, Outcome, OutcomeExt, Semantics, StopReason, IDEMPOTENCY_KEY,
 };
-use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
+use tower::{service_fn, Layer, Service, ServiceBuilder};
+
+use crate::support::call;
+use crate::support::time::ms;
 
 type Res = Response<String>;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 fn reply(status: u16) -> Res {
     Response::builder()
@@ -61,13 +60,6 @@ fn answers(
         count.fetch_add(1, Ordering::SeqCst);
         async move { Ok(reply(status)) }
     })
-}
-
-async fn call<S>(client: &mut S, req: Request<String>) -> Result<S::Response, S::Error>
-where
-    S: Service<Request<String>>,
-{
-    client.ready().await?.call(req).await
 }
 
 // ---- an HTTP response is not a verdict ------------------------------------------------------

@@ -12,31 +12,18 @@ use http::{Request, Response};
 use surely::deadline::DeadlineLayer;
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::timeout::AttemptTimeoutLayer;
-use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower::{service_fn, Service, ServiceBuilder};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
+pub(crate) use crate::support::call;
+pub(crate) use crate::support::time::{ms, secs};
+
 pub(crate) type Req = Request<String>;
 pub(crate) type Res = Response<String>;
-
-pub(crate) fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-pub(crate) fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// Calls `svc` once, waiting for readiness first.
-pub(crate) async fn call<S, R>(svc: &mut S, req: R) -> Result<S::Response, S::Error>
-where
-    S: Service<R>,
-{
-    svc.ready().await?.call(req).await
-}
 
 pub(crate) fn post(uri: &str) -> Req {
     Request::post(uri).body(String::new()).unwrap()

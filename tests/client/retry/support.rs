@@ -16,20 +16,14 @@ use surely::Envelope;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
+pub(crate) use crate::support::time::{ms, secs};
+
 pub(crate) type Req = Request<String>;
 pub(crate) type Res = Response<String>;
 pub(crate) type Err = surely::Error<io::Error>;
 
 /// The per-try timeout of the canonical stack.
 pub(crate) const PER_TRY: Duration = Duration::from_secs(1);
-
-pub(crate) fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-pub(crate) fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 /// What the transport saw of one request that reached it.
 #[derive(Clone, Debug)]

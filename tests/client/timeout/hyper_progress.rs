@@ -51,7 +51,7 @@ async fn a_tracked_body_is_marked_sent_when_hyper_sends_it() {
 
 #[tokio::test]
 async fn a_refused_connection_leaves_the_body_untouched() {
-    let addr = closed_port().await;
+    let addr = closed_port();
     let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
     let mut svc = AttemptTimeoutLayer::new(secs(60)).unwrap().layer(client);
     let progress = Progress::new();

@@ -11,24 +11,15 @@ use surely::ledger::{
 };
 use surely::record::BusinessKey;
 use surely::retry::{Query, Resolve, Resolving};
-use tower::{Service, ServiceExt};
 
-pub(crate) fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+pub(crate) use crate::support::call;
+pub(crate) use crate::support::time::secs;
 
 /// An order, with its number as the business key.
 pub(crate) fn order(id: &str) -> Request<String> {
     let mut req = Request::post("/orders").body(id.to_owned()).unwrap();
     req.extensions_mut().insert(BusinessKey::new(id));
     req
-}
-
-pub(crate) async fn call<S>(client: &mut S, req: Request<String>) -> Result<S::Response, S::Error>
-where
-    S: Service<Request<String>>,
-{
-    client.ready().await?.call(req).await
 }
 
 /// The client stack with `$recorder` and the resolver `$resolver`, over an order service that

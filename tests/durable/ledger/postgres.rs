@@ -16,6 +16,7 @@ use surely::retry::{NoResolver, Query, Resolution};
 use surely::{Outcome, Semantics, StopReason};
 
 use super::order;
+use crate::support::time::ms;
 
 fn url() -> String {
     std::env::var("SURELY_TEST_POSTGRES_URL")
@@ -76,10 +77,6 @@ async fn wait(d: Duration) {
 fn micros(t: SystemTime) -> SystemTime {
     let since = t.duration_since(UNIX_EPOCH).unwrap();
     UNIX_EPOCH + Duration::from_micros(since.as_micros() as u64)
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
 }
 
 /// An entry with a key, its id `id`.

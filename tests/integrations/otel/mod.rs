@@ -19,7 +19,9 @@ use surely::classify::Outcome;
 use surely::fault::{Fault, FaultLayer, Schedule};
 use surely::hedge::{HedgeDelay, HedgeLayer};
 use surely::record::{InMemoryRecorder, OtelRecorder, TracingRecorder};
-use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower::{service_fn, Service, ServiceBuilder};
+
+use crate::support::call;
 
 mod server;
 
@@ -135,13 +137,6 @@ fn has<'a>(point: impl Iterator<Item = &'a KeyValue>, attrs: &[(&str, &str)]) ->
 fn ok_transport(
 ) -> impl Service<Request<String>, Response = Response<String>, Error = io::Error> + Clone {
     service_fn(|_req: Request<String>| async { Ok(Response::new(String::from("done"))) })
-}
-
-async fn call<S: Service<Request<String>>>(
-    client: &mut S,
-    req: Request<String>,
-) -> Result<S::Response, S::Error> {
-    client.ready().await?.call(req).await
 }
 
 fn post() -> Request<String> {

@@ -22,6 +22,8 @@ use surely::server::store::{
 use tokio::sync::Notify;
 use tower::{service_fn, Layer, Service, ServiceExt};
 
+use crate::support::time::secs;
+
 #[cfg(feature = "postgres")]
 mod disconnect;
 mod events;
@@ -32,10 +34,6 @@ mod scenarios;
 mod support;
 
 use support::{handler, post, reply, send, Req, Seen};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 fn record(key: &str) -> RecordKey {
     RecordKey::new("", "POST /orders", IdempotencyKey::new(key).unwrap())
