@@ -666,7 +666,8 @@ async fn server_side_reset_after_send_closes_the_connection() {
     use bytes::Bytes;
     use http_body_util::{Empty, Full};
     use hyper_util::rt::TokioIo;
-    use hyper_util::service::TowerToHyperService;
+
+    use crate::support::serve::serve;
 
     let commits = Arc::new(AtomicUsize::new(0));
     let counted = commits.clone();
@@ -681,20 +682,8 @@ async fn server_side_reset_after_send_closes_the_connection() {
     });
     let svc = FaultLayer::new(Schedule::new().at(1, Fault::ResetAfterSend)).layer(handler);
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        // Every connection gets a clone: the schedule counts requests across them.
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let svc = TowerToHyperService::new(svc.clone());
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
+    // Every connection gets a clone: the schedule counts requests across them.
+    let addr = serve(svc).await;
 
     let request = || {
         http::Request::post("/orders")
@@ -725,6 +714,4 @@ async fn server_side_reset_after_send_closes_the_connection() {
     let res = sender.send_request(request()).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(commits.load(Ordering::SeqCst), 3);
-
-    server.abort();
 }

@@ -4,50 +4,18 @@
 
 #![cfg(feature = "postgres")]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use surely::idempotency::IdempotencyKey;
 use surely::postgres::{Migrations, Pool};
 use surely::server::store::{Acquire, IdempotencyStore, PostgresStore, RecordKey, RequestDigest};
 
-fn url() -> String {
-    std::env::var("SURELY_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A table name no other test (or run) uses.
-fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}_{}_{}_{nanos}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    )
-}
-
-fn pool() -> Pool {
-    surely::postgres::connect(&url()).unwrap()
-}
+use crate::support::names::unique;
+use crate::support::postgres::{self, pool};
 
 /// Drops `table` and forgets its migrations.
 async fn forget(pool: &Pool, table: &str) {
-    let client = pool
-        .get()
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {} did not answer: {e}", url()));
-    client
-        .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
-        .await
-        .unwrap();
-    client
-        .execute("DELETE FROM surely_migrations WHERE target = $1", &[&table])
-        .await
-        .unwrap();
+    postgres::forget(pool, &[table], &[table]).await;
 }
 
 /// Every component, each in a table of this test's own: the idempotency store's in `table`,
@@ -67,13 +35,17 @@ fn migrations(table: &str) -> Migrations {
 
 /// Drops every table `migrations(table)` made, and forgets their migrations.
 async fn forget_all(pool: &Pool, table: &str) {
-    forget(pool, table).await;
-    forget(pool, &format!("{table}_outbox")).await;
-    forget(pool, &format!("{table}_inbox")).await;
-    forget(pool, &format!("{table}_inbox_versions")).await;
-    // The attempts first: they refer to the entries.
-    forget(pool, &format!("{table}_ledger_attempts")).await;
-    forget(pool, &format!("{table}_ledger")).await;
+    let tables = [
+        table.to_owned(),
+        format!("{table}_outbox"),
+        format!("{table}_inbox"),
+        format!("{table}_inbox_versions"),
+        // The attempts first: they refer to the entries.
+        format!("{table}_ledger_attempts"),
+        format!("{table}_ledger"),
+    ];
+    let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
+    postgres::forget(pool, &tables, &tables).await;
 }
 
 #[tokio::test]
@@ -116,34 +88,22 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
 #[tokio::test]
 async fn tables_in_a_schema_of_their_own_migrate() {
     let pool = pool();
-    let schema = unique("surely_mig_schema");
-    let client = pool
-        .get()
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {} did not answer: {e}", url()));
-    client
-        .batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .await
-        .unwrap();
+    let (client, schema) = postgres::schema(
+        &pool,
+        "tables_in_a_schema_of_their_own_migrate",
+        "surely_mig_schema",
+    )
+    .await;
     let table = format!("{schema}.calls");
     let applied = migrations(&table).run(&pool).await;
-    let forget = async {
-        client
-            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-            .await
-            .unwrap();
-        for t in [
-            table.clone(),
-            format!("{table}_outbox"),
-            format!("{table}_inbox"),
-            format!("{table}_ledger"),
-        ] {
-            client
-                .execute("DELETE FROM surely_migrations WHERE target = $1", &[&t])
-                .await
-                .unwrap();
-        }
-    };
+    let targets = [
+        table.clone(),
+        format!("{table}_outbox"),
+        format!("{table}_inbox"),
+        format!("{table}_ledger"),
+    ];
+    let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
+    let forget = postgres::forget_schema(&client, &schema, &targets);
     let applied = match applied {
         Ok(applied) => {
             forget.await;

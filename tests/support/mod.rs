@@ -1,6 +1,11 @@
 //! Helpers shared by every test binary (`#[path = "../support/mod.rs"] mod support;`): a
 //! binary that uses only some of them allows the rest to go unused.
 
+pub(crate) mod names;
+#[cfg(feature = "nats")]
+pub(crate) mod nats;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod serve;
 pub(crate) mod time;
 

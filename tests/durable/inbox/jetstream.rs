@@ -4,22 +4,16 @@
 //! before acknowledging; in every case the stock changes once. Real time, short waits on the
 //! broker's redelivery timer.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use surely::inbox::{PostgresInbox, Processed, Versions};
-use surely::outbox::async_nats::jetstream::{self, consumer, stream};
+use surely::outbox::async_nats::jetstream::{self, consumer};
 use surely::outbox::{Event, EventId, JetStreamPublisher, OutboxStore, PostgresOutbox, Relay};
 use tokio_stream::StreamExt;
 
-fn pg_url() -> String {
-    std::env::var("SURELY_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-fn nats_url() -> String {
-    std::env::var("SURELY_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
-}
+use super::{forget_outbox_and_inbox, outbox_and_inbox};
+use crate::support::names::suffix;
+use crate::support::nats;
 
 /// Everything one test needs, in names of its own.
 struct World {
@@ -35,28 +29,8 @@ const ACK_WAIT: Duration = Duration::from_secs(1);
 
 impl World {
     async fn new(test: &str) -> World {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let s = format!(
-            "{}_{}_{nanos}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        );
-        let pool = surely::postgres::connect(&pg_url()).unwrap();
-        let outbox = PostgresOutbox::new(pool.clone())
-            .with_table(&format!("surely_e2e_outbox_{s}"))
-            .unwrap();
-        let inbox = PostgresInbox::new(pool.clone())
-            .with_table(&format!("surely_e2e_inbox_{s}"))
-            .unwrap();
-        outbox
-            .migrate()
-            .await
-            .unwrap_or_else(|e| panic!("{test}: PostgreSQL at {} did not answer: {e}", pg_url()));
-        inbox.migrate().await.unwrap();
+        let s = suffix();
+        let (pool, outbox, inbox) = outbox_and_inbox(test, "surely_e2e", &s).await;
         let stock = format!("surely_e2e_stock_{s}");
         pool.get()
             .await
@@ -68,20 +42,9 @@ impl World {
             ))
             .await
             .unwrap();
-        let client = surely::outbox::async_nats::connect(nats_url())
-            .await
-            .unwrap_or_else(|e| panic!("{test}: NATS at {} did not answer: {e}", nats_url()));
-        let js = jetstream::new(client);
+        let js = nats::jetstream(test).await;
         let name = format!("surely_e2e_{s}");
-        let st = js
-            .create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![format!("{name}.>")],
-                duplicate_window: Duration::from_secs(120),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        let st = nats::stream(&js, test, &name).await;
         let consumer = st
             .create_consumer(consumer::pull::Config {
                 durable_name: Some("inventory".to_owned()),
@@ -177,21 +140,8 @@ impl World {
     }
 
     async fn forget(self) {
-        let client = self.outbox.pool().get().await.unwrap();
-        let (o, i, s) = (self.outbox.table(), self.inbox.table(), &self.stock);
-        client
-            .batch_execute(&format!(
-                "DROP TABLE IF EXISTS {o}; DROP TABLE IF EXISTS {i}; DROP TABLE IF EXISTS {i}_versions;
-                 DROP TABLE IF EXISTS {s}; DROP TABLE IF EXISTS {s}_orders;"
-            ))
-            .await
-            .unwrap();
-        for t in [o, i] {
-            client
-                .execute("DELETE FROM surely_migrations WHERE target = $1", &[&t])
-                .await
-                .unwrap();
-        }
+        let s = &self.stock;
+        forget_outbox_and_inbox(&self.outbox, &self.inbox, &[s, &format!("{s}_orders")]).await;
         self.js.delete_stream(&self.stream).await.unwrap();
     }
 }

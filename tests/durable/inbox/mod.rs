@@ -28,6 +28,50 @@ pub(crate) fn stock_event(sku: &str, version: i64) -> Event {
     .unwrap()
 }
 
+/// The end-to-end runs' (`jetstream`, `soak`) outbox and inbox, in tables
+/// `<prefix>_outbox_<s>` and `<prefix>_inbox_<s>` of the test server, migrated; fails `test`,
+/// naming the server, if it does not answer.
+#[cfg(all(feature = "postgres", feature = "nats"))]
+async fn outbox_and_inbox(
+    test: &str,
+    prefix: &str,
+    s: &str,
+) -> (
+    surely::postgres::Pool,
+    surely::outbox::PostgresOutbox,
+    surely::inbox::PostgresInbox,
+) {
+    use crate::support::postgres;
+
+    let pool = postgres::pool();
+    let outbox = surely::outbox::PostgresOutbox::new(pool.clone())
+        .with_table(&format!("{prefix}_outbox_{s}"))
+        .unwrap();
+    let inbox = surely::inbox::PostgresInbox::new(pool.clone())
+        .with_table(&format!("{prefix}_inbox_{s}"))
+        .unwrap();
+    outbox
+        .migrate()
+        .await
+        .unwrap_or_else(|e| postgres::did_not_answer(test, e));
+    inbox.migrate().await.unwrap();
+    (pool, outbox, inbox)
+}
+
+/// Drops the tables of [`outbox_and_inbox`], then `others`, and forgets their migrations.
+#[cfg(all(feature = "postgres", feature = "nats"))]
+async fn forget_outbox_and_inbox(
+    outbox: &surely::outbox::PostgresOutbox,
+    inbox: &surely::inbox::PostgresInbox,
+    others: &[&str],
+) {
+    let (o, i) = (outbox.table(), inbox.table());
+    let versions = format!("{i}_versions");
+    let mut tables = vec![o, i, &versions];
+    tables.extend_from_slice(others);
+    crate::support::postgres::forget(outbox.pool(), &tables, &[o, i]).await;
+}
+
 async fn apply(
     inbox: &MemoryInbox,
     event: &Event,

@@ -1,39 +1,23 @@
 //! The PostgreSQL inbox, with a business table beside it: the stock changes once per event,
 //! in the same transaction as the record.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use surely::inbox::{Begin, PostgresInbox, Processed, Versions};
 use surely::outbox::Event;
 
 use super::stock_event;
-
-fn url() -> String {
-    std::env::var("SURELY_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
+use crate::support::names::suffix;
+use crate::support::postgres::{self, did_not_answer, pool};
 
 /// An inbox and a stock table of this test's own, with `sku-42` at 100.
 async fn inbox(test: &str) -> (PostgresInbox, String) {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let suffix = format!(
-        "{}_{}_{nanos}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    );
-    let pool = surely::postgres::connect(&url()).unwrap();
-    let inbox = PostgresInbox::new(pool)
+    let suffix = suffix();
+    let inbox = PostgresInbox::new(pool())
         .with_table(&format!("surely_inbox_t{suffix}"))
         .unwrap();
     inbox
         .migrate()
         .await
-        .unwrap_or_else(|e| panic!("{test}: PostgreSQL at {} did not answer: {e}", url()));
+        .unwrap_or_else(|e| did_not_answer(test, e));
     let stock = format!("surely_stock_t{suffix}");
     inbox
         .pool()
@@ -50,18 +34,8 @@ async fn inbox(test: &str) -> (PostgresInbox, String) {
 }
 
 async fn forget(inbox: &PostgresInbox, stock: &str) {
-    let client = inbox.pool().get().await.unwrap();
     let t = inbox.table();
-    client
-        .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {t}; DROP TABLE IF EXISTS {t}_versions; DROP TABLE IF EXISTS {stock};"
-        ))
-        .await
-        .unwrap();
-    client
-        .execute("DELETE FROM surely_migrations WHERE target = $1", &[&t])
-        .await
-        .unwrap();
+    postgres::forget(inbox.pool(), &[t, &format!("{t}_versions"), stock], &[t]).await;
 }
 
 /// One delivery: reserve one unit, in one transaction with the record; commit (or not).

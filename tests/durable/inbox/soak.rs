@@ -22,13 +22,13 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
 use surely::inbox::{Begin, PostgresInbox, Processed, Versions};
-use surely::outbox::async_nats::jetstream::{self, consumer, stream, AckKind};
+use surely::outbox::async_nats::jetstream::{self, consumer, AckKind};
 use surely::outbox::{
     Claimed, Event, EventId, Failed, JetStreamPublisher, OutboxError, OutboxStats, OutboxStore,
     PostgresOutbox, Relay,
@@ -37,6 +37,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio_stream::StreamExt;
 use tower::Service;
+
+use super::{forget_outbox_and_inbox, outbox_and_inbox};
+use crate::support::names::suffix;
+use crate::support::{nats, postgres};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -67,15 +71,6 @@ const DEADLINE: Duration = Duration::from_secs(120);
 /// The consumer's name in the inbox.
 const CONSUMER: &str = "soak";
 
-fn pg_url() -> String {
-    std::env::var("SURELY_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-fn nats_url() -> String {
-    std::env::var("SURELY_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
-}
-
 /// The seed of the crash plan: `SURELY_SOAK_SEED`, or a fresh one.
 fn seed() -> u64 {
     match std::env::var("SURELY_SOAK_SEED") {
@@ -102,23 +97,8 @@ struct World {
 
 impl World {
     async fn new() -> World {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let s = format!("{}_{nanos}", std::process::id());
-        let pool = surely::postgres::connect(&pg_url()).unwrap();
-        let outbox = PostgresOutbox::new(pool.clone())
-            .with_table(&format!("surely_soak_outbox_{s}"))
-            .unwrap();
-        let inbox = PostgresInbox::new(pool.clone())
-            .with_table(&format!("surely_soak_inbox_{s}"))
-            .unwrap();
-        outbox
-            .migrate()
-            .await
-            .unwrap_or_else(|e| panic!("soak: PostgreSQL at {} did not answer: {e}", pg_url()));
-        inbox.migrate().await.unwrap();
+        let s = suffix();
+        let (pool, outbox, inbox) = outbox_and_inbox("soak", "surely_soak", &s).await;
         let orders = format!("surely_soak_orders_{s}");
         let effects = format!("surely_soak_effects_{s}");
         pool.get()
@@ -139,20 +119,9 @@ impl World {
             ))
             .await
             .unwrap();
-        let client = surely::outbox::async_nats::connect(nats_url())
-            .await
-            .unwrap_or_else(|e| panic!("soak: NATS at {} did not answer: {e}", nats_url()));
-        let js = jetstream::new(client);
+        let js = nats::jetstream("soak").await;
         let name = format!("surely_soak_{s}");
-        let st = js
-            .create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![format!("{name}.>")],
-                duplicate_window: Duration::from_secs(120),
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("soak: JetStream at {} refused a stream: {e}", nats_url()));
+        let st = nats::stream(&js, "soak", &name).await;
         let consumer = st
             .create_consumer(consumer::pull::Config {
                 durable_name: Some(CONSUMER.to_owned()),
@@ -218,22 +187,7 @@ impl World {
 
     /// Drops the tables and the stream.
     async fn forget(&self) {
-        let client = self.outbox.pool().get().await.unwrap();
-        let (o, i) = (self.outbox.table(), self.inbox.table());
-        client
-            .batch_execute(&format!(
-                "DROP TABLE IF EXISTS {o}; DROP TABLE IF EXISTS {i}; DROP TABLE IF EXISTS {i}_versions;
-                 DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {};",
-                self.orders, self.effects
-            ))
-            .await
-            .unwrap();
-        for t in [o, i] {
-            client
-                .execute("DELETE FROM surely_migrations WHERE target = $1", &[&t])
-                .await
-                .unwrap();
-        }
+        forget_outbox_and_inbox(&self.outbox, &self.inbox, &[&self.orders, &self.effects]).await;
         self.js.delete_stream(&self.stream).await.unwrap();
     }
 }
@@ -996,8 +950,8 @@ async fn soak_ten_thousand_events_with_crashes_apply_each_effect_once() {
             .unwrap_or_else(|_| {
                 panic!(
                     "soak: PostgreSQL at {} or NATS at {} did not answer within 30 s",
-                    pg_url(),
-                    nats_url()
+                    postgres::url(),
+                    nats::url()
                 )
             }),
     );

@@ -4,7 +4,6 @@
 //! local server (or `SURELY_TEST_POSTGRES_URL`), and the tests fail if it does not answer.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use surely::classify::{AttemptClass, DeliveryPhase};
@@ -16,56 +15,25 @@ use surely::retry::{NoResolver, Query, Resolution};
 use surely::{Outcome, Semantics, StopReason};
 
 use super::order;
+use crate::support::names::unique;
+use crate::support::postgres::{self, did_not_answer};
 use crate::support::time::ms;
-
-fn url() -> String {
-    std::env::var("SURELY_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A name no other test (or run) uses.
-fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}_{}_{}_{nanos}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    )
-}
 
 /// A ledger in a table of its own, migrated; dropped (with its migration records) by `forget`.
 async fn ledger(test: &str) -> PostgresLedger {
-    let pool = surely::postgres::connect(&url()).unwrap();
-    let ledger = PostgresLedger::new(pool)
+    let ledger = PostgresLedger::new(postgres::pool())
         .with_table(&unique("surely_ledger_t"))
         .unwrap();
     ledger
         .migrate()
         .await
-        .unwrap_or_else(|e| panic!("{test}: PostgreSQL at {} did not answer: {e}", url()));
+        .unwrap_or_else(|e| did_not_answer(test, e));
     ledger
 }
 
 async fn forget(ledger: &PostgresLedger) {
-    let client = ledger.pool().get().await.unwrap();
-    client
-        .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {t}_attempts; DROP TABLE IF EXISTS {t}",
-            t = ledger.table()
-        ))
-        .await
-        .unwrap();
-    client
-        .execute(
-            "DELETE FROM surely_migrations WHERE target = $1",
-            &[&ledger.table()],
-        )
-        .await
-        .unwrap();
+    let t = ledger.table();
+    postgres::forget(ledger.pool(), &[&format!("{t}_attempts"), t], &[t]).await;
 }
 
 /// Runs the database's clock past `d` (and a little more).
@@ -594,16 +562,13 @@ async fn pg_an_unknown_call_is_recorded_and_reconciled() {
 /// A table in a schema of its own: the migration names its indexes without the schema.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_a_schema_qualified_table_migrates_and_works() {
-    let pool = surely::postgres::connect(&url()).unwrap();
-    let schema = unique("surely_ledger_s");
-    let client = pool
-        .get()
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {} did not answer: {e}", url()));
-    client
-        .batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .await
-        .unwrap();
+    let pool = postgres::pool();
+    let (client, schema) = postgres::schema(
+        &pool,
+        "pg_a_schema_qualified_table_migrates_and_works",
+        "surely_ledger_s",
+    )
+    .await;
     let table = format!("{schema}.unknown_calls");
     let ledger = PostgresLedger::new(pool.clone())
         .with_table(&table)
@@ -612,21 +577,14 @@ async fn pg_a_schema_qualified_table_migrates_and_works() {
     let e = full_evidence("unk-s");
     assert!(ledger.record(&e).await.unwrap());
     assert_eq!(ledger.by_key("o-1").await.unwrap()[0].evidence, e);
-    client
-        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-        .await
-        .unwrap();
-    client
-        .execute("DELETE FROM surely_migrations WHERE target = $1", &[&table])
-        .await
-        .unwrap();
+    postgres::forget_schema(&client, &schema, &[&table]).await;
 }
 
 /// A ledger whose table is missing, or whose database cannot be reached, answers errors; a
 /// table name that is not an identifier is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_a_missing_table_or_database_is_an_error_not_a_panic() {
-    let pool = surely::postgres::connect(&url()).unwrap();
+    let pool = postgres::pool();
     let missing = PostgresLedger::new(pool)
         .with_table(&unique("surely_ledger_missing"))
         .unwrap();
@@ -651,7 +609,7 @@ async fn pg_a_missing_table_or_database_is_an_error_not_a_panic() {
     assert!(down.migrate().await.is_err());
 
     for bad in ["bad; drop", "", "Ledger", "a.b.c", "1st", "x\"y"] {
-        let pool = surely::postgres::connect(&url()).unwrap();
+        let pool = postgres::pool();
         assert!(PostgresLedger::new(pool).with_table(bad).is_err(), "{bad}");
     }
 }

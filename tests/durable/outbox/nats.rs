@@ -2,44 +2,22 @@
 //! default `nats://127.0.0.1:4222`; the tests fail if it does not answer). Real time, short
 //! waits: the broker's clock and timers are its own.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use surely::outbox::async_nats::jetstream::{self, stream};
+use surely::outbox::async_nats::jetstream;
 use surely::outbox::{JetStreamPublisher, MemoryOutbox, OutboxStore, Relay};
 use tokio_stream::StreamExt;
 use tower::{Service, ServiceExt};
 
 use super::event;
-
-fn url() -> String {
-    std::env::var("SURELY_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
-}
+use crate::support::names::suffix;
+use crate::support::nats;
 
 /// A stream of this test's own, on subjects `<name>.>`; deleted by the caller.
 async fn stream(test: &str) -> (jetstream::Context, String) {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let name = format!(
-        "surely_{}_{}_{nanos}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    );
-    let client = surely::outbox::async_nats::connect(url())
-        .await
-        .unwrap_or_else(|e| panic!("{test}: NATS at {} did not answer: {e}", url()));
-    let js = jetstream::new(client);
-    js.create_stream(stream::Config {
-        name: name.clone(),
-        subjects: vec![format!("{name}.>")],
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{test}: JetStream at {} refused a stream: {e}", url()));
+    let name = format!("surely_{}", suffix());
+    let js = nats::jetstream(test).await;
+    nats::stream(&js, test, &name).await;
     (js, name)
 }
 

@@ -2,52 +2,27 @@
 //! gives: events that commit or roll back with the business write, and relays racing over one
 //! table without taking an event twice.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use surely::outbox::{Event, OutboxStore, PostgresOutbox, Relay};
 
 use super::{event, Bus};
-
-fn url() -> String {
-    std::env::var("SURELY_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
+use crate::support::names::suffix;
+use crate::support::postgres::{self, did_not_answer, pool, url};
 
 /// An outbox in a table of its own, migrated; dropped (with its migration records) by `forget`.
 async fn outbox(test: &str) -> PostgresOutbox {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let table = format!(
-        "surely_outbox_t{}_{}_{nanos}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    );
-    let pool = surely::postgres::connect(&url()).unwrap();
-    let outbox = PostgresOutbox::new(pool).with_table(&table).unwrap();
+    let table = format!("surely_outbox_t{}", suffix());
+    let outbox = PostgresOutbox::new(pool()).with_table(&table).unwrap();
     outbox
         .migrate()
         .await
-        .unwrap_or_else(|e| panic!("{test}: PostgreSQL at {} did not answer: {e}", url()));
+        .unwrap_or_else(|e| did_not_answer(test, e));
     outbox
 }
 
 async fn forget(outbox: &PostgresOutbox) {
-    let client = outbox.pool().get().await.unwrap();
-    client
-        .batch_execute(&format!("DROP TABLE IF EXISTS {}", outbox.table()))
-        .await
-        .unwrap();
-    client
-        .execute(
-            "DELETE FROM surely_migrations WHERE target = $1",
-            &[&outbox.table()],
-        )
-        .await
-        .unwrap();
+    postgres::forget(outbox.pool(), &[outbox.table()], &[outbox.table()]).await;
 }
 
 /// Enqueues `events` in one transaction, committed or not.

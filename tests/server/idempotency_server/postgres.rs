@@ -8,9 +8,8 @@
 //! a second, and every wait is bounded.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use http::StatusCode;
 use surely::server::idempotency::{IdempotencyLayer, Ticket};
@@ -22,38 +21,21 @@ use tower::{service_fn, Layer};
 
 use super::support::{handler, post, reply, send, Req, Seen};
 use super::{record, scenarios};
-
-const VAR: &str = "SURELY_TEST_POSTGRES_URL";
-/// The local server of every development and CI machine.
-const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-/// The server the tests use.
-fn url() -> String {
-    std::env::var(VAR).unwrap_or_else(|_| DEFAULT_URL.to_owned())
-}
+use crate::support::names::suffix;
+use crate::support::postgres::{did_not_answer, forget, url};
 
 /// A migrated store in a fresh table; panics, naming the server, if it does not answer.
 async fn store(test: &str) -> Db {
-    let url = url();
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let suffix = format!(
-        "{}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst),
-        nanos
-    );
+    let suffix = suffix();
     let table = format!("surely_idem_t{suffix}");
-    let store = PostgresStore::connect(&url)
+    let store = PostgresStore::connect(&url())
         .unwrap()
         .with_table(&table)
         .unwrap();
-    store.migrate().await.unwrap_or_else(|e| {
-        panic!("{test}: PostgreSQL at {url} (set {VAR} to use another) did not answer: {e}")
-    });
+    store
+        .migrate()
+        .await
+        .unwrap_or_else(|e| did_not_answer(test, e));
     // Migrating twice is harmless.
     store.migrate().await.unwrap();
     Db {
@@ -71,22 +53,13 @@ struct Db {
 
 impl Db {
     async fn drop_tables(self) {
-        let client = self.store.pool().get().await.unwrap();
-        client
-            .batch_execute(&format!(
-                "DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {};",
-                self.table, self.orders
-            ))
-            .await
-            .unwrap();
         // And the record of its migrations.
-        client
-            .execute(
-                "DELETE FROM surely_migrations WHERE target = $1",
-                &[&self.table],
-            )
-            .await
-            .unwrap();
+        forget(
+            self.store.pool(),
+            &[&self.table, &self.orders],
+            &[&self.table],
+        )
+        .await;
     }
 
     async fn order_rows(&self) -> i64 {
