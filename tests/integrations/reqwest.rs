@@ -1,5 +1,5 @@
 //! The retry decision matrix over reqwest (feature `reqwest`): the same cells as
-//! `tests/decision_matrix`, with a `reqwest::Client` as the transport of the
+//! `tests/client/decision_matrix.rs`, with a `reqwest::Client` as the transport of the
 //! `surely::client::http()` stack, against a real hyper server on 127.0.0.1 with the fault
 //! layer. Paused time: every socket is on loopback in this one thread, so the clock moves only
 //! when nothing can run, and a timeout fires only when it is due.

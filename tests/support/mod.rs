@@ -1,4 +1,4 @@
-//! Helpers shared by every test binary (`#[path = "../support/mod.rs"] mod support;`): a
+//! Helpers shared by the test binaries (`#[path = "../support/mod.rs"] mod support;`): a
 //! binary that uses only some of them allows the rest to go unused.
 
 pub(crate) mod names;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use surely::outbox::async_nats::jetstream::{self, stream};
 
 /// The variable that names the server.
-pub(crate) const VAR: &str = "SURELY_TEST_NATS_URL";
+const VAR: &str = "SURELY_TEST_NATS_URL";
 /// The local server of every development and CI machine.
-pub(crate) const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
+const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
 
 /// The server the tests use.
 pub(crate) fn url() -> String {

@@ -12,9 +12,9 @@ use surely::postgres::Pool;
 use super::names::unique;
 
 /// The variable that names the server.
-pub(crate) const VAR: &str = "SURELY_TEST_POSTGRES_URL";
+const VAR: &str = "SURELY_TEST_POSTGRES_URL";
 /// The local server of every development and CI machine.
-pub(crate) const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
 /// The server the tests use.
 pub(crate) fn url() -> String {
@@ -35,7 +35,7 @@ pub(crate) fn did_not_answer(test: &str, e: impl Display) -> ! {
 }
 
 /// A connection from `pool`; fails `test`, naming the server, if it does not answer.
-pub(crate) async fn client(pool: &Pool, test: &str) -> Object {
+async fn client(pool: &Pool, test: &str) -> Object {
     pool.get().await.unwrap_or_else(|e| did_not_answer(test, e))
 }
 
