@@ -1,0 +1,204 @@
+//! The PostgreSQL inbox, with a business table beside it: the stock changes once per event,
+//! in the same transaction as the record.
+
+use surely::inbox::{Begin, PostgresInbox, Processed, Versions};
+use surely::outbox::Event;
+
+use super::stock_event;
+use crate::support::names::suffix;
+use crate::support::postgres::{self, did_not_answer, pool};
+
+/// An inbox and a stock table of this test's own, with `sku-42` at 100.
+async fn inbox(test: &str) -> (PostgresInbox, String) {
+    let suffix = suffix();
+    let inbox = PostgresInbox::new(pool())
+        .with_table(&format!("surely_inbox_t{suffix}"))
+        .unwrap();
+    inbox
+        .migrate()
+        .await
+        .unwrap_or_else(|e| did_not_answer(test, e));
+    let stock = format!("surely_stock_t{suffix}");
+    inbox
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .batch_execute(&format!(
+            "CREATE TABLE {stock} (sku text PRIMARY KEY, qty bigint NOT NULL);
+             INSERT INTO {stock} VALUES ('sku-42', 100);"
+        ))
+        .await
+        .unwrap();
+    (inbox, stock)
+}
+
+async fn forget(inbox: &PostgresInbox, stock: &str) {
+    let t = inbox.table();
+    postgres::forget(inbox.pool(), &[t, &format!("{t}_versions"), stock], &[t]).await;
+}
+
+/// One delivery: reserve one unit, in one transaction with the record; commit (or not).
+async fn deliver(
+    inbox: &PostgresInbox,
+    stock: &str,
+    event: &Event,
+    versions: Versions,
+    commit: bool,
+) -> Processed {
+    let mut client = inbox.pool().get().await.unwrap();
+    let txn = client.transaction().await.unwrap();
+    let sql = format!("UPDATE {stock} SET qty = qty - 1 WHERE sku = 'sku-42'");
+    let processed = inbox
+        .process(&txn, "inventory", event, versions, move |txn| {
+            Box::pin(async move {
+                txn.execute(&sql, &[]).await?;
+                Ok::<_, tokio_postgres::Error>("reserved".into())
+            })
+        })
+        .await
+        .unwrap();
+    if commit {
+        txn.commit().await.unwrap();
+    } else {
+        txn.rollback().await.unwrap();
+    }
+    processed
+}
+
+async fn qty(inbox: &PostgresInbox, stock: &str) -> i64 {
+    inbox
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .query_one(
+            &format!("SELECT qty FROM {stock} WHERE sku = 'sku-42'"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// The consumer commits, then crashes before it acknowledges: the redelivery is a duplicate,
+/// and the stock changed once.
+#[tokio::test]
+async fn pg_a_redelivery_after_commit_changes_nothing() {
+    let (inbox, stock) = inbox("pg_a_redelivery_after_commit_changes_nothing").await;
+    let e = stock_event("sku-42", 1);
+    assert_eq!(
+        deliver(&inbox, &stock, &e, Versions::Any, true).await,
+        Processed::Applied("reserved".into())
+    );
+    assert_eq!(
+        deliver(&inbox, &stock, &e, Versions::Any, true).await,
+        Processed::Duplicate("reserved".into())
+    );
+    assert_eq!(qty(&inbox, &stock).await, 99);
+    assert_eq!(inbox.stats().duplicates, 1);
+    forget(&inbox, &stock).await;
+}
+
+/// The consumer crashes before it commits: nothing is recorded, and the redelivery applies.
+#[tokio::test]
+async fn pg_a_rolled_back_delivery_leaves_the_event_to_its_redelivery() {
+    let (inbox, stock) =
+        inbox("pg_a_rolled_back_delivery_leaves_the_event_to_its_redelivery").await;
+    let e = stock_event("sku-42", 1);
+    assert!(matches!(
+        deliver(&inbox, &stock, &e, Versions::Any, false).await,
+        Processed::Applied(_)
+    ));
+    assert_eq!(qty(&inbox, &stock).await, 100);
+    assert!(matches!(
+        deliver(&inbox, &stock, &e, Versions::Any, true).await,
+        Processed::Applied(_)
+    ));
+    assert_eq!(qty(&inbox, &stock).await, 99);
+    forget(&inbox, &stock).await;
+}
+
+#[tokio::test]
+async fn pg_versions_in_order_and_latest() {
+    let (inbox, stock) = inbox("pg_versions_in_order_and_latest").await;
+    let (v7, v8, v9) = (
+        stock_event("sku-42", 7),
+        stock_event("sku-42", 8),
+        stock_event("sku-42", 9),
+    );
+    assert!(matches!(
+        deliver(&inbox, &stock, &v7, Versions::InOrder, true).await,
+        Processed::Applied(_)
+    ));
+    assert_eq!(
+        deliver(&inbox, &stock, &v9, Versions::InOrder, true).await,
+        Processed::Parked { applied: 7 }
+    );
+    assert!(matches!(
+        deliver(&inbox, &stock, &v8, Versions::InOrder, true).await,
+        Processed::Applied(_)
+    ));
+    assert!(matches!(
+        deliver(&inbox, &stock, &v9, Versions::InOrder, true).await,
+        Processed::Applied(_)
+    ));
+    assert!(matches!(
+        deliver(&inbox, &stock, &v8, Versions::InOrder, true).await,
+        Processed::Duplicate(_)
+    ));
+    assert_eq!(qty(&inbox, &stock).await, 97, "7, 8 and 9 once each");
+    // State-based, on another aggregate: 9 then 8.
+    let (s8, s9) = (stock_event("sku-7", 8), stock_event("sku-7", 9));
+    assert!(matches!(
+        deliver(&inbox, &stock, &s9, Versions::Latest, true).await,
+        Processed::Applied(_)
+    ));
+    assert_eq!(
+        deliver(&inbox, &stock, &s8, Versions::Latest, true).await,
+        Processed::Stale { applied: 9 }
+    );
+    assert_eq!(
+        deliver(&inbox, &stock, &s8, Versions::Latest, true).await,
+        Processed::Duplicate(bytes::Bytes::new())
+    );
+    forget(&inbox, &stock).await;
+}
+
+/// Two deliveries of one event at once: the second waits for the first's transaction, then
+/// finds its record. The handler ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_two_deliveries_at_once_apply_once() {
+    let (inbox, stock) = inbox("pg_two_deliveries_at_once_apply_once").await;
+    let e = stock_event("sku-42", 1);
+    let mut first_client = inbox.pool().get().await.unwrap();
+    let first = first_client.transaction().await.unwrap();
+    let Begin::Fresh(ticket) = inbox
+        .begin(&first, "inventory", &e, Versions::Any)
+        .await
+        .unwrap()
+    else {
+        panic!("the first delivery is fresh");
+    };
+    let second = {
+        let (inbox, stock, e) = (inbox.clone(), stock.clone(), e.clone());
+        tokio::spawn(async move { deliver(&inbox, &stock, &e, Versions::Any, true).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        !second.is_finished(),
+        "the second waits for the first's transaction"
+    );
+    first
+        .execute(
+            &format!("UPDATE {stock} SET qty = qty - 1 WHERE sku = 'sku-42'"),
+            &[],
+        )
+        .await
+        .unwrap();
+    inbox.finish(&first, ticket, "first".into()).await.unwrap();
+    first.commit().await.unwrap();
+    assert_eq!(second.await.unwrap(), Processed::Duplicate("first".into()));
+    assert_eq!(qty(&inbox, &stock).await, 99);
+    forget(&inbox, &stock).await;
+}

@@ -1,0 +1,240 @@
+//! The crate's one way of talking to PostgreSQL: versioned migrations, run with one call, each
+//! applied once, recorded, and rolled back whole when one fails. Against the machine's local
+//! server (or `SURELY_TEST_POSTGRES_URL`); the tests fail if it does not answer.
+
+#![cfg(feature = "postgres")]
+
+use std::time::Duration;
+
+use surely::idempotency::IdempotencyKey;
+use surely::postgres::{Migrations, Pool};
+use surely::server::store::{Acquire, IdempotencyStore, PostgresStore, RecordKey, RequestDigest};
+
+use crate::support::names::unique;
+use crate::support::postgres::{self, pool};
+
+/// Drops `table` and forgets its migrations.
+async fn forget(pool: &Pool, table: &str) {
+    postgres::forget(pool, &[table], &[table]).await;
+}
+
+/// Every component, each in a table of this test's own: the idempotency store's in `table`,
+/// the outbox's in `table_outbox`, the inbox's in `table_inbox`, the ledger's in
+/// `table_ledger`.
+fn migrations(table: &str) -> Migrations {
+    Migrations::new()
+        .idempotency_table(table)
+        .unwrap()
+        .outbox_table(&format!("{table}_outbox"))
+        .unwrap()
+        .inbox_table(&format!("{table}_inbox"))
+        .unwrap()
+        .ledger_table(&format!("{table}_ledger"))
+        .unwrap()
+}
+
+/// Drops every table `migrations(table)` made, and forgets their migrations.
+async fn forget_all(pool: &Pool, table: &str) {
+    let tables = [
+        table.to_owned(),
+        format!("{table}_outbox"),
+        format!("{table}_inbox"),
+        format!("{table}_inbox_versions"),
+        // The attempts first: they refer to the entries.
+        format!("{table}_ledger_attempts"),
+        format!("{table}_ledger"),
+    ];
+    let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
+    postgres::forget(pool, &tables, &tables).await;
+}
+
+#[tokio::test]
+async fn migrations_apply_once_in_order_and_are_recorded() {
+    let pool = pool();
+    let table = unique("surely_mig_once");
+    let migrations = migrations(&table);
+    let applied = migrations.run(&pool).await.unwrap();
+    let steps: Vec<String> = applied.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        steps,
+        [
+            format!("idempotency {table} v1 (records)"),
+            format!("idempotency {table} v2 (acquired_at)"),
+            format!("outbox {table}_outbox v1 (events)"),
+            format!("outbox {table}_outbox v2 (quarantined index)"),
+            format!("inbox {table}_inbox v1 (events and versions)"),
+            format!("ledger {table}_ledger v1 (entries and attempts)"),
+        ]
+    );
+    // Again: nothing to do.
+    assert!(migrations.run(&pool).await.unwrap().is_empty());
+    // The store over it works.
+    let store = PostgresStore::new(pool.clone()).with_table(&table).unwrap();
+    let key = RecordKey::new("t", "POST /orders", IdempotencyKey::new("k-1").unwrap());
+    let digest = RequestDigest::of(b"o");
+    assert!(matches!(
+        store
+            .acquire(&key, &digest, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        Acquire::Owner(_)
+    ));
+    assert_eq!(store.stuck(Duration::ZERO, 10).await.unwrap().len(), 1);
+    forget_all(&pool, &table).await;
+}
+
+/// Tables in a schema of their own (`billing.idempotency`): every component migrates, and its
+/// indexes are named without the schema, which PostgreSQL refuses in an index's name.
+#[tokio::test]
+async fn tables_in_a_schema_of_their_own_migrate() {
+    let pool = pool();
+    let (client, schema) = postgres::schema(
+        &pool,
+        "tables_in_a_schema_of_their_own_migrate",
+        "surely_mig_schema",
+    )
+    .await;
+    let table = format!("{schema}.calls");
+    let applied = migrations(&table).run(&pool).await;
+    let targets = [
+        table.clone(),
+        format!("{table}_outbox"),
+        format!("{table}_inbox"),
+        format!("{table}_ledger"),
+    ];
+    let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
+    let forget = postgres::forget_schema(&client, &schema, &targets);
+    let applied = match applied {
+        Ok(applied) => {
+            forget.await;
+            applied
+        }
+        Err(e) => {
+            forget.await;
+            panic!("migrating into schema {schema}: {e}");
+        }
+    };
+    assert_eq!(applied.len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_that_migrate_together_apply_each_migration_once() {
+    let table = unique("surely_mig_race");
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let table = table.clone();
+            tokio::spawn(async move { migrations(&table).run(&pool()).await.unwrap().len() })
+        })
+        .collect();
+    let mut total = 0;
+    for run in runs {
+        total += run.await.unwrap();
+    }
+    assert_eq!(total, 6, "six migrations, each applied by one instance");
+    forget_all(&pool(), &table).await;
+}
+
+#[tokio::test]
+async fn a_table_made_before_the_records_is_brought_up_to_date() {
+    let pool = pool();
+    let table = unique("surely_mig_old");
+    // The table as the store made it before migrations were versioned.
+    pool.get()
+        .await
+        .unwrap()
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (
+                tenant text NOT NULL, operation text NOT NULL, key text NOT NULL,
+                digest bytea NOT NULL, state smallint NOT NULL, fence bigint NOT NULL,
+                lease_until timestamptz, expires_at timestamptz, status smallint,
+                header_names text[], header_values bytea[], body bytea,
+                PRIMARY KEY (tenant, operation, key));
+             INSERT INTO {table} (tenant, operation, key, digest, state, fence, lease_until)
+             VALUES ('t', 'POST /orders', 'k-old', '\\x00', 0, 1, now() - interval '1 hour');"
+        ))
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool.clone()).with_table(&table).unwrap();
+    store.migrate().await.unwrap();
+    // The old processing record has no acquisition time: it counts from its lease.
+    let stuck = store.stuck(Duration::from_secs(60), 10).await.unwrap();
+    assert_eq!(stuck.len(), 1);
+    assert_eq!(stuck[0].key.key().as_str(), "k-old");
+    // And the rows say both migrations are done.
+    let n: i64 = pool
+        .get()
+        .await
+        .unwrap()
+        .query_one(
+            "SELECT count(*) FROM surely_migrations WHERE component = 'idempotency' AND target = $1",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2);
+    forget(&pool, &table).await;
+}
+
+#[tokio::test]
+async fn a_migration_that_fails_applies_nothing_and_says_which() {
+    let pool = pool();
+    // The records table exists (another table's migrations made it), so that this run's
+    // records, had it written any, would show.
+    let other = unique("surely_mig_other");
+    migrations(&other).run(&pool).await.unwrap();
+    forget_all(&pool, &other).await;
+    let table = unique("surely_mig_fail");
+    // Something else already has the name: a view, on which no index can be made.
+    pool.get()
+        .await
+        .unwrap()
+        .batch_execute(&format!("CREATE VIEW {table} AS SELECT 1 AS state"))
+        .await
+        .unwrap();
+    let err = migrations(&table).run(&pool).await.unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("applying idempotency {table} v1 (records)")),
+        "{message}"
+    );
+    let client = pool.get().await.unwrap();
+    let n: i64 = client
+        .query_one(
+            "SELECT count(*) FROM surely_migrations WHERE target = $1",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "nothing recorded");
+    client
+        .batch_execute(&format!("DROP VIEW {table}"))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn a_table_name_that_is_not_an_identifier_is_refused() {
+    for bad in ["", "Orders", "orders;drop table x", "a.b.c", "1st"] {
+        let err = Migrations::new().idempotency_table(bad).unwrap_err();
+        assert!(
+            err.to_string().contains("lower-case identifier"),
+            "{bad}: {err}"
+        );
+    }
+    assert!(Migrations::new()
+        .idempotency_table("billing.idem_2")
+        .is_ok());
+    assert!(Migrations::new().ledger_table("bad; drop").is_err());
+    assert!(Migrations::new().ledger_table("ops.unknown_calls").is_ok());
+}
+
+#[test]
+fn a_url_that_does_not_parse_is_an_error_not_a_panic() {
+    let err = surely::postgres::connect("not a url at all").unwrap_err();
+    assert!(
+        err.to_string().starts_with("cannot make a PostgreSQL pool"),
+        "{err}"
+    );
+}

@@ -1,0 +1,10 @@
+//! The crate with other libraries: the gRPC stack over tonic, the decision matrix over reqwest,
+//! and the OpenTelemetry recorder.
+
+#[allow(dead_code)]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod grpc;
+mod otel;
+mod reqwest;

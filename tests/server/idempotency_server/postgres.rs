@@ -1,0 +1,451 @@
+//! The PostgreSQL store, against the server named by `SURELY_TEST_POSTGRES_URL`, or by default
+//! the one every development and CI machine runs (`postgres://postgres@127.0.0.1:5432/test`).
+//! A server that does not answer fails the tests, with the address they tried: they never pass
+//! without it. Every test has its own tables (unique names, dropped at the end), so runs may
+//! overlap and repeat.
+//!
+//! Leases and retention here are short and real (the store uses the database's clock): at most
+//! a second, and every wait is bounded.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use surely::server::idempotency::{IdempotencyLayer, Ticket};
+use surely::server::store::{
+    Acquire, Fence, IdempotencyStore, PostgresStore, RequestDigest, StoredResponse,
+};
+use tokio::sync::Notify;
+use tower::{service_fn, Layer};
+
+use super::support::{handler, post, reply, send, Req, Seen};
+use super::{record, scenarios};
+use crate::support::names::suffix;
+use crate::support::postgres::{did_not_answer, forget, url};
+
+/// A migrated store in a fresh table; panics, naming the server, if it does not answer.
+async fn store(test: &str) -> Db {
+    let suffix = suffix();
+    let table = format!("surely_idem_t{suffix}");
+    let store = PostgresStore::connect(&url())
+        .unwrap()
+        .with_table(&table)
+        .unwrap();
+    store
+        .migrate()
+        .await
+        .unwrap_or_else(|e| did_not_answer(test, e));
+    // Migrating twice is harmless.
+    store.migrate().await.unwrap();
+    Db {
+        store,
+        table,
+        orders: format!("surely_orders_t{suffix}"),
+    }
+}
+
+struct Db {
+    store: PostgresStore,
+    table: String,
+    orders: String,
+}
+
+impl Db {
+    async fn drop_tables(self) {
+        // And the record of its migrations.
+        forget(
+            self.store.pool(),
+            &[&self.table, &self.orders],
+            &[&self.table],
+        )
+        .await;
+    }
+
+    async fn order_rows(&self) -> i64 {
+        let client = self.store.pool().get().await.unwrap();
+        client
+            .query_one(&format!("SELECT count(*) FROM {}", self.orders), &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_64_concurrent_first_requests_run_the_handler_once() {
+    let db = store("pg_64_concurrent_first_requests_run_the_handler_once").await;
+    scenarios::concurrent_first_requests(db.store.clone()).await;
+    db.drop_tables().await;
+}
+
+/// Real time: the store's leases run on the database's clock. About a second and a half.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_handler_outlives_its_caller() {
+    let db = store("pg_a_handler_outlives_its_caller").await;
+    super::disconnect::a_handler_outlives_its_caller(db.store.clone()).await;
+    db.drop_tables().await;
+}
+
+/// Real time, about a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_handler_cancelled_with_its_caller_frees_its_key() {
+    let db = store("pg_a_handler_cancelled_with_its_caller_frees_its_key").await;
+    super::disconnect::a_handler_cancelled_with_its_caller_frees_its_key(db.store.clone()).await;
+    db.drop_tables().await;
+}
+
+/// A real one-second lease: the test waits it out (about 1.2 s).
+#[test]
+fn pg_a_shutdown_mid_handler_leaves_the_key_to_its_lease() {
+    let setup = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let db = setup.block_on(store(
+        "pg_a_shutdown_mid_handler_leaves_the_key_to_its_lease",
+    ));
+    let url = url();
+    super::disconnect::a_shutdown_mid_handler_leaves_the_key_to_its_lease(
+        || {
+            PostgresStore::connect(&url)
+                .unwrap()
+                .with_table(&db.table)
+                .unwrap()
+        },
+        Duration::from_secs(1),
+        false,
+    );
+    setup.block_on(db.drop_tables());
+}
+
+/// A short real threshold on the database's clock: about 0.4 s.
+#[tokio::test]
+async fn pg_stuck_records_are_reported() {
+    let db = store("pg_stuck_records_are_reported").await;
+    super::recovery::stuck_records_are_reported(
+        db.store.clone(),
+        Duration::from_millis(250),
+        tokio::time::sleep,
+    )
+    .await;
+    db.drop_tables().await;
+}
+
+/// Real retentions of a second and of a hundred seconds: about 1.5 s.
+#[tokio::test]
+async fn pg_retention_by_operation() {
+    let db = store("pg_retention_by_operation").await;
+    super::recovery::retention_by_operation(
+        db.store.clone(),
+        Duration::from_secs(1),
+        tokio::time::sleep,
+    )
+    .await;
+    db.drop_tables().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_client_input_never_makes_a_5xx() {
+    let db = store("pg_client_input_never_makes_a_5xx").await;
+    super::limits::client_input_never_makes_a_5xx(db.store.clone()).await;
+    db.drop_tables().await;
+}
+
+/// A value the database refuses is the request's fault: the layer answers 400, not 503 (which
+/// would have the client retry it). Here the operation column is narrowed by hand, so that an
+/// ordinary path is refused (SQLSTATE 22001).
+#[tokio::test]
+async fn pg_a_value_the_database_refuses_is_a_400_not_a_503() {
+    let db = store("pg_a_value_the_database_refuses_is_a_400_not_a_503").await;
+    let client = db.store.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE {} ALTER COLUMN operation TYPE varchar(8)",
+            db.table
+        ))
+        .await
+        .unwrap();
+    drop(client);
+    let seen = Seen::default();
+    let mut svc = IdempotencyLayer::builder(db.store.clone())
+        .build()
+        .unwrap()
+        .layer(handler(seen.clone(), 201));
+    let got = send(&mut svc, post(Some("k-narrow"), "o-1")).await;
+    assert_eq!(got.status, StatusCode::BAD_REQUEST);
+    assert_eq!(got.code(), Some("IDEMPOTENCY_REQUEST_REJECTED"));
+    assert!(!got.headers.contains_key(http::header::RETRY_AFTER));
+    assert_eq!(seen.calls(), 0, "the handler did not run");
+    db.drop_tables().await;
+}
+
+#[tokio::test]
+async fn pg_scenarios_422_400_413_tenants_stored_replay() {
+    let db = store("pg_scenarios_422_400_413_tenants_stored_replay").await;
+    scenarios::all(db.store.clone()).await;
+    db.drop_tables().await;
+}
+
+/// A short real lease: the second acquire after it takes over with fence 2; the first owner's
+/// completion and release are refused; the layer then replays the new owner's result.
+#[tokio::test]
+async fn pg_lease_expiry_takeover_and_stale_completion_refused() {
+    let db = store("pg_lease_expiry_takeover_and_stale_completion_refused").await;
+    let s = &db.store;
+    let key = record("k-lease");
+    let digest = RequestDigest::of(b"o");
+    let lease = Duration::from_secs(1);
+    assert!(matches!(
+        s.acquire(&key, &digest, lease).await.unwrap(),
+        Acquire::Owner(f) if f == Fence::new(1)
+    ));
+    match s.acquire(&key, &digest, lease).await.unwrap() {
+        Acquire::InFlight { retry_after } => assert!(retry_after <= lease),
+        other => panic!("{other:?}"),
+    }
+    // Another body while in flight: a mismatch, not a wait.
+    assert!(matches!(
+        s.acquire(&key, &RequestDigest::of(b"other"), lease)
+            .await
+            .unwrap(),
+        Acquire::Mismatch
+    ));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // A takeover, and the store says how long past the lease, by the database's clock.
+    match s.acquire(&key, &digest, lease).await.unwrap() {
+        Acquire::TakenOver { fence, overdue } => {
+            assert_eq!(fence, Fence::new(2));
+            assert!(
+                overdue >= Duration::from_millis(50) && overdue < Duration::from_secs(5),
+                "{overdue:?}"
+            );
+        }
+        other => panic!("not taken over: {other:?}"),
+    }
+    let late = StoredResponse::new(StatusCode::CREATED, &http::HeaderMap::new(), "late".into());
+    let err = s
+        .complete(&key, Fence::new(1), &late, Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(err.is_stale(), "{err}");
+    assert!(s.release(&key, Fence::new(1)).await.unwrap_err().is_stale());
+    let won = StoredResponse::new(StatusCode::CREATED, &http::HeaderMap::new(), "won".into());
+    s.complete(&key, Fence::new(2), &won, Duration::from_secs(60))
+        .await
+        .unwrap();
+    // Completing twice is refused too: the record is no longer processing.
+    assert!(s
+        .complete(&key, Fence::new(2), &won, Duration::from_secs(60))
+        .await
+        .unwrap_err()
+        .is_stale());
+    let seen = Seen::default();
+    let mut svc = IdempotencyLayer::new(db.store.clone()).layer(handler(seen.clone(), 201));
+    let got = send(&mut svc, post(Some("k-lease"), "o")).await;
+    assert!(got.replayed());
+    assert_eq!(got.body, "won");
+    assert_eq!(seen.calls(), 0);
+    db.drop_tables().await;
+}
+
+#[tokio::test]
+async fn pg_a_takeover_is_told_from_a_release() {
+    let db = store("pg_a_takeover_is_told_from_a_release").await;
+    super::events::a_takeover_is_told_from_a_release(
+        db.store.clone(),
+        Duration::from_millis(400),
+        tokio::time::sleep,
+    )
+    .await;
+    db.drop_tables().await;
+}
+
+/// The owner renews its lease by the database's clock; once another request took over, the old
+/// owner's renewal is refused.
+#[tokio::test]
+async fn pg_renewal_extends_the_owners_lease_only() {
+    let db = store("pg_renewal_extends_the_owners_lease_only").await;
+    let s = &db.store;
+    let key = record("k-renew");
+    let digest = RequestDigest::of(b"o");
+    let short = Duration::from_millis(300);
+    assert!(matches!(
+        s.acquire(&key, &digest, short).await.unwrap(),
+        Acquire::Owner(f) if f == Fence::new(1)
+    ));
+    s.renew(&key, Fence::new(1), Duration::from_secs(60))
+        .await
+        .unwrap();
+    match s.acquire(&key, &digest, short).await.unwrap() {
+        Acquire::InFlight { retry_after } => assert!(retry_after > Duration::from_secs(50)),
+        other => panic!("{other:?}"),
+    }
+    // Back to a short lease, let it pass, take over: fence 1 can no longer renew.
+    s.renew(&key, Fence::new(1), short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(matches!(
+        s.acquire(&key, &digest, short).await.unwrap(),
+        Acquire::TakenOver { fence, .. } if fence == Fence::new(2)
+    ));
+    assert!(s
+        .renew(&key, Fence::new(1), short)
+        .await
+        .unwrap_err()
+        .is_stale());
+    s.renew(&key, Fence::new(2), short).await.unwrap();
+    db.drop_tables().await;
+}
+
+/// A handler that writes an order and completes the record in the same transaction, commits,
+/// and then crashes (its future is dropped before it answers). The retry with the same key gets
+/// the stored response: one order. A crash before the commit rolls back both; after the lease,
+/// the retry runs and makes the one order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_crash_after_commit_with_in_transaction_completion_makes_one_order() {
+    let db = store("pg_crash_after_commit_with_in_transaction_completion_makes_one_order").await;
+    {
+        let client = db.store.pool().get().await.unwrap();
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE {} (id bigserial PRIMARY KEY, key text NOT NULL)",
+                db.orders
+            ))
+            .await
+            .unwrap();
+    }
+    let seen = Seen::default();
+    let committed = Arc::new(Notify::new());
+    let (counted, store, orders, signal) = (
+        seen.clone(),
+        db.store.clone(),
+        db.orders.clone(),
+        committed.clone(),
+    );
+    // Call 1: write, complete in the transaction, commit, crash. Call 2: write, complete, crash
+    // before the commit (rolled back). Call 3: the normal path.
+    let app = service_fn(move |req: Req| {
+        let (n, _) = counted.hit(&req);
+        let (store, orders, signal) = (store.clone(), orders.clone(), signal.clone());
+        async move {
+            let ticket = req.extensions().get::<Ticket>().cloned().unwrap();
+            let mut client = store.pool().get().await.unwrap();
+            let txn = client.transaction().await.unwrap();
+            txn.execute(
+                &format!("INSERT INTO {orders} (key) VALUES ($1)"),
+                &[&ticket.record_key().key().as_str()],
+            )
+            .await
+            .unwrap();
+            let res = reply(201, format!("order by call {n}"));
+            let stored = StoredResponse::new(
+                res.status(),
+                res.headers(),
+                bytes::Bytes::from(format!("order by call {n}")),
+            );
+            store.complete_in(&txn, &ticket, &stored).await.unwrap();
+            if n == 2 {
+                txn.rollback().await.unwrap();
+                signal.notify_one();
+                std::future::pending::<()>().await;
+                unreachable!();
+            }
+            txn.commit().await.unwrap();
+            if n == 1 {
+                signal.notify_one();
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, Infallible>(res)
+        }
+    });
+    let layer = IdempotencyLayer::builder(db.store.clone())
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+
+    // Crash after the commit.
+    let mut a = layer.layer(app.clone());
+    let crashed = tokio::spawn(async move { send(&mut a, post(Some("k-after"), "o")).await });
+    tokio::time::timeout(Duration::from_secs(10), committed.notified())
+        .await
+        .unwrap();
+    crashed.abort();
+    let _ = crashed.await;
+    let mut b = layer.layer(app.clone());
+    let retry = send(&mut b, post(Some("k-after"), "o")).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, "order by call 1");
+    assert_eq!(db.order_rows().await, 1);
+    assert_eq!(seen.calls(), 1);
+
+    // Crash before the commit: nothing of it stays.
+    let mut c = layer.layer(app.clone());
+    let crashed = tokio::spawn(async move { send(&mut c, post(Some("k-before"), "o")).await });
+    tokio::time::timeout(Duration::from_secs(10), committed.notified())
+        .await
+        .unwrap();
+    crashed.abort();
+    let _ = crashed.await;
+    assert_eq!(db.order_rows().await, 1);
+    let retry = send(&mut b, post(Some("k-before"), "o")).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let retry = send(&mut b, post(Some("k-before"), "o")).await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    assert_eq!(retry.body, "order by call 3");
+    assert_eq!(db.order_rows().await, 2, "one order per key");
+    assert_eq!(seen.fences(), vec![Some(1), Some(1), Some(2)]);
+    db.drop_tables().await;
+}
+
+/// After retention the key gets the explicit error, until swept.
+#[tokio::test]
+async fn pg_expired_key_is_an_explicit_error() {
+    let db = store("pg_expired_key_is_an_explicit_error").await;
+    let seen = Seen::default();
+    let mut svc = IdempotencyLayer::builder(db.store.clone())
+        .retention(Duration::from_millis(300))
+        .build()
+        .unwrap()
+        .layer(handler(seen.clone(), 201));
+    assert_eq!(send(&mut svc, post(Some("k-old"), "o")).await.status, 201);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let got = send(&mut svc, post(Some("k-old"), "o")).await;
+    assert_eq!(got.status, StatusCode::GONE);
+    assert_eq!(got.code(), Some("IDEMPOTENCY_KEY_EXPIRED"));
+    assert_eq!(seen.calls(), 1);
+    assert_eq!(db.store.sweep(Duration::from_secs(3600)).await.unwrap(), 0);
+    assert_eq!(db.store.sweep(Duration::ZERO).await.unwrap(), 1);
+    assert_eq!(send(&mut svc, post(Some("k-old"), "o")).await.status, 201);
+    assert_eq!(seen.calls(), 2);
+    db.drop_tables().await;
+}
+
+#[tokio::test]
+async fn pg_the_sweeper_never_deletes_a_processing_record() {
+    let db = store("pg_the_sweeper_never_deletes_a_processing_record").await;
+    super::sweeper_spares_processing(db.store.clone(), tokio::time::sleep).await;
+    db.drop_tables().await;
+}
+
+#[test]
+fn pg_table_names_are_checked() {
+    let store = PostgresStore::connect("postgres://nobody@127.0.0.1:1/none").unwrap();
+    for bad in [
+        "",
+        "Orders",
+        "a;drop table x",
+        "1abc",
+        "a.b.c",
+        &"x".repeat(51),
+    ] {
+        let err = store.clone().with_table(bad).unwrap_err();
+        assert_eq!(err.setting(), "idempotency table name", "{bad}");
+    }
+    assert_eq!(
+        store.with_table("app.idempotency").unwrap().table(),
+        "app.idempotency"
+    );
+}
