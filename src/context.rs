@@ -493,12 +493,11 @@ impl<F: std::future::Future> std::future::Future for InContext<F> {
     }
 }
 
-// The hedge mark: call-scoped state of the hedge layer, read by the attempt record layer.
-
-std::thread_local! {
-    /// Set while the hedge layer calls its inner service for a hedge, so that an attempt record
+thread_local! {
+    /// The hedge mark, call-scoped state of the hedge layer read by the attempt record layer:
+    /// set while the hedge layer calls its inner service for a hedge, so that an attempt record
     /// layer inside marks the attempt. Works for any request type and allocates nothing.
-    static HEDGE_MARK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static HEDGE_MARK: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Whether the inner `call` running now is a hedge; clears the mark, so that a client nested

@@ -1,5 +1,5 @@
 //! Classifying a boxed error: the chain of `source()`s is walked for an error the crate knows,
-//! its own (which all live in this module) or a transport's.
+//! its own layers' (which live in this module), an invalid key, or a transport's.
 
 use std::io;
 

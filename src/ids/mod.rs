@@ -89,7 +89,7 @@ impl fmt::Display for BusinessKey {
 /// assert_eq!(Operation::named("reserve-stock").to_string(), "reserve-stock");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Operation(pub(crate) OperationKind);
+pub struct Operation(OperationKind);
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum OperationKind {
@@ -110,6 +110,11 @@ impl Operation {
 }
 
 impl Operation {
+    /// What the operation is made of, for the recorders.
+    pub(crate) fn kind(&self) -> &OperationKind {
+        &self.0
+    }
+
     /// Records the OpenTelemetry HTTP fields of an HTTP operation on `span` (the query is left
     /// out of `url.full`: it may carry secrets).
     pub(crate) fn record_http(&self, span: &tracing::Span) {
@@ -320,7 +325,7 @@ impl fmt::Debug for RecordKey {
 /// [`Ticket`](crate::server::idempotency::Ticket)), so that a handler can guard its own writes
 /// with it (`UPDATE ... WHERE fence < $token`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Fence(pub(crate) u64);
+pub struct Fence(u64);
 
 impl Fence {
     /// A fence with this value. Stores number the first owner 1.

@@ -274,7 +274,7 @@ fn method_name(method: &http::Method) -> &'static str {
 }
 
 fn method_of(record: &CallRecord) -> Option<&'static str> {
-    match &record.operation.as_ref()?.0 {
+    match &record.operation.as_ref()?.kind() {
         OperationKind::Http(method, _) => Some(method_name(method)),
         OperationKind::Named(_) => None,
     }

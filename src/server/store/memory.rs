@@ -147,7 +147,7 @@ impl MemoryStore {
                         since: now,
                     },
                 });
-                Acquire::Owner(Fence(1))
+                Acquire::Owner(Fence::new(1))
             }
             Entry::Occupied(mut o) => {
                 let record = o.get_mut();
@@ -187,7 +187,7 @@ impl MemoryStore {
                     lease_until,
                     since: now,
                 };
-                let fence = Fence(record.fence);
+                let fence = Fence::new(record.fence);
                 match overdue {
                     Some(overdue) => Acquire::TakenOver { fence, overdue },
                     None => Acquire::Owner(fence),
@@ -200,7 +200,8 @@ impl MemoryStore {
         let mut shard = self.shard(key);
         match shard.get_mut(key) {
             Some(record)
-                if record.fence == fence.0 && matches!(record.state, State::Processing { .. }) =>
+                if record.fence == fence.get()
+                    && matches!(record.state, State::Processing { .. }) =>
             {
                 record.state = state;
                 Ok(())
@@ -217,7 +218,7 @@ impl MemoryStore {
                 fence: f,
                 state: State::Processing { lease_until, .. },
                 ..
-            }) if *f == fence.0 => {
+            }) if *f == fence.get() => {
                 *lease_until = later(Instant::now(), lease);
                 Ok(())
             }
@@ -233,7 +234,7 @@ impl MemoryStore {
                 if let State::Processing { since, .. } = record.state {
                     let age = now.saturating_duration_since(since);
                     if age >= older_than {
-                        stuck.push(StuckRecord::new(key.clone(), Fence(record.fence), age));
+                        stuck.push(StuckRecord::new(key.clone(), Fence::new(record.fence), age));
                     }
                 }
             }
