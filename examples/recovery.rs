@@ -77,9 +77,9 @@ use surely::inbox::{InboxStats, Processed};
 use surely::ledger::{
     Entry, EntryState, Filter, Ledger, LedgerRecorder, Reconciler, SettledBy, Settlement, Verdict,
 };
-use surely::outbox::{Claimed, Event, EventId, Failed, OutboxError, OutboxStats, OutboxStore};
-use surely::outbox::{Relay, RelayRound};
+use surely::outbox::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Relay};
 use surely::record::{BusinessKey, CallRecord, InMemoryRecorder, WatchedBody};
+use surely::record::{OutboxStats, RelayRound};
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, ReplayBody, Resolution};
 use surely::server::deadline::ServerDeadlineLayer;

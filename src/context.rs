@@ -126,6 +126,7 @@ pub(crate) struct Context {
 }
 
 impl Context {
+    #[cfg(any(test, feature = "server"))]
     const EMPTY: Context = Context {
         deadline: 0,
         call: None,
@@ -174,6 +175,7 @@ impl Context {
 
     /// Marks that a retry layer upstream owns retries for this call.
     #[inline]
+    #[cfg(feature = "server")]
     pub(crate) fn set_retry_owned(&mut self, owned: bool) {
         if owned {
             self.deadline |= OWNED;
@@ -214,6 +216,7 @@ impl Context {
         (out, inside)
     }
 
+    #[cfg(feature = "server")]
     /// An empty context with this deadline.
     pub(crate) fn fresh(deadline: Option<CallDeadline>) -> Context {
         Context {
@@ -473,6 +476,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<F> InContext<F> {
+    #[cfg(feature = "server")]
     /// `inner`, in `ctx` and `span`.
     pub(crate) fn with(inner: F, ctx: Context, span: tracing::Span) -> Self {
         InContext { inner, ctx, span }

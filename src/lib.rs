@@ -111,8 +111,11 @@ pub mod hedge;
 pub mod hyper;
 pub mod idempotency;
 mod ids;
+#[cfg(feature = "durable")]
 pub mod inbox;
+#[cfg(feature = "durable")]
 pub mod ledger;
+#[cfg(feature = "durable")]
 pub mod outbox;
 pub mod outcome;
 #[cfg(feature = "postgres")]
@@ -123,7 +126,10 @@ pub mod record;
 pub mod reqwest;
 pub mod retry;
 mod semantics;
+#[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "postgres")]
+mod storage;
 mod time;
 pub mod timeout;
 

@@ -66,6 +66,7 @@ mod error;
 mod func;
 mod grpc;
 mod http;
+#[cfg(feature = "server")]
 pub(crate) use self::http::DEADLINE_REFUSAL;
 mod tally;
 

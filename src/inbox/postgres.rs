@@ -11,7 +11,7 @@ use tokio_postgres::Transaction;
 use super::memory::judge;
 use super::{Counters, InboxError, InboxStats, Processed, Versions};
 use crate::outbox::Event;
-use crate::postgres::{Component, Migration, Pool};
+use crate::storage::{Component, Migration, Pool};
 use crate::ConfigError;
 
 const APPLIED: i16 = 1;
@@ -175,7 +175,7 @@ impl PostgresInbox {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        crate::postgres::check_table("inbox table name", table)?;
+        crate::storage::check_table("inbox table name", table)?;
         Ok(PostgresInbox {
             pool: self.pool,
             sql: Arc::new(Sql::new(table)),
@@ -204,8 +204,7 @@ impl PostgresInbox {
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), InboxError> {
-        crate::postgres::Migrations::only(&POSTGRES_COMPONENT, self.table())
-            .run(&self.pool)
+        crate::storage::apply(&self.pool, &[(&POSTGRES_COMPONENT, self.table())])
             .await
             .map(drop)
             .map_err(InboxError::store)

@@ -12,7 +12,7 @@ use super::{
     LedgerStats, Settled, SettledBy, Settlement, Verdict,
 };
 use crate::classify::{AttemptClass, DeliveryPhase};
-use crate::postgres::{Component, Migration, Pool};
+use crate::storage::{Component, Migration, Pool};
 use crate::{ConfigError, Semantics, StopReason};
 
 /// The ledger's tables (`name` and `name_attempts`), and their migrations in version order.
@@ -79,7 +79,7 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
     }],
 };
 
-use crate::postgres::bare;
+use crate::storage::bare;
 
 /// The ledger for services with more than one instance, or whose unknown calls must outlive a
 /// restart: entries are rows of a table (default `surely_ledger`), their attempts rows of
@@ -257,7 +257,7 @@ impl PostgresLedger {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        crate::postgres::check_table("ledger table name", table)?;
+        crate::storage::check_table("ledger table name", table)?;
         Ok(PostgresLedger {
             pool: self.pool,
             sql: Arc::new(Sql::new(table)),
@@ -280,8 +280,7 @@ impl PostgresLedger {
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), LedgerError> {
-        crate::postgres::Migrations::only(&POSTGRES_COMPONENT, self.table())
-            .run(&self.pool)
+        crate::storage::apply(&self.pool, &[(&POSTGRES_COMPONENT, self.table())])
             .await
             .map(drop)
             .map_err(LedgerError::backend)
@@ -402,7 +401,7 @@ fn micros(d: Duration) -> i64 {
 /// a text, a time out of range) is the caller's doing, and writing it again would fail again;
 /// anything else is the backend's.
 fn by_content(e: tokio_postgres::Error) -> LedgerError {
-    if crate::postgres::is_input_error(&e) {
+    if crate::storage::is_input_error(&e) {
         LedgerError::invalid(e.to_string())
     } else {
         LedgerError::backend(e)

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStats, OutboxStore, Wakeup};
+use crate::record::OutboxStats;
+
+use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Wakeup};
 
 /// The embedded outbox: events in memory, for one process, and for tests.
 ///

@@ -62,6 +62,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::classify::BoxError;
+use crate::record::OutboxStats;
 
 mod event;
 mod memory;
@@ -81,7 +82,7 @@ pub use self::nats::{JetStreamPublisher, Published};
 pub use self::postgres::PostgresOutbox;
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
-pub use self::relay::{Relay, RelayBuilder, RelayReport, RelayRound};
+pub use self::relay::{Relay, RelayBuilder};
 pub use self::wakeup::Wakeup;
 pub use self::webhook::{WebhookError, WebhookPublisher};
 /// The NATS client the [`JetStreamPublisher`] is built on, re-exported so that a service uses
@@ -124,18 +125,6 @@ pub enum Failed {
     Retry,
     /// It failed its limit of times: it is kept, with its last error, and no longer claimed.
     Quarantined,
-}
-
-/// How an outbox stands: what an operator watches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct OutboxStats {
-    /// Events not yet published (quarantined ones excluded).
-    pub backlog: u64,
-    /// How long the oldest of them has waited; `None` without any.
-    pub oldest: Option<Duration>,
-    /// Events quarantined: their publish failed past the limit.
-    pub quarantined: u64,
 }
 
 /// Where a relay finds the events to publish. [`MemoryOutbox`] and [`PostgresOutbox`]

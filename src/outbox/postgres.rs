@@ -10,9 +10,10 @@ use bytes::Bytes;
 use tokio_postgres::Row;
 
 use super::wakeup::WeakWakeup;
-use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStats, OutboxStore, Wakeup};
+use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Wakeup};
 use crate::classify::BoxError;
-use crate::postgres::{Component, Migration, Pool};
+use crate::record::OutboxStats;
+use crate::storage::{Component, Migration, Pool};
 use crate::ConfigError;
 
 const PENDING: i16 = 0;
@@ -28,7 +29,7 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
             version: 1,
             name: "events",
             sql: |t| {
-                let n = crate::postgres::bare(t);
+                let n = crate::storage::bare(t);
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t} (
                     seq bigserial NOT NULL,
@@ -59,7 +60,7 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
             // The stats read the pending and the quarantined rows only, never the published ones
             // kept for their retention.
             sql: |t| {
-                let n = crate::postgres::bare(t);
+                let n = crate::storage::bare(t);
                 format!(
                     "CREATE INDEX IF NOT EXISTS {n}_quarantined ON {t} (seq)
                     WHERE state = {QUARANTINED};"
@@ -189,7 +190,7 @@ impl PostgresOutbox {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        crate::postgres::check_table("outbox table name", table)?;
+        crate::storage::check_table("outbox table name", table)?;
         Ok(PostgresOutbox {
             pool: self.pool,
             sql: Arc::new(Sql::new(table)),
@@ -212,8 +213,7 @@ impl PostgresOutbox {
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), OutboxError> {
-        crate::postgres::Migrations::only(&POSTGRES_COMPONENT, self.table())
-            .run(&self.pool)
+        crate::storage::apply(&self.pool, &[(&POSTGRES_COMPONENT, self.table())])
             .await
             .map(drop)
             .map_err(OutboxError::backend)

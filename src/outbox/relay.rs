@@ -10,9 +10,9 @@ use tokio::time::Instant;
 
 use tower_service::Service;
 
-use super::{Claimed, Event, Failed, OutboxError, OutboxStats, OutboxStore, Wakeup};
+use super::{Claimed, Event, Failed, OutboxError, OutboxStore, Wakeup};
 use crate::classify::BoxError;
-use crate::record::Recorder;
+use crate::record::{Recorder, RelayReport, RelayRound};
 use crate::ConfigError;
 
 /// Publishes an outbox's events through a `tower::Service<Event>` (the broker), at least once
@@ -214,37 +214,8 @@ impl<St, P> RelayBuilder<St, P> {
     }
 }
 
-/// What one round of a relay did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RelayRound {
-    /// Events claimed.
-    pub claimed: usize,
-    /// Events published and marked.
-    pub published: usize,
-    /// Publishes that failed (their events wait and go again, or were quarantined).
-    pub failed: usize,
-    /// Events quarantined in this round.
-    pub quarantined: usize,
-    /// Events published whose mark came too late: another relay had claimed them meanwhile
-    /// (they went out more than once, as the outbox allows).
-    pub stale: usize,
-    /// Published events swept after their [retention](RelayBuilder::retention).
-    pub swept: u64,
-}
-
 /// How often a relay sweeps published events, at most.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
-
-/// What a relay reports to its [recorder](RelayBuilder::recorder).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RelayReport {
-    /// The round, if it claimed or swept events.
-    pub round: Option<RelayRound>,
-    /// The outbox's stats, read after the round, when they were due.
-    pub stats: Option<OutboxStats>,
-}
 
 impl<St, P> Relay<St, P>
 where

@@ -1,4 +1,4 @@
-//! One way of talking to PostgreSQL for everything the crate keeps there (DESIGN §9): one pool
+//! One way of talking to PostgreSQL for everything the crate keeps there : one pool
 //! type, one set of versioned migrations run with one call, and one reading of the database's
 //! errors.
 //!
@@ -29,81 +29,146 @@
 //! # let _ = store; Ok(()) }
 //! ```
 
-mod migrate;
+use crate::storage::Component;
+use crate::ConfigError;
 
-/// A table's name without its schema: the prefix of its indexes' names, which PostgreSQL takes
-/// unqualified (an index lives in its table's schema).
-pub(crate) fn bare(table: &str) -> &str {
-    table.rsplit_once('.').map_or(table, |(_, t)| t)
+pub use crate::storage::{connect, Applied, ConnectError, MigrateError, Pool};
+
+/// Every component the crate has, in the order they are migrated.
+fn components() -> Vec<&'static Component> {
+    vec![
+        #[cfg(feature = "server")]
+        &crate::server::store::POSTGRES_COMPONENT,
+        #[cfg(feature = "durable")]
+        &crate::outbox::POSTGRES_COMPONENT,
+        #[cfg(feature = "durable")]
+        &crate::inbox::POSTGRES_COMPONENT,
+        #[cfg(feature = "durable")]
+        &crate::ledger::POSTGRES_COMPONENT,
+    ]
 }
 
-pub use self::migrate::{migrate, Applied, MigrateError, Migrations};
-pub(crate) use self::migrate::{Component, Migration};
-pub use deadpool_postgres::Pool;
+/// Which of the crate's tables to migrate, and under which names: by default every component,
+/// each with its default table.
+///
+/// ```no_run
+/// # async fn run(pool: surely::postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
+/// use surely::postgres::Migrations;
+///
+/// let applied = Migrations::new()
+///     .idempotency_table("billing.idempotency")?
+///     .run(&pool)
+///     .await?;
+/// # let _ = applied; Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Migrations {
+    targets: Vec<(&'static str, String)>,
+}
 
-use deadpool_postgres::Manager;
-use tokio_postgres::NoTls;
+impl Default for Migrations {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
-/// A pool of 16 connections (no TLS) to the database at `url` (`postgres://user@host:port/db`).
+impl Migrations {
+    /// Every component the crate keeps in PostgreSQL, with its default table.
+    pub fn new() -> Self {
+        Migrations {
+            targets: components()
+                .iter()
+                .map(|c| (c.name, c.default_table.to_owned()))
+                .collect(),
+        }
+    }
+
+    #[cfg(feature = "server")]
+    /// The idempotency store's table (default `surely_idempotency`), as given to
+    /// [`PostgresStore::with_table`](crate::server::store::PostgresStore::with_table).
+    ///
+    /// # Errors
+    ///
+    /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
+    /// optionally schema-qualified.
+    pub fn idempotency_table(self, table: &str) -> Result<Self, ConfigError> {
+        self.table_of(&crate::server::store::POSTGRES_COMPONENT, table)
+    }
+
+    #[cfg(feature = "durable")]
+    /// The outbox's table (default `surely_outbox`), as given to
+    /// [`PostgresOutbox::with_table`](crate::outbox::PostgresOutbox::with_table).
+    ///
+    /// # Errors
+    ///
+    /// As for [`idempotency_table`](Self::idempotency_table).
+    pub fn outbox_table(self, table: &str) -> Result<Self, ConfigError> {
+        self.table_of(&crate::outbox::POSTGRES_COMPONENT, table)
+    }
+
+    #[cfg(feature = "durable")]
+    /// The inbox's table (default `surely_inbox`, with `surely_inbox_versions` beside it), as
+    /// given to [`PostgresInbox::with_table`](crate::inbox::PostgresInbox::with_table).
+    ///
+    /// # Errors
+    ///
+    /// As for [`idempotency_table`](Self::idempotency_table).
+    pub fn inbox_table(self, table: &str) -> Result<Self, ConfigError> {
+        self.table_of(&crate::inbox::POSTGRES_COMPONENT, table)
+    }
+
+    #[cfg(feature = "durable")]
+    /// The UNKNOWN ledger's table (default `surely_ledger`, with `surely_ledger_attempts`
+    /// beside it), as given to
+    /// [`PostgresLedger::with_table`](crate::ledger::PostgresLedger::with_table).
+    ///
+    /// # Errors
+    ///
+    /// As for [`idempotency_table`](Self::idempotency_table).
+    pub fn ledger_table(self, table: &str) -> Result<Self, ConfigError> {
+        self.table_of(&crate::ledger::POSTGRES_COMPONENT, table)
+    }
+
+    #[cfg_attr(not(any(feature = "server", feature = "durable")), allow(dead_code))]
+    fn table_of(mut self, component: &Component, table: &str) -> Result<Self, ConfigError> {
+        crate::storage::check_table("table name", table)?;
+        for target in &mut self.targets {
+            if target.0 == component.name {
+                target.1 = table.to_owned();
+            }
+        }
+        Ok(self)
+    }
+
+    /// Applies, in one transaction, every migration of the chosen tables that the database has
+    /// not recorded yet, in version order, and records them; returns what it applied. Holds an
+    /// advisory lock meanwhile, so that instances starting together apply each migration once.
+    ///
+    /// # Errors
+    ///
+    /// The database could not be reached, or refused a migration: nothing of this run is
+    /// applied (the transaction rolls back), and the error names the migration.
+    pub async fn run(&self, pool: &Pool) -> Result<Vec<Applied>, MigrateError> {
+        let targets: Vec<(&'static Component, &str)> = self
+            .targets
+            .iter()
+            .filter_map(|(name, table)| {
+                components()
+                    .into_iter()
+                    .find(|c| c.name == *name)
+                    .map(|c| (c, table.as_str()))
+            })
+            .collect();
+        crate::storage::apply(pool, &targets).await
+    }
+}
+
+/// Applies every migration of every component the crate keeps in PostgreSQL, with the default
+/// table names, that the database has not recorded yet; see [`Migrations::run`].
 ///
 /// # Errors
 ///
-/// The URL does not parse, or the pool cannot be built. Nothing connects yet: the first
-/// connection is made when it is first needed.
-pub fn connect(url: &str) -> Result<Pool, ConnectError> {
-    let config: tokio_postgres::Config = url.parse().map_err(ConnectError::new)?;
-    Pool::builder(Manager::new(config, NoTls))
-        .max_size(16)
-        .build()
-        .map_err(ConnectError::new)
-}
-
-/// [`connect`] could not make a pool: the URL does not parse, or the pool's settings were
-/// refused.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot make a PostgreSQL pool: {0}")]
-pub struct ConnectError(crate::classify::BoxError);
-
-impl ConnectError {
-    fn new(e: impl Into<crate::classify::BoxError>) -> Self {
-        ConnectError(e.into())
-    }
-}
-
-/// Whether a failed statement failed for the values it was given: a data exception (SQLSTATE
-/// class 22, such as a value a type refuses) or a program limit (class 54, such as an index
-/// entry over the btree's limit). Retrying the same values fails the same way.
-pub(crate) fn is_input_error(e: &tokio_postgres::Error) -> bool {
-    matches!(e.code().map(|c| &c.code()[..2]), Some("22") | Some("54"))
-}
-
-/// `name`, if it is a table name the crate accepts ([`valid_table`]); else the error that says
-/// so, naming the setting `what`.
-pub(crate) fn check_table(what: &'static str, name: &str) -> Result<(), crate::ConfigError> {
-    if valid_table(name) {
-        Ok(())
-    } else {
-        Err(crate::ConfigError::new(
-            what,
-            "must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 50 bytes), optionally schema-qualified",
-        ))
-    }
-}
-
-/// A table name the crate accepts: a lower-case SQL identifier (at most 50 bytes), optionally
-/// schema-qualified (`schema.table`). Names are written into statements, so nothing else is.
-pub(crate) fn valid_table(name: &str) -> bool {
-    let ident = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 50
-            && s.bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-    };
-    match name.split_once('.') {
-        Some((schema, table)) => ident(schema) && ident(table),
-        None => ident(name),
-    }
+/// As for [`Migrations::run`].
+pub async fn migrate(pool: &Pool) -> Result<Vec<Applied>, MigrateError> {
+    Migrations::new().run(pool).await
 }

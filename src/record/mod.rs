@@ -57,12 +57,13 @@ use tokio::time::Instant;
 
 use crate::classify::{AttemptClass, Classification, DeliveryPhase, Outcome};
 use crate::error::Elapsed;
-use crate::outbox::RelayReport;
 use crate::Semantics;
 
 mod attempt;
 mod breaker_event;
 mod call;
+mod relay;
+#[cfg(feature = "server")]
 mod server;
 mod tally;
 mod trailers;
@@ -77,6 +78,8 @@ pub use self::breaker_event::{BreakerEvent, BreakerEventKind, TransitionReason};
 pub use self::call::{CallFuture, RecordCall, RecordCallLayer};
 #[cfg(feature = "opentelemetry")]
 pub use self::otel::OtelRecorder;
+pub use self::relay::{OutboxStats, RelayReport, RelayRound};
+#[cfg(feature = "server")]
 pub use self::server::{ServerEvent, ServerEventKind};
 pub use self::tracing_recorder::TracingRecorder;
 #[cfg(feature = "tonic")]
@@ -374,6 +377,7 @@ pub enum Record<'a> {
     Breaker(&'a BreakerEvent),
     /// An outbox relay's round, or its outbox's stats.
     Relay(&'a RelayReport),
+    #[cfg(feature = "server")]
     /// An event of the server idempotency layer.
     Server(&'a ServerEvent),
 }
@@ -436,6 +440,7 @@ pub trait Recorder {
         let _ = report;
     }
 
+    #[cfg(feature = "server")]
     /// The server [idempotency layer](crate::server::idempotency) replayed a response, refused
     /// a duplicate or a reused key, took over a stuck record, or could not reach its store;
     /// or its stuck-record report ran (see [`ServerEventKind`]). The layer reports to the
@@ -478,6 +483,7 @@ where
         self(Record::Relay(report))
     }
 
+    #[cfg(feature = "server")]
     fn record_server(&self, event: &ServerEvent) {
         self(Record::Server(event))
     }
@@ -523,6 +529,7 @@ impl<A: Recorder, B: Recorder> Recorder for (A, B) {
         self.1.record_relay(report);
     }
 
+    #[cfg(feature = "server")]
     fn record_server(&self, event: &ServerEvent) {
         self.0.record_server(event);
         self.1.record_server(event);
@@ -546,6 +553,7 @@ struct Store {
     calls: Vec<CallRecord>,
     breaker: Vec<BreakerEvent>,
     relay: Vec<RelayReport>,
+    #[cfg(feature = "server")]
     server: Vec<ServerEvent>,
 }
 
@@ -590,6 +598,7 @@ impl InMemoryRecorder {
         self.store().relay.clone()
     }
 
+    #[cfg(feature = "server")]
     /// The server idempotency layers' events so far, oldest first.
     pub fn server_events(&self) -> Vec<ServerEvent> {
         self.store().server.clone()
@@ -602,6 +611,7 @@ impl InMemoryRecorder {
         store.calls.clear();
         store.breaker.clear();
         store.relay.clear();
+        #[cfg(feature = "server")]
         store.server.clear();
     }
 }
@@ -623,6 +633,7 @@ impl Recorder for InMemoryRecorder {
         self.store().relay.push(*report);
     }
 
+    #[cfg(feature = "server")]
     fn record_server(&self, event: &ServerEvent) {
         self.store().server.push(event.clone());
     }

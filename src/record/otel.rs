@@ -3,10 +3,11 @@
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
 use opentelemetry::KeyValue;
 
-use super::{AttemptRecord, CallRecord, Recorder, ServerEvent, ServerEventKind, StopReason};
+use super::{AttemptRecord, CallRecord, Recorder, RelayReport, StopReason};
 use super::{BreakerEvent, BreakerEventKind};
+#[cfg(feature = "server")]
+use super::{ServerEvent, ServerEventKind};
 use crate::ids::OperationKind;
-use crate::outbox::RelayReport;
 
 /// Bucket bounds of the call duration histogram, in seconds: those the OpenTelemetry HTTP
 /// semantic conventions advise for `http.client.request.duration`, extended to 60 s because a
@@ -131,8 +132,11 @@ pub struct OtelRecorder {
     breaker_transitions: Counter<u64>,
     breaker_rejections: Counter<u64>,
     breaker_state: Gauge<u64>,
+    #[cfg(feature = "server")]
     server_events: Counter<u64>,
+    #[cfg(feature = "server")]
     server_stuck: Gauge<u64>,
+    #[cfg(feature = "server")]
     server_stuck_oldest: Gauge<f64>,
     relay_published: Counter<u64>,
     relay_failed: Counter<u64>,
@@ -193,6 +197,7 @@ impl OtelRecorder {
                 .with_unit("1")
                 .with_description("1 for a circuit breaker's current state, 0 for the others.")
                 .build(),
+            #[cfg(feature = "server")]
             server_events: meter
                 .u64_counter("surely.server.idempotency.events")
                 .with_unit("{event}")
@@ -201,6 +206,7 @@ impl OtelRecorder {
                      takeovers, store failures), by kind.",
                 )
                 .build(),
+            #[cfg(feature = "server")]
             server_stuck: meter
                 .u64_gauge("surely.server.idempotency.stuck")
                 .with_unit("{record}")
@@ -208,6 +214,7 @@ impl OtelRecorder {
                     "Idempotency records still processing past the stuck-record threshold.",
                 )
                 .build(),
+            #[cfg(feature = "server")]
             server_stuck_oldest: meter
                 .f64_gauge("surely.server.idempotency.stuck.oldest_age")
                 .with_unit("s")
@@ -372,6 +379,7 @@ impl Recorder for OtelRecorder {
         }
     }
 
+    #[cfg(feature = "server")]
     fn record_server(&self, event: &ServerEvent) {
         if let ServerEventKind::Stuck { records, oldest } = event.kind {
             self.server_stuck.record(records as u64, &[]);

@@ -1,12 +1,11 @@
 use tracing::field::Empty;
 
-use super::{
-    AttemptRecord, BusinessKey, CallId, CallRecord, Recorder, ServerEvent, ServerEventKind,
-};
+use super::{AttemptRecord, BusinessKey, CallId, CallRecord, Recorder, RelayReport};
 use super::{BreakerEvent, BreakerEventKind};
+#[cfg(feature = "server")]
+use super::{ServerEvent, ServerEventKind};
 use crate::classify::{AttemptClass, Outcome};
 use crate::error::BreakerState;
-use crate::outbox::RelayReport;
 use crate::Semantics;
 
 /// Records to [`tracing`]: a `surely.call` span per call and a `surely.attempt` span per attempt,
@@ -255,6 +254,7 @@ impl Recorder for TracingRecorder {
         }
     }
 
+    #[cfg(feature = "server")]
     fn record_server(&self, e: &ServerEvent) {
         let event = e.kind.as_str();
         let method = e.method.as_ref().map(http::Method::as_str);

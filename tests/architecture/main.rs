@@ -25,14 +25,6 @@ const NOT_YET_MOVED: &[(&str, &str)] = &[
     ("context", "record"),
     // `StopReason`: to the outcome types.
     ("outcome", "record"),
-    // `RelayReport`, the relay's event: to the record types, as plain data.
-    ("record", "outbox"),
-    // The PostgreSQL base (pool, migration type, table helper, error mapping): below the
-    // server half, with `postgres` keeping only the list of every component's migrations.
-    ("server", "postgres"),
-    ("outbox", "postgres"),
-    ("inbox", "postgres"),
-    ("ledger", "postgres"),
 ];
 
 fn root() -> PathBuf {

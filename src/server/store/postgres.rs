@@ -87,15 +87,15 @@ struct Sql {
 }
 
 /// The idempotency store's table, and its migrations in version order.
-pub(crate) static POSTGRES_COMPONENT: crate::postgres::Component = crate::postgres::Component {
+pub(crate) static POSTGRES_COMPONENT: crate::storage::Component = crate::storage::Component {
     name: "idempotency",
     default_table: "surely_idempotency",
     migrations: &[
-        crate::postgres::Migration {
+        crate::storage::Migration {
             version: 1,
             name: "records",
             sql: |t| {
-                let n = crate::postgres::bare(t);
+                let n = crate::storage::bare(t);
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t} (
                         tenant text NOT NULL,
@@ -117,11 +117,11 @@ pub(crate) static POSTGRES_COMPONENT: crate::postgres::Component = crate::postgr
                 )
             },
         },
-        crate::postgres::Migration {
+        crate::storage::Migration {
             version: 2,
             name: "acquired_at",
             sql: |t| {
-                let n = crate::postgres::bare(t);
+                let n = crate::storage::bare(t);
                 format!(
                     "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS acquired_at timestamptz;
                      CREATE INDEX IF NOT EXISTS {n}_processing ON {t} (acquired_at)
@@ -232,7 +232,7 @@ impl PostgresStore {
     ///
     /// The URL does not parse, or the pool cannot be built. Nothing connects yet.
     pub fn connect(url: &str) -> Result<Self, StoreError> {
-        let pool = crate::postgres::connect(url).map_err(StoreError::backend)?;
+        let pool = crate::storage::connect(url).map_err(StoreError::backend)?;
         Ok(Self::new(pool))
     }
 
@@ -243,7 +243,7 @@ impl PostgresStore {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally qualified by a schema of the same form.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        crate::postgres::check_table("idempotency table name", table)?;
+        crate::storage::check_table("idempotency table name", table)?;
         Ok(PostgresStore {
             pool: self.pool,
             sql: Arc::new(Sql::new(table)),
@@ -268,8 +268,7 @@ impl PostgresStore {
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        crate::postgres::Migrations::only(&POSTGRES_COMPONENT, self.table())
-            .run(&self.pool)
+        crate::storage::apply(&self.pool, &[(&POSTGRES_COMPONENT, self.table())])
             .await
             .map(drop)
             .map_err(StoreError::backend)
@@ -401,7 +400,7 @@ impl PostgresStore {
 /// limit) is the request's doing, and retrying it would fail again; anything else is the
 /// backend's.
 fn by_content(e: tokio_postgres::Error) -> StoreError {
-    if crate::postgres::is_input_error(&e) {
+    if crate::storage::is_input_error(&e) {
         StoreError::rejected(e)
     } else {
         StoreError::backend(e)

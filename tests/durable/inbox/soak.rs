@@ -30,9 +30,10 @@ use rand::{Rng, RngCore, SeedableRng};
 use surely::inbox::{Begin, PostgresInbox, Processed, Versions};
 use surely::outbox::async_nats::jetstream::{self, consumer, AckKind};
 use surely::outbox::{
-    Claimed, Event, EventId, Failed, JetStreamPublisher, OutboxError, OutboxStats, OutboxStore,
-    PostgresOutbox, Relay,
+    Claimed, Event, EventId, Failed, JetStreamPublisher, OutboxError, OutboxStore, PostgresOutbox,
+    Relay,
 };
+use surely::record::OutboxStats;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio_stream::StreamExt;

@@ -1,0 +1,88 @@
+//! The PostgreSQL base every table of the crate stands on: the pool, versioned migrations and
+//! their runner, table names, and one reading of the database's errors. The server half's store
+//! and the durable half's outbox, inbox and ledger build on it; `surely::postgres`, at the top,
+//! lists them all and re-exports what users name.
+
+// Built only for a half that keeps tables; `postgres` alone has no table of its own.
+#![cfg_attr(not(any(feature = "server", feature = "durable")), allow(dead_code))]
+
+mod migration;
+
+/// A table's name without its schema: the prefix of its indexes' names, which PostgreSQL takes
+/// unqualified (an index lives in its table's schema).
+pub(crate) fn bare(table: &str) -> &str {
+    table.rsplit_once('.').map_or(table, |(_, t)| t)
+}
+
+#[cfg(any(feature = "server", feature = "durable"))]
+pub(crate) use self::migration::Migration;
+pub(crate) use self::migration::{apply, Component};
+pub use self::migration::{Applied, MigrateError};
+pub use deadpool_postgres::Pool;
+
+use deadpool_postgres::Manager;
+use tokio_postgres::NoTls;
+
+/// A pool of 16 connections (no TLS) to the database at `url` (`postgres://user@host:port/db`).
+///
+/// # Errors
+///
+/// The URL does not parse, or the pool cannot be built. Nothing connects yet: the first
+/// connection is made when it is first needed.
+pub fn connect(url: &str) -> Result<Pool, ConnectError> {
+    let config: tokio_postgres::Config = url.parse().map_err(ConnectError::new)?;
+    Pool::builder(Manager::new(config, NoTls))
+        .max_size(16)
+        .build()
+        .map_err(ConnectError::new)
+}
+
+/// [`connect`] could not make a pool: the URL does not parse, or the pool's settings were
+/// refused.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot make a PostgreSQL pool: {0}")]
+pub struct ConnectError(crate::classify::BoxError);
+
+impl ConnectError {
+    fn new(e: impl Into<crate::classify::BoxError>) -> Self {
+        ConnectError(e.into())
+    }
+}
+
+/// Whether a failed statement failed for the values it was given: a data exception (SQLSTATE
+/// class 22, such as a value a type refuses) or a program limit (class 54, such as an index
+/// entry over the btree's limit). Retrying the same values fails the same way.
+pub(crate) fn is_input_error(e: &tokio_postgres::Error) -> bool {
+    matches!(e.code().map(|c| &c.code()[..2]), Some("22") | Some("54"))
+}
+
+/// `name`, if it is a table name the crate accepts ([`valid_table`]); else the error that says
+/// so, naming the setting `what`.
+pub(crate) fn check_table(what: &'static str, name: &str) -> Result<(), crate::ConfigError> {
+    if valid_table(name) {
+        Ok(())
+    } else {
+        Err(crate::ConfigError::new(
+            what,
+            "must be a lower-case identifier ([a-z_][a-z0-9_]*, at most 50 bytes), optionally schema-qualified",
+        ))
+    }
+}
+
+/// A table name the crate accepts: a lower-case SQL identifier (at most 50 bytes), optionally
+/// schema-qualified (`schema.table`). Names are written into statements, so nothing else is.
+pub(crate) fn valid_table(name: &str) -> bool {
+    let ident = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 50
+            && s.bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    match name.split_once('.') {
+        Some((schema, table)) => ident(schema) && ident(table),
+        None => ident(name),
+    }
+}
