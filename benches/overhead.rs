@@ -1084,7 +1084,8 @@ struct Case {
     name: &'static str,
     headers_written: u32,
     /// The allocations of the one extension insert that hands the call's outcome back in an
-    /// `http::Response` (DESIGN §1): the boxed outcome, and for a response with no extensions
+    /// `http::Response` (`surely::docs::outcomes`, "The outcome is the caller's"): the boxed
+    /// outcome, and for a response with no extensions
     /// yet, the extension map and its table as well. 0 where the response has no extensions
     /// (`plain`) or no layer hands an outcome back.
     outcome_allocs: u32,

@@ -1,8 +1,9 @@
 //! The canonical client stack in one call.
 //!
 //! [`client()`] starts a [`ClientBuilder`] with documented defaults; [`build`](ClientBuilder::build)
-//! wraps a transport (hyper-util's `Client`, a tonic `Channel`, any `tower::Service`) in the
-//! layers of DESIGN §8, outer to inner:
+//! wraps a transport (hyper-util's `Client`, a tonic `Channel`, any `tower::Service`) in these
+//! layers, outer to inner (why in this order:
+//! [layer order](crate::docs::architecture#layer-order)):
 //!
 //! ```text
 //! call record        RecordCallLayer       one record per logical call (with a recorder)

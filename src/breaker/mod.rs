@@ -103,8 +103,9 @@
 //!
 //! # Where it goes
 //!
-//! Inside retry and hedging, outside the attempt timeout (DESIGN §8): each attempt is counted,
-//! timeouts included, and a refusal goes back to the retry layer, which knows the deadline.
+//! Inside retry and hedging, outside the attempt timeout
+//! ([layer order](crate::docs::architecture#layer-order)): each attempt is counted, timeouts
+//! included, and a refusal goes back to the retry layer, which knows the deadline.
 //! One breaker per dependency: share a [`CircuitBreaker`] (clones share its state) between the
 //! services that reach the same one.
 //!

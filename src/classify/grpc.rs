@@ -17,11 +17,11 @@ const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// Any status with the crate's [`NOT_PROCESSED`](super::NOT_PROCESSED) marker is rejected.
 ///
 /// `UNAVAILABLE` is "not processed" only when the server says so, as HTTP's 503 is only with
-/// `Retry-After`: servers such as tonic send every unary error trailers-only, including an
-/// `UNAVAILABLE` returned by a handler that had already done its work, and gRPC's status
-/// documentation warns that retrying `UNAVAILABLE` is not always safe for non-idempotent
-/// operations. (DESIGN §1 listed trailers-only `UNAVAILABLE` as rejected; a keyless gRPC
-/// write would then be sent twice.)
+/// `Retry-After` ([`docs::outcomes`](crate::docs::outcomes)): servers such as tonic send every
+/// unary error trailers-only, including an `UNAVAILABLE` returned by a handler that had already
+/// done its work, and gRPC's status documentation warns that retrying `UNAVAILABLE` is not
+/// always safe for non-idempotent operations. Read as "not processed" whenever it came
+/// trailers-only, a gRPC write without a key would be sent twice.
 ///
 /// ```
 /// use surely::classify::{AttemptClass, GrpcCode};

@@ -3,7 +3,8 @@ use crate::Semantics;
 
 /// Folds the classes of a call's attempts into the call's [`Outcome`].
 ///
-/// The rules (DESIGN §1):
+/// The rules (the paragraph under the attempt table in
+/// [`docs::outcomes`](crate::docs::outcomes)):
 /// * one successful attempt makes the call [`Succeeded`](Outcome::Succeeded);
 /// * a maybe-committed attempt of a request with effects makes it [`Unknown`](Outcome::Unknown),
 ///   and only a later success settles that, or, for a [`Keyed`](Semantics::Keyed) request, a later

@@ -15,9 +15,10 @@ use tokio::time::{Instant, Sleep};
 ///
 /// * [`OwnTimer`] (the default) keeps it inside the call's future: never an allocation, but a
 ///   future about 110 bytes larger, which every layer outside moves around;
-/// * [`AttemptTimers`] counts on an attempt timeout inside (as in the canonical stack of
-///   DESIGN §8, where one always is) and keeps only a pointer: when no layer inside ends the
-///   call by the deadline after all, it boxes a timer, one allocation for that call.
+/// * [`AttemptTimers`] counts on an attempt timeout inside (as in the canonical stack, where
+///   one always is: [layer order](crate::docs::architecture#layer-order)) and keeps only a
+///   pointer: when no layer inside ends the call by the deadline after all, it boxes a timer,
+///   one allocation for that call.
 pub trait Enforcement: sealed::Timer {}
 
 /// The deadline layer keeps a timer of its own inside each call's future (the default).

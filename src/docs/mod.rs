@@ -21,7 +21,7 @@
 //!    gone, and what deadline propagation, retry budgets and the breaker each contribute,
 //!    measured.
 //! 9. [How the crate is built](architecture): its layers, bottom to top, and the rule that
-//!    keeps them apart.
+//!    keeps them apart; the order of a client's layers, and why.
 //!
 //! Every example here is compiled and run as a test.
 

@@ -68,7 +68,8 @@
 //! # Where it goes
 //!
 //! Inside the retry layer and outside the breaker, the attempt timeout and the attempt record
-//! (DESIGN §8): the retry layer sees one attempt per hedged race.
+//! ([layer order](crate::docs::architecture#layer-order)): the retry layer sees one attempt per
+//! hedged race.
 //!
 //! ```
 //! use std::sync::Arc;

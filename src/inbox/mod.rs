@@ -1,5 +1,5 @@
 //! The inbox: a consumer applies each event's effect once, however often it is delivered
-//! (DESIGN §10).
+//! ([`docs::boundary`](crate::docs::boundary)).
 //!
 //! An outbox delivers at least once: a relay that crashed before marking an event publishes it
 //! again, and a consumer that crashed after its write but before its acknowledgement gets it

@@ -1,5 +1,5 @@
 //! The UNKNOWN ledger: a call whose outcome stayed unknown is a queue entry, worked down by a
-//! reconciler, not a log line (DESIGN §11).
+//! reconciler, not a log line ([`docs::unknowns`](crate::docs::unknowns)).
 //!
 //! A POST that timed out after it was sent may have placed the order. When the retry layer
 //! cannot send it again and no [resolver](crate::retry::Resolve) could settle it before the call

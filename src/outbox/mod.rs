@@ -1,5 +1,6 @@
 //! The transactional outbox: an event is written in the same transaction as the business change
-//! it announces, and a relay publishes it afterwards, at least once (DESIGN §10).
+//! it announces, and a relay publishes it afterwards, at least once
+//! ([`docs::boundary`](crate::docs::boundary)).
 //!
 //! Writing the order and publishing `OrderCreated` are two systems: whichever goes first, a crash
 //! between them loses one or invents the other. The outbox makes them one write. The handler

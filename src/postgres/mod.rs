@@ -1,6 +1,6 @@
-//! One way of talking to PostgreSQL for everything the crate keeps there : one pool
-//! type, one set of versioned migrations run with one call, and one reading of the database's
-//! errors.
+//! One way of talking to PostgreSQL for everything the crate keeps there
+//! ([`docs::architecture`](crate::docs::architecture)): one pool type, one set of versioned
+//! migrations run with one call, and one reading of the database's errors.
 //!
 //! * **The pool** is deadpool-postgres's [`Pool`], re-exported, over tokio-postgres: the
 //!   idempotency [store](crate::server::store::PostgresStore) takes one, and a handler

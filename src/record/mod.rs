@@ -5,8 +5,9 @@
 //! why the call stopped.
 //!
 //! * [`RecordAttemptLayer`] yields one [`AttemptRecord`] per attempt. Put it **outside** the
-//!   attempt timeout, so that it sees where a timeout fired (DESIGN §8 lists it inside; outside
-//!   is what lets the record say "timed out after send").
+//!   attempt timeout ([layer order](crate::docs::architecture#layer-order)): only from there does
+//!   it see the timeout fire and how far the request had got, so that the record can say "timed
+//!   out after send".
 //! * [`RecordCallLayer`] yields one [`CallRecord`] per logical call: the attempts folded into the
 //!   call's [`Outcome`] and the [`StopReason`]. It is the outermost layer of a client stack, and
 //!   gives the call the [`CallId`] that its attempt records carry.

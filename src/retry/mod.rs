@@ -1,7 +1,7 @@
 //! Retries that cannot make things worse.
 //!
 //! [`RetryLayer`] sends an attempt again only when the shared classifier says it may be sent
-//! again for this request (DESIGN §1):
+//! again for this request (the attempt table of [`docs::outcomes`](crate::docs::outcomes)):
 //!
 //! * a *rejected, not processed* attempt (refused before send, 429, 503 with `Retry-After`, a
 //!   keyed request's "in flight" 409) is retried for every request, a POST without a key
@@ -55,8 +55,8 @@
 //! # Where it goes
 //!
 //! Inside the deadline and idempotency-key layers, outside the attempt timeout and the attempt
-//! record (DESIGN §8), so that every attempt is timed and recorded, and the deadline bounds
-//! them all.
+//! record ([layer order](crate::docs::architecture#layer-order)), so that every attempt is timed
+//! and recorded, and the deadline bounds them all.
 //!
 //! # How this differs from `tower::retry`
 //!

@@ -47,7 +47,8 @@ pub struct NotReplayable;
 ///
 /// Reading happens before the inner service is called, inside the call's deadline when a
 /// [`DeadlineLayer`](crate::deadline::DeadlineLayer) is outside. Place the layer between the
-/// idempotency-key layer and the retry layer (DESIGN §8).
+/// idempotency-key layer and the retry layer
+/// ([layer order](crate::docs::architecture#layer-order)).
 ///
 /// ```
 /// use bytes::Bytes;

@@ -1,6 +1,7 @@
-//! Classification through the public API: the DESIGN §1 attempt table for the four request
-//! semantics, the call outcome over several attempts, pushback parsing, error classification
-//! (including a real hyper-util client against 127.0.0.1), and closure classifiers.
+//! Classification through the public API: the attempt table (`surely::docs::outcomes`) for the
+//! four request semantics, the call outcome over several attempts, pushback parsing, error
+//! classification (including a real hyper-util client against 127.0.0.1), and closure
+//! classifiers.
 
 mod closure;
 mod errors;

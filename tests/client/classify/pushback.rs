@@ -240,8 +240,8 @@ fn grpc_pushback_wins_over_retry_after() {
 }
 
 /// A gRPC response with a non-200 status comes from a proxy, which speaks HTTP: its
-/// `Retry-After` is the only pushback there is, and DESIGN §3 says it wins over the computed
-/// delay. `src/classify/grpc.rs` `classify_head` drops it (`let pushback = None`).
+/// `Retry-After` is the only pushback there is, and a server's pushback replaces the computed
+/// delay (`surely::docs::retries`, "Within limits"), so the classification must keep it.
 #[test]
 fn grpc_over_http_503_keeps_retry_after() {
     let req = support::grpc_request(Semantics::NonIdempotent);

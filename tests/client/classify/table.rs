@@ -1,4 +1,4 @@
-//! DESIGN §1's attempt table, row by row, for the four request semantics.
+//! The attempt table (`surely::docs::outcomes`), row by row, for the four request semantics.
 //!
 //! Each row is one thing that can come back (a response, a gRPC status, an error), the class
 //! and delivery phase it must get, then for each semantics (columns: Safe = GET, Idempotent =
@@ -275,14 +275,15 @@ fn design_table_for_every_semantics() {
     }
     assert!(
         mismatches.is_empty(),
-        "{} mismatches with DESIGN §1:\n{}",
+        "{} mismatches with the attempt table:\n{}",
         mismatches.len(),
         mismatches.join("\n")
     );
 }
 
 /// The table's own consistency: the retry and outcome columns follow from the class column
-/// exactly as DESIGN §1 says, so a typo in one column cannot hide a wrong classification.
+/// exactly as `surely::docs::outcomes` says (the table, and the paragraph under it), so a typo
+/// in one column cannot hide a wrong classification.
 #[test]
 fn table_columns_agree_with_design_rules() {
     for row in TABLE {
@@ -401,10 +402,11 @@ fn grpc_requests_use_grpc_status_and_http_requests_ignore_it() {
     assert_eq!(http.class(), Success);
 }
 
-/// DESIGN §1 lists "502/504 from a gateway" as maybe committed and a 503 as rejected only with
-/// `Retry-After`. For a gRPC request, `src/classify/grpc.rs` maps HTTP 502/503/504 to
-/// UNAVAILABLE and classifies that as trailers-only, i.e. *rejected*: a keyless gRPC POST
-/// that a gateway timed out after forwarding would be retried.
+/// A gRPC request answered with a non-200 HTTP status is classified by the HTTP rows
+/// (`surely::docs::outcomes`, the attempt table): 502 and 504 maybe committed, 503 rejected
+/// only with `Retry-After`. They are not turned into the `UNAVAILABLE` a gRPC library would
+/// report: that would hide that a gateway may have forwarded the request, and a keyless gRPC
+/// POST that a gateway timed out after forwarding must not be sent again.
 #[test]
 fn grpc_over_gateway_5xx_is_maybe_committed() {
     for status in [502, 503, 504] {

@@ -1,4 +1,5 @@
-//! The call outcome over several attempts (DESIGN §1, the paragraph under the table).
+//! The call outcome over several attempts (`surely::docs::outcomes`, the paragraph under the
+//! attempt table).
 
 use proptest::prelude::*;
 use surely::classify::AttemptClass::{self, Conflict, Final, MaybeCommitted, Rejected, Success};
@@ -143,7 +144,7 @@ fn semantics() -> impl Strategy<Value = Semantics> {
     prop::sample::select(SEMANTICS.to_vec())
 }
 
-/// DESIGN §1 written as a reference model over the whole history.
+/// That paragraph written as a reference model over the whole history.
 fn model(semantics: Semantics, classes: &[AttemptClass]) -> Option<Outcome> {
     if classes.is_empty() {
         return None;

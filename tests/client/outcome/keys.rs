@@ -1,6 +1,6 @@
-//! DESIGN §1's key rule over real hyper on 127.0.0.1: the server commits a POST, then the
-//! connection is dropped before the reply. Only a client that knows its server honours keys
-//! sends the POST again.
+//! The key rule (`surely::docs::keys`, its table) over real hyper on 127.0.0.1: the server
+//! commits a POST, then the connection is dropped before the reply. Only a client that knows
+//! its server honours keys sends the POST again.
 
 use std::convert::Infallible;
 use std::future::Future;

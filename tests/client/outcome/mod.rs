@@ -1,6 +1,6 @@
 //! The outcome on the return path: every call hands its outcome back with its response or its
 //! error, whatever the recorder, and it is the outcome its record says (paused time, in-memory
-//! transports; `keys.rs` has the real-hyper cases of DESIGN §1's key rule).
+//! transports; `keys.rs` has the real-hyper cases of the key rule in `surely::docs::keys`).
 
 mod keys;
 mod records;

@@ -1,9 +1,10 @@
-//! DESIGN §3's pushback rule, fuzzed: 10 000 generated `Retry-After` and
-//! `grpc-retry-pushback-ms` values (delay-seconds small and absurd, HTTP-dates past and future,
-//! garbage, negative and huge gRPC values), each answered to a call through a deadline and a
-//! retry layer with a cap. Whatever the value: no retry before the delay the server asked for,
-//! no wait longer than the cap or past the deadline, and a value that does not parse counts as
-//! absent (`Retry-After`) or as "do not retry" (`grpc-retry-pushback-ms`, as gRPC specifies).
+//! The pushback rule (`surely::docs::retries`, "Within limits"), fuzzed: 10 000 generated
+//! `Retry-After` and `grpc-retry-pushback-ms` values (delay-seconds small and absurd,
+//! HTTP-dates past and future, garbage, negative and huge gRPC values), each answered to a call
+//! through a deadline and a retry layer with a cap. Whatever the value: no retry before the
+//! delay the server asked for, no wait longer than the cap or past the deadline, and a value
+//! that does not parse counts as absent (`Retry-After`) or as "do not retry"
+//! (`grpc-retry-pushback-ms`, as gRPC specifies).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};

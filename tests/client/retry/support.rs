@@ -103,7 +103,7 @@ where
 }
 
 /// The canonical stack with an [`IdempotencyKeyLayer`] between the deadline and the retry
-/// layers (DESIGN §8), told that the server honours its keys.
+/// layers (`surely::docs::architecture`, layer order), told that the server honours its keys.
 pub(crate) fn canonical_keyed<P>(
     retry: RetryLayer,
     policy: P,
