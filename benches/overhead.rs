@@ -928,7 +928,8 @@ fn breaker_above_half() -> CircuitBreaker {
 /// attempt timeout inside.
 fn client_deadline() -> DeadlineLayer<AttemptTimers> {
     DeadlineLayer::builder()
-        .timeout(surely::client::DEFAULT_TIMEOUT)
+        // `ClientBuilder::timeout`'s documented default.
+        .timeout(Duration::from_secs(10))
         .enforce_in_attempts()
         .build()
         .expect("a valid deadline")

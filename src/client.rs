@@ -88,7 +88,7 @@ use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
 use crate::ConfigError;
 
 /// The default total budget of a call made through [`client()`]: 10 s.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A [`ClientBuilder`] with the defaults, for any transport. Without the body-buffering layer:
 /// add it with [`replay_bodies`](ClientBuilder::replay_bodies) for HTTP transports whose body

@@ -41,8 +41,9 @@ pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-ret
 /// The header that marks a replayed response: `idempotent-replayed: true`.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// The header in which the layer's own error responses carry their code (also in the JSON body's
-/// `code`): one of the `IDEMPOTENCY_KEY_*` constants.
+/// The header in which the idempotency layer's own error responses carry their code (also in the
+/// JSON body's `code`): one of the
+/// [`ErrorCode`](crate::server::idempotency::ErrorCode)s, such as `IDEMPOTENCY_KEY_MISSING`.
 pub const IDEMPOTENCY_ERROR: HeaderName = HeaderName::from_static("idempotency-error");
 
 /// The default response header read as the downstream request id.

@@ -22,7 +22,7 @@ use crate::record::{Recorder, TracingRecorder};
 use crate::{ConfigError, Error};
 
 /// The most half-open probes a breaker may allow.
-pub const MAX_HALF_OPEN_PROBES: u32 = 1000;
+const MAX_HALF_OPEN_PROBES: u32 = 1000;
 
 /// The sliding window over which the failure rate is measured.
 ///
@@ -620,7 +620,7 @@ impl CircuitBreakerBuilder {
 
     /// How many probes a half-open breaker lets through (default 1): it closes when they all
     /// succeed, opens again as soon as one fails, and refuses other calls meanwhile. From 1 to
-    /// [`MAX_HALF_OPEN_PROBES`].
+    /// 1000; outside that, [`build`](Self::build) returns a [`ConfigError`].
     pub fn half_open_probes(mut self, probes: u32) -> Self {
         self.probes = probes;
         self

@@ -170,9 +170,7 @@ mod window;
 use std::time::Duration;
 
 pub(crate) use self::circuit::{health, Pass};
-pub use self::circuit::{
-    CircuitBreaker, CircuitBreakerBuilder, SlidingWindow, MAX_HALF_OPEN_PROBES,
-};
+pub use self::circuit::{CircuitBreaker, CircuitBreakerBuilder, SlidingWindow};
 pub use self::error::CircuitOpen;
 pub use self::future::ResponseFuture;
 pub use self::layer::{Breaker, CircuitBreakerLayer};
@@ -181,21 +179,21 @@ pub use crate::error::BreakerState;
 pub use crate::record::{BreakerEvent, BreakerEventKind, TransitionReason};
 
 /// The default failure ratio at which the breaker opens.
-pub const DEFAULT_FAILURE_RATIO: f64 = 0.5;
+pub(crate) const DEFAULT_FAILURE_RATIO: f64 = 0.5;
 /// The default minimum number of calls in the window before the breaker may open.
-pub const DEFAULT_MIN_THROUGHPUT: u32 = 20;
+pub(crate) const DEFAULT_MIN_THROUGHPUT: u32 = 20;
 /// The default window: the last 100 calls.
-pub const DEFAULT_WINDOW_CALLS: u32 = 100;
+pub(crate) const DEFAULT_WINDOW_CALLS: u32 = 100;
 /// The default first break.
-pub const DEFAULT_BREAK: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_BREAK: Duration = Duration::from_secs(5);
 /// The default growth of the break after each failed probe.
-pub const DEFAULT_BREAK_MULTIPLIER: f64 = 2.0;
+pub(crate) const DEFAULT_BREAK_MULTIPLIER: f64 = 2.0;
 /// The default longest break.
-pub const DEFAULT_MAX_BREAK: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_MAX_BREAK: Duration = Duration::from_secs(60);
 /// The default jitter of breaks: ±10%.
-pub const DEFAULT_JITTER: f64 = 0.1;
+pub(crate) const DEFAULT_JITTER: f64 = 0.1;
 /// The default number of half-open probes.
-pub const DEFAULT_HALF_OPEN_PROBES: u32 = 1;
+pub(crate) const DEFAULT_HALF_OPEN_PROBES: u32 = 1;
 /// The default least time an attempt ended by the call's deadline must have been given for its
 /// timeout to count against the dependency.
-pub const DEFAULT_MIN_TIMEOUT_EVIDENCE: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_MIN_TIMEOUT_EVIDENCE: Duration = Duration::from_millis(100);

@@ -128,10 +128,8 @@ mod ratio;
 mod token_bucket;
 
 pub use self::error::BudgetExhausted;
-pub use self::ratio::{
-    RatioBudget, RatioBudgetBuilder, DEFAULT_MIN_PER_SEC, DEFAULT_RATIO, DEFAULT_TTL,
-};
-pub use self::token_bucket::{TokenBucket, DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_RATIO};
+pub use self::ratio::{RatioBudget, RatioBudgetBuilder};
+pub use self::token_bucket::TokenBucket;
 
 /// Budgets keep amounts in thousandths of a retry (or a token).
 const MILLI: i64 = 1000;

@@ -12,15 +12,15 @@ use crate::classify::AttemptClass;
 use crate::ConfigError;
 
 /// The default [ratio](RatioBudgetBuilder::ratio): one retry per ten first attempts.
-pub const DEFAULT_RATIO: f64 = 0.1;
+pub(crate) const DEFAULT_RATIO: f64 = 0.1;
 
 /// The default [window](RatioBudgetBuilder::ttl): first attempts and retries count for ten
 /// seconds, as in Finagle and tower.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
 /// The default [reserve](RatioBudgetBuilder::min_per_sec): ten retries a second whatever the
 /// traffic, as in Finagle and tower.
-pub const DEFAULT_MIN_PER_SEC: f64 = 10.0;
+pub(crate) const DEFAULT_MIN_PER_SEC: f64 = 10.0;
 
 /// The window is cut into this many slots; amounts expire a slot at a time.
 const SLOTS_PER_TTL: u32 = 10;
@@ -184,8 +184,8 @@ pub struct RatioBudget {
 }
 
 impl RatioBudget {
-    /// Starts a budget with the defaults: ratio [`DEFAULT_RATIO`] (10%), window
-    /// [`DEFAULT_TTL`] (10 s), reserve [`DEFAULT_MIN_PER_SEC`] (10 a second).
+    /// Starts a budget with the defaults: ratio 0.1 (10% of first attempts), window 10 s,
+    /// reserve 10 retries a second (Finagle's and tower's window and reserve).
     pub fn builder() -> RatioBudgetBuilder {
         RatioBudgetBuilder {
             ratio: DEFAULT_RATIO,
@@ -567,23 +567,22 @@ pub struct RatioBudgetBuilder {
 }
 
 impl RatioBudgetBuilder {
-    /// Retries allowed per first attempt: finite, from 0 to 1000. Default [`DEFAULT_RATIO`]
-    /// (0.1: one retry per ten first attempts). Kept to three decimal places, rounding down.
+    /// Retries allowed per first attempt: finite, from 0 to 1000. Default: 0.1 (one retry per
+    /// ten first attempts). Kept to three decimal places, rounding down.
     /// Zero leaves only the reserve.
     pub fn ratio(mut self, ratio: f64) -> Self {
         self.ratio = ratio;
         self
     }
 
-    /// How long a first attempt or a retry counts: from 1 to 60 seconds. Default
-    /// [`DEFAULT_TTL`] (10 s).
+    /// How long a first attempt or a retry counts: from 1 to 60 seconds. Default: 10 s.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
     /// Retries a second allowed whatever the traffic, so that a client with few calls can
-    /// still retry: finite and not negative. Default [`DEFAULT_MIN_PER_SEC`] (10). The reserve
+    /// still retry: finite and not negative. Default: 10 a second. The reserve
     /// is `min_per_sec × ttl` retries, spent and restored over the window like the rest.
     pub fn min_per_sec(mut self, min_per_sec: f64) -> Self {
         self.min_per_sec = min_per_sec;

@@ -10,13 +10,12 @@ use crate::ConfigError;
 
 /// The default [`max_tokens`](TokenBucket::max_tokens): 10, the example of gRPC's retry
 /// design (A6). Retries stop after five health failures more than successes can pay for.
-pub const DEFAULT_MAX_TOKENS: u32 = 10;
+const DEFAULT_MAX_TOKENS: u32 = 10;
 
-/// The default [`token_ratio`](TokenBucket::token_ratio): 0.1, the example of gRPC's retry
-/// design (A6). Ten successes pay for one failure, the same 10% as [`RatioBudget`]'s default.
-///
-/// [`RatioBudget`]: super::RatioBudget
-pub const DEFAULT_TOKEN_RATIO: f64 = 0.1;
+/// The default [`token_ratio`](TokenBucket::token_ratio), in thousandths of a token: 0.1, the
+/// example of gRPC's retry design (A6). Ten successes pay for one failure, the same 10% as
+/// [`RatioBudget`](super::RatioBudget)'s default.
+const DEFAULT_TOKEN_RATIO_MILLI: u64 = 100;
 
 /// A retry budget of the token-bucket form, with the semantics of gRPC's `retryThrottling`
 /// (gRPC design A6; the AWS SDKs' retry quota is the same idea).
@@ -175,10 +174,11 @@ impl RetryBudget for TokenBucket {
 }
 
 impl Default for TokenBucket {
-    /// [`DEFAULT_MAX_TOKENS`] (10) tokens, refilled by [`DEFAULT_TOKEN_RATIO`] (0.1) per
-    /// success.
+    /// 10 tokens, refilled by 0.1 per success: the example of gRPC's retry design (A6). Five
+    /// health failures more than successes can pay for stop retries; ten successes pay for one
+    /// failure.
     fn default() -> Self {
-        TokenBucket::from_valid(DEFAULT_MAX_TOKENS, 100)
+        TokenBucket::from_valid(DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_RATIO_MILLI)
     }
 }
 

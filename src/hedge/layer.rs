@@ -11,27 +11,27 @@ use crate::classify::HttpClassifier;
 use crate::ConfigError;
 
 /// The default attempt limit, the first attempt included: one hedge.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 2;
+pub(crate) const DEFAULT_MAX_ATTEMPTS: u32 = 2;
 
 /// The default percentile of recent successful latencies after which a hedge is sent.
-pub const DEFAULT_PERCENTILE: f64 = 95.0;
+pub(crate) const DEFAULT_PERCENTILE: f64 = 95.0;
 
 /// The default delay while too few latencies were seen to learn one.
-pub const DEFAULT_FALLBACK_DELAY: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_FALLBACK_DELAY: Duration = Duration::from_millis(100);
 
 /// The default number of successful attempts seen before the learned delay replaces the
 /// fallback.
-pub const DEFAULT_MIN_SAMPLES: u32 = 100;
+pub(crate) const DEFAULT_MIN_SAMPLES: u32 = 100;
 
 /// The default number of recent successful attempts the learned delay is computed from.
-pub const DEFAULT_WINDOW: u32 = 1000;
+pub(crate) const DEFAULT_WINDOW: u32 = 1000;
 
 /// The largest window allowed (its latencies are kept in memory, 8 bytes each).
-pub const MAX_WINDOW: u32 = 1 << 20;
+pub(crate) const MAX_WINDOW: u32 = 1 << 20;
 
 /// The default least time a hedge needs: a hedge that would leave less of the call's budget is
 /// not sent.
-pub const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
+pub(crate) const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
 
 /// How long to wait for an attempt before sending the next one.
 ///
@@ -105,8 +105,10 @@ impl HedgeDelay {
     }
 
     /// For a learned delay: how many recent successful attempts the percentile is computed
-    /// from (default 1000; at least 1, at most [`MAX_WINDOW`]). The delay is recomputed every
-    /// quarter of a window. No effect on a fixed delay.
+    /// from (default 1000; at least 1, at most 2^20 = 1,048,576, as its latencies are kept in
+    /// memory, 8 bytes each; outside that, [`HedgeLayerBuilder::build`] returns a
+    /// [`ConfigError`]). The delay is recomputed every quarter of a window. No effect on a fixed
+    /// delay.
     pub fn window(mut self, n: u32) -> Self {
         if let DelayRepr::Percentile { window, .. } = &mut self.repr {
             *window = n;

@@ -139,10 +139,7 @@ mod layer;
 
 use self::future::ResponseFuture;
 use self::layer::Config;
-pub use self::layer::{
-    HedgeDelay, HedgeLayer, HedgeLayerBuilder, DEFAULT_FALLBACK_DELAY, DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MIN_ATTEMPT, DEFAULT_MIN_SAMPLES, DEFAULT_PERCENTILE, DEFAULT_WINDOW, MAX_WINDOW,
-};
+pub use self::layer::{HedgeDelay, HedgeLayer, HedgeLayerBuilder};
 
 use crate::context::as_hedge;
 

@@ -19,7 +19,7 @@ pub(crate) use self::key::validate as validate_key;
 pub use self::key::IdempotencyKey;
 pub use self::key_error::InvalidKey;
 #[cfg(feature = "server")]
-pub use self::record_key::{Fence, RecordKey, MAX_OPERATION_BYTES, MAX_TENANT_BYTES};
+pub use self::record_key::{Fence, RecordKey};
 
 /// A logical call's id, unique within the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

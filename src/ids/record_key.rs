@@ -21,13 +21,13 @@ use super::IdempotencyKey;
 /// The tenant and the operation come from the request (a header, the path), so a client
 /// chooses their length. A store keys records on them, and a store has limits (PostgreSQL's
 /// btree refuses an index entry over 2 704 bytes), which must never turn a client's input into a
-/// server error. So a tenant over [`MAX_TENANT_BYTES`] or an operation over
-/// [`MAX_OPERATION_BYTES`] (or either with a NUL character, which PostgreSQL's text refuses) is
-/// kept as a readable prefix followed by `~sha256:` and the hex SHA-256 digest of the whole
-/// value: bounded, still different for different values, and still readable by an operator.
+/// server error. So a tenant over 256 bytes or an operation over 1024 bytes (or either with a
+/// NUL character, which PostgreSQL's text refuses) is kept as a readable prefix followed by
+/// `~sha256:` and the hex SHA-256 digest of the whole value: bounded (to those 256 and 1024
+/// bytes), still different for different values, and still readable by an operator.
 ///
 /// ```
-/// use surely::server::store::{RecordKey, MAX_OPERATION_BYTES};
+/// use surely::server::store::RecordKey;
 /// use surely::idempotency::IdempotencyKey;
 ///
 /// let key = IdempotencyKey::new("k-1").unwrap();
@@ -37,7 +37,7 @@ use super::IdempotencyKey;
 ///
 /// let long = format!("POST /search/{}", "x".repeat(3_000));
 /// let c = RecordKey::new("tenant-a", long.clone(), key.clone());
-/// assert!(c.operation().len() <= MAX_OPERATION_BYTES);
+/// assert!(c.operation().len() <= 1024);
 /// assert!(c.operation().starts_with("POST /search/xxx"));
 /// assert_eq!(c, RecordKey::new("tenant-a", long, key.clone()));
 /// assert_ne!(c, RecordKey::new("tenant-a", format!("POST /search/{}", "x".repeat(3_001)), key));
@@ -62,7 +62,9 @@ fn hash_key() -> &'static std::collections::hash_map::RandomState {
 }
 
 impl RecordKey {
-    /// The record of `key`, sent by `tenant`, for `operation`.
+    /// The record of `key`, sent by `tenant`, for `operation`. A tenant over 256 bytes or an
+    /// operation over 1024 bytes, or either with a NUL, is kept bounded to that length (see
+    /// [above](Self#bounded-whatever-the-client-sends)).
     pub fn new(
         tenant: impl Into<Box<str>>,
         operation: impl Into<Box<str>>,
@@ -102,10 +104,10 @@ impl RecordKey {
 }
 
 /// The longest tenant a [`RecordKey`] keeps as it is, in bytes.
-pub const MAX_TENANT_BYTES: usize = 256;
+pub(crate) const MAX_TENANT_BYTES: usize = 256;
 
 /// The longest operation a [`RecordKey`] keeps as it is, in bytes.
-pub const MAX_OPERATION_BYTES: usize = 1024;
+pub(crate) const MAX_OPERATION_BYTES: usize = 1024;
 
 /// `~sha256:` and 64 hex digits.
 const DIGEST_SUFFIX_BYTES: usize = 8 + 64;

@@ -102,10 +102,10 @@ pub use self::reconciler::{ReconcileRound, Reconciler, ReconcilerBuilder};
 pub use self::recorder::{LedgerRecorder, LedgerWrites};
 
 /// The longest text a ledger keeps for a person's name ([`SettledBy::Manual`]).
-pub const MAX_WHO: usize = 256;
+pub(crate) const MAX_WHO: usize = 256;
 /// The longest text a ledger keeps for a reason or a piece of evidence; a reconciler cuts a
 /// longer answer to this, a manual settlement with a longer one is refused.
-pub const MAX_TEXT: usize = 16 * 1024;
+pub(crate) const MAX_TEXT: usize = 16 * 1024;
 
 /// An entry's id: `unk-` and 32 hex digits, fresh for every unknown call (a call id is only
 /// unique within one process).
@@ -434,7 +434,8 @@ pub struct Settlement {
 }
 
 impl Settlement {
-    /// A reconciler's settlement, from the downstream's answer (cut to [`MAX_TEXT`]).
+    /// A reconciler's settlement, from the downstream's answer (an answer over 16 KiB, 16,384
+    /// bytes, is cut to that, ending in `…`).
     pub fn reconciled(verdict: Verdict, evidence: impl Into<String>) -> Self {
         let mut evidence = evidence.into();
         if evidence.len() > MAX_TEXT {
@@ -452,8 +453,8 @@ impl Settlement {
     ///
     /// # Errors
     ///
-    /// [`LedgerError::is_invalid`] if `who` is empty or longer than [`MAX_WHO`], or `why` is
-    /// empty or longer than [`MAX_TEXT`], or either holds a control character.
+    /// [`LedgerError::is_invalid`] if `who` is empty or longer than 256 bytes, or `why` is
+    /// empty or longer than 16 KiB (16,384 bytes), or either holds a control character.
     pub fn manual(
         verdict: Verdict,
         who: impl Into<String>,
@@ -514,7 +515,8 @@ pub struct Entry {
     pub state: EntryState,
     /// How many queries left it unknown.
     pub tries: u32,
-    /// The last try's note (the query's error, or why it went to the manual queue).
+    /// The last try's note (the query's error, or why it went to the manual queue), at most
+    /// 16 KiB (16,384 bytes).
     pub note: Option<String>,
     /// Its settlement, once settled.
     pub settlement: Option<Settlement>,
@@ -705,7 +707,7 @@ pub trait Ledger: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Settled, LedgerError>> + Send;
 
     /// Puts a claimed entry back, open, to be claimed again after `after`; counts a try and
-    /// keeps `note`.
+    /// keeps `note` (its first 16 KiB, 16,384 bytes, cut on a character boundary).
     ///
     /// # Errors
     ///
@@ -717,7 +719,8 @@ pub trait Ledger: Send + Sync + 'static {
         after: Duration,
     ) -> impl Future<Output = Result<(), LedgerError>> + Send;
 
-    /// Moves a claimed entry to the manual queue, with the reason; counts a try.
+    /// Moves a claimed entry to the manual queue, with the reason (kept as the entry's note, cut
+    /// like [`retry_later`](Self::retry_later)'s); counts a try.
     ///
     /// # Errors
     ///

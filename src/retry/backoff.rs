@@ -82,15 +82,11 @@ use rand::{Rng, RngCore, SeedableRng};
 use crate::ConfigError;
 
 /// The default [multiplier](BackoffBuilder::multiplier): each delay doubles.
-pub const DEFAULT_MULTIPLIER: f64 = 2.0;
+pub(crate) const DEFAULT_MULTIPLIER: f64 = 2.0;
 
 /// The default [cap](BackoffBuilder::cap): no single wait is longer than 20 seconds (or the base
-/// delay, if that is longer).
-///
-/// This is the AWS SDKs' maximum backoff. gRPC's default retry policy caps at 120 s, which is
-/// long for a call that has a deadline; in practice the call's remaining budget usually cuts the
-/// wait shorter than either.
-pub const DEFAULT_CAP: Duration = Duration::from_secs(20);
+/// delay, if that is longer). Why 20 s is said on [`BackoffBuilder::cap`].
+pub(crate) const DEFAULT_CAP: Duration = Duration::from_secs(20);
 
 /// The growth of [`Jitter::Decorrelated`]: each wait is at most this many times the previous.
 const DECORRELATED_GROWTH: u128 = 3;
@@ -152,8 +148,8 @@ enum Streams {
 impl Backoff {
     /// Starts an exponential schedule whose first retry waits about `base` (before jitter).
     ///
-    /// Defaults: multiplier [`DEFAULT_MULTIPLIER`] (2), cap [`DEFAULT_CAP`] (20 s, or `base` if
-    /// that is longer), [`Jitter::Full`], and a generator seeded from the operating system.
+    /// Defaults: multiplier 2 (each delay doubles), cap 20 s (or `base` if that is longer),
+    /// [`Jitter::Full`], and a generator seeded from the operating system.
     /// `base` must be greater than zero; [`BackoffBuilder::build`] says so if it is not.
     pub fn exponential(base: Duration) -> BackoffBuilder {
         BackoffBuilder {
@@ -294,14 +290,19 @@ pub struct BackoffBuilder {
 
 impl BackoffBuilder {
     /// How much each delay grows over the previous one: finite and at least 1.0 (1.0 makes a
-    /// constant delay). Default [`DEFAULT_MULTIPLIER`]. [`Jitter::Decorrelated`] does not use it.
+    /// constant delay). Default: 2.0, each delay doubles. [`Jitter::Decorrelated`] does not use
+    /// it.
     pub fn multiplier(mut self, multiplier: f64) -> Self {
         self.multiplier = multiplier;
         self
     }
 
-    /// The longest single delay; at least the base delay. Default [`DEFAULT_CAP`], or the base
-    /// delay if that is longer.
+    /// The longest single delay; at least the base delay. Default: 20 s, or the base delay if
+    /// that is longer.
+    ///
+    /// 20 s is the AWS SDKs' maximum backoff. gRPC's default retry policy caps at 120 s, which
+    /// is long for a call that has a deadline; in practice the call's remaining budget usually
+    /// cuts the wait shorter than either.
     pub fn cap(mut self, cap: Duration) -> Self {
         self.cap = Some(cap);
         self

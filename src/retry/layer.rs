@@ -19,14 +19,14 @@ use crate::record::key_of;
 use crate::{ConfigError, Envelope, Error, IntoError, Semantics};
 
 /// The default attempt limit, the first attempt included.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+pub(crate) const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 
 /// The default longest server pushback obeyed.
-pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(30);
 
 /// The default least time an attempt needs: a retry that would leave less of the call's budget
 /// is not started.
-pub const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
+pub(crate) const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
 
 pub use crate::headers::RETRY_OWNER;
 

@@ -100,11 +100,9 @@ mod resolve;
 
 pub use self::future::ResponseFuture;
 pub use self::layer::{
-    Retry, RetryLayer, RetryLayerBuilder, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_PUSHBACK,
-    DEFAULT_MIN_ATTEMPT, GRPC_PREVIOUS_RPC_ATTEMPTS, RETRY_OWNER,
+    Retry, RetryLayer, RetryLayerBuilder, GRPC_PREVIOUS_RPC_ATTEMPTS, RETRY_OWNER,
 };
 pub use self::replay::{
     BodyNotReplayable, NotReplayable, ReplayBodies, ReplayBody, ReplayBodyLayer, ReplayFuture,
-    DEFAULT_REPLAY_LIMIT,
 };
 pub use self::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};

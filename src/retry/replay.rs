@@ -16,7 +16,7 @@ use tower_service::Service;
 use crate::classify::BoxError;
 
 /// The default buffering limit: 64 KiB.
-pub const DEFAULT_REPLAY_LIMIT: usize = 64 * 1024;
+pub(crate) const DEFAULT_REPLAY_LIMIT: usize = 64 * 1024;
 
 /// Marks a request whose body could not be buffered (too large, or it failed while being read):
 /// it can be sent once. [`RetryLayer`](super::RetryLayer) does not retry such a request, and the
@@ -28,7 +28,7 @@ pub const DEFAULT_REPLAY_LIMIT: usize = 64 * 1024;
 #[non_exhaustive]
 pub struct NotReplayable;
 
-/// Buffers request bodies up to a limit (default [64 KiB](DEFAULT_REPLAY_LIMIT)), so that the
+/// Buffers request bodies up to a limit (default 64 KiB), so that the
 /// [`RetryLayer`](super::RetryLayer) inside can send the same bytes on every attempt.
 ///
 /// A retry sends a copy of the request (`Req: Clone`), and a streaming body such as hyper's
@@ -83,8 +83,9 @@ impl ReplayBodyLayer {
         }
     }
 
-    /// Buffers bodies of up to `limit` bytes; larger ones are sent once. Zero makes every
-    /// request with a body single-attempt (an empty body is still replayable).
+    /// Buffers bodies of up to `limit` bytes (default 64 KiB: 65,536); larger ones are sent
+    /// once. Zero makes every request with a body single-attempt (an empty body is still
+    /// replayable).
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = limit;
         self

@@ -7,10 +7,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use surely::budget::{
-    BudgetExhausted, RatioBudget, RetryBudget, TokenBucket, DEFAULT_MAX_TOKENS,
-    DEFAULT_MIN_PER_SEC, DEFAULT_RATIO, DEFAULT_TOKEN_RATIO, DEFAULT_TTL,
-};
+use surely::budget::{BudgetExhausted, RatioBudget, RetryBudget, TokenBucket};
 use surely::classify::AttemptClass;
 use tokio::time::advance;
 
@@ -67,11 +64,16 @@ fn budgets_are_object_safe_and_shareable() {
 #[tokio::test(start_paused = true)]
 async fn ratio_defaults() {
     let budget = RatioBudget::default();
-    assert_eq!(budget.ratio(), DEFAULT_RATIO);
-    assert_eq!(budget.ttl(), DEFAULT_TTL);
-    assert_eq!(budget.min_per_sec(), DEFAULT_MIN_PER_SEC);
-    assert_eq!(DEFAULT_RATIO, 0.1);
-    assert_eq!(DEFAULT_TTL, secs(10));
+    // The documented defaults: 10% of first attempts over 10 s, plus 10 retries a second.
+    assert_eq!(budget.ratio(), 0.1);
+    assert_eq!(budget.ttl(), secs(10));
+    assert_eq!(budget.min_per_sec(), 10.0);
+    // The builder starts from the same defaults.
+    let built = RatioBudget::builder().build().unwrap();
+    assert_eq!(
+        (built.ratio(), built.ttl(), built.min_per_sec()),
+        (0.1, secs(10), 10.0)
+    );
     // The reserve: 10 a second for 10 s.
     assert_eq!(budget.available(), 100);
     assert!(format!("{budget:?}").contains("available: 100"));
@@ -543,8 +545,9 @@ async fn ratio_huge_numbers_saturate_without_panicking() {
 #[test]
 fn bucket_defaults() {
     let bucket = TokenBucket::default();
-    assert_eq!(bucket.max_tokens(), DEFAULT_MAX_TOKENS);
-    assert_eq!(bucket.token_ratio(), DEFAULT_TOKEN_RATIO);
+    // The documented defaults: 10 tokens, 0.1 per success.
+    assert_eq!(bucket.max_tokens(), 10);
+    assert_eq!(bucket.token_ratio(), 0.1);
     assert_eq!(bucket.tokens(), 10.0);
     assert!(format!("{bucket:?}").contains("tokens: 10.0"));
 }

@@ -272,7 +272,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     }
 
     /// How long a completed record is replayed (default 24 h). After that, the key gets
-    /// [`IDEMPOTENCY_KEY_EXPIRED`](super::IDEMPOTENCY_KEY_EXPIRED) until the record is swept.
+    /// [`ErrorCode::KeyExpired`](super::ErrorCode::KeyExpired) until the record is swept.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.config.retention = retention;
         self
@@ -314,7 +314,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     }
 
     /// Requests with these methods must carry a key: without one they get `400`
-    /// ([`IDEMPOTENCY_KEY_MISSING`](super::IDEMPOTENCY_KEY_MISSING)). By default no method
+    /// ([`ErrorCode::KeyMissing`](super::ErrorCode::KeyMissing)). By default no method
     /// requires one and unkeyed requests pass through.
     pub fn require_key_for(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.config.required = methods.into_iter().collect();
@@ -358,7 +358,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
 
     /// The tenant of a request: typically the authenticated account, from a header the
     /// authentication layer in front has checked. `None` answers `401`
-    /// ([`IDEMPOTENCY_TENANT_MISSING`](super::IDEMPOTENCY_TENANT_MISSING)) for keyed requests.
+    /// ([`ErrorCode::TenantMissing`](super::ErrorCode::TenantMissing)) for keyed requests.
     /// By default every request is of one tenant.
     pub fn tenant<F>(mut self, tenant: F) -> Self
     where

@@ -23,9 +23,9 @@
 //!      processed* for a keyed request: retry later, with the same key;
 //!    * a duplicate after completion, with the same digest, gets the stored response (status,
 //!      headers, body) with [`IDEMPOTENT_REPLAYED`]` : true`;
-//!    * the same key with another digest gets `422` ([`IDEMPOTENCY_KEY_MISMATCH`]);
+//!    * the same key with another digest gets `422` ([`ErrorCode::KeyMismatch`]);
 //!    * a key whose record outlived its retention gets `410 Gone` with
-//!      [`IDEMPOTENCY_KEY_EXPIRED`]: an explicit error, never a new resource;
+//!      [`ErrorCode::KeyExpired`]: an explicit error, never a new resource;
 //! 4. once the handler answers, **completes** the record with the response, or **releases** it
 //!    when the response says the request was not processed, so that the next attempt runs.
 //!
@@ -45,7 +45,8 @@
 //! says so with [`NOT_PROCESSED`] (or 503), and the key is released. Services whose handlers
 //! always roll back on error may prefer `store_server_errors(false)`.
 //!
-//! The layer never stores a response that it made itself (400, 409, 413, 422, ...).
+//! The layer never stores a response that it made itself (400, 409, 413, 422, ...). Those carry
+//! an [`ErrorCode`] in the [`IDEMPOTENCY_ERROR`] header and in their JSON body's `code`.
 //!
 //! # Leases and fencing
 //!
@@ -95,7 +96,7 @@
 //! `Retry-After` and [`NOT_PROCESSED`]: nothing ran. What the client sends never makes a
 //! 5xx: an over-long tenant or operation is kept bounded by the [record key](super::store::RecordKey)
 //! (a readable prefix and a digest), and a store that refuses a value the request brought
-//! answers `400` ([`IDEMPOTENCY_REQUEST_REJECTED`]), never "unavailable". If completing fails after the handler ran,
+//! answers `400` ([`ErrorCode::RequestRejected`]), never "unavailable". If completing fails after the handler ran,
 //! the client still gets the handler's response and the failure is logged (`tracing`, `warn`);
 //! the record stays `PROCESSING` until its lease passes, and a retry after that runs again. A
 //! [`PostgresStore`](super::store::PostgresStore) closes that gap by completing inside the
@@ -157,9 +158,11 @@
 
 use std::time::Duration;
 
+mod code;
 mod layer;
 mod service;
 
+pub use self::code::{ErrorCode, UnknownErrorCode};
 pub use self::layer::{IdempotencyLayer, IdempotencyLayerBuilder};
 pub use self::service::{IdempotencyService, ResponseFuture};
 
@@ -168,28 +171,6 @@ use super::store::{Fence, RecordKey};
 pub use crate::headers::IDEMPOTENT_REPLAYED;
 
 pub use crate::headers::IDEMPOTENCY_ERROR;
-
-/// `400`: the method requires an `Idempotency-Key` and the request has none.
-pub const IDEMPOTENCY_KEY_MISSING: &str = "IDEMPOTENCY_KEY_MISSING";
-/// `400`: the key is empty, longer than 255 bytes, not visible ASCII, or repeated.
-pub const IDEMPOTENCY_KEY_INVALID: &str = "IDEMPOTENCY_KEY_INVALID";
-/// `409` with `Retry-After`: the key's first request is still running.
-pub const IDEMPOTENCY_KEY_IN_FLIGHT: &str = "IDEMPOTENCY_KEY_IN_FLIGHT";
-/// `422`: the key was used before with a different request body.
-pub const IDEMPOTENCY_KEY_MISMATCH: &str = "IDEMPOTENCY_KEY_MISMATCH";
-/// `410 Gone`: the key's record outlived its retention. The result is no longer replayed, and
-/// the key may not name a new request until the record is swept: use a new key, after checking
-/// by the business key whether the first request took effect.
-pub const IDEMPOTENCY_KEY_EXPIRED: &str = "IDEMPOTENCY_KEY_EXPIRED";
-/// `413`: the request body is over the layer's limit; it was not hashed.
-pub const IDEMPOTENCY_BODY_TOO_LARGE: &str = "IDEMPOTENCY_BODY_TOO_LARGE";
-/// `401`: the tenant extractor found no tenant.
-pub const IDEMPOTENCY_TENANT_MISSING: &str = "IDEMPOTENCY_TENANT_MISSING";
-/// `503` with `Retry-After`: the store could not be reached; the handler did not run.
-pub const IDEMPOTENCY_STORE_UNAVAILABLE: &str = "IDEMPOTENCY_STORE_UNAVAILABLE";
-/// `400`: the store refused a value the request itself brought; the handler did not run, and
-/// the same request would be refused again.
-pub const IDEMPOTENCY_REQUEST_REJECTED: &str = "IDEMPOTENCY_REQUEST_REJECTED";
 
 /// What the owner's handler finds in its request's extensions: the record it owns and its
 /// fence.

@@ -15,12 +15,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use tower_service::Service;
 
 use super::layer::Config;
-use super::{
-    Ticket, IDEMPOTENCY_BODY_TOO_LARGE, IDEMPOTENCY_ERROR, IDEMPOTENCY_KEY_EXPIRED,
-    IDEMPOTENCY_KEY_INVALID, IDEMPOTENCY_KEY_IN_FLIGHT, IDEMPOTENCY_KEY_MISMATCH,
-    IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_REQUEST_REJECTED, IDEMPOTENCY_STORE_UNAVAILABLE,
-    IDEMPOTENCY_TENANT_MISSING, IDEMPOTENT_REPLAYED,
-};
+use super::{ErrorCode, Ticket, IDEMPOTENCY_ERROR, IDEMPOTENT_REPLAYED};
 use crate::classify::{BoxError, KEY_IN_FLIGHT, NOT_PROCESSED};
 use crate::context::{Context as CallContext, InContext};
 use crate::idempotency::IdempotencyKey;
@@ -256,11 +251,7 @@ fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
     let Some(value) = values.next() else {
         if config.required.contains(&parts.method) {
             let why = format!("{} requires an idempotency-key header", parts.method);
-            return Plan::Answer(error(
-                StatusCode::BAD_REQUEST,
-                IDEMPOTENCY_KEY_MISSING,
-                &why,
-            ));
+            return Plan::Answer(error(StatusCode::BAD_REQUEST, ErrorCode::KeyMissing, &why));
         }
         return Plan::PassThrough;
     };
@@ -273,7 +264,7 @@ fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
         Err(e) => {
             return Plan::Answer(error(
                 StatusCode::BAD_REQUEST,
-                IDEMPOTENCY_KEY_INVALID,
+                ErrorCode::KeyInvalid,
                 &e.to_string(),
             ))
         }
@@ -285,7 +276,7 @@ fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
             None => {
                 return Plan::Answer(error(
                     StatusCode::UNAUTHORIZED,
-                    IDEMPOTENCY_TENANT_MISSING,
+                    ErrorCode::TenantMissing,
                     "no tenant for this request",
                 ))
             }
@@ -325,7 +316,7 @@ where
         }
         Err(e) => {
             let why = format!("reading the request body failed: {e}");
-            return Ok(error(StatusCode::BAD_REQUEST, "REQUEST_BODY_FAILED", &why));
+            return Ok(answer(StatusCode::BAD_REQUEST, "REQUEST_BODY_FAILED", &why));
         }
     };
     let (key, retention) = match plan {
@@ -370,7 +361,7 @@ where
             config.emit(ServerEventKind::KeyMismatch, method, &key);
             return Ok(error(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                IDEMPOTENCY_KEY_MISMATCH,
+                ErrorCode::KeyMismatch,
                 "this idempotency key was used with a different request body",
             ));
         }
@@ -378,7 +369,7 @@ where
             config.emit(ServerEventKind::Expired, method, &key);
             return Ok(error(
                 StatusCode::GONE,
-                IDEMPOTENCY_KEY_EXPIRED,
+                ErrorCode::KeyExpired,
                 "this idempotency key has expired; its result is no longer kept",
             ));
         }
@@ -386,7 +377,7 @@ where
             tracing::debug!(?key, error = %e, "idempotency store refused the request");
             let mut res = error(
                 StatusCode::BAD_REQUEST,
-                IDEMPOTENCY_REQUEST_REJECTED,
+                ErrorCode::RequestRejected,
                 "the idempotency store refused a value this request brought; the request was \
                  not processed",
             );
@@ -399,7 +390,7 @@ where
             config.emit(ServerEventKind::StoreUnavailable, method, &key);
             let mut res = error(
                 StatusCode::SERVICE_UNAVAILABLE,
-                IDEMPOTENCY_STORE_UNAVAILABLE,
+                ErrorCode::StoreUnavailable,
                 "the idempotency store is unavailable; the request was not processed",
             );
             res.headers_mut()
@@ -535,7 +526,7 @@ fn replay(stored: &StoredResponse) -> Response<Full<Bytes>> {
 fn in_flight(retry_after: Duration) -> Response<Full<Bytes>> {
     let mut res = error(
         StatusCode::CONFLICT,
-        IDEMPOTENCY_KEY_IN_FLIGHT,
+        ErrorCode::KeyInFlight,
         "a request with this idempotency key is in progress; retry later with the same key",
     );
     // Whole seconds, rounded up, at least one.
@@ -552,11 +543,7 @@ fn in_flight(retry_after: Duration) -> Response<Full<Bytes>> {
 
 fn too_large(max: usize) -> Response<Full<Bytes>> {
     let why = format!("the request body is over the limit of {max} bytes");
-    error(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        IDEMPOTENCY_BODY_TOO_LARGE,
-        &why,
-    )
+    error(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::BodyTooLarge, &why)
 }
 
 fn body_failed() -> Response<Full<Bytes>> {
@@ -565,9 +552,14 @@ fn body_failed() -> Response<Full<Bytes>> {
     res
 }
 
+/// One of the layer's own error answers, with its code.
+fn error(status: StatusCode, code: ErrorCode, message: &str) -> Response<Full<Bytes>> {
+    answer(status, code.as_str(), message)
+}
+
 /// One of the layer's own answers: a small JSON body with the code and a message, and the code
 /// in [`IDEMPOTENCY_ERROR`].
-fn error(status: StatusCode, code: &'static str, message: &str) -> Response<Full<Bytes>> {
+fn answer(status: StatusCode, code: &'static str, message: &str) -> Response<Full<Bytes>> {
     let mut body = String::with_capacity(message.len() + code.len() + 24);
     body.push_str("{\"code\":\"");
     body.push_str(code);

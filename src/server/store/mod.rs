@@ -71,7 +71,7 @@ pub(crate) use self::postgres::POSTGRES_COMPONENT;
 #[cfg(feature = "postgres")]
 pub use {deadpool_postgres, tokio_postgres};
 
-pub use crate::ids::{Fence, RecordKey, MAX_OPERATION_BYTES, MAX_TENANT_BYTES};
+pub use crate::ids::{Fence, RecordKey};
 
 /// The SHA-256 digest of a request's body: what tells a repeat of a request from another request
 /// that reuses its key. Stable across processes and versions, as a shared store needs.
