@@ -71,11 +71,14 @@ pub enum ErrorCode {
     /// `IDEMPOTENCY_REQUEST_REJECTED`, with `400`: the store refused a value the request itself
     /// brought; the handler did not run, and the same request would be refused again.
     RequestRejected,
+    /// `REQUEST_BODY_FAILED`, with `400`: reading the request body failed (the client's stream
+    /// broke off, or its body errored); the handler did not run.
+    RequestBodyFailed,
 }
 
 impl ErrorCode {
     /// Every code, in the order of the variants.
-    const ALL: [ErrorCode; 9] = [
+    const ALL: [ErrorCode; 10] = [
         ErrorCode::KeyMissing,
         ErrorCode::KeyInvalid,
         ErrorCode::KeyInFlight,
@@ -85,6 +88,7 @@ impl ErrorCode {
         ErrorCode::TenantMissing,
         ErrorCode::StoreUnavailable,
         ErrorCode::RequestRejected,
+        ErrorCode::RequestBodyFailed,
     ];
 
     /// The code as it is on the wire, such as `IDEMPOTENCY_KEY_MISSING`.
@@ -99,6 +103,7 @@ impl ErrorCode {
             ErrorCode::TenantMissing => "IDEMPOTENCY_TENANT_MISSING",
             ErrorCode::StoreUnavailable => "IDEMPOTENCY_STORE_UNAVAILABLE",
             ErrorCode::RequestRejected => "IDEMPOTENCY_REQUEST_REJECTED",
+            ErrorCode::RequestBodyFailed => "REQUEST_BODY_FAILED",
         }
     }
 }
@@ -148,6 +153,7 @@ mod tests {
                 "IDEMPOTENCY_TENANT_MISSING",
                 "IDEMPOTENCY_STORE_UNAVAILABLE",
                 "IDEMPOTENCY_REQUEST_REJECTED",
+                "REQUEST_BODY_FAILED",
             ]
         );
         for code in ErrorCode::ALL {
@@ -163,7 +169,7 @@ mod tests {
             "idempotency_key_missing",
             "IDEMPOTENCY_KEY_MISSING ",
             "IDEMPOTENCY_",
-            "REQUEST_BODY_FAILED",
+            "REQUEST_BODY_FAILED ",
             "\u{0}",
             "é",
         ] {

@@ -316,7 +316,11 @@ where
         }
         Err(e) => {
             let why = format!("reading the request body failed: {e}");
-            return Ok(answer(StatusCode::BAD_REQUEST, "REQUEST_BODY_FAILED", &why));
+            return Ok(error(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::RequestBodyFailed,
+                &why,
+            ));
         }
     };
     let (key, retention) = match plan {
