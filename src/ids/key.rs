@@ -6,8 +6,8 @@ use std::hash::{Hash, Hasher};
 use std::str::FromStr;
 
 use http::HeaderValue;
-use rand::rngs::StdRng;
-use rand::{RngCore, SeedableRng};
+use rand::rngs::OsRng;
+use rand::TryRngCore;
 
 use super::key_error::InvalidKey;
 
@@ -70,11 +70,11 @@ impl IdempotencyKey {
     /// (`8e03978e-40d5-43e8-bc93-6894a57f9324`), the form the draft recommends and that servers
     /// which insist on UUIDs accept.
     ///
-    /// The bits come from a cryptographically strong generator (`rand`'s `StdRng`), seeded once
-    /// per thread from the operating system, so that a key seen on the wire does not predict the
-    /// next one (a server that scopes keys loosely could otherwise be fed a victim's next key).
-    /// Should the operating system's entropy be unavailable, the seed comes from std's per-thread
-    /// random hasher keys instead; this never panics.
+    /// The bits come from the operating system's cryptographically strong generator (read 32
+    /// words at a time per thread), so that a key seen on the wire does not predict the next one
+    /// (a server that scopes keys loosely could otherwise be fed a victim's next key). Should
+    /// the operating system's entropy be unavailable, they come from std's random hasher keys
+    /// instead; this never panics.
     pub fn generate() -> Self {
         let mut uuid = random_u128().to_be_bytes();
         uuid[6] = (uuid[6] & 0x0f) | 0x40; // version 4
@@ -131,31 +131,55 @@ pub(crate) fn validate(key: &[u8]) -> Result<(), InvalidKey> {
     }
 }
 
+/// Random words read from the operating system at a time: one read serves 16 keys.
+const BATCH: usize = 32;
+
 thread_local! {
-    static RNG: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+    /// Words read from the operating system and not handed out yet, and how many are left.
+    static WORDS: RefCell<([u64; BATCH], usize)> = const { RefCell::new(([0; BATCH], 0)) };
 }
 
+/// 128 bits from the operating system's generator, read in batches per thread.
 pub(crate) fn random_u128() -> u128 {
-    let draw = |rng: &mut StdRng| u128::from(rng.next_u64()) << 64 | u128::from(rng.next_u64());
-    RNG.try_with(|cell| match cell.try_borrow_mut() {
-        Ok(mut slot) => draw(slot.get_or_insert_with(seeded)),
-        // Re-entered (it cannot be, but never panic): a one-off generator.
-        Err(_) => draw(&mut seeded()),
-    })
-    // The thread is tearing down its thread-locals: a one-off generator.
-    .unwrap_or_else(|_| draw(&mut seeded()))
+    let draw = |words: &mut ([u64; BATCH], usize)| {
+        if words.1 < 2 {
+            fill(&mut words.0);
+            words.1 = BATCH;
+        }
+        words.1 -= 2;
+        let (hi, lo) = (words.0[words.1 + 1], words.0[words.1]);
+        // Handed out once: never left behind for a later reader of this memory.
+        words.0[words.1] = 0;
+        words.0[words.1 + 1] = 0;
+        u128::from(hi) << 64 | u128::from(lo)
+    };
+    let one_off = || draw(&mut ([0; BATCH], 0));
+    WORDS
+        .try_with(|cell| match cell.try_borrow_mut() {
+            Ok(mut words) => draw(&mut words),
+            // Re-entered (it cannot be, but never panic): a one-off read.
+            Err(_) => one_off(),
+        })
+        // The thread is tearing down its thread-locals: a one-off read.
+        .unwrap_or_else(|_| one_off())
 }
 
-fn seeded() -> StdRng {
-    StdRng::try_from_os_rng().unwrap_or_else(|_| {
+/// Fills `words` from the operating system; should its entropy be unavailable, from std's
+/// per-process random hasher keys instead. Never panics.
+fn fill(words: &mut [u64; BATCH]) {
+    let mut bytes = [0u8; BATCH * 8];
+    if OsRng.try_fill_bytes(&mut bytes).is_err() {
         use std::hash::BuildHasher;
-        let mut seed = [0u8; 32];
-        for (i, chunk) in seed.chunks_mut(8).enumerate() {
-            let word = std::collections::hash_map::RandomState::new().hash_one(i);
-            chunk.copy_from_slice(&word.to_le_bytes());
+        let state = std::collections::hash_map::RandomState::new();
+        for (i, chunk) in bytes.chunks_mut(8).enumerate() {
+            chunk.copy_from_slice(&state.hash_one(i).to_le_bytes());
         }
-        StdRng::from_seed(seed)
-    })
+    }
+    for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(chunk);
+        *word = u64::from_le_bytes(b);
+    }
 }
 
 impl fmt::Debug for IdempotencyKey {
