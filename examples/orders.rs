@@ -47,18 +47,20 @@ use surely::breaker::{
     BreakerEvent, BreakerEventKind, BreakerState, CircuitBreaker, SlidingWindow,
 };
 use surely::budget::{RetryBudget, TokenBucket};
-use surely::classify::{AttemptClass, Outcome};
+use surely::classify::AttemptClass;
 use surely::client::HttpClientBuilder;
 use surely::fault::{Fault, FaultLayer, Reply};
 use surely::hedge::{HedgeDelay, HedgeLayer};
 use surely::record::{
-    AttemptRecord, BusinessKey, CallRecord, InMemoryRecorder, Recorder, StopReason, WatchedBody,
+    AttemptRecord, BusinessKey, CallRecord, InMemoryRecorder, Recorder, WatchedBody,
 };
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, ReplayBody, Resolution};
 use surely::server::deadline::ServerDeadlineLayer;
 use surely::server::idempotency::{IdempotencyLayer, Ticket, IDEMPOTENT_REPLAYED};
 use surely::server::store::MemoryStore;
+use surely::Outcome;
+use surely::StopReason;
 use surely::{CallOutcome, OutcomeExt, IDEMPOTENCY_KEY};
 use tokio::net::TcpListener;
 use tokio::time::Instant;

@@ -44,7 +44,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use surely::classify::Outcome;
+//! use surely::Outcome;
 //! use surely::deadline::DeadlineLayer;
 //! use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 //! use surely::timeout::AttemptTimeoutLayer;
@@ -93,6 +93,7 @@ macro_rules! inner_accessors {
     };
 }
 
+mod backoff;
 pub mod breaker;
 pub mod budget;
 pub mod classify;
@@ -103,6 +104,7 @@ pub mod delivery;
 pub mod docs;
 mod envelope;
 mod error;
+mod evidence;
 pub mod fault;
 pub mod grpc;
 pub mod headers;
@@ -117,13 +119,14 @@ pub mod inbox;
 pub mod ledger;
 #[cfg(feature = "durable")]
 pub mod outbox;
-pub mod outcome;
+mod outcome;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod pushback;
 pub mod record;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
+mod resolve;
 pub mod retry;
 mod semantics;
 #[cfg(feature = "server")]

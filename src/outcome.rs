@@ -1,86 +1,161 @@
-//! What a call came to, handed back to its caller with the result.
-//!
-//! A response is not a verdict. A `500` on a POST without a key may mean the order was placed
-//! and its reply lost; a `409` "key in flight" at the deadline means the first attempt may still
-//! be committing. The crate folds a call's attempts into one [`Outcome`] and hands it back on the
-//! return path, so that the code that made the call can act on it without reading records:
-//!
-//! * on a response, as a [`CallOutcome`] in its extensions, read with [`OutcomeExt`]
-//!   (`res.outcome()`); a response type of your own that has no extensions
-//!   ([`Envelope::extensions_mut`] returns `None`) carries none;
-//! * on an error, from the [`Error`](crate::Error) itself: [`outcome`](crate::Error::outcome),
-//!   [`stop_reason`](crate::Error::stop_reason), [`attempts`](crate::Error::attempts), and its
-//!   `Display` ("unknown after 2 attempts: ...").
-//!
-//! Every call through the [client stack](mod@crate::client) carries one, as does every call
-//! through a [`RecordCallLayer`](crate::record::RecordCallLayer) (whatever its recorder, `()`
-//! included) or a [`RetryLayer`](crate::retry::RetryLayer). It says:
-//!
-//! * the [`Outcome`]: `Succeeded`, `Failed`, or `Unknown` (the effect may have happened);
-//! * the [`StopReason`]: why no further attempt was made;
-//! * how many attempts went out (0 when the call was refused before any: a spent deadline, an
-//!   invalid key, an open circuit breaker);
-//! * the idempotency key the attempts carried, if any;
-//! * whether the answer was a stored replay (`idempotent-replayed: true`, set by a server's
-//!   [idempotency layer](crate::server::idempotency));
-//! * how much of the call's deadline was left when it ended.
-//!
-//! It is decided when the call returns. A record settled later, at the end of a response's
-//! body, can say more (a body cut off mid-way); the caller learns that from its read.
-//!
-//! # Cost
-//!
-//! One extension insert per call: the boxed outcome, and for a response that had no extensions
-//! yet, the extension map and its table (hyper-util's responses have one already). Measured
-//! with `cargo bench --bench overhead -- retry_success`: nothing on a response type without
-//! extensions; about 45 ns on a response that has extensions, about 105 ns on a bare
-//! `http::Response`.
-//!
-//! ```
-//! use std::time::Duration;
-//! use surely::{Outcome, OutcomeExt};
-//! use tower::{service_fn, Service, ServiceExt};
-//!
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-//! // A payment service that fails after it may have charged the card.
-//! let transport = service_fn(|_req: http::Request<String>| async {
-//!     Ok::<_, std::io::Error>(http::Response::builder().status(500).body(String::new()).unwrap())
-//! });
-//! let mut client = surely::client().timeout(Duration::from_secs(2)).build(transport).unwrap();
-//!
-//! let pay = http::Request::post("/payments").body("42 EUR".to_owned()).unwrap();
-//! let res = client.ready().await.unwrap().call(pay).await.unwrap();
-//! let message = match res.outcome() {
-//!     Outcome::Succeeded => "paid",
-//!     Outcome::Failed => "not paid: nothing was charged",
-//!     Outcome::Unknown => "the payment may have gone through: we are confirming it",
-//! };
-//! assert_eq!(message, "the payment may have gone through: we are confirming it");
-//! // The server's 500 is still there for the caller to read.
-//! assert_eq!(res.status(), 500);
-//! # }
-//! ```
+//! What a call came to: the three outcomes, why a call stopped, and the call's outcome handed
+//! back with its result (re-exported at the crate's root).
 
-use std::cell::RefCell;
 use std::fmt;
 use std::time::Duration;
 
 use http::HeaderValue;
-use tokio::time::Instant;
 
-pub use crate::classify::Outcome;
-pub use crate::record::StopReason;
-
-use crate::context::{CallDeadline, Context};
 use crate::Envelope;
 
+/// The outcome of a call that may have had side effects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The server confirmed the effect.
+    Succeeded,
+    /// The effect did not happen: every attempt was confirmed not to have taken effect, or the
+    /// request had no effect to lose track of.
+    Failed,
+    /// No confirmation either way: the effect may have happened. Query by the business key,
+    /// reconcile, or tell the user it is being confirmed; do not blindly try again.
+    Unknown,
+}
+
+impl Outcome {
+    /// A short lower-case name, for records and logs.
+    ///
+    /// ```
+    /// assert_eq!(surely::Outcome::Unknown.as_str(), "unknown");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Unknown => "unknown",
+        }
+    }
+}
+
+/// Why a call stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// An attempt succeeded.
+    Success,
+    /// A final answer: retrying would get the same.
+    Final,
+    /// A business conflict: redo the read-modify-write above, do not replay this step.
+    Conflict,
+    /// The last attempt may have committed and the request cannot be repeated.
+    Unknown,
+    /// The last attempt could have been retried (it was rejected, or the request can be
+    /// repeated), and nothing retried it.
+    NotRetried,
+    /// The call's deadline refused or ended it, or left too little for another attempt.
+    Deadline,
+    /// The last attempt could have been retried, but the attempt limit was reached.
+    AttemptsExhausted,
+    /// The last attempt could have been retried, but the retry budget refused.
+    BudgetExhausted,
+    /// The server's pushback stopped the call: it said not to retry (a negative or malformed
+    /// `grpc-retry-pushback-ms`), or asked for a wait longer than the retry layer's cap or the
+    /// call's deadline allows (it is never shortened).
+    PushbackStop,
+    /// The last attempt could have been retried, but the request could not be sent again.
+    NotReplayable,
+    /// The last attempt may have committed, and a retry layer upstream owns retries: this
+    /// layer, inside a server handler, leaves them to it.
+    UpstreamOwnsRetries,
+    /// The call was dropped by its caller before it finished.
+    Cancelled,
+}
+
+impl StopReason {
+    /// A short lower-case name, for records and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Success => "success",
+            StopReason::Final => "final",
+            StopReason::Conflict => "conflict",
+            StopReason::Unknown => "unknown",
+            StopReason::NotRetried => "not retried",
+            StopReason::Deadline => "deadline",
+            StopReason::AttemptsExhausted => "attempts exhausted",
+            StopReason::BudgetExhausted => "budget exhausted",
+            StopReason::PushbackStop => "pushback",
+            StopReason::NotReplayable => "not replayable",
+            StopReason::UpstreamOwnsRetries => "upstream owns retries",
+            StopReason::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// What a call came to: its [`Outcome`], why it stopped, how many attempts went out, its
-/// idempotency key, whether the answer was a replay, and the budget it left. See the
-/// [module docs](self).
+/// idempotency key, whether the answer was a replay, and the budget it left, handed back to its
+/// caller with the result.
 ///
-/// Found in a response's extensions ([`OutcomeExt::call_outcome`]) and in an
-/// [`Error`](crate::Error) ([`Error::call_outcome`](crate::Error::call_outcome)). An SDK's tests
-/// can make one with [`new`](Self::new) to try their handling of each outcome.
+/// A response is not a verdict. A `500` on a POST without a key may mean the order was placed
+/// and its reply lost; a `409` "key in flight" at the deadline means the first attempt may still
+/// be committing. The crate folds a call's attempts into one [`Outcome`] and hands it back on the
+/// return path, so that the code that made the call can act on it without reading records:
+///
+/// * on a response, as a [`CallOutcome`] in its extensions, read with [`OutcomeExt`]
+///   (`res.outcome()`); a response type of your own that has no extensions
+///   ([`Envelope::extensions_mut`] returns `None`) carries none;
+/// * on an error, from the [`Error`](crate::Error) itself: [`outcome`](crate::Error::outcome),
+///   [`stop_reason`](crate::Error::stop_reason), [`attempts`](crate::Error::attempts), and its
+///   `Display` ("unknown after 2 attempts: ...").
+///
+/// Every call through the [client stack](mod@crate::client) carries one, as does every call
+/// through a [`RecordCallLayer`](crate::record::RecordCallLayer) (whatever its recorder, `()`
+/// included) or a [`RetryLayer`](crate::retry::RetryLayer). It says:
+///
+/// * the [`Outcome`]: `Succeeded`, `Failed`, or `Unknown` (the effect may have happened);
+/// * the [`StopReason`]: why no further attempt was made;
+/// * how many attempts went out (0 when the call was refused before any: a spent deadline, an
+///   invalid key, an open circuit breaker);
+/// * the idempotency key the attempts carried, if any;
+/// * whether the answer was a stored replay (`idempotent-replayed: true`, set by a server's
+///   [idempotency layer](crate::server::idempotency));
+/// * how much of the call's deadline was left when it ended.
+///
+/// It is decided when the call returns. A record settled later, at the end of a response's
+/// body, can say more (a body cut off mid-way); the caller learns that from its read.
+///
+/// # Cost
+///
+/// One extension insert per call: the boxed outcome, and for a response that had no extensions
+/// yet, the extension map and its table (hyper-util's responses have one already). Measured
+/// with `cargo bench --bench overhead -- retry_success`: nothing on a response type without
+/// extensions; about 45 ns on a response that has extensions, about 105 ns on a bare
+/// `http::Response`.
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::{Outcome, OutcomeExt};
+/// use tower::{service_fn, Service, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// // A payment service that fails after it may have charged the card.
+/// let transport = service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::io::Error>(http::Response::builder().status(500).body(String::new()).unwrap())
+/// });
+/// let mut client = surely::client().timeout(Duration::from_secs(2)).build(transport).unwrap();
+///
+/// let pay = http::Request::post("/payments").body("42 EUR".to_owned()).unwrap();
+/// let res = client.ready().await.unwrap().call(pay).await.unwrap();
+/// let message = match res.outcome() {
+///     Outcome::Succeeded => "paid",
+///     Outcome::Failed => "not paid: nothing was charged",
+///     Outcome::Unknown => "the payment may have gone through: we are confirming it",
+/// };
+/// assert_eq!(message, "the payment may have gone through: we are confirming it");
+/// // The server's 500 is still there for the caller to read.
+/// assert_eq!(res.status(), 500);
+/// # }
+/// ```
+///
+/// An SDK's tests can make one with [`new`](Self::new) to try their handling of each outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallOutcome {
     pub(crate) outcome: Outcome,
@@ -179,40 +254,6 @@ impl CallOutcome {
         self.stop = stop;
         self.budget_left = Some(left);
         self
-    }
-}
-
-thread_local! {
-    /// The outcome of a call future dropped before it ended, left for the layer that dropped
-    /// it (a deadline layer that cut the call short) to hand back with its own error. Set and
-    /// taken around synchronous code only: the drop runs inside the dropping layer's poll.
-    static LEFT_BEHIND: RefCell<Option<CallOutcome>> = const { RefCell::new(None) };
-}
-
-/// Leaves the outcome of a call dropped before it ended, unless one is there already: drop
-/// order runs an outer future's drop before those of the futures it owns, so the first one
-/// left is the outermost call's.
-pub(crate) fn leave_behind(f: impl FnOnce() -> CallOutcome) {
-    LEFT_BEHIND.with(|cell| {
-        if let Ok(mut slot) = cell.try_borrow_mut() {
-            if slot.is_none() {
-                *slot = Some(f());
-            }
-        }
-    });
-}
-
-/// Takes the outcome a dropped call left behind, if any.
-pub(crate) fn take_left_behind() -> Option<CallOutcome> {
-    LEFT_BEHIND.with(|cell| cell.try_borrow_mut().ok().and_then(|mut slot| slot.take()))
-}
-
-/// What is left of the current call's deadline: all of a budget whose clock has not started,
-/// the time to an instant otherwise.
-pub(crate) fn budget_left_now() -> Option<Duration> {
-    match Context::current().deadline()? {
-        CallDeadline::Budget(b) => Some(b),
-        CallDeadline::At(d) => Some(d.remaining_at(Instant::now())),
     }
 }
 

@@ -31,7 +31,7 @@ use http::Method;
 ///
 /// [`AttemptClass`]: crate::classify::AttemptClass
 /// [`AttemptClass::is_retryable`]: crate::classify::AttemptClass::is_retryable
-/// [`Outcome`]: crate::classify::Outcome
+/// [`Outcome`]: crate::Outcome
 /// [`Envelope::semantics`]: crate::Envelope::semantics
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Semantics {

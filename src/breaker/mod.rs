@@ -46,7 +46,7 @@
 //! classified *rejected, not sent*: nothing was sent, so even a POST without an idempotency key
 //! loses nothing, and a [`RetryLayer`](crate::retry::RetryLayer) outside may retry it after the
 //! remaining break (its pushback), if the call's deadline leaves time for that; otherwise the
-//! call stops with [`StopReason::Deadline`](crate::record::StopReason::Deadline).
+//! call stops with [`StopReason::Deadline`](crate::StopReason::Deadline).
 //!
 //! After the break, the next call turns the breaker half-open and goes through as a probe;
 //! up to [`half_open_probes`](CircuitBreakerBuilder::half_open_probes) calls (default 1) are

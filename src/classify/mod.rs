@@ -60,7 +60,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::Semantics;
+use crate::{Outcome, Semantics, StopReason};
 
 mod error;
 mod func;
@@ -170,34 +170,6 @@ impl AttemptClass {
             AttemptClass::Conflict => "conflict",
             AttemptClass::Rejected => "rejected",
             AttemptClass::MaybeCommitted => "maybe committed",
-        }
-    }
-}
-
-/// The outcome of a call that may have had side effects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// The server confirmed the effect.
-    Succeeded,
-    /// The effect did not happen: every attempt was confirmed not to have taken effect, or the
-    /// request had no effect to lose track of.
-    Failed,
-    /// No confirmation either way: the effect may have happened. Query by the business key,
-    /// reconcile, or tell the user it is being confirmed; do not blindly try again.
-    Unknown,
-}
-
-impl Outcome {
-    /// A short lower-case name, for records and logs.
-    ///
-    /// ```
-    /// assert_eq!(surely::classify::Outcome::Unknown.as_str(), "unknown");
-    /// ```
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Succeeded => "succeeded",
-            Outcome::Failed => "failed",
-            Outcome::Unknown => "unknown",
         }
     }
 }
@@ -486,6 +458,19 @@ impl<Eos> Classified<Eos> {
         match self {
             Classified::Ready(c) => c,
             Classified::RequiresEos(_) => Classification::success(),
+        }
+    }
+}
+
+impl AttemptClass {
+    /// The reason a call stopped after an attempt of this class, when nothing else stopped it.
+    pub(crate) fn stop_reason(self, semantics: Semantics) -> StopReason {
+        match self {
+            AttemptClass::Success => StopReason::Success,
+            AttemptClass::Final => StopReason::Final,
+            AttemptClass::Conflict => StopReason::Conflict,
+            AttemptClass::MaybeCommitted if !semantics.is_repeatable() => StopReason::Unknown,
+            AttemptClass::Rejected | AttemptClass::MaybeCommitted => StopReason::NotRetried,
         }
     }
 }

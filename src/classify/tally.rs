@@ -15,7 +15,8 @@ use crate::Semantics;
 /// Observing the same attempt twice does not change the result, so two layers may both report it.
 ///
 /// ```
-/// use surely::classify::{AttemptClass, Outcome, OutcomeTally};
+/// use surely::classify::{AttemptClass, OutcomeTally};
+/// use surely::Outcome;
 /// use surely::Semantics;
 ///
 /// // A keyed POST: the first reply was lost, every retry was refused.

@@ -15,9 +15,9 @@ use super::error::DeadlineExceeded;
 use super::timer::sealed::Timer;
 use super::timer::{AttemptTimers, Enforcement, OwnTimer};
 use super::{codec, Deadline, WireHeader, DEFAULT_HEADER, GRPC_TIMEOUT};
+use crate::context::CallTally;
 use crate::context::{CallDeadline, Context, Report};
 use crate::outcome::{CallOutcome, StopReason};
-use crate::record::CallTally;
 use crate::{ConfigError, Envelope, Error, IntoError};
 
 /// The default transit reserve: budget shaved off what is written on the wire.
@@ -471,10 +471,10 @@ where
     // Let the attempt go now, so that it is cancelled (and recorded) before the call ends, not
     // whenever the caller drops this future. A retry layer inside leaves what its attempts came
     // to, to hand back with the deadline's error.
-    crate::outcome::take_left_behind();
+    crate::context::take_left_behind();
     state.set(State::Refused);
     let mut err: Error<E> = DeadlineExceeded::in_flight().into();
-    if let Some(call) = crate::outcome::take_left_behind() {
+    if let Some(call) = crate::context::take_left_behind() {
         err.set_call_outcome(call.stopped(StopReason::Deadline, Duration::ZERO));
     }
     Poll::Ready(Err(err))

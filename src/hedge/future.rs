@@ -15,9 +15,10 @@ use super::layer::Config;
 use crate::classify::{
     AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, OutcomeTally, Pushback,
 };
+use crate::context::budget_left_now;
+use crate::context::CallTally;
 use crate::error::{lift, lift_poll};
-use crate::outcome::{budget_left_now, CallOutcome, Outcome, StopReason};
-use crate::record::CallTally;
+use crate::outcome::{CallOutcome, Outcome, StopReason};
 use crate::{Envelope, Error, IntoError};
 
 type Output<S, Req> = Result<
@@ -343,7 +344,7 @@ where
     fn hand_back(&self, mut out: Output<S, Req>, class: AttemptClass) -> Output<S, Req> {
         if self.sent > 1 {
             let outcome = self.tally.outcome().unwrap_or(Outcome::Failed);
-            let stop = StopReason::after(class, self.tally.semantics());
+            let stop = class.stop_reason(self.tally.semantics());
             CallOutcome::hand_back(&mut out, outcome, stop, self.sent, None, budget_left_now);
         }
         out

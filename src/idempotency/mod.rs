@@ -139,10 +139,11 @@ pub mod error {
 pub use crate::ids::IdempotencyKey;
 
 use self::error::InvalidKey;
+use crate::context::CallTally;
 use crate::context::Context as CallContext;
 use crate::error::lift_poll;
 use crate::outcome::{CallOutcome, StopReason};
-use crate::record::{BusinessKey, CallTally};
+use crate::record::BusinessKey;
 use crate::{Envelope, Error, IntoError, Semantics, IDEMPOTENCY_KEY};
 
 /// Which requests without a key of their own get a generated one.
@@ -538,7 +539,7 @@ fn invalid_key<T>(error: InvalidKey) -> Error<T> {
     let mut err: Error<T> = error.into();
     err.set_call_outcome(CallOutcome::refused(
         StopReason::Final,
-        crate::outcome::budget_left_now(),
+        crate::context::budget_left_now(),
     ));
     err
 }

@@ -320,14 +320,14 @@ impl Evidence {
 
     /// The query a [`Resolve`](crate::retry::Resolve)r gets for this entry: its key,
     /// semantics, number of attempts and last classification.
-    pub(crate) fn query(&self) -> crate::retry::Query {
+    pub(crate) fn query(&self) -> crate::resolve::Query {
         let last = self
             .attempts
             .last()
             .map_or(Classification::failure_at(DeliveryPhase::Sent), |a| {
                 Classification::new(a.class, a.phase)
             });
-        crate::retry::Query {
+        crate::resolve::Query {
             key: self.key.as_deref().map(crate::ids::BusinessKey::new),
             operation: self.operation.as_deref().map(crate::ids::Operation::named),
             semantics: self.semantics,

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Claim, EntryId, Filter, Ledger, LedgerError, Settled, Settlement, Verdict};
-use crate::retry::backoff::{Backoff, Jitter};
-use crate::retry::{Resolution, Resolve};
+use crate::backoff::{Backoff, Jitter};
+use crate::resolve::{Resolution, Resolve};
 use crate::ConfigError;
 
 /// Settles the [ledger](super)'s open entries by asking the downstream.

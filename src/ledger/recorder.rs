@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 use super::{Evidence, Ledger, Settlement, Verdict};
-use crate::classify::Outcome;
 use crate::record::{AttemptRecord, CallId, CallRecord, Recorder};
+use crate::Outcome;
 
 /// Calls in flight whose attempts the recorder keeps, at most; past it, a call's entry is
 /// written without the attempts it could not keep (and [`LedgerWrites::attempts_dropped`]

@@ -10,16 +10,17 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::tally::CallTally;
 use super::trailers::{End, Settled, WantsTrailers, Watch};
-use super::{key_of, AttemptRecord, BusinessKey, CallId, Recorder, DEFAULT_REQUEST_ID_HEADER};
+use super::{key_of, AttemptRecord, BusinessKey, CallId, Recorder};
 use crate::classify::{
     AttemptClass, Classification, Classified, Classify, ClassifyEos, DeliveryPhase, HttpClassifier,
     MakeClassifier,
 };
+use crate::context::CallTally;
 use crate::context::{CallDeadline, Context};
 use crate::error::Elapsed;
 use crate::error::{lift, lift_poll};
+use crate::headers::DEFAULT_REQUEST_ID_HEADER;
 use crate::time::Deadline;
 use crate::{Envelope, Error, IntoError};
 

@@ -9,18 +9,20 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::tally::CallTally;
 use super::trailers::{Settled, Watch};
-use super::{key_of, BusinessKey, CallId, CallRecord, Operation, Recorder, StopReason};
+use super::{key_of, BusinessKey, CallId, CallRecord, Operation, Recorder};
+use crate::context::CallTally;
+use crate::StopReason;
 use http::HeaderValue;
 
 use crate::classify::{
-    Classification, Classify, DeliveryPhase, HttpClassifier, MakeClassifier, Outcome, OutcomeTally,
+    Classification, Classify, DeliveryPhase, HttpClassifier, MakeClassifier, OutcomeTally,
 };
 use crate::context::Context;
 use crate::error::{lift, lift_poll};
 use crate::outcome::CallOutcome;
 use crate::time::Deadline;
+use crate::Outcome;
 use crate::{Envelope, Error, IntoError, Semantics};
 
 /// Records every logical call that passes through it. See the [module docs](super).
@@ -203,7 +205,7 @@ impl<C> Light<C> {
             stop,
             attempts,
             self.key.map(|k| *k),
-            crate::outcome::budget_left_now,
+            crate::context::budget_left_now,
         );
     }
 }
@@ -231,7 +233,7 @@ fn stop_after<Res, T>(
         Err(e) if e.is_deadline_exceeded() || e.elapsed().is_some_and(|t| t.is_deadline()) => {
             StopReason::Deadline
         }
-        _ => StopReason::after(c.class(), semantics),
+        _ => c.class().stop_reason(semantics),
     }
 }
 
@@ -484,7 +486,7 @@ impl<R: Recorder, C> CallState<R, C> {
         let outcome = tally.outcome.outcome().unwrap_or(Outcome::Failed);
         let stop = match (tally.stop, tally.last) {
             (Some(stop), _) => stop,
-            (None, Some(c)) => StopReason::after(c.class(), semantics),
+            (None, Some(c)) => c.class().stop_reason(semantics),
             (None, None) => StopReason::Cancelled,
         };
         (tally.ended.max(tally.started), outcome, tally.last, stop)

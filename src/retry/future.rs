@@ -12,19 +12,22 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::backoff::Delays;
 use super::layer::{Config, GRPC_PREVIOUS_RPC_ATTEMPTS};
-use super::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};
+use crate::backoff::Delays;
 use crate::breaker::{health, CircuitBreaker, CircuitOpen, Pass};
 use crate::classify::{
-    AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, Outcome, OutcomeTally,
-    Pushback,
+    AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, OutcomeTally, Pushback,
 };
+use crate::context::budget_left_now;
+use crate::context::CallTally;
 use crate::context::Context;
 use crate::deadline::{self, codec, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::error::lift;
-use crate::outcome::{budget_left_now, CallOutcome};
-use crate::record::{BusinessKey, CallTally, Operation, ResolutionRecord, RetryRecord, StopReason};
+use crate::outcome::CallOutcome;
+use crate::record::{BusinessKey, Operation, ResolutionRecord, RetryRecord};
+use crate::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};
+use crate::Outcome;
+use crate::StopReason;
 use crate::{Envelope, Error, IntoError, Semantics};
 
 pin_project! {
@@ -84,7 +87,7 @@ pin_project! {
                 sent += 1;
             }
             let key = this.cold.as_mut().and_then(|c| c.idempotency_key.take());
-            crate::outcome::leave_behind(|| {
+            crate::context::leave_behind(|| {
                 let outcome = tally.outcome().unwrap_or(Outcome::Failed);
                 let call = CallOutcome::new(outcome, StopReason::Cancelled, sent);
                 match key {
@@ -370,7 +373,7 @@ where
                     report_stop(reason);
                     reason
                 }
-                Next::Done => StopReason::after(classification.class(), this.tally.semantics()),
+                Next::Done => classification.class().stop_reason(this.tally.semantics()),
             };
             // An unknown outcome is settled by the resolver, when there is one and it
             // takes the question.

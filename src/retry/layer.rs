@@ -7,15 +7,15 @@ use http::{HeaderName, HeaderValue};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::backoff::{Backoff, Jitter};
 use super::future::ResponseFuture;
 use super::learn::AttemptTimes;
 use super::replay::NotReplayable;
-use super::resolve::{NoResolver, Resolve};
+use crate::backoff::{Backoff, Jitter};
 use crate::breaker::CircuitBreaker;
 use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::{Classify, HttpClassifier, MakeClassifier};
 use crate::record::key_of;
+use crate::resolve::{NoResolver, Resolve};
 use crate::{ConfigError, Envelope, Error, IntoError, Semantics};
 
 /// The default attempt limit, the first attempt included.
@@ -157,7 +157,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     /// cover, is not retried at all: the call stops ([`StopReason::PushbackStop`]). The client
     /// never comes back sooner than it was asked to.
     ///
-    /// [`StopReason::PushbackStop`]: crate::record::StopReason::PushbackStop
+    /// [`StopReason::PushbackStop`]: crate::StopReason::PushbackStop
     pub fn max_pushback(mut self, max_pushback: Duration) -> Self {
         self.settings.max_pushback = max_pushback;
         self

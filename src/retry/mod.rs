@@ -27,7 +27,7 @@
 //!
 //! The waits come from a [`backoff::Backoff`] (exponential, capped, full jitter by default).
 //! When the call stops with a retryable attempt, the call's record says why
-//! ([`StopReason`](crate::record::StopReason): attempts exhausted, budget exhausted, deadline,
+//! ([`StopReason`](crate::StopReason): attempts exhausted, budget exhausted, deadline,
 //! pushback, not replayable), and the call returns that last attempt's outcome.
 //!
 //! # One retry owner per chain
@@ -37,7 +37,7 @@
 //! [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) carries the mark into its
 //! handler's context, and a retry layer inside that handler then retries only attempts that
 //! were provably not sent (refused before any byte left), stopping with
-//! [`UpstreamOwnsRetries`](crate::record::StopReason::UpstreamOwnsRetries) otherwise. Retries
+//! [`UpstreamOwnsRetries`](crate::StopReason::UpstreamOwnsRetries) otherwise. Retries
 //! then happen once, at the top. The next hop honours the mark only if it trusts this caller
 //! ([`trust_retry_signals`](crate::server::deadline::ServerDeadlineLayerBuilder::trust_retry_signals));
 //! turn it off with [`mark_owner(false)`](RetryLayerBuilder::mark_owner) (or the client's
@@ -49,7 +49,7 @@
 //! streaming HTTP body cannot be copied: a [`ReplayBodyLayer`] outside buffers bodies up to
 //! 64 KiB so that every attempt sends the same bytes, and marks larger ones [`NotReplayable`],
 //! which this layer sends once (the record says
-//! [`NotReplayable`](crate::record::StopReason::NotReplayable) when a retry was wanted). gRPC
+//! [`NotReplayable`](crate::StopReason::NotReplayable) when a retry was wanted). gRPC
 //! requests say how many attempts came before in `grpc-previous-rpc-attempts`.
 //!
 //! # Where it goes
@@ -96,7 +96,6 @@ mod future;
 mod layer;
 mod learn;
 mod replay;
-mod resolve;
 
 pub use self::future::ResponseFuture;
 pub use self::layer::{
@@ -105,4 +104,4 @@ pub use self::layer::{
 pub use self::replay::{
     BodyNotReplayable, NotReplayable, ReplayBodies, ReplayBody, ReplayBodyLayer, ReplayFuture,
 };
-pub use self::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};
+pub use crate::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};

@@ -20,7 +20,7 @@ pub(crate) const DEFAULT_REPLAY_LIMIT: usize = 64 * 1024;
 
 /// Marks a request whose body could not be buffered (too large, or it failed while being read):
 /// it can be sent once. [`RetryLayer`](super::RetryLayer) does not retry such a request, and the
-/// call's record says [`NotReplayable`](crate::record::StopReason::NotReplayable) when a retry
+/// call's record says [`NotReplayable`](crate::StopReason::NotReplayable) when a retry
 /// was wanted.
 ///
 /// Insert it yourself for a request that must not be sent twice for reasons of its own.

@@ -20,11 +20,11 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::classify::NOT_PROCESSED;
+use crate::context::CallTally;
 use crate::context::{CallDeadline, Context};
 use crate::deadline::codec::{self, ParseTimeoutError};
 use crate::deadline::{Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::headers::RETRY_OWNER;
-use crate::record::CallTally;
 use crate::{ConfigError, Envelope};
 
 /// What the [`ServerDeadlineLayer`] does with a malformed deadline header.

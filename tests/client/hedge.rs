@@ -13,12 +13,14 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use surely::budget::{BudgetExhausted, RatioBudget, RetryBudget};
-use surely::classify::{AttemptClass, Outcome};
+use surely::classify::AttemptClass;
 use surely::deadline::{Deadline, DeadlineLayer};
 use surely::hedge::{HedgeDelay, HedgeLayer, HedgeLayerBuilder};
-use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer, StopReason};
+use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::RetryLayer;
+use surely::Outcome;
+use surely::StopReason;
 use surely::{Semantics, IDEMPOTENCY_KEY};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};

@@ -12,11 +12,13 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
-use surely::classify::{BoxError, Outcome};
+use surely::classify::BoxError;
 use surely::fault::{Fault, FaultLayer, Reply, Schedule};
-use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer, StopReason};
+use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::{NotReplayable, ReplayBody, ReplayBodyLayer, RetryLayer};
+use surely::Outcome;
+use surely::StopReason;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 
 /// A body of the given chunks (and optional trailers) whose size is unknown up front, like a

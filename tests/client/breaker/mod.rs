@@ -11,12 +11,14 @@ use surely::breaker::{
     BreakerEventKind, BreakerState, CircuitBreaker, CircuitBreakerBuilder, CircuitBreakerLayer,
     SlidingWindow, TransitionReason, WindowCounts,
 };
-use surely::classify::{AttemptClass, BoxError, ClassifyError, DeliveryPhase, Outcome, Pushback};
+use surely::classify::{AttemptClass, BoxError, ClassifyError, DeliveryPhase, Pushback};
 use surely::deadline::DeadlineLayer;
-use surely::record::{InMemoryRecorder, RecordCallLayer, StopReason};
+use surely::record::{InMemoryRecorder, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::RetryLayer;
 use surely::Error;
+use surely::Outcome;
+use surely::StopReason;
 use tokio::time::{advance, Instant};
 use tower::util::BoxCloneService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};

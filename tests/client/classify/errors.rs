@@ -91,7 +91,7 @@ fn final_io_errors_are_never_retried_and_fail_the_call() {
             assert!(!c.is_retryable(semantics));
             assert_eq!(
                 support::outcome_of(semantics, &[c.class()]),
-                Some(surely::classify::Outcome::Failed)
+                Some(surely::Outcome::Failed)
             );
         }
     }

@@ -14,8 +14,8 @@ use hyper_util::client::legacy::{Client, Error as ClientError};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use surely::classify::{
     AttemptClass, BoxError, Classify, ClassifyError, DeliveryPhase, HttpClassifier, MakeClassifier,
-    Outcome,
 };
+use surely::Outcome;
 use surely::{Envelope, IntoError, Semantics, IDEMPOTENCY_KEY};
 
 use super::support::{outcome_of, SEMANTICS};

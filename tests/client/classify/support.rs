@@ -3,8 +3,9 @@
 
 use surely::classify::{
     AttemptClass, Classification, Classified, Classify, DeliveryPhase, GrpcEos, HttpClassifier,
-    MakeClassifier, Outcome, OutcomeTally,
+    MakeClassifier, OutcomeTally,
 };
+use surely::Outcome;
 use surely::{Envelope, Semantics, IDEMPOTENCY_KEY};
 
 /// The four semantics, in the column order of every table in these tests.

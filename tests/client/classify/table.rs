@@ -9,10 +9,10 @@ use std::io::ErrorKind;
 
 use surely::classify::AttemptClass::{self, Conflict, Final, MaybeCommitted, Rejected, Success};
 use surely::classify::DeliveryPhase::{self, NotSent, ResponseStarted, Sent};
-use surely::classify::Outcome::{self, Failed, Succeeded, Unknown};
 use surely::classify::{Classification, Classified, ClassifyEos, KEY_IN_FLIGHT};
 use surely::deadline::error::DeadlineExceeded;
 use surely::timeout::error::Elapsed;
+use surely::Outcome::{self, Failed, Succeeded, Unknown};
 use surely::Semantics;
 
 use super::support::{self, IoError, SEMANTICS};

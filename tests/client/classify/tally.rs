@@ -3,8 +3,8 @@
 
 use proptest::prelude::*;
 use surely::classify::AttemptClass::{self, Conflict, Final, MaybeCommitted, Rejected, Success};
-use surely::classify::Outcome::{self, Failed, Succeeded, Unknown};
 use surely::classify::OutcomeTally;
+use surely::Outcome::{self, Failed, Succeeded, Unknown};
 use surely::Semantics;
 
 use super::support::{outcome_of, SEMANTICS};

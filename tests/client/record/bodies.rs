@@ -8,11 +8,11 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
-use surely::classify::{AttemptClass, Outcome};
-use surely::record::{
-    InMemoryRecorder, RecordAttemptLayer, RecordCallLayer, StopReason, WatchTrailersLayer,
-};
+use surely::classify::AttemptClass;
+use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer, WatchTrailersLayer};
+use surely::Outcome;
 use surely::OutcomeExt;
+use surely::StopReason;
 use tower::{service_fn, ServiceBuilder};
 
 use super::support::call;

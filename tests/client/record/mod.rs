@@ -11,14 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Request, Response};
-use surely::classify::{AttemptClass, Classification, DeliveryPhase, Outcome};
+use surely::classify::{AttemptClass, Classification, DeliveryPhase};
 use surely::deadline::{Deadline, DeadlineLayer};
 use surely::record::{
     BusinessKey, InMemoryRecorder, Record, RecordAttemptLayer, RecordCallLayer, Recorder,
-    StopReason,
 };
 use surely::timeout::error::Elapsed;
 use surely::timeout::AttemptTimeoutLayer;
+use surely::Outcome;
+use surely::StopReason;
 use surely::{Error, Semantics};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};

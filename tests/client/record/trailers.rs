@@ -8,10 +8,12 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
-use surely::classify::{AttemptClass, Outcome};
+use surely::classify::AttemptClass;
 use surely::record::WatchTrailersLayer;
-use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer, StopReason};
+use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
+use surely::Outcome;
 use surely::Semantics;
+use surely::StopReason;
 use tower::{service_fn, ServiceBuilder};
 
 use super::support::call;

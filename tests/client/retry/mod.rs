@@ -11,13 +11,15 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 use surely::budget::{RatioBudget, RetryBudget, TokenBucket};
-use surely::classify::{AttemptClass, Outcome};
+use surely::classify::AttemptClass;
 use surely::deadline::Deadline;
 use surely::fault::{Fault, Reply, Schedule};
 use surely::idempotency::IdempotencyKey;
-use surely::record::{InMemoryRecorder, StopReason};
+use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
 use surely::retry::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS};
+use surely::Outcome;
+use surely::StopReason;
 use surely::{Semantics, IDEMPOTENCY_KEY};
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};

@@ -6,15 +6,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use surely::classify::{AttemptClass, Outcome};
+use surely::classify::AttemptClass;
 use surely::deadline::DeadlineLayer;
 use surely::fault::{Fault, FaultLayer, Schedule};
-use surely::record::{
-    BusinessKey, InMemoryRecorder, RecordAttemptLayer, RecordCallLayer, StopReason,
-};
+use surely::record::{BusinessKey, InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, Resolution, Resolve, RetryLayer};
 use surely::timeout::AttemptTimeoutLayer;
+use surely::Outcome;
+use surely::StopReason;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
 use super::support::{ms, Probe, Req, Res, PER_TRY};

@@ -16,10 +16,11 @@ use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer, StopReason};
+use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::{RetryLayer, RETRY_OWNER};
 use surely::server::deadline::ServerDeadlineLayer;
+use surely::StopReason;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 
 use self::support::{retry, serve, Counter};

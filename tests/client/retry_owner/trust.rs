@@ -3,10 +3,11 @@
 //! anyone else's request.
 
 use http::Request;
-use surely::record::{InMemoryRecorder, StopReason};
+use surely::record::InMemoryRecorder;
 use surely::retry::RETRY_OWNER;
 use surely::server::deadline::ServerDeadlineLayer;
 use surely::Envelope;
+use surely::StopReason;
 
 use super::support::Counter;
 use super::{send, server_behind, Down, Req};

@@ -15,10 +15,10 @@ use opentelemetry_sdk::metrics::data::{AggregatedMetrics, Metric, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, SdkMeterProvider};
 use surely::breaker::CircuitBreaker;
 use surely::budget::TokenBucket;
-use surely::classify::Outcome;
 use surely::fault::{Fault, FaultLayer, Schedule};
 use surely::hedge::{HedgeDelay, HedgeLayer};
 use surely::record::{InMemoryRecorder, OtelRecorder, TracingRecorder};
+use surely::Outcome;
 use tower::{service_fn, Service, ServiceBuilder};
 
 use crate::support::call;

@@ -13,14 +13,19 @@
 //! `call`, a `poll`), so a value never outlives the poll that set it, whatever thread the task
 //! runs on next. This costs no allocation and works for any request type.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::ids::CallId;
+use crate::outcome::CallOutcome;
 use crate::time::Deadline;
+
+mod tally;
+
+pub(crate) use self::tally::CallTally;
 
 thread_local! {
     // The inward context and the outward report, one scalar per cell: they are read and written
@@ -493,7 +498,7 @@ impl<F: std::future::Future> std::future::Future for InContext<F> {
         let this = self.project();
         let _entered = this.span.enter();
         let (ctx, inner) = (*this.ctx, this.inner);
-        crate::record::CallTally::isolate(|| ctx.scope(|| inner.poll(cx)))
+        CallTally::isolate(|| ctx.scope(|| inner.poll(cx)))
     }
 }
 
@@ -521,4 +526,38 @@ pub(crate) fn as_hedge<R>(f: impl FnOnce() -> R) -> R {
     }
     let _restore = Restore(HEDGE_MARK.with(|m| m.replace(true)));
     f()
+}
+
+thread_local! {
+    /// The outcome of a call future dropped before it ended, left for the layer that dropped
+    /// it (a deadline layer that cut the call short) to hand back with its own error. Set and
+    /// taken around synchronous code only: the drop runs inside the dropping layer's poll.
+    static LEFT_BEHIND: RefCell<Option<CallOutcome>> = const { RefCell::new(None) };
+}
+
+/// Leaves the outcome of a call dropped before it ended, unless one is there already: drop
+/// order runs an outer future's drop before those of the futures it owns, so the first one
+/// left is the outermost call's.
+pub(crate) fn leave_behind(f: impl FnOnce() -> CallOutcome) {
+    LEFT_BEHIND.with(|cell| {
+        if let Ok(mut slot) = cell.try_borrow_mut() {
+            if slot.is_none() {
+                *slot = Some(f());
+            }
+        }
+    });
+}
+
+/// Takes the outcome a dropped call left behind, if any.
+pub(crate) fn take_left_behind() -> Option<CallOutcome> {
+    LEFT_BEHIND.with(|cell| cell.try_borrow_mut().ok().and_then(|mut slot| slot.take()))
+}
+
+/// What is left of the current call's deadline: all of a budget whose clock has not started,
+/// the time to an instant otherwise.
+pub(crate) fn budget_left_now() -> Option<Duration> {
+    match Context::current().deadline()? {
+        CallDeadline::Budget(b) => Some(b),
+        CallDeadline::At(d) => Some(d.remaining_at(Instant::now())),
+    }
 }

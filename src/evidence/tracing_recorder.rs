@@ -4,8 +4,9 @@ use super::{AttemptRecord, BusinessKey, CallId, CallRecord, Recorder, RelayRepor
 use super::{BreakerEvent, BreakerEventKind};
 #[cfg(feature = "server")]
 use super::{ServerEvent, ServerEventKind};
-use crate::classify::{AttemptClass, Outcome};
+use crate::classify::AttemptClass;
 use crate::error::BreakerState;
+use crate::Outcome;
 use crate::Semantics;
 
 /// Records to [`tracing`]: a `surely.call` span per call and a `surely.attempt` span per attempt,

@@ -6,8 +6,9 @@ use http::HeaderValue;
 
 use crate::classify::{Classification, OutcomeTally};
 use crate::context::CallDeadline;
-use crate::record::{BusinessKey, ResolutionRecord, RetryRecord, StopReason};
+use crate::evidence::{BusinessKey, ResolutionRecord, RetryRecord};
 use crate::Semantics;
+use crate::StopReason;
 
 thread_local! {
     /// The tally of the call being polled on this thread; `None` outside any call, and inside an

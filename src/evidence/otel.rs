@@ -116,7 +116,7 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// ```
 ///
 /// [`TracingRecorder`]: super::TracingRecorder
-/// [`Outcome::as_str`]: crate::classify::Outcome::as_str
+/// [`Outcome::as_str`]: crate::Outcome::as_str
 /// [`AttemptClass::as_str`]: crate::classify::AttemptClass::as_str
 /// [`DeliveryPhase::as_str`]: crate::classify::DeliveryPhase::as_str
 /// [`BreakerState::as_str`]: crate::breaker::BreakerState::as_str
