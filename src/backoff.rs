@@ -32,7 +32,7 @@ const NANOS_PER_SEC: u128 = 1_000_000_000;
 /// ```
 ///
 /// The formulas are those of the AWS Architecture blog's "Exponential Backoff And Jitter". The
-/// [module docs](self) explain why jitter matters and which one to choose.
+/// [module docs](crate::retry::backoff) explain why jitter matters and which one to choose.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Jitter {
@@ -54,7 +54,7 @@ pub enum Jitter {
 
 /// A validated backoff schedule: base delay, multiplier, cap, and [`Jitter`]. Build one with
 /// [`Backoff::exponential`], or take [`Backoff::constant`] or [`Backoff::none`]; then
-/// [`iter`](Backoff::iter) over its delays. See the [module docs](self).
+/// [`iter`](Backoff::iter) over its delays. See the [module docs](crate::retry::backoff).
 ///
 /// Cloning is cheap, and clones share the stream counter of an unseeded `Backoff`, so their
 /// iterators still draw from distinct streams.

@@ -88,7 +88,7 @@ impl<E> Error<E> {
     /// What the call came to, when a layer that folds a call's attempts (the
     /// [client stack](mod@crate::client), a [`RecordCallLayer`](crate::record::RecordCallLayer), a
     /// [`RetryLayer`](crate::retry::RetryLayer)) handed it back with this error. See
-    /// [`outcome`](crate::outcome).
+    /// [`CallOutcome`](crate::CallOutcome).
     pub fn call_outcome(&self) -> Option<&CallOutcome> {
         self.call.as_deref()
     }

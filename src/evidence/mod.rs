@@ -47,7 +47,7 @@ pub(crate) fn key_of<Req: crate::Envelope>(req: &Req) -> Option<BusinessKey> {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct AttemptRecord {
-    /// The logical call it belongs to, when a [`RecordCallLayer`] is outside.
+    /// The logical call it belongs to, when a [`RecordCallLayer`](crate::record::RecordCallLayer) is outside.
     pub call: Option<CallId>,
     /// The business or idempotency key.
     pub key: Option<BusinessKey>,

@@ -9,7 +9,7 @@
 //!   it see the timeout fire and how far the request had got, so that the record can say "timed
 //!   out after send".
 //! * [`RecordCallLayer`] yields one [`CallRecord`] per logical call: the attempts folded into the
-//!   call's [`Outcome`] and the [`StopReason`]. It is the outermost layer of a client stack, and
+//!   call's [`Outcome`](crate::Outcome) and the [`StopReason`](crate::StopReason). It is the outermost layer of a client stack, and
 //!   gives the call the [`CallId`] that its attempt records carry.
 //!
 //! A gRPC response that streams has its status in its trailers, which arrive after the head

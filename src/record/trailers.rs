@@ -257,7 +257,7 @@ pub(crate) fn watch_response<B>(asked: bool, res: &mut Response<B>) -> Option<Wa
 /// * with an error: the stream broke after the response started (*maybe committed*);
 /// * dropped before its end: the caller stopped reading. The attempt keeps what the head said
 ///   and is marked `cancelled`, and the call stops as
-///   [`StopReason::Cancelled`](super::StopReason::Cancelled).
+///   [`StopReason::Cancelled`](crate::StopReason::Cancelled).
 ///
 /// Without a watched body, the records classify at the head, as the retry layer always does
 /// (a stream that has reached the caller cannot be retried anyway).
