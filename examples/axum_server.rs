@@ -23,12 +23,14 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::classify::NOT_PROCESSED;
+use surely::headers::IDEMPOTENCY_KEY;
+use surely::headers::IDEMPOTENT_REPLAYED;
+use surely::headers::NOT_PROCESSED;
 use surely::retry::ReplayBody;
 use surely::server::deadline::ServerDeadlineLayer;
-use surely::server::idempotency::{IdempotencyLayer, IDEMPOTENT_REPLAYED};
+use surely::server::idempotency::IdempotencyLayer;
 use surely::server::store::MemoryStore;
-use surely::{OutcomeExt, IDEMPOTENCY_KEY};
+use surely::OutcomeExt;
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
 

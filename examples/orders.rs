@@ -43,25 +43,27 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use surely::breaker::{
-    BreakerEvent, BreakerEventKind, BreakerState, CircuitBreaker, SlidingWindow,
-};
+use surely::breaker::{BreakerState, CircuitBreaker, SlidingWindow};
 use surely::budget::{RetryBudget, TokenBucket};
 use surely::classify::AttemptClass;
 use surely::client::HttpClientBuilder;
 use surely::fault::{Fault, FaultLayer, Reply};
+use surely::headers::IDEMPOTENCY_KEY;
+use surely::headers::IDEMPOTENT_REPLAYED;
 use surely::hedge::{HedgeDelay, HedgeLayer};
+use surely::record::BreakerEvent;
+use surely::record::BreakerEventKind;
 use surely::record::{
     AttemptRecord, BusinessKey, CallRecord, InMemoryRecorder, Recorder, WatchedBody,
 };
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, ReplayBody, Resolution};
 use surely::server::deadline::ServerDeadlineLayer;
-use surely::server::idempotency::{IdempotencyLayer, Ticket, IDEMPOTENT_REPLAYED};
+use surely::server::idempotency::{IdempotencyLayer, Ticket};
 use surely::server::store::MemoryStore;
 use surely::Outcome;
 use surely::StopReason;
-use surely::{CallOutcome, OutcomeExt, IDEMPOTENCY_KEY};
+use surely::{CallOutcome, OutcomeExt};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};

@@ -71,8 +71,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use surely::classify::NOT_PROCESSED;
 use surely::fault::{Fault, FaultLayer};
+use surely::headers::IDEMPOTENCY_KEY;
+use surely::headers::NOT_PROCESSED;
 use surely::inbox::{InboxStats, Processed};
 use surely::ledger::{
     Entry, EntryState, Filter, Ledger, LedgerRecorder, Reconciler, SettledBy, Settlement, Verdict,
@@ -85,7 +86,7 @@ use surely::retry::{Query, ReplayBody, Resolution};
 use surely::server::deadline::ServerDeadlineLayer;
 use surely::server::idempotency::{IdempotencyLayer, Ticket};
 use surely::server::store::{report_stuck, IdempotencyStore, StoredResponse};
-use surely::{CallOutcome, Outcome, OutcomeExt, IDEMPOTENCY_KEY};
+use surely::{CallOutcome, Outcome, OutcomeExt};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};

@@ -22,7 +22,7 @@
 //! admits and counts the attempts itself ([`RetryLayerBuilder::circuit_breaker`]), with the
 //! same counts as a [`CircuitBreakerLayer`] in that place and no layer of its own; with a hedge
 //! it is a [`CircuitBreakerLayer`] under the hedge, which counts each copy (see
-//! [`BreakerPart`]).
+//! `BreakerPart`).
 //!
 //! The two record layers are there only when [`recorder`](ClientBuilder::recorder) gives one:
 //! by default ([`NoRecords`]) a call pays nothing for records, and still gets its outcome back.
@@ -288,7 +288,7 @@ pub type GrpcClient<S> = <GrpcClientLayer as Layer<S>>::Service;
 ///
 /// The type parameters are the recorder `R` ([`NoRecords`] until one is given), the classifier `M`, the resolver `Z`, and the
 /// optional layers: key `K`, replay `P`, hedge `H`, breaker `B` (`Identity` when absent; the
-/// hedge and the breaker as a [`Part`], which gets the shared classifier and budget), and the
+/// hedge and the breaker as a `Part`, which gets the shared classifier and budget), and the
 /// body watch `W` around the transport.
 pub struct ClientBuilder<
     R = NoRecords,
@@ -420,7 +420,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     }
 
     /// Sends none of the crate's own headers: no retry-owner marker
-    /// ([`RETRY_OWNER`](crate::retry::RETRY_OWNER)), no HTTP attempt counter, no millisecond
+    /// ([`RETRY_OWNER`](crate::headers::RETRY_OWNER)), no HTTP attempt counter, no millisecond
     /// deadline header. For a third-party API, which has no use for them and need not learn how
     /// this client works inside. The deadline still bounds every attempt here; gRPC requests
     /// keep gRPC's own `grpc-timeout` and `grpc-previous-rpc-attempts`, which every gRPC server
@@ -780,155 +780,12 @@ impl<R, M, Z, K, P, H, B, W> fmt::Debug for ClientBuilder<R, M, Z, K, P, H, B, W
     }
 }
 
-/// A part of the stack that takes the client's classifier and budget: the hedge slot of a
-/// [`ClientBuilder`] (`Identity` when absent).
-pub trait Part<M> {
-    /// The layer it becomes.
-    type Layer;
-
-    /// Makes the layer, with the client's classifier and retry budget.
-    fn into_part(
-        self,
-        classifier: M,
-        budget: Option<Arc<dyn RetryBudget>>,
-    ) -> Result<Self::Layer, ConfigError>;
-}
-
-impl<M> Part<M> for Identity {
-    type Layer = Identity;
-
-    fn into_part(self, _: M, _: Option<Arc<dyn RetryBudget>>) -> Result<Identity, ConfigError> {
-        Ok(self)
-    }
-}
-
-impl<M, M0> Part<M> for HedgeLayerBuilder<M0> {
-    type Layer = HedgeLayer<M>;
-
-    fn into_part(
-        self,
-        classifier: M,
-        budget: Option<Arc<dyn RetryBudget>>,
-    ) -> Result<HedgeLayer<M>, ConfigError> {
-        let hedge = self.classifier(classifier);
-        match budget {
-            Some(budget) => hedge.budget(budget),
-            None => hedge.no_budget(),
-        }
-        .build()
-    }
-}
-
-/// The breaker slot of a [`ClientBuilder`], beside its hedge slot `H`: no breaker
-/// (`Identity`), or a [`CircuitBreaker`], which goes where it counts what it should at the
-/// least cost.
-///
-/// * Without a hedge, the retry layer guards each attempt itself
-///   ([`RetryLayerBuilder::circuit_breaker`]): the same admissions and counts as a
-///   [`CircuitBreakerLayer`] right inside it, with no layer and no clone of the breaker per
-///   call.
-/// * With a hedge, a [`CircuitBreakerLayer`] under the hedge admits and counts each copy of a
-///   hedged attempt.
-pub trait BreakerPart<M, H> {
-    /// The layer it puts under the hedge (`Identity` for none).
-    type Layer;
-
-    /// Makes its layer with the client's classifier, and gives the retry layer's builder its
-    /// part.
-    fn into_part<Z>(
-        self,
-        classifier: M,
-        retry: RetryLayerBuilder<M, Z>,
-    ) -> (Self::Layer, RetryLayerBuilder<M, Z>);
-}
-
-impl<M, H> BreakerPart<M, H> for Identity {
-    type Layer = Identity;
-
-    fn into_part<Z>(
-        self,
-        _: M,
-        retry: RetryLayerBuilder<M, Z>,
-    ) -> (Identity, RetryLayerBuilder<M, Z>) {
-        (self, retry)
-    }
-}
-
-impl<M> BreakerPart<M, Identity> for CircuitBreaker {
-    type Layer = Identity;
-
-    fn into_part<Z>(
-        self,
-        _: M,
-        retry: RetryLayerBuilder<M, Z>,
-    ) -> (Identity, RetryLayerBuilder<M, Z>) {
-        (Identity::new(), retry.circuit_breaker(self))
-    }
-}
-
-impl<M, M0> BreakerPart<M, HedgeLayerBuilder<M0>> for CircuitBreaker {
-    type Layer = CircuitBreakerLayer<M>;
-
-    fn into_part<Z>(
-        self,
-        classifier: M,
-        retry: RetryLayerBuilder<M, Z>,
-    ) -> (CircuitBreakerLayer<M>, RetryLayerBuilder<M, Z>) {
-        (CircuitBreakerLayer::new(self).classifier(classifier), retry)
-    }
-}
-
 /// The recorder slot of a [`ClientBuilder`] before [`recorder`](ClientBuilder::recorder) is
 /// called: the stack it builds has no record layers at all, so records cost a call nothing,
 /// not even a pass-through. The outcome still comes back with every response and error: the
 /// retry layer, which every client stack has, hands it back.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoRecords;
-
-/// The recorder slot of a [`ClientBuilder`]: [`NoRecords`], or any [`Recorder`], which gets
-/// a [`RecordCallLayer`] around the deadline and a [`RecordAttemptLayer`] around each attempt.
-pub trait RecorderPart<M> {
-    /// The layer around the whole call.
-    type CallLayer;
-    /// The layer around each attempt.
-    type AttemptLayer;
-
-    /// Makes the two layers, with the client's classifier; `at_body_end` as
-    /// [`ClientBuilder::settle_at_body_end`] sets it.
-    fn into_layers(self, classifier: M, at_body_end: bool)
-        -> (Self::CallLayer, Self::AttemptLayer);
-}
-
-impl<M> RecorderPart<M> for NoRecords {
-    type CallLayer = Identity;
-    type AttemptLayer = Identity;
-
-    fn into_layers(self, _: M, _: bool) -> (Identity, Identity) {
-        (Identity::new(), Identity::new())
-    }
-}
-
-impl<R: Recorder + Clone, M: Clone> RecorderPart<M> for R {
-    type CallLayer = RecordCallLayer<R, M>;
-    type AttemptLayer = RecordAttemptLayer<R, M>;
-
-    fn into_layers(
-        self,
-        classifier: M,
-        at_body_end: bool,
-    ) -> (RecordCallLayer<R, M>, RecordAttemptLayer<R, M>) {
-        let attempt = RecordAttemptLayer::new(self.clone()).with_classifier(classifier.clone());
-        let attempt = if at_body_end {
-            attempt.at_body_end()
-        } else {
-            attempt
-        };
-        let call = RecordCallLayer::new(self)
-            .with_classifier(classifier)
-            .inner_reports();
-        (call, attempt)
-    }
-}
 
 /// The canonical client stack as one layer, made by [`ClientBuilder::into_layer`].
 #[derive(Clone)]
@@ -1001,3 +858,158 @@ impl<R: RecorderPart<M>, M, Z, K, P, H: Part<M>, B: BreakerPart<M, H>, W> fmt::D
             .finish_non_exhaustive()
     }
 }
+
+/// The builder's slots: what the hedge, breaker and recorder slots of a [`ClientBuilder`] may
+/// hold, and the layers each becomes. Public in a private module, so that the builder's bounds
+/// can name them and users cannot: they are filled through the builder's methods.
+mod parts {
+    use super::*;
+
+    /// A part of the stack that takes the client's classifier and budget: the hedge slot of a
+    /// [`ClientBuilder`] (`Identity` when absent).
+    pub trait Part<M> {
+        /// The layer it becomes.
+        type Layer;
+
+        /// Makes the layer, with the client's classifier and retry budget.
+        fn into_part(
+            self,
+            classifier: M,
+            budget: Option<Arc<dyn RetryBudget>>,
+        ) -> Result<Self::Layer, ConfigError>;
+    }
+
+    impl<M> Part<M> for Identity {
+        type Layer = Identity;
+
+        fn into_part(self, _: M, _: Option<Arc<dyn RetryBudget>>) -> Result<Identity, ConfigError> {
+            Ok(self)
+        }
+    }
+
+    impl<M, M0> Part<M> for HedgeLayerBuilder<M0> {
+        type Layer = HedgeLayer<M>;
+
+        fn into_part(
+            self,
+            classifier: M,
+            budget: Option<Arc<dyn RetryBudget>>,
+        ) -> Result<HedgeLayer<M>, ConfigError> {
+            let hedge = self.classifier(classifier);
+            match budget {
+                Some(budget) => hedge.budget(budget),
+                None => hedge.no_budget(),
+            }
+            .build()
+        }
+    }
+
+    /// The breaker slot of a [`ClientBuilder`], beside its hedge slot `H`: no breaker
+    /// (`Identity`), or a [`CircuitBreaker`], which goes where it counts what it should at the
+    /// least cost.
+    ///
+    /// * Without a hedge, the retry layer guards each attempt itself
+    ///   ([`RetryLayerBuilder::circuit_breaker`]): the same admissions and counts as a
+    ///   [`CircuitBreakerLayer`] right inside it, with no layer and no clone of the breaker per
+    ///   call.
+    /// * With a hedge, a [`CircuitBreakerLayer`] under the hedge admits and counts each copy of a
+    ///   hedged attempt.
+    pub trait BreakerPart<M, H> {
+        /// The layer it puts under the hedge (`Identity` for none).
+        type Layer;
+
+        /// Makes its layer with the client's classifier, and gives the retry layer's builder its
+        /// part.
+        fn into_part<Z>(
+            self,
+            classifier: M,
+            retry: RetryLayerBuilder<M, Z>,
+        ) -> (Self::Layer, RetryLayerBuilder<M, Z>);
+    }
+
+    impl<M, H> BreakerPart<M, H> for Identity {
+        type Layer = Identity;
+
+        fn into_part<Z>(
+            self,
+            _: M,
+            retry: RetryLayerBuilder<M, Z>,
+        ) -> (Identity, RetryLayerBuilder<M, Z>) {
+            (self, retry)
+        }
+    }
+
+    impl<M> BreakerPart<M, Identity> for CircuitBreaker {
+        type Layer = Identity;
+
+        fn into_part<Z>(
+            self,
+            _: M,
+            retry: RetryLayerBuilder<M, Z>,
+        ) -> (Identity, RetryLayerBuilder<M, Z>) {
+            (Identity::new(), retry.circuit_breaker(self))
+        }
+    }
+
+    impl<M, M0> BreakerPart<M, HedgeLayerBuilder<M0>> for CircuitBreaker {
+        type Layer = CircuitBreakerLayer<M>;
+
+        fn into_part<Z>(
+            self,
+            classifier: M,
+            retry: RetryLayerBuilder<M, Z>,
+        ) -> (CircuitBreakerLayer<M>, RetryLayerBuilder<M, Z>) {
+            (CircuitBreakerLayer::new(self).classifier(classifier), retry)
+        }
+    }
+
+    /// The recorder slot of a [`ClientBuilder`]: [`NoRecords`], or any [`Recorder`], which gets
+    /// a [`RecordCallLayer`] around the deadline and a [`RecordAttemptLayer`] around each attempt.
+    pub trait RecorderPart<M> {
+        /// The layer around the whole call.
+        type CallLayer;
+        /// The layer around each attempt.
+        type AttemptLayer;
+
+        /// Makes the two layers, with the client's classifier; `at_body_end` as
+        /// [`ClientBuilder::settle_at_body_end`] sets it.
+        fn into_layers(
+            self,
+            classifier: M,
+            at_body_end: bool,
+        ) -> (Self::CallLayer, Self::AttemptLayer);
+    }
+
+    impl<M> RecorderPart<M> for NoRecords {
+        type CallLayer = Identity;
+        type AttemptLayer = Identity;
+
+        fn into_layers(self, _: M, _: bool) -> (Identity, Identity) {
+            (Identity::new(), Identity::new())
+        }
+    }
+
+    impl<R: Recorder + Clone, M: Clone> RecorderPart<M> for R {
+        type CallLayer = RecordCallLayer<R, M>;
+        type AttemptLayer = RecordAttemptLayer<R, M>;
+
+        fn into_layers(
+            self,
+            classifier: M,
+            at_body_end: bool,
+        ) -> (RecordCallLayer<R, M>, RecordAttemptLayer<R, M>) {
+            let attempt = RecordAttemptLayer::new(self.clone()).with_classifier(classifier.clone());
+            let attempt = if at_body_end {
+                attempt.at_body_end()
+            } else {
+                attempt
+            };
+            let call = RecordCallLayer::new(self)
+                .with_classifier(classifier)
+                .inner_reports();
+            (call, attempt)
+        }
+    }
+}
+
+use self::parts::{BreakerPart, Part, RecorderPart};

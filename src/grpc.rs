@@ -280,7 +280,7 @@ where
 }
 
 #[cfg(feature = "tonic")]
-pub use self::transport::{GrpcTransport, ResponseFuture as GrpcTransportFuture};
+pub use self::transport::GrpcTransport;
 
 #[cfg(feature = "tonic")]
 mod transport {

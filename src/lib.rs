@@ -139,7 +139,6 @@ pub mod timeout;
 pub use crate::client::client;
 pub use crate::envelope::Envelope;
 pub use crate::error::{BoxedError, ConfigError, Error, ErrorKind, IntoError};
-pub use crate::headers::IDEMPOTENCY_KEY;
 pub use crate::outcome::{CallOutcome, Outcome, OutcomeExt, StopReason};
 pub use crate::semantics::Semantics;
 

@@ -294,7 +294,7 @@ pub(crate) fn fmt_verdict(f: &mut fmt::Formatter<'_>, outcome: Outcome, n: u32) 
 ///     }
 /// }
 /// # let refused: Result<http::Response<()>, _> =
-/// #     Err(Error::<std::io::Error>::from(surely::deadline::error::DeadlineExceeded::refused()));
+/// #     Err(Error::<std::io::Error>::from(surely::deadline::DeadlineExceeded::refused()));
 /// # assert_eq!(tell_user(&refused), "it did not happen; you may try again");
 /// ```
 pub trait OutcomeExt: sealed::Sealed {

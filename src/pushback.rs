@@ -10,8 +10,6 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderValue};
 
-pub use crate::headers::GRPC_RETRY_PUSHBACK_MS;
-
 /// Why a `Retry-After` value could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid retry-after: expected delay-seconds or an HTTP-date")]
@@ -55,7 +53,7 @@ pub fn parse_retry_after(
 ///
 /// ```
 /// use std::time::Duration;
-/// use surely::classify::Pushback;
+/// use surely::pushback::Pushback;
 /// use surely::pushback::parse_grpc_pushback;
 ///
 /// let v = http::HeaderValue::from_static("250");

@@ -245,46 +245,55 @@ where
 /// What reqwest's client returns for one request.
 type Sending = <::reqwest::Client as Service<::reqwest::Request>>::Future;
 
-pin_project! {
-    /// The future of [`Transport`].
-    pub struct ResponseFuture {
-        #[pin]
-        state: State,
+/// The future, public in a private module: named by the service's `Future` type only.
+mod future {
+    use super::*;
+
+    pin_project! {
+        /// The future of [`Transport`].
+        pub struct ResponseFuture {
+            #[pin]
+            pub(super) state: State,
+        }
     }
-}
 
-pin_project! {
-    #[project = StateProj]
-    enum State {
-        Sending { #[pin] send: Sending },
-        Refused { error: Option<::reqwest::Error> },
+    pin_project! {
+        #[project = StateProj]
+        pub(super) enum State {
+            Sending { #[pin] send: Sending },
+            Refused { error: Option<::reqwest::Error> },
+        }
     }
-}
 
-impl Future for ResponseFuture {
-    type Output = Result<Response<::reqwest::Body>, ::reqwest::Error>;
+    impl Future for ResponseFuture {
+        type Output = Result<Response<::reqwest::Body>, ::reqwest::Error>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Sending { send } => Poll::Ready(ready!(send.poll(cx)).map(Response::from)),
-            StateProj::Refused { error } => Poll::Ready(Err(error
-                .take()
-                .expect("`ResponseFuture` polled after completion"))),
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            match self.project().state.project() {
+                StateProj::Sending { send } => {
+                    Poll::Ready(ready!(send.poll(cx)).map(Response::from))
+                }
+                StateProj::Refused { error } => Poll::Ready(Err(error
+                    .take()
+                    .expect("`ResponseFuture` polled after completion"))),
+            }
+        }
+    }
+
+    impl fmt::Debug for ResponseFuture {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let state = match self.state {
+                State::Sending { .. } => "sending",
+                State::Refused { .. } => "refused",
+            };
+            f.debug_struct("ResponseFuture")
+                .field("state", &state)
+                .finish()
         }
     }
 }
 
-impl fmt::Debug for ResponseFuture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match self.state {
-            State::Sending { .. } => "sending",
-            State::Refused { .. } => "refused",
-        };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .finish()
-    }
-}
+use self::future::{ResponseFuture, State};
 
 /// reqwest's error, classified as in the table of the [module docs](self): a builder error is
 /// final and not sent, a connect error rejected and not sent, anything else by what it wraps

@@ -666,7 +666,7 @@ fn network(downstream: Downstream, metrics: Shared) -> Wire {
                 // Dropped at dequeue for its spent deadline: said as `ServerDeadlineLayer` says
                 // it on arrival, so the caller knows the handler never ran, and why.
                 res.headers_mut().insert(
-                    surely::classify::NOT_PROCESSED,
+                    surely::headers::NOT_PROCESSED,
                     http::HeaderValue::from_static("deadline"),
                 );
             }

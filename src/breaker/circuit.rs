@@ -9,15 +9,16 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::error::CircuitOpen;
 use super::window::{Window, WindowCounts};
-use super::{BreakerEvent, BreakerEventKind, BreakerState, TransitionReason};
+use super::BreakerState;
 use super::{
     DEFAULT_BREAK, DEFAULT_BREAK_MULTIPLIER, DEFAULT_FAILURE_RATIO, DEFAULT_HALF_OPEN_PROBES,
     DEFAULT_JITTER, DEFAULT_MAX_BREAK, DEFAULT_MIN_THROUGHPUT, DEFAULT_MIN_TIMEOUT_EVIDENCE,
     DEFAULT_WINDOW_CALLS,
 };
 use crate::classify::{Classification, DeliveryPhase};
+use crate::error::CircuitOpen;
+use crate::record::{BreakerEvent, BreakerEventKind, TransitionReason};
 use crate::record::{Recorder, TracingRecorder};
 use crate::{ConfigError, Error};
 

@@ -9,9 +9,9 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::circuit::{health, CircuitBreaker, Pass};
-use super::error::CircuitOpen;
 use crate::classify::{Classify, DeliveryPhase};
 use crate::error::lift;
+use crate::error::CircuitOpen;
 use crate::{Error, IntoError};
 
 pin_project! {

@@ -159,10 +159,6 @@
 //! path, and its refusal carries the time to come back, which the retry layer obeys.
 
 mod circuit;
-pub mod error {
-    //! The breaker's error.
-    pub use crate::error::CircuitOpen;
-}
 mod future;
 mod layer;
 mod window;
@@ -171,12 +167,10 @@ use std::time::Duration;
 
 pub(crate) use self::circuit::{health, Pass};
 pub use self::circuit::{CircuitBreaker, CircuitBreakerBuilder, SlidingWindow};
-pub use self::error::CircuitOpen;
-pub use self::future::ResponseFuture;
 pub use self::layer::{Breaker, CircuitBreakerLayer};
 pub use self::window::WindowCounts;
 pub use crate::error::BreakerState;
-pub use crate::record::{BreakerEvent, BreakerEventKind, TransitionReason};
+pub use crate::error::CircuitOpen;
 
 /// The default failure ratio at which the breaker opens.
 pub(crate) const DEFAULT_FAILURE_RATIO: f64 = 0.5;

@@ -123,7 +123,7 @@ use std::sync::Arc;
 
 use crate::classify::AttemptClass;
 
-pub mod error;
+mod error;
 mod ratio;
 mod token_bucket;
 

@@ -14,7 +14,7 @@ const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// | `RESOURCE_EXHAUSTED`; `UNAVAILABLE` in a trailers-only response with `grpc-retry-pushback-ms` | rejected, not processed |
 /// | `CANCELLED`, `UNKNOWN`, `DEADLINE_EXCEEDED`, `INTERNAL`, `DATA_LOSS`; any other `UNAVAILABLE` | maybe committed |
 ///
-/// Any status with the crate's [`NOT_PROCESSED`](super::NOT_PROCESSED) marker is rejected.
+/// Any status with the crate's [`NOT_PROCESSED`](crate::headers::NOT_PROCESSED) marker is rejected.
 ///
 /// `UNAVAILABLE` is "not processed" only when the server says so, as HTTP's 503 is only with
 /// `Retry-After` ([`docs::outcomes`](crate::docs::outcomes)): servers such as tonic send every
@@ -122,7 +122,7 @@ impl ClassifyEos for GrpcEos {
 fn classify_status_headers(headers: &HeaderMap, trailers_only: bool) -> Option<Classification> {
     let code =
         GrpcCode::from_header(headers.get(GRPC_STATUS)?.as_bytes()).unwrap_or(GrpcCode::UNKNOWN);
-    let class = if code != GrpcCode::OK && headers.contains_key(super::NOT_PROCESSED) {
+    let class = if code != GrpcCode::OK && headers.contains_key(crate::headers::NOT_PROCESSED) {
         AttemptClass::Rejected
     } else if trailers_only {
         code.class_trailers_only(headers.contains_key(crate::headers::GRPC_RETRY_PUSHBACK_MS))

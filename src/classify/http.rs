@@ -7,9 +7,9 @@ use super::{
 };
 use crate::{Envelope, Semantics};
 
-pub use crate::headers::KEY_IN_FLIGHT;
+use crate::headers::KEY_IN_FLIGHT;
 
-pub use crate::headers::NOT_PROCESSED;
+use crate::headers::NOT_PROCESSED;
 
 /// The built-in classifier for HTTP and gRPC over `http::Request` / `http::Response`.
 ///

@@ -73,7 +73,7 @@ mod tally;
 pub use self::error::{BoxError, ClassifyError};
 pub use self::func::{from_fn, Attempted, ClassifyFn, FnClassifier};
 pub use self::grpc::{GrpcCode, GrpcEos};
-pub use self::http::{HttpClassifier, HttpRequestClassifier, KEY_IN_FLIGHT, NOT_PROCESSED};
+pub use self::http::{HttpClassifier, HttpRequestClassifier};
 pub use self::tally::OutcomeTally;
 
 /// How far a request got before its attempt ended.
@@ -174,14 +174,15 @@ impl AttemptClass {
     }
 }
 
-pub use crate::pushback::Pushback;
+use crate::pushback::Pushback;
 
 /// The classification of one attempt: its [`AttemptClass`], the [`DeliveryPhase`] it reached,
 /// and the server's [`Pushback`], if any.
 ///
 /// ```
 /// use std::time::Duration;
-/// use surely::classify::{AttemptClass, Classification, DeliveryPhase, Pushback};
+/// use surely::classify::{AttemptClass, Classification, DeliveryPhase};
+/// use surely::pushback::Pushback;
 ///
 /// let c = Classification::new(AttemptClass::Rejected, DeliveryPhase::ResponseStarted)
 ///     .with_pushback(Some(Pushback::After(Duration::from_secs(2))));

@@ -11,12 +11,12 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::error::DeadlineExceeded;
 use super::timer::sealed::Timer;
 use super::timer::{AttemptTimers, Enforcement, OwnTimer};
 use super::{codec, Deadline, WireHeader, DEFAULT_HEADER, GRPC_TIMEOUT};
 use crate::context::CallTally;
 use crate::context::{CallDeadline, Context, Report};
+use crate::error::DeadlineExceeded;
 use crate::outcome::{CallOutcome, StopReason};
 use crate::{ConfigError, Envelope, Error, IntoError};
 
@@ -45,7 +45,7 @@ const MIN_WIRE_MILLIS: Duration = Duration::from_millis(1);
 /// * if the inner future has not answered by the deadline, the call ends with
 ///   [`DeadlineExceeded`] (in flight, maybe committed). No timer is created for a call that
 ///   answers on its first poll, nor while an attempt timeout inside ends the attempt by the
-///   deadline; the type parameter `T` ([`Enforcement`]) says where the layer's own timer lives
+///   deadline; the type parameter `T` (`Enforcement`) says where the layer's own timer lives
 ///   when it needs one.
 ///
 /// See the [module docs](super) for an example.

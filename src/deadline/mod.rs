@@ -17,7 +17,7 @@
 //!   outgoing calls inherit it.
 //!
 //! A call whose budget is already spent is refused before anything is sent, with a
-//! [`DeadlineExceeded`](error::DeadlineExceeded) error classified *rejected, not sent*: nothing
+//! [`DeadlineExceeded`] error classified *rejected, not sent*: nothing
 //! happened, and the record says why.
 //!
 //! # When the clock starts, and who ends a call at its deadline
@@ -31,10 +31,11 @@
 //! handler) is an instant from the start.
 //!
 //! A call still waiting at its deadline ends with
-//! [`DeadlineExceeded`](error::DeadlineExceeded). When an
+//! [`DeadlineExceeded`]. When an
 //! [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer) is inside, as in the canonical
 //! stack, its timer ends the attempt by the deadline and the deadline layer arms none; see
-//! [`Enforcement`] for where the deadline layer's own timer lives when it needs one.
+//! `DeadlineLayer`'s type parameter ([`OwnTimer`] or [`AttemptTimers`]) for where the deadline
+//! layer's own timer lives when it needs one.
 //!
 //! The current context is held per thread and set only while the layers' synchronous code runs
 //! (a `call`, a `poll`), so it follows the call's task across threads. Code that polls another
@@ -72,20 +73,17 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 mod client;
-pub mod error {
-    //! Deadline errors.
-    pub use crate::error::DeadlineExceeded;
-}
+pub use crate::error::DeadlineExceeded;
 
 pub use crate::time::{codec, Deadline};
 mod timer;
 
-pub use self::client::{DeadlineLayer, DeadlineLayerBuilder, ResponseFuture, WithDeadline};
-pub use self::timer::{AttemptTimers, Enforcement, OwnTimer};
+pub use self::client::{DeadlineLayer, DeadlineLayerBuilder, WithDeadline};
+pub use self::timer::{AttemptTimers, OwnTimer};
 
 use crate::context::{CallDeadline, Context};
 
-pub use crate::headers::DEFAULT_HEADER;
+use crate::headers::DEFAULT_HEADER;
 
 /// A request extension: the header, other than [`DEFAULT_HEADER`], into which a client
 /// [`DeadlineLayer`] wrote the call's budget, so that a retry layer inside can lower it on each
@@ -93,7 +91,7 @@ pub use crate::headers::DEFAULT_HEADER;
 #[derive(Clone, Debug)]
 pub(crate) struct WireHeader(pub(crate) http::HeaderName);
 
-pub use crate::headers::GRPC_TIMEOUT;
+use crate::headers::GRPC_TIMEOUT;
 
 /// The current deadline: the one a deadline layer or the server deadline layer set for the call
 /// running on this task, or the one of a [`scope`].

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::classify::{AttemptClass, Classification, DeliveryPhase, Pushback};
+use crate::classify::{AttemptClass, Classification, DeliveryPhase};
+use crate::pushback::Pushback;
 
 /// A call the [`CircuitBreaker`](crate::breaker::CircuitBreaker) refused: the inner service was not
 /// called, so nothing was sent.
@@ -22,7 +23,8 @@ use crate::classify::{AttemptClass, Classification, DeliveryPhase, Pushback};
 ///
 /// ```
 /// use surely::breaker::{BreakerState, CircuitBreaker, CircuitBreakerLayer};
-/// use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase, Pushback};
+/// use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
+/// use surely::pushback::Pushback;
 /// use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {

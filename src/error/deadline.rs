@@ -11,7 +11,7 @@ use crate::classify::DeliveryPhase;
 ///
 /// ```
 /// use surely::classify::DeliveryPhase;
-/// use surely::deadline::error::DeadlineExceeded;
+/// use surely::deadline::DeadlineExceeded;
 ///
 /// let e = DeadlineExceeded::refused();
 /// assert_eq!(e.phase(), DeliveryPhase::NotSent);

@@ -12,7 +12,7 @@ use crate::classify::DeliveryPhase;
 ///
 /// ```
 /// use surely::classify::DeliveryPhase;
-/// use surely::timeout::error::Elapsed;
+/// use surely::timeout::Elapsed;
 ///
 /// let e = Elapsed::new(DeliveryPhase::Sent, false);
 /// assert_eq!(e.to_string(), "attempt timed out after the request was sent");

@@ -152,7 +152,7 @@ use crate::classify::DeliveryPhase;
 use crate::delivery::Progress;
 use crate::{Envelope, Error, IntoError};
 
-pub mod future;
+mod future;
 mod layer;
 mod policy;
 mod reply;

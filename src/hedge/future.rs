@@ -13,12 +13,13 @@ use tower_service::Service;
 
 use super::layer::Config;
 use crate::classify::{
-    AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, OutcomeTally, Pushback,
+    AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, OutcomeTally,
 };
 use crate::context::budget_left_now;
 use crate::context::CallTally;
 use crate::error::{lift, lift_poll};
 use crate::outcome::{CallOutcome, Outcome, StopReason};
+use crate::pushback::Pushback;
 use crate::{Envelope, Error, IntoError};
 
 type Output<S, Req> = Result<

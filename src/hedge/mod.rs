@@ -133,7 +133,7 @@ use tower_service::Service;
 use crate::classify::{Classify, HttpClassifier, MakeClassifier};
 use crate::{Envelope, Error, IntoError, Semantics};
 
-pub mod future;
+mod future;
 mod latency;
 mod layer;
 

@@ -49,7 +49,7 @@
 //! * **a repeat of a finished request**: the stored response of the first one, without doing the
 //!   work again;
 //! * **a repeat while the first is still running**: `409 Conflict`, with `Retry-After` or the
-//!   [`idempotency-key-in-flight`](crate::classify::KEY_IN_FLIGHT) header. The
+//!   [`idempotency-key-in-flight`](crate::headers::KEY_IN_FLIGHT) header. The
 //!   [`HttpClassifier`](crate::classify::HttpClassifier) classifies that as *rejected* for a keyed
 //!   request: retry later, **with the same key**. A 409 without either marker is a business
 //!   conflict, and is not retried;
@@ -82,7 +82,8 @@
 //!
 //! ```
 //! use surely::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
-//! use surely::{Envelope, Semantics, IDEMPOTENCY_KEY};
+//! use surely::{Envelope, Semantics};
+//! use surely::headers::IDEMPOTENCY_KEY;
 //! use tower::{service_fn, Layer, Service, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -131,20 +132,17 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-pub mod error {
-    //! Idempotency key errors.
-    pub use crate::ids::InvalidKey;
-}
+pub use crate::ids::InvalidKey;
 
 pub use crate::ids::IdempotencyKey;
 
-use self::error::InvalidKey;
 use crate::context::CallTally;
 use crate::context::Context as CallContext;
 use crate::error::lift_poll;
+use crate::headers::IDEMPOTENCY_KEY;
 use crate::outcome::{CallOutcome, StopReason};
 use crate::record::BusinessKey;
-use crate::{Envelope, Error, IntoError, Semantics, IDEMPOTENCY_KEY};
+use crate::{Envelope, Error, IntoError, Semantics};
 
 /// Which requests without a key of their own get a generated one.
 ///
@@ -498,60 +496,67 @@ fn attach_key<Req: Envelope>(
     Ok(())
 }
 
-pin_project! {
-    /// The future of [`IdempotencyKeyService`]: the inner service's, or the caller's invalid key.
-    pub struct ResponseFuture<F, E> {
-        #[pin]
-        state: State<F>,
-        _error: PhantomData<fn() -> E>,
+/// The future, public in a private module: named by the service's `Future` type only.
+mod future {
+    use super::*;
+
+    pin_project! {
+        /// The future of [`IdempotencyKeyService`]: the inner service's, or the caller's invalid key.
+        pub struct ResponseFuture<F, E> {
+            #[pin]
+            pub(super) state: State<F>,
+            pub(super) _error: PhantomData<fn() -> E>,
+        }
     }
-}
 
-pin_project! {
-    #[project = StateProj]
-    enum State<F> {
-        Call { #[pin] future: F },
-        Invalid { error: InvalidKey },
+    pin_project! {
+        #[project = StateProj]
+        pub(super) enum State<F> {
+            Call { #[pin] future: F },
+            Invalid { error: InvalidKey },
+        }
     }
-}
 
-impl<F, T, E0> Future for ResponseFuture<F, Error<E0::Transport>>
-where
-    F: Future<Output = Result<T, E0>>,
-    E0: IntoError,
-{
-    type Output = Result<T, Error<E0::Transport>>;
+    impl<F, T, E0> Future for ResponseFuture<F, Error<E0::Transport>>
+    where
+        F: Future<Output = Result<T, E0>>,
+        E0: IntoError,
+    {
+        type Output = Result<T, Error<E0::Transport>>;
 
-    // Inlined, so that the inner future's answer is not returned through memory once more.
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Call { future } => lift_poll(future.poll(cx)),
-            StateProj::Invalid { error } => Poll::Ready(Err(invalid_key(*error))),
+        // Inlined, so that the inner future's answer is not returned through memory once more.
+        #[inline]
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            match self.project().state.project() {
+                StateProj::Call { future } => lift_poll(future.poll(cx)),
+                StateProj::Invalid { error } => Poll::Ready(Err(invalid_key(*error))),
+            }
+        }
+    }
+
+    /// A call refused before any attempt: the key never left the process.
+    #[cold]
+    #[inline(never)]
+    fn invalid_key<T>(error: InvalidKey) -> Error<T> {
+        let mut err: Error<T> = error.into();
+        err.set_call_outcome(CallOutcome::refused(
+            StopReason::Final,
+            crate::context::budget_left_now(),
+        ));
+        err
+    }
+
+    impl<F, E> fmt::Debug for ResponseFuture<F, E> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let state = match &self.state {
+                State::Call { .. } => "call",
+                State::Invalid { .. } => "invalid key",
+            };
+            f.debug_struct("ResponseFuture")
+                .field("state", &state)
+                .finish()
         }
     }
 }
 
-/// A call refused before any attempt: the key never left the process.
-#[cold]
-#[inline(never)]
-fn invalid_key<T>(error: InvalidKey) -> Error<T> {
-    let mut err: Error<T> = error.into();
-    err.set_call_outcome(CallOutcome::refused(
-        StopReason::Final,
-        crate::context::budget_left_now(),
-    ));
-    err
-}
-
-impl<F, E> fmt::Debug for ResponseFuture<F, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Call { .. } => "call",
-            State::Invalid { .. } => "invalid key",
-        };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .finish()
-    }
-}
+use self::future::{ResponseFuture, State};

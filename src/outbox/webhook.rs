@@ -15,9 +15,10 @@ use tower_service::Service;
 
 use super::Event;
 use crate::classify::BoxError;
+use crate::headers::IDEMPOTENCY_KEY;
 use crate::idempotency::IdempotencyKey;
 use crate::outcome::{fmt_verdict, CallOutcome, Outcome, OutcomeExt as _};
-use crate::{IntoError, IDEMPOTENCY_KEY};
+use crate::IntoError;
 
 /// The aggregate the event is about.
 const AGGREGATE: HeaderName = HeaderName::from_static("surely-aggregate");

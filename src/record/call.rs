@@ -169,7 +169,7 @@ where
 
 /// The `Idempotency-Key` a request carries.
 fn idempotency_key<Req: Envelope>(req: &Req) -> Option<HeaderValue> {
-    req.headers()?.get(crate::IDEMPOTENCY_KEY).cloned()
+    req.headers()?.get(crate::headers::IDEMPOTENCY_KEY).cloned()
 }
 
 /// What a call without a recorder needs to hand its outcome back when no layer inside does.

@@ -53,11 +53,11 @@ mod attempt;
 mod call;
 mod trailers;
 
-pub use self::attempt::{AttemptFuture, RecordAttempt, RecordAttemptLayer};
-pub use self::call::{CallFuture, RecordCall, RecordCallLayer};
+pub use self::attempt::{RecordAttempt, RecordAttemptLayer};
+pub use self::call::{RecordCall, RecordCallLayer};
 #[cfg(feature = "tonic")]
 pub(crate) use self::trailers::{watch_response, WantsTrailers, WatchedBody as TrailersBody};
-pub use self::trailers::{WatchFuture, WatchTrailers, WatchTrailersLayer, WatchedBody};
+pub use self::trailers::{WatchTrailers, WatchTrailersLayer, WatchedBody};
 
 pub(crate) use crate::evidence::key_of;
 #[cfg(feature = "opentelemetry")]

@@ -12,18 +12,22 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::layer::{Config, GRPC_PREVIOUS_RPC_ATTEMPTS};
+use super::layer::Config;
 use crate::backoff::Delays;
 use crate::breaker::{health, CircuitBreaker, CircuitOpen, Pass};
 use crate::classify::{
-    AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, OutcomeTally, Pushback,
+    AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, OutcomeTally,
 };
 use crate::context::budget_left_now;
 use crate::context::CallTally;
 use crate::context::Context;
-use crate::deadline::{self, codec, DEFAULT_HEADER, GRPC_TIMEOUT};
+use crate::deadline::{self, codec};
 use crate::error::lift;
+use crate::headers::DEFAULT_HEADER;
+use crate::headers::GRPC_PREVIOUS_RPC_ATTEMPTS;
+use crate::headers::GRPC_TIMEOUT;
 use crate::outcome::CallOutcome;
+use crate::pushback::Pushback;
 use crate::record::{BusinessKey, Operation, ResolutionRecord, RetryRecord};
 use crate::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};
 use crate::Outcome;

@@ -28,9 +28,7 @@ pub(crate) const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(30);
 /// is not started.
 pub(crate) const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
 
-pub use crate::headers::RETRY_OWNER;
-
-pub use crate::headers::GRPC_PREVIOUS_RPC_ATTEMPTS;
+use crate::headers::RETRY_OWNER;
 
 /// Retries attempts that may be retried, within the attempt limit, the retry budget and the
 /// call's deadline. See the [module docs](super).
@@ -381,7 +379,7 @@ where
             Semantics::Safe => None,
             _ => req
                 .headers()
-                .and_then(|h| h.get(crate::IDEMPOTENCY_KEY))
+                .and_then(|h| h.get(crate::headers::IDEMPOTENCY_KEY))
                 .cloned(),
         };
         let gate = self.config.breaker.as_ref().map(CircuitBreaker::admit);

@@ -33,7 +33,7 @@
 //! # One retry owner per chain
 //!
 //! If every hop of a call chain retries three times, a failure at the bottom of five hops is
-//! tried 3⁵ = 243 times. So the layer marks each attempt with [`RETRY_OWNER`]; the next hop's
+//! tried 3⁵ = 243 times. So the layer marks each attempt with [`RETRY_OWNER`](crate::headers::RETRY_OWNER); the next hop's
 //! [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) carries the mark into its
 //! handler's context, and a retry layer inside that handler then retries only attempts that
 //! were provably not sent (refused before any byte left), stopping with
@@ -97,11 +97,8 @@ mod layer;
 mod learn;
 mod replay;
 
-pub use self::future::ResponseFuture;
-pub use self::layer::{
-    Retry, RetryLayer, RetryLayerBuilder, GRPC_PREVIOUS_RPC_ATTEMPTS, RETRY_OWNER,
-};
+pub use self::layer::{Retry, RetryLayer, RetryLayerBuilder};
 pub use self::replay::{
-    BodyNotReplayable, NotReplayable, ReplayBodies, ReplayBody, ReplayBodyLayer, ReplayFuture,
+    BodyNotReplayable, NotReplayable, ReplayBodies, ReplayBody, ReplayBodyLayer,
 };
 pub use crate::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};

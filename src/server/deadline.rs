@@ -19,11 +19,13 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::classify::NOT_PROCESSED;
 use crate::context::CallTally;
 use crate::context::{CallDeadline, Context};
 use crate::deadline::codec::{self, ParseTimeoutError};
-use crate::deadline::{Deadline, DEFAULT_HEADER, GRPC_TIMEOUT};
+use crate::deadline::Deadline;
+use crate::headers::DEFAULT_HEADER;
+use crate::headers::GRPC_TIMEOUT;
+use crate::headers::NOT_PROCESSED;
 use crate::headers::RETRY_OWNER;
 use crate::{ConfigError, Envelope};
 
@@ -411,54 +413,61 @@ fn malformed_response<B: Default>(grpc: bool, error: &ParseTimeoutError) -> Resp
     res
 }
 
-pin_project! {
-    /// The future of [`ServerDeadline`].
-    pub struct ServerDeadlineFuture<F, B> {
-        #[pin]
-        state: ServerState<F, B>,
-    }
-}
+/// The future, public in a private module: named by the service's `Future` type only.
+mod future {
+    use super::*;
 
-pin_project! {
-    #[project = ServerStateProj]
-    enum ServerState<F, B> {
-        Respond { response: Option<Response<B>> },
-        Running { #[pin] inner: F, ctx: Context },
-    }
-}
-
-impl<F, B> ServerDeadlineFuture<F, B> {
-    fn respond(response: Response<B>) -> Self {
-        ServerDeadlineFuture {
-            state: ServerState::Respond {
-                response: Some(response),
-            },
+    pin_project! {
+        /// The future of [`ServerDeadline`].
+        pub struct ServerDeadlineFuture<F, B> {
+            #[pin]
+            pub(super) state: ServerState<F, B>,
         }
     }
-}
 
-impl<F, B, E> Future for ServerDeadlineFuture<F, B>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-{
-    type Output = Result<Response<B>, E>;
+    pin_project! {
+        #[project = ServerStateProj]
+        pub(super) enum ServerState<F, B> {
+            Respond { response: Option<Response<B>> },
+            Running { #[pin] inner: F, ctx: Context },
+        }
+    }
 
-    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            ServerStateProj::Respond { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                None => Poll::Pending,
-            },
-            ServerStateProj::Running { inner, ctx } => {
-                CallTally::isolate(|| ctx.scope(|| inner.poll(cx)))
+    impl<F, B> ServerDeadlineFuture<F, B> {
+        pub(super) fn respond(response: Response<B>) -> Self {
+            ServerDeadlineFuture {
+                state: ServerState::Respond {
+                    response: Some(response),
+                },
             }
         }
     }
-}
 
-impl<F, B> fmt::Debug for ServerDeadlineFuture<F, B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ServerDeadlineFuture")
-            .finish_non_exhaustive()
+    impl<F, B, E> Future for ServerDeadlineFuture<F, B>
+    where
+        F: Future<Output = Result<Response<B>, E>>,
+    {
+        type Output = Result<Response<B>, E>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+            match self.project().state.project() {
+                ServerStateProj::Respond { response } => match response.take() {
+                    Some(response) => Poll::Ready(Ok(response)),
+                    None => Poll::Pending,
+                },
+                ServerStateProj::Running { inner, ctx } => {
+                    CallTally::isolate(|| ctx.scope(|| inner.poll(cx)))
+                }
+            }
+        }
+    }
+
+    impl<F, B> fmt::Debug for ServerDeadlineFuture<F, B> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("ServerDeadlineFuture")
+                .finish_non_exhaustive()
+        }
     }
 }
+
+use self::future::{ServerDeadlineFuture, ServerState};

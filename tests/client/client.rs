@@ -10,14 +10,15 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::deadline::DEFAULT_HEADER;
 use surely::fault::{Fault, FaultLayer, Reply, Schedule};
+use surely::headers::DEFAULT_HEADER;
+use surely::headers::IDEMPOTENCY_KEY;
+use surely::headers::RETRY_OWNER;
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
-use surely::retry::{ReplayBody, RETRY_OWNER};
+use surely::retry::ReplayBody;
 use surely::Outcome;
 use surely::StopReason;
-use surely::IDEMPOTENCY_KEY;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
 use crate::support::serve::serve;

@@ -29,13 +29,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use surely::deadline::DeadlineLayer;
 use surely::fault::{Fault, FaultLayer, NoResponse, Reply, Schedule};
+use surely::headers::IDEMPOTENCY_KEY;
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::{ReplayBodyLayer, RetryLayer};
 use surely::timeout::AttemptTimeoutLayer;
 use surely::Outcome;
 use surely::StopReason;
-use surely::IDEMPOTENCY_KEY;
 use tokio::time::Instant;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 

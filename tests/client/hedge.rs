@@ -15,13 +15,14 @@ use http::{Request, Response, StatusCode};
 use surely::budget::{BudgetExhausted, RatioBudget, RetryBudget};
 use surely::classify::AttemptClass;
 use surely::deadline::{Deadline, DeadlineLayer};
+use surely::headers::IDEMPOTENCY_KEY;
 use surely::hedge::{HedgeDelay, HedgeLayer, HedgeLayerBuilder};
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::RetryLayer;
 use surely::Outcome;
+use surely::Semantics;
 use surely::StopReason;
-use surely::{Semantics, IDEMPOTENCY_KEY};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 

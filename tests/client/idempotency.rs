@@ -10,9 +10,10 @@ use std::task::{Context, Poll};
 use http::{HeaderValue, Method, Request, Response};
 use proptest::prelude::*;
 use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
-use surely::idempotency::error::InvalidKey;
+use surely::headers::IDEMPOTENCY_KEY;
+use surely::idempotency::InvalidKey;
 use surely::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
-use surely::{Envelope, Error, Semantics, IDEMPOTENCY_KEY};
+use surely::{Envelope, Error, Semantics};
 use tower::{Layer, Service, ServiceExt};
 
 /// What the transport saw of one request.

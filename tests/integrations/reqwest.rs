@@ -34,10 +34,11 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
 use surely::classify::{AttemptClass, BoxError, ClassifyError, DeliveryPhase};
 use surely::fault::{Fault, FaultLayer, NoResponse, Reply, Schedule};
+use surely::headers::IDEMPOTENCY_KEY;
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
 use surely::StopReason;
-use surely::{Outcome, OutcomeExt, IDEMPOTENCY_KEY};
+use surely::{Outcome, OutcomeExt};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 

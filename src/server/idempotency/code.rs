@@ -14,7 +14,8 @@ use std::str::FromStr;
 /// ```
 /// use bytes::Bytes;
 /// use http_body_util::Full;
-/// use surely::server::idempotency::{ErrorCode, IdempotencyLayer, IDEMPOTENCY_ERROR};
+/// use surely::server::idempotency::{ErrorCode, IdempotencyLayer};
+/// use surely::headers::IDEMPOTENCY_ERROR;
 /// use surely::server::store::MemoryStore;
 /// use tower::{service_fn, Layer, ServiceExt};
 ///

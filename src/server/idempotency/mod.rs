@@ -121,7 +121,8 @@
 //! ```
 //! use bytes::Bytes;
 //! use http_body_util::{BodyExt, Full};
-//! use surely::server::idempotency::{IdempotencyLayer, Ticket, IDEMPOTENT_REPLAYED};
+//! use surely::server::idempotency::{IdempotencyLayer, Ticket};
+//! use surely::headers::IDEMPOTENT_REPLAYED;
 //! use surely::server::store::MemoryStore;
 //! use tower::{service_fn, Layer, ServiceExt};
 //!
@@ -153,8 +154,8 @@
 //! ```
 //!
 //! [`IdempotencyKey`]: crate::idempotency::IdempotencyKey
-//! [`KEY_IN_FLIGHT`]: crate::classify::KEY_IN_FLIGHT
-//! [`NOT_PROCESSED`]: crate::classify::NOT_PROCESSED
+//! [`KEY_IN_FLIGHT`]: crate::headers::KEY_IN_FLIGHT
+//! [`NOT_PROCESSED`]: crate::headers::NOT_PROCESSED
 
 use std::time::Duration;
 
@@ -164,13 +165,13 @@ mod service;
 
 pub use self::code::{ErrorCode, UnknownErrorCode};
 pub use self::layer::{IdempotencyLayer, IdempotencyLayerBuilder};
-pub use self::service::{IdempotencyService, ResponseFuture};
+pub use self::service::IdempotencyService;
 
 use super::store::{Fence, RecordKey};
 
-pub use crate::headers::IDEMPOTENT_REPLAYED;
+use crate::headers::IDEMPOTENT_REPLAYED;
 
-pub use crate::headers::IDEMPOTENCY_ERROR;
+use crate::headers::IDEMPOTENCY_ERROR;
 
 /// What the owner's handler finds in its request's extensions: the record it owns and its
 /// fence.

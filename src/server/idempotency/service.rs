@@ -16,15 +16,17 @@ use tower_service::Service;
 
 use super::layer::Config;
 use super::{ErrorCode, Ticket, IDEMPOTENCY_ERROR, IDEMPOTENT_REPLAYED};
-use crate::classify::{BoxError, KEY_IN_FLIGHT, NOT_PROCESSED};
+use crate::classify::BoxError;
 use crate::context::{Context as CallContext, InContext};
+use crate::headers::IDEMPOTENCY_KEY;
+use crate::headers::KEY_IN_FLIGHT;
+use crate::headers::NOT_PROCESSED;
 use crate::idempotency::IdempotencyKey;
 use crate::ids::InvalidKey;
 use crate::record::ServerEventKind;
 use crate::server::store::{
     Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoredResponse,
 };
-use crate::IDEMPOTENCY_KEY;
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
 ///

@@ -8,11 +8,14 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use surely::breaker::{
-    BreakerEventKind, BreakerState, CircuitBreaker, CircuitBreakerBuilder, CircuitBreakerLayer,
-    SlidingWindow, TransitionReason, WindowCounts,
+    BreakerState, CircuitBreaker, CircuitBreakerBuilder, CircuitBreakerLayer, SlidingWindow,
+    WindowCounts,
 };
-use surely::classify::{AttemptClass, BoxError, ClassifyError, DeliveryPhase, Pushback};
+use surely::classify::{AttemptClass, BoxError, ClassifyError, DeliveryPhase};
 use surely::deadline::DeadlineLayer;
+use surely::pushback::Pushback;
+use surely::record::BreakerEventKind;
+use surely::record::TransitionReason;
 use surely::record::{InMemoryRecorder, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::RetryLayer;
@@ -1188,7 +1191,7 @@ async fn a_refusal_for_a_spent_deadline_is_not_counted() {
                     let mut res = Response::builder().status(504).body(()).unwrap();
                     if marked {
                         res.headers_mut().insert(
-                            surely::classify::NOT_PROCESSED,
+                            surely::headers::NOT_PROCESSED,
                             http::HeaderValue::from_static("deadline"),
                         );
                     }

@@ -7,8 +7,8 @@ use std::io::{self, ErrorKind};
 use surely::classify::AttemptClass::{self, Final, MaybeCommitted, Rejected};
 use surely::classify::DeliveryPhase::{self, NotSent, ResponseStarted, Sent};
 use surely::classify::{BoxError, Classification, ClassifyError};
-use surely::deadline::error::DeadlineExceeded;
-use surely::timeout::error::Elapsed;
+use surely::deadline::DeadlineExceeded;
+use surely::timeout::Elapsed;
 use surely::{IntoError, Semantics};
 
 use super::support::{self, IoError, SEMANTICS};

@@ -15,8 +15,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use surely::classify::{
     AttemptClass, BoxError, Classify, ClassifyError, DeliveryPhase, HttpClassifier, MakeClassifier,
 };
+use surely::headers::IDEMPOTENCY_KEY;
 use surely::Outcome;
-use surely::{Envelope, IntoError, Semantics, IDEMPOTENCY_KEY};
+use surely::{Envelope, IntoError, Semantics};
 
 use super::support::{outcome_of, SEMANTICS};
 use crate::support::serve::closed_port;

@@ -5,8 +5,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::HeaderValue;
 use proptest::prelude::*;
-use surely::classify::{AttemptClass, Classification, DeliveryPhase, Pushback};
-use surely::pushback::{parse_grpc_pushback, parse_retry_after, GRPC_RETRY_PUSHBACK_MS};
+use surely::classify::{AttemptClass, Classification, DeliveryPhase};
+use surely::headers::GRPC_RETRY_PUSHBACK_MS;
+use surely::pushback::Pushback;
+use surely::pushback::{parse_grpc_pushback, parse_retry_after};
 use surely::Semantics;
 
 use super::support::{self, imf_fixdate, SEMANTICS};

@@ -1,6 +1,7 @@
 //! Request semantics as the classifiers see them.
 
-use surely::{Envelope, Semantics, IDEMPOTENCY_KEY};
+use surely::headers::IDEMPOTENCY_KEY;
+use surely::{Envelope, Semantics};
 
 fn semantics(method: http::Method, key: bool) -> Semantics {
     let mut builder = http::Request::builder().method(method);

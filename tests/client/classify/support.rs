@@ -5,8 +5,9 @@ use surely::classify::{
     AttemptClass, Classification, Classified, Classify, DeliveryPhase, GrpcEos, HttpClassifier,
     MakeClassifier, OutcomeTally,
 };
+use surely::headers::IDEMPOTENCY_KEY;
 use surely::Outcome;
-use surely::{Envelope, Semantics, IDEMPOTENCY_KEY};
+use surely::{Envelope, Semantics};
 
 /// The four semantics, in the column order of every table in these tests.
 pub(crate) const SEMANTICS: [Semantics; 4] = [

@@ -9,9 +9,10 @@ use std::io::ErrorKind;
 
 use surely::classify::AttemptClass::{self, Conflict, Final, MaybeCommitted, Rejected, Success};
 use surely::classify::DeliveryPhase::{self, NotSent, ResponseStarted, Sent};
-use surely::classify::{Classification, Classified, ClassifyEos, KEY_IN_FLIGHT};
-use surely::deadline::error::DeadlineExceeded;
-use surely::timeout::error::Elapsed;
+use surely::classify::{Classification, Classified, ClassifyEos};
+use surely::deadline::DeadlineExceeded;
+use surely::headers::KEY_IN_FLIGHT;
+use surely::timeout::Elapsed;
 use surely::Outcome::{self, Failed, Succeeded, Unknown};
 use surely::Semantics;
 
@@ -259,7 +260,7 @@ fn design_table_for_every_semantics() {
                 ));
             }
             // Without a server's "stop", the classification's verdict is the class's.
-            if c.pushback() != Some(surely::classify::Pushback::Stop) {
+            if c.pushback() != Some(surely::pushback::Pushback::Stop) {
                 assert_eq!(
                     c.is_retryable(semantics),
                     c.class().is_retryable(semantics),

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use http::{HeaderName, Request, Response};
 use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
-use surely::deadline::{Deadline, DeadlineLayer, DEFAULT_HEADER, GRPC_TIMEOUT};
+use surely::deadline::{Deadline, DeadlineLayer};
+use surely::headers::DEFAULT_HEADER;
+use surely::headers::GRPC_TIMEOUT;
 use surely::Envelope;
 use tokio::time::Instant;
 use tower::{service_fn, Layer};

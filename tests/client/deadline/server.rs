@@ -353,7 +353,8 @@ fn min_not_below_max_is_a_config_error() {
 
 #[tokio::test(start_paused = true)]
 async fn refusals_carry_the_not_processed_marker_and_classify_as_rejected() {
-    use surely::classify::{AttemptClass, Classify, HttpClassifier, MakeClassifier, NOT_PROCESSED};
+    use surely::classify::{AttemptClass, Classify, HttpClassifier, MakeClassifier};
+    use surely::headers::NOT_PROCESSED;
 
     let log = Log::default();
     let mut svc = ServerDeadlineLayer::new().layer(handler(log.clone()));

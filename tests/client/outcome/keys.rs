@@ -16,12 +16,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use surely::fault::{Fault, FaultLayer, Schedule};
+use surely::headers::IDEMPOTENCY_KEY;
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
 use surely::retry::ReplayBody;
 use surely::server::idempotency::IdempotencyLayer;
 use surely::server::store::MemoryStore;
-use surely::{Outcome, OutcomeExt, Semantics, StopReason, IDEMPOTENCY_KEY};
+use surely::{Outcome, OutcomeExt, Semantics, StopReason};
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 
 use crate::support::serve::serve;

@@ -12,15 +12,14 @@ use std::time::Duration;
 
 use http::{HeaderValue, Request, Response, StatusCode};
 use surely::breaker::CircuitBreaker;
-use surely::classify::KEY_IN_FLIGHT;
 use surely::deadline::{Deadline, DeadlineLayer};
+use surely::headers::IDEMPOTENCY_KEY;
+use surely::headers::KEY_IN_FLIGHT;
 use surely::hedge::{HedgeDelay, HedgeLayer};
 use surely::record::{InMemoryRecorder, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::RetryLayer;
-use surely::{
-    CallOutcome, Error, ErrorKind, Outcome, OutcomeExt, Semantics, StopReason, IDEMPOTENCY_KEY,
-};
+use surely::{CallOutcome, Error, ErrorKind, Outcome, OutcomeExt, Semantics, StopReason};
 use tower::{service_fn, Layer, Service, ServiceBuilder};
 
 use crate::support::call;
@@ -417,8 +416,7 @@ fn an_error_no_call_layer_saw_says_what_it_alone_proves() {
     assert_eq!(reset.call_outcome(), None);
     assert_eq!(reset.stop_reason(), None);
     assert_eq!((reset.outcome(), reset.attempts()), (Outcome::Unknown, 1));
-    let refused: Error<std::io::Error> =
-        surely::deadline::error::DeadlineExceeded::refused().into();
+    let refused: Error<std::io::Error> = surely::deadline::DeadlineExceeded::refused().into();
     assert_eq!(
         (refused.outcome(), refused.attempts()),
         (Outcome::Failed, 0)

@@ -8,9 +8,10 @@ use std::time::Duration;
 use http::{HeaderValue, Request, Response};
 use surely::breaker::CircuitBreaker;
 use surely::deadline::Deadline;
+use surely::headers::IDEMPOTENCY_KEY;
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
-use surely::{Outcome, StopReason, IDEMPOTENCY_KEY};
+use surely::{Outcome, StopReason};
 use tower::{service_fn, Service, ServiceExt};
 
 use super::{answers, call, get, ms, post};

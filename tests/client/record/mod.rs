@@ -16,8 +16,8 @@ use surely::deadline::{Deadline, DeadlineLayer};
 use surely::record::{
     BusinessKey, InMemoryRecorder, Record, RecordAttemptLayer, RecordCallLayer, Recorder,
 };
-use surely::timeout::error::Elapsed;
 use surely::timeout::AttemptTimeoutLayer;
+use surely::timeout::Elapsed;
 use surely::Outcome;
 use surely::StopReason;
 use surely::{Error, Semantics};

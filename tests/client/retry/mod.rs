@@ -14,13 +14,15 @@ use surely::budget::{RatioBudget, RetryBudget, TokenBucket};
 use surely::classify::AttemptClass;
 use surely::deadline::Deadline;
 use surely::fault::{Fault, Reply, Schedule};
+use surely::headers::GRPC_PREVIOUS_RPC_ATTEMPTS;
+use surely::headers::IDEMPOTENCY_KEY;
 use surely::idempotency::IdempotencyKey;
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
-use surely::retry::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS};
+use surely::retry::RetryLayer;
 use surely::Outcome;
+use surely::Semantics;
 use surely::StopReason;
-use surely::{Semantics, IDEMPOTENCY_KEY};
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -1105,7 +1107,7 @@ async fn a_retry_carries_the_budget_that_is_left_not_the_one_the_call_started_wi
     );
     let _ = timed(&mut svc, request(Kind::Get)).await;
     let budgets: Vec<u64> = log
-        .header(&surely::deadline::DEFAULT_HEADER)
+        .header(&surely::headers::DEFAULT_HEADER)
         .into_iter()
         .map(|v| v.unwrap().to_str().unwrap().parse().unwrap())
         .collect();
@@ -1148,7 +1150,7 @@ async fn a_retry_lowers_the_budget_under_a_custom_header_name_too() {
         .collect();
     assert_eq!(budgets, vec![2999, 1999, 999]);
     // And the default header was not written alongside.
-    let defaults = log.header(&surely::deadline::DEFAULT_HEADER);
+    let defaults = log.header(&surely::headers::DEFAULT_HEADER);
     assert!(defaults.iter().all(Option::is_none), "{defaults:?}");
 }
 

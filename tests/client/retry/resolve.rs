@@ -216,7 +216,7 @@ async fn a_keyed_post_is_settled_by_its_retry_not_by_the_resolver() {
     let lookup = Lookup::holding(&["o-2"]);
     let mut req = post(Some("o-2"));
     req.headers_mut()
-        .insert(surely::IDEMPOTENCY_KEY, "k-2".parse().unwrap());
+        .insert(surely::headers::IDEMPOTENCY_KEY, "k-2".parse().unwrap());
     let (out, recorder) = call_with(
         lookup.clone(),
         Schedule::new().at(0, Fault::ResetAfterSend),

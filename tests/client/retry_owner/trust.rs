@@ -3,8 +3,8 @@
 //! anyone else's request.
 
 use http::Request;
+use surely::headers::RETRY_OWNER;
 use surely::record::InMemoryRecorder;
-use surely::retry::RETRY_OWNER;
 use surely::server::deadline::ServerDeadlineLayer;
 use surely::Envelope;
 use surely::StopReason;
@@ -136,7 +136,7 @@ async fn a_client_for_a_third_party_api_sends_none_of_the_crates_headers() {
     assert_eq!(seen.len(), 3, "retried all the same");
     for headers in seen.iter() {
         assert!(!headers.contains_key(RETRY_OWNER));
-        assert!(!headers.contains_key(surely::deadline::DEFAULT_HEADER));
+        assert!(!headers.contains_key(surely::headers::DEFAULT_HEADER));
         assert!(!headers.contains_key("x-attempt"));
     }
 }

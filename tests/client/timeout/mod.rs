@@ -11,8 +11,8 @@ use http::{Request, Response};
 use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
 use surely::deadline::{Deadline, DeadlineLayer};
 use surely::delivery::Progress;
-use surely::timeout::error::Elapsed;
 use surely::timeout::AttemptTimeoutLayer;
+use surely::timeout::Elapsed;
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service};
 

@@ -546,7 +546,7 @@ async fn a_replay_of_the_same_key_settles_its_entry() {
             let mut res = http::Response::new(String::from("o-8"));
             if !first {
                 res.headers_mut().insert(
-                    surely::server::idempotency::IDEMPOTENT_REPLAYED,
+                    surely::headers::IDEMPOTENT_REPLAYED,
                     http::HeaderValue::from_static("true"),
                 );
             }
@@ -568,7 +568,7 @@ async fn a_replay_of_the_same_key_settles_its_entry() {
     let keyed = || {
         let mut req = order("o-8");
         req.headers_mut().insert(
-            surely::IDEMPOTENCY_KEY,
+            surely::headers::IDEMPOTENCY_KEY,
             http::HeaderValue::from_static("o-8"),
         );
         req

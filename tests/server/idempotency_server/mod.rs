@@ -390,7 +390,7 @@ async fn an_unreachable_store_answers_503_not_processed() {
     let mut svc = IdempotencyLayer::new(Down).layer(handler(seen.clone(), 201));
     let got = send(&mut svc, post(Some("k"), "o")).await;
     assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(got.headers.contains_key(surely::classify::NOT_PROCESSED));
+    assert!(got.headers.contains_key(surely::headers::NOT_PROCESSED));
     assert!(got.headers.contains_key("retry-after"));
     assert_eq!(seen.calls(), 0);
     // Unkeyed requests do not need the store.

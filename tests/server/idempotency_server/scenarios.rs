@@ -240,7 +240,7 @@ pub(crate) async fn what_is_stored<St: IdempotencyStore + Clone>(store: St) {
             let mut res: Res = reply(if n == 1 { 400 } else { 201 }, "");
             if n == 1 {
                 res.headers_mut().insert(
-                    surely::classify::NOT_PROCESSED,
+                    surely::headers::NOT_PROCESSED,
                     "validation".parse().unwrap(),
                 );
             }
@@ -258,7 +258,7 @@ pub(crate) async fn what_is_stored<St: IdempotencyStore + Clone>(store: St) {
     );
     let third = send(&mut svc, post(Some("k-marked"), "o")).await;
     assert!(third.replayed());
-    assert!(!third.headers.contains_key(surely::classify::NOT_PROCESSED));
+    assert!(!third.headers.contains_key(surely::headers::NOT_PROCESSED));
     assert_eq!(seen.calls(), 2);
 }
 
