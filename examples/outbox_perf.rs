@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
+use surely::deps::async_nats::{self, jetstream};
 use surely::inbox::{PostgresInbox, Processed, Versions};
-use surely::outbox::async_nats::{self, jetstream};
 use surely::outbox::{Event, EventId, JetStreamPublisher, PostgresOutbox, Relay};
 use surely::postgres::Pool;
 

@@ -443,12 +443,12 @@ mod durable {
     use std::time::{SystemTime, UNIX_EPOCH};
 
     use super::*;
-    use surely::inbox::{PostgresInbox, Versions};
-    use surely::ledger::PostgresLedger;
-    use surely::outbox::async_nats::{
+    use surely::deps::async_nats::{
         self,
         jetstream::{self, consumer, stream},
     };
+    use surely::inbox::{PostgresInbox, Versions};
+    use surely::ledger::PostgresLedger;
     use surely::outbox::{JetStreamPublisher, PostgresOutbox};
     use surely::postgres::Pool;
     use surely::server::store::PostgresStore;

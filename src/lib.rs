@@ -101,6 +101,7 @@ pub mod client;
 mod context;
 pub mod deadline;
 pub mod delivery;
+pub mod deps;
 pub mod docs;
 mod envelope;
 mod error;

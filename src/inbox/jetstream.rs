@@ -31,7 +31,7 @@ impl PostgresInbox {
     ///
     /// ```no_run
     /// # async fn consume(inbox: surely::inbox::PostgresInbox,
-    /// #     consumer: surely::outbox::async_nats::jetstream::consumer::PullConsumer)
+    /// #     consumer: surely::deps::async_nats::jetstream::consumer::PullConsumer)
     /// #     -> Result<(), Box<dyn std::error::Error>> {
     /// use surely::inbox::Versions;
     /// use tokio_stream::StreamExt;

@@ -86,10 +86,6 @@ pub(crate) use self::postgres::POSTGRES_COMPONENT;
 pub use self::relay::{Relay, RelayBuilder};
 pub use self::wakeup::Wakeup;
 pub use self::webhook::{WebhookError, WebhookPublisher};
-/// The NATS client the [`JetStreamPublisher`] is built on, re-exported so that a service uses
-/// the same version.
-#[cfg(feature = "nats")]
-pub use async_nats;
 
 /// An event a relay claimed: it holds it until it marks it, or until the claim's lease passes.
 #[derive(Clone, Debug)]

@@ -18,7 +18,9 @@ pub(crate) fn bare(table: &str) -> &str {
 pub(crate) use self::migration::Migration;
 pub(crate) use self::migration::{apply, Component};
 pub use self::migration::{Applied, MigrateError};
-pub use deadpool_postgres::Pool;
+/// A pool of PostgreSQL connections: deadpool-postgres's, over tokio-postgres (both in
+/// [`surely::deps`](crate::deps), at the versions this crate uses).
+pub type Pool = deadpool_postgres::Pool;
 
 use deadpool_postgres::Manager;
 use tokio_postgres::NoTls;

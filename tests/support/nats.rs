@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use surely::outbox::async_nats::jetstream::{self, stream};
+use surely::deps::async_nats::jetstream::{self, stream};
 
 /// The variable that names the server.
 const VAR: &str = "SURELY_TEST_NATS_URL";
@@ -19,7 +19,7 @@ pub(crate) fn url() -> String {
 
 /// JetStream on the server; fails `test`, naming the server, if it does not answer.
 pub(crate) async fn jetstream(test: &str) -> jetstream::Context {
-    let client = surely::outbox::async_nats::connect(url())
+    let client = surely::deps::async_nats::connect(url())
         .await
         .unwrap_or_else(|e| panic!("{test}: NATS at {} did not answer: {e}", url()));
     jetstream::new(client)

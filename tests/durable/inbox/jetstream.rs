@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
+use surely::deps::async_nats::jetstream::{self, consumer};
 use surely::inbox::{PostgresInbox, Processed, Versions};
-use surely::outbox::async_nats::jetstream::{self, consumer};
 use surely::outbox::{Event, EventId, JetStreamPublisher, OutboxStore, PostgresOutbox, Relay};
 use tokio_stream::StreamExt;
 

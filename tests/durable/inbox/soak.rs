@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, RngCore, SeedableRng};
+use surely::deps::async_nats::jetstream::{self, consumer, AckKind};
 use surely::inbox::{Begin, PostgresInbox, Processed, Versions};
-use surely::outbox::async_nats::jetstream::{self, consumer, AckKind};
 use surely::outbox::{
     Claimed, Event, EventId, Failed, JetStreamPublisher, OutboxError, OutboxStore, PostgresOutbox,
     Relay,

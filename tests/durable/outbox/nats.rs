@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use surely::outbox::async_nats::jetstream;
+use surely::deps::async_nats::jetstream;
 use surely::outbox::{JetStreamPublisher, MemoryOutbox, OutboxStore, Relay};
 use tokio_stream::StreamExt;
 use tower::{Service, ServiceExt};
@@ -60,7 +60,7 @@ async fn the_relay_publishes_to_jetstream_with_the_event_id_as_message_id() {
     let headers = stored.headers;
     assert_eq!(
         headers
-            .get(surely::outbox::async_nats::header::NATS_MESSAGE_ID)
+            .get(surely::deps::async_nats::header::NATS_MESSAGE_ID)
             .map(|v| v.as_str()),
         Some(events[0].id().as_str())
     );
