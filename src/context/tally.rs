@@ -40,6 +40,9 @@ pub(crate) struct CallTally {
     /// The attempt, if any, whose record waits for the end of its response's body (its
     /// status is in the trailers): the call is recorded after it.
     pub(crate) deferred: Option<u32>,
+    /// What the deferred attempt's head said, when the head says it all unless the body breaks
+    /// off (HTTP): the class that stands if the body is dropped unread.
+    pub(crate) deferred_head: Option<Classification>,
 }
 
 impl CallTally {
@@ -56,6 +59,7 @@ impl CallTally {
             resolution: None,
             retries: Vec::new(),
             deferred: None,
+            deferred_head: None,
         }
     }
 
@@ -92,6 +96,17 @@ impl CallTally {
         swapped(None, f)
     }
 
+    /// The tally as it stands if the call ends now, its deferred attempt's body dropped unread:
+    /// an HTTP head then says it all (a `503` that asked to wait stays *rejected, not
+    /// processed*), and only an attempt still in flight is unknown.
+    pub(crate) fn if_dropped_now(&self) -> CallTally {
+        let mut tally = self.clone();
+        if let (Some(attempt), Some(head)) = (tally.deferred, tally.deferred_head) {
+            tally.observe(attempt, head);
+        }
+        tally
+    }
+
     /// Updates the current call's tally in place, if a call layer is outside; returns what `f`
     /// returned.
     #[inline]
@@ -103,6 +118,7 @@ impl CallTally {
     pub(crate) fn observe(&mut self, attempt: u32, classification: Classification) {
         if self.deferred == Some(attempt) {
             self.deferred = None;
+            self.deferred_head = None;
         }
         self.ended = self.ended.max(attempt);
         self.outcome.observe(classification.class());

@@ -298,7 +298,14 @@ where
                     // recorded when the body ends; the call layer outside waits for it.
                     if let Some(watch) = res.extensions().and_then(|e| e.get::<Watch>()).cloned() {
                         let attempt = state.attempt;
-                        CallTally::update(|t| t.deferred = Some(attempt));
+                        let head = match &classified {
+                            Classified::Ready(head) => Some(*head),
+                            Classified::RequiresEos(_) => None,
+                        };
+                        CallTally::update(|t| {
+                            t.deferred = Some(attempt);
+                            t.deferred_head = head;
+                        });
                         watch.defer_attempt(Box::new(move |end| {
                             let (classification, cancelled) = match (classified, end) {
                                 // gRPC: the status is in the trailers.

@@ -404,7 +404,9 @@ pin_project! {
     impl<F, R: Recorder, C, E> PinnedDrop for CallFuture<F, R, C, E> {
         fn drop(this: Pin<&mut Self>) {
             if let Some(state) = this.project().state {
-                let tally = state.tally.clone();
+                // The response whose body is watched is dropped with this future, after this
+                // runs: what its head said stands.
+                let tally = state.tally.if_dropped_now();
                 let outcome = match (tally.outcome.outcome(), tally.started) {
                     (Some(o), _) => o,
                     (None, 0) => Outcome::Failed,

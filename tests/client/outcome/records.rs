@@ -9,6 +9,7 @@ use http::{HeaderValue, Request, Response};
 use surely::breaker::CircuitBreaker;
 use surely::deadline::Deadline;
 use surely::headers::IDEMPOTENCY_KEY;
+use surely::ledger::{LedgerRecorder, LedgerStats, MemoryLedger};
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
 use surely::{Outcome, StopReason};
@@ -97,6 +98,86 @@ async fn the_deadline_that_cut_the_last_attempt_is_the_reason_the_record_gives()
     assert_eq!(record.stop, StopReason::Deadline);
     assert_eq!(err.stop_reason(), Some(StopReason::Deadline));
     assert_eq!((record.attempts, err.attempts()), (2, 2));
+}
+
+fn busy_service(
+    count: Arc<AtomicU32>,
+) -> impl Service<Request<String>, Response = Response<String>, Error = std::io::Error> + Clone {
+    service_fn(move |_req: Request<String>| {
+        count.fetch_add(1, Ordering::SeqCst);
+        async {
+            Ok::<_, std::io::Error>(
+                Response::builder()
+                    .status(503)
+                    .header(http::header::RETRY_AFTER, "1")
+                    .body(String::new())
+                    .unwrap(),
+            )
+        }
+    })
+}
+
+/// An unkeyed POST whose only attempt got a `503` with `Retry-After` (rejected, not processed),
+/// dropped by its caller while it waits: nothing was processed, so the call failed, and a ledger
+/// has nothing to settle.
+#[tokio::test(start_paused = true)]
+async fn an_unkeyed_post_dropped_while_it_waits_out_a_retry_after_failed() {
+    let count = Arc::new(AtomicU32::new(0));
+    let seen = count.clone();
+    let busy = service_fn(move |_req: Request<String>| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        async {
+            Ok::<_, std::io::Error>(
+                Response::builder()
+                    .status(503)
+                    .header(http::header::RETRY_AFTER, "1")
+                    .body(String::new())
+                    .unwrap(),
+            )
+        }
+    });
+    let records = InMemoryRecorder::new();
+    let mut client = surely::client()
+        .recorder(records.clone())
+        .build(busy)
+        .unwrap();
+    let svc = client.ready().await.unwrap();
+    let dropped = tokio::time::timeout(ms(500), svc.call(post())).await;
+    assert!(dropped.is_err());
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    let record = &records.calls()[0];
+    assert_eq!(
+        records.attempts()[0].class(),
+        surely::classify::AttemptClass::Rejected
+    );
+    assert_eq!(record.stop, StopReason::Cancelled);
+    assert_eq!(record.attempts, 1);
+    assert_eq!(record.outcome, Outcome::Failed, "{record}");
+
+    // The same, with attempts recorded when their bodies end (the `http()` preset's way), and a
+    // ledger of unknown calls beside the records: it gets no entry.
+    let records = InMemoryRecorder::new();
+    let ledger = MemoryLedger::new();
+    let unknowns = LedgerRecorder::new(ledger.clone());
+    let mut client = surely::client()
+        .settle_at_body_end()
+        .recorder((records.clone(), unknowns.clone()))
+        .build(busy_service(count.clone()))
+        .unwrap();
+    let svc = client.ready().await.unwrap();
+    let dropped = tokio::time::timeout(ms(500), svc.call(post())).await;
+    assert!(dropped.is_err());
+    unknowns.flush().await;
+    assert_eq!(unknowns.writes().queued, 0);
+    assert_eq!(ledger.stats_now(), LedgerStats::default());
+    let record = &records.calls()[0];
+    assert_eq!(
+        records.attempts()[0].class(),
+        surely::classify::AttemptClass::Rejected
+    );
+    assert_eq!(record.stop, StopReason::Cancelled);
+    assert_eq!(record.attempts, 1);
+    assert_eq!(record.outcome, Outcome::Failed, "{record}");
 }
 
 #[tokio::test(start_paused = true)]
