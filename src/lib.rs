@@ -30,13 +30,13 @@
 //! Start with [`client()`] (or [`client::http()`], [`client::grpc()`]) and the guide in
 //! [`docs`]; every layer also works on its own in a `tower::ServiceBuilder`.
 //!
-//! On the server, [`server::deadline::ServerDeadlineLayer`] reads the caller's budget and makes it the
-//! current deadline for the handler, and [`fault::FaultLayer`] injects the failures this crate
-//! exists to handle, for tests and chaos drills.
+//! On the server (feature `server`), [`server::deadline::ServerDeadlineLayer`] reads the caller's
+//! budget and makes it the current deadline for the handler, and [`fault::FaultLayer`] injects
+//! the failures this crate exists to handle, for tests and chaos drills.
 //!
 //! [`server::idempotency::IdempotencyLayer`] honours the client's `Idempotency-Key`: the first
 //! request with a key runs, a duplicate waits (409) or gets the stored response, over an
-//! in-memory or a PostgreSQL [store](server::store) (feature `postgres`).
+//! in-memory or a PostgreSQL [store](server::store) (features `server` and `postgres`).
 //!
 //! [`retry::RetryLayer`] puts the classification to work: it retries only what may be retried,
 //! waits as [`retry::backoff`] or the server's pushback says, stops at the call's deadline, and
