@@ -15,12 +15,6 @@ use std::path::{Path, PathBuf};
 /// Modules that hold no code of their own: text included as documentation.
 const TEXT_ONLY: &[&str] = &["docs"];
 
-/// Imports that still run up a layer, each to be removed by moving a type down (the
-/// architecture chapter says where each goes). The list may only shrink: an entry whose import
-/// is gone fails the test until it is taken off, and an import up a layer that is not here fails
-/// it too. Imports listed here are also left out of the search for cycles.
-const NOT_YET_MOVED: &[(&str, &str)] = &[];
-
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -359,14 +353,11 @@ fn no_import_runs_up_a_layer() {
         }
     }
     let mut up = Vec::new();
-    let mut still_up = BTreeSet::new();
     for ((from, to), files) in graph() {
         let (Some(f), Some(t)) = (level.get(&from), level.get(&to)) else {
             continue; // every_module_is_in_one_layer names it
         };
-        if t.0 > f.0 && NOT_YET_MOVED.contains(&(from.as_str(), to.as_str())) {
-            still_up.insert((from, to));
-        } else if t.0 > f.0 {
+        if t.0 > f.0 {
             up.push(format!(
                 "{from} ({}) imports {to} ({}) in {}",
                 f.1,
@@ -384,8 +375,7 @@ fn no_import_runs_up_a_layer() {
 
 #[test]
 fn no_cycle_between_top_level_modules() {
-    let mut edges = graph();
-    edges.retain(|(f, t), _| !NOT_YET_MOVED.contains(&(f.as_str(), t.as_str())));
+    let edges = graph();
     let mut next: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (from, to) in edges.keys() {
         next.entry(from).or_default().push(to);

@@ -100,6 +100,7 @@ async fn the_deadline_that_cut_the_last_attempt_is_the_reason_the_record_gives()
     assert_eq!((record.attempts, err.attempts()), (2, 2));
 }
 
+/// A service that answers every request `503` with `Retry-After: 1`, counting them.
 fn busy_service(
     count: Arc<AtomicU32>,
 ) -> impl Service<Request<String>, Response = Response<String>, Error = std::io::Error> + Clone {
@@ -123,19 +124,7 @@ fn busy_service(
 #[tokio::test(start_paused = true)]
 async fn an_unkeyed_post_dropped_while_it_waits_out_a_retry_after_failed() {
     let count = Arc::new(AtomicU32::new(0));
-    let seen = count.clone();
-    let busy = service_fn(move |_req: Request<String>| {
-        seen.fetch_add(1, Ordering::SeqCst);
-        async {
-            Ok::<_, std::io::Error>(
-                Response::builder()
-                    .status(503)
-                    .header(http::header::RETRY_AFTER, "1")
-                    .body(String::new())
-                    .unwrap(),
-            )
-        }
-    });
+    let busy = busy_service(count.clone());
     let records = InMemoryRecorder::new();
     let mut client = surely::client()
         .recorder(records.clone())
@@ -183,19 +172,7 @@ async fn an_unkeyed_post_dropped_while_it_waits_out_a_retry_after_failed() {
 #[tokio::test(start_paused = true)]
 async fn a_call_dropped_while_it_waits_out_a_retry_after_lists_no_retry() {
     let count = Arc::new(AtomicU32::new(0));
-    let seen = count.clone();
-    let busy = service_fn(move |_req: Request<String>| {
-        seen.fetch_add(1, Ordering::SeqCst);
-        async {
-            Ok::<_, std::io::Error>(
-                Response::builder()
-                    .status(503)
-                    .header(http::header::RETRY_AFTER, "1")
-                    .body(String::new())
-                    .unwrap(),
-            )
-        }
-    });
+    let busy = busy_service(count.clone());
     let records = InMemoryRecorder::new();
     let mut client = surely::client()
         .recorder(records.clone())
