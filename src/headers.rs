@@ -46,5 +46,9 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// [`ErrorCode`](crate::server::idempotency::ErrorCode)s, such as `IDEMPOTENCY_KEY_MISSING`.
 pub const IDEMPOTENCY_ERROR: HeaderName = HeaderName::from_static("idempotency-error");
 
+/// The [`IDEMPOTENCY_ERROR`] code of a server's answer for a key whose outcome is unknown (with
+/// `202 Accepted`): the client classifies it maybe committed, not to be retried now.
+pub(crate) const OUTCOME_UNKNOWN_CODE: &str = "IDEMPOTENCY_OUTCOME_UNKNOWN";
+
 /// The default response header read as the downstream request id.
 pub const DEFAULT_REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");

@@ -7,6 +7,7 @@ use super::{
 };
 use crate::{Envelope, Semantics};
 
+use crate::headers::IDEMPOTENCY_ERROR;
 use crate::headers::KEY_IN_FLIGHT;
 
 use crate::headers::NOT_PROCESSED;
@@ -17,6 +18,7 @@ use crate::headers::NOT_PROCESSED;
 ///
 /// | status | class |
 /// | --- | --- |
+/// | 202 with [`IDEMPOTENCY_ERROR`]`: IDEMPOTENCY_OUTCOME_UNKNOWN` (a server's record is `UNKNOWN`) | maybe committed, do not retry ([`Pushback::Stop`]) |
 /// | 1xx, 2xx, 3xx | success |
 /// | 408, 425, 429; 503 with `Retry-After`; any failure with [`NOT_PROCESSED`] | rejected, not processed |
 /// | 409 for a keyed request with `Retry-After` or [`KEY_IN_FLIGHT`] | rejected (the key is in flight) |
@@ -92,6 +94,15 @@ impl HttpRequestClassifier {
 
     /// Classifies an HTTP status with the response's headers.
     pub fn classify_status(&self, status: StatusCode, headers: &http::HeaderMap) -> Classification {
+        if status == StatusCode::ACCEPTED && is_outcome_unknown(headers) {
+            // The server does not know whether the key's work took effect: asking again now
+            // gets the same answer, and only settling it (a resolver, the ledger) helps.
+            return Classification::new(
+                AttemptClass::MaybeCommitted,
+                DeliveryPhase::ResponseStarted,
+            )
+            .with_pushback(Some(Pushback::Stop));
+        }
         if status.as_u16() < 400 {
             return Classification::new(AttemptClass::Success, DeliveryPhase::ResponseStarted);
         }
@@ -121,6 +132,13 @@ impl HttpRequestClassifier {
             c
         }
     }
+}
+
+/// Whether `headers` carry the server's "outcome unknown" code.
+fn is_outcome_unknown(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(IDEMPOTENCY_ERROR)
+        .is_some_and(|v| v.as_bytes() == crate::headers::OUTCOME_UNKNOWN_CODE.as_bytes())
 }
 
 /// The `NOT_PROCESSED` value of a refusal for a spent deadline.

@@ -20,8 +20,11 @@
 //! 8. [Overload and recovery](overload): whether a system comes back after its trigger is
 //!    gone, and what deadline propagation, retry budgets and the breaker each contribute,
 //!    measured.
-//! 9. [How the crate is built](architecture): its layers, bottom to top, and the rule that
-//!    keeps them apart; the order of a client's layers, and why.
+//! 9. [The server's record of a key](server_states): what a request with the key gets in each
+//!    state, an owner that dies and the recovery that follows, and the unknowns the server
+//!    settles.
+//! 10. [How the crate is built](architecture): its layers, bottom to top, and the rule that
+//!     keeps them apart; the order of a client's layers, and why.
 //!
 //! Every example here is compiled and run as a test.
 
@@ -55,6 +58,10 @@ pub mod unknowns {
 
 pub mod overload {
     #![doc = include_str!("overload.md")]
+}
+
+pub mod server_states {
+    #![doc = include_str!("server_states.md")]
 }
 
 pub mod architecture {

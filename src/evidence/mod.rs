@@ -29,7 +29,7 @@ pub use self::breaker_event::{BreakerEvent, BreakerEventKind, TransitionReason};
 pub use self::otel::OtelRecorder;
 pub use self::relay::{OutboxStats, RelayReport, RelayRound};
 #[cfg(feature = "server")]
-pub use self::server::{ServerEvent, ServerEventKind};
+pub use self::server::{RecoveryVerdict, ServerEvent, ServerEventKind};
 pub use self::tracing_recorder::TracingRecorder;
 pub use crate::ids::{BusinessKey, CallId, Operation};
 

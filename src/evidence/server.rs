@@ -32,7 +32,7 @@ pub enum ServerEventKind {
     Expired,
     /// The request took the record over from an owner whose lease had passed without it
     /// completing or releasing the record: that owner crashed, hung, or ran longer than its
-    /// lease (and renewals). The handler runs again, with a higher fence.
+    /// lease (and renewals). What happens next is the [`Recovered`](Self::Recovered) event.
     LeaseTakeover {
         /// The new owner's fence.
         fence: Fence,
@@ -57,6 +57,26 @@ pub enum ServerEventKind {
         /// The owner's fence.
         fence: Fence,
     },
+    /// After a takeover, the recovery decided what became of the previous owner's work (the
+    /// layer's recovery hook, or without one the rule: rerun a record without checkpoints,
+    /// mark one with checkpoints unknown).
+    Recovered {
+        /// The new owner's fence.
+        fence: Fence,
+        /// What was decided.
+        verdict: RecoveryVerdict,
+    },
+    /// A duplicate came for a record whose outcome is unknown, and got `202` with
+    /// `IDEMPOTENCY_OUTCOME_UNKNOWN`: its handler did not run.
+    UnknownAnswered,
+    /// A round over the store's unknown records settled one (the resolver found out).
+    Settled {
+        /// The fence the record was settled with.
+        fence: Fence,
+        /// Whether the work had taken effect (the record is completed, and replayed) or not (it
+        /// is released, and the next request runs it).
+        happened: bool,
+    },
     /// A [stuck-record report](crate::server::idempotency::IdempotencyLayer::report_stuck)
     /// ran: how many records were still `PROCESSING` past its threshold. Reported on every run,
     /// zero included, so that a gauge falls back when the records are settled.
@@ -68,10 +88,37 @@ pub enum ServerEventKind {
     },
 }
 
+/// What a recovery after a takeover decided: see
+/// [`Recovery`](crate::server::idempotency::Recovery).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecoveryVerdict {
+    /// The handler runs again, and sees the previous owners' checkpoints.
+    Resumed,
+    /// The work had been done: its answer is stored and replayed.
+    Completed,
+    /// The work failed for good: that answer is stored and replayed.
+    Failed,
+    /// Nobody can tell yet: the record is `UNKNOWN` until settled.
+    Unknown,
+}
+
+impl RecoveryVerdict {
+    /// A short lower-case name: `resumed`, `completed`, `failed`, `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecoveryVerdict::Resumed => "resumed",
+            RecoveryVerdict::Completed => "completed",
+            RecoveryVerdict::Failed => "failed",
+            RecoveryVerdict::Unknown => "unknown",
+        }
+    }
+}
+
 impl ServerEventKind {
     /// A short snake-case name, for records, logs and metric attributes: `replayed`,
     /// `in_flight`, `key_mismatch`, `expired`, `lease_takeover`, `released`,
-    /// `store_unavailable`, `not_stored`, `stuck`.
+    /// `store_unavailable`, `not_stored`, `recovered`, `unknown_answered`, `settled`, `stuck`.
     ///
     /// ```
     /// use surely::record::ServerEventKind;
@@ -87,6 +134,9 @@ impl ServerEventKind {
             ServerEventKind::Released { .. } => "released",
             ServerEventKind::StoreUnavailable => "store_unavailable",
             ServerEventKind::NotStored { .. } => "not_stored",
+            ServerEventKind::Recovered { .. } => "recovered",
+            ServerEventKind::UnknownAnswered => "unknown_answered",
+            ServerEventKind::Settled { .. } => "settled",
             ServerEventKind::Stuck { .. } => "stuck",
         }
     }
@@ -112,8 +162,8 @@ pub struct ServerEvent {
     /// The request's method; `None` for an event that no request made
     /// ([`Stuck`](ServerEventKind::Stuck)).
     pub method: Option<Method>,
-    /// The request's record: tenant, operation and key; `None` for an event that no request
-    /// made.
+    /// The record: tenant, operation and key; `None` for an event about no one record
+    /// ([`Stuck`](ServerEventKind::Stuck)).
     pub record: Option<RecordKey>,
 }
 
@@ -122,6 +172,15 @@ impl ServerEvent {
         ServerEvent {
             kind,
             method: Some(method),
+            record: Some(record),
+        }
+    }
+
+    /// An event about one record that no request made (a settlement).
+    pub(crate) fn record(kind: ServerEventKind, record: RecordKey) -> Self {
+        ServerEvent {
+            kind,
+            method: None,
             record: Some(record),
         }
     }
@@ -188,9 +247,16 @@ impl fmt::Display for ServerEvent {
                     None => Ok(()),
                 }
             }
+            ServerEventKind::Recovered { fence, verdict } => {
+                write!(f, " fence={} verdict={}", fence.get(), verdict.as_str())
+            }
+            ServerEventKind::Settled { fence, happened } => {
+                write!(f, " fence={} happened={happened}", fence.get())
+            }
             ServerEventKind::KeyMismatch
             | ServerEventKind::Expired
-            | ServerEventKind::StoreUnavailable => Ok(()),
+            | ServerEventKind::StoreUnavailable
+            | ServerEventKind::UnknownAnswered => Ok(()),
         }
     }
 }

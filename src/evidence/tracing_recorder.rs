@@ -312,6 +312,22 @@ impl Recorder for TracingRecorder {
                 surely.fence = fence.get(),
                 "idempotency result not stored: the record stays processing until its lease passes"
             ),
+            ServerEventKind::Recovered { fence, verdict } => server_event!(
+                warn,
+                surely.fence = fence.get(),
+                surely.recovery = verdict.as_str(),
+                "idempotency record recovered after a takeover"
+            ),
+            ServerEventKind::UnknownAnswered => server_event!(
+                info,
+                "idempotency record unknown: duplicate answered 202, its handler did not run"
+            ),
+            ServerEventKind::Settled { fence, happened } => server_event!(
+                info,
+                surely.fence = fence.get(),
+                surely.happened = happened,
+                "unknown idempotency record settled"
+            ),
             ServerEventKind::Stuck { records, oldest } => {
                 let oldest_ms = oldest.map(|d| d.as_millis() as u64);
                 if records > 0 {

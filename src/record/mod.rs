@@ -68,4 +68,4 @@ pub use crate::evidence::{
     ResolutionRecord, RetryRecord, TracingRecorder, TransitionReason,
 };
 #[cfg(feature = "server")]
-pub use crate::evidence::{ServerEvent, ServerEventKind};
+pub use crate::evidence::{RecoveryVerdict, ServerEvent, ServerEventKind};

@@ -75,11 +75,17 @@ pub enum ErrorCode {
     /// `REQUEST_BODY_FAILED`, with `400`: reading the request body failed (the client's stream
     /// broke off, or its body errored); the handler did not run.
     RequestBodyFailed,
+    /// `IDEMPOTENCY_OUTCOME_UNKNOWN`, with `202 Accepted`: the key's record is `UNKNOWN`. An
+    /// earlier owner's work may have taken effect (it died after a step it had checkpointed),
+    /// and nobody has settled it yet; the handler does not run again until it is settled, after
+    /// which the settled result is replayed. surely's client classifies this answer *maybe
+    /// committed, do not retry now*: the call ends [`Unknown`](crate::Outcome::Unknown).
+    OutcomeUnknown,
 }
 
 impl ErrorCode {
     /// Every code, in the order of the variants.
-    const ALL: [ErrorCode; 10] = [
+    const ALL: [ErrorCode; 11] = [
         ErrorCode::KeyMissing,
         ErrorCode::KeyInvalid,
         ErrorCode::KeyInFlight,
@@ -90,6 +96,7 @@ impl ErrorCode {
         ErrorCode::StoreUnavailable,
         ErrorCode::RequestRejected,
         ErrorCode::RequestBodyFailed,
+        ErrorCode::OutcomeUnknown,
     ];
 
     /// The code as it is on the wire, such as `IDEMPOTENCY_KEY_MISSING`.
@@ -105,6 +112,7 @@ impl ErrorCode {
             ErrorCode::StoreUnavailable => "IDEMPOTENCY_STORE_UNAVAILABLE",
             ErrorCode::RequestRejected => "IDEMPOTENCY_REQUEST_REJECTED",
             ErrorCode::RequestBodyFailed => "REQUEST_BODY_FAILED",
+            ErrorCode::OutcomeUnknown => crate::headers::OUTCOME_UNKNOWN_CODE,
         }
     }
 }
@@ -155,6 +163,7 @@ mod tests {
                 "IDEMPOTENCY_STORE_UNAVAILABLE",
                 "IDEMPOTENCY_REQUEST_REJECTED",
                 "REQUEST_BODY_FAILED",
+                "IDEMPOTENCY_OUTCOME_UNKNOWN",
             ]
         );
         for code in ErrorCode::ALL {

@@ -8,9 +8,19 @@ use http::request::Parts;
 use http::Method;
 use tower_layer::Layer;
 
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+
+use super::recovery::{RecoverFn, Recovery, SettleRound, Takeover};
 use super::service::IdempotencyService;
+use super::WriteCheckpoint;
 use crate::record::{Recorder, ServerEvent, ServerEventKind};
-use crate::server::store::{IdempotencyStore, RecordKey, StoreError, StuckRecord};
+use crate::resolve::Resolve;
+use crate::server::store::{
+    Checkpoint, Fence, IdempotencyStore, RecordKey, StoreError, StuckRecord,
+};
 use crate::ConfigError;
 
 type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
@@ -37,6 +47,8 @@ pub(super) struct Config<St> {
     pub(super) operation: Option<Arc<OperationFn>>,
     /// Where events go; `None` when no recorder wants them.
     pub(super) recorder: Option<Arc<dyn Recorder + Send + Sync>>,
+    /// What decides after a takeover; `None`: the rule (see `recovery::by_rule`).
+    pub(super) recover: Option<Arc<RecoverFn>>,
 }
 
 impl<St> Config<St> {
@@ -46,6 +58,24 @@ impl<St> Config<St> {
         if let Some(recorder) = &self.recorder {
             recorder.record_server(&ServerEvent::request(kind, method.clone(), record.clone()));
         }
+    }
+
+    /// Records `kind` about `record`, made by no request.
+    pub(super) fn emit_record(&self, kind: ServerEventKind, record: &RecordKey) {
+        if let Some(recorder) = &self.recorder {
+            recorder.record_server(&ServerEvent::record(kind, record.clone()));
+        }
+    }
+}
+
+impl<St: IdempotencyStore> WriteCheckpoint for Config<St> {
+    fn write<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        fence: Fence,
+        checkpoint: &'a Checkpoint,
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>> {
+        Box::pin(self.store.checkpoint(key, fence, checkpoint))
     }
 }
 
@@ -132,6 +162,61 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     }
 }
 
+impl<St: IdempotencyStore> IdempotencyLayer<St> {
+    /// Settles the store's `UNKNOWN` records (at most `limit`, oldest first) by asking
+    /// `resolver`, the same [`Resolve`] hook a client's retry layer and the ledger's reconciler
+    /// take, given the record's key as the business key, its operation, and its fence as the
+    /// attempt count:
+    ///
+    /// | the resolver says | the record |
+    /// | --- | --- |
+    /// | [`Succeeded(res)`](crate::resolve::Resolution::Succeeded) | completed with `res`: every duplicate from now on gets it replayed |
+    /// | [`Failed`](crate::resolve::Resolution::Failed) | released: the work did not happen, and the client's next request runs it |
+    /// | [`Unknown`](crate::resolve::Resolution::Unknown), declines, or no answer within `query_timeout` | still unknown; tried again next round |
+    ///
+    /// Each settlement is fenced by the fence that made the record unknown, so two rounds (on
+    /// two instances) settle a record once. Each is reported as
+    /// [`ServerEventKind::Settled`]. Records nobody can settle stay listed by
+    /// [`IdempotencyStore::unknowns`] for an operator, who settles them with
+    /// [`complete`](IdempotencyStore::complete) or [`release`](IdempotencyStore::release) and
+    /// the record's fence; they are never swept.
+    ///
+    /// Run it on a schedule, as the ledger's reconciler runs.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use surely::retry::{Query, Resolution};
+    /// use surely::server::idempotency::IdempotencyLayer;
+    /// use surely::server::store::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = IdempotencyLayer::new(MemoryStore::new());
+    /// let resolver = |q: Query| async move {
+    ///     // Ask the payment channel about the payment `q.key` names.
+    ///     Resolution::Succeeded(http::Response::new(Bytes::from(format!("{:?} paid", q.key))))
+    /// };
+    /// let round = layer.settle_unknowns(&resolver, Duration::from_secs(2), 100).await.unwrap();
+    /// assert_eq!(round.seen, 0);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The store failed (listing, or settling a record).
+    pub async fn settle_unknowns<R>(
+        &self,
+        resolver: &R,
+        query_timeout: Duration,
+        limit: usize,
+    ) -> Result<SettleRound, StoreError>
+    where
+        R: Resolve<http::Response<Bytes>>,
+    {
+        super::recovery::settle(&self.config, resolver, query_timeout, limit).await
+    }
+}
+
 impl<S, St> Layer<S> for IdempotencyLayer<St> {
     type Service = IdempotencyService<S, St>;
 
@@ -162,6 +247,7 @@ impl<St> fmt::Debug for Config<St> {
             .field("tenant", &self.tenant.as_ref().map(|_| "fn"))
             .field("operation", &self.operation.as_ref().map(|_| "fn"))
             .field("recorder", &self.recorder.is_some())
+            .field("recover", &self.recover.as_ref().map(|_| "fn"))
             .finish()
     }
 }
@@ -219,6 +305,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 tenant: None,
                 operation: None,
                 recorder: None,
+                recover: None,
             },
         }
     }
@@ -425,6 +512,55 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
         } else {
             None
         };
+        self
+    }
+
+    /// What decides, when a request takes over a record whose owner's lease passed while it
+    /// was still `PROCESSING`, before the handler may run again. The hook is given the previous
+    /// owner's record ([`Takeover`]: fence, age, checkpoints, digest, the request) and answers
+    /// with a [`Recovery`]: resume the handler, a completed or failed answer to store and
+    /// replay, or unknown.
+    ///
+    /// Without a hook, a record without checkpoints runs again (safe for a handler whose effects
+    /// commit in its transaction, or that has none outside it), and a record with a checkpoint
+    /// never runs again: it becomes `UNKNOWN`, and waits for
+    /// [`settle_unknowns`](IdempotencyLayer::settle_unknowns). See
+    /// [`docs::server_states`](crate::docs::server_states).
+    ///
+    /// The hook runs in the request's task, within its deadline: give its queries a timeout of
+    /// their own, and answer [`Recovery::Unknown`] when they fail.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use surely::server::idempotency::{IdempotencyLayer, Recovery, Takeover};
+    /// use surely::server::store::MemoryStore;
+    ///
+    /// // Ask the payment channel about the charge the previous owner had started.
+    /// async fn charged(channel_request: &str) -> Option<bool> {
+    ///     Some(channel_request.starts_with("ch-"))
+    /// }
+    ///
+    /// let layer = IdempotencyLayer::builder(MemoryStore::new())
+    ///     .recover(|t: Takeover| async move {
+    ///         let Some(request) = t.checkpoint("charge") else {
+    ///             return Recovery::Resume; // it never reached the channel
+    ///         };
+    ///         match charged(request).await {
+    ///             Some(true) => Recovery::Completed(http::Response::new(Bytes::from("paid"))),
+    ///             Some(false) => Recovery::Resume, // the charge did not happen: run it again
+    ///             None => Recovery::Unknown(format!("channel did not answer for {request}")),
+    ///         }
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn recover<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(Takeover) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Recovery> + Send + 'static,
+    {
+        self.config.recover = Some(Arc::new(move |t| Box::pin(hook(t))));
         self
     }
 

@@ -157,56 +157,179 @@
 //! [`KEY_IN_FLIGHT`]: crate::headers::KEY_IN_FLIGHT
 //! [`NOT_PROCESSED`]: crate::headers::NOT_PROCESSED
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 mod code;
 mod layer;
+mod recovery;
 mod service;
 
 pub use self::code::{ErrorCode, UnknownErrorCode};
 pub use self::layer::{IdempotencyLayer, IdempotencyLayerBuilder};
+pub use self::recovery::{Recovery, SettleRound, Takeover};
 pub use self::service::IdempotencyService;
 
-use super::store::{Fence, RecordKey};
+use super::store::{Checkpoint, Fence, RecordKey, StoreError};
 
 use crate::headers::IDEMPOTENT_REPLAYED;
 
 use crate::headers::IDEMPOTENCY_ERROR;
 
-/// What the owner's handler finds in its request's extensions: the record it owns and its
-/// fence.
+/// What the owner's handler finds in its request's extensions: the record it owns, its fence,
+/// and the steps earlier owners recorded.
 ///
 /// A handler guards its own writes with [`fence`](Self::fence), or, with a
 /// [`PostgresStore`](super::store::PostgresStore), completes the record inside its business
 /// transaction with [`PostgresStore::complete_in`](super::store::PostgresStore::complete_in).
-#[derive(Clone, Debug)]
-pub struct Ticket {
+///
+/// # Checkpoints
+///
+/// A handler that calls a system outside its own transaction (a payment channel, a stock
+/// service) records the step on its record **before** it can be lost: the external request's
+/// id, say, with [`checkpoint`](Self::checkpoint) (or, in its PostgreSQL transaction,
+/// [`PostgresStore::checkpoint_in`](super::store::PostgresStore::checkpoint_in)). Should the
+/// owner die after that, the request that takes its record over does not run the handler
+/// blindly: the layer's [recovery hook](IdempotencyLayerBuilder::recover) reads the checkpoints
+/// and asks the external system what became of the step; without a hook, the record becomes
+/// `UNKNOWN`. A handler that resumes finds them in [`checkpoints`](Self::checkpoints).
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::Full;
+/// use surely::server::idempotency::{IdempotencyLayer, Ticket};
+/// use surely::server::store::MemoryStore;
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let layer = IdempotencyLayer::new(MemoryStore::new());
+/// let svc = layer.layer(service_fn(|req: http::Request<Full<Bytes>>| async move {
+///     let ticket = req.extensions().get::<Ticket>().unwrap().clone();
+///     // A step resumed after a takeover reuses the channel request id it had.
+///     let channel_request = match ticket.recorded("charge") {
+///         Some(id) => id.to_owned(),
+///         None => format!("ch-{}", ticket.record_key().key().as_str()),
+///     };
+///     ticket.checkpoint("charge", &channel_request).await.unwrap();
+///     // ... charge the payment channel with `channel_request` ...
+///     Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("paid"))))
+/// }));
+/// let req = http::Request::post("/payments")
+///     .header("idempotency-key", "pay-1")
+///     .body(Full::new(Bytes::from("42 EUR")))
+///     .unwrap();
+/// assert_eq!(svc.oneshot(req).await.unwrap().status(), 200);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Ticket(Arc<TicketInner>);
+
+struct TicketInner {
     key: RecordKey,
     fence: Fence,
     retention: Duration,
+    /// The steps recorded before this owner took the record over, oldest first.
+    previous: Vec<Checkpoint>,
+    /// Whether this owner recorded a step (or tried to): then a dropped handler does not
+    /// release the key, and a takeover goes through recovery.
+    checkpointed: AtomicBool,
+    store: Arc<dyn WriteCheckpoint>,
+}
+
+/// The one store operation a ticket makes, behind a pointer: the ticket does not name its store.
+pub(super) trait WriteCheckpoint: Send + Sync {
+    fn write<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        fence: Fence,
+        checkpoint: &'a Checkpoint,
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 }
 
 impl Ticket {
-    pub(crate) fn new(key: RecordKey, fence: Fence, retention: Duration) -> Self {
-        Ticket {
+    pub(super) fn new(
+        key: RecordKey,
+        fence: Fence,
+        retention: Duration,
+        previous: Vec<Checkpoint>,
+        store: Arc<dyn WriteCheckpoint>,
+    ) -> Self {
+        Ticket(Arc::new(TicketInner {
             key,
             fence,
             retention,
-        }
+            previous,
+            checkpointed: AtomicBool::new(false),
+            store,
+        }))
     }
 
     /// The record owned.
     pub fn record_key(&self) -> &RecordKey {
-        &self.key
+        &self.0.key
     }
 
     /// The owner's fencing token: higher than every earlier owner's of this record.
     pub fn fence(&self) -> Fence {
-        self.fence
+        self.0.fence
     }
 
     /// How long a completed record is kept and replayed.
     pub fn retention(&self) -> Duration {
-        self.retention
+        self.0.retention
+    }
+
+    /// The steps earlier owners of this record recorded, oldest first: empty for the first
+    /// owner, and for one whose record was released.
+    pub fn checkpoints(&self) -> &[Checkpoint] {
+        &self.0.previous
+    }
+
+    /// The latest value an earlier owner recorded under `name`.
+    pub fn recorded(&self, name: &str) -> Option<&str> {
+        crate::server::store::latest(&self.0.previous, name)
+    }
+
+    /// Records a step on the record, fenced by this owner's fence: see
+    /// [checkpoints](Self#checkpoints). From the moment it is called, the record is never
+    /// released for a blind rerun: a takeover asks the recovery hook.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::is_rejected`] for a checkpoint that breaks the rules of [`Checkpoint`]
+    /// (nothing is written; answer the client with a 4xx), or a record that holds 16 already;
+    /// [`StoreError::is_stale`] once another request took the record over: stop, and leave
+    /// the work to the new owner.
+    pub async fn checkpoint(&self, name: &str, value: &str) -> Result<(), StoreError> {
+        let checkpoint = Checkpoint::new(name, value).map_err(StoreError::rejected)?;
+        self.checkpointed();
+        self.0
+            .store
+            .write(&self.0.key, self.0.fence, &checkpoint)
+            .await
+    }
+
+    /// Notes that this owner recorded a step.
+    pub(crate) fn checkpointed(&self) {
+        self.0.checkpointed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the record holds (or may hold) a step: then it is never released for a rerun.
+    pub(super) fn has_checkpoints(&self) -> bool {
+        !self.0.previous.is_empty() || self.0.checkpointed.load(Ordering::Relaxed)
+    }
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("key", &self.0.key)
+            .field("fence", &self.0.fence)
+            .field("retention", &self.0.retention)
+            .field("checkpoints", &self.0.previous)
+            .finish()
     }
 }

@@ -15,6 +15,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use tower_service::Service;
 
 use super::layer::Config;
+use super::recovery::{self, Recovery, Takeover};
 use super::{ErrorCode, Ticket, IDEMPOTENCY_ERROR, IDEMPOTENT_REPLAYED};
 use crate::classify::BoxError;
 use crate::context::{Context as CallContext, InContext};
@@ -180,8 +181,7 @@ struct ReleaseIfDropped<St: IdempotencyStore> {
 /// What an owner releases if its handler is dropped.
 struct Owned<St> {
     config: Arc<Config<St>>,
-    key: RecordKey,
-    fence: Fence,
+    ticket: Ticket,
     /// The request's method, when a recorder wants the release reported.
     method: Option<Method>,
 }
@@ -196,13 +196,22 @@ impl<St: IdempotencyStore> Drop for ReleaseIfDropped<St> {
     fn drop(&mut self) {
         let Some(Owned {
             config,
-            key,
-            fence,
+            ticket,
             method,
         }) = self.armed.take()
         else {
             return;
         };
+        let (key, fence) = (ticket.record_key().clone(), ticket.fence());
+        if ticket.has_checkpoints() {
+            // A step may have reached a system outside the handler's transaction: a rerun could
+            // do it twice. The record stays PROCESSING; after the lease, the takeover recovers.
+            tracing::debug!(
+                ?key,
+                "handler dropped after a checkpoint: key left for recovery"
+            );
+            return;
+        }
         // No runtime (or one that is shutting down, which drops the task): the lease passes,
         // and the next request takes over.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -341,15 +350,20 @@ where
     };
     let digest = RequestDigest::of(&body);
     let method = &parts.method;
-    let fence = match config.store.acquire(&key, &digest, config.lease).await {
-        Ok(Acquire::Owner(fence)) => fence,
-        Ok(Acquire::TakenOver { fence, overdue }) => {
+    let (fence, previous, taken) = match config.store.acquire(&key, &digest, config.lease).await {
+        Ok(Acquire::Owner(fence)) => (fence, Vec::new(), None),
+        Ok(Acquire::TakenOver {
+            fence,
+            overdue,
+            age,
+            checkpoints,
+        }) => {
             config.emit(
                 ServerEventKind::LeaseTakeover { fence, overdue },
                 method,
                 &key,
             );
-            fence
+            (fence, checkpoints, Some((overdue, age)))
         }
         Ok(Acquire::InFlight { retry_after }) => {
             let kind = ServerEventKind::InFlight {
@@ -362,6 +376,10 @@ where
             let status = stored.status();
             config.emit(ServerEventKind::Replayed { status }, method, &key);
             return Ok(replay(&stored));
+        }
+        Ok(Acquire::Unknown { .. }) => {
+            config.emit(ServerEventKind::UnknownAnswered, method, &key);
+            return Ok(outcome_unknown());
         }
         Ok(Acquire::Mismatch) => {
             config.emit(ServerEventKind::KeyMismatch, method, &key);
@@ -394,31 +412,76 @@ where
         Err(e) => {
             tracing::warn!(error = %e, "idempotency store unavailable");
             config.emit(ServerEventKind::StoreUnavailable, method, &key);
-            let mut res = error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorCode::StoreUnavailable,
-                "the idempotency store is unavailable; the request was not processed",
-            );
-            res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            res.headers_mut()
-                .insert(NOT_PROCESSED, HeaderValue::from_static("idempotency-store"));
-            return Ok(res);
+            return Ok(unavailable());
         }
     };
-    parts
-        .extensions
-        .insert(Ticket::new(key.clone(), fence, retention));
+    let ticket = Ticket::new(key.clone(), fence, retention, previous, config.clone());
     // Kept for the events after the handler, which takes the request.
     let method = config.recorder.as_ref().map(|_| parts.method.clone());
     let mut guard = ReleaseIfDropped {
         armed: Some(Owned {
             config: config.clone(),
-            key: key.clone(),
-            fence,
+            ticket: ticket.clone(),
             method: method.clone(),
         }),
     };
+    if let Some((overdue, age)) = taken {
+        // Never a blind rerun: the hook (or the rule) decides what became of the previous
+        // owner's work first.
+        let recovery = match &config.recover {
+            Some(hook) => {
+                let mut request = Request::new(body.clone());
+                *request.method_mut() = parts.method.clone();
+                *request.uri_mut() = parts.uri.clone();
+                *request.version_mut() = parts.version;
+                *request.headers_mut() = parts.headers.clone();
+                hook(Takeover {
+                    key: key.clone(),
+                    fence,
+                    age,
+                    overdue,
+                    checkpoints: ticket.checkpoints().to_vec(),
+                    digest,
+                    request,
+                })
+                .await
+            }
+            None => recovery::by_rule(ticket.checkpoints()),
+        };
+        if let Some(method) = &method {
+            let kind = ServerEventKind::Recovered {
+                fence,
+                verdict: recovery.verdict(),
+            };
+            config.emit(kind, method, &key);
+        }
+        let answer = match recovery {
+            Recovery::Resume => None,
+            Recovery::Completed(res) | Recovery::Failed(res) => {
+                let stored = recovery::stored(res);
+                let done = config.store.complete(&key, fence, &stored, retention).await;
+                Some((done, replay(&stored)))
+            }
+            Recovery::Unknown(evidence) => {
+                let evidence = recovery::bounded(evidence);
+                let marked = config.store.mark_unknown(&key, fence, &evidence).await;
+                Some((marked, outcome_unknown()))
+            }
+        };
+        if let Some((stored, res)) = answer {
+            // Decided: whatever happens to this future now, the key is not released.
+            guard.disarm();
+            if let Err(e) = stored {
+                // The record stays PROCESSING: after the lease, the next takeover asks again.
+                tracing::warn!(?key, fence = fence.get(), error = %e, "recovered idempotency record not stored");
+                if let Some(method) = &method {
+                    config.emit(ServerEventKind::NotStored { fence }, method, &key);
+                }
+            }
+            return Ok(res);
+        }
+    }
+    parts.extensions.insert(ticket);
     // An error from the handler leaves the record PROCESSING: its lease passes, and the next
     // attempt takes over, as after a crash. A handler dropped before it answered (its caller
     // went away with it, or the runtime stopped) releases the key at once (`guard`).
@@ -544,6 +607,30 @@ fn in_flight(retry_after: Duration) -> Response<Full<Bytes>> {
         .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     res.headers_mut()
         .insert(KEY_IN_FLIGHT, HeaderValue::from_static("true"));
+    res
+}
+
+/// The answer for a record whose outcome is unknown: `202` and the code, never a retry hint.
+fn outcome_unknown() -> Response<Full<Bytes>> {
+    error(
+        StatusCode::ACCEPTED,
+        ErrorCode::OutcomeUnknown,
+        "the outcome of the request with this idempotency key is unknown: it may have taken \
+         effect, and is being settled; do not send it again with a new key",
+    )
+}
+
+/// The answer when the store could not be asked: nothing ran.
+fn unavailable() -> Response<Full<Bytes>> {
+    let mut res = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::StoreUnavailable,
+        "the idempotency store is unavailable; the request was not processed",
+    );
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    res.headers_mut()
+        .insert(NOT_PROCESSED, HeaderValue::from_static("idempotency-store"));
     res
 }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError, StoredResponse,
-    StuckRecord,
+    Acquire, Checkpoint, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError,
+    StoredResponse, StuckRecord, UnknownRecord,
 };
 
 /// The embedded store: records in memory, for one process.
@@ -78,6 +78,8 @@ struct Record {
     digest: RequestDigest,
     fence: u64,
     state: State,
+    /// The owners' steps, oldest first; dropped on release.
+    checkpoints: Vec<Checkpoint>,
 }
 
 enum State {
@@ -92,6 +94,10 @@ enum State {
     },
     Released {
         at: Instant,
+    },
+    Unknown {
+        evidence: Box<str>,
+        since: Instant,
     },
 }
 
@@ -146,6 +152,7 @@ impl MemoryStore {
                         lease_until,
                         since: now,
                     },
+                    checkpoints: Vec::new(),
                 });
                 Acquire::Owner(Fence::new(1))
             }
@@ -155,7 +162,8 @@ impl MemoryStore {
                 let overdue = match &record.state {
                     State::Released { .. } => None,
                     State::Processing {
-                        lease_until: held, ..
+                        lease_until: held,
+                        since,
                     } => {
                         if record.digest != *digest {
                             return Acquire::Mismatch;
@@ -165,7 +173,16 @@ impl MemoryStore {
                                 retry_after: *held - now,
                             };
                         }
-                        Some(now - *held)
+                        Some((now - *held, now.saturating_duration_since(*since)))
+                    }
+                    State::Unknown { evidence, .. } => {
+                        return if record.digest != *digest {
+                            Acquire::Mismatch
+                        } else {
+                            Acquire::Unknown {
+                                evidence: evidence.to_string(),
+                            }
+                        };
                     }
                     State::Completed {
                         response,
@@ -189,25 +206,77 @@ impl MemoryStore {
                 };
                 let fence = Fence::new(record.fence);
                 match overdue {
-                    Some(overdue) => Acquire::TakenOver { fence, overdue },
+                    Some((overdue, age)) => Acquire::TakenOver {
+                        fence,
+                        overdue,
+                        age,
+                        checkpoints: record.checkpoints.clone(),
+                    },
                     None => Acquire::Owner(fence),
                 }
             }
         }
     }
 
+    /// Completes or releases the record owned (or found unknown) with `fence`.
     fn finish(&self, key: &RecordKey, fence: Fence, state: State) -> Result<(), StoreError> {
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(record)
+                if record.fence == fence.get()
+                    && matches!(
+                        record.state,
+                        State::Processing { .. } | State::Unknown { .. }
+                    ) =>
+            {
+                if let State::Released { .. } = state {
+                    record.checkpoints = Vec::new();
+                }
+                record.state = state;
+                Ok(())
+            }
+            _ => Err(StoreError::stale()),
+        }
+    }
+
+    /// Changes the `PROCESSING` record owned with `fence`.
+    fn owned(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        change: impl FnOnce(&mut Record) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let mut shard = self.shard(key);
         match shard.get_mut(key) {
             Some(record)
                 if record.fence == fence.get()
                     && matches!(record.state, State::Processing { .. }) =>
             {
-                record.state = state;
-                Ok(())
+                change(record)
             }
             _ => Err(StoreError::stale()),
         }
+    }
+
+    fn unknowns_now(&self, limit: usize) -> Vec<UnknownRecord> {
+        let now = Instant::now();
+        let mut found: Vec<UnknownRecord> = Vec::new();
+        for shard in self.shared.shards.iter() {
+            for (key, record) in lock(shard).iter() {
+                if let State::Unknown { evidence, since } = &record.state {
+                    found.push(UnknownRecord::new(
+                        key.clone(),
+                        Fence::new(record.fence),
+                        evidence.as_ref(),
+                        record.checkpoints.clone(),
+                        now.saturating_duration_since(*since),
+                    ));
+                }
+            }
+        }
+        found.sort_by_key(|u| std::cmp::Reverse(u.age));
+        found.truncate(limit);
+        found
     }
 
     /// Extends the lease of the record owned with `fence`, keeping when it was acquired.
@@ -251,7 +320,7 @@ impl MemoryStore {
             let mut shard = lock(shard);
             let before = shard.len();
             shard.retain(|_, record| match record.state {
-                State::Processing { .. } => true,
+                State::Processing { .. } | State::Unknown { .. } => true,
                 State::Completed { expires_at, .. } => later(expires_at, keep_expired_for) > now,
                 State::Released { at } => later(at, keep_expired_for) > now,
             });
@@ -343,5 +412,40 @@ impl IdempotencyStore for MemoryStore {
         keep_expired_for: Duration,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
         ready(Ok(self.sweep_now(keep_expired_for)))
+    }
+
+    fn checkpoint(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        checkpoint: &Checkpoint,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        ready(self.owned(key, fence, |record| {
+            Checkpoint::room_after(record.checkpoints.len()).map_err(StoreError::rejected)?;
+            record.checkpoints.push(checkpoint.clone());
+            Ok(())
+        }))
+    }
+
+    fn mark_unknown(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        evidence: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        ready(self.owned(key, fence, |record| {
+            record.state = State::Unknown {
+                evidence: evidence.into(),
+                since: Instant::now(),
+            };
+            Ok(())
+        }))
+    }
+
+    fn unknowns(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<UnknownRecord>, StoreError>> + Send {
+        ready(Ok(self.unknowns_now(limit)))
     }
 }

@@ -1,16 +1,22 @@
 //! Where the server layer keeps its records: one async trait, two stores.
 //!
-//! A record is addressed by a [`RecordKey`] (tenant, operation, key) and moves through three
-//! states, each move one **atomic** store operation (never a read followed by a write):
+//! A record is addressed by a [`RecordKey`] (tenant, operation, key) and moves through four
+//! states, each move one **atomic** store operation (never a read followed by a write). The
+//! [`docs::server_states`](crate::docs::server_states) chapter tells the same states from the
+//! caller's side; this is the store's:
 //!
 //! ```text
 //!              acquire (new key)          complete(fence)
 //!   (absent) ──────────────────► PROCESSING ──────────────► COMPLETED ──(retention)──► expired
-//!                                 │   ▲  │                                                │
-//!             release(fence) ◄────┘   │  └── lease passed: acquire takes over, fence + 1   │
-//!                 │                   │                                                    │
-//!                 ▼                   │                          sweep(keep_expired_for)   │
-//!             RELEASED ───acquire─────┘                (absent) ◄──────────────────────────┘
+//!                                 │ │ ▲  │ ▲                    ▲                           │
+//!             release(fence) ◄────┘ │ │  │ └ checkpoint(fence)  │ complete(fence)           │
+//!                 │                 │ │  └── lease passed: acquire takes over, fence + 1   │
+//!                 │ mark_unknown(fence) │                       │                           │
+//!                 │                 ▼ │                         │    sweep(keep_expired_for)│
+//!                 │               UNKNOWN ──────────────────────┘                           │
+//!                 │                 │ release(fence): it did not happen                     │
+//!                 ▼                 ▼                                                       │
+//!             RELEASED ───acquire───┘                          (absent) ◄───────────────────┘
 //! ```
 //!
 //! * [`acquire`](IdempotencyStore::acquire) inserts the record if absent, or takes over a
@@ -27,8 +33,16 @@
 //!   check, so that the next request with the key runs. The record is kept (not deleted) so that
 //!   its fence keeps rising: a stale owner can never complete a record that was released and
 //!   acquired again.
+//! * [`checkpoint`](IdempotencyStore::checkpoint) adds a step to a `PROCESSING` record, with
+//!   the same fence check; a takeover keeps the record's checkpoints and hands them to the new
+//!   owner ([`Acquire::TakenOver`]), and a release drops them.
+//! * [`mark_unknown`](IdempotencyStore::mark_unknown) turns a `PROCESSING` record `UNKNOWN`,
+//!   with its evidence, under the same fence check: its work may have taken effect, so no
+//!   request runs it again ([`Acquire::Unknown`]) until [`complete`](IdempotencyStore::complete)
+//!   (it happened: this is the answer) or [`release`](IdempotencyStore::release) (it did not)
+//!   settles it with that fence. [`unknowns`](IdempotencyStore::unknowns) lists them.
 //! * [`sweep`](IdempotencyStore::sweep) deletes terminal records (completed or released) whose
-//!   retention ended more than `keep_expired_for` ago; never a `PROCESSING` one. Between the end
+//!   retention ended more than `keep_expired_for` ago; never a `PROCESSING` or `UNKNOWN` one. Between the end
 //!   of retention and the sweep, a request with the key gets [`Acquire::Expired`], an explicit
 //!   error rather than a new resource; after the sweep the key is forgotten.
 //!
@@ -57,9 +71,13 @@ use sha2::{Digest as _, Sha256};
 
 use crate::classify::BoxError;
 
+mod checkpoint;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+
+pub(crate) use self::checkpoint::latest;
+pub use self::checkpoint::{Checkpoint, InvalidCheckpoint, UnknownRecord};
 
 pub use self::memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -225,13 +243,22 @@ pub enum Acquire {
     /// passed while the record was still `PROCESSING` (that owner crashed, hung, or ran past
     /// its lease). It runs the request as an [`Owner`](Self::Owner) does.
     ///
-    /// A store of your own may report a takeover as a plain `Owner`; the server layer then
-    /// reports no [`LeaseTakeover`](crate::record::ServerEventKind::LeaseTakeover).
+    /// The record keeps its checkpoints: the server layer hands them to its
+    /// [recovery hook](crate::server::idempotency::IdempotencyLayerBuilder::recover) before the
+    /// handler may run again.
+    ///
+    /// A store of your own may report a takeover as a plain `Owner` only for a record without
+    /// checkpoints; the server layer then reports no
+    /// [`LeaseTakeover`](crate::record::ServerEventKind::LeaseTakeover).
     TakenOver {
         /// The new owner's fence.
         fence: Fence,
         /// How long the record had been held past its lease when it was taken over.
         overdue: Duration,
+        /// How long ago the previous owner acquired it.
+        age: Duration,
+        /// The steps the previous owners recorded, oldest first.
+        checkpoints: Vec<Checkpoint>,
     },
     /// Another owner holds an unexpired lease: try again after `retry_after` (the lease's
     /// remaining time).
@@ -247,6 +274,12 @@ pub enum Acquire {
     /// The record's retention has ended; the stored response is no longer replayed, and the key
     /// may not be used again until the record is swept.
     Expired,
+    /// The record's outcome is unknown (`UNKNOWN`): an owner's work may have taken effect, and
+    /// nobody has settled it yet. Nothing runs the request until it is settled.
+    Unknown {
+        /// Why, as the owner wrote it.
+        evidence: String,
+    },
 }
 
 impl Acquire {
@@ -257,7 +290,12 @@ impl Acquire {
     /// use std::time::Duration;
     /// use surely::server::store::{Acquire, Fence};
     ///
-    /// let taken = Acquire::TakenOver { fence: Fence::new(2), overdue: Duration::from_secs(3) };
+    /// let taken = Acquire::TakenOver {
+    ///     fence: Fence::new(2),
+    ///     overdue: Duration::from_secs(3),
+    ///     age: Duration::from_secs(33),
+    ///     checkpoints: Vec::new(),
+    /// };
     /// assert_eq!(taken.fence(), Some(Fence::new(2)));
     /// assert_eq!(Acquire::Mismatch.fence(), None);
     /// ```
@@ -346,7 +384,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// # Errors
     ///
     /// [`StoreError::is_stale`] if `fence` is no longer the record's, or the record is not
-    /// `PROCESSING`.
+    /// `PROCESSING` or `UNKNOWN` (settling an unknown record with the fence that made it so).
     fn complete(
         &self,
         key: &RecordKey,
@@ -356,6 +394,8 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Marks the record owned with `fence` not processed: the next request with the key runs.
+    /// Its checkpoints are dropped with it. Settles an `UNKNOWN` record with its fence too
+    /// (nothing happened, after all).
     ///
     /// # Errors
     ///
@@ -381,8 +421,42 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Adds `checkpoint` to the record owned with `fence`, after the ones it has.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::is_stale`] as for [`renew`](Self::renew); [`StoreError::is_rejected`] if the
+    /// record holds 16 checkpoints already.
+    fn checkpoint(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        checkpoint: &Checkpoint,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Marks the record owned with `fence` `UNKNOWN`, with `evidence`: its work may have taken
+    /// effect, and nothing may run it again until it is settled ([`complete`](Self::complete)
+    /// or [`release`](Self::release) with the same fence).
+    ///
+    /// # Errors
+    ///
+    /// As for [`renew`](Self::renew).
+    fn mark_unknown(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        evidence: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The `UNKNOWN` records, oldest first, at most `limit`: the server's queue of outcomes to
+    /// settle.
+    fn unknowns(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<UnknownRecord>, StoreError>> + Send;
+
     /// Deletes the completed and released records whose retention ended `keep_expired_for` ago
-    /// or more, and returns how many. Never deletes a `PROCESSING` record.
+    /// or more, and returns how many. Never deletes a `PROCESSING` or `UNKNOWN` record.
     fn sweep(
         &self,
         keep_expired_for: Duration,
@@ -505,6 +579,31 @@ impl<S: IdempotencyStore> IdempotencyStore for Arc<S> {
         keep_expired_for: Duration,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
         (**self).sweep(keep_expired_for)
+    }
+
+    fn checkpoint(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        checkpoint: &Checkpoint,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).checkpoint(key, fence, checkpoint)
+    }
+
+    fn mark_unknown(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        evidence: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).mark_unknown(key, fence, evidence)
+    }
+
+    fn unknowns(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<UnknownRecord>, StoreError>> + Send {
+        (**self).unknowns(limit)
     }
 
     fn stuck(

@@ -12,8 +12,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::{
-    Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError, StoredResponse,
-    StuckRecord,
+    Acquire, Checkpoint, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError,
+    StoredResponse, StuckRecord, UnknownRecord,
 };
 use crate::idempotency::IdempotencyKey;
 use crate::server::idempotency::Ticket;
@@ -84,6 +84,10 @@ struct Sql {
     renew: String,
     sweep: String,
     stuck: String,
+    checkpoint: String,
+    checkpoints_held: String,
+    mark_unknown: String,
+    unknowns: String,
 }
 
 /// The idempotency store's table, and its migrations in version order.
@@ -129,12 +133,28 @@ pub(crate) static POSTGRES_COMPONENT: crate::storage::Component = crate::storage
                 )
             },
         },
+        crate::storage::Migration {
+            version: 3,
+            name: "checkpoints_and_unknown",
+            sql: |t| {
+                let n = crate::storage::bare(t);
+                format!(
+                    "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS checkpoint_names text[],
+                         ADD COLUMN IF NOT EXISTS checkpoint_values text[],
+                         ADD COLUMN IF NOT EXISTS evidence text,
+                         ADD COLUMN IF NOT EXISTS unknown_at timestamptz;
+                     CREATE INDEX IF NOT EXISTS {n}_unknown ON {t} (unknown_at)
+                         WHERE state = {UNKNOWN};"
+                )
+            },
+        },
     ],
 };
 
 const PROCESSING: i16 = 0;
 const COMPLETED: i16 = 1;
 const RELEASED: i16 = 2;
+const UNKNOWN: i16 = 3;
 
 impl Sql {
     fn new(table: &str) -> Self {
@@ -145,7 +165,9 @@ impl Sql {
                        GREATEST(EXTRACT(EPOCH FROM (t.lease_until - now())), 0)::float8,
                        COALESCE(t.expires_at <= now(), false),
                        t.status, t.header_names, t.header_values, t.body,
-                       GREATEST(EXTRACT(EPOCH FROM (now() - t.lease_until)), 0)::float8";
+                       GREATEST(EXTRACT(EPOCH FROM (now() - t.lease_until)), 0)::float8,
+                       t.checkpoint_names, t.checkpoint_values, t.evidence,
+                       GREATEST(EXTRACT(EPOCH FROM (now() - t.acquired_at)), 0)::float8";
         Sql {
             table: t.to_owned(),
             // One round trip: the upsert, and beside it the record as the statement's snapshot
@@ -175,11 +197,12 @@ impl Sql {
                 "UPDATE {t} SET state = {COMPLETED}, lease_until = NULL, status = $5,
                      header_names = $6, header_values = $7, body = $8,
                      expires_at = now() + make_interval(secs => $9)
-                 WHERE {pk} AND fence = $4 AND state = {PROCESSING}"
+                 WHERE {pk} AND fence = $4 AND state IN ({PROCESSING}, {UNKNOWN})"
             ),
             release: format!(
-                "UPDATE {t} SET state = {RELEASED}, lease_until = NULL, expires_at = now()
-                 WHERE {pk} AND fence = $4 AND state = {PROCESSING}"
+                "UPDATE {t} SET state = {RELEASED}, lease_until = NULL, expires_at = now(),
+                     checkpoint_names = NULL, checkpoint_values = NULL
+                 WHERE {pk} AND fence = $4 AND state IN ({PROCESSING}, {UNKNOWN})"
             ),
             renew: format!(
                 "UPDATE {t} SET lease_until = now() + make_interval(secs => $5)
@@ -187,7 +210,32 @@ impl Sql {
             ),
             sweep: format!(
                 "DELETE FROM {t}
-                 WHERE state <> {PROCESSING} AND expires_at + make_interval(secs => $1) <= now()"
+                 WHERE state <> {PROCESSING} AND state <> {UNKNOWN}
+                   AND expires_at + make_interval(secs => $1) <= now()"
+            ),
+            checkpoint: format!(
+                "UPDATE {t}
+                 SET checkpoint_names = array_append(COALESCE(checkpoint_names, '{{}}'), $5),
+                     checkpoint_values = array_append(COALESCE(checkpoint_values, '{{}}'), $6)
+                 WHERE {pk} AND fence = $4 AND state = {PROCESSING}
+                   AND COALESCE(cardinality(checkpoint_names), 0) < {max}",
+                max = super::checkpoint::MAX_CHECKPOINTS
+            ),
+            checkpoints_held: format!(
+                "SELECT COALESCE(cardinality(checkpoint_names), 0) FROM {t}
+                 WHERE {pk} AND fence = $4 AND state = {PROCESSING}"
+            ),
+            mark_unknown: format!(
+                "UPDATE {t} SET state = {UNKNOWN}, lease_until = NULL, evidence = $5,
+                     unknown_at = now()
+                 WHERE {pk} AND fence = $4 AND state = {PROCESSING}"
+            ),
+            unknowns: format!(
+                "SELECT tenant, operation, key, fence, COALESCE(evidence, ''),
+                     checkpoint_names, checkpoint_values,
+                     GREATEST(EXTRACT(EPOCH FROM (now() - unknown_at)), 0)::float8
+                 FROM {t} WHERE state = {UNKNOWN}
+                 ORDER BY unknown_at LIMIT $1"
             ),
             // A record from before `acquired_at` existed counts from its lease.
             stuck: format!(
@@ -321,6 +369,58 @@ impl PostgresStore {
         one_record(n)
     }
 
+    /// Records `checkpoint` on the record of `ticket` inside the caller's transaction `txn`: the
+    /// step and the business writes it describes commit together or not at all. The ticket
+    /// remembers it (see [`Ticket::checkpoint`]).
+    ///
+    /// ```no_run
+    /// # async fn handler(store: surely::server::store::PostgresStore,
+    /// #     ticket: surely::server::idempotency::Ticket) -> Result<(), Box<dyn std::error::Error>> {
+    /// use surely::server::store::Checkpoint;
+    ///
+    /// let mut client = store.pool().get().await?;
+    /// let txn = client.transaction().await?;
+    /// txn.execute("INSERT INTO payments (id, channel_request) VALUES ($1, $2)", &[&"p-1", &"req-9"]).await?;
+    /// store.checkpoint_in(&txn, &ticket, &Checkpoint::new("charge", "req-9")?).await?;
+    /// txn.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`IdempotencyStore::checkpoint`].
+    pub async fn checkpoint_in(
+        &self,
+        txn: &tokio_postgres::Transaction<'_>,
+        ticket: &Ticket,
+        checkpoint: &Checkpoint,
+    ) -> Result<(), StoreError> {
+        ticket.checkpointed();
+        let key = ticket.record_key();
+        let fence = ticket.fence().get() as i64;
+        let (tenant, operation, k) = (key.tenant(), key.operation(), key.key().as_str());
+        let params: [&(dyn ToSql + Sync); 6] = [
+            &tenant,
+            &operation,
+            &k,
+            &fence,
+            &checkpoint.name(),
+            &checkpoint.value(),
+        ];
+        let n = txn
+            .execute(&self.sql.checkpoint, &params)
+            .await
+            .map_err(StoreError::backend)?;
+        if n == 1 {
+            return Ok(());
+        }
+        let held = txn
+            .query_opt(&self.sql.checkpoints_held, &params[..4])
+            .await
+            .map_err(StoreError::backend)?;
+        full_or_stale(held)
+    }
+
     /// Runs one of the updates that only the owner with the fence in `params` may make: stale
     /// unless it changed the one record.
     async fn update_owned(
@@ -416,10 +516,15 @@ fn taken(row: &Row, fence: Fence) -> Result<Acquire, StoreError> {
     let state: Option<i16> = row.try_get(2).map_err(e)?;
     let overdue: Option<f64> = row.try_get(9).map_err(e)?;
     Ok(match (state, overdue) {
-        (Some(PROCESSING), Some(overdue)) if fence.get() > 1 => Acquire::TakenOver {
-            fence,
-            overdue: Duration::try_from_secs_f64(overdue).unwrap_or(Duration::ZERO),
-        },
+        (Some(PROCESSING), Some(overdue)) if fence.get() > 1 => {
+            let age: Option<f64> = row.try_get(13).map_err(e)?;
+            Acquire::TakenOver {
+                fence,
+                overdue: duration(overdue),
+                age: age.map_or(Duration::ZERO, duration),
+                checkpoints: checkpoints(row.try_get(10).map_err(e)?, row.try_get(11).map_err(e)?)?,
+            }
+        }
         _ => Acquire::Owner(fence),
     })
 }
@@ -438,6 +543,13 @@ fn classify(row: &Row, digest: &[u8]) -> Result<Option<Acquire>, StoreError> {
         },
         // The lease passed between the two statements: try again.
         PROCESSING => return Ok(None),
+        UNKNOWN if stored != digest => Acquire::Mismatch,
+        UNKNOWN => {
+            let evidence: Option<String> = row.try_get(12).map_err(e)?;
+            Acquire::Unknown {
+                evidence: evidence.unwrap_or_default(),
+            }
+        }
         COMPLETED if expired => Acquire::Expired,
         COMPLETED if stored != digest => Acquire::Mismatch,
         COMPLETED => {
@@ -460,6 +572,29 @@ fn classify(row: &Row, digest: &[u8]) -> Result<Option<Acquire>, StoreError> {
         }
         _ => return Ok(None),
     }))
+}
+
+fn duration(secs: f64) -> Duration {
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO)
+}
+
+/// The checkpoints stored in two parallel arrays. A row whose arrays disagree, or whose values
+/// no longer pass [`Checkpoint::new`] (written by hand), is reported, never skipped.
+fn checkpoints(
+    names: Option<Vec<String>>,
+    values: Option<Vec<String>>,
+) -> Result<Vec<Checkpoint>, StoreError> {
+    let (names, values) = (names.unwrap_or_default(), values.unwrap_or_default());
+    if names.len() != values.len() {
+        return Err(StoreError::backend(
+            "idempotency record's checkpoint names and values differ in number",
+        ));
+    }
+    names
+        .into_iter()
+        .zip(values)
+        .map(|(n, v)| Checkpoint::new(n, v).map_err(StoreError::backend))
+        .collect()
 }
 
 fn header_arrays(response: &StoredResponse) -> (Vec<&str>, Vec<&[u8]>) {
@@ -517,6 +652,18 @@ fn complete_params<'a>(
         values,
         body: response.body(),
         retention: secs(retention),
+    }
+}
+
+/// A checkpoint refused: the record is full, or no longer this owner's.
+fn full_or_stale(held: Option<Row>) -> Result<(), StoreError> {
+    let held: Option<i32> = held
+        .map(|row| row.try_get(0))
+        .transpose()
+        .map_err(StoreError::backend)?;
+    match held {
+        Some(n) => Checkpoint::room_after(n as usize).map_err(StoreError::rejected),
+        None => Err(StoreError::stale()),
     }
 }
 
@@ -590,6 +737,87 @@ impl IdempotencyStore for PostgresStore {
                     RecordKey::new(tenant, operation, key),
                     Fence::new(fence as u64),
                     Duration::try_from_secs_f64(age).unwrap_or(Duration::ZERO),
+                ))
+            })
+            .collect()
+    }
+
+    async fn checkpoint(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        checkpoint: &Checkpoint,
+    ) -> Result<(), StoreError> {
+        let fence = fence.get() as i64;
+        let (tenant, operation, k) = (key.tenant(), key.operation(), key.key().as_str());
+        let params: [&(dyn ToSql + Sync); 6] = [
+            &tenant,
+            &operation,
+            &k,
+            &fence,
+            &checkpoint.name(),
+            &checkpoint.value(),
+        ];
+        let client = self.pool.get().await.map_err(StoreError::backend)?;
+        let stmt = client
+            .prepare_cached(&self.sql.checkpoint)
+            .await
+            .map_err(StoreError::backend)?;
+        let n = client
+            .execute(&stmt, &params)
+            .await
+            .map_err(StoreError::backend)?;
+        if n == 1 {
+            return Ok(());
+        }
+        let held = client
+            .query_opt(&self.sql.checkpoints_held, &params[..4])
+            .await
+            .map_err(StoreError::backend)?;
+        full_or_stale(held)
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        evidence: &str,
+    ) -> Result<(), StoreError> {
+        let fence = fence.get() as i64;
+        let params: [&(dyn ToSql + Sync); 5] = [
+            &key.tenant(),
+            &key.operation(),
+            &key.key().as_str(),
+            &fence,
+            &evidence,
+        ];
+        self.update_owned(&self.sql.mark_unknown, &params).await
+    }
+
+    async fn unknowns(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+        let client = self.pool.get().await.map_err(StoreError::backend)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(&self.sql.unknowns, &[&limit])
+            .await
+            .map_err(StoreError::backend)?;
+        rows.iter()
+            .map(|row| {
+                let e = StoreError::backend;
+                let tenant: &str = row.try_get(0).map_err(e)?;
+                let operation: &str = row.try_get(1).map_err(e)?;
+                let key: &str = row.try_get(2).map_err(e)?;
+                let fence: i64 = row.try_get(3).map_err(e)?;
+                let evidence: String = row.try_get(4).map_err(e)?;
+                let steps = checkpoints(row.try_get(5).map_err(e)?, row.try_get(6).map_err(e)?)?;
+                let age: f64 = row.try_get(7).map_err(e)?;
+                let key = IdempotencyKey::new(key).map_err(StoreError::backend)?;
+                Ok(UnknownRecord::new(
+                    RecordKey::new(tenant, operation, key),
+                    Fence::new(fence as u64),
+                    evidence,
+                    steps,
+                    duration(age),
                 ))
             })
             .collect()

@@ -12,8 +12,8 @@ use surely::outbox::{Event, EventId, MemoryOutbox, Relay};
 use surely::record::InMemoryRecorder;
 use surely::server::idempotency::IdempotencyLayer;
 use surely::server::store::{
-    Acquire, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest, StoreError,
-    StoredResponse, StuckRecord,
+    Acquire, Checkpoint, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest,
+    StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use tokio::sync::Notify;
 use tower::{service_fn, Layer, ServiceExt};
@@ -49,7 +49,7 @@ fn event(kind: &'static str) -> [(&'static str, &'static str); 2] {
     [("surely.event", kind), ("http.request.method", "POST")]
 }
 
-/// Replay, in-flight 409, mismatch and a lease takeover (paused time), each counted once by
+/// Replay, in-flight 409, mismatch, a lease takeover and its recovery (paused time), each counted once by
 /// name and method, with no attribute but those two.
 #[tokio::test(start_paused = true)]
 async fn server_events_are_counted_by_kind_and_method() {
@@ -98,10 +98,17 @@ async fn server_events_are_counted_by_kind_and_method() {
     gate.notify_one();
     assert_eq!(first.await.unwrap().unwrap().status(), 201);
 
-    for kind in ["replayed", "key_mismatch", "in_flight", "lease_takeover"] {
+    // The takeover, then what its recovery decided (no checkpoints: run again).
+    for kind in [
+        "replayed",
+        "key_mismatch",
+        "in_flight",
+        "lease_takeover",
+        "recovered",
+    ] {
         assert_eq!(metrics.count(EVENTS, &event(kind)), 1, "{kind}");
     }
-    assert_eq!(metrics.count(EVENTS, &[]), 4);
+    assert_eq!(metrics.count(EVENTS, &[]), 5);
     // Keys, tenants and operations are unbounded: never attributes.
     let mut keys = metrics.attribute_keys(EVENTS);
     keys.sort();
@@ -182,6 +189,18 @@ impl IdempotencyStore for Down {
         _: usize,
     ) -> impl Future<Output = Result<Vec<StuckRecord>, StoreError>> + Send {
         std::future::ready(Err(refused()))
+    }
+
+    async fn checkpoint(&self, _: &RecordKey, _: Fence, _: &Checkpoint) -> Result<(), StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
+
+    async fn mark_unknown(&self, _: &RecordKey, _: Fence, _: &str) -> Result<(), StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
+
+    async fn unknowns(&self, _: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+        Err(StoreError::backend("connection refused"))
     }
 }
 

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use surely::record::{
-    AttemptRecord, CallRecord, InMemoryRecorder, Recorder, ServerEvent, ServerEventKind,
-    TracingRecorder,
+    AttemptRecord, CallRecord, InMemoryRecorder, Recorder, RecoveryVerdict, ServerEvent,
+    ServerEventKind, TracingRecorder,
 };
 use surely::server::idempotency::IdempotencyLayer;
 use surely::server::store::{
-    Acquire, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest, StoreError,
-    StoredResponse, StuckRecord,
+    Acquire, Checkpoint, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest,
+    StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use tower::{service_fn, Layer};
 
@@ -89,6 +89,37 @@ impl IdempotencyStore for Switch {
             return Err(refused());
         }
         self.inner.stuck(older_than, limit).await
+    }
+
+    async fn checkpoint(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        checkpoint: &Checkpoint,
+    ) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(refused());
+        }
+        self.inner.checkpoint(key, fence, checkpoint).await
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        evidence: &str,
+    ) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(refused());
+        }
+        self.inner.mark_unknown(key, fence, evidence).await
+    }
+
+    async fn unknowns(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(refused());
+        }
+        self.inner.unknowns(limit).await
     }
 }
 
@@ -167,7 +198,8 @@ async fn every_event_is_recorded_once_where_it_happens() {
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(events.server_events().len(), 4);
+    // The takeover and its recovery: no checkpoints, so the handler ran again.
+    assert_eq!(events.server_events().len(), 5);
 
     // Released: an owner dropped before it answered.
     let mut owner = svc.clone();
@@ -175,7 +207,7 @@ async fn every_event_is_recorded_once_where_it_happens() {
     until(|| seen.calls() == 4).await;
     dropped.abort();
     assert!(dropped.await.unwrap_err().is_cancelled());
-    until(|| events.server_events().len() == 5).await;
+    until(|| events.server_events().len() == 6).await;
 
     // Store unavailable: 503, the handler does not run.
     store.down.store(true, Ordering::SeqCst);
@@ -207,6 +239,7 @@ async fn every_event_is_recorded_once_where_it_happens() {
             "key_mismatch",
             "in_flight",
             "lease_takeover",
+            "recovered",
             "released",
             "store_unavailable",
             "not_stored",
@@ -235,18 +268,25 @@ async fn every_event_is_recorded_once_where_it_happens() {
     );
     assert_eq!(
         all[4].kind,
+        ServerEventKind::Recovered {
+            fence: Fence::new(2),
+            verdict: RecoveryVerdict::Resumed
+        }
+    );
+    assert_eq!(
+        all[5].kind,
         ServerEventKind::Released {
             fence: Fence::new(1)
         }
     );
     assert_eq!(
-        all[6].kind,
+        all[7].kind,
         ServerEventKind::NotStored {
             fence: Fence::new(1)
         }
     );
     assert_eq!(
-        all[8].kind,
+        all[9].kind,
         ServerEventKind::Stuck {
             records: 1,
             oldest: Some(secs(50))
@@ -261,6 +301,7 @@ async fn every_event_is_recorded_once_where_it_happens() {
             Some("k-1"),
             Some("k-2"),
             Some("k-2"),
+            Some("k-2"),
             Some("k-3"),
             Some("k-4"),
             Some("k-5"),
@@ -268,12 +309,12 @@ async fn every_event_is_recorded_once_where_it_happens() {
             None,
         ]
     );
-    for e in &all[..8] {
+    for e in &all[..9] {
         assert_eq!(e.method, Some(Method::POST), "{e}");
         assert_eq!(e.operation(), Some("POST /orders"), "{e}");
         assert_eq!(e.tenant(), Some(""), "{e}");
     }
-    assert_eq!((all[8].method.as_ref(), all[8].tenant()), (None, None));
+    assert_eq!((all[9].method.as_ref(), all[9].tenant()), (None, None));
     assert_eq!(
         all[3].to_string(),
         "idempotency lease_takeover POST tenant= operation=\"POST /orders\" key=k-2 \
@@ -286,7 +327,7 @@ async fn every_event_is_recorded_once_where_it_happens() {
     assert_eq!(got.status, 201);
     assert_eq!(
         events.server_events().len(),
-        9,
+        10,
         "a fresh owner makes no event"
     );
 }
@@ -494,10 +535,17 @@ pub(crate) async fn a_takeover_is_told_from_a_release<St, F, Fut>(
     let got = send(&mut svc, post(Some("k-crashed"), "o")).await;
     assert_eq!(got.status, 201);
     let all = events.server_events();
-    assert_eq!(kinds(&all), ["lease_takeover"]);
+    assert_eq!(kinds(&all), ["lease_takeover", "recovered"]);
     let ServerEventKind::LeaseTakeover { fence, overdue } = all[0].kind else {
         panic!("{all:?}");
     };
+    assert_eq!(
+        all[1].kind,
+        ServerEventKind::Recovered {
+            fence,
+            verdict: RecoveryVerdict::Resumed
+        }
+    );
     assert_eq!(fence, Fence::new(2));
     assert!(
         overdue >= scale / 2 && overdue < scale * 10,

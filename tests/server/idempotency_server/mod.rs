@@ -16,8 +16,8 @@ use surely::deadline::Deadline;
 use surely::idempotency::IdempotencyKey;
 use surely::server::idempotency::{IdempotencyLayer, Ticket};
 use surely::server::store::{
-    Acquire, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest, StoreError,
-    StoredResponse, StuckRecord,
+    Acquire, Checkpoint, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest,
+    StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use tokio::sync::Notify;
 use tower::{service_fn, Layer, Service, ServiceExt};
@@ -333,7 +333,7 @@ where
     // says so.
     assert!(matches!(
         store.acquire(&processing, &digest, short).await.unwrap(),
-        Acquire::TakenOver { fence, overdue }
+        Acquire::TakenOver { fence, overdue, .. }
             if fence == Fence::new(2) && overdue >= Duration::from_millis(100)
     ));
     // The swept ones start again at fence 1.
@@ -380,6 +380,18 @@ impl IdempotencyStore for Down {
     }
 
     async fn stuck(&self, _: Duration, _: usize) -> Result<Vec<StuckRecord>, StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
+
+    async fn checkpoint(&self, _: &RecordKey, _: Fence, _: &Checkpoint) -> Result<(), StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
+
+    async fn mark_unknown(&self, _: &RecordKey, _: Fence, _: &str) -> Result<(), StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
+
+    async fn unknowns(&self, _: usize) -> Result<Vec<UnknownRecord>, StoreError> {
         Err(StoreError::backend("connection refused"))
     }
 }
@@ -571,6 +583,28 @@ impl IdempotencyStore for NoRenew {
     ) -> Result<Vec<StuckRecord>, StoreError> {
         self.0.stuck(older_than, limit).await
     }
+
+    async fn checkpoint(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        checkpoint: &Checkpoint,
+    ) -> Result<(), StoreError> {
+        self.0.checkpoint(key, fence, checkpoint).await
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        evidence: &str,
+    ) -> Result<(), StoreError> {
+        self.0.mark_unknown(key, fence, evidence).await
+    }
+
+    async fn unknowns(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+        self.0.unknowns(limit).await
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -620,6 +654,7 @@ async fn the_memory_store_renews_only_its_owners_lease() {
     let Acquire::TakenOver {
         fence: second,
         overdue,
+        ..
     } = store.acquire(&key, &digest, secs(10)).await.unwrap()
     else {
         panic!("not taken over");

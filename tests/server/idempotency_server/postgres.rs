@@ -214,7 +214,7 @@ async fn pg_lease_expiry_takeover_and_stale_completion_refused() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // A takeover, and the store says how long past the lease, by the database's clock.
     match s.acquire(&key, &digest, lease).await.unwrap() {
-        Acquire::TakenOver { fence, overdue } => {
+        Acquire::TakenOver { fence, overdue, .. } => {
             assert_eq!(fence, Fence::new(2));
             assert!(
                 overdue >= Duration::from_millis(50) && overdue < Duration::from_secs(5),
