@@ -18,7 +18,7 @@ use crate::headers::NOT_PROCESSED;
 ///
 /// | status | class |
 /// | --- | --- |
-/// | 202 with [`IDEMPOTENCY_ERROR`]`: IDEMPOTENCY_OUTCOME_UNKNOWN` (a server's record is `UNKNOWN`) | maybe committed, do not retry ([`Pushback::Stop`]) |
+/// | 202 with [`IDEMPOTENCY_ERROR`]`: IDEMPOTENCY_OUTCOME_UNKNOWN` (a server's record is `UNKNOWN`) | maybe committed, do not retry ([`Pushback::Stop`](crate::pushback::Pushback::Stop)) |
 /// | 1xx, 2xx, 3xx | success |
 /// | 408, 425, 429; 503 with `Retry-After`; any failure with [`NOT_PROCESSED`] | rejected, not processed |
 /// | 409 for a keyed request with `Retry-After` or [`KEY_IN_FLIGHT`] | rejected (the key is in flight) |

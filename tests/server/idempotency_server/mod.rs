@@ -32,6 +32,7 @@ mod postgres;
 mod recovery;
 mod scenarios;
 mod support;
+mod takeover;
 
 use support::{handler, post, reply, send, Req, Seen};
 

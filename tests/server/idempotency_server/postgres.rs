@@ -449,3 +449,59 @@ fn pg_table_names_are_checked() {
         "app.idempotency"
     );
 }
+
+/// A real lease of a second on the database's clock: about 1.5 s.
+#[tokio::test]
+async fn pg_checkpoints_and_unknowns_in_the_store() {
+    let db = store("pg_checkpoints_and_unknowns_in_the_store").await;
+    super::takeover::checkpoints_and_unknowns_in_the_store(
+        db.store.clone(),
+        Duration::from_millis(400),
+        tokio::time::sleep,
+    )
+    .await;
+    db.drop_tables().await;
+}
+
+/// Instance A's runtime shut down after the charge; B's hook finds it. A real one-second lease:
+/// about 1.5 s.
+#[test]
+fn pg_the_hook_finds_the_charge_and_the_answer_is_replayed() {
+    takeover_on_postgres(
+        "pg_the_hook_finds_the_charge_and_the_answer_is_replayed",
+        super::takeover::Death::AfterCharge,
+        true,
+    );
+}
+
+/// The same without a hook: unknown, settled, replayed.
+#[test]
+fn pg_without_a_hook_the_record_is_unknown_then_settled_and_replayed() {
+    takeover_on_postgres(
+        "pg_without_a_hook_the_record_is_unknown_then_settled_and_replayed",
+        super::takeover::Death::AfterCharge,
+        false,
+    );
+}
+
+fn takeover_on_postgres(test: &str, death: super::takeover::Death, with_hook: bool) {
+    let setup = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let db = setup.block_on(store(test));
+    let url = url();
+    super::takeover::an_owner_dies_after_its_checkpoint(
+        || {
+            PostgresStore::connect(&url)
+                .unwrap()
+                .with_table(&db.table)
+                .unwrap()
+        },
+        Duration::from_secs(1),
+        false,
+        death,
+        with_hook,
+    );
+    setup.block_on(db.drop_tables());
+}
