@@ -46,6 +46,11 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// [`ErrorCode`](crate::server::idempotency::ErrorCode)s, such as `IDEMPOTENCY_KEY_MISSING`.
 pub const IDEMPOTENCY_ERROR: HeaderName = HeaderName::from_static("idempotency-error");
 
+/// Set to `true` on a replay whose stored response's body was over the layer's stored-size
+/// limit and was not kept: the status and headers are the first answer's, the body is empty.
+pub const REPLAY_BODY_OMITTED: HeaderName =
+    HeaderName::from_static("idempotent-replay-body-omitted");
+
 /// The [`IDEMPOTENCY_ERROR`] code of a server's answer for a key whose outcome is unknown (with
 /// `202 Accepted`): the client classifies it maybe committed, not to be retried now.
 pub(crate) const OUTCOME_UNKNOWN_CODE: &str = "IDEMPOTENCY_OUTCOME_UNKNOWN";

@@ -61,6 +61,7 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
             format!("idempotency {table} v1 (records)"),
             format!("idempotency {table} v2 (acquired_at)"),
             format!("idempotency {table} v3 (checkpoints_and_unknown)"),
+            format!("idempotency {table} v4 (stored_forms)"),
             format!("outbox {table}_outbox v1 (events)"),
             format!("outbox {table}_outbox v2 (quarantined index)"),
             format!("inbox {table}_inbox v1 (events and versions)"),
@@ -115,7 +116,7 @@ async fn tables_in_a_schema_of_their_own_migrate() {
             panic!("migrating into schema {schema}: {e}");
         }
     };
-    assert_eq!(applied.len(), 7);
+    assert_eq!(applied.len(), 8);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +132,7 @@ async fn instances_that_migrate_together_apply_each_migration_once() {
     for run in runs {
         total += run.await.unwrap();
     }
-    assert_eq!(total, 7, "seven migrations, each applied by one instance");
+    assert_eq!(total, 8, "eight migrations, each applied by one instance");
     forget_all(&pool(), &table).await;
 }
 
@@ -161,7 +162,7 @@ async fn a_table_made_before_the_records_is_brought_up_to_date() {
     let stuck = store.stuck(Duration::from_secs(60), 10).await.unwrap();
     assert_eq!(stuck.len(), 1);
     assert_eq!(stuck[0].key.key().as_str(), "k-old");
-    // And the rows say the three migrations are done.
+    // And the rows say the four migrations are done.
     let n: i64 = pool
         .get()
         .await
@@ -173,7 +174,7 @@ async fn a_table_made_before_the_records_is_brought_up_to_date() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(n, 3);
+    assert_eq!(n, 4);
     forget(&pool, &table).await;
 }
 

@@ -81,11 +81,15 @@ pub enum ErrorCode {
     /// which the settled result is replayed. surely's client classifies this answer *maybe
     /// committed, do not retry now*: the call ends [`Unknown`](crate::Outcome::Unknown).
     OutcomeUnknown,
+    /// `IDEMPOTENCY_REPLAY_FAILED`, with `500`: the key's stored response could not be read
+    /// back (its seal did not open, it was stored in a form this server cannot read); the
+    /// handler did not run again.
+    ReplayFailed,
 }
 
 impl ErrorCode {
     /// Every code, in the order of the variants.
-    const ALL: [ErrorCode; 11] = [
+    const ALL: [ErrorCode; 12] = [
         ErrorCode::KeyMissing,
         ErrorCode::KeyInvalid,
         ErrorCode::KeyInFlight,
@@ -97,6 +101,7 @@ impl ErrorCode {
         ErrorCode::RequestRejected,
         ErrorCode::RequestBodyFailed,
         ErrorCode::OutcomeUnknown,
+        ErrorCode::ReplayFailed,
     ];
 
     /// The code as it is on the wire, such as `IDEMPOTENCY_KEY_MISSING`.
@@ -113,6 +118,7 @@ impl ErrorCode {
             ErrorCode::RequestRejected => "IDEMPOTENCY_REQUEST_REJECTED",
             ErrorCode::RequestBodyFailed => "REQUEST_BODY_FAILED",
             ErrorCode::OutcomeUnknown => crate::headers::OUTCOME_UNKNOWN_CODE,
+            ErrorCode::ReplayFailed => "IDEMPOTENCY_REPLAY_FAILED",
         }
     }
 }
@@ -164,6 +170,7 @@ mod tests {
                 "IDEMPOTENCY_REQUEST_REJECTED",
                 "REQUEST_BODY_FAILED",
                 "IDEMPOTENCY_OUTCOME_UNKNOWN",
+                "IDEMPOTENCY_REPLAY_FAILED",
             ]
         );
         for code in ErrorCode::ALL {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::Method;
+use http::{HeaderName, Method};
 use tower_layer::Layer;
 
 use std::future::Future;
@@ -15,11 +15,14 @@ use bytes::Bytes;
 
 use super::recovery::{RecoverFn, Recovery, SettleRound, Takeover};
 use super::service::IdempotencyService;
+use super::stored::{ArchiveFn, RebuildFn, Seal, DEFAULT_MAX_STORED};
 use super::WriteCheckpoint;
+use crate::classify::BoxError;
 use crate::record::{Recorder, ServerEvent, ServerEventKind};
 use crate::resolve::Resolve;
 use crate::server::store::{
-    Checkpoint, Fence, IdempotencyStore, RecordKey, StoreError, StuckRecord,
+    Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, StoreError, StoredResponse,
+    StuckRecord,
 };
 use crate::ConfigError;
 
@@ -49,6 +52,15 @@ pub(super) struct Config<St> {
     pub(super) recorder: Option<Arc<dyn Recorder + Send + Sync>>,
     /// What decides after a takeover; `None`: the rule (see `recovery::by_rule`).
     pub(super) recover: Option<Arc<RecoverFn>>,
+    /// Headers never stored, beyond the built-in ones.
+    pub(super) never_store: Vec<HeaderName>,
+    /// The largest body stored; a larger one is left out.
+    pub(super) max_stored: usize,
+    /// Bodies of at least this many bytes are compressed; `None`: none is.
+    pub(super) compress_over: Option<usize>,
+    pub(super) seal: Option<Arc<dyn Seal>>,
+    pub(super) rebuild: Option<Arc<RebuildFn>>,
+    pub(super) archive: Option<Arc<ArchiveFn>>,
 }
 
 impl<St> Config<St> {
@@ -217,6 +229,48 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     }
 }
 
+/// How many expired records [`IdempotencyLayer::sweep`] reads, archives and deletes at a time.
+const SWEEP_BATCH: usize = 500;
+
+impl<St: IdempotencyStore> IdempotencyLayer<St> {
+    /// Deletes the completed and released records whose retention ended `keep_expired_for`
+    /// ago or more, after handing each batch to the [archive](IdempotencyLayerBuilder::archive)
+    /// if there is one, and returns how many it deleted. Never a `PROCESSING` or `UNKNOWN`
+    /// record. Run it on a schedule.
+    ///
+    /// # Errors
+    ///
+    /// The store failed, or the archive refused a batch ([`StoreError::is_backend`]): that
+    /// batch and the rest are kept, for the next run.
+    pub async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {
+        let Some(archive) = &self.config.archive else {
+            return self.config.store.sweep(keep_expired_for).await;
+        };
+        let mut deleted = 0;
+        loop {
+            let batch = self
+                .config
+                .store
+                .expired(keep_expired_for, SWEEP_BATCH)
+                .await?;
+            if batch.is_empty() {
+                return Ok(deleted);
+            }
+            let full = batch.len() == SWEEP_BATCH;
+            archive(batch.clone())
+                .await
+                .map_err(|e| StoreError::backend(format!("archive refused a batch: {e}")))?;
+            let n = self.config.store.forget(&batch).await?;
+            deleted += n;
+            // A batch none of which could be deleted (all acquired again since) would come
+            // back forever.
+            if !full || n == 0 {
+                return Ok(deleted);
+            }
+        }
+    }
+}
+
 impl<S, St> Layer<S> for IdempotencyLayer<St> {
     type Service = IdempotencyService<S, St>;
 
@@ -248,6 +302,12 @@ impl<St> fmt::Debug for Config<St> {
             .field("operation", &self.operation.as_ref().map(|_| "fn"))
             .field("recorder", &self.recorder.is_some())
             .field("recover", &self.recover.as_ref().map(|_| "fn"))
+            .field("never_store", &self.never_store)
+            .field("max_stored", &self.max_stored)
+            .field("compress_over", &self.compress_over)
+            .field("seal", &self.seal.is_some())
+            .field("rebuild", &self.rebuild.as_ref().map(|_| "fn"))
+            .field("archive", &self.archive.as_ref().map(|_| "fn"))
             .finish()
     }
 }
@@ -306,6 +366,12 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 operation: None,
                 recorder: None,
                 recover: None,
+                never_store: Vec::new(),
+                max_stored: DEFAULT_MAX_STORED,
+                compress_over: None,
+                seal: None,
+                rebuild: None,
+                archive: None,
             },
         }
     }
@@ -564,6 +630,103 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
         self
     }
 
+    /// Headers never stored for a replay, beyond those the layer never stores (`set-cookie`,
+    /// `date`, the connection's own: see [`StoredResponse::new`]): a per-user token, a trace
+    /// id, anything that belongs to the first answer alone or must not sit in the store.
+    pub fn never_store_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.never_store = names.into_iter().collect();
+        self
+    }
+
+    /// The largest response body stored (default 1 MiB). A response over it is still the
+    /// first request's answer, but only its status and headers are stored: a duplicate gets
+    /// them with an empty body and
+    /// [`REPLAY_BODY_OMITTED`](crate::headers::REPLAY_BODY_OMITTED)` : true`. Store large
+    /// results as a [`Reference`](super::Reference) instead.
+    pub fn max_stored_bytes(mut self, max: usize) -> Self {
+        self.config.max_stored = max;
+        self
+    }
+
+    /// Compresses stored bodies of at least `bytes` bytes (deflate; kept only when it is
+    /// smaller), and inflates them for a replay. Feature `compression`.
+    #[cfg(feature = "compression")]
+    pub fn compress_over(mut self, bytes: usize) -> Self {
+        self.config.compress_over = Some(bytes);
+        self
+    }
+
+    /// Seals every stored body with `seal` (after compression), and opens it for a replay:
+    /// encryption at rest. See [`Seal`] for an example with an AEAD.
+    pub fn seal<S: Seal>(mut self, seal: S) -> Self {
+        self.config.seal = Some(Arc::new(seal));
+        self
+    }
+
+    /// Builds the replay of a response stored as a **reference** (a handler's response with a
+    /// [`Reference`](super::Reference) extension) from the resource as it is now. Given the
+    /// record and what was stored ([`StoredResponse::resource`], [`result_code`](StoredResponse::result_code),
+    /// [`status`](StoredResponse::status)). Without it, references are ignored and responses
+    /// are stored in full.
+    ///
+    /// The two forms are two promises: a full response replays the first answer byte for
+    /// byte; a reference replays an answer about the resource **now** (an order since shipped
+    /// shows as shipped). See [`docs::server_states`](crate::docs::server_states#what-is-stored).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::{BodyExt, Full};
+    /// use surely::server::idempotency::{IdempotencyLayer, Reference};
+    /// use surely::server::store::MemoryStore;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = IdempotencyLayer::builder(MemoryStore::new())
+    ///     .rebuild(|_record, stored| async move {
+    ///         // Read the order as it is now.
+    ///         let order = stored.resource().unwrap_or_default().to_owned();
+    ///         http::Response::builder()
+    ///             .status(stored.status())
+    ///             .body(Bytes::from(format!("{order}: shipped")))
+    ///             .unwrap()
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let svc = layer.layer(service_fn(|_req: http::Request<Full<Bytes>>| async {
+    ///     let mut res = http::Response::builder().status(201).body(Full::new(Bytes::from("orders/o-1: new"))).unwrap();
+    ///     res.extensions_mut().insert(Reference::new("orders/o-1", "created"));
+    ///     Ok::<_, std::convert::Infallible>(res)
+    /// }));
+    /// let post = || http::Request::post("/orders").header("idempotency-key", "k-1").body(Full::new(Bytes::new())).unwrap();
+    /// let first = svc.clone().oneshot(post()).await.unwrap();
+    /// assert_eq!(first.into_body().collect().await.unwrap().to_bytes(), "orders/o-1: new");
+    /// let again = svc.clone().oneshot(post()).await.unwrap();
+    /// assert_eq!(again.status(), 201);
+    /// assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), "orders/o-1: shipped");
+    /// # }
+    /// ```
+    pub fn rebuild<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(RecordKey, StoredResponse) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = http::Response<Bytes>> + Send + 'static,
+    {
+        self.config.rebuild = Some(Arc::new(move |k, s| Box::pin(hook(k, s))));
+        self
+    }
+
+    /// Hands the records that [`IdempotencyLayer::sweep`] is about to delete to `archive`
+    /// first, in batches (key, fence, status, resource, checkpoints: the ids that tie the key
+    /// to the outside world), so that an audit keeps the mapping. A batch is deleted only once
+    /// the archive returned `Ok`.
+    pub fn archive<F, Fut>(mut self, archive: F) -> Self
+    where
+        F: Fn(Vec<ExpiredRecord>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.config.archive = Some(Arc::new(move |batch| Box::pin(archive(batch))));
+        self
+    }
+
     /// Validates and builds.
     ///
     /// # Errors
@@ -607,6 +770,12 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
             return Err(ConfigError::new(
                 "idempotency retention",
                 "must be at most ten years",
+            ));
+        }
+        if c.compress_over == Some(0) {
+            return Err(ConfigError::new(
+                "idempotency compression threshold",
+                "must be greater than zero",
             ));
         }
         if c.max_body == 0 {

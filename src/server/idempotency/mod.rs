@@ -45,6 +45,10 @@
 //! says so with [`NOT_PROCESSED`] (or 503), and the key is released. Services whose handlers
 //! always roll back on error may prefer `store_server_errors(false)`.
 //!
+//! How a response is stored (in full, or as a reference rebuilt on replay; headers never
+//! stored, a size limit, compression, a seal for encryption at rest, an archive before the
+//! sweep) is in [`docs::server_states`](crate::docs::server_states#what-is-stored).
+//!
 //! The layer never stores a response that it made itself (400, 409, 413, 422, ...). Those carry
 //! an [`ErrorCode`] in the [`IDEMPOTENCY_ERROR`] header and in their JSON body's `code`.
 //!
@@ -167,11 +171,13 @@ mod code;
 mod layer;
 mod recovery;
 mod service;
+mod stored;
 
 pub use self::code::{ErrorCode, UnknownErrorCode};
 pub use self::layer::{IdempotencyLayer, IdempotencyLayerBuilder};
 pub use self::recovery::{Recovery, SettleRound, Takeover};
 pub use self::service::IdempotencyService;
+pub use self::stored::{Reference, Seal};
 
 use super::store::{Checkpoint, Fence, RecordKey, StoreError};
 

@@ -14,7 +14,7 @@ use crate::ids::{BusinessKey, Operation};
 use crate::record::ServerEventKind;
 use crate::resolve::{Query, Resolution, Resolve};
 use crate::server::store::{
-    Checkpoint, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError, StoredResponse,
+    Checkpoint, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError,
 };
 use crate::Semantics;
 
@@ -114,12 +114,6 @@ pub(super) fn by_rule(checkpoints: &[Checkpoint]) -> Recovery {
     )))
 }
 
-/// The answer a recovery stores: status, replayable headers, body.
-pub(super) fn stored(res: Response<Bytes>) -> StoredResponse {
-    let (head, body) = res.into_parts();
-    StoredResponse::new(head.status, &head.headers, body)
-}
-
 /// What one [`settle_unknowns`](super::IdempotencyLayer::settle_unknowns) round did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -174,11 +168,16 @@ where
         };
         let (settled, happened) = match answer {
             Resolution::Succeeded(res) => {
-                let stored = stored(res);
-                let settled = config
-                    .store
-                    .complete(&record.key, record.fence, &stored, config.retention)
-                    .await;
+                let (head, body) = res.into_parts();
+                let settled = match config.to_store(&record.key, &head, &body) {
+                    Ok(stored) => {
+                        config
+                            .store
+                            .complete(&record.key, record.fence, &stored, config.retention)
+                            .await
+                    }
+                    Err(e) => Err(StoreError::backend(e)),
+                };
                 (settled, true)
             }
             Resolution::Failed => (config.store.release(&record.key, record.fence).await, false),

@@ -26,7 +26,7 @@ use crate::idempotency::IdempotencyKey;
 use crate::ids::InvalidKey;
 use crate::record::ServerEventKind;
 use crate::server::store::{
-    Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoredResponse,
+    Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError,
 };
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
@@ -375,7 +375,7 @@ where
         Ok(Acquire::Completed(stored)) => {
             let status = stored.status();
             config.emit(ServerEventKind::Replayed { status }, method, &key);
-            return Ok(replay(&stored));
+            return Ok(config.replay(&key, stored).await);
         }
         Ok(Acquire::Unknown { .. }) => {
             config.emit(ServerEventKind::UnknownAnswered, method, &key);
@@ -458,9 +458,15 @@ where
         let answer = match recovery {
             Recovery::Resume => None,
             Recovery::Completed(res) | Recovery::Failed(res) => {
-                let stored = recovery::stored(res);
-                let done = config.store.complete(&key, fence, &stored, retention).await;
-                Some((done, replay(&stored)))
+                let (head, body) = res.into_parts();
+                let done = match config.to_store(&key, &head, &body) {
+                    Ok(stored) => config.store.complete(&key, fence, &stored, retention).await,
+                    Err(e) => Err(StoreError::backend(e)),
+                };
+                let mut res = Response::from_parts(head, Full::new(body));
+                res.headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                Some((done, res))
             }
             Recovery::Unknown(evidence) => {
                 let evidence = recovery::bounded(evidence);
@@ -507,8 +513,10 @@ where
     let outcome = if released(head.status, &head.headers, config.store_server_errors) {
         config.store.release(&key, fence).await
     } else {
-        let stored = StoredResponse::new(head.status, &head.headers, body.clone());
-        config.store.complete(&key, fence, &stored, retention).await
+        match config.to_store(&key, &head, &body) {
+            Ok(stored) => config.store.complete(&key, fence, &stored, retention).await,
+            Err(e) => Err(StoreError::backend(e)),
+        }
     };
     if let Err(e) = outcome {
         // Refused when the handler completed the record itself (in its own transaction), or when
@@ -583,15 +591,6 @@ fn released(status: StatusCode, headers: &http::HeaderMap, store_5xx: bool) -> b
     }
 }
 
-fn replay(stored: &StoredResponse) -> Response<Full<Bytes>> {
-    let mut res = Response::new(Full::new(stored.body().clone()));
-    *res.status_mut() = stored.status();
-    *res.headers_mut() = stored.headers().clone();
-    res.headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    res
-}
-
 fn in_flight(retry_after: Duration) -> Response<Full<Bytes>> {
     let mut res = error(
         StatusCode::CONFLICT,
@@ -646,7 +645,7 @@ fn body_failed() -> Response<Full<Bytes>> {
 }
 
 /// One of the layer's own error answers, with its code.
-fn error(status: StatusCode, code: ErrorCode, message: &str) -> Response<Full<Bytes>> {
+pub(super) fn error(status: StatusCode, code: ErrorCode, message: &str) -> Response<Full<Bytes>> {
     answer(status, code.as_str(), message)
 }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, Checkpoint, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError,
-    StoredResponse, StuckRecord, UnknownRecord,
+    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RequestDigest,
+    StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 
 /// The embedded store: records in memory, for one process.
@@ -313,6 +313,56 @@ impl MemoryStore {
         stuck
     }
 
+    fn expired_now(&self, keep_expired_for: Duration, limit: usize) -> Vec<ExpiredRecord> {
+        let now = Instant::now();
+        let mut found: Vec<(Instant, ExpiredRecord)> = Vec::new();
+        for shard in self.shared.shards.iter() {
+            for (key, record) in lock(shard).iter() {
+                let (ended, status, resource) = match &record.state {
+                    State::Completed {
+                        response,
+                        expires_at,
+                    } => (
+                        *expires_at,
+                        Some(response.status()),
+                        response.resource().map(str::to_owned),
+                    ),
+                    State::Released { at } => (*at, None, None),
+                    State::Processing { .. } | State::Unknown { .. } => continue,
+                };
+                if later(ended, keep_expired_for) <= now {
+                    let expired = ExpiredRecord::new(
+                        key.clone(),
+                        Fence::new(record.fence),
+                        status,
+                        resource,
+                        record.checkpoints.clone(),
+                    );
+                    found.push((ended, expired));
+                }
+            }
+        }
+        found.sort_by_key(|(ended, _)| *ended);
+        found.truncate(limit);
+        found.into_iter().map(|(_, e)| e).collect()
+    }
+
+    fn forget_now(&self, records: &[ExpiredRecord]) -> u64 {
+        let mut removed = 0;
+        for expired in records {
+            let mut shard = self.shard(&expired.key);
+            let terminal = shard.get(&expired.key).is_some_and(|r| {
+                r.fence == expired.fence.get()
+                    && matches!(r.state, State::Completed { .. } | State::Released { .. })
+            });
+            if terminal {
+                shard.remove(&expired.key);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     fn sweep_now(&self, keep_expired_for: Duration) -> u64 {
         let now = Instant::now();
         let mut removed = 0;
@@ -447,5 +497,20 @@ impl IdempotencyStore for MemoryStore {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<UnknownRecord>, StoreError>> + Send {
         ready(Ok(self.unknowns_now(limit)))
+    }
+
+    fn expired(
+        &self,
+        keep_expired_for: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ExpiredRecord>, StoreError>> + Send {
+        ready(Ok(self.expired_now(keep_expired_for, limit)))
+    }
+
+    fn forget(
+        &self,
+        records: &[ExpiredRecord],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        ready(Ok(self.forget_now(records)))
     }
 }

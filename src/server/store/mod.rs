@@ -129,12 +129,25 @@ impl fmt::Debug for RequestDigest {
     }
 }
 
-/// A response as a store keeps it, to replay: status, the headers worth replaying, body.
+/// A response as a store keeps it, to replay. Two forms, two different promises (see
+/// [`docs::server_states`](crate::docs::server_states#what-is-stored)):
+///
+/// * **the full response** ([`new`](Self::new)): status, the headers worth replaying, and the
+///   body, replayed byte for byte: a duplicate gets exactly what the first request got;
+/// * **a reference** ([`reference`](Self::reference)): the status, the resource the request
+///   made (`orders/o-1`) and a stable result code (`created`), and no body; a duplicate gets an
+///   answer rebuilt from the resource as it is now, by the layer's
+///   [rebuild hook](crate::server::idempotency::IdempotencyLayerBuilder::rebuild). Smaller, and
+///   nothing the client sent or got lingers in the store; the replay shows the resource's
+///   current state, not the first answer.
 ///
 /// [`new`](Self::new) drops the headers that describe one connection or one moment rather than
 /// the result: `connection`, `keep-alive`, `transfer-encoding`, `content-length` (the replay sets
 /// its own), `date`, `set-cookie` (a session belongs to the response that made it), and the
 /// crate's own replay and not-processed markers. Clones share the bytes.
+///
+/// The body a store is given may be encoded by the layer (compressed, sealed: see
+/// [`flags`](Self::flags)); a store keeps the bytes and the flags as they are.
 ///
 /// ```
 /// use surely::server::store::StoredResponse;
@@ -145,6 +158,11 @@ impl fmt::Debug for RequestDigest {
 /// let stored = StoredResponse::new(http::StatusCode::CREATED, &headers, "o-1".into());
 /// assert_eq!(stored.headers().len(), 1);
 /// assert_eq!(stored.body(), "o-1");
+///
+/// let by_reference = StoredResponse::reference(http::StatusCode::CREATED, "orders/o-1", "created");
+/// assert_eq!(by_reference.resource(), Some("orders/o-1"));
+/// assert_eq!(by_reference.result_code(), Some("created"));
+/// assert!(by_reference.body().is_empty());
 /// ```
 #[derive(Clone)]
 pub struct StoredResponse(Arc<Stored>);
@@ -153,6 +171,9 @@ struct Stored {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
+    /// The resource and result code of a reference; `None` for a full response.
+    reference: Option<(Box<str>, Box<str>)>,
+    flags: u8,
 }
 
 /// Headers never stored for a replay.
@@ -171,12 +192,34 @@ fn replayable(name: &HeaderName) -> bool {
         || name == crate::headers::NOT_PROCESSED)
 }
 
+/// The bits of [`StoredResponse::flags`].
+pub(crate) mod flag {
+    /// The body is deflate-compressed.
+    pub(crate) const COMPRESSED: u8 = 1;
+    /// The body is sealed (encrypted) by the layer's seal.
+    pub(crate) const SEALED: u8 = 2;
+    /// The body was over the stored-size limit and is not kept.
+    pub(crate) const OMITTED: u8 = 4;
+    /// Every bit this version knows.
+    pub(crate) const KNOWN: u8 = COMPRESSED | SEALED | OMITTED;
+}
+
 impl StoredResponse {
-    /// The response to store: `status`, the replayable ones of `headers`, and `body`.
+    /// The full response to store: `status`, the replayable ones of `headers`, and `body`.
     pub fn new(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
+        Self::new_without(status, headers, body, &[])
+    }
+
+    /// As [`new`](Self::new), also leaving out the headers named in `never`.
+    pub(crate) fn new_without(
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: Bytes,
+        never: &[HeaderName],
+    ) -> Self {
         let mut kept = HeaderMap::with_capacity(headers.len());
         for (name, value) in headers {
-            if replayable(name) {
+            if replayable(name) && !never.contains(name) {
                 kept.append(name.clone(), value.clone());
             }
         }
@@ -184,6 +227,24 @@ impl StoredResponse {
             status,
             headers: kept,
             body,
+            reference: None,
+            flags: 0,
+        }))
+    }
+
+    /// A reference to store: the `status`, the `resource` the request made and a stable
+    /// `result_code`, with no headers and no body; the replay is rebuilt from the resource.
+    pub fn reference(
+        status: StatusCode,
+        resource: impl Into<Box<str>>,
+        result_code: impl Into<Box<str>>,
+    ) -> Self {
+        StoredResponse(Arc::new(Stored {
+            status,
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+            reference: Some((resource.into(), result_code.into())),
+            flags: 0,
         }))
     }
 
@@ -206,6 +267,33 @@ impl StoredResponse {
         StoredResponse::new(status, &map, body)
     }
 
+    /// The same response with `flags` as a store read them back ([`flags`](Self::flags));
+    /// bits this version does not know are kept, and make the replay fail rather than send
+    /// bytes it cannot read.
+    pub fn with_flags(self, flags: u8) -> Self {
+        self.map(|s| s.flags = flags)
+    }
+
+    /// The same response with another body (encoded by the layer), and `flags` added.
+    pub(crate) fn with_body(self, body: Bytes, add: u8) -> Self {
+        self.map(|s| {
+            s.body = body;
+            s.flags |= add;
+        })
+    }
+
+    fn map(self, f: impl FnOnce(&mut Stored)) -> Self {
+        let mut stored = Arc::try_unwrap(self.0).unwrap_or_else(|shared| Stored {
+            status: shared.status,
+            headers: shared.headers.clone(),
+            body: shared.body.clone(),
+            reference: shared.reference.clone(),
+            flags: shared.flags,
+        });
+        f(&mut stored);
+        StoredResponse(Arc::new(stored))
+    }
+
     /// The status.
     pub fn status(&self) -> StatusCode {
         self.0.status
@@ -216,9 +304,25 @@ impl StoredResponse {
         &self.0.headers
     }
 
-    /// The body.
+    /// The body, as stored (encoded when [`flags`](Self::flags) say so).
     pub fn body(&self) -> &Bytes {
         &self.0.body
+    }
+
+    /// The resource of a reference ([`reference`](Self::reference)); `None` for a full response.
+    pub fn resource(&self) -> Option<&str> {
+        self.0.reference.as_ref().map(|(r, _)| &**r)
+    }
+
+    /// The result code of a reference; `None` for a full response.
+    pub fn result_code(&self) -> Option<&str> {
+        self.0.reference.as_ref().map(|(_, c)| &**c)
+    }
+
+    /// How the layer encoded the body (compressed, sealed, left out for its size), as bits
+    /// that a store keeps as they are, beside the body. Zero for a body stored as it came.
+    pub fn flags(&self) -> u8 {
+        self.0.flags
     }
 }
 
@@ -228,6 +332,8 @@ impl fmt::Debug for StoredResponse {
             .field("status", &self.0.status)
             .field("headers", &self.0.headers)
             .field("body_len", &self.0.body.len())
+            .field("reference", &self.0.reference)
+            .field("flags", &self.0.flags)
             .finish()
     }
 }
@@ -455,6 +561,22 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<UnknownRecord>, StoreError>> + Send;
 
+    /// The completed and released records whose retention ended `keep_expired_for` ago or
+    /// more, at most `limit`, oldest first: what [`sweep`](Self::sweep) would delete, for an
+    /// archive to keep before [`forget`](Self::forget) deletes them.
+    fn expired(
+        &self,
+        keep_expired_for: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ExpiredRecord>, StoreError>> + Send;
+
+    /// Deletes `records`, each only if it is still terminal with the same fence (a released
+    /// record acquired again since it was listed is kept), and returns how many.
+    fn forget(
+        &self,
+        records: &[ExpiredRecord],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// Deletes the completed and released records whose retention ended `keep_expired_for` ago
     /// or more, and returns how many. Never deletes a `PROCESSING` or `UNKNOWN` record.
     fn sweep(
@@ -470,6 +592,44 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         older_than: Duration,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<StuckRecord>, StoreError>> + Send;
+}
+
+/// A terminal record (completed or released) whose retention has ended, as
+/// [`IdempotencyStore::expired`] lists it for an archive before the sweeper deletes it: its key,
+/// and the ids that tie it to the outside world (the resource it made, the external requests
+/// its owners recorded), so that an audit keeps the mapping after the record is gone.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ExpiredRecord {
+    /// Its scope: tenant, operation, key.
+    pub key: RecordKey,
+    /// Its last owner's fence: the sweep deletes it only if that is still its fence.
+    pub fence: Fence,
+    /// The stored status; `None` for a released record.
+    pub status: Option<StatusCode>,
+    /// The resource of a response stored as a reference.
+    pub resource: Option<String>,
+    /// The steps its owners recorded (external request ids), oldest first.
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+impl ExpiredRecord {
+    /// An expired record; for stores of your own.
+    pub fn new(
+        key: RecordKey,
+        fence: Fence,
+        status: Option<StatusCode>,
+        resource: Option<String>,
+        checkpoints: Vec<Checkpoint>,
+    ) -> Self {
+        ExpiredRecord {
+            key,
+            fence,
+            status,
+            resource,
+            checkpoints,
+        }
+    }
 }
 
 /// A record found `PROCESSING` for longer than a threshold by [`IdempotencyStore::stuck`].
@@ -604,6 +764,21 @@ impl<S: IdempotencyStore> IdempotencyStore for Arc<S> {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<UnknownRecord>, StoreError>> + Send {
         (**self).unknowns(limit)
+    }
+
+    fn expired(
+        &self,
+        keep_expired_for: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ExpiredRecord>, StoreError>> + Send {
+        (**self).expired(keep_expired_for, limit)
+    }
+
+    fn forget(
+        &self,
+        records: &[ExpiredRecord],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        (**self).forget(records)
     }
 
     fn stuck(

@@ -12,8 +12,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::{
-    Acquire, Checkpoint, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError,
-    StoredResponse, StuckRecord, UnknownRecord,
+    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RequestDigest,
+    StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use crate::idempotency::IdempotencyKey;
 use crate::server::idempotency::Ticket;
@@ -88,6 +88,8 @@ struct Sql {
     checkpoints_held: String,
     mark_unknown: String,
     unknowns: String,
+    expired: String,
+    forget: String,
 }
 
 /// The idempotency store's table, and its migrations in version order.
@@ -148,6 +150,17 @@ pub(crate) static POSTGRES_COMPONENT: crate::storage::Component = crate::storage
                 )
             },
         },
+        crate::storage::Migration {
+            version: 4,
+            name: "stored_forms",
+            sql: |t| {
+                format!(
+                    "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS resource text,
+                         ADD COLUMN IF NOT EXISTS result_code text,
+                         ADD COLUMN IF NOT EXISTS body_flags smallint;"
+                )
+            },
+        },
     ],
 };
 
@@ -167,7 +180,8 @@ impl Sql {
                        t.status, t.header_names, t.header_values, t.body,
                        GREATEST(EXTRACT(EPOCH FROM (now() - t.lease_until)), 0)::float8,
                        t.checkpoint_names, t.checkpoint_values, t.evidence,
-                       GREATEST(EXTRACT(EPOCH FROM (now() - t.acquired_at)), 0)::float8";
+                       GREATEST(EXTRACT(EPOCH FROM (now() - t.acquired_at)), 0)::float8,
+                       t.resource, t.result_code, t.body_flags";
         Sql {
             table: t.to_owned(),
             // One round trip: the upsert, and beside it the record as the statement's snapshot
@@ -183,7 +197,8 @@ impl Sql {
                      SET state = {PROCESSING}, fence = r.fence + 1, digest = EXCLUDED.digest,
                          lease_until = EXCLUDED.lease_until, acquired_at = now(),
                          expires_at = NULL, status = NULL,
-                         header_names = NULL, header_values = NULL, body = NULL
+                         header_names = NULL, header_values = NULL, body = NULL,
+                         resource = NULL, result_code = NULL, body_flags = NULL
                      WHERE r.state = {RELEASED}
                         OR (r.state = {PROCESSING} AND r.lease_until <= now()
                             AND r.digest = EXCLUDED.digest)
@@ -196,7 +211,8 @@ impl Sql {
             complete: format!(
                 "UPDATE {t} SET state = {COMPLETED}, lease_until = NULL, status = $5,
                      header_names = $6, header_values = $7, body = $8,
-                     expires_at = now() + make_interval(secs => $9)
+                     expires_at = now() + make_interval(secs => $9),
+                     resource = $10, result_code = $11, body_flags = $12
                  WHERE {pk} AND fence = $4 AND state IN ({PROCESSING}, {UNKNOWN})"
             ),
             release: format!(
@@ -229,6 +245,21 @@ impl Sql {
                 "UPDATE {t} SET state = {UNKNOWN}, lease_until = NULL, evidence = $5,
                      unknown_at = now()
                  WHERE {pk} AND fence = $4 AND state = {PROCESSING}"
+            ),
+            expired: format!(
+                "SELECT tenant, operation, key, fence, status, resource,
+                     checkpoint_names, checkpoint_values
+                 FROM {t}
+                 WHERE state <> {PROCESSING} AND state <> {UNKNOWN}
+                   AND expires_at + make_interval(secs => $1) <= now()
+                 ORDER BY expires_at LIMIT $2"
+            ),
+            forget: format!(
+                "DELETE FROM {t} AS r
+                 USING unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+                     AS d(tenant, operation, key, fence)
+                 WHERE r.tenant = d.tenant AND r.operation = d.operation AND r.key = d.key
+                   AND r.fence = d.fence AND r.state IN ({COMPLETED}, {RELEASED})"
             ),
             unknowns: format!(
                 "SELECT tenant, operation, key, fence, COALESCE(evidence, ''),
@@ -561,14 +592,21 @@ fn classify(row: &Row, digest: &[u8]) -> Result<Option<Acquire>, StoreError> {
                 .ok()
                 .and_then(|s| StatusCode::from_u16(s).ok())
                 .ok_or_else(|| StoreError::backend("stored status out of range"))?;
-            Acquire::Completed(StoredResponse::from_parts(
-                status,
-                names
-                    .iter()
-                    .map(String::as_str)
-                    .zip(values.iter().map(Vec::as_slice)),
-                Bytes::from(body),
-            ))
+            let resource: Option<String> = row.try_get(14).map_err(e)?;
+            let code: Option<String> = row.try_get(15).map_err(e)?;
+            let flags: Option<i16> = row.try_get(16).map_err(e)?;
+            let stored = match (resource, code) {
+                (Some(resource), Some(code)) => StoredResponse::reference(status, resource, code),
+                _ => StoredResponse::from_parts(
+                    status,
+                    names
+                        .iter()
+                        .map(String::as_str)
+                        .zip(values.iter().map(Vec::as_slice)),
+                    Bytes::from(body),
+                ),
+            };
+            Acquire::Completed(stored.with_flags(flags.unwrap_or(0) as u8))
         }
         _ => return Ok(None),
     }))
@@ -605,7 +643,7 @@ fn header_arrays(response: &StoredResponse) -> (Vec<&str>, Vec<&[u8]>) {
         .unzip()
 }
 
-/// The nine parameters of the `complete` statement.
+/// The twelve parameters of the `complete` statement.
 struct CompleteParams<'a> {
     tenant: &'a str,
     operation: &'a str,
@@ -616,10 +654,13 @@ struct CompleteParams<'a> {
     values: &'a [&'a [u8]],
     body: &'a [u8],
     retention: f64,
+    resource: Option<&'a str>,
+    result_code: Option<&'a str>,
+    flags: i16,
 }
 
 impl CompleteParams<'_> {
-    fn refs(&self) -> [&(dyn ToSql + Sync); 9] {
+    fn refs(&self) -> [&(dyn ToSql + Sync); 12] {
         [
             &self.tenant,
             &self.operation,
@@ -630,6 +671,9 @@ impl CompleteParams<'_> {
             &self.values,
             &self.body,
             &self.retention,
+            &self.resource,
+            &self.result_code,
+            &self.flags,
         ]
     }
 }
@@ -652,6 +696,9 @@ fn complete_params<'a>(
         values,
         body: response.body(),
         retention: secs(retention),
+        resource: response.resource(),
+        result_code: response.result_code(),
+        flags: i16::from(response.flags()),
     }
 }
 
@@ -821,6 +868,57 @@ impl IdempotencyStore for PostgresStore {
                 ))
             })
             .collect()
+    }
+
+    async fn expired(
+        &self,
+        keep_expired_for: Duration,
+        limit: usize,
+    ) -> Result<Vec<ExpiredRecord>, StoreError> {
+        let client = self.pool.get().await.map_err(StoreError::backend)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(&self.sql.expired, &[&secs(keep_expired_for), &limit])
+            .await
+            .map_err(StoreError::backend)?;
+        rows.iter()
+            .map(|row| {
+                let e = StoreError::backend;
+                let tenant: &str = row.try_get(0).map_err(e)?;
+                let operation: &str = row.try_get(1).map_err(e)?;
+                let key: &str = row.try_get(2).map_err(e)?;
+                let fence: i64 = row.try_get(3).map_err(e)?;
+                let status: Option<i16> = row.try_get(4).map_err(e)?;
+                let resource: Option<String> = row.try_get(5).map_err(e)?;
+                let steps = checkpoints(row.try_get(6).map_err(e)?, row.try_get(7).map_err(e)?)?;
+                let key = IdempotencyKey::new(key).map_err(StoreError::backend)?;
+                let status = status
+                    .and_then(|s| u16::try_from(s).ok())
+                    .and_then(|s| StatusCode::from_u16(s).ok());
+                Ok(ExpiredRecord::new(
+                    RecordKey::new(tenant, operation, key),
+                    Fence::new(fence as u64),
+                    status,
+                    resource,
+                    steps,
+                ))
+            })
+            .collect()
+    }
+
+    async fn forget(&self, records: &[ExpiredRecord]) -> Result<u64, StoreError> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let tenants: Vec<&str> = records.iter().map(|r| r.key.tenant()).collect();
+        let operations: Vec<&str> = records.iter().map(|r| r.key.operation()).collect();
+        let keys: Vec<&str> = records.iter().map(|r| r.key.key().as_str()).collect();
+        let fences: Vec<i64> = records.iter().map(|r| r.fence.get() as i64).collect();
+        let client = self.pool.get().await.map_err(StoreError::backend)?;
+        client
+            .execute(&self.sql.forget, &[&tenants, &operations, &keys, &fences])
+            .await
+            .map_err(StoreError::backend)
     }
 
     async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {

@@ -12,8 +12,8 @@ use surely::outbox::{Event, EventId, MemoryOutbox, Relay};
 use surely::record::InMemoryRecorder;
 use surely::server::idempotency::IdempotencyLayer;
 use surely::server::store::{
-    Acquire, Checkpoint, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest,
-    StoreError, StoredResponse, StuckRecord, UnknownRecord,
+    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, MemoryStore, RecordKey,
+    RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use tokio::sync::Notify;
 use tower::{service_fn, Layer, ServiceExt};
@@ -200,6 +200,14 @@ impl IdempotencyStore for Down {
     }
 
     async fn unknowns(&self, _: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
+
+    async fn expired(&self, _: Duration, _: usize) -> Result<Vec<ExpiredRecord>, StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
+
+    async fn forget(&self, _: &[ExpiredRecord]) -> Result<u64, StoreError> {
         Err(StoreError::backend("connection refused"))
     }
 }

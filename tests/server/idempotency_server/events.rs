@@ -14,8 +14,8 @@ use surely::record::{
 };
 use surely::server::idempotency::IdempotencyLayer;
 use surely::server::store::{
-    Acquire, Checkpoint, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest,
-    StoreError, StoredResponse, StuckRecord, UnknownRecord,
+    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, MemoryStore, RecordKey,
+    RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use tower::{service_fn, Layer};
 
@@ -120,6 +120,24 @@ impl IdempotencyStore for Switch {
             return Err(refused());
         }
         self.inner.unknowns(limit).await
+    }
+
+    async fn expired(
+        &self,
+        keep: Duration,
+        limit: usize,
+    ) -> Result<Vec<ExpiredRecord>, StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(refused());
+        }
+        self.inner.expired(keep, limit).await
+    }
+
+    async fn forget(&self, records: &[ExpiredRecord]) -> Result<u64, StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(refused());
+        }
+        self.inner.forget(records).await
     }
 }
 

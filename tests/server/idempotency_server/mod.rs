@@ -16,8 +16,8 @@ use surely::deadline::Deadline;
 use surely::idempotency::IdempotencyKey;
 use surely::server::idempotency::{IdempotencyLayer, Ticket};
 use surely::server::store::{
-    Acquire, Checkpoint, Fence, IdempotencyStore, MemoryStore, RecordKey, RequestDigest,
-    StoreError, StoredResponse, StuckRecord, UnknownRecord,
+    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, MemoryStore, RecordKey,
+    RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use tokio::sync::Notify;
 use tower::{service_fn, Layer, Service, ServiceExt};
@@ -31,6 +31,7 @@ mod limits;
 mod postgres;
 mod recovery;
 mod scenarios;
+mod stored;
 mod support;
 mod takeover;
 
@@ -395,6 +396,14 @@ impl IdempotencyStore for Down {
     async fn unknowns(&self, _: usize) -> Result<Vec<UnknownRecord>, StoreError> {
         Err(StoreError::backend("connection refused"))
     }
+
+    async fn expired(&self, _: Duration, _: usize) -> Result<Vec<ExpiredRecord>, StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
+
+    async fn forget(&self, _: &[ExpiredRecord]) -> Result<u64, StoreError> {
+        Err(StoreError::backend("connection refused"))
+    }
 }
 
 #[tokio::test]
@@ -605,6 +614,18 @@ impl IdempotencyStore for NoRenew {
 
     async fn unknowns(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
         self.0.unknowns(limit).await
+    }
+
+    async fn expired(
+        &self,
+        keep: Duration,
+        limit: usize,
+    ) -> Result<Vec<ExpiredRecord>, StoreError> {
+        self.0.expired(keep, limit).await
+    }
+
+    async fn forget(&self, records: &[ExpiredRecord]) -> Result<u64, StoreError> {
+        self.0.forget(records).await
     }
 }
 

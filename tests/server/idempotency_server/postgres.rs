@@ -505,3 +505,59 @@ fn takeover_on_postgres(test: &str, death: super::takeover::Death, with_hook: bo
     );
     setup.block_on(db.drop_tables());
 }
+
+#[tokio::test]
+async fn pg_what_is_stored() {
+    let db = store("pg_what_is_stored").await;
+    super::stored::what_is_stored(db.store.clone()).await;
+    // The sealed body, as the table holds it: not the secret.
+    let client = db.store.pool().get().await.unwrap();
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT body, body_flags FROM {} WHERE key = 'k-sealed'",
+                db.table
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let body: Vec<u8> = row.get(0);
+    let flags: i16 = row.get(1);
+    assert!(!body.is_empty());
+    assert!(
+        !String::from_utf8_lossy(&body).contains("4242"),
+        "the secret is not in the table"
+    );
+    assert_eq!(flags, 3, "compressed, then sealed");
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT resource, result_code, length(body) FROM {} WHERE key = 'k-ref'",
+                db.table
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let (resource, code, len): (String, String, i32) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(
+        (resource.as_str(), code.as_str(), len),
+        ("payments/p-1", "charged", 0)
+    );
+    drop(client);
+    db.drop_tables().await;
+}
+
+/// A real retention of half a second: about 1 s.
+#[tokio::test]
+async fn pg_the_archive_sees_records_before_the_sweep() {
+    let db = store("pg_the_archive_sees_records_before_the_sweep").await;
+    super::stored::the_archive_sees_records_before_the_sweep(
+        db.store.clone(),
+        Duration::from_millis(500),
+        tokio::time::sleep,
+    )
+    .await;
+    db.drop_tables().await;
+}
