@@ -136,37 +136,40 @@ impl<St> Config<St> {
         head: &http::response::Parts,
         body: &Bytes,
     ) -> Result<StoredResponse, BoxError> {
-        if let (Some(reference), Some(_)) = (head.extensions.get::<Reference>(), &self.rebuild) {
-            return Ok(StoredResponse::reference(
-                head.status,
-                reference.resource.clone(),
-                reference.code.clone(),
-            ));
-        }
-        let stored = StoredResponse::new_without(
-            head.status,
-            &head.headers,
-            Bytes::new(),
-            &self.never_store,
-        );
-        if body.len() > self.max_stored {
-            return Ok(stored.with_body(Bytes::new(), flag::OMITTED));
-        }
-        let (mut bytes, mut flags) = (body.clone(), 0);
-        if let Some(over) = self.compress_over {
-            if bytes.len() >= over {
-                let packed = compress(&bytes)?;
-                if packed.len() < bytes.len() {
-                    bytes = packed;
-                    flags |= flag::COMPRESSED;
-                }
+        if self.rebuild.is_some() {
+            if let Some(reference) = head.extensions.get::<Reference>() {
+                return Ok(StoredResponse::reference(
+                    head.status,
+                    reference.resource.clone(),
+                    reference.code.clone(),
+                ));
             }
         }
-        if let Some(seal) = &self.seal {
-            bytes = Bytes::from(seal.seal(key, &bytes)?);
-            flags |= flag::SEALED;
+        let (mut bytes, mut flags) = (body.clone(), 0);
+        if body.len() > self.max_stored {
+            (bytes, flags) = (Bytes::new(), flag::OMITTED);
+        } else {
+            if let Some(over) = self.compress_over {
+                if bytes.len() >= over {
+                    let packed = compress(&bytes)?;
+                    if packed.len() < bytes.len() {
+                        bytes = packed;
+                        flags |= flag::COMPRESSED;
+                    }
+                }
+            }
+            if let Some(seal) = &self.seal {
+                bytes = Bytes::from(seal.seal(key, &bytes)?);
+                flags |= flag::SEALED;
+            }
         }
-        Ok(stored.with_body(bytes, flags))
+        Ok(StoredResponse::encoded(
+            head.status,
+            &head.headers,
+            bytes,
+            flags,
+            &self.never_store,
+        ))
     }
 
     /// The replay of `stored`: rebuilt from its reference, or its body read back.

@@ -207,14 +207,16 @@ pub(crate) mod flag {
 impl StoredResponse {
     /// The full response to store: `status`, the replayable ones of `headers`, and `body`.
     pub fn new(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
-        Self::new_without(status, headers, body, &[])
+        Self::encoded(status, headers, body, 0, &[])
     }
 
-    /// As [`new`](Self::new), also leaving out the headers named in `never`.
-    pub(crate) fn new_without(
+    /// As [`new`](Self::new), with the body encoded as `flags` say, and also leaving out the
+    /// headers named in `never`.
+    pub(crate) fn encoded(
         status: StatusCode,
         headers: &HeaderMap,
         body: Bytes,
+        flags: u8,
         never: &[HeaderName],
     ) -> Self {
         let mut kept = HeaderMap::with_capacity(headers.len());
@@ -228,7 +230,7 @@ impl StoredResponse {
             headers: kept,
             body,
             reference: None,
-            flags: 0,
+            flags,
         }))
     }
 
@@ -272,14 +274,6 @@ impl StoredResponse {
     /// bytes it cannot read.
     pub fn with_flags(self, flags: u8) -> Self {
         self.map(|s| s.flags = flags)
-    }
-
-    /// The same response with another body (encoded by the layer), and `flags` added.
-    pub(crate) fn with_body(self, body: Bytes, add: u8) -> Self {
-        self.map(|s| {
-            s.body = body;
-            s.flags |= add;
-        })
     }
 
     fn map(self, f: impl FnOnce(&mut Stored)) -> Self {
