@@ -16,7 +16,7 @@ use bytes::Bytes;
 use super::recovery::{RecoverFn, Recovery, SettleRound, Takeover};
 use super::service::IdempotencyService;
 use super::stored::{ArchiveFn, RebuildFn, Seal, DEFAULT_MAX_STORED};
-use super::WriteCheckpoint;
+use super::TicketStore;
 use crate::classify::BoxError;
 use crate::record::{Recorder, ServerEvent, ServerEventKind};
 use crate::resolve::Resolve;
@@ -80,7 +80,7 @@ impl<St> Config<St> {
     }
 }
 
-impl<St: IdempotencyStore> WriteCheckpoint for Config<St> {
+impl<St: IdempotencyStore> TicketStore for Config<St> {
     fn write<'a>(
         &'a self,
         key: &'a RecordKey,
@@ -88,6 +88,13 @@ impl<St: IdempotencyStore> WriteCheckpoint for Config<St> {
         checkpoint: &'a Checkpoint,
     ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>> {
         Box::pin(self.store.checkpoint(key, fence, checkpoint))
+    }
+
+    fn encode(&self, key: &RecordKey, plain: &StoredResponse) -> Result<StoredResponse, BoxError> {
+        if plain.resource().is_some() || plain.flags() != 0 {
+            return Ok(plain.clone());
+        }
+        Config::encode(self, key, plain.status(), plain.headers(), plain.body())
     }
 }
 

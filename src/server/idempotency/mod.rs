@@ -179,7 +179,7 @@ pub use self::recovery::{Recovery, SettleRound, Takeover};
 pub use self::service::IdempotencyService;
 pub use self::stored::{Reference, Seal};
 
-use super::store::{Checkpoint, Fence, RecordKey, StoreError};
+use super::store::{Checkpoint, Fence, RecordKey, StoreError, StoredResponse};
 
 use crate::headers::IDEMPOTENT_REPLAYED;
 
@@ -242,17 +242,31 @@ struct TicketInner {
     /// Whether this owner recorded a step (or tried to): then a dropped handler does not
     /// release the key, and a takeover goes through recovery.
     checkpointed: AtomicBool,
-    store: Arc<dyn WriteCheckpoint>,
+    store: Arc<dyn TicketStore>,
+    /// What the handler stored itself, in its transaction
+    /// ([`PostgresStore::complete_in`](super::store::PostgresStore::complete_in)): its status
+    /// and body, to tell whether the layer need not complete the record again.
+    completed_in: std::sync::Mutex<Option<(http::StatusCode, bytes::Bytes)>>,
 }
 
-/// The one store operation a ticket makes, behind a pointer: the ticket does not name its store.
-pub(super) trait WriteCheckpoint: Send + Sync {
+/// What a ticket asks of the layer and its store, behind a pointer: the ticket does not name
+/// its store.
+pub(super) trait TicketStore: Send + Sync {
+    /// Records a checkpoint.
     fn write<'a>(
         &'a self,
         key: &'a RecordKey,
         fence: Fence,
         checkpoint: &'a Checkpoint,
     ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
+    /// A response a handler stores itself, as the layer would store it (headers never stored
+    /// left out, size limit, compression, seal).
+    fn encode(
+        &self,
+        key: &RecordKey,
+        plain: &StoredResponse,
+    ) -> Result<StoredResponse, crate::classify::BoxError>;
 }
 
 impl Ticket {
@@ -261,7 +275,7 @@ impl Ticket {
         fence: Fence,
         retention: Duration,
         previous: Vec<Checkpoint>,
-        store: Arc<dyn WriteCheckpoint>,
+        store: Arc<dyn TicketStore>,
     ) -> Self {
         Ticket(Arc::new(TicketInner {
             key,
@@ -270,6 +284,7 @@ impl Ticket {
             previous,
             checkpointed: AtomicBool::new(false),
             store,
+            completed_in: std::sync::Mutex::new(None),
         }))
     }
 
@@ -316,6 +331,47 @@ impl Ticket {
             .store
             .write(&self.0.key, self.0.fence, &checkpoint)
             .await
+    }
+
+    /// The response a handler stores itself (`complete_in`), as the layer would store it.
+    pub(crate) fn encode(
+        &self,
+        plain: &StoredResponse,
+    ) -> Result<StoredResponse, crate::classify::BoxError> {
+        self.0.store.encode(&self.0.key, plain)
+    }
+
+    /// Notes that the handler completed the record with `plain` in its own transaction.
+    pub(crate) fn completed_in(&self, plain: &StoredResponse) {
+        let mut done = self
+            .0
+            .completed_in
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *done = Some((plain.status(), plain.body().clone()));
+    }
+
+    /// Whether the handler completed the record itself with this very answer: then the layer
+    /// does not complete it again. A different answer (the transaction failed after the
+    /// completion, say) leaves the completion to the layer, whose update the store refuses if
+    /// the handler's did commit.
+    pub(super) fn completed_with(&self, status: http::StatusCode, body: &bytes::Bytes) -> bool {
+        let done = self
+            .0
+            .completed_in
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match &*done {
+            Some((s, b)) if *s == status && b == body => true,
+            Some(_) => {
+                tracing::warn!(
+                    key = ?self.0.key,
+                    "the handler stored an answer other than the one it returned: the stored one is replayed"
+                );
+                false
+            }
+            None => false,
+        }
     }
 
     /// Notes that this owner recorded a step.

@@ -487,7 +487,7 @@ where
             return Ok(res);
         }
     }
-    parts.extensions.insert(ticket);
+    parts.extensions.insert(ticket.clone());
     // An error from the handler leaves the record PROCESSING: its lease passes, and the next
     // attempt takes over, as after a crash. A handler dropped before it answered (its caller
     // went away with it, or the runtime stopped) releases the key at once (`guard`).
@@ -510,7 +510,10 @@ where
     let Ok(body) = collected else {
         return Ok(body_failed());
     };
-    let outcome = if released(head.status, &head.headers, config.store_server_errors) {
+    let outcome = if ticket.completed_with(head.status, &body) {
+        // Completed in the handler's own transaction: nothing left to store.
+        Ok(())
+    } else if released(head.status, &head.headers, config.store_server_errors) {
         config.store.release(&key, fence).await
     } else {
         match config.to_store(&key, &head, &body) {

@@ -145,6 +145,18 @@ impl<St> Config<St> {
                 ));
             }
         }
+        self.encode(key, head.status, &head.headers, body)
+    }
+
+    /// A full response as the layer stores it: headers it never stores left out, the body
+    /// left out past the size limit, compressed and sealed as configured.
+    pub(super) fn encode(
+        &self,
+        key: &RecordKey,
+        status: StatusCode,
+        headers: &http::HeaderMap,
+        body: &Bytes,
+    ) -> Result<StoredResponse, BoxError> {
         let (mut bytes, mut flags) = (body.clone(), 0);
         if body.len() > self.max_stored {
             (bytes, flags) = (Bytes::new(), flag::OMITTED);
@@ -164,8 +176,8 @@ impl<St> Config<St> {
             }
         }
         Ok(StoredResponse::encoded(
-            head.status,
-            &head.headers,
+            status,
+            headers,
             bytes,
             flags,
             &self.never_store,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use deadpool_postgres::Pool;
 use http::StatusCode;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::{
@@ -39,7 +39,17 @@ use crate::ConfigError;
 /// response then commit together or not at all. Without it, a crash between the commit and the
 /// completion leaves the record `PROCESSING`; after the lease, the retry runs the handler again
 /// and creates a second order. With it, the retry finds the completed record and replays it.
-/// The layer's own completion afterwards is then refused as stale, which is expected.
+/// The layer then does not complete the record again, provided the handler returns the answer
+/// it stored; if it returns another (its commit failed after the completion, say), the layer
+/// completes with that one, which the store refuses as stale if the handler's completion did
+/// commit: the stored answer is the one replayed.
+///
+/// # Round trips
+///
+/// A first request costs the layer one statement before the handler (`acquire`: it inserts
+/// the record), and one inside the handler's transaction (`complete_in`, sent typed: no
+/// statement to prepare on the handler's connection). A replay is one read that writes
+/// nothing: no row lock, no transaction id, no WAL.
 ///
 /// # Why tokio-postgres and deadpool
 ///
@@ -85,6 +95,8 @@ struct Sql {
     sweep: String,
     stuck: String,
     checkpoint: String,
+    checkpoint_in: String,
+    complete_in: String,
     checkpoints_held: String,
     mark_unknown: String,
     unknowns: String,
@@ -182,30 +194,49 @@ impl Sql {
                        t.checkpoint_names, t.checkpoint_values, t.evidence,
                        GREATEST(EXTRACT(EPOCH FROM (now() - t.acquired_at)), 0)::float8,
                        t.resource, t.result_code, t.body_flags";
-        Sql {
+        let mut sql = Sql {
             table: t.to_owned(),
+            checkpoint_in: String::new(),
+            complete_in: String::new(),
             // One round trip: the upsert, and beside it the record as the statement's snapshot
             // saw it (for the answer when the upsert changed nothing, and for what it took
             // over when it did).
+            // A replay must write nothing: no row lock, no transaction id, no WAL. So the
+            // record is read first (`seen`), the insert runs only when there is none, and the
+            // takeover updates only a record that `seen` found free, with the fence it saw
+            // (a concurrent takeover makes it update nothing). A completed record is read,
+            // and neither statement touches it.
             acquire: format!(
-                "WITH acquired AS (
-                     INSERT INTO {t} AS r
+                "WITH seen AS (
+                     SELECT * FROM {t} WHERE {pk}
+                 ),
+                 inserted AS (
+                     INSERT INTO {t}
                          (tenant, operation, key, digest, state, fence, lease_until, acquired_at)
-                     VALUES ($1, $2, $3, $4, {PROCESSING}, 1, now() + make_interval(secs => $5),
-                             now())
-                     ON CONFLICT (tenant, operation, key) DO UPDATE
-                     SET state = {PROCESSING}, fence = r.fence + 1, digest = EXCLUDED.digest,
-                         lease_until = EXCLUDED.lease_until, acquired_at = now(),
+                     SELECT $1::text, $2::text, $3::text, $4::bytea, {PROCESSING}, 1,
+                            now() + make_interval(secs => $5::float8), now()
+                     WHERE NOT EXISTS (SELECT 1 FROM seen)
+                     ON CONFLICT (tenant, operation, key) DO NOTHING
+                     RETURNING fence
+                 ),
+                 taken AS (
+                     UPDATE {t} AS r
+                     SET state = {PROCESSING}, fence = r.fence + 1, digest = $4,
+                         lease_until = now() + make_interval(secs => $5), acquired_at = now(),
                          expires_at = NULL, status = NULL,
                          header_names = NULL, header_values = NULL, body = NULL,
                          resource = NULL, result_code = NULL, body_flags = NULL
-                     WHERE r.state = {RELEASED}
-                        OR (r.state = {PROCESSING} AND r.lease_until <= now()
-                            AND r.digest = EXCLUDED.digest)
+                     FROM seen AS s
+                     WHERE r.tenant = $1 AND r.operation = $2 AND r.key = $3
+                       AND r.fence = s.fence
+                       AND (r.state = {RELEASED}
+                            OR (r.state = {PROCESSING} AND r.lease_until <= now()
+                                AND r.digest = $4))
                      RETURNING r.fence
                  )
-                 SELECT (SELECT fence FROM acquired), {columns}
-                 FROM (SELECT 1) AS one LEFT JOIN {t} AS t ON t.{pk_t}"
+                 SELECT COALESCE((SELECT fence FROM inserted), (SELECT fence FROM taken)),
+                        {columns}
+                 FROM (SELECT 1) AS one LEFT JOIN seen AS t ON true"
             ),
             read: format!("SELECT NULL::bigint, {columns} FROM {t} AS t WHERE t.{pk_t}"),
             complete: format!(
@@ -278,7 +309,11 @@ impl Sql {
                  ORDER BY COALESCE(acquired_at, lease_until)
                  LIMIT $2"
             ),
-        }
+        };
+        // The handler's transaction runs them typed, unprepared: `RETURNING` counts the rows.
+        sql.checkpoint_in = format!("{} RETURNING 1", sql.checkpoint);
+        sql.complete_in = format!("{} RETURNING 1", sql.complete);
+        sql
     }
 }
 
@@ -354,7 +389,9 @@ impl PostgresStore {
     }
 
     /// Completes the record of `ticket` with `response` inside the caller's transaction `txn`:
-    /// it commits with the caller's business writes, or rolls back with them.
+    /// it commits with the caller's business writes, or rolls back with them. The layer stores
+    /// it as it stores any answer (headers it never stores left out, size limit, compression,
+    /// seal), and does not complete the record again when the handler returns this answer.
     ///
     /// Takes a tokio-postgres transaction; a deadpool-postgres one dereferences to it
     /// (`store.complete_in(&txn, ...)`).
@@ -383,21 +420,25 @@ impl PostgresStore {
         ticket: &Ticket,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
+        let stored = ticket.encode(response).map_err(StoreError::backend)?;
         let key = ticket.record_key();
-        let (names, values) = header_arrays(response);
+        let (names, values) = header_arrays(&stored);
         let params = complete_params(
             key,
             ticket.fence(),
-            response,
+            &stored,
             &names,
             &values,
             ticket.retention(),
         );
-        let n = txn
-            .execute(&self.sql.complete, &params.refs())
+        // Typed: one round trip, no statement to prepare on the handler's connection.
+        let rows = txn
+            .query_typed(&self.sql.complete_in, &params.typed())
             .await
             .map_err(StoreError::backend)?;
-        one_record(n)
+        one_record(rows.len() as u64)?;
+        ticket.completed_in(response);
+        Ok(())
     }
 
     /// Records `checkpoint` on the record of `ticket` inside the caller's transaction `txn`: the
@@ -427,29 +468,49 @@ impl PostgresStore {
         checkpoint: &Checkpoint,
     ) -> Result<(), StoreError> {
         ticket.checkpointed();
-        let key = ticket.record_key();
-        let fence = ticket.fence().get() as i64;
-        let (tenant, operation, k) = (key.tenant(), key.operation(), key.key().as_str());
-        let params: [&(dyn ToSql + Sync); 6] = [
-            &tenant,
-            &operation,
-            &k,
-            &fence,
-            &checkpoint.name(),
-            &checkpoint.value(),
-        ];
-        let n = txn
-            .execute(&self.sql.checkpoint, &params)
+        let step = Step::new(ticket.record_key(), ticket.fence(), checkpoint);
+        let rows = txn
+            .query_typed(&self.sql.checkpoint_in, &step.typed())
             .await
             .map_err(StoreError::backend)?;
-        if n == 1 {
+        if rows.len() == 1 {
             return Ok(());
         }
         let held = txn
-            .query_opt(&self.sql.checkpoints_held, &params[..4])
+            .query_typed(&self.sql.checkpoints_held, &step.typed()[..4])
             .await
             .map_err(StoreError::backend)?;
-        full_or_stale(held)
+        full_or_stale(held.into_iter().next())
+    }
+
+    /// Runs a listing whose rows start with tenant, operation, key and fence; `rest` reads
+    /// the other columns.
+    async fn list<T>(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        rest: impl Fn(&Row, RecordKey, Fence) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let client = self.pool.get().await.map_err(StoreError::backend)?;
+        let rows = client
+            .query(sql, params)
+            .await
+            .map_err(StoreError::backend)?;
+        rows.iter()
+            .map(|row| {
+                let e = StoreError::backend;
+                let tenant: &str = row.try_get(0).map_err(e)?;
+                let operation: &str = row.try_get(1).map_err(e)?;
+                let key: &str = row.try_get(2).map_err(e)?;
+                let fence: i64 = row.try_get(3).map_err(e)?;
+                let key = IdempotencyKey::new(key).map_err(StoreError::backend)?;
+                rest(
+                    row,
+                    RecordKey::new(tenant, operation, key),
+                    Fence::new(fence as u64),
+                )
+            })
+            .collect()
     }
 
     /// Runs one of the updates that only the owner with the fence in `params` may make: stale
@@ -676,6 +737,25 @@ impl CompleteParams<'_> {
             &self.flags,
         ]
     }
+
+    fn typed(&self) -> [(&(dyn ToSql + Sync), Type); 12] {
+        let types = [
+            Type::TEXT,
+            Type::TEXT,
+            Type::TEXT,
+            Type::INT8,
+            Type::INT2,
+            Type::TEXT_ARRAY,
+            Type::BYTEA_ARRAY,
+            Type::BYTEA,
+            Type::FLOAT8,
+            Type::TEXT,
+            Type::TEXT,
+            Type::INT2,
+        ];
+        let mut refs = self.refs().into_iter();
+        types.map(|t| (refs.next().expect("twelve parameters"), t))
+    }
 }
 
 fn complete_params<'a>(
@@ -699,6 +779,52 @@ fn complete_params<'a>(
         resource: response.resource(),
         result_code: response.result_code(),
         flags: i16::from(response.flags()),
+    }
+}
+
+/// The six parameters of the `checkpoint` statement.
+struct Step<'a> {
+    tenant: &'a str,
+    operation: &'a str,
+    key: &'a str,
+    fence: i64,
+    name: &'a str,
+    value: &'a str,
+}
+
+impl<'a> Step<'a> {
+    fn new(key: &'a RecordKey, fence: Fence, checkpoint: &'a Checkpoint) -> Self {
+        Step {
+            tenant: key.tenant(),
+            operation: key.operation(),
+            key: key.key().as_str(),
+            fence: fence.get() as i64,
+            name: checkpoint.name(),
+            value: checkpoint.value(),
+        }
+    }
+
+    fn refs(&self) -> [&(dyn ToSql + Sync); 6] {
+        [
+            &self.tenant,
+            &self.operation,
+            &self.key,
+            &self.fence,
+            &self.name,
+            &self.value,
+        ]
+    }
+
+    fn typed(&self) -> [(&(dyn ToSql + Sync), Type); 6] {
+        let [t, o, k, f, n, v] = self.refs();
+        [
+            (t, Type::TEXT),
+            (o, Type::TEXT),
+            (k, Type::TEXT),
+            (f, Type::INT8),
+            (n, Type::TEXT),
+            (v, Type::TEXT),
+        ]
     }
 }
 
@@ -765,28 +891,16 @@ impl IdempotencyStore for PostgresStore {
         older_than: Duration,
         limit: usize,
     ) -> Result<Vec<StuckRecord>, StoreError> {
-        let client = self.pool.get().await.map_err(StoreError::backend)?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = client
-            .query(&self.sql.stuck, &[&secs(older_than), &limit])
-            .await
-            .map_err(StoreError::backend)?;
-        rows.iter()
-            .map(|row| {
-                let e = StoreError::backend;
-                let tenant: &str = row.try_get(0).map_err(e)?;
-                let operation: &str = row.try_get(1).map_err(e)?;
-                let key: &str = row.try_get(2).map_err(e)?;
-                let fence: i64 = row.try_get(3).map_err(e)?;
-                let age: f64 = row.try_get(4).map_err(e)?;
-                let key = IdempotencyKey::new(key).map_err(StoreError::backend)?;
-                Ok(StuckRecord::new(
-                    RecordKey::new(tenant, operation, key),
-                    Fence::new(fence as u64),
-                    Duration::try_from_secs_f64(age).unwrap_or(Duration::ZERO),
-                ))
-            })
-            .collect()
+        self.list(
+            &self.sql.stuck,
+            &[&secs(older_than), &limit],
+            |row, key, fence| {
+                let age: f64 = row.try_get(4).map_err(StoreError::backend)?;
+                Ok(StuckRecord::new(key, fence, duration(age)))
+            },
+        )
+        .await
     }
 
     async fn checkpoint(
@@ -795,30 +909,21 @@ impl IdempotencyStore for PostgresStore {
         fence: Fence,
         checkpoint: &Checkpoint,
     ) -> Result<(), StoreError> {
-        let fence = fence.get() as i64;
-        let (tenant, operation, k) = (key.tenant(), key.operation(), key.key().as_str());
-        let params: [&(dyn ToSql + Sync); 6] = [
-            &tenant,
-            &operation,
-            &k,
-            &fence,
-            &checkpoint.name(),
-            &checkpoint.value(),
-        ];
+        let step = Step::new(key, fence, checkpoint);
         let client = self.pool.get().await.map_err(StoreError::backend)?;
         let stmt = client
             .prepare_cached(&self.sql.checkpoint)
             .await
             .map_err(StoreError::backend)?;
         let n = client
-            .execute(&stmt, &params)
+            .execute(&stmt, &step.refs())
             .await
             .map_err(StoreError::backend)?;
         if n == 1 {
             return Ok(());
         }
         let held = client
-            .query_opt(&self.sql.checkpoints_held, &params[..4])
+            .query_opt(&self.sql.checkpoints_held, &step.refs()[..4])
             .await
             .map_err(StoreError::backend)?;
         full_or_stale(held)
@@ -842,32 +947,21 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn unknowns(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
-        let client = self.pool.get().await.map_err(StoreError::backend)?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = client
-            .query(&self.sql.unknowns, &[&limit])
-            .await
-            .map_err(StoreError::backend)?;
-        rows.iter()
-            .map(|row| {
-                let e = StoreError::backend;
-                let tenant: &str = row.try_get(0).map_err(e)?;
-                let operation: &str = row.try_get(1).map_err(e)?;
-                let key: &str = row.try_get(2).map_err(e)?;
-                let fence: i64 = row.try_get(3).map_err(e)?;
-                let evidence: String = row.try_get(4).map_err(e)?;
-                let steps = checkpoints(row.try_get(5).map_err(e)?, row.try_get(6).map_err(e)?)?;
-                let age: f64 = row.try_get(7).map_err(e)?;
-                let key = IdempotencyKey::new(key).map_err(StoreError::backend)?;
-                Ok(UnknownRecord::new(
-                    RecordKey::new(tenant, operation, key),
-                    Fence::new(fence as u64),
-                    evidence,
-                    steps,
-                    duration(age),
-                ))
-            })
-            .collect()
+        self.list(&self.sql.unknowns, &[&limit], |row, key, fence| {
+            let e = StoreError::backend;
+            let evidence: String = row.try_get(4).map_err(e)?;
+            let steps = checkpoints(row.try_get(5).map_err(e)?, row.try_get(6).map_err(e)?)?;
+            let age: f64 = row.try_get(7).map_err(e)?;
+            Ok(UnknownRecord::new(
+                key,
+                fence,
+                evidence,
+                steps,
+                duration(age),
+            ))
+        })
+        .await
     }
 
     async fn expired(
@@ -875,35 +969,19 @@ impl IdempotencyStore for PostgresStore {
         keep_expired_for: Duration,
         limit: usize,
     ) -> Result<Vec<ExpiredRecord>, StoreError> {
-        let client = self.pool.get().await.map_err(StoreError::backend)?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = client
-            .query(&self.sql.expired, &[&secs(keep_expired_for), &limit])
-            .await
-            .map_err(StoreError::backend)?;
-        rows.iter()
-            .map(|row| {
-                let e = StoreError::backend;
-                let tenant: &str = row.try_get(0).map_err(e)?;
-                let operation: &str = row.try_get(1).map_err(e)?;
-                let key: &str = row.try_get(2).map_err(e)?;
-                let fence: i64 = row.try_get(3).map_err(e)?;
-                let status: Option<i16> = row.try_get(4).map_err(e)?;
-                let resource: Option<String> = row.try_get(5).map_err(e)?;
-                let steps = checkpoints(row.try_get(6).map_err(e)?, row.try_get(7).map_err(e)?)?;
-                let key = IdempotencyKey::new(key).map_err(StoreError::backend)?;
-                let status = status
-                    .and_then(|s| u16::try_from(s).ok())
-                    .and_then(|s| StatusCode::from_u16(s).ok());
-                Ok(ExpiredRecord::new(
-                    RecordKey::new(tenant, operation, key),
-                    Fence::new(fence as u64),
-                    status,
-                    resource,
-                    steps,
-                ))
-            })
-            .collect()
+        let params: [&(dyn ToSql + Sync); 2] = [&secs(keep_expired_for), &limit];
+        self.list(&self.sql.expired, &params, |row, key, fence| {
+            let e = StoreError::backend;
+            let status: Option<i16> = row.try_get(4).map_err(e)?;
+            let resource: Option<String> = row.try_get(5).map_err(e)?;
+            let steps = checkpoints(row.try_get(6).map_err(e)?, row.try_get(7).map_err(e)?)?;
+            let status = status
+                .and_then(|s| u16::try_from(s).ok())
+                .and_then(|s| StatusCode::from_u16(s).ok());
+            Ok(ExpiredRecord::new(key, fence, status, resource, steps))
+        })
+        .await
     }
 
     async fn forget(&self, records: &[ExpiredRecord]) -> Result<u64, StoreError> {

@@ -14,7 +14,8 @@ use std::time::Duration;
 use http::StatusCode;
 use surely::server::idempotency::{IdempotencyLayer, Ticket};
 use surely::server::store::{
-    Acquire, Fence, IdempotencyStore, PostgresStore, RequestDigest, StoredResponse,
+    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, PostgresStore, RecordKey,
+    RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use tokio::sync::Notify;
 use tower::{service_fn, Layer};
@@ -559,5 +560,187 @@ async fn pg_the_archive_sees_records_before_the_sweep() {
         tokio::time::sleep,
     )
     .await;
+    db.drop_tables().await;
+}
+
+/// The PostgreSQL store, counting the completions the layer asks of it.
+#[derive(Clone)]
+struct CountingCompletions {
+    inner: PostgresStore,
+    completions: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl IdempotencyStore for CountingCompletions {
+    fn acquire(
+        &self,
+        key: &RecordKey,
+        digest: &RequestDigest,
+        lease: Duration,
+    ) -> impl std::future::Future<Output = Result<Acquire, StoreError>> + Send {
+        self.inner.acquire(key, digest, lease)
+    }
+
+    fn complete(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.completions
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.complete(key, fence, response, retention)
+    }
+
+    fn release(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.inner.release(key, fence)
+    }
+
+    fn renew(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        lease: Duration,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.inner.renew(key, fence, lease)
+    }
+
+    fn sweep(
+        &self,
+        keep: Duration,
+    ) -> impl std::future::Future<Output = Result<u64, StoreError>> + Send {
+        self.inner.sweep(keep)
+    }
+
+    fn stuck(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> impl std::future::Future<Output = Result<Vec<StuckRecord>, StoreError>> + Send {
+        self.inner.stuck(older_than, limit)
+    }
+
+    fn checkpoint(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        checkpoint: &Checkpoint,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.inner.checkpoint(key, fence, checkpoint)
+    }
+
+    fn mark_unknown(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        evidence: &str,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.inner.mark_unknown(key, fence, evidence)
+    }
+
+    fn unknowns(
+        &self,
+        limit: usize,
+    ) -> impl std::future::Future<Output = Result<Vec<UnknownRecord>, StoreError>> + Send {
+        self.inner.unknowns(limit)
+    }
+
+    fn expired(
+        &self,
+        keep: Duration,
+        limit: usize,
+    ) -> impl std::future::Future<Output = Result<Vec<ExpiredRecord>, StoreError>> + Send {
+        self.inner.expired(keep, limit)
+    }
+
+    fn forget(
+        &self,
+        records: &[ExpiredRecord],
+    ) -> impl std::future::Future<Output = Result<u64, StoreError>> + Send {
+        self.inner.forget(records)
+    }
+}
+
+/// A handler that completes its record in its transaction with the answer it returns: the
+/// layer does not complete it again. One that stores another answer than it returns: the
+/// layer does (refused as stale), and the stored one is what duplicates get. A replay locks
+/// nothing: the row's `xmax` stays 0.
+#[tokio::test]
+async fn pg_the_handlers_completion_is_the_only_one_and_a_replay_writes_nothing() {
+    let db = store("pg_the_handlers_completion_is_the_only_one").await;
+    let counting = CountingCompletions {
+        inner: db.store.clone(),
+        completions: Arc::default(),
+    };
+    let pg = db.store.clone();
+    let app = service_fn(move |req: Req| {
+        let pg = pg.clone();
+        async move {
+            let ticket = req.extensions().get::<Ticket>().cloned().unwrap();
+            let restated = req.headers().contains_key("x-restate-otherwise");
+            let mut client = pg.pool().get().await.unwrap();
+            let txn = client.transaction().await.unwrap();
+            let stored = if restated { "stored" } else { "returned" };
+            let stored = StoredResponse::new(
+                StatusCode::CREATED,
+                &http::HeaderMap::new(),
+                bytes::Bytes::from(stored),
+            );
+            pg.complete_in(&txn, &ticket, &stored).await.unwrap();
+            txn.commit().await.unwrap();
+            Ok::<_, Infallible>(reply(201, "returned"))
+        }
+    });
+    let mut svc = IdempotencyLayer::new(counting.clone()).layer(app);
+    let completions = || {
+        counting
+            .completions
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+
+    let got = send(&mut svc, post(Some("k-same"), "o")).await;
+    assert_eq!(
+        (got.status, got.body.as_ref()),
+        (StatusCode::CREATED, &b"returned"[..])
+    );
+    assert_eq!(
+        completions(),
+        0,
+        "completed once, in the handler's transaction"
+    );
+    for _ in 0..5 {
+        let got = send(&mut svc, post(Some("k-same"), "o")).await;
+        assert!(got.replayed());
+        assert_eq!(got.body, "returned");
+    }
+    let client = db.store.pool().get().await.unwrap();
+    let xmax: i64 = client
+        .query_one(
+            &format!(
+                "SELECT xmax::text::bigint FROM {} WHERE key = 'k-same'",
+                db.table
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(xmax, 0, "no replay locked the row");
+
+    let mut restating = post(Some("k-other"), "o");
+    restating
+        .headers_mut()
+        .insert("x-restate-otherwise", "1".parse().unwrap());
+    let got = send(&mut svc, restating).await;
+    assert_eq!(got.body, "returned");
+    assert_eq!(completions(), 1, "the layer tried, and was refused");
+    let got = send(&mut svc, post(Some("k-other"), "o")).await;
+    assert!(got.replayed());
+    assert_eq!(got.body, "stored", "the stored answer is the one replayed");
+    drop(client);
     db.drop_tables().await;
 }
