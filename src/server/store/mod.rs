@@ -81,9 +81,9 @@ pub use self::checkpoint::{Checkpoint, InvalidCheckpoint, UnknownRecord};
 
 pub use self::memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use self::postgres::PostgresStore;
-#[cfg(feature = "postgres")]
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
+#[cfg(feature = "postgres")]
+pub use self::postgres::{HandlerTransaction, PostgresStore};
 /// The PostgreSQL pool and driver that [`PostgresStore`] is built on, re-exported so that a
 /// handler uses the same versions.
 #[cfg(feature = "postgres")]

@@ -44,12 +44,21 @@ use crate::ConfigError;
 /// completes with that one, which the store refuses as stale if the handler's completion did
 /// commit: the stored answer is the one replayed.
 ///
-/// # Round trips
+/// # Round trips and commits
 ///
 /// A first request costs the layer one statement before the handler (`acquire`: it inserts
-/// the record), and one inside the handler's transaction (`complete_in`, sent typed: no
-/// statement to prepare on the handler's connection). A replay is one read that writes
-/// nothing: no row lock, no transaction id, no WAL.
+/// the record), and one inside the handler's transaction (`complete_in`: prepared once per
+/// connection on a deadpool-postgres transaction, sent typed in one round trip on a
+/// tokio-postgres one). A replay is one read that writes nothing: no row lock, no transaction
+/// id, no WAL.
+///
+/// The acquire commits without waiting for its WAL to reach the disk
+/// (`synchronous_commit = off` for that one statement): it is visible to every other request at
+/// once, and it is on disk no later than anything that depends on it, since whatever comes
+/// after it in the log and is flushed flushes it too (the handler's commit with its
+/// `complete_in`, a checkpoint, the layer's completion). Should the database crash before
+/// then, the record is lost with the handler's uncommitted work, and the next request runs as
+/// the first: the same as a takeover of a record without checkpoints, a lease later.
 ///
 /// # Why tokio-postgres and deadpool
 ///
@@ -236,7 +245,8 @@ impl Sql {
                  )
                  SELECT COALESCE((SELECT fence FROM inserted), (SELECT fence FROM taken)),
                         {columns}
-                 FROM (SELECT 1) AS one LEFT JOIN seen AS t ON true"
+                 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS one
+                 LEFT JOIN seen AS t ON true"
             ),
             read: format!("SELECT NULL::bigint, {columns} FROM {t} AS t WHERE t.{pk_t}"),
             complete: format!(
@@ -393,8 +403,9 @@ impl PostgresStore {
     /// it as it stores any answer (headers it never stores left out, size limit, compression,
     /// seal), and does not complete the record again when the handler returns this answer.
     ///
-    /// Takes a tokio-postgres transaction; a deadpool-postgres one dereferences to it
-    /// (`store.complete_in(&txn, ...)`).
+    /// Takes a deadpool-postgres transaction (its statement is then prepared once per
+    /// connection) or a tokio-postgres one (sent typed, unprepared): see
+    /// [`HandlerTransaction`].
     ///
     /// ```no_run
     /// # async fn handler(store: surely::server::store::PostgresStore,
@@ -416,7 +427,7 @@ impl PostgresStore {
     /// took over: roll back), or the statement failed.
     pub async fn complete_in(
         &self,
-        txn: &tokio_postgres::Transaction<'_>,
+        txn: &impl HandlerTransaction,
         ticket: &Ticket,
         response: &StoredResponse,
     ) -> Result<(), StoreError> {
@@ -431,9 +442,7 @@ impl PostgresStore {
             &values,
             ticket.retention(),
         );
-        // Typed: one round trip, no statement to prepare on the handler's connection.
-        let rows = txn
-            .query_typed(&self.sql.complete_in, &params.typed())
+        let rows = sealed::Sealed::run(txn, &self.sql.complete_in, &params.typed())
             .await
             .map_err(StoreError::backend)?;
         one_record(rows.len() as u64)?;
@@ -463,21 +472,19 @@ impl PostgresStore {
     /// As for [`IdempotencyStore::checkpoint`].
     pub async fn checkpoint_in(
         &self,
-        txn: &tokio_postgres::Transaction<'_>,
+        txn: &impl HandlerTransaction,
         ticket: &Ticket,
         checkpoint: &Checkpoint,
     ) -> Result<(), StoreError> {
         ticket.checkpointed();
         let step = Step::new(ticket.record_key(), ticket.fence(), checkpoint);
-        let rows = txn
-            .query_typed(&self.sql.checkpoint_in, &step.typed())
+        let rows = sealed::Sealed::run(txn, &self.sql.checkpoint_in, &step.typed())
             .await
             .map_err(StoreError::backend)?;
         if rows.len() == 1 {
             return Ok(());
         }
-        let held = txn
-            .query_typed(&self.sql.checkpoints_held, &step.typed()[..4])
+        let held = sealed::Sealed::run(txn, &self.sql.checkpoints_held, &step.typed()[..4])
             .await
             .map_err(StoreError::backend)?;
         full_or_stale(held.into_iter().next())
@@ -825,6 +832,58 @@ impl<'a> Step<'a> {
             (n, Type::TEXT),
             (v, Type::TEXT),
         ]
+    }
+}
+
+/// A transaction that a handler's completion or checkpoint joins
+/// ([`PostgresStore::complete_in`], [`PostgresStore::checkpoint_in`]): deadpool-postgres's,
+/// whose connection's statement cache the store then uses (the statement is prepared once per
+/// connection), or tokio-postgres's, to which the store sends its statement typed, unprepared,
+/// in one round trip. Sealed: implemented for those two only.
+pub trait HandlerTransaction: sealed::Sealed {}
+
+impl HandlerTransaction for tokio_postgres::Transaction<'_> {}
+impl HandlerTransaction for deadpool_postgres::Transaction<'_> {}
+
+mod sealed {
+    use std::future::Future;
+
+    use tokio_postgres::types::{ToSql, Type};
+    use tokio_postgres::Row;
+
+    /// What the store does with a handler's transaction; not nameable outside the crate.
+    pub trait Sealed: Sync {
+        fn run<'a>(
+            &'a self,
+            sql: &'a str,
+            params: &'a [(&'a (dyn ToSql + Sync), Type)],
+        ) -> impl Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + Send + 'a;
+    }
+
+    impl Sealed for tokio_postgres::Transaction<'_> {
+        fn run<'a>(
+            &'a self,
+            sql: &'a str,
+            params: &'a [(&'a (dyn ToSql + Sync), Type)],
+        ) -> impl Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + Send + 'a {
+            // Typed: one round trip, nothing prepared on the connection.
+            self.query_typed(sql, params)
+        }
+    }
+
+    impl Sealed for deadpool_postgres::Transaction<'_> {
+        fn run<'a>(
+            &'a self,
+            sql: &'a str,
+            params: &'a [(&'a (dyn ToSql + Sync), Type)],
+        ) -> impl Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + Send + 'a {
+            async move {
+                // Prepared once per connection, in its statement cache.
+                let stmt = self.prepare_cached(sql).await?;
+                let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+                self.query(&stmt, &values).await
+            }
+        }
     }
 }
 

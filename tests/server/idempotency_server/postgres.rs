@@ -690,7 +690,16 @@ async fn pg_the_handlers_completion_is_the_only_one_and_a_replay_writes_nothing(
                 &http::HeaderMap::new(),
                 bytes::Bytes::from(stored),
             );
-            pg.complete_in(&txn, &ticket, &stored).await.unwrap();
+            let step = Checkpoint::new("order", "o-1").unwrap();
+            if restated {
+                // tokio-postgres's own transaction: the statements go typed, unprepared.
+                let plain: &tokio_postgres::Transaction<'_> = &txn;
+                pg.checkpoint_in(plain, &ticket, &step).await.unwrap();
+                pg.complete_in(plain, &ticket, &stored).await.unwrap();
+            } else {
+                pg.checkpoint_in(&txn, &ticket, &step).await.unwrap();
+                pg.complete_in(&txn, &ticket, &stored).await.unwrap();
+            }
             txn.commit().await.unwrap();
             Ok::<_, Infallible>(reply(201, "returned"))
         }
@@ -730,6 +739,18 @@ async fn pg_the_handlers_completion_is_the_only_one_and_a_replay_writes_nothing(
         .unwrap()
         .get(0);
     assert_eq!(xmax, 0, "no replay locked the row");
+    let steps: Vec<String> = client
+        .query_one(
+            &format!(
+                "SELECT checkpoint_names FROM {} WHERE key = 'k-same'",
+                db.table
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(steps, ["order"], "recorded in the handler's transaction");
 
     let mut restating = post(Some("k-other"), "o");
     restating
@@ -741,6 +762,18 @@ async fn pg_the_handlers_completion_is_the_only_one_and_a_replay_writes_nothing(
     let got = send(&mut svc, post(Some("k-other"), "o")).await;
     assert!(got.replayed());
     assert_eq!(got.body, "stored", "the stored answer is the one replayed");
+    let steps: Vec<String> = client
+        .query_one(
+            &format!(
+                "SELECT checkpoint_names FROM {} WHERE key = 'k-other'",
+                db.table
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(steps, ["order"]);
     drop(client);
     db.drop_tables().await;
 }
