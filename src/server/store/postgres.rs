@@ -872,17 +872,15 @@ mod sealed {
     }
 
     impl Sealed for deadpool_postgres::Transaction<'_> {
-        fn run<'a>(
+        async fn run<'a>(
             &'a self,
             sql: &'a str,
             params: &'a [(&'a (dyn ToSql + Sync), Type)],
-        ) -> impl Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + Send + 'a {
-            async move {
-                // Prepared once per connection, in its statement cache.
-                let stmt = self.prepare_cached(sql).await?;
-                let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-                self.query(&stmt, &values).await
-            }
+        ) -> Result<Vec<Row>, tokio_postgres::Error> {
+            // Prepared once per connection, in its statement cache.
+            let stmt = self.prepare_cached(sql).await?;
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+            self.query(&stmt, &values).await
         }
     }
 }
