@@ -24,9 +24,9 @@
 //! 3. **pay-3**, A dies after the charge; B has no hook. The record has a checkpoint, so it is
 //!    not run again: it becomes `UNKNOWN`, and B answers `202` with `idempotency-error:
 //!    IDEMPOTENCY_OUTCOME_UNKNOWN`, which the client reads as maybe committed and not to be
-//!    retried: the call ends unknown. `settle_unknowns` asks the channel through a resolver,
-//!    completes the record, and the client's next request with the key gets the replayed
-//!    `201`.
+//!    retried: the call ends unknown. The ledger's reconciler (`Reconciler::settle_server`) asks
+//!    the channel through its resolver, completes the record, and the client's next request
+//!    with the key gets the replayed `201`.
 //!
 //! Every act prints its steps; the run ends with one line per invariant (one charge per key,
 //! no blind rerun after a takeover, every unknown settled or in the manual queue), then
@@ -65,6 +65,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use surely::headers::{IDEMPOTENCY_ERROR, IDEMPOTENCY_KEY, NOT_PROCESSED};
+use surely::ledger::{MemoryLedger, Reconciler};
 use surely::record::{
     BusinessKey, InMemoryRecorder, RecoveryVerdict, ServerEvent, ServerEventKind, WatchedBody,
 };
@@ -851,9 +852,12 @@ where
                 }
             }
         };
-        let round = self
-            .rt
-            .block_on(layer.settle_unknowns(&resolver, QUERY_TIMEOUT, 100))?;
+        // The ledger's reconciler (the one that works down the client's unknown calls) works
+        // down the server's unknown records too, with the same Resolve hook.
+        let reconciler = Reconciler::builder(MemoryLedger::new(), resolver)
+            .query_timeout(QUERY_TIMEOUT)
+            .build()?;
+        let round = self.rt.block_on(reconciler.settle_server(&layer))?;
         println!("  settle     {round}");
         self.checks.check(
             round.seen == 1 && round.completed == 1,

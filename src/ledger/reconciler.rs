@@ -475,3 +475,50 @@ impl<L, R, Res> fmt::Debug for ReconcilerBuilder<L, R, Res> {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(feature = "server")]
+impl<L, R> Reconciler<L, R, http::Response<bytes::Bytes>>
+where
+    L: Ledger,
+    R: Resolve<http::Response<bytes::Bytes>>,
+{
+    /// Settles a server's `UNKNOWN` idempotency records with this reconciler's resolver, its
+    /// query timeout and its batch size: the unknowns of both halves worked down by one
+    /// reconciler and one [`Resolve`] hook. What the resolver finds is stored on the record
+    /// and replayed to the client's next request (or, when the work did not happen, the record
+    /// is released and that request runs it); see
+    /// [`IdempotencyLayer::settle_unknowns`](crate::server::idempotency::IdempotencyLayer::settle_unknowns).
+    /// A record the resolver cannot settle stays `UNKNOWN`, listed by
+    /// [`IdempotencyStore::unknowns`](crate::server::store::IdempotencyStore::unknowns), for the
+    /// next round or a person. Call it beside [`run_once`](Self::run_once), on the same
+    /// schedule.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use surely::ledger::{MemoryLedger, Reconciler};
+    /// use surely::retry::{Query, Resolution};
+    /// use surely::server::idempotency::IdempotencyLayer;
+    /// use surely::server::store::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = IdempotencyLayer::new(MemoryStore::new());
+    /// let ask = |_q: Query| async { Resolution::<http::Response<Bytes>>::Unknown };
+    /// let reconciler = Reconciler::builder(MemoryLedger::new(), ask).build().unwrap();
+    /// let round = reconciler.settle_server(&layer).await.unwrap();
+    /// assert_eq!(round.seen, 0);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The idempotency store failed.
+    pub async fn settle_server<St: crate::server::store::IdempotencyStore>(
+        &self,
+        layer: &crate::server::idempotency::IdempotencyLayer<St>,
+    ) -> Result<crate::server::idempotency::SettleRound, crate::server::store::StoreError> {
+        layer
+            .settle_unknowns(&self.resolver, self.config.query_timeout, self.config.batch)
+            .await
+    }
+}

@@ -21,6 +21,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use surely::classify::{AttemptClass, HttpRequestClassifier, OutcomeTally};
+use surely::ledger::{MemoryLedger, Reconciler};
 use surely::pushback::Pushback;
 use surely::record::{InMemoryRecorder, RecoveryVerdict, ServerEventKind};
 use surely::retry::{Query, Resolution};
@@ -273,7 +274,7 @@ pub(crate) fn an_owner_dies_after_its_checkpoint<St>(
                 assert_eq!(unknowns[0].fence, Fence::new(2));
                 assert!(unknowns[0].evidence.contains("charge"), "{unknowns:?}");
 
-                // The reconciler asks the channel through the Resolve hook.
+                // The channel, asked through the Resolve hook.
                 let resolver = |q: Query| {
                     let channel = channel.clone();
                     async move {
@@ -288,10 +289,11 @@ pub(crate) fn an_owner_dies_after_its_checkpoint<St>(
                         }
                     }
                 };
-                let round = layer
-                    .settle_unknowns(&resolver, Duration::from_secs(1), 10)
-                    .await
+                // The ledger's reconciler works the server's unknowns down with its resolver.
+                let reconciler = Reconciler::builder(MemoryLedger::new(), resolver)
+                    .build()
                     .unwrap();
+                let round = reconciler.settle_server(&layer).await.unwrap();
                 match death {
                     Death::AfterCharge => {
                         assert_eq!((round.seen, round.completed), (1, 1), "{round}");
@@ -310,10 +312,7 @@ pub(crate) fn an_owner_dies_after_its_checkpoint<St>(
                 }
                 assert!(layer.store().unknowns(10).await.unwrap().is_empty());
                 // Settled once: a second round finds nothing.
-                let again = layer
-                    .settle_unknowns(&resolver, Duration::from_secs(1), 10)
-                    .await
-                    .unwrap();
+                let again = reconciler.settle_server(&layer).await.unwrap();
                 assert_eq!(again.seen, 0);
             }
         }
