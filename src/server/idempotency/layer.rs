@@ -600,8 +600,11 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// [`settle_unknowns`](IdempotencyLayer::settle_unknowns). See
     /// [`docs::server_states`](crate::docs::server_states).
     ///
-    /// The hook runs in the request's task, within its deadline: give its queries a timeout of
-    /// their own, and answer [`Recovery::Unknown`] when they fail.
+    /// The hook runs in the request's task, within its deadline and the new owner's lease:
+    /// give its queries a timeout of their own (well under the lease), and answer
+    /// [`Recovery::Unknown`] when they fail. A hook slower than the lease lets the next request
+    /// take the record over again and ask again; the slower one's decision is then refused as
+    /// stale.
     ///
     /// ```
     /// use bytes::Bytes;

@@ -89,8 +89,17 @@ pub(super) type RecoverFn =
 /// boundary.
 const MAX_EVIDENCE_BYTES: usize = 2048;
 
-/// `evidence`, cut to [`MAX_EVIDENCE_BYTES`].
-pub(super) fn bounded(mut evidence: String) -> String {
+/// `evidence`, cut to [`MAX_EVIDENCE_BYTES`], control characters (a NUL, which PostgreSQL's
+/// text refuses, among them) made spaces.
+pub(super) fn bounded(evidence: String) -> String {
+    let mut evidence = if evidence.contains(char::is_control) {
+        evidence
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect()
+    } else {
+        evidence
+    };
     if evidence.len() > MAX_EVIDENCE_BYTES {
         let mut end = MAX_EVIDENCE_BYTES;
         while !evidence.is_char_boundary(end) {
@@ -205,4 +214,18 @@ where
         }
     }
     Ok(round)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evidence_is_bounded_and_has_no_control_characters() {
+        assert_eq!(bounded("a\u{0}b\nc".to_owned()), "a b c");
+        let long = "é".repeat(2000);
+        let cut = bounded(long);
+        assert!(cut.len() <= MAX_EVIDENCE_BYTES);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
 }
