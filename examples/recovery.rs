@@ -53,6 +53,10 @@
 //! (`--postgres URL --nats URL` on the command line do the same as the variables.) A URL that
 //! does not answer ends the run with an error; there is no fallback to memory.
 
+#[path = "support/checks.rs"]
+mod checks;
+use checks::Checks;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::future::Future;
@@ -1151,27 +1155,6 @@ fn print_answer(who: &str, answer: &Answer) {
     }
 }
 
-/// The failed checks, and the invariants' lines.
-#[derive(Default)]
-struct Checks {
-    failed: Vec<String>,
-}
-
-impl Checks {
-    fn check(&mut self, ok: bool, what: impl Into<String>) {
-        if !ok {
-            self.failed.push(what.into());
-        }
-    }
-
-    /// An invariant: printed, and counted if it fails.
-    fn invariant(&mut self, ok: bool, what: impl Into<String>) {
-        let what = what.into();
-        println!("  {} {what}", if ok { "holds " } else { "FAILED" });
-        self.check(ok, what);
-    }
-}
-
 // ----- the story -------------------------------------------------------------------------------------
 
 /// Everything the steps share.
@@ -1890,19 +1873,7 @@ async fn story<W: World>(world: Arc<W>) -> Result<bool, BoxError> {
         ms(started.elapsed())
     );
     chain.invariants().await?;
-    if chain.checks.failed.is_empty() {
-        println!("invariants: ok");
-        Ok(true)
-    } else {
-        for f in &chain.checks.failed {
-            println!("failed: {f}");
-        }
-        println!(
-            "invariants: FAILED ({} check(s))",
-            chain.checks.failed.len()
-        );
-        Ok(false)
-    }
+    Ok(chain.checks.verdict())
 }
 
 // ----- the modes -----------------------------------------------------------------------------------

@@ -47,6 +47,10 @@
 //! (`--postgres URL` on the command line does the same as the variable.) A URL that does not
 //! answer ends the run with an error; there is no fallback to memory.
 
+#[path = "support/checks.rs"]
+mod checks;
+use checks::Checks;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -559,27 +563,6 @@ fn fmt_event(kind: &ServerEventKind) -> String {
     }
 }
 
-/// The checks that failed, and the invariants' lines.
-#[derive(Default)]
-struct Checks {
-    failed: Vec<String>,
-}
-
-impl Checks {
-    fn check(&mut self, ok: bool, what: impl Into<String>) {
-        if !ok {
-            self.failed.push(what.into());
-        }
-    }
-
-    /// An invariant: printed, and counted if it fails.
-    fn invariant(&mut self, ok: bool, what: impl Into<String>) {
-        let what = what.into();
-        println!("  {} {what}", if ok { "holds " } else { "FAILED" });
-        self.check(ok, what);
-    }
-}
-
 // ----- the story ---------------------------------------------------------------------------------
 
 /// Everything the acts share. `make` makes a store handle for the runtime it is called on (a
@@ -1055,19 +1038,7 @@ where
         ms(started.elapsed())
     );
     story.invariants();
-    if story.checks.failed.is_empty() {
-        println!("invariants: ok");
-        Ok(true)
-    } else {
-        for f in &story.checks.failed {
-            println!("failed: {f}");
-        }
-        println!(
-            "invariants: FAILED ({} check(s))",
-            story.checks.failed.len()
-        );
-        Ok(false)
-    }
+    Ok(story.checks.verdict())
 }
 
 // ----- the modes -----------------------------------------------------------------------------------

@@ -246,7 +246,7 @@ struct TicketInner {
     /// What the handler stored itself, in its transaction
     /// ([`PostgresStore::complete_in`](super::store::PostgresStore::complete_in)): its status
     /// and body, to tell whether the layer need not complete the record again.
-    completed_in: std::sync::Mutex<Option<(http::StatusCode, bytes::Bytes)>>,
+    completed_in: std::sync::OnceLock<(http::StatusCode, bytes::Bytes)>,
 }
 
 /// What a ticket asks of the layer and its store, behind a pointer: the ticket does not name
@@ -284,7 +284,7 @@ impl Ticket {
             previous,
             checkpointed: AtomicBool::new(false),
             store,
-            completed_in: std::sync::Mutex::new(None),
+            completed_in: std::sync::OnceLock::new(),
         }))
     }
 
@@ -343,12 +343,11 @@ impl Ticket {
 
     /// Notes that the handler completed the record with `plain` in its own transaction.
     pub(crate) fn completed_in(&self, plain: &StoredResponse) {
-        let mut done = self
+        // A second completion in the same record would be refused as stale: the first stands.
+        let _ = self
             .0
             .completed_in
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        *done = Some((plain.status(), plain.body().clone()));
+            .set((plain.status(), plain.body().clone()));
     }
 
     /// Whether the handler completed the record itself with this very answer: then the layer
@@ -356,12 +355,7 @@ impl Ticket {
     /// completion, say) leaves the completion to the layer, whose update the store refuses if
     /// the handler's did commit.
     pub(super) fn completed_with(&self, status: http::StatusCode, body: &bytes::Bytes) -> bool {
-        let done = self
-            .0
-            .completed_in
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        match &*done {
+        match self.0.completed_in.get() {
             Some((s, b)) if *s == status && b == body => true,
             Some(_) => {
                 tracing::warn!(

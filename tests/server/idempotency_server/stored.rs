@@ -432,3 +432,88 @@ fn bad_storage_settings_are_errors() {
         "invalid idempotency compression threshold: must be greater than zero"
     );
 }
+
+/// A seal that cannot seal.
+struct Broken;
+
+impl Seal for Broken {
+    fn seal(&self, _: &RecordKey, _: &[u8]) -> Result<Vec<u8>, BoxError> {
+        Err("the key store is down".into())
+    }
+
+    fn open(&self, _: &RecordKey, _: &[u8]) -> Result<Vec<u8>, BoxError> {
+        Err("the key store is down".into())
+    }
+}
+
+/// What cannot be stored or read back fails plainly: a seal that fails leaves the answer
+/// unstored (the client still gets it; the key stays in flight until its lease); a stored form
+/// this server cannot read (bits it does not know, a reference without a rebuild hook) answers
+/// `500` with its code, never the stored bytes.
+#[tokio::test(start_paused = true)]
+async fn what_cannot_be_stored_or_read_back_fails_plainly() {
+    use surely::record::{InMemoryRecorder, ServerEventKind};
+
+    let store = MemoryStore::new();
+    let events = InMemoryRecorder::new();
+    let svc = IdempotencyLayer::builder(store.clone())
+        .seal(Broken)
+        .recorder(events.clone())
+        .build()
+        .unwrap()
+        .layer(answering(Bytes::from(SECRET)));
+    let first = svc.clone().oneshot(post("k-unsealed")).await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert_eq!(body(first).await, SECRET);
+    let kinds: Vec<_> = events.server_events().iter().map(|e| e.kind).collect();
+    assert!(
+        matches!(kinds[..], [ServerEventKind::NotStored { .. }]),
+        "{kinds:?}"
+    );
+    let again = svc.clone().oneshot(post("k-unsealed")).await.unwrap();
+    assert_eq!(
+        again.status(),
+        StatusCode::CONFLICT,
+        "not stored: still in flight"
+    );
+
+    // Stored with bits this version does not know, and as a reference with no rebuild hook.
+    let digest = RequestDigest::of(b"o");
+    let lease = Duration::from_secs(30);
+    for (key, stored) in [
+        (
+            "k-future",
+            surely::server::store::StoredResponse::new(
+                StatusCode::CREATED,
+                &http::HeaderMap::new(),
+                Bytes::from_static(b"?"),
+            )
+            .with_flags(0x80),
+        ),
+        (
+            "k-reference",
+            surely::server::store::StoredResponse::reference(
+                StatusCode::CREATED,
+                "payments/p-1",
+                "charged",
+            ),
+        ),
+    ] {
+        let Acquire::Owner(fence) = store.acquire(&record(key), &digest, lease).await.unwrap()
+        else {
+            panic!("not the owner");
+        };
+        store
+            .complete(&record(key), fence, &stored, lease)
+            .await
+            .unwrap();
+        let plain = IdempotencyLayer::new(store.clone()).layer(answering(Bytes::new()));
+        let res = plain.oneshot(post(key)).await.unwrap();
+        assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR, "{key}");
+        assert_eq!(
+            res.headers()["idempotency-error"],
+            "IDEMPOTENCY_REPLAY_FAILED",
+            "{key}"
+        );
+    }
+}

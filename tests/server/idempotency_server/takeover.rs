@@ -324,52 +324,36 @@ pub(crate) fn an_owner_dies_after_its_checkpoint<St>(
     });
 }
 
-#[test]
-fn memory_the_hook_finds_the_charge_and_the_answer_is_replayed() {
+/// The story on one memory store shared by both instances, on paused clocks.
+fn on_memory(death: Death, with_hook: bool) {
     let store = MemoryStore::new();
     an_owner_dies_after_its_checkpoint(
         || store.clone(),
         Duration::from_secs(30),
         true,
-        Death::AfterCharge,
-        true,
+        death,
+        with_hook,
     );
+}
+
+#[test]
+fn memory_the_hook_finds_the_charge_and_the_answer_is_replayed() {
+    on_memory(Death::AfterCharge, true);
 }
 
 #[test]
 fn memory_the_hook_resumes_a_step_that_never_reached_the_channel() {
-    let store = MemoryStore::new();
-    an_owner_dies_after_its_checkpoint(
-        || store.clone(),
-        Duration::from_secs(30),
-        true,
-        Death::BeforeCharge,
-        true,
-    );
+    on_memory(Death::BeforeCharge, true);
 }
 
 #[test]
 fn memory_without_a_hook_the_record_is_unknown_then_settled_and_replayed() {
-    let store = MemoryStore::new();
-    an_owner_dies_after_its_checkpoint(
-        || store.clone(),
-        Duration::from_secs(30),
-        true,
-        Death::AfterCharge,
-        false,
-    );
+    on_memory(Death::AfterCharge, false);
 }
 
 #[test]
 fn memory_without_a_hook_an_unknown_found_not_charged_is_released_and_runs() {
-    let store = MemoryStore::new();
-    an_owner_dies_after_its_checkpoint(
-        || store.clone(),
-        Duration::from_secs(30),
-        true,
-        Death::BeforeCharge,
-        false,
-    );
+    on_memory(Death::BeforeCharge, false);
 }
 
 /// The store's side: checkpoints are fenced, kept across a takeover, dropped on release, and
