@@ -459,6 +459,17 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         self
     }
 
+    /// Writes the intent of every call that is not safe to `journal` before the call's first
+    /// attempt: a process killed mid-call still leaves its question for a reconciler. With a
+    /// [`LedgerRecorder`](crate::ledger::LedgerRecorder) as both the recorder and the journal, a
+    /// call that ends unknown is one ledger entry. See [`journal`](crate::journal) and
+    /// [`RetryLayerBuilder::journal`], and for the whole story
+    /// [`docs::unknowns`](crate::docs::unknowns#a-client-that-dies-mid-call).
+    pub fn journal(mut self, journal: impl crate::journal::IntentJournal) -> Self {
+        self.retry = self.retry.journal(journal);
+        self
+    }
+
     /// Where the records go: a [`TracingRecorder`](crate::record::TracingRecorder), an
     /// [`InMemoryRecorder`](crate::record::InMemoryRecorder), an
     /// `OtelRecorder`, a closure, a pair of them.

@@ -116,6 +116,7 @@ pub mod idempotency;
 mod ids;
 #[cfg(feature = "durable")]
 pub mod inbox;
+pub mod journal;
 #[cfg(feature = "durable")]
 pub mod ledger;
 #[cfg(feature = "durable")]

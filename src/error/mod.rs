@@ -4,6 +4,7 @@ mod breaker;
 mod classify;
 mod deadline;
 mod fault;
+mod journal;
 mod outcome;
 mod timeout;
 
@@ -11,6 +12,7 @@ pub use self::breaker::{BreakerState, CircuitOpen};
 pub(crate) use self::classify::classify_dyn as error_chain;
 pub use self::deadline::DeadlineExceeded;
 pub use self::fault::InjectedFault;
+pub use self::journal::JournalError;
 pub use self::timeout::Elapsed;
 
 use std::fmt;
@@ -50,6 +52,7 @@ enum Repr<E> {
     Fault(InjectedFault),
     Key(InvalidKey),
     Open(CircuitOpen),
+    Journal(JournalError),
 }
 
 impl<E> Error<E> {
@@ -82,6 +85,7 @@ impl<E> Error<E> {
             Repr::Fault(e) => ErrorKind::InjectedFault(e),
             Repr::Key(e) => ErrorKind::InvalidKey(e),
             Repr::Open(e) => ErrorKind::CircuitOpen(e),
+            Repr::Journal(e) => ErrorKind::JournalFailed(e),
         }
     }
 
@@ -147,7 +151,7 @@ impl<E> Error<E> {
     pub(crate) fn is_refusal(&self) -> bool {
         match &self.repr {
             Repr::Deadline(e) => e.is_refused(),
-            Repr::Key(_) | Repr::Open(_) => true,
+            Repr::Key(_) | Repr::Open(_) | Repr::Journal(_) => true,
             Repr::Transport(_) | Repr::Elapsed(_) | Repr::Fault(_) => false,
         }
     }
@@ -241,6 +245,15 @@ impl<E> Error<E> {
         }
     }
 
+    /// The [intent journal](crate::journal)'s failure, if the call was not sent because its
+    /// intent could not be written.
+    pub fn journal_failed(&self) -> Option<&JournalError> {
+        match &self.repr {
+            Repr::Journal(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// Whether a [circuit breaker](crate::breaker) refused the call.
     pub fn is_circuit_open(&self) -> bool {
         self.circuit_open().is_some()
@@ -256,6 +269,7 @@ impl<E> Error<E> {
             Repr::Fault(e) => Some(e.phase()),
             Repr::Key(_) => Some(DeliveryPhase::NotSent),
             Repr::Open(_) => Some(DeliveryPhase::NotSent),
+            Repr::Journal(_) => Some(DeliveryPhase::NotSent),
         }
     }
 
@@ -270,6 +284,7 @@ impl<E> Error<E> {
                 Repr::Fault(e) => Repr::Fault(e),
                 Repr::Key(e) => Repr::Key(e),
                 Repr::Open(e) => Repr::Open(e),
+                Repr::Journal(e) => Repr::Journal(e),
             },
         }
     }
@@ -305,6 +320,12 @@ impl<E> From<CircuitOpen> for Error<E> {
     }
 }
 
+impl<E> From<JournalError> for Error<E> {
+    fn from(e: JournalError) -> Self {
+        Error::of(Repr::Journal(e))
+    }
+}
+
 impl<E: fmt::Debug> fmt::Debug for Error<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.call {
@@ -327,6 +348,7 @@ impl<E: fmt::Debug> fmt::Debug for Repr<E> {
             Repr::Fault(e) => fmt::Debug::fmt(e, f),
             Repr::Key(e) => fmt::Debug::fmt(e, f),
             Repr::Open(e) => fmt::Debug::fmt(e, f),
+            Repr::Journal(e) => fmt::Debug::fmt(e, f),
         }
     }
 }
@@ -346,6 +368,7 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Repr::Fault(e) => fmt::Display::fmt(e, f),
             Repr::Key(e) => fmt::Display::fmt(e, f),
             Repr::Open(e) => fmt::Display::fmt(e, f),
+            Repr::Journal(e) => fmt::Display::fmt(e, f),
         }
     }
 }
@@ -369,6 +392,8 @@ pub enum ErrorKind<'a, E> {
     InvalidKey(&'a InvalidKey),
     /// An open [circuit breaker](crate::breaker) refused the call; nothing was sent.
     CircuitOpen(&'a CircuitOpen),
+    /// The call's intent could not be [journaled](crate::journal); nothing was sent.
+    JournalFailed(&'a JournalError),
 }
 
 impl<E> Clone for ErrorKind<'_, E> {
@@ -401,6 +426,7 @@ impl<E: ClassifyError> ClassifyError for Error<E> {
             Repr::Fault(e) => Classification::failure_at(e.phase()),
             Repr::Key(_) => Classification::new(AttemptClass::Final, DeliveryPhase::NotSent),
             Repr::Open(e) => e.classification(),
+            Repr::Journal(e) => e.classification(),
         }
     }
 }

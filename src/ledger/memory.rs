@@ -35,7 +35,7 @@ struct Row {
     evidence: Evidence,
     state: EntryState,
     fence: u64,
-    /// Open: claimable from then; claimed: the lease's end.
+    /// Open or in doubt: claimable from then; claimed: the lease's end.
     until: Option<Instant>,
     tries: u32,
     note: Option<String>,
@@ -69,8 +69,22 @@ impl MemoryLedger {
     }
 
     fn record_now(&self, evidence: &Evidence) -> bool {
+        self.insert(evidence, EntryState::Open, None)
+    }
+
+    fn insert(&self, evidence: &Evidence, state: EntryState, until: Option<Instant>) -> bool {
         let mut rows = self.rows();
-        if rows.by_id.contains_key(&evidence.id) {
+        if let Some(row) = rows.by_id.get_mut(&evidence.id) {
+            if state == EntryState::Open && row.state == EntryState::InDoubt {
+                // The journaled call ended unknown: its intent becomes the entry.
+                let mut evidence = evidence.clone();
+                evidence.digest = evidence.digest.or_else(|| row.evidence.digest.take());
+                evidence.deadline = evidence.deadline.or(row.evidence.deadline);
+                row.evidence = evidence;
+                row.state = EntryState::Open;
+                row.until = None;
+                return true;
+            }
             return false;
         }
         rows.next += 1;
@@ -80,9 +94,9 @@ impl MemoryLedger {
             Row {
                 seq,
                 evidence: evidence.clone(),
-                state: EntryState::Open,
+                state,
                 fence: 0,
-                until: None,
+                until,
                 tries: 0,
                 note: None,
                 settlement: None,
@@ -100,7 +114,9 @@ impl MemoryLedger {
             .by_id
             .values()
             .filter(|r| match r.state {
-                EntryState::Open | EntryState::Claimed => r.until.is_none_or(|t| t <= now),
+                EntryState::InDoubt | EntryState::Open | EntryState::Claimed => {
+                    r.until.is_none_or(|t| t <= now)
+                }
                 EntryState::Manual | EntryState::Settled => false,
             })
             .map(|r| (r.seq, r.evidence.id.clone()))
@@ -197,6 +213,7 @@ impl MemoryLedger {
         let mut stats = LedgerStats::default();
         for row in rows.by_id.values() {
             match row.state {
+                EntryState::InDoubt => stats.in_doubt += 1,
                 EntryState::Open => stats.open += 1,
                 EntryState::Claimed => stats.claimed += 1,
                 EntryState::Manual => stats.manual += 1,
@@ -244,6 +261,34 @@ impl Ledger for MemoryLedger {
         evidence: &Evidence,
     ) -> impl Future<Output = Result<bool, LedgerError>> + Send {
         ready(Ok(self.record_now(evidence)))
+    }
+
+    fn record_in_doubt(
+        &self,
+        evidence: &Evidence,
+        hold: Duration,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send {
+        let until = Instant::now() + hold;
+        ready(Ok(self.insert(evidence, EntryState::InDoubt, Some(until))))
+    }
+
+    fn forget_in_doubt(
+        &self,
+        ids: &[EntryId],
+    ) -> impl Future<Output = Result<u64, LedgerError>> + Send {
+        let mut rows = self.rows();
+        let mut forgotten = 0;
+        for id in ids {
+            if rows
+                .by_id
+                .get(id)
+                .is_some_and(|r| r.state == EntryState::InDoubt)
+            {
+                rows.by_id.remove(id);
+                forgotten += 1;
+            }
+        }
+        ready(Ok(forgotten))
     }
 
     fn claim(

@@ -118,6 +118,11 @@ impl EntryId {
         EntryId(format!("unk-{:032x}", crate::ids::random_u128()).into())
     }
 
+    /// The id of a journaled call's entry: `unk-` and the intent's 32 hex digits.
+    pub fn of_intent(intent: crate::journal::IntentId) -> Self {
+        EntryId(format!("unk-{intent}").into())
+    }
+
     /// An id of your own: 1 to 128 characters of `[A-Za-z0-9_.:-]`.
     ///
     /// # Errors
@@ -253,8 +258,13 @@ pub struct Evidence {
     pub stop: StopReason,
     /// Its attempts, in order.
     pub attempts: Vec<AttemptEvidence>,
-    /// When the call ended (wall clock).
+    /// When the call ended (wall clock); for an intent, when it was written.
     pub recorded_at: SystemTime,
+    /// The request's digest, when the call was journaled with one
+    /// ([`Intent::digest`](crate::journal::Intent::digest)).
+    pub digest: Option<String>,
+    /// The call's deadline (wall clock), when it was journaled with one.
+    pub deadline: Option<SystemTime>,
 }
 
 impl Evidence {
@@ -270,6 +280,25 @@ impl Evidence {
             stop: StopReason::Unknown,
             attempts: Vec::new(),
             recorded_at: SystemTime::now(),
+            digest: None,
+            deadline: None,
+        }
+    }
+
+    /// The evidence of a journaled call's intent: its id, key, operation, semantics, digest and
+    /// deadline; no attempts yet.
+    pub fn of_intent(intent: &crate::journal::Intent) -> Self {
+        Evidence {
+            id: EntryId::of_intent(intent.id),
+            call: intent.call,
+            key: intent.key.clone(),
+            operation: intent.operation.clone(),
+            semantics: intent.semantics,
+            stop: StopReason::Unknown,
+            attempts: Vec::new(),
+            recorded_at: intent.started_at,
+            digest: intent.digest.clone(),
+            deadline: intent.deadline,
         }
     }
 
@@ -307,7 +336,8 @@ impl Evidence {
             .collect();
         attempts.sort_by_key(|a| (a.attempt, a.started_at));
         Evidence {
-            id: EntryId::generate(),
+            // The id its intent had, if the call was journaled: one entry per call.
+            id: EntryId::of_intent(crate::journal::IntentId::for_call(call.call)),
             call: Some(call.call.get()),
             key: call.key.as_ref().map(|k| k.as_str().to_owned()),
             operation: call.operation.as_ref().map(ToString::to_string),
@@ -315,6 +345,8 @@ impl Evidence {
             stop: call.stop,
             attempts,
             recorded_at: now.checked_sub(ago).unwrap_or(now),
+            digest: None,
+            deadline: None,
         }
     }
 
@@ -340,6 +372,11 @@ impl Evidence {
 /// Where an entry stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum EntryState {
+    /// A journaled call's intent ([`journal`](crate::journal)): the call may still be running,
+    /// or its process died. A reconciler leaves it alone until its hold passes, then takes it
+    /// like an open entry; the call's own recorder makes it open if the call ends unknown, and
+    /// the journal forgets it if the call ends definitively.
+    InDoubt,
     /// Waiting for a reconciler (now, or after its backoff).
     Open,
     /// A reconciler holds it, until it settles it or its lease passes.
@@ -354,6 +391,7 @@ impl EntryState {
     /// A short lower-case name, as the PostgreSQL ledger stores it.
     pub fn as_str(self) -> &'static str {
         match self {
+            EntryState::InDoubt => "in_doubt",
             EntryState::Open => "open",
             EntryState::Claimed => "claimed",
             EntryState::Manual => "manual",
@@ -364,6 +402,7 @@ impl EntryState {
     /// The state named `name` ([`as_str`](Self::as_str)).
     pub fn parse(name: &str) -> Option<Self> {
         [
+            EntryState::InDoubt,
             EntryState::Open,
             EntryState::Claimed,
             EntryState::Manual,
@@ -658,6 +697,8 @@ impl Filter {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct LedgerStats {
+    /// Journaled calls still in doubt (running, or their process died).
+    pub in_doubt: u64,
     /// Entries waiting for a reconciler.
     pub open: u64,
     /// Entries a reconciler holds.
@@ -671,9 +712,9 @@ pub struct LedgerStats {
 }
 
 impl LedgerStats {
-    /// Open, claimed and manual entries: the calls nobody has settled yet.
+    /// In-doubt, open, claimed and manual entries: the calls nobody has settled yet.
     pub fn unsettled(&self) -> u64 {
-        self.open + self.claimed + self.manual
+        self.in_doubt + self.open + self.claimed + self.manual
     }
 }
 
@@ -681,9 +722,26 @@ impl LedgerStats {
 /// it; every method is one atomic operation of the store.
 pub trait Ledger: Send + Sync + 'static {
     /// Records an entry, open; returns false (and changes nothing) if an entry with its id is
-    /// already here: recording is idempotent.
+    /// already here: recording is idempotent. An [in-doubt](EntryState::InDoubt) entry with
+    /// the id is the same call's intent: it becomes open, with this evidence (true).
     fn record(&self, evidence: &Evidence)
         -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
+    /// Records a journaled call's intent, [in doubt](EntryState::InDoubt): no reconciler
+    /// claims it until `hold` has passed (on the ledger's clock). Returns false (and changes
+    /// nothing) if an entry with its id is already here.
+    fn record_in_doubt(
+        &self,
+        evidence: &Evidence,
+        hold: Duration,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
+    /// Deletes the entries among `ids` that are still in doubt (their calls ended
+    /// definitively), and returns how many; an entry in any other state stays.
+    fn forget_in_doubt(
+        &self,
+        ids: &[EntryId],
+    ) -> impl Future<Output = Result<u64, LedgerError>> + Send;
 
     /// Claims up to `max` entries for `lease`, oldest first: open ones whose backoff has
     /// passed, and claimed ones whose lease has.

@@ -19,14 +19,15 @@ use crate::{ConfigError, Semantics, StopReason};
 pub(crate) static POSTGRES_COMPONENT: Component = Component {
     name: "ledger",
     default_table: "surely_ledger",
-    migrations: &[Migration {
-        version: 1,
-        name: "entries and attempts",
-        sql: |t| {
-            // Index names take no schema: they live in their table's.
-            let n = bare(t);
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
+    migrations: &[
+        Migration {
+            version: 1,
+            name: "entries and attempts",
+            sql: |t| {
+                // Index names take no schema: they live in their table's.
+                let n = bare(t);
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
                     id text PRIMARY KEY,
                     seq bigserial NOT NULL,
                     call_id bigint,
@@ -74,9 +75,29 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
                     WHERE state <> 'settled';
                 CREATE INDEX IF NOT EXISTS {n}_settled ON {t} (settled_at)
                     WHERE state = 'settled';"
-            )
+                )
+            },
         },
-    }],
+        Migration {
+            version: 2,
+            name: "intents in doubt",
+            sql: |t| {
+                let n = bare(t);
+                // An index is named in its table's schema.
+                let schema = t.strip_suffix(n).unwrap_or("");
+                format!(
+                    "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS digest text;
+                ALTER TABLE {t} ADD COLUMN IF NOT EXISTS deadline timestamptz;
+                ALTER TABLE {t} DROP CONSTRAINT IF EXISTS {n}_state_check;
+                ALTER TABLE {t} ADD CONSTRAINT {n}_state_check
+                    CHECK (state IN ('in_doubt', 'open', 'claimed', 'manual', 'settled'));
+                DROP INDEX IF EXISTS {schema}{n}_due;
+                CREATE INDEX {n}_due ON {t} (created_at, seq)
+                    WHERE state IN ('in_doubt', 'open', 'claimed');"
+                )
+            },
+        },
+    ],
 };
 
 use crate::storage::bare;
@@ -122,6 +143,7 @@ struct Sql {
     claim: String,
     settle: String,
     settle_manually: String,
+    forget: String,
     /// An entry's state and settlement, to say why a change found nothing to change.
     look: String,
     retry_later: String,
@@ -137,6 +159,7 @@ struct Sql {
 fn columns(t: &str) -> String {
     format!(
         "e.id, e.call_id, e.key, e.operation, e.semantics, e.stop, e.recorded_at, e.state,
+         e.digest, e.deadline,
          e.fence, e.tries, e.note, e.verdict, e.evidence, e.settled_by, e.settled_who,
          e.verdict_at,
          floor(EXTRACT(EPOCH FROM now() - e.created_at) * 1000000)::int8 AS age_us,
@@ -168,11 +191,22 @@ impl Sql {
         let select = |entries: &str| columns(t).replace("{entries}", entries);
         Sql {
             table: t.to_owned(),
+            // `$17` is the state recorded: `open`, or `in_doubt` for `$18` microseconds. An open
+            // record of an intent in doubt makes it open, with the call's evidence.
             record: format!(
                 "WITH entry AS (
-                     INSERT INTO {t} (id, call_id, key, operation, semantics, stop, recorded_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7)
-                     ON CONFLICT (id) DO NOTHING
+                     INSERT INTO {t} (id, call_id, key, operation, semantics, stop, recorded_at,
+                         digest, deadline, state, until)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $19, $20, $17,
+                         now() + $18::int8 * interval '1 microsecond')
+                     ON CONFLICT (id) DO UPDATE
+                     SET call_id = EXCLUDED.call_id, key = EXCLUDED.key,
+                         operation = EXCLUDED.operation, semantics = EXCLUDED.semantics,
+                         stop = EXCLUDED.stop, recorded_at = EXCLUDED.recorded_at,
+                         digest = coalesce(EXCLUDED.digest, {t}.digest),
+                         deadline = coalesce(EXCLUDED.deadline, {t}.deadline),
+                         state = 'open', until = NULL
+                     WHERE {t}.state = 'in_doubt' AND EXCLUDED.state = 'open'
                      RETURNING id
                  ), attempts AS (
                      INSERT INTO {t}_attempts (entry_id, pos, attempt, started_at, took_ns, class,
@@ -186,10 +220,11 @@ impl Sql {
                  )
                  SELECT count(*) FROM entry"
             ),
+            forget: format!("DELETE FROM {t} WHERE id = ANY($1) AND state = 'in_doubt'"),
             claim: format!(
                 "WITH due AS (
                      SELECT id FROM {t}
-                     WHERE state IN ('open', 'claimed') AND (until IS NULL OR until <= now())
+                     WHERE state IN ('in_doubt', 'open', 'claimed') AND (until IS NULL OR until <= now())
                      ORDER BY created_at, seq
                      LIMIT $1
                      FOR UPDATE SKIP LOCKED
@@ -229,7 +264,8 @@ impl Sql {
                         count(*) FILTER (WHERE state = 'claimed'),
                         count(*) FILTER (WHERE state = 'manual'),
                         (SELECT count(*) FROM {t} WHERE state = 'settled'),
-                        floor(EXTRACT(EPOCH FROM now() - min(created_at)) * 1000000)::int8
+                        floor(EXTRACT(EPOCH FROM now() - min(created_at)) * 1000000)::int8,
+                        count(*) FILTER (WHERE state = 'in_doubt')
                  FROM {t} WHERE state <> 'settled'"
             ),
             sweep: format!(
@@ -579,6 +615,8 @@ fn entry_of(row: &Row) -> Result<(Entry, u64), LedgerError> {
         stop: parsed("the stop reason", column(row, "stop")?, parse_stop)?,
         attempts: attempts_of(row)?,
         recorded_at: column(row, "recorded_at")?,
+        digest: column(row, "digest")?,
+        deadline: column(row, "deadline")?,
     };
     let state = parse_state(row, "state")?;
     let settlement = settlement_of(row)?;
@@ -604,8 +642,18 @@ fn entry_of(row: &Row) -> Result<(Entry, u64), LedgerError> {
     Ok((entry, u64::try_from(fence).unwrap_or(0)))
 }
 
-impl Ledger for PostgresLedger {
-    async fn record(&self, evidence: &Evidence) -> Result<bool, LedgerError> {
+impl PostgresLedger {
+    /// Records an entry, open (`hold` none) or in doubt for `hold`.
+    async fn write_entry(
+        &self,
+        evidence: &Evidence,
+        hold: Option<Duration>,
+    ) -> Result<bool, LedgerError> {
+        let state = match hold {
+            None => EntryState::Open,
+            Some(_) => EntryState::InDoubt,
+        };
+        let hold = hold.map(micros);
         let a = &evidence.attempts;
         let attempt: Vec<i64> = a.iter().map(|a| i64::from(a.attempt)).collect();
         let started: Vec<SystemTime> = a.iter().map(|a| a.started_at).collect();
@@ -642,12 +690,42 @@ impl Ledger for PostgresLedger {
                     &hedge,
                     &cancelled,
                     &downstream,
+                    &state.as_str(),
+                    &hold,
+                    &evidence.digest,
+                    &evidence.deadline,
                 ],
             )
             .await
             .map_err(by_content)?;
         let added: i64 = column(&row, "count")?;
         Ok(added == 1)
+    }
+}
+
+impl Ledger for PostgresLedger {
+    async fn record(&self, evidence: &Evidence) -> Result<bool, LedgerError> {
+        self.write_entry(evidence, None).await
+    }
+
+    async fn record_in_doubt(
+        &self,
+        evidence: &Evidence,
+        hold: Duration,
+    ) -> Result<bool, LedgerError> {
+        self.write_entry(evidence, Some(hold)).await
+    }
+
+    async fn forget_in_doubt(&self, ids: &[EntryId]) -> Result<u64, LedgerError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<&str> = ids.iter().map(EntryId::as_str).collect();
+        let client = self.client().await?;
+        client
+            .execute(&self.sql.forget, &[&ids])
+            .await
+            .map_err(LedgerError::backend)
     }
 
     async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Claim>, LedgerError> {
@@ -757,6 +835,7 @@ impl Ledger for PostgresLedger {
         };
         let oldest: Option<i64> = row.try_get(4).map_err(LedgerError::backend)?;
         Ok(LedgerStats {
+            in_doubt: count(5)?,
             open: count(0)?,
             claimed: count(1)?,
             manual: count(2)?,

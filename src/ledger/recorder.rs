@@ -9,9 +9,13 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
-use super::{Evidence, Ledger, Settlement, Verdict};
+use super::{EntryId, Evidence, Ledger, LedgerError, Settlement, Verdict};
+use crate::journal::{Intent, IntentId, IntentJournal, JournalError};
 use crate::record::{AttemptRecord, CallId, CallRecord, Recorder};
 use crate::Outcome;
+
+/// Intents forgotten in one statement, at most.
+const FORGET_BATCH: usize = 512;
 
 /// Calls in flight whose attempts the recorder keeps, at most; past it, a call's entry is
 /// written without the attempts it could not keep (and [`LedgerWrites::attempts_dropped`]
@@ -44,11 +48,35 @@ const MAX_FAILED: usize = 1_000;
 /// earlier call, and settles nothing. The key must name one intent: a business key reused for
 /// another order would settle the wrong entry.
 ///
+/// It is also an [`IntentJournal`]: give it to the client's
+/// [`journal`](crate::client::ClientBuilder::journal) as well, and a journaled call's intent is
+/// written to the ledger, in doubt, before the call's first attempt (the call waits for that
+/// write); a call that ends unknown makes its intent an open entry with its attempts (one entry
+/// per call), and one that ends definitively has its intent forgotten by the writer, in
+/// batches, off the call's path. A process killed mid-call leaves the intent in doubt, for a
+/// reconciler once its hold has passed ([`docs::unknowns`](crate::docs::unknowns#a-client-that-dies-mid-call)).
+///
 /// Clones share the writer.
 #[derive(Clone)]
 pub struct LedgerRecorder {
     shared: Arc<Shared>,
     writes: mpsc::UnboundedSender<Write>,
+    intents: Arc<dyn Intents>,
+}
+
+/// The ledger, as the journal's awaited writes reach it (the writer task owns it otherwise).
+trait Intents: Send + Sync {
+    fn hold(&self, evidence: Evidence, hold: Duration) -> BeginFuture;
+}
+
+type BeginFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<bool, LedgerError>> + Send + 'static>>;
+
+impl<L: Ledger> Intents for Arc<L> {
+    fn hold(&self, evidence: Evidence, hold: Duration) -> BeginFuture {
+        let ledger = self.clone();
+        Box::pin(async move { ledger.record_in_doubt(&evidence, hold).await })
+    }
 }
 
 /// What the writer does.
@@ -58,6 +86,8 @@ enum Write {
     /// A call with this key was answered with the server's stored result: settles the key's
     /// unsettled entries as succeeded.
     Replayed { key: String, call: u64 },
+    /// A journaled call ended definitively: its intent may go.
+    Forget(EntryId),
 }
 
 struct Shared {
@@ -68,6 +98,8 @@ struct Shared {
     failed: AtomicU64,
     settled_by_replay: AtomicU64,
     attempts_dropped: AtomicU64,
+    intents: AtomicU64,
+    forgotten: AtomicU64,
     failed_entries: Mutex<Vec<Evidence>>,
     /// Writes finished (written, duplicate or failed).
     done: watch::Sender<u64>,
@@ -91,6 +123,10 @@ pub struct LedgerWrites {
     pub settled_by_replay: u64,
     /// Attempt records not kept because too many calls were in flight.
     pub attempts_dropped: u64,
+    /// Journaled calls' intents written, in doubt.
+    pub intents: u64,
+    /// Intents forgotten because their calls ended definitively.
+    pub forgotten: u64,
 }
 
 impl LedgerRecorder {
@@ -118,11 +154,22 @@ impl LedgerRecorder {
             failed: AtomicU64::new(0),
             settled_by_replay: AtomicU64::new(0),
             attempts_dropped: AtomicU64::new(0),
+            intents: AtomicU64::new(0),
+            forgotten: AtomicU64::new(0),
             failed_entries: Mutex::new(Vec::new()),
             done: watch::channel(0).0,
         });
-        let writer = write(ledger, queue, shared.clone());
-        (LedgerRecorder { shared, writes }, writer)
+        let ledger = Arc::new(ledger);
+        let writer = write(ledger.clone(), queue, shared.clone());
+        let intents: Arc<dyn Intents> = Arc::new(ledger);
+        (
+            LedgerRecorder {
+                shared,
+                writes,
+                intents,
+            },
+            writer,
+        )
     }
 
     /// Waits until every unknown call recorded so far has been written, or has failed for
@@ -144,6 +191,8 @@ impl LedgerRecorder {
             failed: s.failed.load(Ordering::SeqCst),
             settled_by_replay: s.settled_by_replay.load(Ordering::SeqCst),
             attempts_dropped: s.attempts_dropped.load(Ordering::SeqCst),
+            intents: s.intents.load(Ordering::SeqCst),
+            forgotten: s.forgotten.load(Ordering::SeqCst),
         }
     }
 
@@ -219,6 +268,31 @@ impl Recorder for LedgerRecorder {
     }
 }
 
+impl IntentJournal for LedgerRecorder {
+    fn begin(&self, intent: &Intent) -> impl Future<Output = Result<(), JournalError>> + Send {
+        let write = self.intents.hold(Evidence::of_intent(intent), intent.hold);
+        let shared = self.shared.clone();
+        async move {
+            // An intent already here (a write retried after its answer was lost) is written.
+            write.await.map_err(JournalError::backend)?;
+            shared.intents.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    fn end(&self, id: IntentId, _outcome: Outcome) {
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        if self
+            .writes
+            .send(Write::Forget(EntryId::of_intent(id)))
+            .is_err()
+        {
+            // The writer is gone: the intent stays in doubt, and a reconciler settles it.
+            self.shared.done.send_modify(|n| *n += 1);
+        }
+    }
+}
+
 fn fail(shared: &Shared, evidence: Evidence) {
     shared.failed.fetch_add(1, Ordering::SeqCst);
     let mut failed = lock(&shared.failed_entries);
@@ -235,17 +309,42 @@ const TRIES: u32 = 8;
 const FIRST_WAIT: Duration = Duration::from_millis(100);
 const MAX_WAIT: Duration = Duration::from_secs(5);
 
-async fn write(
-    ledger: impl Ledger,
+async fn write<L: Ledger>(
+    ledger: Arc<L>,
     mut queue: mpsc::UnboundedReceiver<Write>,
     shared: Arc<Shared>,
 ) {
-    while let Some(write) = queue.recv().await {
+    let ledger = &*ledger;
+    let mut next = None;
+    loop {
+        let write = match next.take() {
+            Some(write) => write,
+            None => match queue.recv().await {
+                Some(write) => write,
+                None => break,
+            },
+        };
         let evidence = match write {
             Write::Entry(evidence) => evidence,
             Write::Replayed { key, call } => {
-                settle_replayed(&ledger, &key, call, &shared).await;
+                settle_replayed(ledger, &key, call, &shared).await;
                 shared.done.send_modify(|n| *n += 1);
+                continue;
+            }
+            Write::Forget(id) => {
+                // The intents queued behind it go in the same statement.
+                let mut ids = vec![id];
+                while ids.len() < FORGET_BATCH {
+                    match queue.try_recv() {
+                        Ok(Write::Forget(id)) => ids.push(id),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                forget(ledger, &ids, &shared).await;
                 continue;
             }
         };
@@ -289,6 +388,25 @@ async fn write(
             }
         }
     }
+}
+
+/// Forgets the intents of calls that ended definitively. Best effort: an intent this cannot
+/// forget stays in doubt, and a reconciler finds its call's outcome.
+async fn forget(ledger: &impl Ledger, ids: &[EntryId], shared: &Shared) {
+    match ledger.forget_in_doubt(ids).await {
+        Ok(n) => {
+            shared.forgotten.fetch_add(n, Ordering::SeqCst);
+        }
+        Err(e) => {
+            tracing::warn!(
+                intents = ids.len(),
+                error = %e,
+                "ledger: could not forget the intents of finished calls; a reconciler will settle them"
+            );
+        }
+    }
+    let n = ids.len() as u64;
+    shared.done.send_modify(|d| *d += n);
 }
 
 /// Settles the unsettled entries of `key` as succeeded: call `call` with the same key was

@@ -26,6 +26,7 @@ use crate::error::lift;
 use crate::headers::DEFAULT_HEADER;
 use crate::headers::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use crate::headers::GRPC_TIMEOUT;
+use crate::journal::{BeginFuture, IntentId};
 use crate::outcome::CallOutcome;
 use crate::pushback::Pushback;
 use crate::record::{BusinessKey, Operation, ResolutionRecord, RetryRecord};
@@ -80,6 +81,11 @@ pin_project! {
             let in_flight = match this.state.as_ref().get_ref() {
                 State::Done => return,
                 State::Attempt { .. } => this.classifier.is_some(),
+                State::Journaling { .. } => {
+                    // Nothing was sent: the intent, if it was written, may go.
+                    end_intent(this.config, this.cold, Outcome::Failed);
+                    false
+                }
                 _ => false,
             };
             // Dropped before it ended (a deadline layer outside cut it short, or its caller
@@ -106,6 +112,8 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F, Res> {
+        // The call's intent is being written; the request waits in the template.
+        Journaling { write: BeginFuture },
         Attempt { #[pin] future: F },
         // The layer's own breaker refused the attempt: it was not made.
         Refused { error: Option<CircuitOpen> },
@@ -132,6 +140,11 @@ struct Cold<Res, E> {
     idempotency_key: Option<HeaderValue>,
     // When the attempt in flight (or the resolver's query) started, when it is timed.
     started: Option<Instant>,
+    // The call's intent, when it was journaled.
+    intent: Option<IntentId>,
+    // Whether the first attempt of a journaled call sends a copy of the template (the
+    // request can be retried) or the template itself.
+    copy_first: bool,
 }
 
 impl<Res, E> Cold<Res, E> {
@@ -144,6 +157,8 @@ impl<Res, E> Cold<Res, E> {
             operation: None,
             idempotency_key: None,
             started: None,
+            intent: None,
+            copy_first: false,
         })
     }
 }
@@ -167,17 +182,41 @@ where
         mut service: S,
         config: Arc<Config<M, Z>>,
         gate: Option<Result<Pass, CircuitOpen>>,
+        journaled: Option<(IntentId, BeginFuture)>,
     ) -> Self {
         let timed = config.timed;
-        let cold = (key.is_some() || operation.is_some() || idempotency_key.is_some() || timed)
-            .then(|| {
-                let mut cold = Cold::new();
-                cold.key = key;
-                cold.operation = operation;
-                cold.idempotency_key = idempotency_key;
-                cold.started = timed.then(Instant::now);
-                cold
-            });
+        let cold = (key.is_some()
+            || operation.is_some()
+            || idempotency_key.is_some()
+            || timed
+            || journaled.is_some())
+        .then(|| {
+            let mut cold = Cold::new();
+            cold.key = key;
+            cold.operation = operation;
+            cold.idempotency_key = idempotency_key;
+            cold.started = timed.then(Instant::now);
+            cold
+        });
+        if let Some((intent, write)) = journaled {
+            // The first attempt waits for the intent; the request waits in the template.
+            let mut cold = cold.unwrap_or_else(Cold::new);
+            cold.intent = Some(intent);
+            cold.copy_first = template.is_some();
+            let template = if cold.copy_first { template } else { Some(req) };
+            return ResponseFuture {
+                classifier: Some(classifier),
+                tally: OutcomeTally::new(semantics),
+                template,
+                config,
+                attempts: 1,
+                sent: 0,
+                pass: None,
+                cold: Some(cold),
+                state: State::Journaling { write },
+                service,
+            };
+        }
         let (pass, refused) = match gate {
             Some(Ok(pass)) => (Some(pass), None),
             Some(Err(open)) => (None, Some(open)),
@@ -230,6 +269,41 @@ where
         let mut this = self.project();
         loop {
             let out = match this.state.as_mut().project() {
+                StateProj::Journaling { write } => {
+                    if let Err(e) = ready!(write.as_mut().poll(cx)) {
+                        // Not written: not sent.
+                        this.state.set(State::Done);
+                        let mut err: Error<T> = e.into();
+                        err.set_call_outcome(CallOutcome::refused(
+                            StopReason::NotRetried,
+                            budget_left_now(),
+                        ));
+                        return Poll::Ready(Err(err));
+                    }
+                    let cold = this
+                        .cold
+                        .as_mut()
+                        .expect("a journaled call keeps its intent");
+                    if this.config.timed {
+                        cold.started = Some(Instant::now());
+                    }
+                    let req = if cold.copy_first {
+                        this.template.clone()
+                    } else {
+                        this.template.take()
+                    };
+                    let req = req.expect("a journaled request waits in the template");
+                    match this.config.breaker.as_ref().map(CircuitBreaker::admit) {
+                        Some(Err(open)) => this.state.set(State::Refused { error: Some(open) }),
+                        gate => {
+                            *this.pass = gate.and_then(Result::ok);
+                            this.state.set(State::Attempt {
+                                future: this.service.call(req),
+                            });
+                        }
+                    }
+                    continue;
+                }
                 StateProj::Attempt { future } => lift(ready!(future.poll(cx))),
                 StateProj::Refused { error } => {
                     Err(error.take().expect("a refused attempt ends once").into())
@@ -248,6 +322,7 @@ where
                         // error, and the outcome of the attempts made.
                         let outcome = this.tally.outcome().unwrap_or(Outcome::Failed);
                         this.state.set(State::Done);
+                        end_intent(this.config, this.cold, outcome);
                         return Poll::Ready(hand_back(
                             Err(e.into_error()),
                             outcome,
@@ -306,6 +381,7 @@ where
                     let started = cold.started.unwrap_or_else(Instant::now);
                     report_resolution(outcome, started);
                     this.state.set(State::Done);
+                    end_intent(this.config, this.cold, outcome);
                     return Poll::Ready(hand_back(out, outcome, stop, *this.sent, this.cold));
                 }
                 // Polled again after it returned.
@@ -399,6 +475,7 @@ where
             }
             let outcome = this.tally.outcome().unwrap_or(Outcome::Unknown);
             this.state.set(State::Done);
+            end_intent(this.config, this.cold, outcome);
             return Poll::Ready(hand_back(out, outcome, stop, *this.sent, this.cold));
         }
     }
@@ -421,6 +498,20 @@ fn ended_by_deadline<Res, T>(out: &Result<Res, Error<T>>) -> bool {
     match out {
         Ok(_) => false,
         Err(e) => e.is_deadline_exceeded() || e.elapsed().is_some_and(|t| t.is_deadline()),
+    }
+}
+
+/// Tells the journal, if the call was journaled, how it ended.
+#[inline]
+fn end_intent<M, Z, R, E>(
+    config: &Config<M, Z>,
+    cold: &mut Option<Box<Cold<R, E>>>,
+    outcome: Outcome,
+) {
+    if let (Some(journal), Some(intent)) =
+        (&config.journal, cold.as_mut().and_then(|c| c.intent.take()))
+    {
+        journal.end(intent, outcome);
     }
 }
 

@@ -14,6 +14,7 @@ use crate::backoff::{Backoff, Jitter};
 use crate::breaker::CircuitBreaker;
 use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::{Classify, HttpClassifier, MakeClassifier};
+use crate::journal::{IntentJournal, JournalHook};
 use crate::record::key_of;
 use crate::resolve::{NoResolver, Resolve};
 use crate::{ConfigError, Envelope, Error, IntoError, Semantics};
@@ -52,6 +53,7 @@ pub(super) struct Config<M, Z = NoResolver> {
     // Whether each attempt is timed: for a learned attempt time, or for the breaker's
     // slow-call threshold. Decided once here, not read through the breaker on every call.
     pub(super) timed: bool,
+    pub(super) journal: Option<JournalHook>,
 }
 
 /// Builds a [`RetryLayer`], validating its settings.
@@ -73,6 +75,7 @@ struct Settings {
     attempt_header: Option<HeaderName>,
     mark_owner: bool,
     breaker: Option<CircuitBreaker>,
+    journal: Option<JournalHook>,
 }
 
 impl RetryLayer {
@@ -102,6 +105,7 @@ impl RetryLayer {
                 attempt_header: None,
                 mark_owner: true,
                 breaker: None,
+                journal: None,
             },
         }
     }
@@ -233,6 +237,53 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         self
     }
 
+    /// Writes the intent of every call that is not [safe](Semantics::Safe) to `journal` before
+    /// its first attempt, and waits for the write; a [`Journaled`](crate::journal::Journaled)
+    /// extension decides for one request. A call whose intent cannot be written is not sent
+    /// (it fails with a [`JournalError`](crate::journal::JournalError)). See
+    /// [`journal`](crate::journal).
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use surely::journal::{Intent, IntentId, IntentJournal, JournalError};
+    /// use surely::retry::RetryLayer;
+    /// use surely::Outcome;
+    /// use tower::{service_fn, Layer, Service, ServiceExt};
+    ///
+    /// /// Intents in memory (a real journal writes them where a crash cannot lose them).
+    /// #[derive(Clone, Default)]
+    /// struct Notes(Arc<Mutex<Vec<String>>>);
+    ///
+    /// impl IntentJournal for Notes {
+    ///     async fn begin(&self, intent: &Intent) -> Result<(), JournalError> {
+    ///         let key = intent.key.clone().unwrap_or_default();
+    ///         self.0.lock().unwrap().push(format!("begin {key}"));
+    ///         Ok(())
+    ///     }
+    ///     fn end(&self, _id: IntentId, outcome: Outcome) {
+    ///         self.0.lock().unwrap().push(format!("end {outcome:?}"));
+    ///     }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let notes = Notes::default();
+    /// let retry = RetryLayer::builder().journal(notes.clone()).build().unwrap();
+    /// let mut svc = retry.layer(service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, std::io::Error>(http::Response::new(()))
+    /// }));
+    /// let mut order = http::Request::post("/orders").body(()).unwrap();
+    /// order.extensions_mut().insert(surely::record::BusinessKey::new("o-1"));
+    /// svc.ready().await.unwrap().call(order).await.unwrap();
+    /// // A read is not journaled.
+    /// svc.ready().await.unwrap().call(http::Request::get("/orders/o-1").body(()).unwrap()).await.unwrap();
+    /// assert_eq!(*notes.0.lock().unwrap(), ["begin o-1", "end Succeeded"]);
+    /// # }
+    /// ```
+    pub fn journal(mut self, journal: impl IntentJournal) -> Self {
+        self.settings.journal = Some(JournalHook::new(journal));
+        self
+    }
+
     /// Validates and builds.
     pub fn build(self) -> Result<RetryLayer<M, Z>, ConfigError> {
         if self.settings.max_attempts == 0 {
@@ -265,6 +316,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
             attempt_header,
             mark_owner,
             breaker,
+            journal,
         } = self.settings;
         let budget = if own_budget {
             Some(Arc::new(RatioBudget::default()) as Arc<dyn RetryBudget>)
@@ -285,6 +337,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
                 attempt_header,
                 mark_owner,
                 breaker,
+                journal,
             }),
         }
     }
@@ -382,7 +435,15 @@ where
                 .and_then(|h| h.get(crate::headers::IDEMPOTENCY_KEY))
                 .cloned(),
         };
-        let gate = self.config.breaker.as_ref().map(CircuitBreaker::admit);
+        // A journaled call is admitted by the breaker when its intent is written.
+        let journaled = match &self.config.journal {
+            None => None,
+            Some(journal) => journal.begin(&req),
+        };
+        let gate = match journaled {
+            None => self.config.breaker.as_ref().map(CircuitBreaker::admit),
+            Some(_) => None,
+        };
         // The service that was made ready is the one called; the future keeps a clone of it
         // for the retries, which it makes ready itself.
         let clone = self.inner.clone();
@@ -398,6 +459,7 @@ where
             ready,
             self.config.clone(),
             gate,
+            journaled,
         )
     }
 }

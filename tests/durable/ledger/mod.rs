@@ -60,9 +60,17 @@ macro_rules! answering_client {
     };
 }
 
+mod journal;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+
+/// `t` cut to the microsecond: what PostgreSQL keeps.
+pub(crate) fn micros(t: std::time::SystemTime) -> std::time::SystemTime {
+    use std::time::UNIX_EPOCH;
+    let since = t.duration_since(UNIX_EPOCH).unwrap();
+    UNIX_EPOCH + Duration::from_micros(since.as_micros() as u64)
+}
 
 /// A resolver that may decline (`None`): one that cannot query some calls.
 pub(crate) struct Declining<F>(pub(crate) F);
@@ -130,6 +138,30 @@ impl<L: Ledger + Clone> Ledger for FlakyLedger<L> {
             }
             inner.record(&evidence).await
         }
+    }
+
+    fn record_in_doubt(
+        &self,
+        evidence: &Evidence,
+        hold: Duration,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send {
+        self.records_tried.fetch_add(1, Ordering::SeqCst);
+        let fail = take(&self.fail_records);
+        let inner = self.inner.clone();
+        let evidence = evidence.clone();
+        async move {
+            if fail {
+                return Err(LedgerError::backend("the database is down"));
+            }
+            inner.record_in_doubt(&evidence, hold).await
+        }
+    }
+
+    fn forget_in_doubt(
+        &self,
+        ids: &[EntryId],
+    ) -> impl Future<Output = Result<u64, LedgerError>> + Send {
+        self.inner.forget_in_doubt(ids)
     }
 
     fn claim(

@@ -4,7 +4,7 @@
 //! local server (or `SURELY_TEST_POSTGRES_URL`), and the tests fail if it does not answer.
 
 use std::collections::HashSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use surely::classify::{AttemptClass, DeliveryPhase};
 use surely::ledger::{
@@ -41,11 +41,7 @@ async fn wait(d: Duration) {
     tokio::time::sleep(d + Duration::from_millis(50)).await;
 }
 
-/// `t` cut to the microsecond: what PostgreSQL keeps.
-fn micros(t: SystemTime) -> SystemTime {
-    let since = t.duration_since(UNIX_EPOCH).unwrap();
-    UNIX_EPOCH + Duration::from_micros(since.as_micros() as u64)
-}
+use super::micros;
 
 /// An entry with a key, its id `id`.
 fn evidence(id: &str, key: &str) -> Evidence {
@@ -647,5 +643,98 @@ async fn pg_a_row_that_does_not_parse_is_an_error() {
     let err = ledger.list(&Filter::new()).await.unwrap_err();
     assert!(err.to_string().contains("quantum"), "{err}");
     drop(client);
+    forget(&ledger).await;
+}
+
+/// The intent journal's rules on PostgreSQL: the memory ledger's, with the hold on the
+/// database's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_intents_are_kept_by_the_ledgers_rules() {
+    let ledger = ledger("pg_intents_are_kept_by_the_ledgers_rules").await;
+    super::journal::ledger_keeps_intents(ledger.clone(), wait).await;
+    forget(&ledger).await;
+}
+
+/// Journaled calls over PostgreSQL: a success leaves nothing, an unknown is one open entry
+/// with its attempts, and a client that dies mid-call leaves its intent in doubt in the table,
+/// where another process's reconciler finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_journaled_calls_leave_one_entry_per_unknown_and_an_intent_per_dead_call() {
+    use http::{Request, Response};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    let ledger =
+        ledger("pg_journaled_calls_leave_one_entry_per_unknown_and_an_intent_per_dead_call").await;
+    let recorder = LedgerRecorder::new(ledger.clone());
+    let mut ok = surely::client()
+        .recorder(recorder.clone())
+        .journal(recorder.clone())
+        .build(tower::service_fn(|_req: Request<String>| async {
+            Ok::<_, std::io::Error>(Response::new(String::from("placed")))
+        }))
+        .unwrap();
+    for i in 0..5 {
+        super::call(&mut ok, order(&format!("ok-{i}")))
+            .await
+            .unwrap();
+    }
+    let mut lost = surely::client()
+        .recorder(recorder.clone())
+        .journal(recorder.clone())
+        .build(
+            tower::ServiceBuilder::new()
+                .layer(surely::fault::FaultLayer::new(
+                    surely::fault::Schedule::new().at(0, surely::fault::Fault::ResetAfterSend),
+                ))
+                .service(tower::service_fn(|_req: Request<String>| async {
+                    Ok::<_, std::io::Error>(Response::new(String::from("placed")))
+                })),
+        )
+        .unwrap();
+    let err = super::call(&mut lost, order("lost-1")).await.unwrap_err();
+    assert_eq!(err.outcome(), Outcome::Unknown);
+    recorder.flush().await;
+    let writes = recorder.writes();
+    assert_eq!(
+        (writes.intents, writes.forgotten, writes.written),
+        (6, 5, 1)
+    );
+    let stats = ledger.stats().await.unwrap();
+    assert_eq!((stats.in_doubt, stats.open), (0, 1));
+    let entry = ledger.by_key("lost-1").await.unwrap().remove(0);
+    assert_eq!(entry.state, EntryState::Open);
+    assert_eq!(entry.evidence.attempts.len(), 1);
+    assert!(entry.evidence.deadline.is_some());
+
+    // A client process that dies mid-call: its writer never runs again.
+    let (dying, _dead_writer) = LedgerRecorder::pair(ledger.clone());
+    let sent = Arc::new(AtomicU32::new(0));
+    let count = sent.clone();
+    let mut hanging = surely::client()
+        .recorder(dying.clone())
+        .journal(dying.clone())
+        .build(tower::service_fn(move |_req: Request<String>| {
+            count.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<Result<Response<String>, std::io::Error>>()
+        }))
+        .unwrap();
+    let call = tokio::spawn(async move { super::call(&mut hanging, order("dead-1")).await });
+    while sent.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    call.abort();
+    let _ = call.await;
+    let found = ledger.by_key("dead-1").await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].state, EntryState::InDoubt);
+    assert_eq!(found[0].evidence.operation.as_deref(), Some("POST /orders"));
+    // Held for the call's deadline (10 s by default) and the grace: no reconciler takes it yet.
+    assert!(ledger.claim(10, ms(500)).await.unwrap().iter().all(|c| c
+        .entry
+        .evidence
+        .key
+        .as_deref()
+        != Some("dead-1")));
     forget(&ledger).await;
 }
