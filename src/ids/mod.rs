@@ -13,7 +13,6 @@ mod key_error;
 #[cfg(feature = "server")]
 mod record_key;
 
-#[cfg(feature = "durable")]
 pub(crate) use self::key::random_u128;
 pub(crate) use self::key::validate as validate_key;
 pub use self::key::IdempotencyKey;

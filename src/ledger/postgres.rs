@@ -143,6 +143,8 @@ struct Sql {
     claim: String,
     settle: String,
     settle_manually: String,
+    /// An intent, in doubt: one plain insert (an intent has no attempts yet).
+    hold: String,
     forget: String,
     /// An entry's state and settlement, to say why a change found nothing to change.
     look: String,
@@ -220,7 +222,20 @@ impl Sql {
                  )
                  SELECT count(*) FROM entry"
             ),
-            forget: format!("DELETE FROM {t} WHERE id = ANY($1) AND state = 'in_doubt'"),
+            hold: format!(
+                "INSERT INTO {t} (id, call_id, key, operation, semantics, stop, recorded_at,
+                     digest, deadline, state, until)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'in_doubt',
+                     now() + $10::int8 * interval '1 microsecond')
+                 ON CONFLICT (id) DO NOTHING"
+            ),
+            // Committed without waiting for the disk: a forgetting lost to a database crash
+            // leaves an intent in doubt, which a reconciler settles by asking (one query);
+            // the intent itself is written with the call waiting for the flush.
+            forget: format!(
+                "DELETE FROM {t} WHERE id = ANY($1) AND state = 'in_doubt'
+                     AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+            ),
             claim: format!(
                 "WITH due AS (
                      SELECT id FROM {t}
@@ -713,7 +728,36 @@ impl Ledger for PostgresLedger {
         evidence: &Evidence,
         hold: Duration,
     ) -> Result<bool, LedgerError> {
-        self.write_entry(evidence, Some(hold)).await
+        if !evidence.attempts.is_empty() {
+            // Not an intent: the whole evidence goes in.
+            return self.write_entry(evidence, Some(hold)).await;
+        }
+        // Every journaled call waits for this one: a statement prepared once per connection.
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.sql.hold)
+            .await
+            .map_err(LedgerError::backend)?;
+        let call = evidence.call.map(|c| c as i64);
+        let added = client
+            .execute(
+                &statement,
+                &[
+                    &evidence.id.as_str(),
+                    &call,
+                    &evidence.key,
+                    &evidence.operation,
+                    &semantics_str(evidence.semantics),
+                    &evidence.stop.as_str(),
+                    &evidence.recorded_at,
+                    &evidence.digest,
+                    &evidence.deadline,
+                    &micros(hold),
+                ],
+            )
+            .await
+            .map_err(by_content)?;
+        Ok(added == 1)
     }
 
     async fn forget_in_doubt(&self, ids: &[EntryId]) -> Result<u64, LedgerError> {
@@ -722,8 +766,12 @@ impl Ledger for PostgresLedger {
         }
         let ids: Vec<&str> = ids.iter().map(EntryId::as_str).collect();
         let client = self.client().await?;
+        let statement = client
+            .prepare_cached(&self.sql.forget)
+            .await
+            .map_err(LedgerError::backend)?;
         client
-            .execute(&self.sql.forget, &[&ids])
+            .execute(&statement, &[&ids])
             .await
             .map_err(LedgerError::backend)
     }
