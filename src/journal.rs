@@ -62,12 +62,17 @@ const CONTENT_DIGEST: HeaderName = HeaderName::from_static("content-digest");
 /// An intent's id: 128 bits, written as 32 hex digits. A call's intent and the ledger entry its
 /// recorder writes if the call ends unknown share it, so that they are one entry.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct IntentId(u128);
+pub struct IntentId {
+    // Two words, not a `u128`: kept where the retry layer's future keeps its rare state, whose
+    // alignment a `u128` would double.
+    hi: u64,
+    lo: u64,
+}
 
 impl IntentId {
     /// A fresh, random id.
     pub fn generate() -> Self {
-        IntentId(crate::ids::random_u128())
+        Self::from_u128(crate::ids::random_u128())
     }
 
     /// The id of a call of this process: a random number drawn once per process, and the
@@ -75,23 +80,29 @@ impl IntentId {
     pub(crate) fn for_call(call: CallId) -> Self {
         static PROCESS: OnceLock<u64> = OnceLock::new();
         let process = *PROCESS.get_or_init(|| crate::ids::random_u128() as u64);
-        IntentId((u128::from(process) << 64) | u128::from(call.get()))
+        IntentId {
+            hi: process,
+            lo: call.get(),
+        }
     }
 
     /// The id as a number.
     pub fn get(self) -> u128 {
-        self.0
+        (u128::from(self.hi) << 64) | u128::from(self.lo)
     }
 
     /// The id whose number is `id`.
     pub fn from_u128(id: u128) -> Self {
-        IntentId(id)
+        IntentId {
+            hi: (id >> 64) as u64,
+            lo: id as u64,
+        }
     }
 }
 
 impl fmt::Display for IntentId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
+        write!(f, "{:016x}{:016x}", self.hi, self.lo)
     }
 }
 
