@@ -100,9 +100,10 @@ fn keyed_stack(recorder: &LedgerRecorder) -> Result<impl HttpClient, BoxError> {
                 .max_attempts(MAX_ATTEMPTS)
         })
         .recorder(recorder.clone())
-        // JOURNAL: the intent journal, once `ClientBuilder::journal` exists: uncomment, and run
-        // the driver with `--check-journal`.
-        // .journal(ledger.clone())
+        // JOURNAL: the intent journal (the ledger recorder as the journal), once
+        // `ClientBuilder::journal` exists: uncomment here and in `unkeyed_stack`, and run the
+        // driver with `--check-journal` (invariant 5).
+        // .journal(recorder.clone())
         .build(surely::hyper::transport())?)
 }
 
@@ -119,8 +120,8 @@ fn unkeyed_stack(recorder: &LedgerRecorder) -> Result<impl HttpClient, BoxError>
                 .max_attempts(MAX_ATTEMPTS)
         })
         .recorder(recorder.clone())
-        // JOURNAL: the same line here.
-        // .journal(ledger.clone())
+        // JOURNAL: the same line as in `keyed_stack`.
+        // .journal(recorder.clone())
         .build(surely::hyper::transport())?)
 }
 
@@ -400,7 +401,7 @@ where
         }
     }
     crashpoint::say(&format!(
-        "note asked-again {asked} skipped-settled {skipped} succeeded {} failed {} unknown {}",
+        "note asked-again asked {asked} skipped {skipped} succeeded {} failed {} unknown {}",
         ends.get("succeeded").unwrap_or(&0),
         ends.get("failed").unwrap_or(&0),
         ends.get("unknown").unwrap_or(&0)

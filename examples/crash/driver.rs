@@ -308,7 +308,7 @@ impl Supervisor {
         let rng = self
             .arming
             .entry(role)
-            .or_insert_with(|| SplitMix::new(self.opts.seed ^ (role as u64 + 1) * 0x9E37_79B9));
+            .or_insert_with(|| SplitMix::new(self.opts.seed ^ ((role as u64 + 1) * 0x9E37_79B9)));
         // Four draws per spawn, armed or not, so that the schedule depends on the seed alone.
         let (share, max) = role.arming();
         let (arm, pick, hit, hook) = (rng.unit(), rng.next_u64(), rng.next_u64(), rng.unit());
@@ -424,7 +424,7 @@ impl Supervisor {
                 "  kill #{kills:<4} {at}, pid {}, #{} ",
                 p.pid, p.incarnation
             );
-        } else if kills % 10 == 0 {
+        } else if kills.is_multiple_of(10) {
             println!("  {kills} kills");
         }
     }
@@ -739,7 +739,12 @@ pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
     let oracle = dir.join("oracle.log");
     let created = world.create(ACK_WAIT).await;
     let ran = match created {
-        Ok(()) => run(&world, &opts, &oracle).await,
+        // Interrupted: the roles go with the driver's handles (killed on drop), and the tables
+        // and stream are dropped all the same.
+        Ok(()) => tokio::select! {
+            ran = run(&world, &opts, &oracle) => ran,
+            _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
+        },
         Err(e) => Err(e),
     };
     match world.drop_all().await {
@@ -754,7 +759,9 @@ pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
             let _ = std::fs::remove_dir_all(&dir);
         }
         _ => {
-            println!("crash: the oracle is kept at {}", oracle.display());
+            if oracle.exists() {
+                println!("crash: the oracle is kept at {}", oracle.display());
+            }
             println!("crash: seed {}; replay: {}", opts.seed, opts.replay());
         }
     }
@@ -897,6 +904,26 @@ fn summary(stats: &Stats, ops: &str, elapsed: Duration) {
             takeovers.join(", ")
         },
         stats.notes.get("duplicate-absorbed").unwrap_or(&0)
+    );
+    let note = |k: &str| stats.notes.get(k).copied().unwrap_or(0);
+    println!(
+        "  reconciler while killed and restarted: calls settled {} succeeded, {} failed, {} to the manual queue; \
+         server records {} completed, {} released",
+        note("reconciled succeeded"),
+        note("reconciled failed"),
+        note("reconciled manual"),
+        note("reconciled completed"),
+        note("reconciled released")
+    );
+    println!(
+        "  ledger     the clients that stopped cleanly wrote {} entries ({} failed), {} settled by a replay; asked again: {}",
+        note("ledger-writes written"),
+        note("ledger-writes failed"),
+        note("ledger-writes settled-by-replay"),
+        stats
+            .last_notes
+            .get("asked-again")
+            .map_or("nothing", String::as_str)
     );
     let minutes = stats.chaos.as_secs_f64() / 60.0;
     println!(

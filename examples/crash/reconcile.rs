@@ -225,7 +225,7 @@ pub(crate) async fn run() -> Result<(), BoxError> {
                 let settled = calls.succeeded + calls.failed + calls.to_manual;
                 if settled + records.completed + records.released > 0 {
                     crashpoint::say(&format!(
-                        "note reconciled calls {} {} {} records {} {}",
+                        "note reconciled succeeded {} failed {} manual {} completed {} released {}",
                         calls.succeeded,
                         calls.failed,
                         calls.to_manual,

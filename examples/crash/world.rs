@@ -121,7 +121,7 @@ impl World {
         js: &jetstream::Context,
     ) -> Result<consumer::PullConsumer, BoxError> {
         let stream = js.get_stream(&self.prefix).await?;
-        Ok(stream.get_consumer(CONSUMER).await?)
+        stream.get_consumer(CONSUMER).await
     }
 
     /// Makes the run's tables (the services' own, and the crate's stores through their
@@ -201,8 +201,14 @@ impl World {
                 &[&pattern],
             )
             .await?;
-        let js = self.jetstream().await?;
-        let stream = match js.delete_stream(&self.prefix).await {
+        let deleted = match self.jetstream().await {
+            Ok(js) => js
+                .delete_stream(&self.prefix)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(chain(&*e)),
+        };
+        let stream = match deleted {
             Ok(_) => format!(" and the stream {}", self.prefix),
             Err(e) => format!(" (the stream {} could not be deleted: {e})", self.prefix),
         };
