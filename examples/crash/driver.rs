@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -17,8 +18,9 @@ use crate::crashpoint::{
     AFTER_APPLY, AFTER_COMMIT, AFTER_PAYMENT, AFTER_PUBLISH, ENV_CRASH_AT, IN_DOUBT, MID_RECONCILE,
 };
 use crate::order::{ENV_ADDR, ENV_HOOK};
+use crate::partition::{Net, Window};
 use crate::splitmix::SplitMix;
-use crate::world::World;
+use crate::world::{World, ENV_PG};
 use crate::{chain, invariants, reconcile, BoxError, ACK_WAIT};
 
 /// A role started later than this after its spawn is an error, not a hang.
@@ -111,6 +113,8 @@ pub(crate) struct Options {
     pub(crate) hookless: f64,
     pub(crate) check_journal: bool,
     pub(crate) verbose: bool,
+    /// Partition windows of the order service (0: none, and no namespace).
+    pub(crate) partitions: u32,
 }
 
 const DEFAULT_PG: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -119,8 +123,8 @@ const DEFAULT_WORKERS: u32 = 4;
 const DEFAULT_HOOKLESS: f64 = 0.1;
 
 const USAGE: &str = "usage: crash [driver] [--kills N] [--seed S] [--timeout SECS] [--workers N] \
-    [--hookless SHARE] [--check-journal] [--postgres URL] [--nats URL] [--verbose] \
-    [--partitions N]";
+    [--hookless SHARE] [--check-journal] [--partitions N] [--postgres URL] [--nats URL] \
+    [--verbose]";
 
 impl Options {
     pub(crate) fn parse(args: &[String]) -> Result<Options, BoxError> {
@@ -134,6 +138,7 @@ impl Options {
             hookless: DEFAULT_HOOKLESS,
             check_journal: false,
             verbose: false,
+            partitions: 0,
         };
         let mut args = args.iter();
         while let Some(arg) = args.next() {
@@ -152,12 +157,7 @@ impl Options {
                 "--nats" => o.nats = value("--nats")?,
                 "--check-journal" => o.check_journal = true,
                 "--verbose" => o.verbose = true,
-                "--partitions" => {
-                    return Err("--partitions is not built yet: the partitions in network \
-                                namespaces are left for later (no run without them passes \
-                                for one with them)"
-                        .into())
-                }
+                "--partitions" => o.partitions = value("--partitions")?.parse()?,
                 other => return Err(format!("unknown argument {other:?}; {USAGE}").into()),
             }
         }
@@ -187,6 +187,9 @@ impl Options {
         }
         if self.check_journal {
             cmd.push_str(" --check-journal");
+        }
+        if self.partitions > 0 {
+            cmd.push_str(&format!(" --partitions {}", self.partitions));
         }
         cmd
     }
@@ -243,6 +246,9 @@ pub(crate) struct Stats {
     pub(crate) hookless: u32,
     pub(crate) chaos: Duration,
     pub(crate) failures: Vec<String>,
+    /// Partition windows opened, by kind, and their time in all.
+    pub(crate) windows: BTreeMap<&'static str, u32>,
+    pub(crate) partitioned: Duration,
 }
 
 impl Stats {
@@ -273,8 +279,27 @@ impl RandomKills {
     }
 }
 
+/// The partition windows' schedule: a wait, a kind and a length, from the seed alone.
+struct Partitions(SplitMix);
+
+impl Partitions {
+    fn next(&mut self) -> (Duration, Window, Duration) {
+        let wait = Duration::from_secs(2)
+            .mul_f64(self.0.exponential())
+            .clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let window = match self.0.next_u64() % 3 {
+            0 => Window::Cut,
+            1 => Window::Loss,
+            _ => Window::Delay,
+        };
+        let length = Duration::from_millis(300 + self.0.next_u64() % 1200);
+        (wait, window, length)
+    }
+}
+
 struct Supervisor {
     exe: PathBuf,
+    net: Option<Arc<Net>>,
     env: Vec<(&'static str, String)>,
     opts: Options,
     procs: HashMap<Role, Proc>,
@@ -319,7 +344,10 @@ impl Supervisor {
         if !hook {
             self.stats.hookless += 1;
         }
-        let mut cmd = Command::new(&self.exe);
+        let mut cmd = match &self.net {
+            Some(net) if role == Role::Order => net.command(&self.exe),
+            _ => Command::new(&self.exe),
+        };
         cmd.arg(role.name())
             .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
             .env(ENV_INCARNATION, incarnation.to_string())
@@ -333,6 +361,10 @@ impl Supervisor {
             Some((point, n)) => cmd.env(ENV_CRASH_AT, format!("{point}:{n}")),
             None => cmd.env_remove(ENV_CRASH_AT),
         };
+        if let Some(net) = self.net.as_ref().filter(|_| role == Role::Order) {
+            // Inside the namespace, PostgreSQL is reached through the driver's relay.
+            cmd.env(ENV_PG, &net.pg_url);
+        }
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot start the role {}: {e}", role.name()))?;
@@ -588,7 +620,17 @@ impl Supervisor {
         let mut random = RandomKills(SplitMix::new(self.opts.seed ^ 0x0BAD_5EED));
         let (wait, mut target) = random.next();
         let mut due = Instant::now() + wait;
-        while self.stats.kills() < self.opts.kills {
+        let mut partitions = Partitions(SplitMix::new(self.opts.seed ^ 0x9A47_1710));
+        let (wait, mut window, mut length) = partitions.next();
+        let mut partition_due = Instant::now() + wait;
+        // The window open now, and when it heals.
+        let mut open: Option<Instant> = None;
+        let windows = |s: &Stats| s.windows.values().sum::<u32>();
+        let far = Duration::from_secs(3600);
+        while self.stats.kills() < self.opts.kills
+            || windows(&self.stats) < self.opts.partitions
+            || open.is_some()
+        {
             if Instant::now() >= until {
                 return Err(format!(
                     "the chaos did not reach {} kills within {}s ({} so far)",
@@ -602,14 +644,53 @@ impl Supervisor {
             enum Step {
                 Ev(Option<Ev>),
                 Due,
+                Partition,
             }
+            let kills_left = self.stats.kills() < self.opts.kills;
+            if !kills_left && self.arm {
+                // The kills are done; the partitions go on without them.
+                self.disarm().await;
+            }
+            let kill_at = if kills_left {
+                due
+            } else {
+                Instant::now() + far
+            };
+            let partition_at = match (&self.net, open) {
+                (Some(_), Some(heal)) => heal,
+                (Some(_), None) if windows(&self.stats) < self.opts.partitions => partition_due,
+                _ => Instant::now() + far,
+            };
             let step = tokio::select! {
                 ev = self.rx.recv() => Step::Ev(ev),
-                _ = tokio::time::sleep_until(due) => Step::Due,
+                _ = tokio::time::sleep_until(kill_at) => Step::Due,
+                _ = tokio::time::sleep_until(partition_at) => Step::Partition,
             };
             match step {
                 Step::Ev(Some(ev)) => self.handle(ev)?,
                 Step::Ev(None) => return Err("the event channel closed".into()),
+                Step::Partition => {
+                    let Some(net) = self.net.clone() else {
+                        continue;
+                    };
+                    if open.take().is_some() {
+                        net.heal()?;
+                        if self.opts.verbose {
+                            println!("  heal       the order service's network");
+                        }
+                        let (wait, w, l) = partitions.next();
+                        (window, length) = (w, l);
+                        partition_due = Instant::now() + wait;
+                    } else {
+                        net.open(window)?;
+                        *self.stats.windows.entry(window.name()).or_default() += 1;
+                        self.stats.partitioned += length;
+                        if self.opts.verbose {
+                            println!("  partition  {} for {}", window.name(), ms(length));
+                        }
+                        open = Some(Instant::now() + length);
+                    }
+                }
                 Step::Due if self.is_up(target) => {
                     self.kill(target, "random");
                     let (wait, next) = random.next();
@@ -737,11 +818,29 @@ pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
     std::fs::create_dir_all(&dir)?;
     let oracle = dir.join("oracle.log");
     let created = world.create(ACK_WAIT).await;
+    // The namespace, when asked for: it fails the run with the reason if it cannot be made.
+    let net = match (&created, opts.partitions) {
+        (Ok(()), 1..) => match Net::create(&opts.pg).await {
+            Ok(net) => {
+                println!(
+                    "  partitions: the order service in the network namespace {} ({}), {} windows",
+                    net.ns, net.inner_ip, opts.partitions
+                );
+                Ok(Some(Arc::new(net)))
+            }
+            Err(e) => Err(e),
+        },
+        _ => Ok(None),
+    };
+    let created = match (created, net) {
+        (Ok(()), Ok(net)) => Ok(net),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
     let ran = match created {
         // Interrupted: the roles go with the driver's handles (killed on drop), and the tables
         // and stream are dropped all the same.
-        Ok(()) => tokio::select! {
-            ran = run(&world, &opts, &oracle) => ran,
+        Ok(net) => tokio::select! {
+            ran = run(&world, &opts, &oracle, net) => ran,
             _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
         },
         Err(e) => Err(e),
@@ -769,16 +868,26 @@ pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
     ran
 }
 
-async fn run(world: &World, opts: &Options, oracle: &std::path::Path) -> Result<bool, BoxError> {
+async fn run(
+    world: &World,
+    opts: &Options,
+    oracle: &std::path::Path,
+    net: Option<Arc<Net>>,
+) -> Result<bool, BoxError> {
     let started = Instant::now();
     let (tx, rx) = mpsc::unbounded_channel();
     let mut env = world.env();
-    env.push((ENV_ADDR, free_port()?.to_string()));
+    let mut order_addr = free_port()?;
+    if let Some(net) = &net {
+        order_addr.set_ip(net.inner_ip.into());
+    }
+    env.push((ENV_ADDR, order_addr.to_string()));
     env.push((ENV_ORACLE, oracle.display().to_string()));
     env.push((ENV_SEED, opts.seed.to_string()));
     env.push((ENV_WORKERS, opts.workers.to_string()));
     let mut sup = Supervisor {
         exe: std::env::current_exe()?,
+        net,
         env,
         opts: opts.clone(),
         procs: HashMap::new(),
@@ -925,6 +1034,19 @@ fn summary(stats: &Stats, ops: &str, elapsed: Duration) {
             .get("asked-again")
             .map_or("nothing", String::as_str)
     );
+    if !stats.windows.is_empty() {
+        let windows: Vec<String> = stats
+            .windows
+            .iter()
+            .map(|(w, n)| format!("{w} {n}"))
+            .collect();
+        println!(
+            "  partitions {} windows of the order service ({}), {} in all",
+            stats.windows.values().sum::<u32>(),
+            windows.join(", "),
+            ms(stats.partitioned)
+        );
+    }
     let minutes = stats.chaos.as_secs_f64() / 60.0;
     println!(
         "  elapsed    {:.1}s in all, {:.1}s of kills: {:.0} kills per minute",

@@ -66,7 +66,24 @@
 //!
 //! Options: `--kills N` (60), `--seed S` (from the clock if absent), `--workers N` (the client's
 //! calls in flight, 4), `--hookless SHARE` (0.1), `--timeout SECS` (the kills' limit: 4 s a kill,
-//! at least 2 minutes), `--check-journal`, `--verbose` (every start, kill and role's line).
+//! at least 2 minutes), `--check-journal`, `--verbose` (every start, kill and role's line), and
+//! `--partitions N`.
+//!
+//! # Partitions
+//!
+//! `--partitions N` (as root, with `ip` and `nft`: `apt-get install -y nftables`) runs the order
+//! service in a network namespace of its own, joined to the host by a veth pair, and opens `N`
+//! seeded windows during the kills, each 0.3 to 1.5 s: **cut** (nftables inside the namespace
+//! drops everything on its veth: the client cannot reach the order service, nor it PostgreSQL),
+//! **loss** (one packet in ten dropped, `numgen random mod 10 0 drop`), or **delay** (the driver's
+//! TCP relay to PostgreSQL holds every chunk 200 ms; this kernel has no `netem`). PostgreSQL
+//! listens on 127.0.0.1 of the host only, so the order service reaches it through that relay on
+//! the host's veth address. If the namespace cannot be made, the run says why and exits with an
+//! error; it never passes without its partitions. The namespace goes at the end.
+//!
+//! ```sh
+//! cargo run --release --all-features --example crash -- --kills 60 --seed 7 --partitions 20
+//! ```
 //!
 //! # Replaying a seed
 //!
@@ -91,6 +108,7 @@ mod crashpoint;
 mod driver;
 mod invariants;
 mod order;
+mod partition;
 mod pipeline;
 mod reconcile;
 mod world;
