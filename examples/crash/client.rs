@@ -1,0 +1,410 @@
+//! The `client` role: places orders through surely's client stack (`surely::client::http()` over
+//! hyper-util), with a `LedgerRecorder` over the `PostgresLedger`, and writes the oracle.
+//!
+//! * Keyed orders (`k-{incarnation}-{n}`): `Idempotency-Key` and business key `k-…`; the stack
+//!   is told the server honours keys, so a maybe-committed attempt is sent again with the same
+//!   key, within the call's deadline.
+//! * Unkeyed orders (`u-{incarnation}-{n}`): no key, business key `u-…`; a POST that may have
+//!   been committed is never sent again: it ends unknown.
+//!
+//! The oracle is an append-only file, each line synced to disk before the next step: `started
+//! KEY INCARNATION` before a call, `ended KEY OUTCOME DETAIL` after it. A call that ended
+//! unknown is written `ended` only once the recorder has flushed it to the ledger; a call killed
+//! between the two counts as in flight.
+//!
+//! With `CRASH_MODE=recover` the role asks again instead: every keyed order that ended unknown,
+//! or never ended, and whose ledger entries are not all settled, is sent once more with its key
+//! (asking again is the query), so that no idempotency record stays with a dead owner.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use surely::headers::{IDEMPOTENCY_ERROR, IDEMPOTENCY_KEY};
+use surely::ledger::{EntryState, Ledger, LedgerRecorder};
+use surely::record::{BusinessKey, WatchedBody};
+use surely::retry::backoff::Backoff;
+use surely::{Outcome, OutcomeExt};
+use tower::{Service, ServiceExt};
+
+use crate::crashpoint::{self, IN_DOUBT};
+use crate::splitmix::SplitMix;
+use crate::world::{is_keyed, World};
+use crate::{chain, BoxError, CALL_DEADLINE};
+
+/// The oracle file.
+pub(crate) const ENV_ORACLE: &str = "CRASH_ORACLE";
+/// The client's incarnation (part of its keys).
+pub(crate) const ENV_INCARNATION: &str = "CRASH_INCARNATION";
+/// The run's seed.
+pub(crate) const ENV_SEED: &str = "CRASH_SEED";
+/// `recover`: ask again for the orders left in doubt.
+pub(crate) const ENV_MODE: &str = "CRASH_MODE";
+/// How many calls the client keeps in flight.
+pub(crate) const ENV_WORKERS: &str = "CRASH_WORKERS";
+
+/// The share of orders placed with a key.
+const KEYED_SHARE: f64 = 0.7;
+/// A worker's pause between calls.
+const PACE: Duration = Duration::from_millis(8);
+/// The wait before a retry when the server says nothing.
+const RETRY_BACKOFF: Duration = Duration::from_millis(100);
+/// At most this many attempts per call; the deadline bounds them first.
+const MAX_ATTEMPTS: u32 = 30;
+/// The recovery's passes over the orders left in doubt, and its calls in flight.
+const RECOVER_PASSES: usize = 2;
+const RECOVER_WORKERS: usize = 8;
+
+/// A client stack over hyper-util.
+pub(crate) trait HttpClient:
+    Service<
+        Request<Full<Bytes>>,
+        Response = Response<WatchedBody<Incoming>>,
+        Error = surely::Error<hyper_util::client::legacy::Error>,
+        Future: Send,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> HttpClient for S where
+    S: Service<
+            Request<Full<Bytes>>,
+            Response = Response<WatchedBody<Incoming>>,
+            Error = surely::Error<hyper_util::client::legacy::Error>,
+            Future: Send,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// The stack for keyed orders.
+fn keyed_stack(recorder: &LedgerRecorder) -> Result<impl HttpClient, BoxError> {
+    Ok(surely::client::http()
+        .server_honours_keys()
+        .timeout(CALL_DEADLINE)
+        .no_budget()
+        .no_breaker()
+        .retry(|r| {
+            r.backoff(Backoff::constant(RETRY_BACKOFF))
+                .max_attempts(MAX_ATTEMPTS)
+        })
+        .recorder(recorder.clone())
+        // JOURNAL: the intent journal (the ledger recorder as the journal), once
+        // `ClientBuilder::journal` exists: uncomment here and in `unkeyed_stack`, and run the
+        // driver with `--check-journal` (invariant 5).
+        // .journal(recorder.clone())
+        .build(surely::hyper::transport())?)
+}
+
+/// The stack for unkeyed orders: no key is generated, so a POST that may have been committed
+/// is never sent again.
+fn unkeyed_stack(recorder: &LedgerRecorder) -> Result<impl HttpClient, BoxError> {
+    Ok(surely::client::http()
+        .no_idempotency_keys()
+        .timeout(CALL_DEADLINE)
+        .no_budget()
+        .no_breaker()
+        .retry(|r| {
+            r.backoff(Backoff::constant(RETRY_BACKOFF))
+                .max_attempts(MAX_ATTEMPTS)
+        })
+        .recorder(recorder.clone())
+        // JOURNAL: the same line as in `keyed_stack`.
+        // .journal(recorder.clone())
+        .build(surely::hyper::transport())?)
+}
+
+/// The append-only oracle, each line synced before the caller goes on.
+#[derive(Clone)]
+struct Oracle(Arc<Mutex<File>>);
+
+impl Oracle {
+    fn open(path: &PathBuf) -> Result<Oracle, BoxError> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(Oracle(Arc::new(Mutex::new(file))))
+    }
+
+    async fn line(&self, line: String) -> Result<(), BoxError> {
+        let file = self.0.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut f = file.lock().unwrap_or_else(|e| e.into_inner());
+            f.write_all(line.as_bytes())?;
+            f.write_all(b"\n")?;
+            f.sync_data()
+        })
+        .await??;
+        Ok(())
+    }
+}
+
+/// How a call ended, for the oracle.
+fn outcome_name(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Succeeded => "succeeded",
+        Outcome::Failed => "failed",
+        Outcome::Unknown => "unknown",
+    }
+}
+
+/// One order, through `stack`: the outcome and a word on the answer (its status, and the
+/// server's `idempotency-error` if any; or `error`).
+async fn place(
+    stack: impl HttpClient,
+    uri: &str,
+    key: &str,
+) -> Result<(Outcome, String), BoxError> {
+    let mut req = Request::post(uri);
+    if is_keyed(key) {
+        req = req.header(IDEMPOTENCY_KEY, key);
+    }
+    let mut req = req.body(Full::new(Bytes::from(key.to_owned())))?;
+    req.extensions_mut().insert(BusinessKey::new(key));
+    let res = stack.oneshot(req).await;
+    let outcome = res.outcome();
+    let detail = match res {
+        Ok(res) => {
+            let status = res.status().as_u16();
+            let error = res
+                .headers()
+                .get(IDEMPOTENCY_ERROR)
+                .and_then(|v| v.to_str().ok())
+                .map_or(String::new(), |v| format!("/{v}"));
+            let replayed = if res.is_replayed() { "/replayed" } else { "" };
+            // Reading the body to its end settles the attempt's record.
+            match res.into_body().collect().await {
+                Ok(_) => format!("{status}{error}{replayed}"),
+                Err(_) => format!("{status}/body-broke"),
+            }
+        }
+        Err(e) => format!("error:{}", chain(&e).replace(' ', "_")),
+    };
+    Ok((outcome, detail))
+}
+
+struct Calls<K, U> {
+    keyed: K,
+    unkeyed: U,
+    recorder: LedgerRecorder,
+    oracle: Oracle,
+    uri: String,
+    incarnation: u64,
+}
+
+impl<K: HttpClient + Sync, U: HttpClient + Sync> Calls<K, U> {
+    /// One call, between its two oracle lines.
+    async fn call(&self, key: &str) -> Result<(Outcome, String), BoxError> {
+        self.oracle
+            .line(format!("started {key} {}", self.incarnation))
+            .await?;
+        let (outcome, detail) = if is_keyed(key) {
+            place(self.keyed.clone(), &self.uri, key).await?
+        } else {
+            place(self.unkeyed.clone(), &self.uri, key).await?
+        };
+        if outcome == Outcome::Unknown {
+            crashpoint::at(IN_DOUBT).await;
+            self.recorder.flush().await;
+        }
+        let mut detail = detail;
+        detail.truncate(200);
+        self.oracle
+            .line(format!("ended {key} {} {detail}", outcome_name(outcome)))
+            .await?;
+        Ok((outcome, detail))
+    }
+}
+
+pub(crate) async fn run() -> Result<(), BoxError> {
+    let stopped = crashpoint::control();
+    let world = World::from_env()?;
+    world.reach_postgres().await?;
+    let var = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
+    let oracle = Oracle::open(&PathBuf::from(var(ENV_ORACLE)?))?;
+    let incarnation: u64 = var(ENV_INCARNATION)?.parse()?;
+    let seed: u64 = var(ENV_SEED)?.parse()?;
+    let workers: u64 = var(ENV_WORKERS)?.parse()?;
+    let addr = var(crate::order::ENV_ADDR)?;
+    let recover = std::env::var(ENV_MODE).is_ok_and(|m| m == "recover");
+    let ledger = world.ledger()?;
+    let recorder = LedgerRecorder::new(ledger.clone());
+    let calls = Arc::new(Calls {
+        keyed: keyed_stack(&recorder)?,
+        unkeyed: unkeyed_stack(&recorder)?,
+        recorder: recorder.clone(),
+        oracle,
+        uri: format!("http://{addr}/orders"),
+        incarnation,
+    });
+    crashpoint::ready();
+    if recover {
+        let path = PathBuf::from(var(ENV_ORACLE)?);
+        ask_again(&calls, &ledger, &path).await?;
+    } else {
+        let next = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for w in 0..workers {
+            let calls = calls.clone();
+            let next = next.clone();
+            let stopped = stopped.clone();
+            let mut rng = SplitMix::new(seed ^ (incarnation << 20) ^ (w << 8) ^ 0xC11E);
+            tasks.push(tokio::spawn(async move {
+                while !*stopped.borrow() {
+                    let n = next.fetch_add(1, Ordering::SeqCst);
+                    let kind = if rng.unit() < KEYED_SHARE { "k" } else { "u" };
+                    let key = format!("{kind}-{incarnation}-{n}");
+                    calls.call(&key).await?;
+                    tokio::time::sleep(PACE).await;
+                }
+                Ok::<_, BoxError>(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+    }
+    recorder.flush().await;
+    let w = recorder.writes();
+    crashpoint::say(&format!(
+        "note ledger-writes written {} failed {} settled-by-replay {}",
+        w.written, w.failed, w.settled_by_replay
+    ));
+    Ok(())
+}
+
+/// What the oracle says of each key: how often it was started, and its last ending.
+pub(crate) fn read_oracle(path: &PathBuf) -> Result<Vec<Line>, BoxError> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(text.lines().filter_map(Line::parse).collect())
+}
+
+/// One line of the oracle.
+#[derive(Clone, Debug)]
+pub(crate) enum Line {
+    Started {
+        key: String,
+        incarnation: u64,
+    },
+    Ended {
+        key: String,
+        outcome: String,
+        detail: String,
+    },
+}
+
+impl Line {
+    fn parse(line: &str) -> Option<Line> {
+        let mut words = line.split(' ');
+        match words.next()? {
+            "started" => Some(Line::Started {
+                key: words.next()?.to_owned(),
+                incarnation: words.next()?.parse().ok()?,
+            }),
+            "ended" => Some(Line::Ended {
+                key: words.next()?.to_owned(),
+                outcome: words.next()?.to_owned(),
+                detail: words.next().unwrap_or("").to_owned(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The keyed orders to ask about again: those whose last call ended unknown or never ended.
+fn in_doubt(lines: &[Line]) -> Vec<String> {
+    let mut last: HashMap<&str, Option<&str>> = HashMap::new();
+    let mut order = Vec::new();
+    for line in lines {
+        match line {
+            Line::Started { key, .. } => {
+                if !last.contains_key(key.as_str()) {
+                    order.push(key.as_str());
+                }
+                last.insert(key, None);
+            }
+            Line::Ended { key, outcome, .. } => {
+                last.insert(key, Some(outcome));
+            }
+        }
+    }
+    order
+        .into_iter()
+        .filter(|k| is_keyed(k) && matches!(last.get(k), Some(None) | Some(Some("unknown"))))
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn ask_again<K, U>(
+    calls: &Arc<Calls<K, U>>,
+    ledger: &surely::ledger::PostgresLedger,
+    oracle: &PathBuf,
+) -> Result<(), BoxError>
+where
+    K: HttpClient + Sync,
+    U: HttpClient + Sync,
+{
+    let mut asked = 0;
+    let mut skipped = 0;
+    let mut ends: HashMap<&'static str, usize> = HashMap::new();
+    for _ in 0..RECOVER_PASSES {
+        let mut todo = Vec::new();
+        for key in in_doubt(&read_oracle(oracle)?) {
+            let entries = ledger.by_key(&key).await?;
+            // A settled verdict is final: the caller does not send the key again.
+            if !entries.is_empty() && entries.iter().all(|e| e.state == EntryState::Settled) {
+                skipped += 1;
+                continue;
+            }
+            todo.push(key);
+        }
+        if todo.is_empty() {
+            break;
+        }
+        let queue = Arc::new(Mutex::new(todo));
+        let mut tasks = Vec::new();
+        for _ in 0..RECOVER_WORKERS {
+            let queue = queue.clone();
+            let calls = calls.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                loop {
+                    let Some(key) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
+                        return Ok::<_, BoxError>(got);
+                    };
+                    let (outcome, detail) = calls.call(&key).await?;
+                    // The server's own UNKNOWN: asking again changes nothing until it is settled.
+                    let server_unknown = detail.contains("IDEMPOTENCY_OUTCOME_UNKNOWN");
+                    got.push((outcome, server_unknown));
+                }
+            }));
+        }
+        let mut again = false;
+        for t in tasks {
+            for (outcome, server_unknown) in t.await?? {
+                asked += 1;
+                *ends.entry(outcome_name(outcome)).or_default() += 1;
+                again |= outcome == Outcome::Unknown && !server_unknown;
+            }
+        }
+        if !again {
+            break;
+        }
+    }
+    crashpoint::say(&format!(
+        "note asked-again asked {asked} skipped {skipped} succeeded {} failed {} unknown {}",
+        ends.get("succeeded").unwrap_or(&0),
+        ends.get("failed").unwrap_or(&0),
+        ends.get("unknown").unwrap_or(&0)
+    ));
+    Ok(())
+}

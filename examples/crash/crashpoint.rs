@@ -1,0 +1,109 @@
+//! A role's side of the driver's protocol: the lines it prints (`@@ ready`, `@@ crashpoint
+//! NAME`, `@@ note …`), the crash point the driver armed for this incarnation, and its
+//! standard input (`disarm`; end of input: stop).
+//!
+//! A crash point is a named place in a role's code. The driver arms at most one per process
+//! incarnation, with `CRASH_AT=NAME:N`: the `N`-th time the process reaches `NAME`, it prints
+//! `@@ crashpoint NAME` (flushed) and waits there forever; the driver reads the line and kills
+//! the process with SIGKILL. Nothing after the point runs.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::sync::{Mutex, OnceLock};
+
+use tokio::sync::watch;
+
+/// The order service, after its transaction committed and before it replies.
+pub(crate) const AFTER_COMMIT: &str = "after-commit";
+/// The order service, after the payment provider took the payment and before the checkpoint
+/// that records it.
+pub(crate) const AFTER_PAYMENT: &str = "after-payment";
+/// The relay, after JetStream acknowledged a batch and before the outbox marks it published.
+pub(crate) const AFTER_PUBLISH: &str = "after-publish";
+/// The consumer, after its transaction (inventory change and inbox record) committed and
+/// before it acknowledges the message.
+pub(crate) const AFTER_APPLY: &str = "after-apply";
+/// The reconciler, with an entry or a record claimed and its answer found, before it settles.
+pub(crate) const MID_RECONCILE: &str = "mid-reconcile";
+/// The client, after a call ended unknown and before it knows the ledger has the entry.
+pub(crate) const IN_DOUBT: &str = "in-doubt";
+
+/// The variable that arms a point: `NAME:N`.
+pub(crate) const ENV_CRASH_AT: &str = "CRASH_AT";
+
+#[derive(Default)]
+struct Armed {
+    /// The point and on which hit it fires.
+    point: Option<(String, u32)>,
+    hits: HashMap<String, u32>,
+}
+
+fn armed() -> &'static Mutex<Armed> {
+    static ARMED: OnceLock<Mutex<Armed>> = OnceLock::new();
+    ARMED.get_or_init(|| {
+        let point = std::env::var(ENV_CRASH_AT).ok().and_then(|v| {
+            let (name, n) = v.split_once(':')?;
+            Some((name.to_owned(), n.parse().ok()?))
+        });
+        Mutex::new(Armed {
+            point,
+            hits: HashMap::new(),
+        })
+    })
+}
+
+fn lock() -> std::sync::MutexGuard<'static, Armed> {
+    armed().lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reaches `point`: if it is armed and this is its hit, says so and never returns.
+pub(crate) async fn at(point: &str) {
+    let fire = {
+        let mut armed = lock();
+        let hits = armed.hits.entry(point.to_owned()).or_default();
+        *hits += 1;
+        let hit = *hits;
+        matches!(&armed.point, Some((name, n)) if name == point && *n == hit)
+    };
+    if fire {
+        say(&format!("crashpoint {point}"));
+        std::future::pending::<()>().await;
+    }
+}
+
+/// One protocol line to the driver, flushed.
+pub(crate) fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    // The driver is gone if its pipe is: nothing to tell then.
+    let _ = writeln!(out, "@@ {line}");
+    let _ = out.flush();
+}
+
+/// Tells the driver the role serves.
+pub(crate) fn ready() {
+    say("ready");
+}
+
+/// Reads the driver's commands from standard input on a thread of its own: `disarm` clears the
+/// armed point; the end of input (the driver closed it, or died) turns the returned watch true:
+/// the role stops.
+pub(crate) fn control() -> watch::Receiver<bool> {
+    let (stop, stopped) = watch::channel(false);
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for line in stdin.lock().lines() {
+            match line {
+                Ok(l) if l.trim() == "disarm" => lock().point = None,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        let _ = stop.send(true);
+    });
+    stopped
+}
+
+/// Resolves once `stopped` turns true (or its sender is gone).
+pub(crate) async fn stop_of(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|s| *s).await;
+}

@@ -1,0 +1,1061 @@
+//! The `driver` role: makes the run's schema, starts the other roles as processes, kills them
+//! with SIGKILL (at their crash points, and at random times), restarts them, then stops the
+//! kills, lets everything drain, reconciles twice and checks the invariants.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{ChildStdin, Command};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::client::{ENV_INCARNATION, ENV_MODE, ENV_ORACLE, ENV_SEED, ENV_WORKERS};
+use crate::crashpoint::{
+    AFTER_APPLY, AFTER_COMMIT, AFTER_PAYMENT, AFTER_PUBLISH, ENV_CRASH_AT, IN_DOUBT, MID_RECONCILE,
+};
+use crate::order::{ENV_ADDR, ENV_HOOK};
+use crate::partition::{Net, Window};
+use crate::splitmix::SplitMix;
+use crate::world::{World, ENV_PG};
+use crate::{chain, invariants, reconcile, BoxError, ACK_WAIT};
+
+/// A role started later than this after its spawn is an error, not a hang.
+const STARTUP_LIMIT: Duration = Duration::from_secs(15);
+/// How long a role told to stop may take.
+const STOP_LIMIT: Duration = Duration::from_secs(15);
+/// The asking-again client's limit.
+const RECOVER_LIMIT: Duration = Duration::from_secs(90);
+/// The relay and the consumer's limit to catch up at the end.
+const DRAIN_LIMIT: Duration = Duration::from_secs(40);
+/// The mean wait between random kills.
+const RANDOM_MEAN: Duration = Duration::from_millis(700);
+/// Unexpected exits (not killed by the driver) before the run gives up.
+const MAX_UNEXPECTED: usize = 10;
+/// A role's line marking the protocol.
+const PROTOCOL: &str = "@@ ";
+
+/// The processes the driver runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Role {
+    Order,
+    Relay,
+    Consumer,
+    Client,
+    Reconciler,
+}
+
+const ROLES: [Role; 5] = [
+    Role::Order,
+    Role::Relay,
+    Role::Consumer,
+    Role::Client,
+    Role::Reconciler,
+];
+
+impl Role {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Role::Order => "order",
+            Role::Relay => "relay",
+            Role::Consumer => "consumer",
+            Role::Client => "client",
+            Role::Reconciler => "reconciler",
+        }
+    }
+
+    /// Its crash points.
+    fn points(self) -> &'static [&'static str] {
+        match self {
+            Role::Order => &[AFTER_COMMIT, AFTER_PAYMENT],
+            Role::Relay => &[AFTER_PUBLISH],
+            Role::Consumer => &[AFTER_APPLY],
+            Role::Client => &[IN_DOUBT],
+            Role::Reconciler => &[MID_RECONCILE],
+        }
+    }
+
+    /// The share of incarnations armed with a point, and the latest hit it fires on.
+    fn arming(self) -> (f64, u64) {
+        match self {
+            Role::Order => (0.6, 40),
+            Role::Relay => (0.5, 15),
+            Role::Consumer => (0.5, 40),
+            Role::Client => (0.5, 3),
+            Role::Reconciler => (0.5, 5),
+        }
+    }
+
+    /// Its weight among the random kills.
+    fn weight(self) -> f64 {
+        match self {
+            Role::Order => 0.3,
+            Role::Relay => 0.15,
+            Role::Consumer => 0.2,
+            Role::Client => 0.2,
+            Role::Reconciler => 0.15,
+        }
+    }
+}
+
+/// The driver's options.
+#[derive(Clone, Debug)]
+pub(crate) struct Options {
+    pub(crate) kills: u32,
+    pub(crate) seed: u64,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) pg: String,
+    pub(crate) nats: String,
+    pub(crate) workers: u32,
+    pub(crate) hookless: f64,
+    pub(crate) check_journal: bool,
+    pub(crate) verbose: bool,
+    /// Partition windows of the order service (0: none, and no namespace).
+    pub(crate) partitions: u32,
+}
+
+const DEFAULT_PG: &str = "postgres://postgres@127.0.0.1:5432/test";
+const DEFAULT_NATS: &str = "nats://127.0.0.1:4222";
+const DEFAULT_WORKERS: u32 = 4;
+const DEFAULT_HOOKLESS: f64 = 0.1;
+
+const USAGE: &str = "usage: crash [driver] [--kills N] [--seed S] [--timeout SECS] [--workers N] \
+    [--hookless SHARE] [--check-journal] [--partitions N] [--postgres URL] [--nats URL] \
+    [--verbose]";
+
+impl Options {
+    pub(crate) fn parse(args: &[String]) -> Result<Options, BoxError> {
+        let mut o = Options {
+            kills: 60,
+            seed: SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64 % 1_000_000,
+            timeout: None,
+            pg: std::env::var("SURELY_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_PG.to_owned()),
+            nats: std::env::var("SURELY_NATS_URL").unwrap_or_else(|_| DEFAULT_NATS.to_owned()),
+            workers: DEFAULT_WORKERS,
+            hookless: DEFAULT_HOOKLESS,
+            check_journal: false,
+            verbose: false,
+            partitions: 0,
+        };
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| {
+                args.next()
+                    .cloned()
+                    .ok_or_else(|| format!("{name} needs a value; {USAGE}"))
+            };
+            match arg.as_str() {
+                "--kills" => o.kills = value("--kills")?.parse()?,
+                "--seed" => o.seed = value("--seed")?.parse()?,
+                "--timeout" => o.timeout = Some(Duration::from_secs(value("--timeout")?.parse()?)),
+                "--workers" => o.workers = value("--workers")?.parse()?,
+                "--hookless" => o.hookless = value("--hookless")?.parse()?,
+                "--postgres" => o.pg = value("--postgres")?,
+                "--nats" => o.nats = value("--nats")?,
+                "--check-journal" => o.check_journal = true,
+                "--verbose" => o.verbose = true,
+                "--partitions" => o.partitions = value("--partitions")?.parse()?,
+                other => return Err(format!("unknown argument {other:?}; {USAGE}").into()),
+            }
+        }
+        if o.kills == 0 || o.workers == 0 || !(0.0..=1.0).contains(&o.hookless) {
+            return Err(format!(
+                "--kills and --workers must be at least 1, --hookless within 0..=1; {USAGE}"
+            )
+            .into());
+        }
+        Ok(o)
+    }
+
+    /// The command that replays this run's schedule.
+    pub(crate) fn replay(&self) -> String {
+        let mut cmd = format!(
+            "cargo run --release --all-features --example crash -- --kills {} --seed {}",
+            self.kills, self.seed
+        );
+        if self.workers != DEFAULT_WORKERS {
+            cmd.push_str(&format!(" --workers {}", self.workers));
+        }
+        if self.hookless != DEFAULT_HOOKLESS {
+            cmd.push_str(&format!(" --hookless {}", self.hookless));
+        }
+        if let Some(t) = self.timeout {
+            cmd.push_str(&format!(" --timeout {}", t.as_secs()));
+        }
+        if self.check_journal {
+            cmd.push_str(" --check-journal");
+        }
+        if self.partitions > 0 {
+            cmd.push_str(&format!(" --partitions {}", self.partitions));
+        }
+        cmd
+    }
+
+    /// The chaos phase's limit: given, or 4 s a kill and at least 2 minutes.
+    fn chaos_limit(&self) -> Duration {
+        self.timeout
+            .unwrap_or(Duration::from_secs((u64::from(self.kills) * 4).max(120)))
+    }
+}
+
+/// What a role told the driver, or that it ended.
+enum Ev {
+    Line(Role, u64, String),
+    Exit {
+        role: Role,
+        incarnation: u64,
+        code: Option<i32>,
+        killed: bool,
+    },
+}
+
+/// A role's running process.
+struct Proc {
+    incarnation: u64,
+    pid: u32,
+    spawned: Instant,
+    ready: Option<Instant>,
+    armed: Option<(&'static str, u64)>,
+    stdin: Option<ChildStdin>,
+    kill: Option<oneshot::Sender<()>>,
+    killing: bool,
+    stopping: bool,
+}
+
+/// What happened, for the summary and the checks.
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) kills_at_point: BTreeMap<&'static str, u32>,
+    pub(crate) kills_random: BTreeMap<&'static str, u32>,
+    pub(crate) restarts: BTreeMap<&'static str, u32>,
+    /// From a kill to the role serving again.
+    pub(crate) recoveries: Vec<(Role, String, Duration)>,
+    pub(crate) unexpected: Vec<String>,
+    /// The client incarnations the driver killed.
+    pub(crate) killed_clients: BTreeSet<u64>,
+    /// The client incarnations that stopped when told to.
+    pub(crate) stopped_clients: BTreeSet<u64>,
+    /// What the roles noted, counted by kind.
+    pub(crate) notes: BTreeMap<String, u64>,
+    /// The last note of each kind that carries figures.
+    pub(crate) last_notes: BTreeMap<String, String>,
+    /// Incarnations started without the recovery hook.
+    pub(crate) hookless: u32,
+    pub(crate) chaos: Duration,
+    pub(crate) failures: Vec<String>,
+    /// Partition windows opened, by kind, and their time in all.
+    pub(crate) windows: BTreeMap<&'static str, u32>,
+    pub(crate) partitioned: Duration,
+}
+
+impl Stats {
+    pub(crate) fn kills(&self) -> u32 {
+        self.kills_at_point.values().sum::<u32>() + self.kills_random.values().sum::<u32>()
+    }
+}
+
+/// The random kills' schedule: a wait and a role, one after the other, from the seed alone.
+struct RandomKills(SplitMix);
+
+impl RandomKills {
+    fn next(&mut self) -> (Duration, Role) {
+        let wait = RANDOM_MEAN
+            .mul_f64(self.0.exponential())
+            .clamp(Duration::from_millis(30), Duration::from_secs(4));
+        let total: f64 = ROLES.iter().map(|r| r.weight()).sum();
+        let mut pick = self.0.unit() * total;
+        let mut role = Role::Order;
+        for r in ROLES {
+            role = r;
+            if pick < r.weight() {
+                break;
+            }
+            pick -= r.weight();
+        }
+        (wait, role)
+    }
+}
+
+/// The partition windows' schedule: a wait, a kind and a length, from the seed alone.
+struct Partitions(SplitMix);
+
+impl Partitions {
+    fn next(&mut self) -> (Duration, Window, Duration) {
+        let wait = Duration::from_secs(2)
+            .mul_f64(self.0.exponential())
+            .clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let window = match self.0.next_u64() % 3 {
+            0 => Window::Cut,
+            1 => Window::Loss,
+            _ => Window::Delay,
+        };
+        let length = Duration::from_millis(300 + self.0.next_u64() % 1200);
+        (wait, window, length)
+    }
+}
+
+struct Supervisor {
+    exe: PathBuf,
+    net: Option<Arc<Net>>,
+    env: Vec<(&'static str, String)>,
+    opts: Options,
+    procs: HashMap<Role, Proc>,
+    tx: mpsc::UnboundedSender<Ev>,
+    rx: mpsc::UnboundedReceiver<Ev>,
+    /// Each role's arming decisions, one stream per role: the same seed arms the same
+    /// incarnations the same way, whatever the order of events in real time.
+    arming: HashMap<Role, SplitMix>,
+    arm: bool,
+    incarnations: HashMap<Role, u64>,
+    /// Killed roles waiting to serve again: when, and at what.
+    pending: HashMap<Role, (Instant, String)>,
+    stats: Stats,
+}
+
+/// Figures a note carries: the `(word, number)` pairs of its line.
+fn figures(words: &[&str]) -> Vec<(String, u64)> {
+    words
+        .windows(2)
+        .filter_map(|w| Some((w[0].to_owned(), w[1].parse().ok()?)))
+        .collect()
+}
+
+impl Supervisor {
+    fn spawn(&mut self, role: Role, recover: bool) -> Result<(), BoxError> {
+        let incarnation = {
+            let n = self.incarnations.entry(role).or_default();
+            *n += 1;
+            *n
+        };
+        let rng = self
+            .arming
+            .entry(role)
+            .or_insert_with(|| SplitMix::new(self.opts.seed ^ ((role as u64 + 1) * 0x9E37_79B9)));
+        // Four draws per spawn, armed or not, so that the schedule depends on the seed alone.
+        let (share, max) = role.arming();
+        let (arm, pick, hit, hook) = (rng.unit(), rng.next_u64(), rng.next_u64(), rng.unit());
+        let points = role.points();
+        let armed = (self.arm && !recover && arm < share)
+            .then(|| (points[(pick % points.len() as u64) as usize], 1 + hit % max));
+        let hook = role != Role::Order || !self.arm || hook >= self.opts.hookless;
+        if !hook {
+            self.stats.hookless += 1;
+        }
+        let mut cmd = match &self.net {
+            Some(net) if role == Role::Order => net.command(&self.exe),
+            _ => Command::new(&self.exe),
+        };
+        cmd.arg(role.name())
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env(ENV_INCARNATION, incarnation.to_string())
+            .env(ENV_HOOK, if hook { "1" } else { "0" })
+            .env(ENV_MODE, if recover { "recover" } else { "run" })
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        match armed {
+            Some((point, n)) => cmd.env(ENV_CRASH_AT, format!("{point}:{n}")),
+            None => cmd.env_remove(ENV_CRASH_AT),
+        };
+        if let Some(net) = self.net.as_ref().filter(|_| role == Role::Order) {
+            // Inside the namespace, PostgreSQL is reached through the driver's relay.
+            cmd.env(ENV_PG, &net.pg_url);
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start the role {}: {e}", role.name()))?;
+        let pid = child.id().unwrap_or(0);
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if tx.send(Ev::Line(role, incarnation, line)).is_err() {
+                    return;
+                }
+            }
+        });
+        let (kill, killed) = oneshot::channel::<()>();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            // A dropped sender kills too: the driver let go of the process.
+            let (status, killed) = tokio::select! {
+                status = child.wait() => (status, false),
+                _ = killed => {
+                    let _ = child.start_kill();
+                    (child.wait().await, true)
+                }
+            };
+            let code = status.ok().and_then(|s| s.code());
+            let _ = tx.send(Ev::Exit {
+                role,
+                incarnation,
+                code,
+                killed,
+            });
+        });
+        if self.opts.verbose {
+            println!(
+                "  start      {} #{incarnation} (pid {pid}), crash point {}{}",
+                role.name(),
+                armed.map_or("none".to_owned(), |(p, n)| format!("{p}:{n}")),
+                if hook { "" } else { ", no recovery hook" }
+            );
+        }
+        self.procs.insert(
+            role,
+            Proc {
+                incarnation,
+                pid,
+                spawned: Instant::now(),
+                ready: None,
+                armed,
+                stdin,
+                kill: Some(kill),
+                killing: false,
+                stopping: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// SIGKILLs the role's process, counted as a kill at `what` (a point, or `random`).
+    fn kill(&mut self, role: Role, what: &'static str) {
+        let Some(p) = self.procs.get_mut(&role) else {
+            return;
+        };
+        if p.killing {
+            return;
+        }
+        p.killing = true;
+        if let Some(kill) = p.kill.take() {
+            let _ = kill.send(());
+        }
+        if what == "random" {
+            *self.stats.kills_random.entry(role.name()).or_default() += 1;
+        } else {
+            *self.stats.kills_at_point.entry(what).or_default() += 1;
+        }
+        if role == Role::Client {
+            self.stats.killed_clients.insert(p.incarnation);
+        }
+        let at = if what == "random" {
+            format!("{} (random)", role.name())
+        } else {
+            format!("{} ({what})", role.name())
+        };
+        self.pending.insert(role, (Instant::now(), at.clone()));
+        let kills = self.stats.kills();
+        if self.opts.verbose {
+            println!(
+                "  kill #{kills:<4} {at}, pid {}, #{} ",
+                p.pid, p.incarnation
+            );
+        } else if kills.is_multiple_of(10) {
+            println!("  {kills} kills");
+        }
+    }
+
+    fn is_up(&self, role: Role) -> bool {
+        self.procs
+            .get(&role)
+            .is_some_and(|p| p.ready.is_some() && !p.killing && !p.stopping)
+    }
+
+    fn handle(&mut self, ev: Ev) -> Result<(), BoxError> {
+        match ev {
+            Ev::Line(role, incarnation, line) => {
+                let current = self.procs.get(&role).map(|p| p.incarnation) == Some(incarnation);
+                let Some(said) = line.strip_prefix(PROTOCOL) else {
+                    if self.opts.verbose {
+                        println!("  {:<10} #{incarnation}: {line}", role.name());
+                    }
+                    return Ok(());
+                };
+                let words: Vec<&str> = said.split(' ').collect();
+                match words.as_slice() {
+                    ["ready"] if current => {
+                        if let Some(p) = self.procs.get_mut(&role) {
+                            p.ready = Some(Instant::now());
+                        }
+                        if let Some((at, what)) = self.pending.remove(&role) {
+                            self.stats.recoveries.push((role, what, at.elapsed()));
+                        }
+                    }
+                    ["crashpoint", point] if current => {
+                        let point = role
+                            .points()
+                            .iter()
+                            .find(|p| *p == point)
+                            .copied()
+                            .ok_or_else(|| {
+                                format!("{} named an unknown point {point}", role.name())
+                            })?;
+                        self.kill(role, point);
+                    }
+                    ["note", "takeover", _key, verdict] => {
+                        *self
+                            .stats
+                            .notes
+                            .entry(format!("takeover {verdict}"))
+                            .or_default() += 1;
+                    }
+                    ["note", kind, rest @ ..] => {
+                        *self.stats.notes.entry((*kind).to_owned()).or_default() += 1;
+                        for (name, n) in figures(rest) {
+                            *self
+                                .stats
+                                .notes
+                                .entry(format!("{kind} {name}"))
+                                .or_default() += n;
+                        }
+                        self.stats
+                            .last_notes
+                            .insert((*kind).to_owned(), rest.join(" "));
+                    }
+                    _ => {}
+                }
+            }
+            Ev::Exit {
+                role,
+                incarnation,
+                code,
+                killed,
+            } => {
+                let Some(p) = self.procs.get(&role) else {
+                    return Ok(());
+                };
+                if p.incarnation != incarnation {
+                    return Ok(());
+                }
+                let p = self.procs.remove(&role).ok_or("gone")?;
+                if p.stopping && !killed {
+                    if role == Role::Client && code == Some(0) {
+                        self.stats.stopped_clients.insert(incarnation);
+                    }
+                    if code != Some(0) {
+                        self.stats.failures.push(format!(
+                            "{} #{incarnation} stopped with exit code {code:?}",
+                            role.name()
+                        ));
+                    }
+                    return Ok(());
+                }
+                if p.stopping {
+                    return Ok(());
+                }
+                if !killed {
+                    let what = format!(
+                        "{} #{incarnation} (pid {}) exited on its own with code {code:?}",
+                        role.name(),
+                        p.pid
+                    );
+                    println!("  unexpected {what}");
+                    self.stats.unexpected.push(what);
+                    if self.stats.unexpected.len() > MAX_UNEXPECTED {
+                        return Err(format!(
+                            "more than {MAX_UNEXPECTED} processes exited on their own: giving up"
+                        )
+                        .into());
+                    }
+                }
+                *self.stats.restarts.entry(role.name()).or_default() += 1;
+                self.spawn(role, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A process that does not come up in time is an error.
+    fn check_startup(&self) -> Result<(), BoxError> {
+        for (role, p) in &self.procs {
+            if p.ready.is_none() && !p.killing && p.spawned.elapsed() > STARTUP_LIMIT {
+                return Err(format!(
+                    "{} #{} (pid {}) did not come up within {}s",
+                    role.name(),
+                    p.incarnation,
+                    p.pid,
+                    STARTUP_LIMIT.as_secs()
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles what comes until `until`.
+    async fn pump(&mut self, until: Instant) -> Result<(), BoxError> {
+        while let Ok(Some(ev)) = tokio::time::timeout_at(until, self.rx.recv()).await {
+            self.handle(ev)?;
+        }
+        self.check_startup()
+    }
+
+    /// Waits for every role to serve.
+    async fn all_up(&mut self, roles: &[Role]) -> Result<(), BoxError> {
+        let until = Instant::now() + STARTUP_LIMIT;
+        while !roles.iter().all(|r| self.is_up(*r)) {
+            if Instant::now() >= until {
+                return Err(format!(
+                    "the roles did not all come up within {}s",
+                    STARTUP_LIMIT.as_secs()
+                )
+                .into());
+            }
+            self.pump(Instant::now() + Duration::from_millis(50))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The chaos: kills at the armed points and at random times, until `kills` of them.
+    async fn chaos(&mut self) -> Result<(), BoxError> {
+        let limit = self.opts.chaos_limit();
+        let until = Instant::now() + limit;
+        let mut random = RandomKills(SplitMix::new(self.opts.seed ^ 0x0BAD_5EED));
+        let (wait, mut target) = random.next();
+        let mut due = Instant::now() + wait;
+        let mut partitions = Partitions(SplitMix::new(self.opts.seed ^ 0x9A47_1710));
+        let (wait, mut window, mut length) = partitions.next();
+        let mut partition_due = Instant::now() + wait;
+        // The window open now, and when it heals.
+        let mut open: Option<Instant> = None;
+        let windows = |s: &Stats| s.windows.values().sum::<u32>();
+        let far = Duration::from_secs(3600);
+        while self.stats.kills() < self.opts.kills
+            || windows(&self.stats) < self.opts.partitions
+            || open.is_some()
+        {
+            if Instant::now() >= until {
+                return Err(format!(
+                    "the chaos did not reach {} kills within {}s ({} so far)",
+                    self.opts.kills,
+                    limit.as_secs(),
+                    self.stats.kills()
+                )
+                .into());
+            }
+            self.check_startup()?;
+            enum Step {
+                Ev(Option<Ev>),
+                Due,
+                Partition,
+            }
+            let kills_left = self.stats.kills() < self.opts.kills;
+            if !kills_left && self.arm {
+                // The kills are done; the partitions go on without them.
+                self.disarm().await;
+            }
+            let kill_at = if kills_left {
+                due
+            } else {
+                Instant::now() + far
+            };
+            let partition_at = match (&self.net, open) {
+                (Some(_), Some(heal)) => heal,
+                (Some(_), None) if windows(&self.stats) < self.opts.partitions => partition_due,
+                _ => Instant::now() + far,
+            };
+            let step = tokio::select! {
+                ev = self.rx.recv() => Step::Ev(ev),
+                _ = tokio::time::sleep_until(kill_at) => Step::Due,
+                _ = tokio::time::sleep_until(partition_at) => Step::Partition,
+            };
+            match step {
+                Step::Ev(Some(ev)) => self.handle(ev)?,
+                Step::Ev(None) => return Err("the event channel closed".into()),
+                Step::Partition => {
+                    let Some(net) = self.net.clone() else {
+                        continue;
+                    };
+                    if open.take().is_some() {
+                        net.heal()?;
+                        if self.opts.verbose {
+                            println!("  heal       the order service's network");
+                        }
+                        let (wait, w, l) = partitions.next();
+                        (window, length) = (w, l);
+                        partition_due = Instant::now() + wait;
+                    } else {
+                        net.open(window)?;
+                        *self.stats.windows.entry(window.name()).or_default() += 1;
+                        self.stats.partitioned += length;
+                        if self.opts.verbose {
+                            println!("  partition  {} for {}", window.name(), ms(length));
+                        }
+                        open = Some(Instant::now() + length);
+                    }
+                }
+                Step::Due if self.is_up(target) => {
+                    self.kill(target, "random");
+                    let (wait, next) = random.next();
+                    target = next;
+                    due = Instant::now() + wait;
+                }
+                // The role is not serving yet: its kill waits for it.
+                Step::Due => due = Instant::now() + Duration::from_millis(20),
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the role to stop (its standard input closed) and waits; kills it past the limit.
+    async fn stop(&mut self, role: Role) -> Result<(), BoxError> {
+        let until = Instant::now() + STOP_LIMIT;
+        loop {
+            let Some(p) = self.procs.get_mut(&role) else {
+                return Ok(());
+            };
+            p.stopping = true;
+            p.stdin.take();
+            if Instant::now() >= until {
+                self.stats.failures.push(format!(
+                    "{} #{} did not stop within {}s: killed",
+                    role.name(),
+                    p.incarnation,
+                    STOP_LIMIT.as_secs()
+                ));
+                if let Some(kill) = p.kill.take() {
+                    let _ = kill.send(());
+                }
+                self.pump(Instant::now() + Duration::from_secs(2)).await?;
+                return Ok(());
+            }
+            self.pump(Instant::now() + Duration::from_millis(50))
+                .await?;
+        }
+    }
+
+    /// Clears every process's armed point.
+    async fn disarm(&mut self) {
+        self.arm = false;
+        for p in self.procs.values_mut() {
+            if let Some(stdin) = p.stdin.as_mut() {
+                let _ = stdin.write_all(b"disarm\n").await;
+                let _ = stdin.flush().await;
+            }
+            p.armed = None;
+        }
+    }
+
+    /// The asking-again client, to its end.
+    async fn ask_again(&mut self) -> Result<(), BoxError> {
+        self.spawn(Role::Client, true)?;
+        let until = Instant::now() + RECOVER_LIMIT;
+        loop {
+            let Some(p) = self.procs.get_mut(&Role::Client) else {
+                return Ok(());
+            };
+            // It ends by itself; it is not restarted.
+            p.stopping = true;
+            if Instant::now() >= until {
+                return Err(format!(
+                    "the asking-again client did not finish within {}s",
+                    RECOVER_LIMIT.as_secs()
+                )
+                .into());
+            }
+            self.pump(Instant::now() + Duration::from_millis(50))
+                .await?;
+        }
+    }
+
+    /// Waits until the outbox is empty and every order has its inventory change.
+    async fn drain(&mut self, world: &World) -> Result<(), BoxError> {
+        let until = Instant::now() + DRAIN_LIMIT;
+        let outbox = world.outbox()?;
+        let missing = world.sql(
+            "SELECT count(*) FROM {p}_orders o WHERE NOT EXISTS
+                 (SELECT 1 FROM {p}_inventory_changes i WHERE i.order_key = o.key)",
+        );
+        loop {
+            let backlog = surely::outbox::OutboxStore::stats(&outbox).await?.backlog;
+            let client = world.pool.get().await?;
+            let left: i64 = client.query_one(&missing, &[]).await?.get(0);
+            drop(client);
+            if backlog == 0 && left == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                self.stats.failures.push(format!(
+                    "not drained within {}s: {backlog} events unpublished, {left} orders without their inventory change",
+                    DRAIN_LIMIT.as_secs()
+                ));
+                return Ok(());
+            }
+            self.pump(Instant::now() + Duration::from_millis(200))
+                .await?;
+        }
+    }
+}
+
+/// A free port on 127.0.0.1 for the order service, kept across its restarts.
+fn free_port() -> Result<std::net::SocketAddr, BoxError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
+    let opts = Options::parse(args)?;
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.subsec_nanos();
+    let prefix = format!("crash_{}_{nanos}", std::process::id());
+    println!("crash: seed {} (replay: {})", opts.seed, opts.replay());
+    println!(
+        "  PostgreSQL {}, NATS {}; tables and stream {prefix}; {} kills; client: {} calls in flight, 70% keyed",
+        opts.pg, opts.nats, opts.kills, opts.workers
+    );
+    let world = World::new(&opts.pg, &opts.nats, &prefix)?;
+    let dir = std::env::temp_dir().join(&prefix);
+    std::fs::create_dir_all(&dir)?;
+    let oracle = dir.join("oracle.log");
+    let created = world.create(ACK_WAIT).await;
+    // The namespace, when asked for: it fails the run with the reason if it cannot be made.
+    let net = match (&created, opts.partitions) {
+        (Ok(()), 1..) => match Net::create(&opts.pg).await {
+            Ok(net) => {
+                println!(
+                    "  partitions: the order service in the network namespace {} ({}), {} windows",
+                    net.ns, net.inner_ip, opts.partitions
+                );
+                Ok(Some(Arc::new(net)))
+            }
+            Err(e) => Err(e),
+        },
+        _ => Ok(None),
+    };
+    let created = match (created, net) {
+        (Ok(()), Ok(net)) => Ok(net),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    let ran = match created {
+        // Interrupted: the roles go with the driver's handles (killed on drop), and the tables
+        // and stream are dropped all the same.
+        Ok(net) => tokio::select! {
+            ran = run(&world, &opts, &oracle, net) => ran,
+            _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
+        },
+        Err(e) => Err(e),
+    };
+    match world.drop_all().await {
+        Ok(what) => println!("crash: dropped {what}"),
+        Err(e) => println!(
+            "crash: could not drop the run's tables and stream: {}",
+            chain(&*e)
+        ),
+    }
+    match &ran {
+        Ok(true) => {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        _ => {
+            if oracle.exists() {
+                println!("crash: the oracle is kept at {}", oracle.display());
+            } else {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            println!("crash: seed {}; replay: {}", opts.seed, opts.replay());
+        }
+    }
+    ran
+}
+
+async fn run(
+    world: &World,
+    opts: &Options,
+    oracle: &std::path::Path,
+    net: Option<Arc<Net>>,
+) -> Result<bool, BoxError> {
+    let started = Instant::now();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut env = world.env();
+    let mut order_addr = free_port()?;
+    if let Some(net) = &net {
+        order_addr.set_ip(net.inner_ip.into());
+    }
+    env.push((ENV_ADDR, order_addr.to_string()));
+    env.push((ENV_ORACLE, oracle.display().to_string()));
+    env.push((ENV_SEED, opts.seed.to_string()));
+    env.push((ENV_WORKERS, opts.workers.to_string()));
+    let mut sup = Supervisor {
+        exe: std::env::current_exe()?,
+        net,
+        env,
+        opts: opts.clone(),
+        procs: HashMap::new(),
+        tx,
+        rx,
+        arming: HashMap::new(),
+        arm: true,
+        incarnations: HashMap::new(),
+        pending: HashMap::new(),
+        stats: Stats::default(),
+    };
+    // The services first; the client once the order service serves.
+    for role in [Role::Order, Role::Relay, Role::Consumer, Role::Reconciler] {
+        sup.spawn(role, false)?;
+    }
+    sup.all_up(&[Role::Order, Role::Relay, Role::Consumer, Role::Reconciler])
+        .await?;
+    sup.spawn(Role::Client, false)?;
+    sup.all_up(&[Role::Client]).await?;
+    println!(
+        "  all five roles serve after {}; the kills begin",
+        ms(started.elapsed())
+    );
+
+    let chaos_started = Instant::now();
+    sup.chaos().await?;
+    sup.stats.chaos = chaos_started.elapsed();
+    println!(
+        "  {} kills in {}; stopping the kills, then: the client stops, the reconciler stops, orders in doubt asked again, relay and consumer drain",
+        sup.stats.kills(),
+        ms(sup.stats.chaos)
+    );
+    let end_started = Instant::now();
+    sup.disarm().await;
+    sup.stop(Role::Client).await?;
+    sup.stop(Role::Reconciler).await?;
+    // Every role that was being restarted serves before the asking again.
+    sup.all_up(&[Role::Order, Role::Relay, Role::Consumer])
+        .await?;
+    sup.ask_again().await?;
+    sup.drain(world).await?;
+    for role in [Role::Order, Role::Relay, Role::Consumer] {
+        sup.stop(role).await?;
+    }
+    let reconciled_at = Instant::now();
+    let fin = reconcile::twice(world).await?;
+    let reconciling = reconciled_at.elapsed();
+    println!(
+        "  end: asked again and drained in {}, reconciled twice in {} ({} rounds)",
+        ms(end_started.elapsed() - reconciling),
+        ms(reconciling),
+        fin.rounds
+    );
+
+    let (ok, ops) = invariants::check(world, oracle, &sup.stats, &fin, opts.check_journal).await?;
+    summary(&sup.stats, &ops, started.elapsed());
+    Ok(ok)
+}
+
+fn summary(stats: &Stats, ops: &str, elapsed: Duration) {
+    println!();
+    println!("Summary:");
+    println!("  operations {ops}");
+    let kills = stats.kills();
+    let at_points: Vec<String> = stats
+        .kills_at_point
+        .iter()
+        .map(|(p, n)| format!("{p} {n}"))
+        .collect();
+    let random: Vec<String> = stats
+        .kills_random
+        .iter()
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect();
+    println!(
+        "  kills      {kills}: at crash points {} ({}); at random times {} ({})",
+        stats.kills_at_point.values().sum::<u32>(),
+        at_points.join(", "),
+        stats.kills_random.values().sum::<u32>(),
+        random.join(", ")
+    );
+    let restarts: Vec<String> = stats
+        .restarts
+        .iter()
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect();
+    println!(
+        "  restarts   {}: {}; {} order incarnations without the recovery hook; {} exits not caused by the driver",
+        stats.restarts.values().sum::<u32>(),
+        restarts.join(", "),
+        stats.hookless,
+        stats.unexpected.len()
+    );
+    let mut recoveries = stats.recoveries.clone();
+    recoveries.sort_by_key(|r| r.2);
+    if let Some((role, what, slowest)) = recoveries.last() {
+        let median = recoveries[recoveries.len() / 2].2;
+        println!(
+            "  recovery   slowest {} ({} after a kill of {what}), median {} over {} restarts",
+            ms(*slowest),
+            role.name(),
+            ms(median),
+            recoveries.len()
+        );
+    }
+    let takeovers: Vec<String> = stats
+        .notes
+        .iter()
+        .filter(|(k, _)| k.starts_with("takeover "))
+        .map(|(k, n)| format!("{} {n}", k.trim_start_matches("takeover ")))
+        .collect();
+    println!(
+        "  takeovers  {} seen by the recovery hook ({}); duplicate deliveries absorbed by the inbox: {}",
+        stats
+            .notes
+            .iter()
+            .filter(|(k, _)| k.starts_with("takeover "))
+            .map(|(_, n)| n)
+            .sum::<u64>(),
+        if takeovers.is_empty() {
+            "none".to_owned()
+        } else {
+            takeovers.join(", ")
+        },
+        stats.notes.get("duplicate-absorbed").unwrap_or(&0)
+    );
+    let note = |k: &str| stats.notes.get(k).copied().unwrap_or(0);
+    println!(
+        "  reconciler while killed and restarted: calls settled {} succeeded, {} failed, {} to the manual queue; \
+         server records {} completed, {} released",
+        note("reconciled succeeded"),
+        note("reconciled failed"),
+        note("reconciled manual"),
+        note("reconciled completed"),
+        note("reconciled released")
+    );
+    println!(
+        "  ledger     the clients that stopped cleanly wrote {} entries ({} failed), {} settled by a replay; asked again: {}",
+        note("ledger-writes written"),
+        note("ledger-writes failed"),
+        note("ledger-writes settled-by-replay"),
+        stats
+            .last_notes
+            .get("asked-again")
+            .map_or("nothing", String::as_str)
+    );
+    if !stats.windows.is_empty() {
+        let windows: Vec<String> = stats
+            .windows
+            .iter()
+            .map(|(w, n)| format!("{w} {n}"))
+            .collect();
+        println!(
+            "  partitions {} windows of the order service ({}), {} in all",
+            stats.windows.values().sum::<u32>(),
+            windows.join(", "),
+            ms(stats.partitioned)
+        );
+    }
+    let minutes = stats.chaos.as_secs_f64() / 60.0;
+    println!(
+        "  elapsed    {:.1}s in all, {:.1}s of kills: {:.0} kills per minute",
+        elapsed.as_secs_f64(),
+        stats.chaos.as_secs_f64(),
+        if minutes > 0.0 {
+            f64::from(kills) / minutes
+        } else {
+            0.0
+        }
+    );
+}

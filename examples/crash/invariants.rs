@@ -1,0 +1,369 @@
+//! The invariants, checked with SQL (and the crate's read APIs) once the run has drained and
+//! been reconciled twice: one line each, then `invariants: ok` or what failed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use surely::ledger::{Entry, EntryState, Filter, Ledger, Verdict};
+use surely::server::store::IdempotencyStore;
+
+use crate::checks::Checks;
+use crate::client::{read_oracle, Line};
+use crate::driver::Stats;
+use crate::reconcile::Final;
+use crate::world::{is_keyed, order_created, World};
+use crate::{BoxError, LEASE};
+
+/// One call, from the oracle: its key, the client incarnation that made it, and how it ended.
+struct Call {
+    key: String,
+    incarnation: u64,
+    ended: Option<(String, String)>,
+}
+
+fn calls(lines: Vec<Line>) -> Vec<Call> {
+    let mut calls: Vec<Call> = Vec::new();
+    let mut open: HashMap<String, usize> = HashMap::new();
+    for line in lines {
+        match line {
+            Line::Started { key, incarnation } => {
+                open.insert(key.clone(), calls.len());
+                calls.push(Call {
+                    key,
+                    incarnation,
+                    ended: None,
+                });
+            }
+            Line::Ended {
+                key,
+                outcome,
+                detail,
+            } => {
+                if let Some(i) = open.remove(&key) {
+                    calls[i].ended = Some((outcome, detail));
+                }
+            }
+        }
+    }
+    calls
+}
+
+async fn counts(world: &World, statement: &str) -> Result<HashMap<String, i64>, BoxError> {
+    let client = world.pool.get().await?;
+    let rows = client.query(&world.sql(statement), &[]).await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// At most a few examples of a list, for a line.
+fn some(items: &[String]) -> String {
+    if items.is_empty() {
+        return String::new();
+    }
+    let shown: Vec<&str> = items.iter().take(5).map(String::as_str).collect();
+    let more = if items.len() > 5 {
+        format!(", … {} more", items.len() - 5)
+    } else {
+        String::new()
+    };
+    format!(" [{}{more}]", shown.join(", "))
+}
+
+fn ended_as<'a>(calls: &'a [Call], outcome: &'a str) -> impl Iterator<Item = &'a Call> + 'a {
+    calls
+        .iter()
+        .filter(move |c| c.ended.as_ref().is_some_and(|(o, _)| o == outcome))
+}
+
+/// Checks every invariant and prints one line each; whether all held, and the line on the
+/// calls made for the summary.
+pub(crate) async fn check(
+    world: &World,
+    oracle: &Path,
+    stats: &Stats,
+    fin: &Final,
+    check_journal: bool,
+) -> Result<(bool, String), BoxError> {
+    let calls = calls(read_oracle(&oracle.to_path_buf())?);
+    let orders = counts(world, "SELECT key, count(*) FROM {p}_orders GROUP BY key").await?;
+    let payments = counts(
+        world,
+        "SELECT order_key, count(*) FROM {p}_payments GROUP BY order_key",
+    )
+    .await?;
+    let arrivals = counts(
+        world,
+        "SELECT key, count(*) FROM {p}_arrivals WHERE NOT keyed GROUP BY key",
+    )
+    .await?;
+    let changes = counts(
+        world,
+        "SELECT event_id, count(*) FROM {p}_inventory_changes GROUP BY event_id",
+    )
+    .await?;
+    let ledger = world.ledger()?;
+    let entries: Vec<Entry> = ledger.list(&Filter::new().limit(1_000_000)).await?;
+    let mut by_key: HashMap<&str, Vec<&Entry>> = HashMap::new();
+    for e in &entries {
+        if let Some(k) = e.evidence.key.as_deref() {
+            by_key.entry(k).or_default().push(e);
+        }
+    }
+    let store = world.store()?;
+    let has_order = |k: &str| orders.get(k).copied().unwrap_or(0) > 0;
+
+    let mut outcomes: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in &calls {
+        let o = c.ended.as_ref().map_or("in flight", |(o, _)| o.as_str());
+        *outcomes.entry(o).or_default() += 1;
+    }
+    let keyed = calls.iter().filter(|c| is_keyed(&c.key)).count();
+    let ops = format!(
+        "{} calls ({} keyed, {} unkeyed): {}",
+        calls.len(),
+        keyed,
+        calls.len() - keyed,
+        outcomes
+            .iter()
+            .map(|(o, n)| format!("{o} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!();
+    println!("Calls: {ops}; {} orders written.", orders.len());
+    println!("Invariants:");
+    let mut checks = Checks::default();
+
+    // 1. One order per key; a call that succeeded has its order, one that failed has none;
+    //    an unkeyed write reached the handler at most once.
+    let twice: Vec<String> = orders
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(k, n)| format!("{k} x{n}"))
+        .collect();
+    let lost: Vec<String> = ended_as(&calls, "succeeded")
+        .filter(|c| !has_order(&c.key))
+        .map(|c| c.key.clone())
+        .collect();
+    let failed_but_done: Vec<String> = ended_as(&calls, "failed")
+        .filter(|c| has_order(&c.key))
+        .map(|c| format!("{} ({})", c.key, c.ended.as_ref().map_or("", |(_, d)| d)))
+        .collect();
+    let resent: Vec<String> = arrivals
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(k, n)| format!("{k} x{n}"))
+        .collect();
+    checks.invariant(
+        twice.is_empty() && lost.is_empty() && failed_but_done.is_empty() && resent.is_empty(),
+        format!(
+            "1. one order per key: {} keys, {} with more than one{}; succeeded without an order {}{}; \
+             failed yet written {}{}; unkeyed writes that reached the handler twice {}{}",
+            orders.len(),
+            twice.len(),
+            some(&twice),
+            lost.len(),
+            some(&lost),
+            failed_but_done.len(),
+            some(&failed_but_done),
+            resent.len(),
+            some(&resent)
+        ),
+    );
+
+    // 2. One payment per order key; every keyed order paid.
+    let paid_twice: Vec<String> = payments
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(k, n)| format!("{k} x{n}"))
+        .collect();
+    let unpaid: Vec<String> = orders
+        .keys()
+        .filter(|k| is_keyed(k) && payments.get(*k).copied().unwrap_or(0) == 0)
+        .cloned()
+        .collect();
+    let without_order = payments.keys().filter(|k| !has_order(k)).count();
+    checks.invariant(
+        paid_twice.is_empty() && unpaid.is_empty(),
+        format!(
+            "2. one payment per order key: {} paid, {} more than once{}; keyed orders unpaid {}{}; \
+             paid without an order (left to a person) {without_order}",
+            payments.len(),
+            paid_twice.len(),
+            some(&paid_twice),
+            unpaid.len(),
+            some(&unpaid)
+        ),
+    );
+
+    // 3. One inventory change per event, for every order.
+    let mut applied_twice = Vec::new();
+    let mut missing = Vec::new();
+    for key in orders.keys() {
+        let id = order_created(key)?.id().as_str().to_owned();
+        match changes.get(&id).copied().unwrap_or(0) {
+            0 => missing.push(key.clone()),
+            1 => {}
+            n => applied_twice.push(format!("{key} x{n}")),
+        }
+    }
+    let stray = (changes.len() + missing.len()).saturating_sub(orders.len());
+    checks.invariant(
+        applied_twice.is_empty() && missing.is_empty() && stray == 0,
+        format!(
+            "3. one inventory change per event: {} events applied, {} more than once{}, {} orders without one{}, {stray} for no order; \
+             {} duplicate deliveries absorbed by the inbox",
+            changes.len(),
+            applied_twice.len(),
+            some(&applied_twice),
+            missing.len(),
+            some(&missing),
+            stats.notes.get("duplicate-absorbed").unwrap_or(&0)
+        ),
+    );
+
+    // 4. Every unknown the client saw is in the ledger, settled once or in the manual queue;
+    //    the verdicts agree with the order table.
+    let mut unknown_by_key: HashMap<&str, usize> = HashMap::new();
+    for c in ended_as(&calls, "unknown") {
+        *unknown_by_key.entry(c.key.as_str()).or_default() += 1;
+    }
+    let mut not_in_ledger = Vec::new();
+    let mut unsettled = Vec::new();
+    let (mut settled, mut manual) = (0, 0);
+    for (key, n) in &unknown_by_key {
+        let of_key = by_key.get(key).map_or(&[][..], Vec::as_slice);
+        if of_key.len() < *n {
+            not_in_ledger.push(format!("{key} ({n} unknown, {} entries)", of_key.len()));
+        }
+        for e in of_key {
+            match e.state {
+                EntryState::Settled => settled += 1,
+                EntryState::Manual => manual += 1,
+                other => unsettled.push(format!("{key} {}", other.as_str())),
+            }
+        }
+    }
+    let mut disagree = Vec::new();
+    let (mut succeeded, mut failed) = (0, 0);
+    for e in &entries {
+        let (Some(key), Some(s)) = (e.evidence.key.as_deref(), e.settlement.as_ref()) else {
+            continue;
+        };
+        let agrees = match s.verdict {
+            Verdict::Succeeded => {
+                succeeded += 1;
+                has_order(key)
+            }
+            Verdict::Failed => {
+                failed += 1;
+                !has_order(key)
+            }
+        };
+        if !agrees {
+            disagree.push(format!("{key} settled {}", s.verdict.as_str()));
+        }
+    }
+    checks.invariant(
+        not_in_ledger.is_empty() && unsettled.is_empty() && disagree.is_empty(),
+        format!(
+            "4. every unknown in the ledger, settled once or in the manual queue, verdicts true: \
+             {} unknown calls ({} keys); missing from the ledger {}{}; their entries settled {settled}, manual {manual}, \
+             neither {}{}; verdicts {succeeded} succeeded and {failed} failed, {} against the order table{}",
+            unknown_by_key.values().sum::<usize>(),
+            unknown_by_key.len(),
+            not_in_ledger.len(),
+            some(&not_in_ledger),
+            unsettled.len(),
+            some(&unsettled),
+            disagree.len(),
+            some(&disagree)
+        ),
+    );
+
+    // 5. The calls a killed client had in flight: answered, or in the ledger. On with
+    //    --check-journal, once the client journals its intents.
+    let in_flight: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.ended.is_none() && stats.killed_clients.contains(&c.incarnation))
+        .collect();
+    let lost_in_flight: Vec<String> = in_flight
+        .iter()
+        .filter(|c| !by_key.contains_key(c.key.as_str()))
+        .map(|c| c.key.clone())
+        .collect();
+    let line = format!(
+        "5. every call a killed client had started is answered or in the ledger (the intent journal): \
+         {} killed clients left {} calls in flight, {} of them not in the ledger{}",
+        stats.killed_clients.len(),
+        in_flight.len(),
+        lost_in_flight.len(),
+        some(&lost_in_flight)
+    );
+    if check_journal {
+        checks.invariant(lost_in_flight.is_empty(), line);
+    } else {
+        println!("  off    {line} (on with --check-journal)");
+    }
+    let unfinished: Vec<String> = calls
+        .iter()
+        .filter(|c| c.ended.is_none() && stats.stopped_clients.contains(&c.incarnation))
+        .map(|c| c.key.clone())
+        .collect();
+    checks.check(
+        unfinished.is_empty(),
+        format!(
+            "a client told to stop finished its calls: {} left in flight{}",
+            unfinished.len(),
+            some(&unfinished)
+        ),
+    );
+
+    // 6. Nothing PROCESSING past its lease after the recovery.
+    let stuck = store.stuck(LEASE, 1_000).await?;
+    let unknown_records = store.unknowns(1_000).await?;
+    let stuck_keys: Vec<String> = stuck
+        .iter()
+        .map(|s| format!("{} ({}ms)", s.key.key().as_str(), s.age.as_millis()))
+        .collect();
+    checks.invariant(
+        stuck.is_empty(),
+        format!(
+            "6. nothing PROCESSING past its lease after recovery: {} records{}; UNKNOWN records left for a person {}",
+            stuck.len(),
+            some(&stuck_keys),
+            unknown_records.len()
+        ),
+    );
+
+    // 7. Reconciliation twice: the second settles nothing and changes nothing.
+    let again = &fin.again_calls;
+    let idle = again.succeeded + again.failed + again.to_manual == 0
+        && fin.again_records.completed + fin.again_records.released == 0;
+    checks.invariant(
+        idle && fin.same && fin.left_open == 0,
+        format!(
+            "7. reconciliation twice gives the same result: the first settled {} calls ({} succeeded, {} failed, {} to manual) \
+             and {} server records ({} completed, {} released), {} left open; the second settled {} calls and {} records, \
+             ledger and records {}",
+            fin.calls.succeeded + fin.calls.failed + fin.calls.to_manual,
+            fin.calls.succeeded,
+            fin.calls.failed,
+            fin.calls.to_manual,
+            fin.records.completed + fin.records.released,
+            fin.records.completed,
+            fin.records.released,
+            fin.left_open,
+            again.succeeded + again.failed + again.to_manual,
+            fin.again_records.completed + fin.again_records.released,
+            if fin.same { "unchanged" } else { "CHANGED" }
+        ),
+    );
+
+    for u in &stats.unexpected {
+        checks.check(false, format!("a process exited on its own: {u}"));
+    }
+    for f in &stats.failures {
+        checks.check(false, f.clone());
+    }
+    Ok((checks.verdict(), ops))
+}

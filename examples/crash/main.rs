@@ -1,0 +1,186 @@
+//! Crashes are real: the order story with every service a separate OS process, killed with
+//! SIGKILL and restarted, on a real PostgreSQL and a real NATS JetStream; then the invariants,
+//! checked with SQL.
+//!
+//! One binary plays every role, chosen by its first argument; the driver starts the others as
+//! processes of the same executable:
+//!
+//! * **driver** (the default): the supervisor. It makes the run's tables and stream (a prefix of
+//!   the run's own, dropped at the end), starts the roles, kills them and restarts them, and
+//!   checks the result.
+//! * **order**: the order service. A hyper server with surely's `IdempotencyLayer` on a
+//!   `PostgresStore`: the order row, its `OrderCreated` outbox event and the idempotency record
+//!   (`PostgresStore::complete_in`) commit in one transaction. A keyed order also pays first at a
+//!   payment provider (a table written in a transaction of its own: not idempotent, each call a
+//!   payment), recorded with checkpoints, and a recovery hook reads them after a takeover so that
+//!   the payment is never made twice.
+//! * **relay**: the outbox relay, PostgreSQL to JetStream.
+//! * **consumer**: the inventory service, a JetStream consumer with a PostgreSQL inbox: one
+//!   inventory change per event, in a table with no unique constraint (a second change would be
+//!   a second row).
+//! * **client**: places orders through `surely::client::http()`, keyed (`Idempotency-Key`,
+//!   retried with it) and unkeyed (a POST never sent twice: in doubt, it ends unknown), with a
+//!   `LedgerRecorder` writing every unknown call to the `PostgresLedger`. It keeps an append-only
+//!   oracle file, each line synced: `started KEY` before a call, `ended KEY OUTCOME` after it.
+//! * **reconciler**: the ledger's `Reconciler`, and `Reconciler::settle_server` for the order
+//!   service's UNKNOWN idempotency records, both asking the order table by key.
+//!
+//! # The kills
+//!
+//! Each process incarnation may be armed (`CRASH_AT=POINT:N`) with one crash point: the `N`-th
+//! time it reaches the point it prints `@@ crashpoint POINT` and waits; the driver reads the line
+//! and kills it. The points: `after-commit` (order: committed, not replied), `after-payment`
+//! (order: paid, the checkpoint not written), `after-publish` (relay: published, not marked),
+//! `after-apply` (consumer: committed, not acknowledged), `mid-reconcile` (reconciler: an entry
+//! or record claimed and its answer found, not settled), `in-doubt` (client: a call ended
+//! unknown, its ledger write not yet confirmed). Besides, the driver kills a role at random
+//! times. A killed role is restarted at once; some order incarnations start without the recovery
+//! hook (`--hookless`, 10 % by default), as an older build in a rolling deploy would.
+//!
+//! After `--kills N` kills the driver stops killing: the client stops, the reconciler stops, a
+//! client asks again (the same key) for every keyed order left in doubt whose ledger entries are
+//! not all settled, the relay and the consumer drain, and reconciliation runs twice. One line per
+//! invariant, then `invariants: ok` (or the failures, and exit code 1):
+//!
+//! 1. one order per key (and a call that succeeded has its order, one that failed has none; an
+//!    unkeyed write reached the handler at most once);
+//! 2. one payment per order key, no repeat after a takeover;
+//! 3. one inventory change per event;
+//! 4. every unknown the client saw is in the ledger, settled once or in the manual queue, and a
+//!    verdict agrees with the order table (succeeded: the order exists; failed: it does not);
+//! 5. every call a killed client had started is answered or in the ledger: off until the client
+//!    journals its intents (`--check-journal` turns it on);
+//! 6. no idempotency record `PROCESSING` past its lease after the recovery;
+//! 7. reconciliation run twice gives the same result.
+//!
+//! Then a summary: the calls, the kills (by point and random), the restarts, the slowest
+//! recovery (from a kill to the role serving again), the time taken and the kills per minute.
+//!
+//! # Running it
+//!
+//! ```sh
+//! # PostgreSQL at postgres://postgres@127.0.0.1:5432/test and NATS (JetStream on) at
+//! # nats://127.0.0.1:4222, or --postgres URL --nats URL (or SURELY_POSTGRES_URL, SURELY_NATS_URL)
+//! cargo run --release --all-features --example crash -- --kills 60 --seed 7
+//! ```
+//!
+//! Options: `--kills N` (60), `--seed S` (from the clock if absent), `--workers N` (the client's
+//! calls in flight, 4), `--hookless SHARE` (0.1), `--timeout SECS` (the kills' limit: 4 s a kill,
+//! at least 2 minutes), `--check-journal`, `--verbose` (every start, kill and role's line), and
+//! `--partitions N`.
+//!
+//! # Partitions
+//!
+//! `--partitions N` (as root, with `ip` and `nft`: `apt-get install -y nftables`) runs the order
+//! service in a network namespace of its own, joined to the host by a veth pair, and opens `N`
+//! seeded windows during the kills, each 0.3 to 1.5 s: **cut** (nftables inside the namespace
+//! drops everything on its veth: the client cannot reach the order service, nor it PostgreSQL),
+//! **loss** (one packet in ten dropped, `numgen random mod 10 0 drop`), or **delay** (the driver's
+//! TCP relay to PostgreSQL holds every chunk 200 ms; this kernel has no `netem`). PostgreSQL
+//! listens on 127.0.0.1 of the host only, so the order service reaches it through that relay on
+//! the host's veth address. If the namespace cannot be made, the run says why and exits with an
+//! error; it never passes without its partitions. The namespace goes at the end.
+//!
+//! ```sh
+//! cargo run --release --all-features --example crash -- --kills 60 --seed 7 --partitions 20
+//! ```
+//!
+//! # Replaying a seed
+//!
+//! Every decision comes from the seed: which incarnation of each role is armed at which point
+//! and hit, which start without the hook, when and which role the random kills hit, which calls
+//! are keyed. The run prints its seed and the command that replays it, first and again when it
+//! fails. A replay repeats the schedule; the interleaving with real clocks (the database, the
+//! broker, the network stack) is the machine's, so a failure that depends on a narrow race may
+//! need a few replays. A failed run keeps its oracle file and says where.
+//!
+//! Every loop is bounded: a role that does not serve within 15 s of its start, kills that do not
+//! add up within the limit, a drain or a reconciliation that does not finish, each end the run
+//! with an error, never a hang.
+
+#[path = "../support/checks.rs"]
+mod checks;
+#[path = "../support/splitmix.rs"]
+mod splitmix;
+
+mod client;
+mod crashpoint;
+mod driver;
+mod invariants;
+mod order;
+mod partition;
+mod pipeline;
+mod reconcile;
+mod world;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long an order service owns a key's record before a request may take it over; the owner
+/// renews it while its handler runs, for at most [`RENEW_FOR`].
+pub(crate) const LEASE: Duration = Duration::from_secs(1);
+pub(crate) const RENEW_FOR: Duration = Duration::from_secs(10);
+/// The client's budget per call.
+pub(crate) const CALL_DEADLINE: Duration = Duration::from_secs(4);
+/// How long after a call's entry the reconciler may say "it did not happen" of an order it
+/// does not find: past the call's deadline and a margin, no handler still runs for it.
+pub(crate) const GRACE: Duration = Duration::from_secs(6);
+/// How long a relay's claim holds its events.
+pub(crate) const RELAY_LEASE: Duration = Duration::from_secs(1);
+/// How long JetStream waits for the consumer's acknowledgement before it delivers again.
+pub(crate) const ACK_WAIT: Duration = Duration::from_secs(2);
+
+/// An error and its sources, on one line.
+pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut next = err.source();
+    while let Some(e) = next {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        next = e.source();
+    }
+    out
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (role, rest) = match args.first().map(String::as_str) {
+        Some(r @ ("driver" | "order" | "relay" | "consumer" | "client" | "reconciler")) => {
+            (r.to_owned(), &args[1..])
+        }
+        _ => ("driver".to_owned(), &args[..]),
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("crash {role}: no runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let ran = rt.block_on(async {
+        match role.as_str() {
+            "order" => order::run().await.map(|()| true),
+            "relay" => pipeline::run_relay().await.map(|()| true),
+            "consumer" => pipeline::run_consumer().await.map(|()| true),
+            "client" => client::run().await.map(|()| true),
+            "reconciler" => reconcile::run().await.map(|()| true),
+            _ => driver::main(rest).await,
+        }
+    });
+    // Tasks still waiting (a listener, a writer) are not waited for.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    match ran {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("crash {role}: {}", chain(&*e));
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,408 @@
+//! The `order` role: the order service. A hyper server with surely's `ServerDeadlineLayer` and
+//! `IdempotencyLayer` over a `PostgresStore`, on the port the driver gives it (the same port
+//! across restarts).
+//!
+//! `POST /orders` with the order's key as its body:
+//!
+//! 1. notes the arrival (a row in `arrivals`, committed at once: how often a request reached
+//!    the handler);
+//! 2. keyed requests pay: the payment id (`pay-{key}`) is recorded as the checkpoint `payment`
+//!    with `PostgresStore::checkpoint_in`, in a transaction with the service's own
+//!    `payment_requests` row; the payment provider is then called (a row in `payments`,
+//!    committed in a transaction of its own: the provider is not idempotent, a second call is
+//!    a second payment); then the checkpoint `paid` records that it went through
+//!    (`Ticket::checkpoint`). [Crash point `after-payment` sits between the payment and the
+//!    `paid` checkpoint.]
+//! 3. one transaction: the order row, its `OrderCreated` outbox event and, for a keyed request,
+//!    the idempotency record completed with the `201` (`PostgresStore::complete_in`). Before it
+//!    has paid, a handler past its deadline rolls back and answers "not processed".
+//!    [Crash point `after-commit` sits between the commit and the reply.]
+//!
+//! A request that takes over a record whose owner died goes through the recovery hook first:
+//! with `paid` recorded, or nothing recorded, it resumes; with only `payment` recorded, it asks
+//! the payment provider whether `pay-{key}` went through and resumes with the answer (the
+//! handler then records `paid` without paying, or pays with the same id); if the provider does
+//! not answer, the record becomes UNKNOWN. An incarnation started with `CRASH_HOOK=0` stands for
+//! an older build without the hook: its takeovers follow the layer's rule (a record with a
+//! checkpoint becomes UNKNOWN, for `Reconciler::settle_server`).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use surely::deadline::Deadline;
+use surely::headers::NOT_PROCESSED;
+use surely::outbox::PostgresOutbox;
+use surely::server::deadline::ServerDeadlineLayer;
+use surely::server::idempotency::{IdempotencyLayer, Recovery, Takeover, Ticket};
+use surely::server::store::{Checkpoint, PostgresStore, StoredResponse};
+use tokio::net::TcpListener;
+use tower::ServiceBuilder;
+
+use crate::crashpoint::{self, AFTER_COMMIT, AFTER_PAYMENT};
+use crate::world::{is_keyed, order_created, payment_id, World};
+use crate::{chain, BoxError, LEASE, RENEW_FOR};
+
+/// The address the order service listens on.
+pub(crate) const ENV_ADDR: &str = "CRASH_ORDER_ADDR";
+/// `0`: this incarnation has no recovery hook.
+pub(crate) const ENV_HOOK: &str = "CRASH_HOOK";
+/// The checkpoint naming the payment a handler is about to make.
+const PAYMENT: &str = "payment";
+/// The checkpoint saying that payment went through.
+const PAID: &str = "paid";
+/// The recovery hook's limit for its question to the payment provider (well under the lease).
+const HOOK_QUERY: Duration = Duration::from_millis(400);
+
+/// What the recovery hook found out about a payment, for the handler that resumes.
+#[derive(Clone, Copy, Debug)]
+enum Found {
+    Paid,
+    NotPaid,
+}
+
+struct Orders {
+    world: World,
+    store: PostgresStore,
+    outbox: PostgresOutbox,
+    /// The hook's findings, by key and the new owner's fence: the hook runs in the request's
+    /// task just before the handler.
+    found: Mutex<HashMap<(String, u64), Found>>,
+    pid: i32,
+}
+
+/// Why a request was not carried out.
+enum Refused {
+    /// Nothing happened: the layer releases the record, and a retry runs the handler.
+    NotProcessed(StatusCode, String),
+    /// Something may have happened (a payment): answered with an error, stored and replayed,
+    /// never run again blindly.
+    Failed(String),
+}
+
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(body.into()));
+    *res.status_mut() = status;
+    res
+}
+
+impl Orders {
+    async fn arrive(&self, key: &str, keyed: bool) -> Result<(), BoxError> {
+        let client = self.world.pool.get().await?;
+        client
+            .execute(
+                &self
+                    .world
+                    .sql("INSERT INTO {p}_arrivals (key, keyed, pid) VALUES ($1, $2, $3)"),
+                &[&key, &keyed, &self.pid],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The payment provider: one payment per call, in a transaction of its own.
+    async fn pay(&self, id: &str, key: &str) -> Result<(), BoxError> {
+        let client = self.world.pool.get().await?;
+        client
+            .execute(
+                &self.world.sql(
+                    "INSERT INTO {p}_payments (payment_id, order_key, pid) VALUES ($1, $2, $3)",
+                ),
+                &[&id, &key, &self.pid],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// How many payments the provider holds under `id`.
+    async fn payments(&self, id: &str) -> Result<i64, BoxError> {
+        let client = self.world.pool.get().await?;
+        let row = client
+            .query_one(
+                &self
+                    .world
+                    .sql("SELECT count(*) FROM {p}_payments WHERE payment_id = $1"),
+                &[&id],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// Pays for `key` once across owners: skips a payment a previous owner recorded as paid,
+    /// or that the recovery hook found at the provider.
+    async fn pay_once(
+        &self,
+        key: &str,
+        ticket: &Ticket,
+        deadline: Option<Deadline>,
+    ) -> Result<(), Refused> {
+        if ticket.recorded(PAID).is_some() {
+            return Ok(());
+        }
+        let id = payment_id(key);
+        let fence = ticket.fence().get();
+        let pay = match ticket.recorded(PAYMENT) {
+            None => {
+                if deadline.is_some_and(Deadline::is_expired) {
+                    return Err(Refused::NotProcessed(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "past the deadline".into(),
+                    ));
+                }
+                self.record_intent(&id, key, ticket)
+                    .await
+                    .map_err(|e| Refused::NotProcessed(StatusCode::SERVICE_UNAVAILABLE, e))?;
+                true
+            }
+            Some(_) => {
+                let found = self
+                    .found
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&(key.to_owned(), fence));
+                match found {
+                    Some(Found::Paid) => false,
+                    Some(Found::NotPaid) => true,
+                    // Only a takeover brings a previous owner's checkpoints, and the hook
+                    // answered for it; never pay blindly.
+                    None => {
+                        return Err(Refused::Failed(format!(
+                            "{id} was recorded by a previous owner and no recovery finding came with the takeover"
+                        )))
+                    }
+                }
+            }
+        };
+        if pay {
+            // The provider may have taken it even if the call failed: never "not processed".
+            self.pay(&id, key)
+                .await
+                .map_err(|e| Refused::Failed(format!("the payment {id} failed: {e}")))?;
+            crashpoint::at(AFTER_PAYMENT).await;
+        }
+        ticket
+            .checkpoint(PAID, &id)
+            .await
+            .map_err(|e| Refused::Failed(format!("the checkpoint {PAID}={id} failed: {e}")))
+    }
+
+    /// The checkpoint `payment` and the service's own request row, in one transaction.
+    async fn record_intent(&self, id: &str, key: &str, ticket: &Ticket) -> Result<(), String> {
+        let go = async {
+            let mut client = self.world.pool.get().await?;
+            let txn = client.transaction().await?;
+            txn.execute(
+                &self.world.sql(
+                    "INSERT INTO {p}_payment_requests (payment_id, order_key, pid) VALUES ($1, $2, $3)",
+                ),
+                &[&id, &key, &self.pid],
+            )
+            .await?;
+            self.store
+                .checkpoint_in(&txn, ticket, &Checkpoint::new(PAYMENT, id)?)
+                .await?;
+            txn.commit().await?;
+            Ok::<_, BoxError>(())
+        };
+        go.await.map_err(|e| chain(&*e))
+    }
+
+    /// The order, its event and (keyed) the idempotency record, in one transaction. With
+    /// `deadline`, rolls back if it has passed before the commit.
+    async fn write_order(
+        &self,
+        key: &str,
+        ticket: Option<&Ticket>,
+        stored: &StoredResponse,
+        deadline: Option<Deadline>,
+    ) -> Result<bool, BoxError> {
+        let event = order_created(key)?;
+        let mut client = self.world.pool.get().await?;
+        let txn = client.transaction().await?;
+        txn.execute(
+            &self
+                .world
+                .sql("INSERT INTO {p}_orders (key, keyed, pid) VALUES ($1, $2, $3)"),
+            &[&key, &ticket.is_some(), &self.pid],
+        )
+        .await?;
+        self.outbox.enqueue(&txn, &event).await?;
+        if let Some(ticket) = ticket {
+            self.store.complete_in(&txn, ticket, stored).await?;
+        }
+        if deadline.is_some_and(Deadline::is_expired) {
+            txn.rollback().await?;
+            return Ok(false);
+        }
+        txn.commit().await?;
+        Ok(true)
+    }
+
+    async fn create(
+        &self,
+        key: &str,
+        ticket: Option<Ticket>,
+        deadline: Option<Deadline>,
+    ) -> Result<Response<Full<Bytes>>, Refused> {
+        let not_processed =
+            |e: BoxError| Refused::NotProcessed(StatusCode::SERVICE_UNAVAILABLE, chain(&*e));
+        self.arrive(key, ticket.is_some())
+            .await
+            .map_err(not_processed)?;
+        if let Some(ticket) = &ticket {
+            self.pay_once(key, ticket, deadline).await?;
+        }
+        let body = Bytes::from(key.to_owned());
+        let stored = StoredResponse::new(StatusCode::CREATED, &HeaderMap::new(), body.clone());
+        // Once paid, the order is written whatever the deadline: the payment is not undone.
+        let check = if ticket.is_some() { None } else { deadline };
+        match self.write_order(key, ticket.as_ref(), &stored, check).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(Refused::NotProcessed(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "past the deadline: rolled back".into(),
+                ))
+            }
+            Err(e) if ticket.is_some() => {
+                return Err(Refused::Failed(format!(
+                    "paid, and the order's write failed: {}",
+                    chain(&*e)
+                )))
+            }
+            Err(e) => return Err(not_processed(e)),
+        }
+        crashpoint::at(AFTER_COMMIT).await;
+        Ok(reply(StatusCode::CREATED, body))
+    }
+
+    /// The recovery hook: decides from the checkpoints, and asks the provider about a payment
+    /// recorded as started and not as done.
+    async fn recover(self: Arc<Self>, t: Takeover) -> Recovery {
+        let key = t.key.key().as_str().to_owned();
+        let fence = t.fence.get();
+        if t.checkpoint(PAID).is_some() {
+            crashpoint::say(&format!("note takeover {key} paid-recorded"));
+            return Recovery::Resume;
+        }
+        let Some(id) = t.checkpoint(PAYMENT).map(str::to_owned) else {
+            // It never reached the provider; its transaction rolled back with it.
+            crashpoint::say(&format!("note takeover {key} nothing-recorded"));
+            return Recovery::Resume;
+        };
+        match tokio::time::timeout(HOOK_QUERY, self.payments(&id)).await {
+            Ok(Ok(n)) => {
+                let found = if n > 0 { Found::Paid } else { Found::NotPaid };
+                crashpoint::say(&format!("note takeover {key} asked-provider-{found:?}"));
+                self.found
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert((key, fence), found);
+                Recovery::Resume
+            }
+            Ok(Err(e)) => {
+                crashpoint::say(&format!("note takeover {key} provider-failed"));
+                Recovery::Unknown(format!("the payment provider failed for {id}: {e}"))
+            }
+            Err(_) => {
+                crashpoint::say(&format!("note takeover {key} provider-silent"));
+                Recovery::Unknown(format!(
+                    "the payment provider did not answer for {id} within {}ms",
+                    HOOK_QUERY.as_millis()
+                ))
+            }
+        }
+    }
+}
+
+async fn handle(
+    orders: Arc<Orders>,
+    req: Request<Full<Bytes>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = req.into_parts();
+    if parts.method != Method::POST || parts.uri.path() != "/orders" {
+        return Ok(reply(StatusCode::NOT_FOUND, ""));
+    }
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let key = String::from_utf8_lossy(&body).into_owned();
+    let ticket = parts.extensions.get::<Ticket>().cloned();
+    if ticket.is_some() != is_keyed(&key) {
+        return Ok(reply(
+            StatusCode::BAD_REQUEST,
+            "k-… keys come keyed, u-… keys not",
+        ));
+    }
+    let deadline = parts.extensions.get::<Deadline>().copied();
+    Ok(match orders.create(&key, ticket, deadline).await {
+        Ok(res) => res,
+        Err(Refused::NotProcessed(status, why)) => {
+            let mut res = reply(status, why);
+            res.headers_mut()
+                .insert(NOT_PROCESSED, HeaderValue::from_static("true"));
+            res
+        }
+        Err(Refused::Failed(why)) => reply(StatusCode::INTERNAL_SERVER_ERROR, why),
+    })
+}
+
+pub(crate) async fn run() -> Result<(), BoxError> {
+    let stopped = crashpoint::control();
+    let world = World::from_env()?;
+    let addr: SocketAddr = std::env::var(ENV_ADDR)?.parse()?;
+    let hook = std::env::var(ENV_HOOK).map_or(true, |v| v != "0");
+    world.reach_postgres().await?;
+    let orders = Arc::new(Orders {
+        store: world.store()?,
+        outbox: world.outbox()?,
+        world,
+        found: Mutex::new(HashMap::new()),
+        pid: std::process::id() as i32,
+    });
+    let mut builder = IdempotencyLayer::builder(orders.store.clone())
+        .lease(LEASE)
+        .renew_for(RENEW_FOR);
+    if hook {
+        let o = orders.clone();
+        builder = builder.recover(move |t: Takeover| o.clone().recover(t));
+    }
+    let svc = ServiceBuilder::new()
+        .layer(
+            ServerDeadlineLayer::builder()
+                .max(Duration::from_secs(10))
+                .build()?,
+        )
+        .layer(builder.build()?)
+        .service_fn(move |req| handle(orders.clone(), req));
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    crashpoint::ready();
+    let stop = crashpoint::stop_of(stopped);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let svc = TowerToHyperService::new(svc.clone());
+                tokio::spawn(async move {
+                    // A connection that breaks ends here; the client sees it.
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! What every role shares: where PostgreSQL and NATS are, the run's prefix, its tables and
+//! stream, and the crate's stores over them.
+
+use std::time::Duration;
+
+use surely::deps::async_nats::{
+    self,
+    jetstream::{self, consumer, stream},
+};
+use surely::inbox::PostgresInbox;
+use surely::ledger::PostgresLedger;
+use surely::outbox::{Event, EventId, PostgresOutbox};
+use surely::postgres::Pool;
+use surely::server::store::PostgresStore;
+
+use crate::{chain, BoxError};
+
+/// How long the first contact with PostgreSQL or NATS may take.
+pub(crate) const CONNECT: Duration = Duration::from_secs(5);
+/// JetStream's duplicate window for the run's stream: shorter than the relay's lease, so that a
+/// relay killed after it published and before it marked has its events stored and delivered
+/// again by the next relay, as in production once a relay stays down past the window.
+const DUPLICATE_WINDOW: Duration = Duration::from_millis(100);
+/// The durable consumer of the inventory service.
+pub(crate) const CONSUMER: &str = "inventory";
+/// The event the order service emits with every order.
+pub(crate) const ORDER_CREATED: &str = "OrderCreated";
+
+/// The environment variables the driver hands its roles.
+pub(crate) const ENV_PG: &str = "CRASH_PG";
+pub(crate) const ENV_NATS: &str = "CRASH_NATS";
+pub(crate) const ENV_PREFIX: &str = "CRASH_PREFIX";
+
+/// Where things are, for one run.
+#[derive(Clone)]
+pub(crate) struct World {
+    pub(crate) pg_url: String,
+    pub(crate) nats_url: String,
+    pub(crate) prefix: String,
+    pub(crate) pool: Pool,
+}
+
+impl World {
+    /// A world over the run's prefix; nothing is created.
+    pub(crate) fn new(pg_url: &str, nats_url: &str, prefix: &str) -> Result<World, BoxError> {
+        Ok(World {
+            pg_url: pg_url.to_owned(),
+            nats_url: nats_url.to_owned(),
+            prefix: prefix.to_owned(),
+            pool: surely::postgres::connect(pg_url)?,
+        })
+    }
+
+    /// The world a role is started in: from the driver's variables.
+    pub(crate) fn from_env() -> Result<World, BoxError> {
+        let var = |name: &str| {
+            std::env::var(name)
+                .map_err(|_| format!("{name} is not set: roles are started by the driver"))
+        };
+        World::new(&var(ENV_PG)?, &var(ENV_NATS)?, &var(ENV_PREFIX)?)
+    }
+
+    /// The variables that give a role this world.
+    pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (ENV_PG, self.pg_url.clone()),
+            (ENV_NATS, self.nats_url.clone()),
+            (ENV_PREFIX, self.prefix.clone()),
+        ]
+    }
+
+    /// A table of the run's.
+    pub(crate) fn t(&self, suffix: &str) -> String {
+        format!("{}_{suffix}", self.prefix)
+    }
+
+    /// `statement` with `{p}` replaced by the run's prefix.
+    pub(crate) fn sql(&self, statement: &str) -> String {
+        statement.replace("{p}", &self.prefix)
+    }
+
+    pub(crate) fn store(&self) -> Result<PostgresStore, BoxError> {
+        Ok(PostgresStore::new(self.pool.clone()).with_table(&self.t("idem"))?)
+    }
+
+    pub(crate) fn ledger(&self) -> Result<PostgresLedger, BoxError> {
+        Ok(PostgresLedger::new(self.pool.clone()).with_table(&self.t("ledger"))?)
+    }
+
+    pub(crate) fn outbox(&self) -> Result<PostgresOutbox, BoxError> {
+        Ok(PostgresOutbox::new(self.pool.clone()).with_table(&self.t("outbox"))?)
+    }
+
+    pub(crate) fn inbox(&self) -> Result<PostgresInbox, BoxError> {
+        Ok(PostgresInbox::new(self.pool.clone()).with_table(&self.t("inbox"))?)
+    }
+
+    /// Waits for a first connection to PostgreSQL, for at most [`CONNECT`].
+    pub(crate) async fn reach_postgres(&self) -> Result<(), BoxError> {
+        let url = &self.pg_url;
+        let _first = tokio::time::timeout(CONNECT, self.pool.get())
+            .await
+            .map_err(|_| format!("PostgreSQL at {url} did not answer within {CONNECT:?}"))?
+            .map_err(|e| format!("PostgreSQL at {url} did not answer: {}", chain(&e)))?;
+        Ok(())
+    }
+
+    /// JetStream at the run's NATS, reached within [`CONNECT`].
+    pub(crate) async fn jetstream(&self) -> Result<jetstream::Context, BoxError> {
+        let url = &self.nats_url;
+        let nats = tokio::time::timeout(CONNECT, async_nats::connect(url))
+            .await
+            .map_err(|_| format!("NATS at {url} did not answer within {CONNECT:?}"))?
+            .map_err(|e| format!("NATS at {url} did not answer: {}", chain(&e)))?;
+        Ok(jetstream::new(nats))
+    }
+
+    /// The inventory service's durable pull consumer.
+    pub(crate) async fn consumer(
+        &self,
+        js: &jetstream::Context,
+    ) -> Result<consumer::PullConsumer, BoxError> {
+        let stream = js.get_stream(&self.prefix).await?;
+        stream.get_consumer(CONSUMER).await
+    }
+
+    /// Makes the run's tables (the services' own, and the crate's stores through their
+    /// migrations), its stream and its consumer.
+    pub(crate) async fn create(&self, ack_wait: Duration) -> Result<(), BoxError> {
+        self.reach_postgres().await?;
+        let client = self.pool.get().await?;
+        // No unique constraint anywhere: a second order, payment or inventory change for one
+        // key or event is a row, and is counted.
+        client
+            .batch_execute(&self.sql(
+                "CREATE TABLE {p}_orders (key text NOT NULL, keyed boolean NOT NULL, pid int NOT NULL,
+                     at timestamptz NOT NULL DEFAULT now());
+                 CREATE INDEX {p}_orders_key ON {p}_orders (key);
+                 CREATE TABLE {p}_payments (payment_id text NOT NULL, order_key text NOT NULL,
+                     pid int NOT NULL, at timestamptz NOT NULL DEFAULT now());
+                 CREATE INDEX {p}_payments_id ON {p}_payments (payment_id);
+                 CREATE INDEX {p}_payments_key ON {p}_payments (order_key);
+                 CREATE TABLE {p}_payment_requests (payment_id text NOT NULL, order_key text NOT NULL,
+                     pid int NOT NULL, at timestamptz NOT NULL DEFAULT now());
+                 CREATE TABLE {p}_arrivals (key text NOT NULL, keyed boolean NOT NULL, pid int NOT NULL,
+                     at timestamptz NOT NULL DEFAULT now());
+                 CREATE TABLE {p}_inventory_changes (event_id text NOT NULL, order_key text NOT NULL,
+                     delta int NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT now());
+                 CREATE INDEX {p}_inventory_key ON {p}_inventory_changes (order_key);",
+            ))
+            .await?;
+        self.store()?.migrate().await?;
+        self.outbox()?.migrate().await?;
+        self.inbox()?.migrate().await?;
+        self.ledger()?.migrate().await?;
+
+        let js = self.jetstream().await?;
+        let stream = js
+            .get_or_create_stream(stream::Config {
+                name: self.prefix.clone(),
+                subjects: vec![format!("{}.>", self.prefix)],
+                duplicate_window: DUPLICATE_WINDOW,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("cannot make a JetStream stream (is JetStream on?): {e}"))?;
+        stream
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some(CONSUMER.to_owned()),
+                filter_subject: format!("{}.{ORDER_CREATED}", self.prefix),
+                ack_wait,
+                ..Default::default()
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Drops every table of the run's prefix, the crate's migration records of them, and the
+    /// stream (with its consumer); says what it dropped.
+    pub(crate) async fn drop_all(&self) -> Result<String, BoxError> {
+        let client = self.pool.get().await?;
+        let pattern = format!("{}\\_%", self.prefix);
+        let rows = client
+            .query(
+                "SELECT schemaname || '.' || tablename FROM pg_tables WHERE tablename LIKE $1",
+                &[&pattern],
+            )
+            .await?;
+        let tables: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        if !tables.is_empty() {
+            client
+                .batch_execute(&format!(
+                    "DROP TABLE IF EXISTS {} CASCADE",
+                    tables.join(", ")
+                ))
+                .await?;
+        }
+        client
+            .execute(
+                "DELETE FROM surely_migrations WHERE target LIKE $1",
+                &[&pattern],
+            )
+            .await?;
+        let deleted = match self.jetstream().await {
+            Ok(js) => js
+                .delete_stream(&self.prefix)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(chain(&*e)),
+        };
+        let stream = match deleted {
+            Ok(_) => format!(" and the stream {}", self.prefix),
+            Err(e) => format!(" (the stream {} could not be deleted: {e})", self.prefix),
+        };
+        Ok(format!("{} tables {}_*{stream}", tables.len(), self.prefix))
+    }
+}
+
+/// Whether a key is an order placed with an `Idempotency-Key` (`k-…`) or without (`u-…`).
+pub(crate) fn is_keyed(key: &str) -> bool {
+    key.starts_with("k-")
+}
+
+/// The id of an order's payment at the payment provider: one per order key.
+pub(crate) fn payment_id(key: &str) -> String {
+    format!("pay-{key}")
+}
+
+/// The `OrderCreated` event of an order: its id derived from the order, so that a retried
+/// handler enqueues the same event.
+pub(crate) fn order_created(key: &str) -> Result<Event, BoxError> {
+    let about = format!("order {key}");
+    Ok(Event::new(
+        EventId::derive(&about, ORDER_CREATED),
+        about,
+        1,
+        ORDER_CREATED,
+        key.to_owned(),
+    )?)
+}
