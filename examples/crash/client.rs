@@ -100,10 +100,9 @@ fn keyed_stack(recorder: &LedgerRecorder) -> Result<impl HttpClient, BoxError> {
                 .max_attempts(MAX_ATTEMPTS)
         })
         .recorder(recorder.clone())
-        // JOURNAL: the intent journal (the ledger recorder as the journal), once
-        // `ClientBuilder::journal` exists: uncomment here and in `unkeyed_stack`, and run the
-        // driver with `--check-journal` (invariant 5).
-        // .journal(recorder.clone())
+        // The intent journal: every order's intent is in the ledger before it is sent, so a
+        // client killed mid-call leaves its question for the reconciler (invariant 5).
+        .journal(recorder.clone())
         .build(surely::hyper::transport())?)
 }
 
@@ -120,8 +119,7 @@ fn unkeyed_stack(recorder: &LedgerRecorder) -> Result<impl HttpClient, BoxError>
                 .max_attempts(MAX_ATTEMPTS)
         })
         .recorder(recorder.clone())
-        // JOURNAL: the same line as in `keyed_stack`.
-        // .journal(recorder.clone())
+        .journal(recorder.clone())
         .build(surely::hyper::transport())?)
 }
 

@@ -111,7 +111,6 @@ pub(crate) struct Options {
     pub(crate) nats: String,
     pub(crate) workers: u32,
     pub(crate) hookless: f64,
-    pub(crate) check_journal: bool,
     pub(crate) verbose: bool,
     /// Partition windows of the order service (0: none, and no namespace).
     pub(crate) partitions: u32,
@@ -123,7 +122,7 @@ const DEFAULT_WORKERS: u32 = 4;
 const DEFAULT_HOOKLESS: f64 = 0.1;
 
 const USAGE: &str = "usage: crash [driver] [--kills N] [--seed S] [--timeout SECS] [--workers N] \
-    [--hookless SHARE] [--check-journal] [--partitions N] [--postgres URL] [--nats URL] \
+    [--hookless SHARE] [--partitions N] [--postgres URL] [--nats URL] \
     [--verbose]";
 
 impl Options {
@@ -136,7 +135,6 @@ impl Options {
             nats: std::env::var("SURELY_NATS_URL").unwrap_or_else(|_| DEFAULT_NATS.to_owned()),
             workers: DEFAULT_WORKERS,
             hookless: DEFAULT_HOOKLESS,
-            check_journal: false,
             verbose: false,
             partitions: 0,
         };
@@ -155,7 +153,6 @@ impl Options {
                 "--hookless" => o.hookless = value("--hookless")?.parse()?,
                 "--postgres" => o.pg = value("--postgres")?,
                 "--nats" => o.nats = value("--nats")?,
-                "--check-journal" => o.check_journal = true,
                 "--verbose" => o.verbose = true,
                 "--partitions" => o.partitions = value("--partitions")?.parse()?,
                 other => return Err(format!("unknown argument {other:?}; {USAGE}").into()),
@@ -184,9 +181,6 @@ impl Options {
         }
         if let Some(t) = self.timeout {
             cmd.push_str(&format!(" --timeout {}", t.as_secs()));
-        }
-        if self.check_journal {
-            cmd.push_str(" --check-journal");
         }
         if self.partitions > 0 {
             cmd.push_str(&format!(" --partitions {}", self.partitions));
@@ -942,7 +936,7 @@ async fn run(
         fin.rounds
     );
 
-    let (ok, ops) = invariants::check(world, oracle, &sup.stats, &fin, opts.check_journal).await?;
+    let (ok, ops) = invariants::check(world, oracle, &sup.stats, &fin).await?;
     summary(&sup.stats, &ops, started.elapsed());
     Ok(ok)
 }

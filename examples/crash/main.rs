@@ -48,8 +48,9 @@
 //! 3. one inventory change per event;
 //! 4. every unknown the client saw is in the ledger, settled once or in the manual queue, and a
 //!    verdict agrees with the order table (succeeded: the order exists; failed: it does not);
-//! 5. every call a killed client had started is answered or in the ledger: off until the client
-//!    journals its intents (`--check-journal` turns it on);
+//! 5. every call a killed client had started is answered, or in the ledger (the client journals
+//!    every order's intent before it sends it: `ClientBuilder::journal`) and settled once or in
+//!    the manual queue;
 //! 6. no idempotency record `PROCESSING` past its lease after the recovery;
 //! 7. reconciliation run twice gives the same result.
 //!
@@ -66,7 +67,7 @@
 //!
 //! Options: `--kills N` (60), `--seed S` (from the clock if absent), `--workers N` (the client's
 //! calls in flight, 4), `--hookless SHARE` (0.1), `--timeout SECS` (the kills' limit: 4 s a kill,
-//! at least 2 minutes), `--check-journal`, `--verbose` (every start, kill and role's line), and
+//! at least 2 minutes), `--verbose` (every start, kill and role's line), and
 //! `--partitions N`.
 //!
 //! # Partitions

@@ -310,7 +310,9 @@ pub(crate) async fn twice(world: &World) -> Result<Final, BoxError> {
         records.released += r.released;
         records.unknown += r.unknown;
         let stats = facts.ledger.stats().await?;
-        let open = stats.open + stats.claimed;
+        // An intent in doubt is claimed once its hold (the call's deadline and the journal's
+        // grace) has passed: wait for it too.
+        let open = stats.in_doubt + stats.open + stats.claimed;
         if open == 0 || Instant::now() >= until {
             break open;
         }
