@@ -29,6 +29,7 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use surely::headers::{IDEMPOTENCY_ERROR, IDEMPOTENCY_KEY};
+use surely::journal::{Intent, IntentId, IntentJournal, JournalError};
 use surely::ledger::{EntryState, Ledger, LedgerRecorder};
 use surely::record::{BusinessKey, WatchedBody};
 use surely::retry::backoff::Backoff;
@@ -42,6 +43,8 @@ use crate::{chain, BoxError, CALL_DEADLINE};
 
 /// The oracle file.
 pub(crate) const ENV_ORACLE: &str = "CRASH_ORACLE";
+/// The header each order carries with the client incarnation that sent it.
+pub(crate) const CLIENT_HEADER: &str = "x-crash-client";
 /// The client's incarnation (part of its keys).
 pub(crate) const ENV_INCARNATION: &str = "CRASH_INCARNATION";
 /// The run's seed.
@@ -89,7 +92,7 @@ impl<S> HttpClient for S where
 }
 
 /// The stack for keyed orders.
-fn keyed_stack(recorder: &LedgerRecorder) -> Result<impl HttpClient, BoxError> {
+fn keyed_stack(recorder: &LedgerRecorder, journal: &Journal) -> Result<impl HttpClient, BoxError> {
     Ok(surely::client::http()
         .server_honours_keys()
         .timeout(CALL_DEADLINE)
@@ -102,13 +105,16 @@ fn keyed_stack(recorder: &LedgerRecorder) -> Result<impl HttpClient, BoxError> {
         .recorder(recorder.clone())
         // The intent journal: every order's intent is in the ledger before it is sent, so a
         // client killed mid-call leaves its question for the reconciler (invariant 5).
-        .journal(recorder.clone())
+        .journal(journal.clone())
         .build(surely::hyper::transport())?)
 }
 
 /// The stack for unkeyed orders: no key is generated, so a POST that may have been committed
 /// is never sent again.
-fn unkeyed_stack(recorder: &LedgerRecorder) -> Result<impl HttpClient, BoxError> {
+fn unkeyed_stack(
+    recorder: &LedgerRecorder,
+    journal: &Journal,
+) -> Result<impl HttpClient, BoxError> {
     Ok(surely::client::http()
         .no_idempotency_keys()
         .timeout(CALL_DEADLINE)
@@ -119,8 +125,53 @@ fn unkeyed_stack(recorder: &LedgerRecorder) -> Result<impl HttpClient, BoxError>
                 .max_attempts(MAX_ATTEMPTS)
         })
         .recorder(recorder.clone())
-        .journal(recorder.clone())
+        .journal(journal.clone())
         .build(surely::hyper::transport())?)
+}
+
+/// The ledger recorder as the journal, telling the oracle when a call's intent is durable
+/// (`journaled KEY`: from then on the call may go out) and when its call ended definitively
+/// (`concluded KEY OUTCOME`, before the intent may be forgotten): what the checks need to know
+/// of a call whose client was killed before its `ended` line.
+#[derive(Clone)]
+pub(crate) struct Journal {
+    recorder: LedgerRecorder,
+    oracle: Oracle,
+    keys: Arc<Mutex<HashMap<IntentId, String>>>,
+}
+
+impl IntentJournal for Journal {
+    async fn begin(&self, intent: &Intent) -> Result<(), JournalError> {
+        self.recorder.begin(intent).await?;
+        let key = intent.key.clone().unwrap_or_default();
+        self.keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(intent.id, key.clone());
+        self.oracle
+            .line(format!("journaled {key}"))
+            .await
+            .map_err(|e| JournalError::new(format!("the oracle: {e}")))
+    }
+
+    fn end(&self, id: IntentId, outcome: Outcome) {
+        let key = self
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        if let Some(key) = key {
+            // Synced before the recorder may forget the intent (a short blocking write: this
+            // is a test's client).
+            if let Err(e) = self
+                .oracle
+                .line_now(&format!("concluded {key} {}", outcome_name(outcome)))
+            {
+                eprintln!("crash client: the oracle: {e}");
+            }
+        }
+        self.recorder.end(id, outcome);
+    }
 }
 
 /// The append-only oracle, each line synced before the caller goes on.
@@ -131,6 +182,14 @@ impl Oracle {
     fn open(path: &PathBuf) -> Result<Oracle, BoxError> {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(Oracle(Arc::new(Mutex::new(file))))
+    }
+
+    /// Writes and syncs `line` on this thread.
+    fn line_now(&self, line: &str) -> std::io::Result<()> {
+        let mut f = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f.write_all(line.as_bytes())?;
+        f.write_all(b"\n")?;
+        f.sync_data()
     }
 
     async fn line(&self, line: String) -> Result<(), BoxError> {
@@ -161,8 +220,9 @@ async fn place(
     stack: impl HttpClient,
     uri: &str,
     key: &str,
+    incarnation: u64,
 ) -> Result<(Outcome, String), BoxError> {
-    let mut req = Request::post(uri);
+    let mut req = Request::post(uri).header(CLIENT_HEADER, incarnation);
     if is_keyed(key) {
         req = req.header(IDEMPOTENCY_KEY, key);
     }
@@ -206,9 +266,9 @@ impl<K: HttpClient + Sync, U: HttpClient + Sync> Calls<K, U> {
             .line(format!("started {key} {}", self.incarnation))
             .await?;
         let (outcome, detail) = if is_keyed(key) {
-            place(self.keyed.clone(), &self.uri, key).await?
+            place(self.keyed.clone(), &self.uri, key, self.incarnation).await?
         } else {
-            place(self.unkeyed.clone(), &self.uri, key).await?
+            place(self.unkeyed.clone(), &self.uri, key, self.incarnation).await?
         };
         if outcome == Outcome::Unknown {
             crashpoint::at(IN_DOUBT).await;
@@ -236,9 +296,14 @@ pub(crate) async fn run() -> Result<(), BoxError> {
     let recover = std::env::var(ENV_MODE).is_ok_and(|m| m == "recover");
     let ledger = world.ledger()?;
     let recorder = LedgerRecorder::new(ledger.clone());
+    let journal = Journal {
+        recorder: recorder.clone(),
+        oracle: oracle.clone(),
+        keys: Arc::default(),
+    };
     let calls = Arc::new(Calls {
-        keyed: keyed_stack(&recorder)?,
-        unkeyed: unkeyed_stack(&recorder)?,
+        keyed: keyed_stack(&recorder, &journal)?,
+        unkeyed: unkeyed_stack(&recorder, &journal)?,
         recorder: recorder.clone(),
         oracle,
         uri: format!("http://{addr}/orders"),
@@ -298,6 +363,15 @@ pub(crate) enum Line {
         outcome: String,
         detail: String,
     },
+    /// The call's intent is durable: it may go out.
+    Journaled {
+        key: String,
+    },
+    /// The call ended definitively, as the journal was told.
+    Concluded {
+        key: String,
+        outcome: String,
+    },
 }
 
 impl Line {
@@ -312,6 +386,13 @@ impl Line {
                 key: words.next()?.to_owned(),
                 outcome: words.next()?.to_owned(),
                 detail: words.next().unwrap_or("").to_owned(),
+            }),
+            "journaled" => Some(Line::Journaled {
+                key: words.next()?.to_owned(),
+            }),
+            "concluded" => Some(Line::Concluded {
+                key: words.next()?.to_owned(),
+                outcome: words.next()?.to_owned(),
             }),
             _ => None,
         }
@@ -333,6 +414,7 @@ fn in_doubt(lines: &[Line]) -> Vec<String> {
             Line::Ended { key, outcome, .. } => {
                 last.insert(key, Some(outcome));
             }
+            Line::Journaled { .. } | Line::Concluded { .. } => {}
         }
     }
     order

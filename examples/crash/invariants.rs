@@ -19,6 +19,10 @@ struct Call {
     key: String,
     incarnation: u64,
     ended: Option<(String, String)>,
+    /// Its intent was durable: it may have gone out.
+    journaled: bool,
+    /// How it ended, as the journal was told (definitively), if its `ended` line is missing.
+    concluded: Option<String>,
 }
 
 fn calls(lines: Vec<Line>) -> Vec<Call> {
@@ -32,7 +36,19 @@ fn calls(lines: Vec<Line>) -> Vec<Call> {
                     key,
                     incarnation,
                     ended: None,
+                    journaled: false,
+                    concluded: None,
                 });
+            }
+            Line::Journaled { key } => {
+                if let Some(&i) = open.get(&key) {
+                    calls[i].journaled = true;
+                }
+            }
+            Line::Concluded { key, outcome } => {
+                if let Some(&i) = open.get(&key) {
+                    calls[i].concluded = Some(outcome);
+                }
             }
             Line::Ended {
                 key,
@@ -286,13 +302,40 @@ pub(crate) async fn check(
         .iter()
         .filter(|c| c.ended.is_none() && stats.killed_clients.contains(&c.incarnation))
         .collect();
-    let lost_in_flight: Vec<String> = in_flight
-        .iter()
-        .filter(|c| !by_key.contains_key(c.key.as_str()))
-        .map(|c| c.key.clone())
-        .collect();
+    // Which client incarnation's requests reached the order service, by key.
+    let sent_by = counts(
+        world,
+        "SELECT key || ' ' || client, count(*) FROM {p}_arrivals WHERE client IS NOT NULL \
+         GROUP BY key, client",
+    )
+    .await?;
+    let (mut never_sent, mut concluded, mut asked) = (0, 0, 0);
+    let mut sent_unjournaled = Vec::new();
+    let mut lost_in_flight = Vec::new();
+    let mut concluded_wrong = Vec::new();
+    for c in &in_flight {
+        if !c.journaled {
+            // Killed before its intent was durable: its first attempt never went out.
+            if sent_by.contains_key(&format!("{} {}", c.key, c.incarnation)) {
+                sent_unjournaled.push(c.key.clone());
+            } else {
+                never_sent += 1;
+            }
+        } else if let Some(outcome) = &c.concluded {
+            // It ended definitively and its intent was forgotten, before its `ended` line.
+            concluded += 1;
+            if outcome == "succeeded" && !has_order(&c.key) {
+                concluded_wrong.push(format!("{} {outcome}", c.key));
+            }
+        } else if by_key.contains_key(c.key.as_str()) {
+            asked += 1;
+        } else {
+            lost_in_flight.push(c.key.clone());
+        }
+    }
     let in_flight_unsettled: Vec<String> = in_flight
         .iter()
+        .filter(|c| c.journaled && c.concluded.is_none())
         .flat_map(|c| by_key.get(c.key.as_str()).map_or(&[][..], Vec::as_slice))
         .filter(|e| !matches!(e.state, EntryState::Settled | EntryState::Manual))
         .map(|e| {
@@ -304,16 +347,25 @@ pub(crate) async fn check(
         })
         .collect();
     checks.invariant(
-        lost_in_flight.is_empty() && in_flight_unsettled.is_empty(),
+        lost_in_flight.is_empty()
+            && in_flight_unsettled.is_empty()
+            && sent_unjournaled.is_empty()
+            && concluded_wrong.is_empty(),
         format!(
             "5. every call a killed client had started is answered or in the ledger (the intent journal), settled once or in the manual queue: \
-             {} killed clients left {} calls in flight, {} of them not in the ledger{}, {} unsettled{}",
+             {} killed clients left {} calls in flight: {never_sent} killed before their intent was durable and never sent, \
+             {} sent without a durable intent{}; {concluded} ended definitively before the kill; {asked} in the ledger, {} of them unsettled{}; \
+             {} journaled and in doubt yet not in the ledger{}; {} concluded as succeeded without an order{}",
             stats.killed_clients.len(),
             in_flight.len(),
+            sent_unjournaled.len(),
+            some(&sent_unjournaled),
+            in_flight_unsettled.len(),
+            some(&in_flight_unsettled),
             lost_in_flight.len(),
             some(&lost_in_flight),
-            in_flight_unsettled.len(),
-            some(&in_flight_unsettled)
+            concluded_wrong.len(),
+            some(&concluded_wrong)
         ),
     );
     let unfinished: Vec<String> = calls

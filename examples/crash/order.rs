@@ -94,14 +94,14 @@ fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 }
 
 impl Orders {
-    async fn arrive(&self, key: &str, keyed: bool) -> Result<(), BoxError> {
+    async fn arrive(&self, key: &str, keyed: bool, from: Option<i64>) -> Result<(), BoxError> {
         let client = self.world.pool.get().await?;
         client
             .execute(
-                &self
-                    .world
-                    .sql("INSERT INTO {p}_arrivals (key, keyed, pid) VALUES ($1, $2, $3)"),
-                &[&key, &keyed, &self.pid],
+                &self.world.sql(
+                    "INSERT INTO {p}_arrivals (key, keyed, pid, client) VALUES ($1, $2, $3, $4)",
+                ),
+                &[&key, &keyed, &self.pid, &from],
             )
             .await?;
         Ok(())
@@ -250,10 +250,11 @@ impl Orders {
         key: &str,
         ticket: Option<Ticket>,
         deadline: Option<Deadline>,
+        from: Option<i64>,
     ) -> Result<Response<Full<Bytes>>, Refused> {
         let not_processed =
             |e: BoxError| Refused::NotProcessed(StatusCode::SERVICE_UNAVAILABLE, chain(&*e));
-        self.arrive(key, ticket.is_some())
+        self.arrive(key, ticket.is_some(), from)
             .await
             .map_err(not_processed)?;
         if let Some(ticket) = &ticket {
@@ -344,7 +345,13 @@ async fn handle(
         ));
     }
     let deadline = parts.extensions.get::<Deadline>().copied();
-    Ok(match orders.create(&key, ticket, deadline).await {
+    // Which client incarnation sent it: whether a killed client's call went out at all.
+    let from = parts
+        .headers
+        .get(crate::client::CLIENT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    Ok(match orders.create(&key, ticket, deadline, from).await {
         Ok(res) => res,
         Err(Refused::NotProcessed(status, why)) => {
             let mut res = reply(status, why);

@@ -143,6 +143,7 @@ impl World {
                  CREATE TABLE {p}_payment_requests (payment_id text NOT NULL, order_key text NOT NULL,
                      pid int NOT NULL, at timestamptz NOT NULL DEFAULT now());
                  CREATE TABLE {p}_arrivals (key text NOT NULL, keyed boolean NOT NULL, pid int NOT NULL,
+                     client bigint,
                      at timestamptz NOT NULL DEFAULT now());
                  CREATE TABLE {p}_inventory_changes (event_id text NOT NULL, order_key text NOT NULL,
                      delta int NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT now());
