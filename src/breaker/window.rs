@@ -1,9 +1,11 @@
 //! The sliding windows that count calls and failures, without a lock.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::sync::{now as clock, AtomicI64, AtomicU32, AtomicU64, AtomicU8};
 
 /// Calls and failures counted by a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,7 +48,7 @@ impl Window {
     pub(super) fn record(&self, failure: bool, now: Option<Instant>) {
         match self {
             Window::Count(w) => w.record(failure),
-            Window::Time(w) => w.record(failure, now.unwrap_or_else(Instant::now)),
+            Window::Time(w) => w.record(failure, now.unwrap_or_else(clock)),
         }
     }
 
@@ -54,7 +56,7 @@ impl Window {
     pub(super) fn counts(&self, now: Option<Instant>) -> WindowCounts {
         match self {
             Window::Count(w) => w.counts(),
-            Window::Time(w) => w.counts(now.unwrap_or_else(Instant::now)),
+            Window::Time(w) => w.counts(now.unwrap_or_else(clock)),
         }
     }
 

@@ -2,13 +2,14 @@
 //! when that is larger.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::{to_milli, BudgetExhausted, RetryBudget, MILLI};
 use crate::classify::AttemptClass;
+use crate::sync::{now as clock, AtomicU64};
 use crate::ConfigError;
 
 /// The default [ratio](RatioBudgetBuilder::ratio): one retry per ten first attempts.
@@ -224,7 +225,7 @@ impl RatioBudget {
     /// # Ok(()) }
     /// ```
     pub fn available(&self) -> u64 {
-        let epoch = self.epoch(Instant::now());
+        let epoch = self.epoch(clock());
         self.flush(epoch);
         let balance = self.balance(epoch);
         u64::try_from(balance / MILLI).unwrap_or(0)
@@ -250,7 +251,7 @@ impl RatioBudget {
                 .pack(),
             ),
             withdrawals: AtomicU64::new(0),
-            start: Instant::now(),
+            start: clock(),
             slot_nanos,
             deposit_amount: deposit_amount.min(VALUE_MAX),
             reserve,
@@ -486,7 +487,7 @@ impl RetryBudget for RatioBudget {
         if before.batch && !(before.count + 1).is_multiple_of(BATCH) {
             return;
         }
-        self.flush(self.epoch(Instant::now()));
+        self.flush(self.epoch(clock()));
     }
 
     /// [`deposit`](RetryBudget::deposit) at `now`, without reading the clock. Always exact:
@@ -505,7 +506,7 @@ impl RetryBudget for RatioBudget {
     /// when the oldest amounts leave the window far enough to allow one, if that would happen
     /// without new first attempts.
     fn withdraw(&self) -> Result<(), BudgetExhausted> {
-        let now = Instant::now();
+        let now = clock();
         let epoch = self.epoch(now);
         // Count every deposit made before this withdrawal.
         self.flush(epoch);

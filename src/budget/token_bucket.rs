@@ -2,10 +2,11 @@
 //! stop while the bucket is half empty.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::{to_milli, BudgetExhausted, RetryBudget, MILLI};
 use crate::classify::AttemptClass;
+use crate::sync::AtomicU64;
 use crate::ConfigError;
 
 /// The default [`max_tokens`](TokenBucket::max_tokens): 10, the example of gRPC's retry
