@@ -145,7 +145,7 @@ pub use crate::error::{BoxedError, ConfigError, Error, ErrorKind, IntoError};
 pub use crate::outcome::{CallOutcome, Outcome, OutcomeExt, StopReason};
 pub use crate::semantics::Semantics;
 
-/// Under `--cfg surely_loom` only: the model's clock, for `tests/loom.rs`.
+/// Under `--cfg surely_loom` only: the model's clock and the mutation switch, for `tests/loom.rs`.
 #[cfg(surely_loom)]
 #[doc(hidden)]
 pub use crate::sync::model as __loom;

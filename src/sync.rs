@@ -40,10 +40,14 @@ pub(crate) fn now() -> tokio::time::Instant {
 #[cfg(surely_loom)]
 pub(crate) use self::model::now;
 
-/// What only a `loom` build has: the model's clock.
+#[cfg(surely_loom)]
+pub(crate) use self::model::mutation;
+
+/// What only a `loom` build has: the model's clock and the mutation switch.
 #[cfg(surely_loom)]
 pub mod model {
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
     use std::time::Duration;
 
     use tokio::time::Instant;
@@ -79,5 +83,16 @@ pub mod model {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |e| {
                 Some(e.saturating_add(nanos))
             });
+    }
+
+    /// Whether the deliberate mutation `name` is switched on: `SURELY_LOOM_MUTATION` names it
+    /// (read once per process). A mutation breaks one guarantee on purpose, so that a test can
+    /// show that the model of that guarantee finds the counterexample. Each mutation is code
+    /// under `cfg(surely_loom)` beside what it breaks: a normal build has none of it.
+    pub(crate) fn mutation(name: &str) -> bool {
+        static ON: OnceLock<Option<String>> = OnceLock::new();
+        ON.get_or_init(|| std::env::var("SURELY_LOOM_MUTATION").ok())
+            .as_deref()
+            == Some(name)
     }
 }

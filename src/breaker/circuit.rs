@@ -1,6 +1,8 @@
 //! The shared breaker: its state word, its window, its configuration.
 
 use std::fmt;
+#[cfg(surely_loom)]
+use std::sync::atomic::Ordering::Release;
 use std::sync::atomic::{Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
@@ -20,6 +22,8 @@ use crate::classify::{Classification, DeliveryPhase};
 use crate::error::CircuitOpen;
 use crate::record::{BreakerEvent, BreakerEventKind, TransitionReason};
 use crate::record::{Recorder, TracingRecorder};
+#[cfg(surely_loom)]
+use crate::sync::mutation;
 use crate::sync::{now as clock, AtomicU64, Mutex, MutexGuard};
 use crate::{ConfigError, Error};
 
@@ -253,6 +257,12 @@ impl CircuitBreaker {
                     if admitted_of(word) >= u64::from(shared.config.probes) {
                         return Err(shared.reject(CircuitOpen::half_open(), clock()));
                     }
+                    #[cfg(surely_loom)]
+                    if mutation("breaker_probe_admit_racy") {
+                        // A read, then a write: two callers that read the same count both pass.
+                        shared.word.store(word + ADMIT_ONE, Release);
+                        return Ok(Pass::Probe(gen_of(word)));
+                    }
                     match shared
                         .word
                         .compare_exchange_weak(word, word + ADMIT_ONE, AcqRel, Acquire)
@@ -331,6 +341,12 @@ impl CircuitBreaker {
                 let mut word = shared.word.load(Acquire);
                 while state_of(word) == HALF_OPEN && gen_of(word) == gen {
                     let new = word + SUCCESS_ONE;
+                    #[cfg(surely_loom)]
+                    let new = if mutation("breaker_probe_counted_twice") {
+                        new + SUCCESS_ONE
+                    } else {
+                        new
+                    };
                     match shared
                         .word
                         .compare_exchange_weak(word, new, AcqRel, Acquire)
@@ -411,7 +427,10 @@ impl Shared {
     fn transition(&self, seen: u64, to: BreakerState, reason: TransitionReason) {
         let mut slow = self.lock();
         let mut word = self.word.load(Acquire);
-        if state_of(word) != state_of(seen) || gen_of(word) != gen_of(seen) {
+        let moved = state_of(word) != state_of(seen) || gen_of(word) != gen_of(seen);
+        #[cfg(surely_loom)]
+        let moved = moved && !mutation("breaker_no_generation_check");
+        if moved {
             return;
         }
         let now = clock();

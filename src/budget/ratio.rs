@@ -9,6 +9,8 @@ use tokio::time::Instant;
 
 use super::{to_milli, BudgetExhausted, RetryBudget, MILLI};
 use crate::classify::AttemptClass;
+#[cfg(surely_loom)]
+use crate::sync::mutation;
 use crate::sync::{now as clock, AtomicU64};
 use crate::ConfigError;
 
@@ -526,7 +528,10 @@ impl RetryBudget for RatioBudget {
         // within the bound. A withdrawal that no other one overtook between its check and its
         // write (the counter moved only by itself) had a balance that stood: no second look.
         let raced = self.withdrawals.fetch_add(1, Ordering::SeqCst) != seen;
-        if raced && self.balance(epoch) < 0 {
+        let overdrawn = raced && self.balance(epoch) < 0;
+        #[cfg(surely_loom)]
+        let overdrawn = overdrawn && !mutation("ratio_no_recheck");
+        if overdrawn {
             Self::undo(&self.slots, epoch, tag, -MILLI);
             Self::undo(&self.spent, epoch, spent_tag, MILLI);
             return Err(self.exhausted(now, epoch));

@@ -6,6 +6,8 @@ use std::sync::atomic::Ordering;
 
 use super::{to_milli, BudgetExhausted, RetryBudget, MILLI};
 use crate::classify::AttemptClass;
+#[cfg(surely_loom)]
+use crate::sync::mutation;
 use crate::sync::AtomicU64;
 use crate::ConfigError;
 
@@ -141,6 +143,13 @@ impl TokenBucket {
     }
 
     fn update(&self, f: impl Fn(u64) -> u64) {
+        #[cfg(surely_loom)]
+        if mutation("token_bucket_lost_update") {
+            // A read, then a write: an outcome counted in between is lost.
+            let t = self.tokens.load(Ordering::SeqCst);
+            self.tokens.store(f(t), Ordering::SeqCst);
+            return;
+        }
         // The closure always returns `Some`, so this cannot fail.
         let _ = self
             .tokens

@@ -13,6 +13,8 @@ use super::{
     Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RequestDigest,
     StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
+#[cfg(surely_loom)]
+use crate::sync::mutation;
 use crate::sync::{now as clock, Mutex, MutexGuard};
 
 /// The embedded store: records in memory, for one process.
@@ -83,6 +85,21 @@ struct Record {
     checkpoints: Vec<Checkpoint>,
 }
 
+impl Record {
+    /// Whether the record is owned, or found unknown, with `fence`: only then may it be
+    /// completed or released.
+    fn finishable(&self, fence: Fence) -> bool {
+        let fenced = self.fence == fence.get();
+        let open = matches!(self.state, State::Processing { .. } | State::Unknown { .. });
+        #[cfg(surely_loom)]
+        let (fenced, open) = (
+            fenced || mutation("store_no_fence"),
+            open || mutation("store_finish_any_state"),
+        );
+        fenced && open
+    }
+}
+
 enum State {
     Processing {
         lease_until: Instant,
@@ -143,6 +160,21 @@ impl MemoryStore {
     fn acquire_now(&self, key: &RecordKey, digest: &RequestDigest, lease: Duration) -> Acquire {
         let now = clock();
         let lease_until = later(now, lease);
+        #[cfg(surely_loom)]
+        if mutation("store_acquire_split") && !self.shard(key).contains_key(key) {
+            // The look and the insert under two locks: two acquirers may both find no record.
+            let record = Record {
+                digest: *digest,
+                fence: 1,
+                state: State::Processing {
+                    lease_until,
+                    since: now,
+                },
+                checkpoints: Vec::new(),
+            };
+            self.shard(key).insert(key.clone(), record);
+            return Acquire::Owner(Fence::new(1));
+        }
         let mut shard = self.shard(key);
         match shard.entry(key.clone()) {
             Entry::Vacant(v) => {
@@ -223,13 +255,7 @@ impl MemoryStore {
     fn finish(&self, key: &RecordKey, fence: Fence, state: State) -> Result<(), StoreError> {
         let mut shard = self.shard(key);
         match shard.get_mut(key) {
-            Some(record)
-                if record.fence == fence.get()
-                    && matches!(
-                        record.state,
-                        State::Processing { .. } | State::Unknown { .. }
-                    ) =>
-            {
+            Some(record) if record.finishable(fence) => {
                 if let State::Released { .. } = state {
                     record.checkpoints = Vec::new();
                 }
