@@ -213,10 +213,11 @@ impl Service<Request<()>> for Dependency {
 }
 
 /// A breaker with no jitter and a break of one second, over a count window of `window` calls
-/// that opens at half of them failing once `window` calls are in it; the dependency behind it
-/// starts down and allows `limit` calls in flight.
+/// that opens when `ratio` of them failed once `window` calls are in it; the dependency behind
+/// it starts down and allows `limit` calls in flight.
 fn breaker(
     window: u32,
+    ratio: f64,
     probes: u32,
     limit: usize,
 ) -> (Breaker<Dependency>, CircuitBreaker, Notebook, Dependency) {
@@ -228,7 +229,7 @@ fn breaker(
     let cb = CircuitBreaker::builder()
         .window(SlidingWindow::Count(window))
         .min_throughput(window)
-        .failure_ratio(0.5)
+        .failure_ratio(ratio)
         .break_duration(Duration::from_secs(1))
         .jitter(0.0)
         .seed(1)
@@ -258,16 +259,17 @@ fn call(svc: &mut Breaker<Dependency>) -> bool {
     }
 }
 
-/// Checks: two calls that fail at the same time, each of which may find the window full of
-/// failures, trip a closed breaker open exactly once (one transition, one break), and leave it
-/// open.
+/// Checks: two calls that fail at the same time trip a closed breaker open, exactly once (one
+/// transition, one break), and leave it open. The breaker opens at a ratio of 1 over a window
+/// of 2: whichever call counts the window last must see both calls and both failures, on any
+/// memory ordering the window's atomics allow (both may see them: then one transition wins).
 ///
 /// Bounds: 2 threads, 1 failing call each (admit, the window's record and count, the
 /// transition under the breaker's lock), over a count window of 2 calls; the default preemption
 /// bound.
 fn breaker_trips_once() {
     model(|| {
-        let (svc, cb, notebook, _dep) = breaker(2, 1, usize::MAX);
+        let (svc, cb, notebook, _dep) = breaker(2, 1.0, 1, usize::MAX);
         let threads: Vec<_> = (0..2)
             .map(|_| {
                 let mut svc = svc.clone();
@@ -302,7 +304,7 @@ fn mutation_breaker_no_generation_check() {
 /// moves the clock past the break and heals the dependency, then makes `threads` threads call
 /// once each: returns how many calls passed.
 fn after_break(probes: u32, threads: usize) -> (usize, CircuitBreaker, Notebook) {
-    let (mut svc, cb, notebook, dep) = breaker(1, probes, probes as usize);
+    let (mut svc, cb, notebook, dep) = breaker(1, 0.5, probes, probes as usize);
     assert!(call(&mut svc));
     assert_eq!(cb.state(), BreakerState::Open);
     surely::__loom::advance_clock(Duration::from_secs(2));
