@@ -29,7 +29,7 @@ mutations=(
   "breaker_no_generation_check mutation_breaker_no_generation_check"
   "breaker_probe_admit_racy mutation_breaker_probe_admit_racy"
   "breaker_probe_counted_twice mutation_breaker_probe_counted_twice"
-  "ratio_no_recheck mutation_ratio_no_recheck mutation_ratio_no_recheck_with_deposit mutation_ratio_no_recheck_reserve"
+  "ratio_no_recheck mutation_ratio_no_recheck mutation_ratio_no_recheck_with_deposit mutation_ratio_no_recheck_reserve mutation_ratio_no_recheck_batched"
   "token_bucket_lost_update mutation_token_bucket_lost_update"
   "store_acquire_split mutation_store_acquire_split"
   "store_no_fence mutation_store_no_fence"

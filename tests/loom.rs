@@ -494,6 +494,59 @@ fn mutation_ratio_no_recheck_with_deposit() {
     );
 }
 
+/// Checks: under steady traffic the budget counts deposits in batches (after 16 in one tenth
+/// of its window, a deposit is one atomic add, and the 16th of a batch or a withdrawal moves
+/// the batch into its slot). A deposit into a batch racing two withdrawals still never lets
+/// them take more than was earned, and afterwards the retries available plus those granted
+/// are what the deposits earned: the batch was moved once, whoever moved it.
+///
+/// Bounds: 16 deposits from the model's thread at a ratio of 0.1 (1.6 retries, and batch mode
+/// on), then 3 threads: 1 deposit (1.7 retries in all), 1 withdrawal each for the other two.
+/// No reserve; the clock still. The default preemption bound.
+fn ratio_batched() {
+    model(|| {
+        let budget = Arc::new(
+            RatioBudget::builder()
+                .ratio(0.1)
+                .min_per_sec(0.0)
+                .build()
+                .unwrap(),
+        );
+        for _ in 0..16 {
+            budget.deposit();
+        }
+        let depositor = {
+            let budget = budget.clone();
+            thread::spawn(move || budget.deposit())
+        };
+        let withdrawers: Vec<_> = (0..2)
+            .map(|_| {
+                let budget = budget.clone();
+                thread::spawn(move || budget.withdraw().is_ok())
+            })
+            .collect();
+        depositor.join().unwrap();
+        let granted = withdrawers
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|g| *g)
+            .count() as u64;
+        assert!(granted <= 1, "{granted} retries granted for 1.7 earned");
+        assert_eq!(budget.available() + granted, 1);
+    });
+}
+
+#[test]
+fn ratio_budget_batched_deposits_never_overdraw() {
+    ratio_batched();
+}
+
+#[test]
+#[ignore = "needs SURELY_LOOM_MUTATION=ratio_no_recheck"]
+fn mutation_ratio_no_recheck_batched() {
+    assert_counterexample("ratio_no_recheck", &["2 retries granted"], ratio_batched);
+}
+
 /// Checks: the reserve (retries allowed whatever the traffic) is never overdrawn by racing
 /// withdrawals either: its own re-check, against the retries spent, holds.
 ///
