@@ -135,6 +135,7 @@ mod semantics;
 pub mod server;
 #[cfg(feature = "postgres")]
 mod storage;
+mod sync;
 mod time;
 pub mod timeout;
 
@@ -143,6 +144,11 @@ pub use crate::envelope::Envelope;
 pub use crate::error::{BoxedError, ConfigError, Error, ErrorKind, IntoError};
 pub use crate::outcome::{CallOutcome, Outcome, OutcomeExt, StopReason};
 pub use crate::semantics::Semantics;
+
+/// Under `--cfg surely_loom` only: the model's clock and the mutation switch, for `tests/loom.rs`.
+#[cfg(surely_loom)]
+#[doc(hidden)]
+pub use crate::sync::model as __loom;
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -1,8 +1,10 @@
 //! The shared breaker: its state word, its window, its configuration.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+#[cfg(surely_loom)]
+use std::sync::atomic::Ordering::Release;
+use std::sync::atomic::{Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -20,6 +22,9 @@ use crate::classify::{Classification, DeliveryPhase};
 use crate::error::CircuitOpen;
 use crate::record::{BreakerEvent, BreakerEventKind, TransitionReason};
 use crate::record::{Recorder, TracingRecorder};
+#[cfg(surely_loom)]
+use crate::sync::mutation;
+use crate::sync::{now as clock, AtomicU64, Mutex, MutexGuard};
 use crate::{ConfigError, Error};
 
 /// The most half-open probes a breaker may allow.
@@ -199,7 +204,7 @@ impl CircuitBreaker {
 
     /// The calls and failures in the window now.
     pub fn window(&self) -> WindowCounts {
-        self.shared.window.counts(Some(Instant::now()))
+        self.shared.window.counts(Some(clock()))
     }
 
     /// The breaker's name, if it was given one.
@@ -240,7 +245,7 @@ impl CircuitBreaker {
             match state_of(word) {
                 CLOSED => return Ok(Pass::Closed(gen_of(word))),
                 OPEN => {
-                    let now = Instant::now();
+                    let now = clock();
                     let until = shared.open_until();
                     if now < until {
                         return Err(shared.reject(CircuitOpen::open(until), now));
@@ -250,7 +255,13 @@ impl CircuitBreaker {
                 }
                 HALF_OPEN => {
                     if admitted_of(word) >= u64::from(shared.config.probes) {
-                        return Err(shared.reject(CircuitOpen::half_open(), Instant::now()));
+                        return Err(shared.reject(CircuitOpen::half_open(), clock()));
+                    }
+                    #[cfg(surely_loom)]
+                    if mutation("breaker_probe_admit_racy") {
+                        // A read, then a write: two callers that read the same count both pass.
+                        shared.word.store(word + ADMIT_ONE, Release);
+                        return Ok(Pass::Probe(gen_of(word)));
                     }
                     match shared
                         .word
@@ -260,7 +271,7 @@ impl CircuitBreaker {
                         Err(actual) => word = actual,
                     }
                 }
-                _ => return Err(shared.reject(CircuitOpen::isolated(), Instant::now())),
+                _ => return Err(shared.reject(CircuitOpen::isolated(), clock())),
             }
         }
     }
@@ -282,7 +293,7 @@ impl CircuitBreaker {
     pub(crate) fn settle(&self, pass: Pass, failure: Option<bool>, started: Option<Instant>) {
         match (failure, started, self.shared.config.slow_call) {
             (Some(false), Some(started), Some(threshold)) => {
-                let end = Instant::now();
+                let end = clock();
                 let slow = end.saturating_duration_since(started) > threshold;
                 self.complete(pass, Some(slow), Some(end));
             }
@@ -300,7 +311,7 @@ impl CircuitBreaker {
                 if word & STATE_MASK != CLOSED || gen_of(word) != gen {
                     return;
                 }
-                let now = now.or_else(|| shared.window.needs_clock().then(Instant::now));
+                let now = now.or_else(|| shared.window.needs_clock().then(clock));
                 shared.window.record(failure, now);
                 if failure {
                     let counts = shared.window.counts(now);
@@ -330,6 +341,12 @@ impl CircuitBreaker {
                 let mut word = shared.word.load(Acquire);
                 while state_of(word) == HALF_OPEN && gen_of(word) == gen {
                     let new = word + SUCCESS_ONE;
+                    #[cfg(surely_loom)]
+                    let new = if mutation("breaker_probe_counted_twice") {
+                        new + SUCCESS_ONE
+                    } else {
+                        new
+                    };
                     match shared
                         .word
                         .compare_exchange_weak(word, new, AcqRel, Acquire)
@@ -410,10 +427,13 @@ impl Shared {
     fn transition(&self, seen: u64, to: BreakerState, reason: TransitionReason) {
         let mut slow = self.lock();
         let mut word = self.word.load(Acquire);
-        if state_of(word) != state_of(seen) || gen_of(word) != gen_of(seen) {
+        let moved = state_of(word) != state_of(seen) || gen_of(word) != gen_of(seen);
+        #[cfg(surely_loom)]
+        let moved = moved && !mutation("breaker_no_generation_check");
+        if moved {
             return;
         }
-        let now = Instant::now();
+        let now = clock();
         let from = public_state(state_of(word));
         let break_duration = self.prepare(&mut slow, from, to, now);
         let new = ((gen_of(word) + 1) << GEN_SHIFT) | code(to);
@@ -431,7 +451,7 @@ impl Shared {
     /// Moves to `to` whatever the state (isolate, reset).
     fn force(&self, to: BreakerState, reason: TransitionReason) {
         let mut slow = self.lock();
-        let now = Instant::now();
+        let now = clock();
         let word = self.word.load(Acquire);
         let from = public_state(state_of(word));
         let break_duration = self.prepare(&mut slow, from, to, now);
@@ -695,7 +715,7 @@ impl CircuitBreakerBuilder {
                 "must be from 1 to 1000",
             ));
         }
-        let epoch = Instant::now();
+        let epoch = clock();
         let window = match self.window {
             SlidingWindow::Count(0) => {
                 return Err(ConfigError::new(

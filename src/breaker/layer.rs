@@ -1,13 +1,13 @@
 use std::fmt;
 use std::task::{Context, Poll};
 
-use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use super::circuit::CircuitBreaker;
 use super::future::ResponseFuture;
 use crate::classify::{Classify, HttpClassifier, MakeClassifier};
+use crate::sync::now as clock;
 use crate::{Error, IntoError};
 
 /// Guards the services it wraps with one [`CircuitBreaker`]: every service the layer makes,
@@ -108,7 +108,7 @@ where
         match self.breaker.admit() {
             Ok(pass) => {
                 let classifier = self.classifier.make_classifier(&req);
-                let started = self.breaker.times_calls().then(Instant::now);
+                let started = self.breaker.times_calls().then(clock);
                 let future = self.inner.call(req);
                 ResponseFuture::called(future, classifier, self.breaker.clone(), pass, started)
             }

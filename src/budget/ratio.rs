@@ -2,13 +2,16 @@
 //! when that is larger.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::{to_milli, BudgetExhausted, RetryBudget, MILLI};
 use crate::classify::AttemptClass;
+#[cfg(surely_loom)]
+use crate::sync::mutation;
+use crate::sync::{now as clock, AtomicU64};
 use crate::ConfigError;
 
 /// The default [ratio](RatioBudgetBuilder::ratio): one retry per ten first attempts.
@@ -224,7 +227,7 @@ impl RatioBudget {
     /// # Ok(()) }
     /// ```
     pub fn available(&self) -> u64 {
-        let epoch = self.epoch(Instant::now());
+        let epoch = self.epoch(clock());
         self.flush(epoch);
         let balance = self.balance(epoch);
         u64::try_from(balance / MILLI).unwrap_or(0)
@@ -250,7 +253,7 @@ impl RatioBudget {
                 .pack(),
             ),
             withdrawals: AtomicU64::new(0),
-            start: Instant::now(),
+            start: clock(),
             slot_nanos,
             deposit_amount: deposit_amount.min(VALUE_MAX),
             reserve,
@@ -486,7 +489,7 @@ impl RetryBudget for RatioBudget {
         if before.batch && !(before.count + 1).is_multiple_of(BATCH) {
             return;
         }
-        self.flush(self.epoch(Instant::now()));
+        self.flush(self.epoch(clock()));
     }
 
     /// [`deposit`](RetryBudget::deposit) at `now`, without reading the clock. Always exact:
@@ -505,7 +508,7 @@ impl RetryBudget for RatioBudget {
     /// when the oldest amounts leave the window far enough to allow one, if that would happen
     /// without new first attempts.
     fn withdraw(&self) -> Result<(), BudgetExhausted> {
-        let now = Instant::now();
+        let now = clock();
         let epoch = self.epoch(now);
         // Count every deposit made before this withdrawal.
         self.flush(epoch);
@@ -525,7 +528,10 @@ impl RetryBudget for RatioBudget {
         // within the bound. A withdrawal that no other one overtook between its check and its
         // write (the counter moved only by itself) had a balance that stood: no second look.
         let raced = self.withdrawals.fetch_add(1, Ordering::SeqCst) != seen;
-        if raced && self.balance(epoch) < 0 {
+        let overdrawn = raced && self.balance(epoch) < 0;
+        #[cfg(surely_loom)]
+        let overdrawn = overdrawn && !mutation("ratio_no_recheck");
+        if overdrawn {
             Self::undo(&self.slots, epoch, tag, -MILLI);
             Self::undo(&self.spent, epoch, spent_tag, MILLI);
             return Err(self.exhausted(now, epoch));

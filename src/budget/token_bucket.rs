@@ -2,10 +2,13 @@
 //! stop while the bucket is half empty.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::{to_milli, BudgetExhausted, RetryBudget, MILLI};
 use crate::classify::AttemptClass;
+#[cfg(surely_loom)]
+use crate::sync::mutation;
+use crate::sync::AtomicU64;
 use crate::ConfigError;
 
 /// The default [`max_tokens`](TokenBucket::max_tokens): 10, the example of gRPC's retry
@@ -140,6 +143,13 @@ impl TokenBucket {
     }
 
     fn update(&self, f: impl Fn(u64) -> u64) {
+        #[cfg(surely_loom)]
+        if mutation("token_bucket_lost_update") {
+            // A read, then a write: an outcome counted in between is lost.
+            let t = self.tokens.load(Ordering::SeqCst);
+            self.tokens.store(f(t), Ordering::SeqCst);
+            return;
+        }
         // The closure always returns `Some`, so this cannot fail.
         let _ = self
             .tokens

@@ -4,7 +4,7 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::fmt;
 use std::future::{ready, Future};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -13,6 +13,9 @@ use super::{
     Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RequestDigest,
     StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
+#[cfg(surely_loom)]
+use crate::sync::mutation;
+use crate::sync::{now as clock, Mutex, MutexGuard};
 
 /// The embedded store: records in memory, for one process.
 ///
@@ -82,6 +85,21 @@ struct Record {
     checkpoints: Vec<Checkpoint>,
 }
 
+impl Record {
+    /// Whether the record is owned, or found unknown, with `fence`: only then may it be
+    /// completed or released.
+    fn finishable(&self, fence: Fence) -> bool {
+        let fenced = self.fence == fence.get();
+        let open = matches!(self.state, State::Processing { .. } | State::Unknown { .. });
+        #[cfg(surely_loom)]
+        let (fenced, open) = (
+            fenced || mutation("store_no_fence"),
+            open || mutation("store_finish_any_state"),
+        );
+        fenced && open
+    }
+}
+
 enum State {
     Processing {
         lease_until: Instant,
@@ -140,8 +158,23 @@ impl MemoryStore {
     }
 
     fn acquire_now(&self, key: &RecordKey, digest: &RequestDigest, lease: Duration) -> Acquire {
-        let now = Instant::now();
+        let now = clock();
         let lease_until = later(now, lease);
+        #[cfg(surely_loom)]
+        if mutation("store_acquire_split") && !self.shard(key).contains_key(key) {
+            // The look and the insert under two locks: two acquirers may both find no record.
+            let record = Record {
+                digest: *digest,
+                fence: 1,
+                state: State::Processing {
+                    lease_until,
+                    since: now,
+                },
+                checkpoints: Vec::new(),
+            };
+            self.shard(key).insert(key.clone(), record);
+            return Acquire::Owner(Fence::new(1));
+        }
         let mut shard = self.shard(key);
         match shard.entry(key.clone()) {
             Entry::Vacant(v) => {
@@ -222,13 +255,7 @@ impl MemoryStore {
     fn finish(&self, key: &RecordKey, fence: Fence, state: State) -> Result<(), StoreError> {
         let mut shard = self.shard(key);
         match shard.get_mut(key) {
-            Some(record)
-                if record.fence == fence.get()
-                    && matches!(
-                        record.state,
-                        State::Processing { .. } | State::Unknown { .. }
-                    ) =>
-            {
+            Some(record) if record.finishable(fence) => {
                 if let State::Released { .. } = state {
                     record.checkpoints = Vec::new();
                 }
@@ -259,7 +286,7 @@ impl MemoryStore {
     }
 
     fn unknowns_now(&self, limit: usize) -> Vec<UnknownRecord> {
-        let now = Instant::now();
+        let now = clock();
         let mut found: Vec<UnknownRecord> = Vec::new();
         for shard in self.shared.shards.iter() {
             for (key, record) in lock(shard).iter() {
@@ -288,7 +315,7 @@ impl MemoryStore {
                 state: State::Processing { lease_until, .. },
                 ..
             }) if *f == fence.get() => {
-                *lease_until = later(Instant::now(), lease);
+                *lease_until = later(clock(), lease);
                 Ok(())
             }
             _ => Err(StoreError::stale()),
@@ -296,7 +323,7 @@ impl MemoryStore {
     }
 
     fn stuck_now(&self, older_than: Duration, limit: usize) -> Vec<StuckRecord> {
-        let now = Instant::now();
+        let now = clock();
         let mut stuck: Vec<StuckRecord> = Vec::new();
         for shard in self.shared.shards.iter() {
             for (key, record) in lock(shard).iter() {
@@ -314,7 +341,7 @@ impl MemoryStore {
     }
 
     fn expired_now(&self, keep_expired_for: Duration, limit: usize) -> Vec<ExpiredRecord> {
-        let now = Instant::now();
+        let now = clock();
         let mut found: Vec<(Instant, ExpiredRecord)> = Vec::new();
         for shard in self.shared.shards.iter() {
             for (key, record) in lock(shard).iter() {
@@ -364,7 +391,7 @@ impl MemoryStore {
     }
 
     fn sweep_now(&self, keep_expired_for: Duration) -> u64 {
-        let now = Instant::now();
+        let now = clock();
         let mut removed = 0;
         for shard in self.shared.shards.iter() {
             let mut shard = lock(shard);
@@ -426,7 +453,7 @@ impl IdempotencyStore for MemoryStore {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let state = State::Completed {
             response: response.clone(),
-            expires_at: later(Instant::now(), retention),
+            expires_at: later(clock(), retention),
         };
         ready(self.finish(key, fence, state))
     }
@@ -436,7 +463,7 @@ impl IdempotencyStore for MemoryStore {
         key: &RecordKey,
         fence: Fence,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let state = State::Released { at: Instant::now() };
+        let state = State::Released { at: clock() };
         ready(self.finish(key, fence, state))
     }
 
@@ -486,7 +513,7 @@ impl IdempotencyStore for MemoryStore {
         ready(self.owned(key, fence, |record| {
             record.state = State::Unknown {
                 evidence: evidence.into(),
-                since: Instant::now(),
+                since: clock(),
             };
             Ok(())
         }))
