@@ -262,6 +262,8 @@ pub(super) trait TicketStore: Send + Sync {
 
     /// A response a handler stores itself, as the layer would store it (headers never stored
     /// left out, size limit, compression, seal).
+    // Used by the PostgreSQL store's completion in the handler's own transaction.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn encode(
         &self,
         key: &RecordKey,
@@ -334,6 +336,8 @@ impl Ticket {
     }
 
     /// The response a handler stores itself (`complete_in`), as the layer would store it.
+    // Used by the PostgreSQL store's completion in the handler's own transaction.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn encode(
         &self,
         plain: &StoredResponse,
@@ -342,6 +346,8 @@ impl Ticket {
     }
 
     /// Notes that the handler completed the record with `plain` in its own transaction.
+    // Used by the PostgreSQL store's completion in the handler's own transaction.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn completed_in(&self, plain: &StoredResponse) {
         // A second completion in the same record would be refused as stale: the first stands.
         let _ = self
