@@ -25,8 +25,15 @@
 //!    settles.
 //! 10. [How the crate is built](architecture): its layers, bottom to top, and the rule that
 //!     keeps them apart; the order of a client's layers, and why.
+//! 11. [How we know](how_we_know): what is checked exhaustively (every interleaving of the
+//!     shared state, the protocols' every state to a depth), what is simulated, what processes
+//!     that really die show, and what none of it covers.
 //!
 //! Every example here is compiled and run as a test.
+
+pub mod how_we_know {
+    #![doc = include_str!("how_we_know.md")]
+}
 
 pub mod outcomes {
     #![doc = include_str!("outcomes.md")]
