@@ -744,8 +744,9 @@ fn drive(sim: &mut turmoil::Sim<'_>, chaos: &Chaos, ledger: &Ledger) -> Vec<Stri
             commits_seen += 1;
         }
         cuts.retain(|until| *until > now);
-        if cut != !cuts.is_empty() {
-            cut = !cut;
+        let should = !cuts.is_empty();
+        if should != cut {
+            cut = should;
             if cut {
                 sim.partition("client", "server");
             } else {
