@@ -928,6 +928,512 @@ pub(crate) mod key {
     }
 }
 
+pub(crate) mod relay {
+    //! The outbox's relay and the consumer's inbox.
+    //!
+    //! **What it abstracts.** `events` outbox rows, each committed with its business change
+    //! before the model starts (the enqueue itself is one transaction and not modelled); the
+    //! outbox store's atomic operations on them (`claim`: every unpublished row that no live
+    //! claim holds, each claim with a higher claim number; `published` and `failed`, each refused
+    //! unless the claim number is still the row's); `relays` relay instances running rounds:
+    //! claim a batch, publish every event of it, then mark each one (published, or failed when
+    //! its acknowledgement did not come, which frees it for another round); a broker that keeps
+    //! every copy it was given until a consumer acknowledges it, and hands it out again when a
+    //! consumer crashes or its acknowledgement wait passes; `consumers` consumer instances with
+    //! one inbox: each delivery runs one transaction that looks the event id up in the inbox,
+    //! and if it is not there applies the effect and records the id, then acknowledges.
+    //!
+    //! * **Time** is the outbox's clock only, as far as a claim goes: a claim holds or has
+    //!   passed. A live relay's claim passes up to `lease_passes` times (a relay that paused past
+    //!   its lease); a dead relay's claim always passes eventually. A failed publish is claimed
+    //!   again at once (its wait is time, which the model does not have).
+    //! * **Faults**: a relay crashes at any step (`relay_crashes`: its round is lost, its claims
+    //!   stay until they pass); a publish reaches the broker and its acknowledgement is lost
+    //!   (`lost_acks`: the relay counts it failed, and the event goes out again); the broker
+    //!   duplicates a copy (`broker_dups`: its duplicate window had passed); a consumer crashes at
+    //!   any step (`consumer_crashes`: a copy it had not acknowledged comes back); the broker's
+    //!   acknowledgement wait passes while a consumer still works (`redeliveries`: the copy goes
+    //!   out again, and the slow consumer's acknowledgement no longer counts).
+    //!
+    //! **What it checks.** Always: an event's effect is never applied twice. Eventually (on every
+    //! path to a state where nothing more can happen, that is once the system is quiescent):
+    //! every event is marked published and its effect applied exactly once. Sometimes: an event
+    //! is published twice, the inbox absorbs a duplicate, a stale claim's mark is refused, a
+    //! consumer crashes between its commit and its acknowledgement.
+    //!
+    //! **What it does not cover.** Real time (leases, retry waits, the broker's duplicate
+    //! window), quarantine (the model retries a failed publish without limit), order and
+    //! versions (`Versions::InOrder` parking), the sweep, the PostgreSQL and JetStream
+    //! implementations (the model is their contract: a claim's number, a transaction, an
+    //! acknowledgement after the commit), and an effect outside the consumer's database (the
+    //! inbox makes only its own database's effect exactly once).
+
+    use stateright::{Model, Property};
+
+    /// The model's bounds and knobs. [`RelayInbox::default`] is the protocol as documented, with
+    /// the bounds the tests check.
+    #[derive(Clone, Debug)]
+    pub(crate) struct RelayInbox {
+        /// Outbox rows (events).
+        pub(crate) events: usize,
+        /// Relay instances.
+        pub(crate) relays: usize,
+        /// Consumer instances (one inbox).
+        pub(crate) consumers: usize,
+        /// Relay crashes.
+        pub(crate) relay_crashes: u8,
+        /// Consumer crashes.
+        pub(crate) consumer_crashes: u8,
+        /// Times a live relay's claim passes.
+        pub(crate) lease_passes: u8,
+        /// Publishes whose acknowledgement is lost.
+        pub(crate) lost_acks: u8,
+        /// Copies the broker duplicates.
+        pub(crate) broker_dups: u8,
+        /// Copies the broker hands out again while their consumer still works.
+        pub(crate) redeliveries: u8,
+        /// The relay marks an event published after the broker acknowledged it. Mutation:
+        /// `false` (it marks the batch, then publishes it).
+        pub(crate) mark_after_publish: bool,
+        /// The consumer acknowledges after its transaction committed. Mutation: `false`
+        /// (acknowledge, then commit).
+        pub(crate) ack_after_commit: bool,
+        /// The effect and the inbox record commit in one transaction. Mutation: `false` (the
+        /// effect commits, then the record, in a second transaction).
+        pub(crate) one_transaction: bool,
+    }
+
+    impl Default for RelayInbox {
+        fn default() -> Self {
+            RelayInbox {
+                events: 2,
+                relays: 2,
+                consumers: 1,
+                relay_crashes: 1,
+                consumer_crashes: 1,
+                lease_passes: 1,
+                lost_acks: 1,
+                broker_dups: 1,
+                redeliveries: 1,
+                mark_after_publish: true,
+                ack_after_commit: true,
+                one_transaction: true,
+            }
+        }
+    }
+
+    /// An outbox row.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub(crate) struct Row {
+        pub(crate) published: bool,
+        /// The latest claim's number.
+        pub(crate) claim: u8,
+        /// Whether that claim still holds.
+        pub(crate) held: bool,
+    }
+
+    /// An event of a relay's batch.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub(crate) struct Item {
+        pub(crate) event: u8,
+        pub(crate) claim: u8,
+        /// Published: `Some(acknowledged)`.
+        pub(crate) sent: Option<bool>,
+        pub(crate) marked: bool,
+    }
+
+    /// Where a consumer's delivery is.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub(crate) enum Step {
+        /// Delivered.
+        Got,
+        /// The effect committed, the record not yet (two transactions only).
+        Applied,
+        /// Committed (effect and record, or found the record).
+        Committed,
+        /// Acknowledged before the commit (mutation only).
+        Acked,
+    }
+
+    /// A consumer instance.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub(crate) enum Consumer {
+        Idle,
+        Busy {
+            event: u8,
+            /// The broker still counts this delivery (not acknowledged, not handed out again).
+            owned: bool,
+            step: Step,
+        },
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub(crate) struct Budget {
+        relay_crashes: u8,
+        consumer_crashes: u8,
+        lease_passes: u8,
+        lost_acks: u8,
+        broker_dups: u8,
+        redeliveries: u8,
+    }
+
+    /// Things seen on the way, for the `sometimes` properties.
+    pub(crate) mod seen {
+        pub(crate) const PUBLISHED_TWICE: u8 = 1;
+        pub(crate) const DUPLICATE_ABSORBED: u8 = 2;
+        pub(crate) const STALE_MARK: u8 = 4;
+        pub(crate) const CRASH_AFTER_COMMIT: u8 = 8;
+    }
+
+    #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+    pub(crate) struct State {
+        pub(crate) rows: Vec<Row>,
+        /// Each relay's round: its batch, empty when idle.
+        pub(crate) relays: Vec<Vec<Item>>,
+        /// The broker's copies waiting for a consumer, per event.
+        pub(crate) ready: Vec<u8>,
+        pub(crate) consumers: Vec<Consumer>,
+        /// The inbox: event ids recorded (bit per event).
+        pub(crate) inbox: u8,
+        /// Effects applied, per event.
+        pub(crate) effects: Vec<u8>,
+        /// Ghost: publishes per event, up to 2.
+        pub(crate) publishes: Vec<u8>,
+        pub(crate) budget: Budget,
+        pub(crate) seen: u8,
+    }
+
+    impl State {
+        /// Whether a live relay's round holds `event`'s current claim.
+        fn claim_alive(&self, event: u8) -> bool {
+            let claim = self.rows[event as usize].claim;
+            self.relays
+                .iter()
+                .flatten()
+                .any(|item| item.event == event && item.claim == claim && !item.marked)
+        }
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub(crate) enum Action {
+        /// Relay `r` claims every free unpublished row.
+        Claim(usize),
+        /// Relay `r` publishes its next event; `acked`: the broker's acknowledgement arrives.
+        Publish(usize, bool),
+        /// Relay `r` marks its next event (published, or failed).
+        Mark(usize),
+        /// Relay `r` crashes: its round is lost.
+        CrashRelay(usize),
+        /// A claim on the event passes.
+        LeasePasses(u8),
+        /// The broker duplicates a copy of the event.
+        Duplicate(u8),
+        /// The broker hands a copy of the event to an idle consumer.
+        Deliver(u8),
+        /// The broker's acknowledgement wait for consumer `c`'s delivery passes: the copy goes
+        /// out again.
+        Redeliver(usize),
+        /// Consumer `c` runs its transaction.
+        Commit(usize),
+        /// Consumer `c` records the event id (second transaction; mutation only).
+        Record(usize),
+        /// Consumer `c` acknowledges.
+        Ack(usize),
+        /// Consumer `c` crashes.
+        CrashConsumer(usize),
+    }
+
+    impl Model for RelayInbox {
+        type State = State;
+        type Action = Action;
+
+        fn init_states(&self) -> Vec<State> {
+            assert!(self.events <= 8, "the inbox is a u8 bit set");
+            vec![State {
+                rows: vec![
+                    Row {
+                        published: false,
+                        claim: 0,
+                        held: false,
+                    };
+                    self.events
+                ],
+                relays: vec![Vec::new(); self.relays],
+                ready: vec![0; self.events],
+                consumers: vec![Consumer::Idle; self.consumers],
+                inbox: 0,
+                effects: vec![0; self.events],
+                publishes: vec![0; self.events],
+                budget: Budget {
+                    relay_crashes: self.relay_crashes,
+                    consumer_crashes: self.consumer_crashes,
+                    lease_passes: self.lease_passes,
+                    lost_acks: self.lost_acks,
+                    broker_dups: self.broker_dups,
+                    redeliveries: self.redeliveries,
+                },
+                seen: 0,
+            }]
+        }
+
+        fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+            let b = &s.budget;
+            let claimable = s.rows.iter().any(|row| !row.published && !row.held);
+            let mut idle_relay = false;
+            for (r, batch) in s.relays.iter().enumerate() {
+                if batch.is_empty() {
+                    // Idle relays are alike: the first one claims.
+                    if claimable && !idle_relay {
+                        actions.push(Action::Claim(r));
+                    }
+                    idle_relay = true;
+                    continue;
+                }
+                let all_sent = batch.iter().all(|item| item.sent.is_some());
+                let all_marked = batch.iter().all(|item| item.marked);
+                let (publish, mark) = if self.mark_after_publish {
+                    (!all_sent, all_sent)
+                } else {
+                    (all_marked, !all_marked)
+                };
+                if publish {
+                    actions.push(Action::Publish(r, true));
+                    if b.lost_acks > 0 {
+                        actions.push(Action::Publish(r, false));
+                    }
+                }
+                if mark {
+                    actions.push(Action::Mark(r));
+                }
+                if b.relay_crashes > 0 {
+                    actions.push(Action::CrashRelay(r));
+                }
+            }
+            for (e, row) in s.rows.iter().enumerate() {
+                let e = e as u8;
+                if row.held && (b.lease_passes > 0 || !s.claim_alive(e)) {
+                    actions.push(Action::LeasePasses(e));
+                }
+            }
+            let idle_consumer = s.consumers.contains(&Consumer::Idle);
+            for (e, &copies) in s.ready.iter().enumerate() {
+                if copies > 0 {
+                    if idle_consumer {
+                        actions.push(Action::Deliver(e as u8));
+                    }
+                    if b.broker_dups > 0 {
+                        actions.push(Action::Duplicate(e as u8));
+                    }
+                }
+            }
+            for (c, consumer) in s.consumers.iter().enumerate() {
+                let Consumer::Busy { owned, step, .. } = *consumer else {
+                    continue;
+                };
+                match (step, self.ack_after_commit) {
+                    (Step::Got, true) | (Step::Acked, false) => actions.push(Action::Commit(c)),
+                    (Step::Got, false) | (Step::Committed, _) => actions.push(Action::Ack(c)),
+                    (Step::Applied, _) => actions.push(Action::Record(c)),
+                    (Step::Acked, true) => unreachable!("acknowledged before the commit"),
+                }
+                if owned && b.redeliveries > 0 {
+                    actions.push(Action::Redeliver(c));
+                }
+                if b.consumer_crashes > 0 {
+                    actions.push(Action::CrashConsumer(c));
+                }
+            }
+        }
+
+        fn next_state(&self, last: &State, action: Action) -> Option<State> {
+            let mut s = last.clone();
+            match action {
+                Action::Claim(r) => {
+                    let mut batch = Vec::new();
+                    for (e, row) in s.rows.iter_mut().enumerate() {
+                        if !row.published && !row.held {
+                            row.claim += 1;
+                            row.held = true;
+                            batch.push(Item {
+                                event: e as u8,
+                                claim: row.claim,
+                                sent: None,
+                                marked: false,
+                            });
+                        }
+                    }
+                    s.relays[r] = batch;
+                }
+                Action::Publish(r, acked) => {
+                    let item = s.relays[r].iter_mut().find(|item| item.sent.is_none())?;
+                    item.sent = Some(acked);
+                    let e = item.event as usize;
+                    if !acked {
+                        s.budget.lost_acks -= 1;
+                    }
+                    s.ready[e] += 1;
+                    s.publishes[e] = (s.publishes[e] + 1).min(2);
+                    if s.publishes[e] == 2 {
+                        s.seen |= seen::PUBLISHED_TWICE;
+                    }
+                }
+                Action::Mark(r) => {
+                    let item = s.relays[r].iter_mut().find(|item| !item.marked)?;
+                    item.marked = true;
+                    let item = *item;
+                    let row = &mut s.rows[item.event as usize];
+                    if row.claim == item.claim && !row.published {
+                        // `published`, or `failed` (then it is claimed again).
+                        if item.sent != Some(false) {
+                            row.published = true;
+                        }
+                        row.held = false;
+                    } else {
+                        s.seen |= seen::STALE_MARK;
+                    }
+                }
+                Action::CrashRelay(r) => {
+                    s.relays[r].clear();
+                    s.budget.relay_crashes -= 1;
+                }
+                Action::LeasePasses(e) => {
+                    if s.claim_alive(e) {
+                        s.budget.lease_passes -= 1;
+                    }
+                    s.rows[e as usize].held = false;
+                }
+                Action::Duplicate(e) => {
+                    s.ready[e as usize] += 1;
+                    s.budget.broker_dups -= 1;
+                }
+                Action::Deliver(e) => {
+                    let c = s.consumers.iter().position(|c| *c == Consumer::Idle)?;
+                    s.ready[e as usize] -= 1;
+                    s.consumers[c] = Consumer::Busy {
+                        event: e,
+                        owned: true,
+                        step: Step::Got,
+                    };
+                }
+                Action::Redeliver(c) => {
+                    let Consumer::Busy { event, step, .. } = s.consumers[c] else {
+                        return None;
+                    };
+                    s.ready[event as usize] += 1;
+                    s.budget.redeliveries -= 1;
+                    s.consumers[c] = Consumer::Busy {
+                        event,
+                        owned: false,
+                        step,
+                    };
+                }
+                Action::Commit(c) => {
+                    let Consumer::Busy { event, owned, step } = s.consumers[c] else {
+                        return None;
+                    };
+                    let e = event as usize;
+                    let recorded = s.inbox & (1 << e) != 0;
+                    if recorded {
+                        s.seen |= seen::DUPLICATE_ABSORBED;
+                    } else {
+                        s.effects[e] += 1;
+                        if self.one_transaction {
+                            s.inbox |= 1 << e;
+                        }
+                    }
+                    s.consumers[c] = match step {
+                        // Acknowledged already: done.
+                        Step::Acked => Consumer::Idle,
+                        _ if recorded || self.one_transaction => Consumer::Busy {
+                            event,
+                            owned,
+                            step: Step::Committed,
+                        },
+                        _ => Consumer::Busy {
+                            event,
+                            owned,
+                            step: Step::Applied,
+                        },
+                    };
+                }
+                Action::Record(c) => {
+                    let Consumer::Busy { event, owned, .. } = s.consumers[c] else {
+                        return None;
+                    };
+                    s.inbox |= 1 << event;
+                    s.consumers[c] = Consumer::Busy {
+                        event,
+                        owned,
+                        step: Step::Committed,
+                    };
+                }
+                Action::Ack(c) => {
+                    let Consumer::Busy { event, step, .. } = s.consumers[c] else {
+                        return None;
+                    };
+                    // The copy is gone from the broker (it left the ready queue on delivery).
+                    s.consumers[c] = match step {
+                        Step::Got => Consumer::Busy {
+                            event,
+                            owned: false,
+                            step: Step::Acked,
+                        },
+                        _ => Consumer::Idle,
+                    };
+                }
+                Action::CrashConsumer(c) => {
+                    let Consumer::Busy { event, owned, step } = s.consumers[c] else {
+                        return None;
+                    };
+                    if owned {
+                        // Not acknowledged: the broker hands it out again.
+                        s.ready[event as usize] += 1;
+                    }
+                    if step == Step::Committed {
+                        s.seen |= seen::CRASH_AFTER_COMMIT;
+                    }
+                    s.consumers[c] = Consumer::Idle;
+                    s.budget.consumer_crashes -= 1;
+                }
+            }
+            // A round whose every event is published and marked is over.
+            if let Action::Publish(r, _) | Action::Mark(r) = action {
+                if s.relays[r].iter().all(|item| item.sent.is_some() && item.marked) {
+                    s.relays[r].clear();
+                }
+            }
+            Some(s)
+        }
+
+        fn properties(&self) -> Vec<Property<Self>> {
+            vec![
+                Property::always("never two effects for one event", |_, s: &State| {
+                    s.effects.iter().all(|&n| n <= 1)
+                }),
+                Property::eventually(
+                    "once quiescent, every event published and applied exactly once",
+                    |_, s: &State| {
+                        s.effects.iter().all(|&n| n == 1) && s.rows.iter().all(|row| row.published)
+                    },
+                ),
+                Property::sometimes("an event is published twice", |_, s: &State| {
+                    s.seen & seen::PUBLISHED_TWICE != 0
+                }),
+                Property::sometimes("the inbox absorbs a duplicate", |_, s: &State| {
+                    s.seen & seen::DUPLICATE_ABSORBED != 0
+                }),
+                Property::sometimes("a stale claim's mark is refused", |_, s: &State| {
+                    s.seen & seen::STALE_MARK != 0
+                }),
+                Property::sometimes(
+                    "a consumer crashes between its commit and its acknowledgement",
+                    |_, s: &State| s.seen & seen::CRASH_AFTER_COMMIT != 0,
+                ),
+            ]
+        }
+    }
+}
+
 #[test]
 fn key_protocol_holds_with_the_recovery_hook() {
     let checker = check(
@@ -1046,5 +1552,55 @@ fn key_mutant_releasing_a_dropped_handler_after_its_checkpoint() {
         "mutant: the guard always releases",
         model,
         "at most one external effect per key",
+    );
+}
+
+#[test]
+fn relay_and_inbox_hold() {
+    let checker = check("relay and inbox", relay::RelayInbox::default(), None);
+    checker.assert_properties();
+}
+
+fn relay_mutant(label: &str, model: relay::RelayInbox, property: &'static str) {
+    let checker = check(label, model, Some(property));
+    counterexample(&checker, property);
+}
+
+#[test]
+fn relay_mutant_acknowledging_before_the_commit() {
+    let model = relay::RelayInbox {
+        ack_after_commit: false,
+        ..relay::RelayInbox::default()
+    };
+    relay_mutant(
+        "mutant: ack, then commit",
+        model,
+        "once quiescent, every event published and applied exactly once",
+    );
+}
+
+#[test]
+fn relay_mutant_recording_in_a_second_transaction() {
+    let model = relay::RelayInbox {
+        one_transaction: false,
+        ..relay::RelayInbox::default()
+    };
+    relay_mutant(
+        "mutant: effect and record in two transactions",
+        model,
+        "never two effects for one event",
+    );
+}
+
+#[test]
+fn relay_mutant_marking_before_publishing() {
+    let model = relay::RelayInbox {
+        mark_after_publish: false,
+        ..relay::RelayInbox::default()
+    };
+    relay_mutant(
+        "mutant: mark, then publish",
+        model,
+        "once quiescent, every event published and applied exactly once",
     );
 }
