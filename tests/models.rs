@@ -14,7 +14,7 @@
 //! knobs that break the protocol on purpose (a mutation: drop the fence check, acknowledge before
 //! the commit, ...), and a test per mutation asserts that the checker finds the counterexample.
 //!
-//! What the models prove, to which bounds, and what they do not cover: `src/docs/how_we_know_models.md`.
+//! What the models prove, to which bounds, and what they do not cover: the docs chapter `docs::how_we_know` (`src/docs/how_we_know.md`).
 //! Run them with `cargo test --release --test models -- --nocapture`.
 
 use std::fmt::Debug;

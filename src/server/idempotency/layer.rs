@@ -193,6 +193,13 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     /// | [`Failed`](crate::resolve::Resolution::Failed) | released: the work did not happen, and the client's next request runs it |
     /// | [`Unknown`](crate::resolve::Resolution::Unknown), declines, or no answer within `query_timeout` | still unknown; tried again next round |
     ///
+    /// `Failed` must be final. A record is `UNKNOWN` because its handler recorded a step (a
+    /// checkpoint, such as a payment's request id) and then its owner went away: an owner that
+    /// only paused may still hold that id, and call the third party after the resolver looked.
+    /// Answer `Failed` only once the step can no longer happen (the request id cancelled or
+    /// voided at the third party), else `Unknown`; the model of this protocol
+    /// ([`docs::how_we_know`](crate::docs::how_we_know)) finds a second payment otherwise.
+    ///
     /// Each settlement is fenced by the fence that made the record unknown, so two rounds (on
     /// two instances) settle a record once. Each is reported as
     /// [`ServerEventKind::Settled`]. Records nobody can settle stay listed by
