@@ -60,7 +60,9 @@ pub enum Recovery {
     /// the handler does not run.
     Completed(Response<Bytes>),
     /// The work failed for good (the payment was declined): this is its answer, stored and
-    /// replayed; the handler does not run.
+    /// replayed; the handler does not run. Only once the step can no longer happen: a previous
+    /// owner that only paused may still hold the checkpointed id, and "not found at the third
+    /// party" is not "declined" until that id is cancelled there.
     Failed(Response<Bytes>),
     /// Nobody can tell yet: the record becomes `UNKNOWN` with this evidence, every duplicate
     /// gets `202` with [`ErrorCode::OutcomeUnknown`](super::ErrorCode::OutcomeUnknown), and
