@@ -55,7 +55,10 @@
 
 #[path = "support/checks.rs"]
 mod checks;
+#[path = "support/http_client.rs"]
+mod http_client;
 use checks::Checks;
+use http_client::HttpClient;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
@@ -83,7 +86,7 @@ use surely::ledger::{
     Entry, EntryState, Filter, Ledger, LedgerRecorder, Reconciler, SettledBy, Settlement, Verdict,
 };
 use surely::outbox::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Relay};
-use surely::record::{BusinessKey, CallRecord, InMemoryRecorder, WatchedBody};
+use surely::record::{BusinessKey, CallRecord, InMemoryRecorder};
 use surely::record::{OutboxStats, RelayRound};
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, ReplayBody, Resolution};
@@ -1017,25 +1020,6 @@ type Transport = Client<HttpConnector, ReplayBody<Full<Bytes>>>;
 /// Every client's records: kept in memory for the timelines and the invariants, and every
 /// unknown call written to the ledger.
 type Records = (InMemoryRecorder, LedgerRecorder);
-
-/// A client stack over hyper: what `surely::client::http()` builds over [`Transport`].
-trait HttpClient:
-    Service<
-        Request<Full<Bytes>>,
-        Response = Response<WatchedBody<Incoming>>,
-        Error = surely::Error<hyper_util::client::legacy::Error>,
-    > + Clone
-{
-}
-
-impl<S> HttpClient for S where
-    S: Service<
-            Request<Full<Bytes>>,
-            Response = Response<WatchedBody<Incoming>>,
-            Error = surely::Error<hyper_util::client::legacy::Error>,
-        > + Clone
-{
-}
 
 fn transport() -> Transport {
     Client::builder(TokioExecutor::new()).build_http()

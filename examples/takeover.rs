@@ -49,7 +49,10 @@
 
 #[path = "support/checks.rs"]
 mod checks;
+#[path = "support/http_client.rs"]
+mod http_client;
 use checks::Checks;
+use http_client::HttpClient;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -71,7 +74,7 @@ use hyper_util::service::TowerToHyperService;
 use surely::headers::{IDEMPOTENCY_ERROR, IDEMPOTENCY_KEY, NOT_PROCESSED};
 use surely::ledger::{MemoryLedger, Reconciler};
 use surely::record::{
-    BusinessKey, InMemoryRecorder, RecoveryVerdict, ServerEvent, ServerEventKind, WatchedBody,
+    BusinessKey, InMemoryRecorder, RecoveryVerdict, ServerEvent, ServerEventKind,
 };
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, ReplayBody, Resolution};
@@ -390,31 +393,6 @@ impl Service<Request<ReplayBody<Full<Bytes>>>> for Balancer {
             res
         })
     }
-}
-
-/// A client stack over hyper: what `surely::client::http()` builds over [`Balancer`].
-trait HttpClient:
-    Service<
-        Request<Full<Bytes>>,
-        Response = Response<WatchedBody<Incoming>>,
-        Error = surely::Error<hyper_util::client::legacy::Error>,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static
-{
-}
-
-impl<S> HttpClient for S where
-    S: Service<
-            Request<Full<Bytes>>,
-            Response = Response<WatchedBody<Incoming>>,
-            Error = surely::Error<hyper_util::client::legacy::Error>,
-            Future: Send,
-        > + Clone
-        + Send
-        + 'static
-{
 }
 
 /// A payment of 42 EUR with `key` as its `Idempotency-Key` (and its business key, for the

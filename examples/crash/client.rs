@@ -25,18 +25,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::Request;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use surely::headers::{IDEMPOTENCY_ERROR, IDEMPOTENCY_KEY};
 use surely::journal::{Intent, IntentId, IntentJournal, JournalError};
 use surely::ledger::{EntryState, Ledger, LedgerRecorder};
-use surely::record::{BusinessKey, WatchedBody};
+use surely::record::BusinessKey;
 use surely::retry::backoff::Backoff;
 use surely::{Outcome, OutcomeExt};
-use tower::{Service, ServiceExt};
+use tower::ServiceExt;
 
 use crate::crashpoint::{self, IN_DOUBT};
+use crate::http_client::HttpClient;
 use crate::splitmix::SplitMix;
 use crate::world::{is_keyed, World};
 use crate::{chain, BoxError, CALL_DEADLINE};
@@ -65,31 +65,6 @@ const MAX_ATTEMPTS: u32 = 30;
 /// The recovery's passes over the orders left in doubt, and its calls in flight.
 const RECOVER_PASSES: usize = 2;
 const RECOVER_WORKERS: usize = 8;
-
-/// A client stack over hyper-util.
-pub(crate) trait HttpClient:
-    Service<
-        Request<Full<Bytes>>,
-        Response = Response<WatchedBody<Incoming>>,
-        Error = surely::Error<hyper_util::client::legacy::Error>,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static
-{
-}
-
-impl<S> HttpClient for S where
-    S: Service<
-            Request<Full<Bytes>>,
-            Response = Response<WatchedBody<Incoming>>,
-            Error = surely::Error<hyper_util::client::legacy::Error>,
-            Future: Send,
-        > + Clone
-        + Send
-        + 'static
-{
-}
 
 /// The stack for keyed orders.
 fn keyed_stack(recorder: &LedgerRecorder, journal: &Journal) -> Result<impl HttpClient, BoxError> {

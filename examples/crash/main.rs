@@ -101,6 +101,8 @@
 
 #[path = "../support/checks.rs"]
 mod checks;
+#[path = "../support/http_client.rs"]
+mod http_client;
 #[path = "../support/splitmix.rs"]
 mod splitmix;
 

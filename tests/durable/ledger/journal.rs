@@ -32,6 +32,25 @@ macro_rules! journaled_client {
     };
 }
 
+/// Sends order `key` through a journaling client to an order service that commits and never
+/// answers, and drops the call once its attempt is out.
+async fn send_and_drop(recorder: &LedgerRecorder, key: &str) {
+    let sent = Arc::new(AtomicU32::new(0));
+    let count = sent.clone();
+    let transport = tower::service_fn(move |_req: Request<String>| {
+        count.fetch_add(1, Ordering::SeqCst);
+        std::future::pending::<Result<Response<String>, std::io::Error>>()
+    });
+    let mut client = journaled_client!(recorder, transport);
+    let req = order(key);
+    let call = tokio::spawn(async move { super::call(&mut client, req).await });
+    while sent.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+}
+
 /// The ledger's entries for `key`.
 async fn entries(ledger: &MemoryLedger, key: &str) -> Vec<surely::ledger::Entry> {
     ledger.by_key(key).await.unwrap()
@@ -137,20 +156,7 @@ async fn a_call_whose_process_dies_leaves_its_intent_for_the_reconciler_after_it
     let ledger = MemoryLedger::new();
     // The process's writer, which dies with it before it writes anything.
     let (recorder, _dead_writer) = LedgerRecorder::pair(ledger.clone());
-    let sent = Arc::new(AtomicU32::new(0));
-    let count = sent.clone();
-    let transport = tower::service_fn(move |_req: Request<String>| {
-        count.fetch_add(1, Ordering::SeqCst);
-        // The order service commits; the reply never comes back.
-        std::future::pending::<Result<Response<String>, std::io::Error>>()
-    });
-    let mut client = journaled_client!(recorder, transport);
-    let call = tokio::spawn(async move { super::call(&mut client, order("o-4")).await });
-    while sent.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    call.abort();
-    assert!(call.await.unwrap_err().is_cancelled());
+    send_and_drop(&recorder, "o-4").await;
     let found = entries(&ledger, "o-4").await;
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].state, EntryState::InDoubt);
@@ -189,19 +195,7 @@ async fn a_call_whose_process_dies_leaves_its_intent_for_the_reconciler_after_it
 async fn a_call_dropped_by_its_caller_is_the_intents_one_open_entry() {
     let ledger = MemoryLedger::new();
     let recorder = LedgerRecorder::new(ledger.clone());
-    let sent = Arc::new(AtomicU32::new(0));
-    let count = sent.clone();
-    let transport = tower::service_fn(move |_req: Request<String>| {
-        count.fetch_add(1, Ordering::SeqCst);
-        std::future::pending::<Result<Response<String>, std::io::Error>>()
-    });
-    let mut client = journaled_client!(recorder, transport);
-    let call = tokio::spawn(async move { super::call(&mut client, order("o-11")).await });
-    while sent.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    call.abort();
-    assert!(call.await.unwrap_err().is_cancelled());
+    send_and_drop(&recorder, "o-11").await;
     recorder.flush().await;
     let found = entries(&ledger, "o-11").await;
     assert_eq!(found.len(), 1, "{found:?}");
