@@ -62,6 +62,13 @@ pub trait Envelope {
         None
     }
 
+    /// The request's target, if the message is an HTTP request: what a server layer's
+    /// predicates route on (a partition of the [adaptive limit](crate::server::limit) for
+    /// `/checkout`, say).
+    fn uri(&self) -> Option<&http::Uri> {
+        None
+    }
+
     /// The request's retry semantics.
     ///
     /// The default reads a [`Semantics`] extension, then the method and the `Idempotency-Key`
@@ -133,10 +140,17 @@ impl<B> Envelope for http::Request<B> {
         Some(http::Request::method(self))
     }
 
+    fn uri(&self) -> Option<&http::Uri> {
+        Some(http::Request::uri(self))
+    }
+
     fn operation(&self) -> Option<Operation> {
         match http::Request::extensions(self).get::<Operation>() {
             Some(op) => Some(op.clone()),
-            None => Some(Operation::http(self.method().clone(), self.uri().clone())),
+            None => Some(Operation::http(
+                http::Request::method(self).clone(),
+                http::Request::uri(self).clone(),
+            )),
         }
     }
 }

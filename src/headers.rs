@@ -35,6 +35,12 @@ pub const KEY_IN_FLIGHT: HeaderName = HeaderName::from_static("idempotency-key-i
 /// [`Rejected`](crate::classify::AttemptClass::Rejected).
 pub const NOT_PROCESSED: HeaderName = HeaderName::from_static("surely-not-processed");
 
+/// The header in which a request says how critical it is: `sheddable`, `sheddable-plus`,
+/// `critical` or `critical-plus` (see [`Criticality`](crate::Criticality)). A server's
+/// [adaptive limit](crate::server::limit) sheds the least critical first; from an untrusted
+/// caller the header may lower a request's criticality, never raise it.
+pub const CRITICALITY: HeaderName = HeaderName::from_static("surely-criticality");
+
 /// The gRPC pushback header, in milliseconds.
 pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 

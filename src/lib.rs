@@ -143,7 +143,7 @@ pub use crate::client::client;
 pub use crate::envelope::Envelope;
 pub use crate::error::{BoxedError, ConfigError, Error, ErrorKind, IntoError};
 pub use crate::outcome::{CallOutcome, Outcome, OutcomeExt, StopReason};
-pub use crate::semantics::Semantics;
+pub use crate::semantics::{Criticality, InvalidCriticality, Semantics};
 
 /// Under `--cfg surely_loom` only: the model's clock and the mutation switch, for `tests/loom.rs`.
 #[cfg(surely_loom)]

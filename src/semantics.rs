@@ -86,3 +86,98 @@ impl Semantics {
         matches!(self, Semantics::Safe)
     }
 }
+
+/// How much a request matters when a server must refuse some: under overload the least critical
+/// is refused first.
+///
+/// The levels are those of Google's SRE practice, from most to least critical. A server's
+/// [adaptive limit](crate::server::limit) lets each level fill a share of its concurrency
+/// limit (by default 110 %, 100 %, 90 % and 80 %), so that as the limit nears, sheddable work
+/// is refused while critical work still gets in.
+///
+/// A request carries its criticality in a `Criticality` extension (set by the host, which it
+/// trusts) or in the [`CRITICALITY`](crate::headers::CRITICALITY) header. A value that does not
+/// parse is an [`InvalidCriticality`] error; the server layers treat it as absent.
+///
+/// ```
+/// use surely::Criticality;
+///
+/// assert_eq!("sheddable".parse::<Criticality>(), Ok(Criticality::Sheddable));
+/// assert_eq!(Criticality::default(), Criticality::Critical);
+/// assert!(Criticality::CriticalPlus > Criticality::Sheddable);
+/// assert!("urgent!".parse::<Criticality>().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Criticality {
+    /// May be refused first: prefetches, batch work, anything a user does not wait for.
+    Sheddable,
+    /// Refused after [`Sheddable`](Criticality::Sheddable): work a user would miss, but
+    /// retried later without harm.
+    SheddablePlus,
+    /// The default: what serves a user now.
+    #[default]
+    Critical,
+    /// Refused last: the requests the service exists for (checkout, payments), health checks
+    /// the orchestrator acts on.
+    CriticalPlus,
+}
+
+impl Criticality {
+    /// Every level, least critical first.
+    pub const ALL: [Criticality; 4] = [
+        Criticality::Sheddable,
+        Criticality::SheddablePlus,
+        Criticality::Critical,
+        Criticality::CriticalPlus,
+    ];
+
+    /// The wire name: `sheddable`, `sheddable-plus`, `critical`, `critical-plus`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Criticality::Sheddable => "sheddable",
+            Criticality::SheddablePlus => "sheddable-plus",
+            Criticality::Critical => "critical",
+            Criticality::CriticalPlus => "critical-plus",
+        }
+    }
+
+    /// Reads a wire name, ignoring ASCII case, with `_` accepted for `-` (gRPC's enum style,
+    /// `CRITICAL_PLUS`).
+    pub fn from_bytes(value: &[u8]) -> Result<Criticality, InvalidCriticality> {
+        Criticality::ALL
+            .into_iter()
+            .find(|c| {
+                let name = c.as_str().as_bytes();
+                name.len() == value.len()
+                    && name.iter().zip(value).all(|(&n, &v)| {
+                        let v = v.to_ascii_lowercase();
+                        v == n || (n == b'-' && v == b'_')
+                    })
+            })
+            .ok_or(InvalidCriticality(()))
+    }
+
+    /// The position, least critical first: 0 to 3.
+    pub(crate) fn rank(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for Criticality {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Criticality {
+    type Err = InvalidCriticality;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Criticality::from_bytes(s.as_bytes())
+    }
+}
+
+/// A criticality that is none of `sheddable`, `sheddable-plus`, `critical`, `critical-plus`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid criticality: expected sheddable, sheddable-plus, critical or critical-plus")]
+pub struct InvalidCriticality(());

@@ -16,6 +16,8 @@ use crate::error::Elapsed;
 use crate::{Outcome, Semantics, StopReason};
 
 mod breaker_event;
+#[cfg(feature = "server")]
+mod limit;
 mod relay;
 #[cfg(feature = "server")]
 mod server;
@@ -25,6 +27,8 @@ mod otel;
 mod tracing_recorder;
 
 pub use self::breaker_event::{BreakerEvent, BreakerEventKind, TransitionReason};
+#[cfg(feature = "server")]
+pub use self::limit::{LimitEvent, LimitEventKind, RefusalReason};
 #[cfg(feature = "opentelemetry")]
 pub use self::otel::OtelRecorder;
 pub use self::relay::{OutboxStats, RelayReport, RelayRound};
@@ -259,6 +263,9 @@ pub enum Record<'a> {
     #[cfg(feature = "server")]
     /// An event of the server idempotency layer.
     Server(&'a ServerEvent),
+    #[cfg(feature = "server")]
+    /// An event of a server's adaptive concurrency limit.
+    Limit(&'a LimitEvent),
 }
 
 /// Where records go.
@@ -329,6 +336,16 @@ pub trait Recorder {
     fn record_server(&self, event: &ServerEvent) {
         let _ = event;
     }
+
+    #[cfg(feature = "server")]
+    /// A server's [adaptive limit](crate::server::limit) refused a request, moved its limit, or
+    /// was asked for a snapshot (see [`LimitEventKind`]). The layer reports to the recorder
+    /// given to its builder
+    /// ([`AdaptiveLimitLayerBuilder::recorder`](crate::server::limit::AdaptiveLimitLayerBuilder::recorder)).
+    /// The default ignores it.
+    fn record_limit(&self, event: &LimitEvent) {
+        let _ = event;
+    }
 }
 
 impl Recorder for () {
@@ -365,6 +382,11 @@ where
     #[cfg(feature = "server")]
     fn record_server(&self, event: &ServerEvent) {
         self(Record::Server(event))
+    }
+
+    #[cfg(feature = "server")]
+    fn record_limit(&self, event: &LimitEvent) {
+        self(Record::Limit(event))
     }
 }
 
@@ -413,6 +435,12 @@ impl<A: Recorder, B: Recorder> Recorder for (A, B) {
         self.0.record_server(event);
         self.1.record_server(event);
     }
+
+    #[cfg(feature = "server")]
+    fn record_limit(&self, event: &LimitEvent) {
+        self.0.record_limit(event);
+        self.1.record_limit(event);
+    }
 }
 
 /// Keeps every record in memory, for tests and demos. Clones share the same store.
@@ -434,6 +462,8 @@ struct Store {
     relay: Vec<RelayReport>,
     #[cfg(feature = "server")]
     server: Vec<ServerEvent>,
+    #[cfg(feature = "server")]
+    limit: Vec<LimitEvent>,
 }
 
 impl InMemoryRecorder {
@@ -483,6 +513,12 @@ impl InMemoryRecorder {
         self.store().server.clone()
     }
 
+    #[cfg(feature = "server")]
+    /// The server adaptive limits' events so far, oldest first.
+    pub fn limit_events(&self) -> Vec<LimitEvent> {
+        self.store().limit.clone()
+    }
+
     /// Forgets every record.
     pub fn clear(&self) {
         let mut store = self.store();
@@ -492,6 +528,8 @@ impl InMemoryRecorder {
         store.relay.clear();
         #[cfg(feature = "server")]
         store.server.clear();
+        #[cfg(feature = "server")]
+        store.limit.clear();
     }
 }
 
@@ -515,5 +553,10 @@ impl Recorder for InMemoryRecorder {
     #[cfg(feature = "server")]
     fn record_server(&self, event: &ServerEvent) {
         self.store().server.push(event.clone());
+    }
+
+    #[cfg(feature = "server")]
+    fn record_limit(&self, event: &LimitEvent) {
+        self.store().limit.push(event.clone());
     }
 }

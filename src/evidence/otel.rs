@@ -6,7 +6,7 @@ use opentelemetry::KeyValue;
 use super::{AttemptRecord, CallRecord, Recorder, RelayReport, StopReason};
 use super::{BreakerEvent, BreakerEventKind};
 #[cfg(feature = "server")]
-use super::{ServerEvent, ServerEventKind};
+use super::{LimitEvent, LimitEventKind, ServerEvent, ServerEventKind};
 use crate::ids::OperationKind;
 
 /// Bucket bounds of the call duration histogram, in seconds: those the OpenTelemetry HTTP
@@ -53,6 +53,9 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// | `surely.server.idempotency.events` | counter, `{event}` | `surely.event`, `http.request.method` | each event of the server idempotency layer |
 /// | `surely.server.idempotency.stuck` | gauge, `{record}` | none | each stuck-record report: records still `PROCESSING` past its threshold |
 /// | `surely.server.idempotency.stuck.oldest_age` | gauge, `s` | none | each stuck-record report: how long the oldest has been processing (0 without any) |
+/// | `surely.server.limit.refused` | counter, `{request}` | `surely.refusal.reason`, `surely.criticality`, `surely.partition` (if any) | each request an [adaptive limit](crate::server::limit) refused |
+/// | `surely.server.limit` | gauge, `{request}` | none | each event of an adaptive limit: its concurrency limit |
+/// | `surely.server.limit.in_flight` | gauge, `{request}` | none | each event of an adaptive limit: requests admitted and not yet answered |
 /// | `surely.outbox.relay.published` | counter, `{event}` | none | each relay round: events published and marked |
 /// | `surely.outbox.relay.failed` | counter, `{event}` | none | each relay round: publishes that failed |
 /// | `surely.outbox.relay.quarantined` | counter, `{event}` | none | each relay round: events quarantined |
@@ -138,6 +141,12 @@ pub struct OtelRecorder {
     server_stuck: Gauge<u64>,
     #[cfg(feature = "server")]
     server_stuck_oldest: Gauge<f64>,
+    #[cfg(feature = "server")]
+    limit_refused: Counter<u64>,
+    #[cfg(feature = "server")]
+    limit: Gauge<u64>,
+    #[cfg(feature = "server")]
+    limit_in_flight: Gauge<u64>,
     relay_published: Counter<u64>,
     relay_failed: Counter<u64>,
     relay_quarantined: Counter<u64>,
@@ -220,6 +229,29 @@ impl OtelRecorder {
                 .with_unit("s")
                 .with_description(
                     "How long the oldest stuck idempotency record has been processing.",
+                )
+                .build(),
+            #[cfg(feature = "server")]
+            limit_refused: meter
+                .u64_counter("surely.server.limit.refused")
+                .with_unit("{request}")
+                .with_description(
+                    "Requests a server's adaptive limit refused before their handler ran, by \
+                     reason and criticality.",
+                )
+                .build(),
+            #[cfg(feature = "server")]
+            limit: meter
+                .u64_gauge("surely.server.limit")
+                .with_unit("{request}")
+                .with_description("A server's adaptive concurrency limit.")
+                .build(),
+            #[cfg(feature = "server")]
+            limit_in_flight: meter
+                .u64_gauge("surely.server.limit.in_flight")
+                .with_unit("{request}")
+                .with_description(
+                    "Requests a server's adaptive limit admitted and that are not yet answered.",
                 )
                 .build(),
             relay_published: meter
@@ -396,6 +428,29 @@ impl Recorder for OtelRecorder {
         ];
         let with_method = usize::from(event.method.is_some());
         self.server_events.add(1, &attrs[..1 + with_method]);
+    }
+
+    #[cfg(feature = "server")]
+    fn record_limit(&self, event: &LimitEvent) {
+        if let LimitEventKind::Refused {
+            reason,
+            criticality,
+            partition,
+        } = &event.kind
+        {
+            let reason = KeyValue::new("surely.refusal.reason", reason.as_str());
+            let criticality = KeyValue::new("surely.criticality", criticality.as_str());
+            match partition {
+                Some(p) => {
+                    let p = opentelemetry::StringValue::from(p.clone());
+                    let attrs = [reason, criticality, KeyValue::new("surely.partition", p)];
+                    self.limit_refused.add(1, &attrs);
+                }
+                None => self.limit_refused.add(1, &[reason, criticality]),
+            }
+        }
+        self.limit.record(u64::from(event.limit), &[]);
+        self.limit_in_flight.record(u64::from(event.in_flight), &[]);
     }
 
     fn record_relay(&self, report: &RelayReport) {

@@ -3,7 +3,7 @@ use tracing::field::Empty;
 use super::{AttemptRecord, BusinessKey, CallId, CallRecord, Recorder, RelayReport};
 use super::{BreakerEvent, BreakerEventKind};
 #[cfg(feature = "server")]
-use super::{ServerEvent, ServerEventKind};
+use super::{LimitEvent, LimitEventKind, ServerEvent, ServerEventKind};
 use crate::classify::AttemptClass;
 use crate::error::BreakerState;
 use crate::Outcome;
@@ -345,6 +345,38 @@ impl Recorder for TracingRecorder {
                     );
                 }
             }
+        }
+    }
+
+    #[cfg(feature = "server")]
+    fn record_limit(&self, e: &LimitEvent) {
+        match &e.kind {
+            LimitEventKind::Refused {
+                reason,
+                criticality,
+                partition,
+            } => tracing::debug!(
+                surely.event = "limit_refused",
+                surely.refusal.reason = reason.as_str(),
+                surely.criticality = criticality.as_str(),
+                surely.partition = partition.as_deref(),
+                surely.limit = e.limit,
+                surely.in_flight = e.in_flight,
+                "request refused before its handler ran: not processed"
+            ),
+            LimitEventKind::Changed { from } => tracing::debug!(
+                surely.event = "limit_changed",
+                surely.limit.from = *from,
+                surely.limit = e.limit,
+                surely.in_flight = e.in_flight,
+                "concurrency limit moved"
+            ),
+            LimitEventKind::Snapshot => tracing::debug!(
+                surely.event = "limit_snapshot",
+                surely.limit = e.limit,
+                surely.in_flight = e.in_flight,
+                "concurrency limit"
+            ),
         }
     }
 }

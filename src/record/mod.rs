@@ -68,4 +68,6 @@ pub use crate::evidence::{
     ResolutionRecord, RetryRecord, TracingRecorder, TransitionReason,
 };
 #[cfg(feature = "server")]
-pub use crate::evidence::{RecoveryVerdict, ServerEvent, ServerEventKind};
+pub use crate::evidence::{
+    LimitEvent, LimitEventKind, RecoveryVerdict, RefusalReason, ServerEvent, ServerEventKind,
+};

@@ -10,6 +10,9 @@
 //! * [`idempotency`]: [`IdempotencyLayer`](idempotency::IdempotencyLayer) honours the
 //!   `Idempotency-Key`: the first request with a key runs, a duplicate waits (409) or gets the
 //!   stored response, another body under the same key is refused;
+//! * [`limit`]: [`AdaptiveLimitLayer`](limit::AdaptiveLimitLayer) admits as many requests at
+//!   once as the service can take without queueing, learns that number, and refuses the rest
+//!   at once (`503`, `Retry-After`, not processed), the least critical first;
 //! * [`store`]: where the keys' records live, in memory or (feature `postgres`) in PostgreSQL,
 //!   completed inside the handler's own transaction.
 //!
@@ -18,4 +21,5 @@
 
 pub mod deadline;
 pub mod idempotency;
+pub mod limit;
 pub mod store;

@@ -29,6 +29,10 @@ use crate::headers::NOT_PROCESSED;
 use crate::headers::RETRY_OWNER;
 use crate::{ConfigError, Envelope};
 
+mod recheck;
+
+pub use self::recheck::{can_finish, Recheck, RecheckLayer};
+
 /// What the [`ServerDeadlineLayer`] does with a malformed deadline header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Malformed {
@@ -413,7 +417,7 @@ fn malformed_response<B: Default>(grpc: bool, error: &ParseTimeoutError) -> Resp
     res
 }
 
-/// The future, public in a private module: named by the service's `Future` type only.
+/// The future, public in a private module: named by the services' `Future` types only.
 mod future {
     use super::*;
 
@@ -430,10 +434,18 @@ mod future {
         pub(super) enum ServerState<F, B> {
             Respond { response: Option<Response<B>> },
             Running { #[pin] inner: F, ctx: Context },
+            Passing { #[pin] inner: F },
         }
     }
 
     impl<F, B> ServerDeadlineFuture<F, B> {
+        /// The handler's future, polled as it is.
+        pub(super) fn running(inner: F) -> Self {
+            ServerDeadlineFuture {
+                state: ServerState::Passing { inner },
+            }
+        }
+
         pub(super) fn respond(response: Response<B>) -> Self {
             ServerDeadlineFuture {
                 state: ServerState::Respond {
@@ -458,6 +470,7 @@ mod future {
                 ServerStateProj::Running { inner, ctx } => {
                     CallTally::isolate(|| ctx.scope(|| inner.poll(cx)))
                 }
+                ServerStateProj::Passing { inner } => inner.poll(cx),
             }
         }
     }
