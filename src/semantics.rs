@@ -158,6 +158,7 @@ impl Criticality {
     }
 
     /// The position, least critical first: 0 to 3.
+    #[cfg(feature = "server")]
     pub(crate) fn rank(self) -> usize {
         self as usize
     }

@@ -219,15 +219,24 @@ fn table(summaries: &[Summary], params: &Params) -> String {
          the trigger / what the\ndownstream could serve; recovery = s after the trigger until \
          every second has >= 99% success; spike = peak\nattempts/s in the 5 s after the trigger \
          / steady; retries = retries / first attempts; success = over the run;\nwasted = \
-         served jobs whose caller had given up"
+         served jobs whose caller had given up; p99x = p99 of the work the server accepted \
+         and served during the\ntrigger / the same in the steady state"
     );
     for scenario in Scenario::ALL {
         let _ = writeln!(out);
         let _ = writeln!(out, "{}", title(scenario));
         let _ = writeln!(
             out,
-            "  {:<20}{:>7}{:>9}{:>10}{:>8}{:>9}{:>9}{:>8}",
-            "strategy", "amp", "goodput", "recovery", "spike", "retries", "success", "wasted"
+            "  {:<20}{:>7}{:>9}{:>10}{:>8}{:>9}{:>9}{:>8}{:>8}",
+            "strategy",
+            "amp",
+            "goodput",
+            "recovery",
+            "spike",
+            "retries",
+            "success",
+            "wasted",
+            "p99x"
         );
         for strategy in Strategy::ALL {
             let Some(s) = find(summaries, strategy, scenario) else {
@@ -235,7 +244,7 @@ fn table(summaries: &[Summary], params: &Params) -> String {
             };
             let _ = writeln!(
                 out,
-                "  {:<20}{:>7.2}{:>9}{:>10}{:>8.2}{:>9.3}{:>9.3}{:>8.3}",
+                "  {:<20}{:>7.2}{:>9}{:>10}{:>8.2}{:>9.3}{:>9.3}{:>8.3}{:>8}",
                 strategy.name(),
                 s.amplification_peak,
                 s.goodput_share
@@ -246,6 +255,8 @@ fn table(summaries: &[Summary], params: &Params) -> String {
                 s.retry_share,
                 s.success_rate,
                 s.wasted_share,
+                s.accepted_p99_ratio
+                    .map_or("-".to_owned(), |r| format!("{r:.2}")),
             );
         }
     }
@@ -260,6 +271,8 @@ fn title(scenario: Scenario) -> &'static str {
             "ramp: service times ramp up to x1.5 over 60 s (capacity down to 67%), then back"
         }
         Scenario::Outage => "outage: 10 s of fast failures (503 at once), then recovery",
+        Scenario::Surge2x => "surge2x: offered load twice the capacity for 30 s, then back",
+        Scenario::Slowdown => "slowdown: service times x2 for 30 s (capacity halved), then back",
     }
 }
 
@@ -276,6 +289,9 @@ fn describe(strategy: Strategy) -> &'static str {
         }
         Strategy::SurelyNoDeadline => "surely-default, without the deadline header",
         Strategy::SurelyNoBreaker => "surely-default, without the circuit breaker",
+        Strategy::SurelyLimit => {
+            "surely-default, and the server's AdaptiveLimitLayer::new() (gradient) in front"
+        }
     }
 }
 
@@ -329,6 +345,29 @@ fn checks(summaries: &[Summary]) -> (String, bool) {
             ),
         );
     }
+    if let Some(s) = find(summaries, Strategy::SurelyLimit, Scenario::Surge2x) {
+        let g = s.goodput_share.unwrap_or(0.0);
+        line(
+            &mut out,
+            g >= 0.95,
+            format!("target: surely-limit, surge2x: goodput during the surge {g:.3} >= 0.95 of capacity"),
+        );
+        let p = s.accepted_p99_ratio.unwrap_or(f64::INFINITY);
+        line(
+            &mut out,
+            p <= 2.0,
+            format!("target: surely-limit, surge2x: p99 of accepted work {p:.2} <= 2 x steady"),
+        );
+        line(
+            &mut out,
+            s.recovery_s.is_some_and(|r| r <= 2),
+            format!(
+                "target: surely-limit, surge2x: recovery {} <= 2 s",
+                s.recovery_s
+                    .map_or("never".to_owned(), |r| format!("{r} s"))
+            ),
+        );
+    }
     if let Some(s) = find(summaries, Strategy::SurelyDefault, Scenario::Outage) {
         line(
             &mut out,
@@ -345,7 +384,7 @@ fn checks(summaries: &[Summary]) -> (String, bool) {
 fn svg(runs: &[Run], path: &str) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
 
-    let root = SVGBackend::new(path, (1500, 1100)).into_drawing_area();
+    let root = SVGBackend::new(path, (1500, 1800)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(
         "Overload and recovery: goodput, queue and retries per second",
@@ -353,7 +392,15 @@ fn svg(runs: &[Run], path: &str) -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let rows = Scenario::ALL.len();
     let panels = root.split_evenly((rows, 3));
-    let colors = [BLACK, RED, MAGENTA, BLUE, GREEN, CYAN];
+    let colors = [
+        BLACK,
+        RED,
+        MAGENTA,
+        BLUE,
+        GREEN,
+        CYAN,
+        RGBColor(230, 140, 0),
+    ];
     type Metric = (&'static str, fn(&sim::Bucket) -> f64);
     let metrics: [Metric; 3] = [
         ("goodput (calls/s)", |b| b.successes as f64),

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! Poisson arrivals → client stack (strategy) → "network" (a task of its own)
-//!     → ServerDeadlineLayer → handler → FIFO queue → N workers (service time)
+//!     → ServerDeadlineLayer → [AdaptiveLimitLayer] → handler → FIFO queue → N workers
 //! ```
 //!
 //! * **The downstream** has `workers` workers taking jobs from one FIFO queue; a job costs a
@@ -11,9 +11,14 @@
 //!   is **still served**: nothing tells a worker that the caller went away. The one exception
 //!   is the propagated deadline: when the request carried one (the client wrote
 //!   `x-request-timeout-ms`, and [`ServerDeadlineLayer`] turned it into a [`Deadline`] in the
-//!   request's extensions), a worker that dequeues a job whose deadline has passed drops it at
-//!   once, without spending service time: what a handler does when its own calls inherit the
-//!   spent deadline and refuse to start. Without propagation the server cannot tell.
+//!   request's extensions), a worker that dequeues a job that can no longer finish in time
+//!   ([`can_finish`]) drops it at once, without spending service time: what a handler does
+//!   when its own calls inherit the spent deadline and refuse to start. Without propagation
+//!   the server cannot tell.
+//! * **The server's limit** (strategy `surely-limit` only): an [`AdaptiveLimitLayer`] with its
+//!   default settings in front of the handler. It bounds the jobs queued or in service, learns
+//!   the bound from their latency, and refuses the rest at once (`503`, `Retry-After: 1`,
+//!   not processed), which the client stack retries within its budget.
 //! * **The network** is a task per attempt: the server runs outside the caller's task, so
 //!   it sees only what travels in headers (served in-process, `ServerDeadlineLayer` would read
 //!   the caller's deadline from the task-local context, and every strategy would propagate).
@@ -41,7 +46,8 @@ use surely::breaker::CircuitBreaker;
 use surely::budget::{RatioBudget, RetryBudget};
 use surely::deadline::Deadline;
 use surely::retry::backoff::{Backoff, Jitter};
-use surely::server::deadline::ServerDeadlineLayer;
+use surely::server::deadline::{can_finish, ServerDeadlineLayer};
+use surely::server::limit::AdaptiveLimitLayer;
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -97,6 +103,8 @@ pub(crate) enum Strategy {
     SurelyNoDeadline,
     /// `surely-default` without the circuit breaker.
     SurelyNoBreaker,
+    /// `surely-default`, and the server's adaptive limit in front of the downstream.
+    SurelyLimit,
 }
 
 impl Strategy {
@@ -106,13 +114,14 @@ impl Strategy {
     }
 
     /// Every strategy, in the order of the output.
-    pub(crate) const ALL: [Strategy; 6] = [
+    pub(crate) const ALL: [Strategy; 7] = [
         Strategy::None,
         Strategy::Naive,
         Strategy::TowerTps,
         Strategy::SurelyDefault,
         Strategy::SurelyNoDeadline,
         Strategy::SurelyNoBreaker,
+        Strategy::SurelyLimit,
     ];
 
     /// The name in the output.
@@ -124,6 +133,7 @@ impl Strategy {
             Strategy::SurelyDefault => "surely-default",
             Strategy::SurelyNoDeadline => "surely-no-deadline",
             Strategy::SurelyNoBreaker => "surely-no-breaker",
+            Strategy::SurelyLimit => "surely-limit",
         }
     }
 }
@@ -138,6 +148,10 @@ pub(crate) enum Scenario {
     Ramp,
     /// For 10 s every request fails fast (503 at once, queued ones too), then recovery.
     Outage,
+    /// The offered load is twice the capacity for 30 s, then back to normal.
+    Surge2x,
+    /// Service times double (capacity halves) for 30 s, then return.
+    Slowdown,
 }
 
 impl Scenario {
@@ -147,7 +161,13 @@ impl Scenario {
     }
 
     /// Every scenario, in the order of the output.
-    pub(crate) const ALL: [Scenario; 3] = [Scenario::Drop20, Scenario::Ramp, Scenario::Outage];
+    pub(crate) const ALL: [Scenario; 5] = [
+        Scenario::Drop20,
+        Scenario::Ramp,
+        Scenario::Outage,
+        Scenario::Surge2x,
+        Scenario::Slowdown,
+    ];
 
     /// The name in the output.
     pub(crate) fn name(self) -> &'static str {
@@ -155,6 +175,8 @@ impl Scenario {
             Scenario::Drop20 => "drop20",
             Scenario::Ramp => "ramp",
             Scenario::Outage => "outage",
+            Scenario::Surge2x => "surge2x",
+            Scenario::Slowdown => "slowdown",
         }
     }
 
@@ -164,6 +186,7 @@ impl Scenario {
             Scenario::Drop20 => Duration::from_secs(30),
             Scenario::Ramp => Duration::from_secs(60),
             Scenario::Outage => Duration::from_secs(10),
+            Scenario::Surge2x | Scenario::Slowdown => Duration::from_secs(30),
         }
     }
 
@@ -176,7 +199,19 @@ impl Scenario {
         match self {
             Scenario::Drop20 => 1.25,
             Scenario::Ramp => 1.0 + 0.5 * t / len,
-            Scenario::Outage => 1.0,
+            Scenario::Slowdown => 2.0,
+            Scenario::Outage | Scenario::Surge2x => 1.0,
+        }
+    }
+
+    /// The offered load `t` after the trigger started, as a share of the normal capacity, when
+    /// it is `load` outside the trigger.
+    pub(crate) fn load(self, t: f64, load: f64) -> f64 {
+        let during = (0.0..self.duration().as_secs_f64()).contains(&t);
+        if self == Scenario::Surge2x && during {
+            2.0
+        } else {
+            load
         }
     }
 
@@ -256,9 +291,14 @@ pub(crate) struct Bucket {
     pub(crate) dropped: u64,
     /// Jobs in the downstream's queue at the end of the second.
     pub(crate) queue: u64,
+    /// The server's adaptive limit at the end of the second (0 without one).
+    pub(crate) limit: u64,
     /// The 99th percentile of the latency of the calls that ended, in seconds.
     pub(crate) p99: f64,
     latencies: Vec<f64>,
+    /// The server's latencies of the attempts it served (answered 200), from the moment
+    /// each reached it, by the second they ended.
+    served: Vec<f64>,
 }
 
 impl Bucket {
@@ -298,6 +338,10 @@ pub(crate) struct Summary {
     pub(crate) success_rate: f64,
     /// Jobs served for callers who had given up, as a share of jobs served, over the run.
     pub(crate) wasted_share: f64,
+    /// The 99th percentile of the server's latency for the work it accepted and served during
+    /// the trigger, over the same in the steady state before it; `None` if it served nothing
+    /// during the trigger.
+    pub(crate) accepted_p99_ratio: Option<f64>,
 }
 
 impl Summary {
@@ -308,15 +352,16 @@ impl Summary {
 }
 
 /// The `--csv` header, exactly as issue 18 asks.
+/// followed by issue 27's `accepted_p99_ratio`.
 pub(crate) const CSV_HEADER: &str =
-    "strategy,scenario,amplification_peak,goodput_share,recovery_s,recovered,spike_after_recovery,retry_share";
+    "strategy,scenario,amplification_peak,goodput_share,recovery_s,recovered,spike_after_recovery,retry_share,accepted_p99_ratio";
 
 /// The `--csv` output: [`CSV_HEADER`], then one row per summary.
 pub(crate) fn csv(summaries: &[Summary]) -> String {
     let mut out = format!("{CSV_HEADER}\n");
     for s in summaries {
         out.push_str(&format!(
-            "{},{},{:.3},{},{},{},{:.3},{:.4}\n",
+            "{},{},{:.3},{},{},{},{:.3},{:.4},{}\n",
             s.strategy.name(),
             s.scenario.name(),
             s.amplification_peak,
@@ -325,6 +370,8 @@ pub(crate) fn csv(summaries: &[Summary]) -> String {
             s.recovered(),
             s.spike_after_recovery,
             s.retry_share,
+            s.accepted_p99_ratio
+                .map_or(String::new(), |r| format!("{r:.3}")),
         ));
     }
     out
@@ -400,9 +447,18 @@ impl Run {
         let spike_after_recovery = (end..end + SPIKE_WINDOW)
             .map(|i| self.bucket(i).attempts as f64 / steady)
             .fold(0.0, f64::max);
+        let served = |from: usize, to: usize| {
+            let mut all: Vec<f64> = (from..to.min(self.buckets.len()))
+                .flat_map(|i| self.buckets[i].served.iter().copied())
+                .collect();
+            (!all.is_empty()).then(|| percentile(&mut all, 0.99))
+        };
+        let accepted_p99_ratio = served(start, end)
+            .zip(served(start / 2, start))
+            .map(|(during, steady)| during / steady.max(1e-9));
         let total = |f: fn(&Bucket) -> u64| self.buckets.iter().map(f).sum::<u64>();
         let offered = total(|b| b.offered).max(1);
-        let served = total(|b| b.attempts).max(1);
+        let served_total = total(|b| b.attempts).max(1);
         Summary {
             strategy: self.strategy,
             scenario: self.scenario,
@@ -412,7 +468,8 @@ impl Run {
             spike_after_recovery,
             retry_share: total(|b| b.retries) as f64 / offered as f64,
             success_rate: total(|b| b.successes) as f64 / offered as f64,
-            wasted_share: total(|b| b.wasted) as f64 / served as f64,
+            wasted_share: total(|b| b.wasted) as f64 / served_total as f64,
+            accepted_p99_ratio,
         }
     }
 }
@@ -421,11 +478,11 @@ impl Run {
     /// One line per second: the time series behind the summary.
     pub(crate) fn series(&self) -> String {
         let mut out = String::from(
-            "second,offered,attempts,retries,queue,ended,goodput,success_rate,p99_s,dropped,wasted\n",
+            "second,offered,attempts,retries,queue,ended,goodput,success_rate,p99_s,dropped,wasted,limit\n",
         );
         for (i, b) in self.buckets.iter().enumerate() {
             out.push_str(&format!(
-                "{i},{},{},{},{},{},{},{:.3},{:.3},{},{}\n",
+                "{i},{},{},{},{},{},{},{:.3},{:.3},{},{},{}\n",
                 b.offered,
                 b.attempts,
                 b.retries,
@@ -435,7 +492,8 @@ impl Run {
                 b.success_rate(),
                 b.p99,
                 b.dropped,
-                b.wasted
+                b.wasted,
+                b.limit
             ));
         }
         out
@@ -488,9 +546,10 @@ async fn simulate(strategy: Strategy, scenario: Scenario, params: &Params) -> io
     }));
     let trigger = start + WARMUP;
     let downstream = Downstream::start(scenario, trigger, params, metrics.clone());
+    let limit = (strategy == Strategy::SurelyLimit).then(AdaptiveLimitLayer::new);
     let clients = clients(
         strategy,
-        network(downstream.clone(), metrics.clone()),
+        network(downstream.clone(), metrics.clone(), limit.clone()),
         params.seed,
     )
     .map_err(|e| io::Error::other(e.to_string()))?;
@@ -498,13 +557,17 @@ async fn simulate(strategy: Strategy, scenario: Scenario, params: &Params) -> io
     // The queue length at the end of every second.
     let sampler = {
         let (metrics, downstream) = (metrics.clone(), downstream.clone());
+        let limit = limit.clone();
         tokio::spawn(async move {
             let mut tick = start;
             loop {
                 tick += Duration::from_secs(1);
                 tokio::time::sleep_until(tick).await;
                 let queue = lock(&downstream.queue).len() as u64;
-                lock(&metrics).at(tick - Duration::from_millis(1)).queue = queue;
+                let mut m = lock(&metrics);
+                let b = m.at(tick - Duration::from_millis(1));
+                b.queue = queue;
+                b.limit = limit.as_ref().map_or(0, |l| u64::from(l.limit()));
             }
         })
     };
@@ -514,7 +577,8 @@ async fn simulate(strategy: Strategy, scenario: Scenario, params: &Params) -> io
     let mut at = 0.0_f64;
     let mut calls = JoinSet::new();
     for id in 0u64.. {
-        at += arrivals.exponential() / params.rate();
+        let load = scenario.load(at - WARMUP.as_secs_f64(), params.load);
+        at += arrivals.exponential() / (load * params.capacity());
         if at >= stop.as_secs_f64() {
             break;
         }
@@ -608,7 +672,7 @@ impl Downstream {
                         let _ = job.reply.send(StatusCode::SERVICE_UNAVAILABLE);
                         continue;
                     }
-                    if job.deadline.is_some_and(|d| d.remaining_at(now) < min) {
+                    if !can_finish(job.deadline, min) {
                         lock(&metrics).at(now).dropped += 1;
                         let _ = job.reply.send(StatusCode::GATEWAY_TIMEOUT);
                         continue;
@@ -655,8 +719,9 @@ impl Downstream {
 }
 
 /// The downstream as its callers reach it: each attempt is counted, then served on a task of
-/// its own (so the server sees only the headers), behind the server deadline layer.
-fn network(downstream: Downstream, metrics: Shared) -> Wire {
+/// its own (so the server sees only the headers), behind the server deadline layer and, if
+/// given, the adaptive limit.
+fn network(downstream: Downstream, metrics: Shared, limit: Option<AdaptiveLimitLayer>) -> Wire {
     let handler = service_fn(move |req: Req| {
         let downstream = downstream.clone();
         async move {
@@ -673,7 +738,10 @@ fn network(downstream: Downstream, metrics: Shared) -> Wire {
             Ok::<_, Infallible>(res)
         }
     });
-    let server = ServerDeadlineLayer::new().layer(handler);
+    let server: BoxCloneService<Req, Res, Infallible> = match limit {
+        Some(limit) => BoxCloneService::new(ServerDeadlineLayer::new().layer(limit.layer(handler))),
+        None => BoxCloneService::new(ServerDeadlineLayer::new().layer(handler)),
+    };
     BoxCloneService::new(service_fn(move |req: Req| {
         let id = req
             .headers()
@@ -693,7 +761,22 @@ fn network(downstream: Downstream, metrics: Shared) -> Wire {
         }
         // A caller that gives up closes its connection: the handler's future is dropped
         // (aborted), and the job it queued stays queued.
-        let mut exchange = Abort(tokio::spawn(server.clone().oneshot(req)));
+        let reached = Instant::now();
+        let served = {
+            let (server, metrics) = (server.clone(), metrics.clone());
+            async move {
+                let res = server.oneshot(req).await?;
+                if res.status() == StatusCode::OK {
+                    let now = Instant::now();
+                    lock(&metrics)
+                        .at(now)
+                        .served
+                        .push((now - reached).as_secs_f64());
+                }
+                Ok::<_, Infallible>(res)
+            }
+        };
+        let mut exchange = Abort(tokio::spawn(served));
         async move {
             match (&mut exchange.0).await {
                 Ok(Ok(res)) => Ok(res),
@@ -733,7 +816,10 @@ fn clients(strategy: Strategy, wire: Wire, seed: u64) -> Result<Vec<Client>, sur
         Strategy::None => tower(None, 1, PATIENCE),
         Strategy::Naive => tower(None, MAX_ATTEMPTS, PER_TRY),
         Strategy::TowerTps => tower(Some(Arc::new(TpsBudget::default())), MAX_ATTEMPTS, PER_TRY),
-        Strategy::SurelyDefault | Strategy::SurelyNoDeadline | Strategy::SurelyNoBreaker => {
+        Strategy::SurelyDefault
+        | Strategy::SurelyNoDeadline
+        | Strategy::SurelyNoBreaker
+        | Strategy::SurelyLimit => {
             let budget: Arc<dyn RetryBudget> = Arc::new(RatioBudget::default());
             let breaker = CircuitBreaker::builder().seed(seed ^ 0xB4EA).build()?;
             let mut out = Vec::new();

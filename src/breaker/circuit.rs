@@ -177,9 +177,10 @@ pub(crate) enum Pass {
 }
 
 /// What a classified result says of the dependency: `Some(true)` a failure, `Some(false)` a
-/// success, and `None` for a server's refusal of a request whose deadline it found spent.
+/// success, and `None` for a server's refusal of a request whose deadline it found spent, or
+/// by its admission control.
 pub(crate) fn health(c: &Classification) -> Option<bool> {
-    (!c.is_deadline_refusal()).then(|| c.is_health_failure())
+    (!c.is_deadline_refusal() && !c.is_overload_refusal()).then(|| c.is_health_failure())
 }
 
 impl CircuitBreaker {

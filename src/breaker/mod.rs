@@ -31,7 +31,11 @@
 //! the call's deadline set on an attempt given less than
 //! [`min_timeout_evidence`](CircuitBreakerBuilder::min_timeout_evidence), and a server's refusal
 //! to start on a request whose deadline it found spent
-//! ([`Classification::is_deadline_refusal`](crate::classify::Classification::is_deadline_refusal)). A call dropped before it ended
+//! ([`Classification::is_deadline_refusal`](crate::classify::Classification::is_deadline_refusal))
+//! or that its admission control shed
+//! ([`Classification::is_overload_refusal`](crate::classify::Classification::is_overload_refusal):
+//! a server shedding half its load serves the other half, and a breaker opened by its
+//! refusals would refuse it all). A call dropped before it ended
 //! (its caller went away, a hedge lost) counts as nothing either.
 //!
 //! The failure rate is counted over a [`SlidingWindow`]: the last *n* calls, or the calls of

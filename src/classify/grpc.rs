@@ -136,8 +136,8 @@ fn classify_status_headers(headers: &HeaderMap, trailers_only: bool) -> Option<C
             .map(crate::pushback::parse_grpc_pushback),
     };
     let c = Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback);
-    if code != GrpcCode::OK && super::http::is_deadline_refusal(headers) {
-        Some(c.for_spent_deadline())
+    if code != GrpcCode::OK {
+        Some(super::http::mark_refusal(c, headers))
     } else {
         Some(c)
     }

@@ -1,4 +1,4 @@
-use http::{Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 
 use super::grpc::{self, GrpcEos};
 use super::{
@@ -29,7 +29,9 @@ use crate::headers::NOT_PROCESSED;
 /// A refusal whose [`NOT_PROCESSED`] says `deadline` (the server found the request's deadline
 /// spent, or too short, before it started) is rejected too, and
 /// [marked](Classification::is_deadline_refusal) so that the circuit breaker does not count the
-/// caller's spent budget against the server's health.
+/// caller's spent budget against the server's health. One that says `overload` (the server's
+/// [adaptive limit](crate::server::limit) shed it) is [marked](Classification::is_overload_refusal)
+/// the same way: a server shedding load is serving all it can.
 ///
 /// Requests whose `content-type` starts with `application/grpc` are classified by gRPC status
 /// (see [`GrpcCode`](super::GrpcCode)): from the headers of a trailers-only response, else at
@@ -126,11 +128,7 @@ impl HttpRequestClassifier {
             _ => AttemptClass::MaybeCommitted,
         };
         let c = Classification::new(class, DeliveryPhase::ResponseStarted).with_pushback(pushback);
-        if is_deadline_refusal(headers) {
-            c.for_spent_deadline()
-        } else {
-            c
-        }
+        mark_refusal(c, headers)
     }
 }
 
@@ -144,11 +142,17 @@ fn is_outcome_unknown(headers: &http::HeaderMap) -> bool {
 /// The `NOT_PROCESSED` value of a refusal for a spent deadline.
 pub(crate) const DEADLINE_REFUSAL: &str = "deadline";
 
-/// Whether `headers` say the server refused to start for the request's spent deadline.
-pub(crate) fn is_deadline_refusal(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(NOT_PROCESSED)
-        .is_some_and(|v| v.as_bytes() == DEADLINE_REFUSAL.as_bytes())
+/// The `NOT_PROCESSED` value of a refusal by a server's admission control.
+pub(crate) const OVERLOAD_REFUSAL: &str = "overload";
+
+/// `c`, marked as a refusal for a spent deadline or by admission control if the server's
+/// `NOT_PROCESSED` says so.
+pub(crate) fn mark_refusal(c: Classification, headers: &http::HeaderMap) -> Classification {
+    match headers.get(NOT_PROCESSED).map(HeaderValue::as_bytes) {
+        Some(v) if v == DEADLINE_REFUSAL.as_bytes() => c.for_spent_deadline(),
+        Some(v) if v == OVERLOAD_REFUSAL.as_bytes() => c.for_overload(),
+        _ => c,
+    }
 }
 
 impl<B, E: ClassifyError> Classify<Response<B>, E> for HttpRequestClassifier {

@@ -67,7 +67,7 @@ mod func;
 mod grpc;
 mod http;
 #[cfg(feature = "server")]
-pub(crate) use self::http::DEADLINE_REFUSAL;
+pub(crate) use self::http::{DEADLINE_REFUSAL, OVERLOAD_REFUSAL};
 mod tally;
 
 pub use self::error::{BoxError, ClassifyError};
@@ -211,6 +211,7 @@ const PUSHBACK_STOP: u64 = u64::MAX - 1;
 const PUSHBACK_MAX_NANOS: u64 = u64::MAX - 2;
 const PHASE_SHIFT: u16 = 4;
 const SPENT_DEADLINE_BIT: u16 = 1 << 8;
+const OVERLOAD_BIT: u16 = 1 << 9;
 
 fn pack_pushback(pushback: Option<Pushback>) -> u64 {
     match pushback {
@@ -253,6 +254,7 @@ impl fmt::Debug for Classification {
             .field("phase", &self.phase())
             .field("pushback", &self.pushback())
             .field("deadline_refusal", &self.is_deadline_refusal())
+            .field("overload_refusal", &self.is_overload_refusal())
             .finish()
     }
 }
@@ -347,11 +349,41 @@ impl Classification {
         self.head & SPENT_DEADLINE_BIT != 0
     }
 
+    /// This classification, for a server's refusal by its admission control
+    /// (`surely-not-processed: overload`, as a server's
+    /// [adaptive limit](crate::server::limit) answers): the server is serving all it can and
+    /// shedding the rest, which its `Retry-After` and the retry budget pace.
+    ///
+    /// ```
+    /// # use surely::classify::*;
+    /// let c = Classification::new(AttemptClass::Rejected, DeliveryPhase::ResponseStarted)
+    ///     .for_overload();
+    /// assert!(c.is_overload_refusal());
+    /// assert!(!c.is_health_failure());
+    /// ```
+    pub fn for_overload(mut self) -> Self {
+        self.head |= OVERLOAD_BIT;
+        self
+    }
+
+    /// Whether the server refused the attempt by its admission control, before processing.
+    pub fn is_overload_refusal(&self) -> bool {
+        self.head & OVERLOAD_BIT != 0
+    }
+
     /// Whether the attempt says something about the server's health: its class is a
-    /// [health failure](AttemptClass::is_health_failure), and it is not a refusal for the
-    /// caller's spent deadline. The circuit breaker counts these.
+    /// [health failure](AttemptClass::is_health_failure), and it is neither a refusal for the
+    /// caller's spent deadline nor a refusal by the server's admission control. The circuit
+    /// breaker counts these.
+    ///
+    /// A server that sheds part of its load is well: it serves what it can. A breaker that
+    /// counted its refusals would open at a refusal rate of half, and then refuse *every*
+    /// call for its break, wasting the capacity the server kept; the server's pushback and the
+    /// retry budget bound what the refusals cost instead.
     pub fn is_health_failure(&self) -> bool {
-        self.class().is_health_failure() && !self.is_deadline_refusal()
+        self.class().is_health_failure()
+            && !self.is_deadline_refusal()
+            && !self.is_overload_refusal()
     }
 
     /// Whether this attempt may be retried for a request with these semantics. A server's

@@ -644,3 +644,40 @@ async fn over_hyper_a_refused_request_never_reaches_the_handler() {
     assert_eq!(second.await.unwrap().unwrap().status(), StatusCode::OK);
     assert_eq!(limit.in_flight(), 0);
 }
+
+/// The client classifies a refusal by the limit as rejected, not processed, and as nothing
+/// about the server's health: a breaker in front of a server that sheds every request stays
+/// closed, and every call still reaches the server (which refuses it cheaply), instead of the
+/// breaker cutting off the capacity the server kept.
+#[tokio::test(start_paused = true)]
+async fn an_overload_refusal_is_not_a_health_failure() {
+    use surely::classify::{AttemptClass, Classified, Classify, HttpClassifier, MakeClassifier};
+
+    let held = Held::new();
+    let limit = fixed(1).build().unwrap();
+    let server = limit.layer(held.service());
+    let _running = start(&server, vec![get()]).await;
+
+    let refusal = server.clone().oneshot(get()).await.unwrap();
+    let classifier = HttpClassifier::new().make_classifier(&get());
+    let Classified::Ready(c) =
+        Classify::<_, surely::Error<std::io::Error>>::classify_response(classifier, &refusal)
+    else {
+        panic!("an HTTP response is classified from its head")
+    };
+    assert_eq!(c.class(), AttemptClass::Rejected);
+    assert!(c.is_overload_refusal());
+    assert!(!c.is_health_failure());
+
+    let mut client = surely::client()
+        .timeout(Duration::from_millis(100))
+        .no_retry()
+        .build(server.clone())
+        .unwrap();
+    for _ in 0..50 {
+        let res = client.ready().await.unwrap().call(get()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // All 50 reached the server: the breaker never opened.
+    assert_eq!(limit.refused(RefusalReason::Limit), 51);
+}

@@ -141,7 +141,7 @@ fn surely_default_meets_the_targets_at_the_examples_scale() {
                 assert!(summary.retry_share <= 0.10, "{summary:?}");
             }
             Scenario::Outage => assert!(summary.spike_after_recovery <= 1.2, "{summary:?}"),
-            Scenario::Ramp => {}
+            Scenario::Ramp | Scenario::Surge2x | Scenario::Slowdown => {}
         }
     }
 }
@@ -155,11 +155,11 @@ fn a_run_is_deterministic_and_the_csv_has_the_issue_header() {
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(
         lines[0],
-        "strategy,scenario,amplification_peak,goodput_share,recovery_s,recovered,spike_after_recovery,retry_share"
+        "strategy,scenario,amplification_peak,goodput_share,recovery_s,recovered,spike_after_recovery,retry_share,accepted_p99_ratio"
     );
     assert_eq!(lines.len(), 2);
     let fields: Vec<&str> = lines[1].split(',').collect();
-    assert_eq!(fields.len(), 8, "{}", lines[1]);
+    assert_eq!(fields.len(), 9, "{}", lines[1]);
     assert_eq!(&fields[..2], ["surely-default", "outage"]);
     // No capacity during an outage: no goodput share. A run that did not recover has no
     // recovery time.
@@ -169,4 +169,52 @@ fn a_run_is_deterministic_and_the_csv_has_the_issue_header() {
     assert!(a.buckets.len() >= a.end());
     let steady = a.steady_load();
     assert!((80.0..100.0).contains(&steady), "{steady}");
+}
+
+/// Issue 27's targets, at the example's scale (16 workers): offered twice the capacity for
+/// 30 s, the server's adaptive limit keeps the goodput at capacity and the latency of the work
+/// it accepts within twice the steady state, and the system is back within 2 s. Without the
+/// limit the same clients keep the goodput (the deadline on the wire lets the server drop work
+/// nobody waits for) but accepted work waits for the whole budget; without retries' care
+/// (`none`) the system collapses and does not come back.
+#[test]
+fn surge2x_the_server_limit_keeps_goodput_and_latency() {
+    let params = Params::default();
+    let pairs = [
+        (Strategy::SurelyLimit, Scenario::Surge2x),
+        (Strategy::SurelyDefault, Scenario::Surge2x),
+        (Strategy::None, Scenario::Surge2x),
+        (Strategy::SurelyLimit, Scenario::Slowdown),
+    ];
+    let runs = runs(&pairs, &params);
+    let s = |st, sc| runs[&(st, sc)].summary();
+
+    let limit = s(Strategy::SurelyLimit, Scenario::Surge2x);
+    assert!(limit.goodput_share.unwrap() >= 0.95, "{limit:?}");
+    assert!(limit.accepted_p99_ratio.unwrap() <= 2.0, "{limit:?}");
+    assert!(limit.recovery_s.is_some_and(|r| r <= 2), "{limit:?}");
+    assert_eq!(limit.wasted_share, 0.0, "{limit:?}");
+
+    let without = s(Strategy::SurelyDefault, Scenario::Surge2x);
+    assert!(without.accepted_p99_ratio.unwrap() > 5.0, "{without:?}");
+    let none = s(Strategy::None, Scenario::Surge2x);
+    assert!(none.goodput_share.unwrap() < 0.5, "{none:?}");
+    assert!(!none.recovered(), "{none:?}");
+
+    // Capacity halved: the limit still turns it all into goodput.
+    let slow = s(Strategy::SurelyLimit, Scenario::Slowdown);
+    assert!(slow.goodput_share.unwrap() >= 0.95, "{slow:?}");
+    assert!(slow.recovery_s.is_some_and(|r| r <= 2), "{slow:?}");
+}
+
+/// The same targets on the test's smaller downstream (4 workers), for this seed. (On 4
+/// workers at 90 % load the queue is bursty enough that, for some seeds, the limit refuses
+/// in a steady second long after the surge: see the overload chapter.)
+#[test]
+fn surge2x_the_server_limit_at_four_workers() {
+    let s = summaries(&[(Strategy::SurelyLimit, Scenario::Surge2x)]);
+    let limit = &s[&(Strategy::SurelyLimit, Scenario::Surge2x)];
+    assert!(limit.goodput_share.unwrap() >= 0.95, "{limit:?}");
+    assert!(limit.accepted_p99_ratio.unwrap() <= 2.0, "{limit:?}");
+    assert!(limit.recovery_s.is_some_and(|r| r <= 2), "{limit:?}");
 }

@@ -117,9 +117,12 @@ impl Default for Aimd {
 ///
 /// While latency stays within the tolerance the gradient is 1 and the limit grows by its
 /// square root (a small queue); when requests start waiting, the gradient falls below 1 and the
-/// limit shrinks until they no longer do. A limit that is not in use (less than half of it in
-/// flight) does not grow. When the long-run average is more than twice the last window's, it is
-/// pulled down (after a slow period, the service is fast again).
+/// limit shrinks until they no longer do. A limit that is not in use (never more than half of it
+/// in flight during the window) does not grow. When the long-run average is more than twice the last window's, it is
+/// pulled down (after a slow period, the service is fast again). A window in which the limit
+/// refused requests moves the long-run average ten times slower than others: under a long
+/// overload, the latency the limit itself holds the service at would otherwise become the
+/// norm it compares with, and latency would creep up.
 ///
 /// Samples are added without a lock, so a window's mean may count a sample that raced with
 /// its end in the next window instead: an estimate of a mean, not an exact one.
@@ -132,11 +135,11 @@ pub struct Gradient {
 }
 
 impl Gradient {
-    /// A tolerance of 1.5, a smoothing of 0.2, windows of 32 answers, a long-run average over
+    /// A tolerance of 2, a smoothing of 0.2, windows of 32 answers, a long-run average over
     /// about 600 windows.
     pub fn new() -> Self {
         Gradient {
-            tolerance: 1.5,
+            tolerance: 2.0,
             smoothing: 0.2,
             window: 32,
             long_window: 600,
@@ -144,7 +147,7 @@ impl Gradient {
     }
 
     /// How much slower than the long-run latency a window may be before the limit shrinks:
-    /// at least 1 (default 1.5).
+    /// at least 1 (default 2).
     pub fn tolerance(mut self, tolerance: f64) -> Self {
         self.tolerance = tolerance;
         self
@@ -292,6 +295,8 @@ pub(super) struct Partition {
 pub(super) struct Ticket {
     pub(super) partition: Option<u32>,
     pub(super) epoch: u64,
+    /// Requests in flight once this one was admitted.
+    pub(super) in_flight: u64,
 }
 
 /// The state every clone of one limit shares.
@@ -312,6 +317,10 @@ pub(crate) struct Shared {
     /// only by the thread that closes a window.
     long_rtt: AtomicU64,
     windows: AtomicU64,
+    /// Gradient: the most requests in flight at once in the current window.
+    window_peak: AtomicU64,
+    /// Gradient: the refusals (limit and shed) counted when the last window closed.
+    refused_before: AtomicU64,
     refused: [AtomicU64; 3],
     pub(super) partitions: Box<[Partition]>,
 }
@@ -347,6 +356,8 @@ impl Shared {
             rtt_sum: AtomicU64::new(0),
             long_rtt: AtomicU64::new(0f64.to_bits()),
             windows: AtomicU64::new(0),
+            window_peak: AtomicU64::new(0),
+            refused_before: AtomicU64::new(0),
             refused: Default::default(),
             partitions,
             config,
@@ -389,14 +400,19 @@ impl Shared {
         let before = self.in_flight.fetch_add(1, AcqRel);
         let part = partition.and_then(|i| self.partitions.get(i as usize));
         let part_before = part.map(|p| p.in_flight.fetch_add(1, AcqRel));
+        let ticket = Ticket {
+            partition,
+            epoch,
+            in_flight: before + 1,
+        };
         if before < allowed {
-            return Ok(Ticket { partition, epoch });
+            return Ok(ticket);
         }
         if let (Some(p), Some(n)) = (part, part_before) {
             // A partition below its reserved share gets in even when the limit is full.
             let reserved = (cap as f64 * p.config.share).ceil() as u64;
             if n < reserved {
-                return Ok(Ticket { partition, epoch });
+                return Ok(ticket);
             }
         }
         self.in_flight.fetch_sub(1, AcqRel);
@@ -471,6 +487,7 @@ impl Shared {
             Algorithm::Gradient(g) => {
                 let Some(rtt) = rtt else { return };
                 let nanos = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
+                self.window_peak.fetch_max(ticket.in_flight, AcqRel);
                 self.rtt_sum.fetch_add(nanos, AcqRel);
                 let n = self.samples.fetch_add(1, AcqRel) + 1;
                 let window = u64::from(g.window);
@@ -490,9 +507,16 @@ impl Shared {
         let short = short.max(1.0);
         let windows = self.windows.fetch_add(1, AcqRel) + 1;
         let mut long = f64::from_bits(self.long_rtt.load(Acquire));
-        // A plain mean over the first ten windows, then an exponential average.
+        let refused = self.refused[0].load(Relaxed) + self.refused[1].load(Relaxed);
+        let saturated = self.refused_before.swap(refused, AcqRel) != refused;
+        // A plain mean over the first ten windows, then an exponential average. A window in
+        // which the limit refused requests is the limit's own doing, not the service's normal
+        // latency: it moves the average ten times slower, or a long overload would teach the
+        // limit that queueing is normal.
         let weight = if windows <= 10 {
             1.0 / windows as f64
+        } else if saturated {
+            0.2 / (f64::from(g.long_window) + 1.0)
         } else {
             2.0 / (f64::from(g.long_window) + 1.0)
         };
@@ -502,11 +526,11 @@ impl Shared {
             long = (long * 0.95).max(short);
         }
         self.long_rtt.store(long.to_bits(), Release);
-        let in_flight = self.in_flight.load(Relaxed) as f64;
+        let peak = self.window_peak.swap(0, AcqRel) as f64;
         let (tolerance, smoothing) = (g.tolerance, g.smoothing);
         self.move_limit(|l| {
             let gradient = (tolerance * long / short).clamp(0.5, 1.0);
-            if gradient >= 1.0 && in_flight < l / 2.0 {
+            if gradient >= 1.0 && peak < l / 2.0 {
                 // Not in use: nothing says it could take more.
                 return l;
             }

@@ -99,12 +99,10 @@ pub use crate::evidence::RefusalReason;
 
 pub(crate) use self::algorithm::Shared;
 use self::algorithm::{Signal, Ticket};
+use crate::classify::OVERLOAD_REFUSAL;
 use crate::deadline::Deadline;
 use crate::headers::{CRITICALITY, GRPC_RETRY_PUSHBACK_MS, NOT_PROCESSED};
 use crate::{Criticality, Envelope};
-
-/// The [`NOT_PROCESSED`] value of a refusal by the limit.
-pub(crate) const OVERLOAD_REFUSAL: &str = "overload";
 
 /// The service made by [`AdaptiveLimitLayer`].
 ///

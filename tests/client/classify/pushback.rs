@@ -344,8 +344,11 @@ fn a_classification_fits_in_two_registers() {
         .for_spent_deadline();
     assert_eq!(
         format!("{c:?}"),
-        "Classification { class: Rejected, phase: Sent, pushback: Some(After(1.5s)), deadline_refusal: true }"
+        "Classification { class: Rejected, phase: Sent, pushback: Some(After(1.5s)), deadline_refusal: true, overload_refusal: false }"
     );
+    let c =
+        Classification::new(AttemptClass::Rejected, DeliveryPhase::ResponseStarted).for_overload();
+    assert!(c.is_overload_refusal() && !c.is_deadline_refusal() && !c.is_health_failure());
 }
 
 #[test]
