@@ -10,12 +10,16 @@
 //! * [`idempotency`]: [`IdempotencyLayer`](idempotency::IdempotencyLayer) honours the
 //!   `Idempotency-Key`: the first request with a key runs, a duplicate waits (409) or gets the
 //!   stored response, another body under the same key is refused;
+//! * `config` (feature `serde`): the settings of both layers, read from a file or the
+//!   environment;
 //! * [`store`]: where the keys' records live, in memory or (feature `postgres`) in PostgreSQL,
 //!   completed inside the handler's own transaction.
 //!
 //! These sit above the client layers and their composition (a handler's own outgoing calls use
 //! the client stack), and below the durable half (outbox, inbox, ledger).
 
+#[cfg(feature = "serde")]
+pub mod config;
 pub mod deadline;
 pub mod idempotency;
 pub mod store;
