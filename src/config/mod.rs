@@ -155,7 +155,7 @@ pub struct ClientConfig {
     pub retry: RetryConfig,
     /// The retry budget, shared by retries and hedges (default a ratio budget:
     /// [`RatioBudget::default`]).
-    pub budget: Option<BudgetConfig>,
+    pub budget: BudgetConfig,
     /// The circuit breaker (default [`CircuitBreaker::new`]).
     pub breaker: BreakerConfig,
     /// The hedge, for a client built with [`apply_hedged`](ClientConfig::apply_hedged): a
@@ -201,31 +201,38 @@ pub struct BackoffConfig {
 /// The base delay of [`RetryLayer::new`]'s backoff.
 const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(100);
 
-/// The retry budget, by `kind`: see [`budget`](crate::budget) for the two forms.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+/// The retry budget: see [`budget`](crate::budget) for the two forms. Which one is `kind`'s
+/// to say; a field of another kind is refused.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
-pub enum BudgetConfig {
+pub struct BudgetConfig {
+    /// `ratio` (the default), `token_bucket` or `none`: [`BudgetKind`].
+    pub kind: Option<BudgetKind>,
+    /// A ratio budget's retries per first attempt (default 0.1; from 0 to 1000).
+    pub ratio: Option<f64>,
+    /// How long a ratio budget counts an attempt (default 10 s; from 1 to 60 s).
+    #[serde(deserialize_with = "duration")]
+    pub ttl: Option<Duration>,
+    /// A ratio budget's retries a second whatever the traffic (default 10; not negative).
+    pub min_per_sec: Option<f64>,
+    /// A token bucket's size (needed for one; from 1 to 1000).
+    pub max_tokens: Option<u32>,
+    /// Tokens a success puts back in a token bucket (needed for one; from 0.001 to
+    /// `max_tokens`).
+    pub token_ratio: Option<f64>,
+}
+
+/// The form of a retry budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum BudgetKind {
     /// A [`RatioBudget`]: retries at most `ratio` of first attempts over `ttl`, or
     /// `min_per_sec` a second when that is more.
-    Ratio {
-        /// Retries per first attempt (default 0.1; from 0 to 1000).
-        #[serde(default)]
-        ratio: Option<f64>,
-        /// How long an attempt counts (default 10 s; from 1 to 60 s).
-        #[serde(default, deserialize_with = "duration")]
-        ttl: Option<Duration>,
-        /// Retries a second allowed whatever the traffic (default 10; not negative).
-        #[serde(default)]
-        min_per_sec: Option<f64>,
-    },
-    /// A [`TokenBucket`], as gRPC's `retryThrottling`: both fields are needed.
-    TokenBucket {
-        /// The bucket's size (from 1 to 1000).
-        max_tokens: u32,
-        /// Tokens a success puts back (from 0.001 to `max_tokens`).
-        token_ratio: f64,
-    },
+    Ratio,
+    /// A [`TokenBucket`], as gRPC's `retryThrottling`: `max_tokens` and `token_ratio`.
+    TokenBucket,
     /// No budget: only the attempt limits bound retries and hedges. For tests.
     None,
 }
@@ -372,12 +379,15 @@ impl ClientConfig {
     {
         let hedge = self.hedge.clone().unwrap_or_default();
         // Checked on a builder of its own: the client's is handed over unbuilt.
-        hedge.settle(HedgeLayer::builder())?.build().map_err(of_field(&[
-            ("hedge attempt limit", "hedge.max_attempts"),
-            ("hedge delay percentile", "hedge.percentile"),
-            ("hedge delay window", "hedge.window"),
-            ("hedge delay minimum samples", "hedge.min_samples"),
-        ]))?;
+        hedge
+            .settle(HedgeLayer::builder())?
+            .build()
+            .map_err(of_field(&[
+                ("hedge attempt limit", "hedge.max_attempts"),
+                ("hedge delay percentile", "hedge.percentile"),
+                ("hedge delay window", "hedge.window"),
+                ("hedge delay minimum samples", "hedge.min_samples"),
+            ]))?;
         let builder = self.apply_layers(builder)?;
         Ok(builder.hedge(hedge.settle(HedgeLayer::builder())?))
     }
@@ -398,10 +408,10 @@ impl ClientConfig {
         if self.internal_headers == Some(false) {
             builder = builder.no_internal_headers();
         }
-        builder = match &self.budget {
-            None => builder,
-            Some(BudgetConfig::None) => builder.no_budget(),
-            Some(budget) => builder.budget(budget.build()?),
+        builder = match self.budget.build()? {
+            Budget::Unchanged => builder,
+            Budget::Removed => builder.no_budget(),
+            Budget::Given(budget) => builder.budget(budget),
         };
         let backoff = self.retry.backoff.build()?;
         self.retry
@@ -463,23 +473,47 @@ impl BackoffConfig {
     }
 }
 
+/// What a [`BudgetConfig`] makes of the client's budget.
+enum Budget {
+    Unchanged,
+    Removed,
+    Given(Arc<dyn RetryBudget>),
+}
+
 impl BudgetConfig {
-    /// The budget (`None` is not one: the caller removes the budget instead).
-    fn build(&self) -> Result<Arc<dyn RetryBudget>, ConfigError> {
-        match self {
-            BudgetConfig::Ratio {
-                ratio,
-                ttl,
-                min_per_sec,
-            } => {
+    fn build(&self) -> Result<Budget, ConfigError> {
+        let ratio_fields = [
+            ("budget.ratio", self.ratio.is_some()),
+            ("budget.ttl", self.ttl.is_some()),
+            ("budget.min_per_sec", self.min_per_sec.is_some()),
+        ];
+        let bucket_fields = [
+            ("budget.max_tokens", self.max_tokens.is_some()),
+            ("budget.token_ratio", self.token_ratio.is_some()),
+        ];
+        let refuse = |fields: &[(&'static str, bool)], why: &'static str| match fields
+            .iter()
+            .find(|(_, given)| *given)
+        {
+            Some((field, _)) => Err(ConfigError::new(field, why)),
+            None => Ok(()),
+        };
+        let kind = match self.kind {
+            Some(kind) => kind,
+            None if *self == BudgetConfig::default() => return Ok(Budget::Unchanged),
+            None => BudgetKind::Ratio,
+        };
+        match kind {
+            BudgetKind::Ratio => {
+                refuse(&bucket_fields, "is for a budget of kind \"token_bucket\"")?;
                 let mut budget = RatioBudget::builder();
-                if let Some(ratio) = *ratio {
+                if let Some(ratio) = self.ratio {
                     budget = budget.ratio(ratio);
                 }
-                if let Some(ttl) = *ttl {
+                if let Some(ttl) = self.ttl {
                     budget = budget.ttl(ttl);
                 }
-                if let Some(min) = *min_per_sec {
+                if let Some(min) = self.min_per_sec {
                     budget = budget.min_per_sec(min);
                 }
                 let budget = budget.build().map_err(of_field(&[
@@ -487,19 +521,30 @@ impl BudgetConfig {
                     ("retry budget ttl", "budget.ttl"),
                     ("retry budget min_per_sec", "budget.min_per_sec"),
                 ]))?;
-                Ok(Arc::new(budget))
+                Ok(Budget::Given(Arc::new(budget)))
             }
-            BudgetConfig::TokenBucket {
-                max_tokens,
-                token_ratio,
-            } => {
-                let bucket = TokenBucket::new(*max_tokens, *token_ratio).map_err(of_field(&[
+            BudgetKind::TokenBucket => {
+                refuse(&ratio_fields, "is for a budget of kind \"ratio\"")?;
+                let (Some(max_tokens), Some(token_ratio)) = (self.max_tokens, self.token_ratio)
+                else {
+                    let missing = if self.max_tokens.is_none() {
+                        "budget.max_tokens"
+                    } else {
+                        "budget.token_ratio"
+                    };
+                    return Err(ConfigError::new(missing, "is needed for a token bucket"));
+                };
+                let bucket = TokenBucket::new(max_tokens, token_ratio).map_err(of_field(&[
                     ("retry token bucket max_tokens", "budget.max_tokens"),
                     ("retry token bucket token_ratio", "budget.token_ratio"),
                 ]))?;
-                Ok(Arc::new(bucket))
+                Ok(Budget::Given(Arc::new(bucket)))
             }
-            BudgetConfig::None => Err(ConfigError::new("budget", "none is not a budget")),
+            BudgetKind::None => {
+                refuse(&ratio_fields, "is for a budget of kind \"ratio\"")?;
+                refuse(&bucket_fields, "is for a budget of kind \"token_bucket\"")?;
+                Ok(Budget::Removed)
+            }
         }
     }
 }

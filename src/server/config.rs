@@ -213,14 +213,17 @@ impl IdempotencyConfig {
             None => None,
         };
         // Checked on a builder of its own: the caller's store is not built into a layer here.
-        self.settle(IdempotencyLayer::builder(MemoryStore::new()), required.clone())
-            .build()
-            .map_err(of_field(&[
-                ("idempotency lease", "idempotency.lease"),
-                ("idempotency lease renewal", "idempotency.renew_for"),
-                ("idempotency retention", "idempotency.retention"),
-                ("idempotency body limit", "idempotency.max_body_bytes"),
-            ]))?;
+        self.settle(
+            IdempotencyLayer::builder(MemoryStore::new()),
+            required.clone(),
+        )
+        .build()
+        .map_err(of_field(&[
+            ("idempotency lease", "idempotency.lease"),
+            ("idempotency lease renewal", "idempotency.renew_for"),
+            ("idempotency retention", "idempotency.retention"),
+            ("idempotency body limit", "idempotency.max_body_bytes"),
+        ]))?;
         Ok(self.settle(builder, required))
     }
 

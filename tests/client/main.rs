@@ -13,6 +13,7 @@ mod budget;
 mod classify;
 mod client;
 mod codec;
+mod config;
 mod deadline;
 mod decision_matrix;
 mod fault;
