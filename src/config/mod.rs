@@ -48,7 +48,7 @@
 //! jitter = "equal"           # none, full, equal or decorrelated
 //!
 //! [budget]                   # default: ratio 0.1, ttl 10 s, 10 a second
-//! kind = "ratio"             # or "token_bucket" (max_tokens, token_ratio), or "none"
+//! kind = "ratio"             # the default; "token_bucket" (max_tokens, token_ratio); "none"
 //! ratio = 0.2
 //! ttl = "20s"
 //! min_per_sec = 5.0
@@ -98,8 +98,49 @@
 //! assert_eq!(err.to_string(), "invalid retry.backoff.max: must not be less than the base delay");
 //! ```
 //!
-//! The same struct reads YAML, or environment variables through the `config` crate (nested
-//! keys joined by `__`: `PAYMENTS_RETRY__BACKOFF__BASE=50ms`); the crate's tests load all three.
+//! # YAML, and the environment
+//!
+//! The same struct reads YAML:
+//!
+//! ```
+//! use std::time::Duration;
+//! use surely::config::ClientConfig;
+//!
+//! let config: ClientConfig = serde_yaml_ng::from_str("
+//! timeout: 2s
+//! retry:
+//!   max_attempts: 4
+//!   backoff: { base: 50ms, max: 2s }
+//! ").unwrap();
+//! assert_eq!(config.retry.backoff.base, Some(Duration::from_millis(50)));
+//! ```
+//!
+//! And environment variables, through a loader that nests keys, such as the `config` crate's
+//! `Environment` with `__` between keys (`envy` reads only flat structs):
+//!
+//! ```
+//! use std::time::Duration;
+//! use surely::config::ClientConfig;
+//!
+//! # fn main() -> Result<(), config::ConfigError> {
+//! # // A doctest is a process of its own: its environment is its own.
+//! # std::env::set_var("PAYMENTS_TIMEOUT", "2s");
+//! # std::env::set_var("PAYMENTS_RETRY__MAX_ATTEMPTS", "4");
+//! # std::env::set_var("PAYMENTS_RETRY__BACKOFF__BASE", "50ms");
+//! // PAYMENTS_TIMEOUT=2s PAYMENTS_RETRY__MAX_ATTEMPTS=4 PAYMENTS_RETRY__BACKOFF__BASE=50ms
+//! let config: ClientConfig = config::Config::builder()
+//!     .add_source(
+//!         config::Environment::with_prefix("PAYMENTS")
+//!             .prefix_separator("_")
+//!             .separator("__")
+//!             .try_parsing(true),
+//!     )
+//!     .build()?
+//!     .try_deserialize()?;
+//! assert_eq!(config.timeout, Some(Duration::from_secs(2)));
+//! assert_eq!(config.retry.max_attempts, Some(4));
+//! # Ok(()) }
+//! ```
 
 mod serde_support;
 
@@ -392,6 +433,7 @@ impl ClientConfig {
         Ok(builder.hedge(hedge.settle(HedgeLayer::builder())?))
     }
 
+    #[allow(clippy::type_complexity)]
     fn apply_layers<R, M, Z, K, P, H, W>(
         &self,
         mut builder: ClientBuilder<R, M, Z, K, P, H, CircuitBreaker, W>,
