@@ -35,6 +35,7 @@
 //! timeout = "2s"             # the call's total budget (default 10 s)
 //! per_try_timeout = "500ms"  # each attempt (default: only what the budget leaves)
 //! internal_headers = true    # false for a third-party API
+//! server_honours_keys = true # a keyed POST is retried after a lost reply (default false)
 //!
 //! [retry]
 //! max_attempts = 4           # the first included (default 3)
@@ -192,6 +193,10 @@ pub struct ClientConfig {
     /// `false` sends none of the crate's own headers, for a third-party API (default `true`):
     /// [`ClientBuilder::no_internal_headers`].
     pub internal_headers: Option<bool>,
+    /// `true` declares that the server honours idempotency keys, so that a keyed POST is
+    /// retried after a lost reply (default `false`): [`ClientBuilder::server_honours_keys`].
+    /// Refused for a client that sends no keys (the [`grpc()`](crate::client::grpc()) preset).
+    pub server_honours_keys: Option<bool>,
     /// The retry layer.
     pub retry: RetryConfig,
     /// The retry budget, shared by retries and hedges (default a ratio budget:
@@ -371,9 +376,9 @@ impl ClientConfig {
 
     /// Applies this configuration to a builder without a hedge: a preset
     /// ([`client()`](crate::client()), [`http()`](crate::client::http()),
-    /// [`grpc()`](crate::client::grpc())) or one the code has set up. A field left out leaves
-    /// the builder's setting as it was; a breaker section with any field replaces the builder's
-    /// breaker with one of its own.
+    /// [`grpc()`](crate::client::grpc())) or one the code has set up, with the presets' key
+    /// layer or none. A field left out leaves the builder's setting as it was; a breaker
+    /// section with any field replaces the builder's breaker with one of its own.
     ///
     /// # Errors
     ///
@@ -381,7 +386,7 @@ impl ClientConfig {
     /// was refused (`retry.max_attempts`, `budget.ratio`, ...); `hedge` if the configuration
     /// sets a hedge (use [`apply_hedged`](Self::apply_hedged)).
     #[allow(clippy::type_complexity)]
-    pub fn apply<R, M, Z, K, P, W>(
+    pub fn apply<R, M, Z, K: KeySlot, P, W>(
         &self,
         builder: ClientBuilder<R, M, Z, K, P, Identity, CircuitBreaker, W>,
     ) -> Result<ClientBuilder<R, M, Z, K, P, Identity, CircuitBreaker, W>, ConfigError> {
@@ -413,7 +418,7 @@ impl ClientConfig {
     ///
     /// As [`apply`](Self::apply), with the hedge's fields (`hedge.max_attempts`, ...).
     #[allow(clippy::type_complexity)]
-    pub fn apply_hedged<R, M, Z, K, P, W>(
+    pub fn apply_hedged<R, M, Z, K: KeySlot, P, W>(
         &self,
         builder: ClientBuilder<R, M, Z, K, P, Identity, CircuitBreaker, W>,
     ) -> Result<ClientBuilder<R, M, Z, K, P, HedgeLayerBuilder, CircuitBreaker, W>, ConfigError>
@@ -434,7 +439,7 @@ impl ClientConfig {
     }
 
     #[allow(clippy::type_complexity)]
-    fn apply_layers<R, M, Z, K, P, H, W>(
+    fn apply_layers<R, M, Z, K: KeySlot, P, H, W>(
         &self,
         mut builder: ClientBuilder<R, M, Z, K, P, H, CircuitBreaker, W>,
     ) -> Result<ClientBuilder<R, M, Z, K, P, H, CircuitBreaker, W>, ConfigError> {
@@ -449,6 +454,9 @@ impl ClientConfig {
         }
         if self.internal_headers == Some(false) {
             builder = builder.no_internal_headers();
+        }
+        if self.server_honours_keys == Some(true) {
+            builder = K::server_honours_keys(builder)?;
         }
         builder = match self.budget.build()? {
             Budget::Unchanged => builder,
@@ -467,6 +475,44 @@ impl ClientConfig {
         Ok(builder)
     }
 }
+
+/// The key slot of a [`ClientBuilder`] that a [`ClientConfig`] applies to: the presets'
+/// [`IdempotencyKeyLayer`], or none. Public in a private module, so that the bounds can name it
+/// and users cannot.
+mod slots {
+    use super::*;
+    use crate::idempotency::IdempotencyKeyLayer;
+
+    /// What `server_honours_keys = true` does to a builder with this key slot.
+    pub trait KeySlot: Sized {
+        /// The builder, told that the server honours keys.
+        #[allow(clippy::type_complexity)]
+        fn server_honours_keys<R, M, Z, P, H, B, W>(
+            builder: ClientBuilder<R, M, Z, Self, P, H, B, W>,
+        ) -> Result<ClientBuilder<R, M, Z, Self, P, H, B, W>, ConfigError>;
+    }
+
+    impl<Q> KeySlot for IdempotencyKeyLayer<Q> {
+        fn server_honours_keys<R, M, Z, P, H, B, W>(
+            builder: ClientBuilder<R, M, Z, Self, P, H, B, W>,
+        ) -> Result<ClientBuilder<R, M, Z, Self, P, H, B, W>, ConfigError> {
+            Ok(builder.server_honours_keys())
+        }
+    }
+
+    impl KeySlot for Identity {
+        fn server_honours_keys<R, M, Z, P, H, B, W>(
+            _: ClientBuilder<R, M, Z, Self, P, H, B, W>,
+        ) -> Result<ClientBuilder<R, M, Z, Self, P, H, B, W>, ConfigError> {
+            Err(ConfigError::new(
+                "server_honours_keys",
+                "is set, but this client sends no idempotency keys",
+            ))
+        }
+    }
+}
+
+use self::slots::KeySlot;
 
 impl RetryConfig {
     /// The settings given, on `retry`.

@@ -21,6 +21,7 @@ const TOML: &str = r#"
 timeout = "2s"
 per_try_timeout = "500ms"
 internal_headers = false
+server_honours_keys = true
 
 [retry]
 max_attempts = 4
@@ -67,6 +68,7 @@ const YAML: &str = r#"
 timeout: 2s
 per_try_timeout: 500ms
 internal_headers: false
+server_honours_keys: true
 retry:
   max_attempts: 4
   max_pushback: 10s
@@ -109,6 +111,7 @@ const ENV: &[(&str, &str)] = &[
     ("PAYMENTS_TIMEOUT", "2s"),
     ("PAYMENTS_PER_TRY_TIMEOUT", "500ms"),
     ("PAYMENTS_INTERNAL_HEADERS", "false"),
+    ("PAYMENTS_SERVER_HONOURS_KEYS", "true"),
     ("PAYMENTS_RETRY__MAX_ATTEMPTS", "4"),
     ("PAYMENTS_RETRY__MAX_PUSHBACK", "10s"),
     ("PAYMENTS_RETRY__MIN_ATTEMPT_TIME", "20ms"),
@@ -548,4 +551,115 @@ async fn a_budget_of_kind_none_removes_the_budget() {
         let config = from_toml(&format!("[budget]\n{text}")).unwrap();
         assert_eq!(config.builder().unwrap_err().to_string(), message, "{text}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn extreme_values_are_refused_or_work_never_a_panic() {
+    // Too long for a duration at all: refused by the reader.
+    let text = from_toml("timeout = \"100000000000000 years\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("invalid duration"), "{text}");
+
+    // Absurd but valid: the stack builds, and calls end.
+    let config = from_toml(
+        r#"
+        timeout = "200 years"
+        per_try_timeout = "100 years"
+        [retry]
+        max_attempts = 4294967295
+        max_pushback = "300 years"
+        min_attempt_time = "100 years"
+        [retry.backoff]
+        base = "100 years"
+        max = "200 years"
+        multiplier = 1e300
+        [budget]
+        ratio = 1000.0
+        ttl = "60s"
+        min_per_sec = 1e300
+        [breaker]
+        min_throughput = 4294967295
+        window = { length = "100 years", buckets = 1000 }
+        break_duration = "50 years"
+        max_break = "100 years"
+        min_timeout_evidence = "100 years"
+        "#,
+    )
+    .unwrap();
+    let ok = service_fn(|_req: http::Request<String>| async {
+        Ok::<_, std::io::Error>(http::Response::new(String::from("ok")))
+    });
+    let mut client = config.builder().unwrap().build(ok).unwrap();
+    let read = http::Request::get("/orders/o-1")
+        .body(String::new())
+        .unwrap();
+    let res = client.ready().await.unwrap().call(read).await.unwrap();
+    assert_eq!(res.body(), "ok");
+
+    let (transport, attempts) = refusing();
+    let mut client = config.builder().unwrap().build(transport).unwrap();
+    let read = http::Request::get("/orders/o-1")
+        .body(String::new())
+        .unwrap();
+    let err = client.ready().await.unwrap().call(read).await.unwrap_err();
+    assert_eq!(err.outcome(), Outcome::Failed);
+    assert!(attempts.load(Ordering::SeqCst) >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_that_honours_keys_gets_a_lost_post_again() {
+    // The first reply is lost after the order was sent.
+    let lossy = || {
+        let attempts = Arc::new(AtomicU32::new(0));
+        let seen = attempts.clone();
+        let transport = service_fn(move |_req: http::Request<String>| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    return Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+                }
+                Ok(http::Response::new(String::from("created")))
+            }
+        });
+        (transport, attempts)
+    };
+    let order = || {
+        http::Request::post("/orders")
+            .body("o-1".to_owned())
+            .unwrap()
+    };
+
+    // By default the client cannot know, and does not send the POST again.
+    let (transport, attempts) = lossy();
+    let mut client = from_toml("")
+        .unwrap()
+        .builder()
+        .unwrap()
+        .build(transport)
+        .unwrap();
+    let err = client
+        .ready()
+        .await
+        .unwrap()
+        .call(order())
+        .await
+        .unwrap_err();
+    assert_eq!(err.outcome(), Outcome::Unknown);
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+
+    // Configured as honoured, the keyed POST goes again, with its key.
+    let config = from_toml("server_honours_keys = true\n").unwrap();
+    let (transport, attempts) = lossy();
+    let mut client = config.builder().unwrap().build(transport).unwrap();
+    let res = client.ready().await.unwrap().call(order()).await.unwrap();
+    assert_eq!(res.body(), "created");
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+
+    // The gRPC preset sends no keys: the setting cannot hold there.
+    let err = config.apply(surely::client::grpc()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid server_honours_keys: is set, but this client sends no idempotency keys"
+    );
 }
