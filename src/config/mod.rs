@@ -377,8 +377,9 @@ impl ClientConfig {
     /// Applies this configuration to a builder without a hedge: a preset
     /// ([`client()`](crate::client()), [`http()`](crate::client::http()),
     /// [`grpc()`](crate::client::grpc())) or one the code has set up, with the presets' key
-    /// layer or none. A field left out leaves the builder's setting as it was; a breaker
-    /// section with any field replaces the builder's breaker with one of its own.
+    /// layer or none. A field left out leaves the builder's setting as it was; a backoff or
+    /// breaker section with any field replaces the builder's backoff or breaker with one of its
+    /// own, made from the section and the defaults.
     ///
     /// # Errors
     ///
