@@ -34,6 +34,11 @@ const NANOS_PER_SEC: u128 = 1_000_000_000;
 /// The formulas are those of the AWS Architecture blog's "Exponential Backoff And Jitter". The
 /// [module docs](crate::retry::backoff) explain why jitter matters and which one to choose.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum Jitter {
     /// No randomness: `exp(n)`, exactly. Non-decreasing, and constant once it reaches the cap.

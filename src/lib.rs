@@ -98,6 +98,8 @@ pub mod breaker;
 pub mod budget;
 pub mod classify;
 pub mod client;
+#[cfg(feature = "serde")]
+pub mod config;
 mod context;
 pub mod deadline;
 pub mod delivery;

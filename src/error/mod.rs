@@ -556,6 +556,16 @@ impl ConfigError {
     pub fn setting(&self) -> &'static str {
         self.what
     }
+
+    /// The same reason, said of `setting`: a configuration file's field path instead of the
+    /// builder's name for it.
+    #[cfg(feature = "serde")]
+    pub(crate) fn of_setting(self, setting: &'static str) -> Self {
+        ConfigError {
+            what: setting,
+            why: self.why,
+        }
+    }
 }
 
 impl IntoError for BoxError {

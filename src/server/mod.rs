@@ -13,12 +13,16 @@
 //! * [`limit`]: [`AdaptiveLimitLayer`](limit::AdaptiveLimitLayer) admits as many requests at
 //!   once as the service can take without queueing, learns that number, and refuses the rest
 //!   at once (`503`, `Retry-After`, not processed), the least critical first;
+//! * `config` (feature `serde`): the settings of both layers, read from a file or the
+//!   environment;
 //! * [`store`]: where the keys' records live, in memory or (feature `postgres`) in PostgreSQL,
 //!   completed inside the handler's own transaction.
 //!
 //! These sit above the client layers and their composition (a handler's own outgoing calls use
 //! the client stack), and below the durable half (outbox, inbox, ledger).
 
+#[cfg(feature = "serde")]
+pub mod config;
 pub mod deadline;
 pub mod idempotency;
 pub mod limit;

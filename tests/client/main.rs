@@ -1,7 +1,8 @@
 //! The client side, one module per layer or concern: classification, outcomes, the retry
 //! decision matrix, retries and their owner, backoff, budgets, the breaker, hedging, timeouts,
 //! deadlines (client and server halves together), replayable bodies, the client idempotency
-//! key, the fault layer, the header codecs, the record layers, and the one-call client stack.
+//! key, the fault layer, the header codecs, the record layers, the one-call client stack, and its
+//! configuration from a file or the environment.
 
 #[allow(dead_code)]
 #[path = "../support/mod.rs"]
@@ -13,6 +14,7 @@ mod budget;
 mod classify;
 mod client;
 mod codec;
+mod config;
 mod deadline;
 mod decision_matrix;
 mod fault;

@@ -1,9 +1,10 @@
 //! The server side: the idempotency layer and its stores (memory, and PostgreSQL), and the
-//! adaptive limit.
+//! adaptive limit, and the server layers configured from a file or the environment.
 
 #[allow(dead_code)]
 #[path = "../support/mod.rs"]
 mod support;
 
+mod config;
 mod idempotency_server;
 mod limit;

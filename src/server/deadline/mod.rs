@@ -35,6 +35,11 @@ pub use self::recheck::{can_finish, Recheck, RecheckLayer};
 
 /// What the [`ServerDeadlineLayer`] does with a malformed deadline header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum Malformed {
     /// Answer 400 (HTTP) or `INVALID_ARGUMENT` (gRPC) without calling the handler. The default:
     /// a client that sends garbage has a bug worth seeing.
