@@ -35,6 +35,20 @@
 //! store_server_errors = false    # default true
 //! require_key_for = ["POST"]     # default none
 //! cancel_with_caller = false     # default false
+//!
+//! [limit]
+//! algorithm = "gradient"         # or "aimd"; default gradient
+//! initial = 50                   # default 20
+//! min = 4                        # default 1
+//! max = 500                      # default 1000
+//! retry_after = "2s"             # default 1 s
+//! tolerance = 2.5                # gradient only; default 2
+//! window = 64                    # gradient only; default 32 answers
+//!
+//! [limit.criticality]            # the share of the limit each level may fill
+//! sheddable = 0.7                # default 0.8
+//! sheddable_plus = 0.85          # default 0.9
+//! critical_plus = 1.2            # default 1.1 (critical is always 1.0)
 //! "#).unwrap();
 //!
 //! let deadline = config
@@ -47,6 +61,8 @@
 //!     .build()
 //!     .unwrap();
 //! let idempotency = config.idempotency.layer(MemoryStore::new()).unwrap();
+//! let limit = config.limit.layer().unwrap();
+//! assert_eq!(limit.limit(), 50);
 //! # let _ = (deadline, idempotency);
 //! ```
 
@@ -58,8 +74,9 @@ use serde::Deserialize;
 use crate::config::{duration, of_field};
 use crate::server::deadline::{Malformed, ServerDeadlineLayer, ServerDeadlineLayerBuilder};
 use crate::server::idempotency::{IdempotencyLayer, IdempotencyLayerBuilder};
+use crate::server::limit::{AdaptiveLimitLayer, AdaptiveLimitLayerBuilder, Aimd, Gradient};
 use crate::server::store::{IdempotencyStore, MemoryStore};
-use crate::ConfigError;
+use crate::{ConfigError, Criticality};
 
 /// The server layers' settings. See the [module docs](self).
 ///
@@ -78,6 +95,173 @@ pub struct ServerConfig {
     pub deadline: DeadlineConfig,
     /// The idempotency layer.
     pub idempotency: IdempotencyConfig,
+    /// The adaptive concurrency limit.
+    pub limit: LimitConfig,
+}
+
+/// How the [adaptive limit](crate::server::limit) moves: `gradient` or `aimd`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LimitAlgorithm {
+    /// [`Gradient`]: the default.
+    Gradient,
+    /// [`Aimd`].
+    Aimd,
+}
+
+/// The adaptive limit's settings: [`AdaptiveLimitLayerBuilder`]. The gradient's settings
+/// (`tolerance`, `smoothing`, `window`, `long_window`) and AIMD's (`backoff`,
+/// `latency_target`) are refused with the other algorithm.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct LimitConfig {
+    /// `gradient` (the default) or `aimd`.
+    pub algorithm: Option<LimitAlgorithm>,
+    /// The limit to start from (default 20).
+    pub initial: Option<u32>,
+    /// The least the limit may fall to (default 1).
+    pub min: Option<u32>,
+    /// The most the limit may grow to (default 1000).
+    pub max: Option<u32>,
+    /// What refusals tell clients to wait (default 1 s).
+    #[serde(deserialize_with = "duration")]
+    pub retry_after: Option<Duration>,
+    /// The share of the limit each criticality may fill.
+    pub criticality: CriticalityShares,
+    /// Gradient: how much slower than the long run a window may be (default 2).
+    pub tolerance: Option<f64>,
+    /// Gradient: how far a window moves the limit (default 0.2).
+    pub smoothing: Option<f64>,
+    /// Gradient: answers per window (default 32).
+    pub window: Option<u32>,
+    /// Gradient: windows the long-run latency spans (default 600).
+    pub long_window: Option<u32>,
+    /// AIMD: what a drop multiplies the limit by (default 0.9).
+    pub backoff: Option<f64>,
+    /// AIMD: an answer slower than this is a drop (default none).
+    #[serde(deserialize_with = "duration")]
+    pub latency_target: Option<Duration>,
+}
+
+/// The share of the adaptive limit each [`Criticality`] may fill (`critical` is always the
+/// whole limit).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct CriticalityShares {
+    /// Default 0.8.
+    pub sheddable: Option<f64>,
+    /// Default 0.9.
+    pub sheddable_plus: Option<f64>,
+    /// Default 1.1.
+    pub critical_plus: Option<f64>,
+}
+
+impl LimitConfig {
+    /// An [`AdaptiveLimitLayer`] with this configuration.
+    ///
+    /// # Errors
+    ///
+    /// As [`apply`](Self::apply).
+    pub fn layer(&self) -> Result<AdaptiveLimitLayer, ConfigError> {
+        self.apply(AdaptiveLimitLayer::builder())?.build()
+    }
+
+    /// Applies this configuration to `builder`, checked, and hands the builder back for what
+    /// only code can say (partitions, trusted callers, the recorder).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] whose [setting](ConfigError::setting) is the path of the field that
+    /// was refused: `limit.min`, `limit.tolerance`, `limit.criticality`, ...
+    pub fn apply(
+        &self,
+        mut builder: AdaptiveLimitLayerBuilder,
+    ) -> Result<AdaptiveLimitLayerBuilder, ConfigError> {
+        let gradient_set = self.tolerance.is_some()
+            || self.smoothing.is_some()
+            || self.window.is_some()
+            || self.long_window.is_some();
+        let aimd_set = self.backoff.is_some() || self.latency_target.is_some();
+        match self.algorithm.unwrap_or(LimitAlgorithm::Gradient) {
+            LimitAlgorithm::Gradient => {
+                if aimd_set {
+                    return Err(ConfigError::new(
+                        "limit.backoff",
+                        "backoff and latency_target apply to algorithm = \"aimd\" only",
+                    ));
+                }
+                let mut g = Gradient::new();
+                if let Some(t) = self.tolerance {
+                    g = g.tolerance(t);
+                }
+                if let Some(s) = self.smoothing {
+                    g = g.smoothing(s);
+                }
+                if let Some(w) = self.window {
+                    g = g.window(w);
+                }
+                if let Some(w) = self.long_window {
+                    g = g.long_window(w);
+                }
+                builder = builder.algorithm(g);
+            }
+            LimitAlgorithm::Aimd => {
+                if gradient_set {
+                    return Err(ConfigError::new(
+                        "limit.tolerance",
+                        "tolerance, smoothing, window and long_window apply to algorithm = \"gradient\" only",
+                    ));
+                }
+                let mut a = Aimd::new();
+                if let Some(b) = self.backoff {
+                    a = a.backoff(b);
+                }
+                if let Some(t) = self.latency_target {
+                    a = a.latency_target(t);
+                }
+                builder = builder.algorithm(a);
+            }
+        }
+        if let Some(n) = self.initial {
+            builder = builder.initial(n);
+        }
+        if let Some(n) = self.min {
+            builder = builder.min(n);
+        }
+        if let Some(n) = self.max {
+            builder = builder.max(n);
+        }
+        if let Some(d) = self.retry_after {
+            builder = builder.retry_after(d);
+        }
+        let shares = &self.criticality;
+        for (level, share) in [
+            (Criticality::Sheddable, shares.sheddable),
+            (Criticality::SheddablePlus, shares.sheddable_plus),
+            (Criticality::CriticalPlus, shares.critical_plus),
+        ] {
+            if let Some(share) = share {
+                builder = builder.criticality_share(level, share);
+            }
+        }
+        builder.clone().build().map_err(of_field(&[
+            ("limit minimum", "limit.min"),
+            ("limit maximum", "limit.max"),
+            ("initial limit", "limit.initial"),
+            ("limit retry-after", "limit.retry_after"),
+            ("criticality shares", "limit.criticality"),
+            ("aimd backoff", "limit.backoff"),
+            ("aimd latency target", "limit.latency_target"),
+            ("gradient tolerance", "limit.tolerance"),
+            ("gradient smoothing", "limit.smoothing"),
+            ("gradient window", "limit.window"),
+            ("gradient long window", "limit.long_window"),
+        ]))?;
+        Ok(builder)
+    }
 }
 
 /// The server deadline layer's settings: [`ServerDeadlineLayerBuilder`].

@@ -272,3 +272,92 @@ async fn configured_layers_do_their_work() {
     let res = svc.clone().oneshot(unkeyed).await.unwrap();
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
 }
+
+/// The adaptive limit from TOML, YAML and the environment; the gradient's and AIMD's settings
+/// each refused with the other algorithm; bad values by their field.
+#[test]
+fn the_adaptive_limit_is_configured_too() {
+    use surely::server::config::LimitAlgorithm;
+
+    let toml = from_toml(
+        "[limit]\nalgorithm = \"aimd\"\ninitial = 40\nmin = 4\nmax = 400\nretry_after = \"2s\"\n\
+         backoff = 0.8\nlatency_target = \"250ms\"\n[limit.criticality]\nsheddable = 0.5\n",
+    )
+    .unwrap();
+    let yaml = from_yaml(
+        "limit:\n  algorithm: aimd\n  initial: 40\n  min: 4\n  max: 400\n  retry_after: 2s\n  \
+         backoff: 0.8\n  latency_target: 250ms\n  criticality:\n    sheddable: 0.5\n",
+    )
+    .unwrap();
+    let env = from_env(&[
+        ("ORDERS_LIMIT__ALGORITHM", "aimd"),
+        ("ORDERS_LIMIT__INITIAL", "40"),
+        ("ORDERS_LIMIT__MIN", "4"),
+        ("ORDERS_LIMIT__MAX", "400"),
+        ("ORDERS_LIMIT__RETRY_AFTER", "2s"),
+        ("ORDERS_LIMIT__BACKOFF", "0.8"),
+        ("ORDERS_LIMIT__LATENCY_TARGET", "250ms"),
+        ("ORDERS_LIMIT__CRITICALITY__SHEDDABLE", "0.5"),
+    ])
+    .unwrap();
+    assert_eq!(yaml, toml);
+    assert_eq!(env, toml);
+    assert_eq!(toml.limit.algorithm, Some(LimitAlgorithm::Aimd));
+    let layer = toml.limit.layer().unwrap();
+    assert_eq!(layer.limit(), 40);
+    assert!(format!("{layer:?}").contains("backoff: 0.8"), "{layer:?}");
+    // The empty section: the default limit.
+    let empty = from_toml("").unwrap().limit.layer().unwrap();
+    assert_eq!(
+        format!("{empty:?}"),
+        format!("{:?}", surely::server::limit::AdaptiveLimitLayer::new())
+    );
+
+    let cases = [
+        ("[limit]\nmin = 0\n", "limit.min", "must be at least 1"),
+        (
+            "[limit]\nmin = 10\nmax = 5\ninitial = 7\n",
+            "limit.max",
+            "must not be less than the minimum",
+        ),
+        (
+            "[limit]\ninitial = 5000\n",
+            "limit.initial",
+            "must be between the minimum and the maximum",
+        ),
+        (
+            "[limit]\ntolerance = 0.5\n",
+            "limit.tolerance",
+            "must be a finite number of at least 1",
+        ),
+        (
+            "[limit]\nalgorithm = \"aimd\"\nwindow = 10\n",
+            "limit.tolerance",
+            "tolerance, smoothing, window and long_window apply to algorithm = \"gradient\" only",
+        ),
+        (
+            "[limit]\nbackoff = 0.5\n",
+            "limit.backoff",
+            "backoff and latency_target apply to algorithm = \"aimd\" only",
+        ),
+        (
+            "[limit.criticality]\nsheddable = 1.5\n",
+            "limit.criticality",
+            "must not fall as criticality rises, and `critical` must fill the whole limit (1.0)",
+        ),
+        (
+            "[limit]\nretry_after = \"2h\"\n",
+            "limit.retry_after",
+            "must be greater than zero and at most an hour",
+        ),
+    ];
+    for (text, field, why) in cases {
+        let err = from_toml(text).unwrap().limit.layer().unwrap_err();
+        assert_eq!(err.setting(), field, "{text}");
+        assert_eq!(err.to_string(), format!("invalid {field}: {why}"), "{text}");
+    }
+    let text = from_toml("[limit]\nalgorithm = \"vegas\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("unknown variant `vegas`"), "{text}");
+}

@@ -127,6 +127,7 @@ impl<S> Layer<S> for AdaptiveLimitLayer {
 /// between 1 and 1000, criticality shares of 80 %, 90 %, 100 % and 110 % (from `sheddable`
 /// to `critical-plus`), no partitions, `Retry-After: 1` on refusals, no trusted callers, no
 /// recorder.
+#[derive(Clone)]
 pub struct AdaptiveLimitLayerBuilder {
     config: Config,
 }
