@@ -352,3 +352,81 @@ async fn relay_rounds_and_stats_are_metrics() {
     assert_eq!(metrics.gauge_f64("surely.outbox.oldest_age"), Some(0.0));
     assert_eq!(metrics.gauge("surely.outbox.quarantine", &[]), Some(1));
 }
+
+/// The adaptive limit's refusals counted by reason, criticality and partition, and its limit
+/// and requests in flight as gauges, through a real `AdaptiveLimitLayer`.
+#[tokio::test(start_paused = true)]
+async fn limit_refusals_and_gauges_are_recorded() {
+    use surely::server::limit::AdaptiveLimitLayer;
+    use surely::Envelope;
+
+    let metrics = Metrics::new();
+    let gate = std::sync::Arc::new(Notify::new());
+    let held = gate.clone();
+    let handler = service_fn(move |_req: Req| {
+        let held = held.clone();
+        async move {
+            held.notified().await;
+            Ok::<_, Infallible>(created())
+        }
+    });
+    let limit = AdaptiveLimitLayer::builder()
+        .initial(1)
+        .min(1)
+        .max(1)
+        .partition("orders", 0.5, |req: &dyn Envelope| {
+            req.uri().is_some_and(|u| u.path() == "/orders")
+        })
+        .recorder(metrics.recorder())
+        .build()
+        .unwrap();
+    let svc = limit.layer(handler);
+    let first = tokio::spawn(svc.clone().oneshot(post("k-1", "a")));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let mut shed = Request::get("/other")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    shed.headers_mut().insert(
+        "surely-criticality",
+        http::HeaderValue::from_static("sheddable"),
+    );
+    assert_eq!(svc.clone().oneshot(shed).await.unwrap().status(), 503);
+    assert_eq!(
+        svc.clone()
+            .oneshot(post("k-2", "b"))
+            .await
+            .unwrap()
+            .status(),
+        503
+    );
+
+    let refused = "surely.server.limit.refused";
+    assert_eq!(
+        metrics.count(
+            refused,
+            &[
+                ("surely.refusal.reason", "limit"),
+                ("surely.criticality", "sheddable")
+            ]
+        ),
+        1
+    );
+    assert_eq!(
+        metrics.count(
+            refused,
+            &[
+                ("surely.refusal.reason", "limit"),
+                ("surely.criticality", "critical"),
+                ("surely.partition", "orders")
+            ]
+        ),
+        1
+    );
+    assert_eq!(metrics.gauge("surely.server.limit", &[]), Some(1));
+    assert_eq!(metrics.gauge("surely.server.limit.in_flight", &[]), Some(1));
+
+    gate.notify_one();
+    first.await.unwrap().unwrap();
+    limit.report();
+    assert_eq!(metrics.gauge("surely.server.limit.in_flight", &[]), Some(0));
+}
