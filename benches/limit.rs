@@ -41,21 +41,30 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, Criterion};
+use criterion::Criterion;
 use http::{Request, Response};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use surely::server::limit::{AdaptiveLimitLayer, Aimd};
-use tower::limit::ConcurrencyLimitLayer;
-use tower::load_shed::LoadShedLayer;
-use tower::util::BoxService;
-use tower::{service_fn, Layer, Service, ServiceExt};
+use surely::server::limit::{AdaptiveLimit, AdaptiveLimitLayer, Aimd};
+use tower::limit::{ConcurrencyLimit, ConcurrencyLimitLayer};
+use tower::load_shed::{LoadShed, LoadShedLayer};
+use tower::util::ServiceFn;
+use tower::{service_fn, Layer, Service};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 type Req = Request<()>;
 type Res = Response<()>;
-type Svc = BoxService<Req, Res, Infallible>;
+type Handler = ServiceFn<fn(Req) -> Ready<Result<Res, Infallible>>>;
+
+/// One stack of each case, called by static dispatch (each arm calls its own concrete type),
+/// so that no case pays for boxing that the others do not.
+enum Svc {
+    Bare(Handler),
+    Surely(AdaptiveLimit<Handler>),
+    TowerLimit(ConcurrencyLimit<Handler>),
+    TowerShed(LoadShed<ConcurrencyLimit<Handler>>),
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Shape {
@@ -72,17 +81,25 @@ impl Shape {
     }
 }
 
-fn handler(shape: Shape) -> impl Fn(Req) -> Ready<Result<Res, Infallible>> + Clone {
-    move |_req: Req| {
-        let mut res = Response::new(());
-        if shape == Shape::Headers {
-            let h = res.headers_mut();
-            h.insert("content-type", http::HeaderValue::from_static("text/plain"));
-            h.insert("cache-control", http::HeaderValue::from_static("no-store"));
-            h.insert("x-served-by", http::HeaderValue::from_static("bench"));
-        }
-        ready(Ok(res))
-    }
+fn ok(_req: Req) -> Ready<Result<Res, Infallible>> {
+    ready(Ok(Response::new(())))
+}
+
+fn with_headers(_req: Req) -> Ready<Result<Res, Infallible>> {
+    let mut res = Response::new(());
+    let h = res.headers_mut();
+    h.insert("content-type", http::HeaderValue::from_static("text/plain"));
+    h.insert("cache-control", http::HeaderValue::from_static("no-store"));
+    h.insert("x-served-by", http::HeaderValue::from_static("bench"));
+    ready(Ok(res))
+}
+
+fn handler(shape: Shape) -> Handler {
+    let f: fn(Req) -> Ready<Result<Res, Infallible>> = match shape {
+        Shape::Ok => ok,
+        Shape::Headers => with_headers,
+    };
+    service_fn(f)
 }
 
 /// The cases, by name: each makes a fresh stack of its kind.
@@ -97,7 +114,7 @@ const CASES: [&str; 5] = [
 /// A stack of `case`; `limit` is the shared surely limit for the contention check (a fresh
 /// one when `None`).
 fn make(case: &str, shape: Shape, limit: Option<&AdaptiveLimitLayer>) -> Svc {
-    let inner = service_fn(handler(shape));
+    let inner = handler(shape);
     let aimd = || {
         AdaptiveLimitLayer::builder()
             .algorithm(Aimd::new())
@@ -114,24 +131,22 @@ fn make(case: &str, shape: Shape, limit: Option<&AdaptiveLimitLayer>) -> Svc {
             .expect("valid")
     };
     match case {
-        "bare" => BoxService::new(inner),
-        "surely_limit_aimd" => BoxService::new(limit.cloned().unwrap_or_else(aimd).layer(inner)),
+        "bare" => Svc::Bare(inner),
+        "surely_limit_aimd" => Svc::Surely(limit.cloned().unwrap_or_else(aimd).layer(inner)),
         "surely_limit_gradient" => {
-            BoxService::new(limit.cloned().unwrap_or_else(gradient).layer(inner))
+            Svc::Surely(limit.cloned().unwrap_or_else(gradient).layer(inner))
         }
-        "tower_concurrency_limit" => BoxService::new(ConcurrencyLimitLayer::new(1000).layer(inner)),
-        "tower_load_shed_limit" => BoxService::new(
-            LoadShedLayer::new()
-                .layer(ConcurrencyLimitLayer::new(1000).layer(inner))
-                .map_err(|_| -> Infallible { unreachable!("the limit is never reached") }),
+        "tower_concurrency_limit" => Svc::TowerLimit(ConcurrencyLimitLayer::new(1000).layer(inner)),
+        "tower_load_shed_limit" => Svc::TowerShed(
+            LoadShedLayer::new().layer(ConcurrencyLimitLayer::new(1000).layer(inner)),
         ),
         other => unreachable!("no case {other}"),
     }
 }
 
-/// One request: ready, call, poll the ready future once.
-#[inline]
-fn one(svc: &mut Svc, cx: &mut Context<'_>) {
+/// One request through `svc`: ready, call, poll the ready future once.
+#[inline(always)]
+fn serve<S: Service<Req, Response = Res>>(svc: &mut S, cx: &mut Context<'_>) {
     match svc.poll_ready(cx) {
         Poll::Ready(Ok(())) => {}
         _ => unreachable!("always ready"),
@@ -142,6 +157,16 @@ fn one(svc: &mut Svc, cx: &mut Context<'_>) {
             black_box(res);
         }
         _ => unreachable!("ready at once"),
+    }
+}
+
+#[inline]
+fn one(svc: &mut Svc, cx: &mut Context<'_>) {
+    match svc {
+        Svc::Bare(s) => serve(s, cx),
+        Svc::Surely(s) => serve(s, cx),
+        Svc::TowerLimit(s) => serve(s, cx),
+        Svc::TowerShed(s) => serve(s, cx),
     }
 }
 
@@ -163,15 +188,6 @@ fn bench(c: &mut Criterion) {
         }
         group.finish();
     }
-}
-
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
-        .sample_size(30)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2));
-    targets = bench
 }
 
 /// Heap allocations per request of `case`, over 10 000 requests.
@@ -280,7 +296,31 @@ fn main() {
         let _ = contended("surely_limit_aimd", 4, 10_000);
         return;
     }
-    benches();
+    let mut c = Criterion::default()
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+    println!();
+    println!("the clock in this build (tokio with test-util, as every bench build has it):");
+    let clock = |f: &dyn Fn()| {
+        let start = Instant::now();
+        for _ in 0..1_000_000 {
+            f();
+        }
+        start.elapsed().as_nanos() as f64 / 1_000_000.0
+    };
+    println!(
+        "  tokio::time::Instant::now() {:.1} ns, std::time::Instant::now() {:.1} ns",
+        clock(&|| {
+            black_box(tokio::time::Instant::now());
+        }),
+        clock(&|| {
+            black_box(Instant::now());
+        })
+    );
     println!();
     println!("paired against bare, 41 rounds of 5 ms a side: ratio (quartiles), overhead");
     let mut met = true;

@@ -43,7 +43,8 @@
 //! max = 500                      # default 1000
 //! retry_after = "2s"             # default 1 s
 //! tolerance = 2.5                # gradient only; default 2
-//! window = 64                    # gradient only; default 32 answers
+//! window = 32                    # gradient only; default 16 timed answers
+//! sample_every = 4               # gradient only; default: one answer in 8 timed
 //!
 //! [limit.criticality]            # the share of the limit each level may fill
 //! sheddable = 0.7                # default 0.8
@@ -111,7 +112,7 @@ pub enum LimitAlgorithm {
 }
 
 /// The adaptive limit's settings: [`AdaptiveLimitLayerBuilder`]. The gradient's settings
-/// (`tolerance`, `smoothing`, `window`, `long_window`) and AIMD's (`backoff`,
+/// (`tolerance`, `smoothing`, `window`, `long_window`, `sample_every`) and AIMD's (`backoff`,
 /// `latency_target`) are refused with the other algorithm.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -138,6 +139,8 @@ pub struct LimitConfig {
     pub window: Option<u32>,
     /// Gradient: windows the long-run latency spans (default 600).
     pub long_window: Option<u32>,
+    /// Gradient: time one answer in this many (default 8).
+    pub sample_every: Option<u32>,
     /// AIMD: what a drop multiplies the limit by (default 0.9).
     pub backoff: Option<f64>,
     /// AIMD: an answer slower than this is a drop (default none).
@@ -183,7 +186,8 @@ impl LimitConfig {
         let gradient_set = self.tolerance.is_some()
             || self.smoothing.is_some()
             || self.window.is_some()
-            || self.long_window.is_some();
+            || self.long_window.is_some()
+            || self.sample_every.is_some();
         let aimd_set = self.backoff.is_some() || self.latency_target.is_some();
         match self.algorithm.unwrap_or(LimitAlgorithm::Gradient) {
             LimitAlgorithm::Gradient => {
@@ -206,13 +210,16 @@ impl LimitConfig {
                 if let Some(w) = self.long_window {
                     g = g.long_window(w);
                 }
+                if let Some(n) = self.sample_every {
+                    g = g.sample_every(n);
+                }
                 builder = builder.algorithm(g);
             }
             LimitAlgorithm::Aimd => {
                 if gradient_set {
                     return Err(ConfigError::new(
                         "limit.tolerance",
-                        "tolerance, smoothing, window and long_window apply to algorithm = \"gradient\" only",
+                        "tolerance, smoothing, window, long_window and sample_every apply to algorithm = \"gradient\" only",
                     ));
                 }
                 let mut a = Aimd::new();
@@ -259,6 +266,7 @@ impl LimitConfig {
             ("gradient smoothing", "limit.smoothing"),
             ("gradient window", "limit.window"),
             ("gradient long window", "limit.long_window"),
+            ("gradient sampling", "limit.sample_every"),
         ]))?;
         Ok(builder)
     }

@@ -333,7 +333,7 @@ fn the_adaptive_limit_is_configured_too() {
         (
             "[limit]\nalgorithm = \"aimd\"\nwindow = 10\n",
             "limit.tolerance",
-            "tolerance, smoothing, window and long_window apply to algorithm = \"gradient\" only",
+            "tolerance, smoothing, window, long_window and sample_every apply to algorithm = \"gradient\" only",
         ),
         (
             "[limit]\nbackoff = 0.5\n",

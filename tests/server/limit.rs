@@ -364,7 +364,7 @@ async fn aimd_counts_a_missed_deadline_and_a_slow_answer_as_drops() {
 async fn gradient_shrinks_when_latency_rises_and_grows_back_when_it_falls() {
     let held = Held::open();
     let limit = AdaptiveLimitLayer::builder()
-        .algorithm(Gradient::new().window(10))
+        .algorithm(Gradient::new().window(10).sample_every(1))
         .initial(20)
         .max(200)
         .build()
@@ -555,6 +555,10 @@ fn bad_settings_are_typed_errors() {
         (
             err(AdaptiveLimitLayer::builder().algorithm(Gradient::new().long_window(0))),
             "gradient long window",
+        ),
+        (
+            err(AdaptiveLimitLayer::builder().algorithm(Gradient::new().sample_every(0))),
+            "gradient sampling",
         ),
     ];
     for (e, setting) in cases {

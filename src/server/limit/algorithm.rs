@@ -124,25 +124,30 @@ impl Default for Aimd {
 /// overload, the latency the limit itself holds the service at would otherwise become the
 /// norm it compares with, and latency would creep up.
 ///
-/// Samples are added without a lock, so a window's mean may count a sample that raced with
-/// its end in the next window instead: an estimate of a mean, not an exact one.
+/// Latency is a sample: one answer in [`sample_every`](Gradient::sample_every) is timed
+/// (counted over every request the limit admits), since timing one costs two reads of
+/// the clock, more than everything else the limit does to a request. Samples are added without
+/// a lock, so a window's mean may count a sample that raced with its end in the next window
+/// instead: an estimate of a mean, not an exact one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gradient {
     pub(super) tolerance: f64,
     pub(super) smoothing: f64,
     pub(super) window: u32,
     pub(super) long_window: u32,
+    pub(super) sample_every: u32,
 }
 
 impl Gradient {
-    /// A tolerance of 2, a smoothing of 0.2, windows of 32 answers, a long-run average over
-    /// about 600 windows.
+    /// A tolerance of 2, a smoothing of 0.2, windows of 16 timed answers, one answer in 8
+    /// timed, a long-run average over about 600 windows.
     pub fn new() -> Self {
         Gradient {
             tolerance: 2.0,
             smoothing: 0.2,
-            window: 32,
+            window: 16,
             long_window: 600,
+            sample_every: 8,
         }
     }
 
@@ -159,9 +164,15 @@ impl Gradient {
         self
     }
 
-    /// Answers per window: at least 1 (default 32).
+    /// Timed answers per window: at least 1 (default 16).
     pub fn window(mut self, answers: u32) -> Self {
         self.window = answers;
+        self
+    }
+
+    /// Times one answer in `n`: at least 1 (default 8; 1 times every answer).
+    pub fn sample_every(mut self, n: u32) -> Self {
+        self.sample_every = n;
         self
     }
 
@@ -278,6 +289,12 @@ impl Config {
                 if g.long_window == 0 {
                     return bad("gradient long window", "must be at least one window");
                 }
+                if g.sample_every == 0 {
+                    return bad(
+                        "gradient sampling",
+                        "must time at least one answer in n (n ≥ 1)",
+                    );
+                }
             }
         }
         Ok(())
@@ -297,12 +314,22 @@ pub(super) struct Ticket {
     pub(super) epoch: u64,
     /// Requests in flight once this one was admitted.
     pub(super) in_flight: u64,
+    /// Whether this request's answer is timed.
+    pub(super) timed: bool,
 }
+
+/// One arrival in the word of [`Shared::flight`]: arrivals count in its high half.
+const ARRIVAL: u64 = 1 << 32;
+/// The requests in flight, in its low half.
+const IN_FLIGHT: u64 = ARRIVAL - 1;
 
 /// The state every clone of one limit shares.
 pub(crate) struct Shared {
     pub(super) config: Config,
-    in_flight: AtomicU64,
+    /// Requests in flight (the low 32 bits) and arrivals (the high 32, wrapping), in one word
+    /// so that admission counts both with one atomic addition: the arrivals say which answers
+    /// the gradient times.
+    flight: AtomicU64,
     /// The limit as an integer: what admission reads.
     cap: AtomicU64,
     /// The limit as a real number (`f64` bits): what the algorithm moves.
@@ -348,7 +375,7 @@ impl Shared {
             .collect();
         let initial = config.initial;
         Shared {
-            in_flight: AtomicU64::new(0),
+            flight: AtomicU64::new(0),
             cap: AtomicU64::new(u64::from(initial)),
             estimate: AtomicU64::new(f64::from(initial).to_bits()),
             epoch: AtomicU64::new(0),
@@ -371,7 +398,7 @@ impl Shared {
 
     /// Requests in flight now.
     pub(super) fn in_flight(&self) -> u32 {
-        u32::try_from(self.in_flight.load(Relaxed)).unwrap_or(u32::MAX)
+        u32::try_from(self.flight.load(Relaxed) & IN_FLIGHT).unwrap_or(u32::MAX)
     }
 
     /// Requests refused so far for `reason`.
@@ -379,10 +406,11 @@ impl Shared {
         self.refused[reason_index(reason)].load(Relaxed)
     }
 
-    /// Whether answers need the time they took.
-    pub(super) fn wants_latency(&self) -> bool {
+    /// Whether the answer to the `arrival`-th request is timed.
+    #[inline]
+    fn times(&self, arrival: u64) -> bool {
         match &self.config.algorithm {
-            Algorithm::Gradient(_) => true,
+            Algorithm::Gradient(g) => arrival % u64::from(g.sample_every) == 0,
             Algorithm::Aimd(a) => a.latency.is_some(),
         }
     }
@@ -397,13 +425,15 @@ impl Shared {
         let epoch = self.epoch.load(Relaxed);
         let cap = self.cap.load(Relaxed);
         let allowed = (cap * self.config.shares[criticality.rank()] / 1000).max(1);
-        let before = self.in_flight.fetch_add(1, AcqRel);
+        let word = self.flight.fetch_add(ARRIVAL + 1, AcqRel);
+        let before = word & IN_FLIGHT;
         let part = partition.and_then(|i| self.partitions.get(i as usize));
         let part_before = part.map(|p| p.in_flight.fetch_add(1, AcqRel));
         let ticket = Ticket {
             partition,
             epoch,
             in_flight: before + 1,
+            timed: self.times(word >> 32),
         };
         if before < allowed {
             return Ok(ticket);
@@ -415,7 +445,7 @@ impl Shared {
                 return Ok(ticket);
             }
         }
-        self.in_flight.fetch_sub(1, AcqRel);
+        self.flight.fetch_sub(1, AcqRel);
         if let Some(p) = part {
             p.in_flight.fetch_sub(1, AcqRel);
         }
@@ -429,7 +459,7 @@ impl Shared {
     /// Gives back what `ticket` took.
     #[inline]
     pub(super) fn release(&self, ticket: Ticket) {
-        self.in_flight.fetch_sub(1, AcqRel);
+        self.flight.fetch_sub(1, AcqRel);
         if let Some(p) = ticket
             .partition
             .and_then(|i| self.partitions.get(i as usize))
@@ -479,7 +509,7 @@ impl Shared {
                         let backoff = a.backoff;
                         self.move_limit(|l| l * backoff);
                     }
-                } else if self.in_flight.load(Relaxed) * 2 + 2 >= self.cap.load(Relaxed) {
+                } else if u64::from(self.in_flight()) * 2 + 2 >= self.cap.load(Relaxed) {
                     // In use: grow by one per limit's worth of answers.
                     self.move_limit(|l| l + 1.0 / l);
                 }
