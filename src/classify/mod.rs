@@ -31,7 +31,8 @@
 //! Built in:
 //! * [`HttpClassifier`]: HTTP status codes, `Retry-After`, and gRPC (`grpc-status` in the headers
 //!   of a trailers-only response, or in the trailers through [`ClassifyEos`]) for requests whose
-//!   content type is `application/grpc`;
+//!   content type is `application/grpc`; any other [`Envelope`](crate::Envelope) response (a
+//!   `u64`, a type of your own) is a success;
 //! * [`ClassifyError`]: `std::io::Error` kinds, the crate's own errors, boxed errors, and with the
 //!   `hyper` feature hyper and hyper-util client errors (`is_connect()` means not sent; with the
 //!   `http2` feature, a stream the server reset with HTTP/2's `REFUSED_STREAM` is rejected, not
