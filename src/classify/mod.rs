@@ -396,6 +396,12 @@ impl Classification {
 
 /// Makes a per-request classifier. Implemented by [`HttpClassifier`], by [`ClassifyFn`], and by
 /// closures `Fn(&Req) -> C`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot make a classifier for a `{Req}` request",
+    label = "no classifier for `{Req}`",
+    note = "`HttpClassifier` (the default) and `surely::classify::from_fn` read the request \
+            through `surely::Envelope`: implement it for `{Req}`"
+)]
 pub trait MakeClassifier<Req> {
     /// The per-request classifier.
     type Classifier;
@@ -416,6 +422,14 @@ where
 }
 
 /// Classifies one attempt's result; consumed by doing so.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify an attempt that ends in `Result<{Res}, {E}>`",
+    label = "cannot classify `{Res}` or `{E}`",
+    note = "`HttpClassifier` (the default) classifies responses that implement `surely::Envelope` \
+            and errors that implement `surely::classify::ClassifyError`",
+    note = "for other results give the client a classifier of your own: \
+            `.classifier(surely::classify::from_fn(|attempt: Attempted<'_, {Res}, {E}>, semantics| ...))`"
+)]
 pub trait Classify<Res, E>: Sized {
     /// Classifies at the end of the response stream, for protocols that put the status in
     /// trailers (gRPC).
