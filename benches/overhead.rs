@@ -110,7 +110,8 @@
 //!   ready at once). seatbelt has no retry budget, so it does less work than tower and surely
 //!   here; its tower services box their futures;
 //! * `surely_client`: `surely::client().no_breaker()`, its defaults otherwise, with the bench's
-//!   classifier (the default `HttpClassifier` classifies HTTP responses only), `Backoff::none()`
+//!   classifier (`Res` a success, each error by its `ClassifyError`: what the default
+//!   `HttpClassifier` does with an answer that has no HTTP status), `Backoff::none()`
 //!   and a budget given with `.budget(…)`: `RatioBudget::default()` (the client's own default),
 //!   one retry per first attempt on `fail_once` (as in the retry family). The recorder is the
 //!   default one; the stack is made by `build`;

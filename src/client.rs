@@ -93,6 +93,122 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A [`ClientBuilder`] with the defaults, for any transport. Without the body-buffering layer:
 /// add it with [`replay_bodies`](ClientBuilder::replay_bodies) for HTTP transports whose body
 /// is not `Clone` (or use [`http()`]).
+///
+/// # A service of your own
+///
+/// The transport need not speak HTTP. Its request type implements
+/// [`Envelope`](crate::Envelope) (one line; override its `semantics` for a request that may be
+/// sent twice) and is `Clone`, since each attempt sends a copy. Its response implements
+/// `Envelope` too: `u64`, `String`, `Vec<T>`, `Option<T>` and the like already do, and a type of
+/// your own does in one line. The default [`HttpClassifier`] takes an answer without an HTTP
+/// status as a success, and reads errors through
+/// [`ClassifyError`](crate::classify::ClassifyError): a `std::io::Error` of kind
+/// `ConnectionRefused` proves the request was not sent, and is retried whatever the request; a
+/// reset or a timeout after the request went out is retried only for a request that may be sent
+/// twice, and ends any other call [`Unknown`](crate::Outcome::Unknown).
+///
+/// ```
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use surely::{Envelope, Semantics};
+/// use tower::{service_fn, Service, ServiceExt};
+///
+/// #[derive(Clone)]
+/// struct GetPrice {
+///     id: u64,
+/// }
+///
+/// impl Envelope for GetPrice {
+///     fn semantics(&self) -> Semantics {
+///         Semantics::Safe
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// // Refuses the first connection, then answers.
+/// let attempts = AtomicU32::new(0);
+/// let prices = service_fn(|req: GetPrice| {
+///     let refused = attempts.fetch_add(1, Ordering::SeqCst) == 0;
+///     async move {
+///         if refused {
+///             return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+///         }
+///         Ok(req.id * 100)
+///     }
+/// });
+/// let mut client = surely::client().build(prices).unwrap();
+/// let price: u64 = client.ready().await.unwrap().call(GetPrice { id: 7 }).await.unwrap();
+/// assert_eq!(price, 700);
+/// # drop(client);
+/// assert_eq!(attempts.load(Ordering::SeqCst), 2);
+/// # }
+/// ```
+///
+/// A plain answer has no extensions, so it carries no [`CallOutcome`](crate::CallOutcome); an
+/// error carries its outcome ([`Error::outcome`](crate::Error::outcome)).
+///
+/// An answer that can itself say "failed" or "try later" needs a classifier of its own: a
+/// closure given to [`classify::from_fn`](crate::classify::from_fn). The error it sees is the
+/// crate's [`Error`](crate::Error) around the transport's.
+///
+/// ```
+/// use std::io;
+/// use surely::classify::{self, AttemptClass, Attempted, Classification, ClassifyError, DeliveryPhase};
+/// # use surely::Envelope;
+/// # use tower::{service_fn, Service, ServiceExt};
+/// # #[derive(Clone)] struct GetPrice;
+/// # impl Envelope for GetPrice {}
+///
+/// #[derive(Debug, PartialEq)]
+/// enum Quote {
+///     Price(u64),
+///     Busy,
+/// }
+/// impl Envelope for Quote {}
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// # let quotes = service_fn(|_: GetPrice| async { Ok::<_, io::Error>(Quote::Price(700)) });
+/// let mut client = surely::client()
+///     .classifier(classify::from_fn(|attempt: Attempted<'_, Quote, surely::Error<io::Error>>, _| match attempt {
+///         Attempted::Response(Quote::Busy) => Classification::new(AttemptClass::Rejected, DeliveryPhase::ResponseStarted),
+///         Attempted::Response(_) => Classification::success(),
+///         Attempted::Error(e, phase) => e.classify_error(phase),
+///     }))
+///     .build(quotes)
+///     .unwrap();
+/// # assert_eq!(client.ready().await.unwrap().call(GetPrice).await.unwrap(), Quote::Price(700));
+/// # }
+/// ```
+///
+/// # When a call does not compile
+///
+/// `build` takes any transport: whether the stack can serve a request is known at the call,
+/// where a missing piece makes `client.ready()` fail with an E0599 ("the method `ready` exists
+/// for struct `WithDeadline<…>`, but its trait bounds were not satisfied") that names none.
+/// Name the request, `ServiceExt::<GetPrice>::ready(&mut client)` (or pass the client where
+/// `S: Service<GetPrice>` is required), and the compiler names it:
+///
+/// ```text
+/// error[E0277]: `Price` is not a `surely::Envelope`: surely's layers cannot read it as a request or a response
+///    = note: for a type of your own, `impl surely::Envelope for Price {}` gives the defaults (...)
+/// ```
+///
+/// An error type the crate cannot read gets "surely's layers cannot take the error `MyError`:
+/// it does not implement `surely::IntoError`", then "surely cannot classify the error
+/// `MyError`: it does not implement `ClassifyError`", each with the fix: an impl, a
+/// `std::io::Error`, or a classifier of your own.
+///
+/// ```compile_fail,E0277
+/// # use tower::{service_fn, ServiceExt};
+/// # #[derive(Clone)] struct GetPrice;
+/// # impl surely::Envelope for GetPrice {}
+/// struct Price(u64); // not an `Envelope`
+///
+/// # async fn f() {
+/// let prices = service_fn(|_: GetPrice| async { Ok::<_, std::io::Error>(Price(700)) });
+/// let mut client = surely::client().build(prices).unwrap();
+/// let _ = ServiceExt::<GetPrice>::ready(&mut client).await;
+/// # }
+/// ```
 pub fn client() -> ClientBuilder {
     ClientBuilder::new()
 }

@@ -1,6 +1,6 @@
 //! What surely needs to see of a request or a response.
 
-use http::{Extensions, HeaderMap, Method};
+use http::{Extensions, HeaderMap, Method, StatusCode};
 
 use crate::ids::Operation;
 use crate::time::Deadline;
@@ -12,10 +12,12 @@ use crate::headers::IDEMPOTENCY_KEY;
 /// method, and the [`Semantics`] and [`Deadline`] derived from them.
 ///
 /// It is implemented for [`http::Request`] and [`http::Response`], which covers hyper, tonic and
-/// any HTTP transport. A service with its own request type implements it in one line and gets
-/// the defaults: no headers, no extensions, [`Semantics::NonIdempotent`] (the cautious choice),
-/// and no deadline of its own (the deadline layers then carry the deadline in the
-/// [`current`](crate::deadline::current) call context, which costs no allocation):
+/// any HTTP transport, and for plain values a service of your own may answer with (`()`, the
+/// integers, `bool`, `char`, `f32`, `f64`, `String`, `&'static str`, `bytes::Bytes`, `Vec<T>`,
+/// `Option<T>`). A service with its own request or response type implements it in one line and
+/// gets the defaults: no headers, no extensions, no status, [`Semantics::NonIdempotent`] (the
+/// cautious choice), and no deadline of its own (the deadline layers then carry the deadline in
+/// the [`current`](crate::deadline::current) call context, which costs no allocation):
 ///
 /// ```
 /// use surely::{Envelope, Semantics};
@@ -34,6 +36,16 @@ use crate::headers::IDEMPOTENCY_KEY;
 /// assert_eq!(GetUser(7).semantics(), Semantics::Safe);
 /// assert_eq!(CreateUser("ann".into()).semantics(), Semantics::NonIdempotent);
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a `surely::Envelope`: surely's layers cannot read it as a request or a response",
+    label = "not an `Envelope`",
+    note = "for a type of your own, `impl surely::Envelope for {Self} {{}}` gives the defaults \
+            (no headers, no extensions, no status; a request is then non-idempotent: override \
+            `semantics` for a read)",
+    note = "a type from another crate needs a wrapper of your own; `http::Request`, \
+            `http::Response`, `()`, the integers, `String`, `Bytes`, `Vec<T>` and `Option<T>` \
+            are envelopes already"
+)]
 pub trait Envelope {
     /// The message's headers, if it has any.
     fn headers(&self) -> Option<&HeaderMap> {
@@ -66,6 +78,13 @@ pub trait Envelope {
     /// predicates route on (a partition of the [adaptive limit](crate::server::limit) for
     /// `/checkout`, say).
     fn uri(&self) -> Option<&http::Uri> {
+        None
+    }
+
+    /// The response status, if the message is an HTTP response. The default
+    /// [`HttpClassifier`](crate::classify::HttpClassifier) reads it; a response without one is
+    /// a success (the service answered).
+    fn status(&self) -> Option<StatusCode> {
         None
     }
 
@@ -171,7 +190,48 @@ impl<B> Envelope for http::Response<B> {
     fn extensions_mut(&mut self) -> Option<&mut Extensions> {
         Some(http::Response::extensions_mut(self))
     }
+
+    fn status(&self) -> Option<StatusCode> {
+        Some(http::Response::status(self))
+    }
 }
 
 /// A unit message, as a service with nothing to answer returns: no headers, no extensions.
 impl Envelope for () {}
+
+/// Plain values as messages, with the defaults: no headers, no extensions (a response then
+/// carries no [`CallOutcome`](crate::CallOutcome)). A service that answers with a `u64` or a
+/// `String` is a transport as it is: the orphan rule would otherwise make its caller wrap them.
+macro_rules! plain_envelope {
+    ($($t:ty),* $(,)?) => {
+        $(impl Envelope for $t {})*
+    };
+}
+
+plain_envelope!(
+    bool,
+    char,
+    u8,
+    u16,
+    u32,
+    u64,
+    u128,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    i128,
+    isize,
+    f32,
+    f64,
+    String,
+    &'static str,
+    bytes::Bytes,
+);
+
+/// A list of values, as a plain message with the defaults.
+impl<T> Envelope for Vec<T> {}
+
+/// A value that may be absent (a lookup's answer), as a plain message with the defaults.
+impl<T> Envelope for Option<T> {}

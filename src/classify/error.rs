@@ -38,6 +38,13 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// let refused = Error::from(ErrorKind::ConnectionRefused);
 /// assert_eq!(refused.classify_error(DeliveryPhase::Sent).class(), AttemptClass::Rejected);
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "surely cannot classify the error `{Self}`: it does not implement `ClassifyError`",
+    label = "not a `ClassifyError`",
+    note = "implement `surely::classify::ClassifyError` for `{Self}` (say which failures prove the \
+            request was not sent), turn it into a `std::io::Error` or a `surely::classify::BoxError`, \
+            or give the client a classifier of your own with `surely::classify::from_fn`"
+)]
 pub trait ClassifyError {
     /// Classifies this error for an attempt that reached `phase`.
     fn classify_error(&self, phase: DeliveryPhase) -> Classification;

@@ -26,7 +26,11 @@ pub struct FnClassifier<F> {
 }
 
 /// A classifier from a closure `Fn(Attempted<'_, Res, E>, Semantics) -> Classification`, for a
-/// service whose responses are not HTTP or that means something else by its statuses.
+/// service whose answers can themselves say "failed" or "try later" (the default
+/// [`HttpClassifier`](super::HttpClassifier) takes an answer without an HTTP status as a
+/// success), or that means something else by its statuses. Behind surely's layers (a
+/// [`client()`](crate::client()) stack), `E` is the crate's [`Error<T>`](crate::Error) around
+/// the transport's error `T`.
 ///
 /// ```
 /// use surely::classify::{self, AttemptClass, Attempted, Classification, Classify, DeliveryPhase, MakeClassifier};

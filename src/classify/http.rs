@@ -1,4 +1,4 @@
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::grpc::{self, GrpcEos};
 use super::{
@@ -39,6 +39,10 @@ use crate::headers::NOT_PROCESSED;
 /// proxy or gateway and is classified by the HTTP table above.
 ///
 /// Errors are classified by [`ClassifyError`].
+///
+/// A response without an HTTP status ([`Envelope::status`] is `None`: a type of your own, a
+/// `u64`, a `String`) is a success: the service answered. A service whose answers can also say
+/// "failed" or "try later" needs a classifier of its own ([`from_fn`](super::from_fn)).
 ///
 /// ```
 /// use surely::classify::{AttemptClass, Classify, HttpClassifier, MakeClassifier};
@@ -155,14 +159,26 @@ pub(crate) fn mark_refusal(c: Classification, headers: &http::HeaderMap) -> Clas
     }
 }
 
-impl<B, E: ClassifyError> Classify<Response<B>, E> for HttpRequestClassifier {
+impl<Res: Envelope, E: ClassifyError> Classify<Res, E> for HttpRequestClassifier {
     type ClassifyEos = GrpcEos;
 
-    fn classify_response(self, res: &Response<B>) -> Classified<GrpcEos> {
-        if self.grpc && res.status() == StatusCode::OK {
-            grpc::classify_head(res.headers())
+    fn classify_response(self, res: &Res) -> Classified<GrpcEos> {
+        let Some(status) = res.status() else {
+            // Not an HTTP response: the service answered, in its own terms.
+            return Classified::Ready(Classification::success());
+        };
+        let empty;
+        let headers = match res.headers() {
+            Some(headers) => headers,
+            None => {
+                empty = HeaderMap::new();
+                &empty
+            }
+        };
+        if self.grpc && status == StatusCode::OK {
+            grpc::classify_head(headers)
         } else {
-            Classified::Ready(self.classify_status(res.status(), res.headers()))
+            Classified::Ready(self.classify_status(status, headers))
         }
     }
 

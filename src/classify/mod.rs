@@ -31,7 +31,8 @@
 //! Built in:
 //! * [`HttpClassifier`]: HTTP status codes, `Retry-After`, and gRPC (`grpc-status` in the headers
 //!   of a trailers-only response, or in the trailers through [`ClassifyEos`]) for requests whose
-//!   content type is `application/grpc`;
+//!   content type is `application/grpc`; any other [`Envelope`](crate::Envelope) response (a
+//!   `u64`, a type of your own) is a success;
 //! * [`ClassifyError`]: `std::io::Error` kinds, the crate's own errors, boxed errors, and with the
 //!   `hyper` feature hyper and hyper-util client errors (`is_connect()` means not sent; with the
 //!   `http2` feature, a stream the server reset with HTTP/2's `REFUSED_STREAM` is rejected, not
@@ -395,6 +396,12 @@ impl Classification {
 
 /// Makes a per-request classifier. Implemented by [`HttpClassifier`], by [`ClassifyFn`], and by
 /// closures `Fn(&Req) -> C`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot make a classifier for a `{Req}` request",
+    label = "no classifier for `{Req}`",
+    note = "`HttpClassifier` (the default) and `surely::classify::from_fn` read the request \
+            through `surely::Envelope`: implement it for `{Req}`"
+)]
 pub trait MakeClassifier<Req> {
     /// The per-request classifier.
     type Classifier;
@@ -415,6 +422,14 @@ where
 }
 
 /// Classifies one attempt's result; consumed by doing so.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify an attempt that ends in `Result<{Res}, {E}>`",
+    label = "cannot classify `{Res}` or `{E}`",
+    note = "`HttpClassifier` (the default) classifies responses that implement `surely::Envelope` \
+            and errors that implement `surely::classify::ClassifyError`",
+    note = "for other results give the client a classifier of your own: \
+            `.classifier(surely::classify::from_fn(|attempt: Attempted<'_, {Res}, {E}>, semantics| ...))`"
+)]
 pub trait Classify<Res, E>: Sized {
     /// Classifies at the end of the response stream, for protocols that put the status in
     /// trailers (gRPC).

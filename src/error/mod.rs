@@ -456,6 +456,14 @@ impl<E: ClassifyError> ClassifyError for Error<E> {
 ///
 /// For a foreign error type, map it first, e.g. with tower's
 /// `ServiceBuilder::map_err(surely::Error::transport)`.
+#[diagnostic::on_unimplemented(
+    message = "surely's layers cannot take the error `{Self}`: it does not implement `surely::IntoError`",
+    label = "not an `IntoError`",
+    note = "implement `surely::IntoError` for `{Self}` (`type Transport = Self;`, \
+            `Error::transport(self)`) and say how it fails with \
+            `surely::classify::ClassifyError` (or a classifier of your own, \
+            `surely::classify::from_fn`); or map it into a `std::io::Error` first"
+)]
 pub trait IntoError {
     /// The transport error inside.
     type Transport;
