@@ -13,7 +13,7 @@ use super::exceeded_response;
 use super::future::ServerDeadlineFuture;
 use crate::deadline::Deadline;
 use crate::evidence::RefusalReason;
-use crate::server::limit::AdaptiveLimitLayer;
+use crate::server::limit::{AdaptiveLimitLayer, Shared};
 use crate::{Criticality, Envelope};
 
 /// Whether work that needs `needs` can still finish before `deadline`: true without a
@@ -153,9 +153,7 @@ where
                 .get::<Criticality>()
                 .copied()
                 .unwrap_or_default();
-            limit
-                .shared
-                .refuse(RefusalReason::Deadline, criticality, None);
+            Shared::refuse(&limit.shared, RefusalReason::Deadline, criticality, None);
         }
         ServerDeadlineFuture::respond(exceeded_response(req.is_grpc()))
     }

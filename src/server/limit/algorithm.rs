@@ -1,11 +1,19 @@
 //! How the limit moves, and the state every clone of a limit shares.
 //!
-//! Everything on a request's path is an atomic read-modify-write on a few words: admission is a
-//! `fetch_add` on the count in flight (undone if over the limit), release a `fetch_sub`, and the
-//! limit moves by compare-and-swap. No lock is taken, so requests on every core go through at
-//! once; at most one thread at a time updates a gradient window, the one whose sample closed
-//! it.
+//! Everything on a request's path is an atomic read-modify-write on a few words, and no lock is
+//! taken, so requests on every core go through at once; the limit moves by compare-and-swap, and
+//! at most one thread at a time updates a gradient window, the one whose sample closed it.
+//!
+//! **The count in flight is the shared state's reference count.** An admitted request holds a
+//! clone of the `Arc` of the shared state until it ends (its future needs it then anyway);
+//! every other holder (the layer, each service it made, their clones) is counted in
+//! `holders`. The requests in flight are the strong count less the holders: admission is the
+//! one atomic increment of the `Arc`'s clone, release its decrement, where a separate counter
+//! would cost two more. A holder is counted a moment after its clone and uncounted a moment
+//! before its drop, so a read racing with one counts one request too many, never one too few:
+//! the limit may refuse one request early, never admit one too many.
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::Arc;
 use std::time::Duration;
@@ -164,7 +172,7 @@ impl Gradient {
         self
     }
 
-    /// Timed answers per window: at least 1 (default 16).
+    /// Timed answers per window: 1 to 65535 (default 16).
     pub fn window(mut self, answers: u32) -> Self {
         self.window = answers;
         self
@@ -283,8 +291,8 @@ impl Config {
                 if !(g.smoothing > 0.0 && g.smoothing <= 1.0) {
                     return bad("gradient smoothing", "must be in (0, 1]");
                 }
-                if g.window == 0 {
-                    return bad("gradient window", "must be at least one answer");
+                if g.window == 0 || g.window > u32::from(u16::MAX) {
+                    return bad("gradient window", "must be between 1 and 65535 answers");
                 }
                 if g.long_window == 0 {
                     return bad("gradient long window", "must be at least one window");
@@ -307,29 +315,68 @@ pub(super) struct Partition {
     in_flight: AtomicU64,
 }
 
-/// What an admitted request holds: given back when it ends.
+/// What an admitted request holds besides its reference: given back when it ends.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Ticket {
     pub(super) partition: Option<u32>,
-    pub(super) epoch: u64,
-    /// Requests in flight once this one was admitted.
-    pub(super) in_flight: u64,
     /// Whether this request's answer is timed.
     pub(super) timed: bool,
+    /// Requests in flight once this one was admitted.
+    pub(super) in_flight: u32,
+    pub(super) epoch: u64,
 }
 
-/// One arrival in the word of [`Shared::flight`]: arrivals count in its high half.
-const ARRIVAL: u64 = 1 << 32;
-/// The requests in flight, in its low half.
-const IN_FLIGHT: u64 = ARRIVAL - 1;
+/// One sample in [`Shared::window_acc`]'s count.
+const ONE_SAMPLE: u64 = 1 << 48;
+/// The sum of latencies in [`Shared::window_acc`].
+const SUM_MASK: u64 = ONE_SAMPLE - 1;
+
+thread_local! {
+    /// Requests this thread admitted: which answers the gradient times (one in `sample_every`
+    /// on each thread), without a shared counter.
+    static ARRIVALS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The layer's and its services' hold on the shared state: counted in `holders`, so that the
+/// rest of the `Arc`'s strong count is the requests in flight.
+pub(crate) struct Handle(Arc<Shared>);
+
+impl Handle {
+    pub(super) fn new(config: Config) -> Self {
+        Handle(Arc::new(Shared::new(config)))
+    }
+}
+
+impl Clone for Handle {
+    fn clone(&self) -> Self {
+        let arc = Arc::clone(&self.0);
+        arc.holders.fetch_add(1, AcqRel);
+        Handle(arc)
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // Uncounted first, released after (when the field drops): a racing read counts one
+        // request too many, never one too few.
+        self.0.holders.fetch_sub(1, AcqRel);
+    }
+}
+
+impl std::ops::Deref for Handle {
+    type Target = Arc<Shared>;
+
+    fn deref(&self) -> &Arc<Shared> {
+        &self.0
+    }
+}
 
 /// The state every clone of one limit shares.
 pub(crate) struct Shared {
     pub(super) config: Config,
-    /// Requests in flight (the low 32 bits) and arrivals (the high 32, wrapping), in one word
-    /// so that admission counts both with one atomic addition: the arrivals say which answers
-    /// the gradient times.
-    flight: AtomicU64,
+    /// The strong references that are not requests in flight: the layer, its services, their
+    /// clones ([`Handle`]s).
+    holders: AtomicU64,
     /// The limit as an integer: what admission reads.
     cap: AtomicU64,
     /// The limit as a real number (`f64` bits): what the algorithm moves.
@@ -337,9 +384,9 @@ pub(crate) struct Shared {
     /// AIMD: bumped by each decrease, so that the requests admitted before it cannot decrease
     /// again.
     epoch: AtomicU64,
-    /// Gradient: answers in the current window, and their latencies' sum in nanoseconds.
-    samples: AtomicU64,
-    rtt_sum: AtomicU64,
+    /// Gradient: the timed answers of the current window (the high 16 bits) and the sum of
+    /// their latencies in microseconds (the low 48), added with one atomic operation.
+    window_acc: AtomicU64,
     /// Gradient: the long-run latency (`f64` bits, nanoseconds) and the windows seen. Written
     /// only by the thread that closes a window.
     long_rtt: AtomicU64,
@@ -375,12 +422,11 @@ impl Shared {
             .collect();
         let initial = config.initial;
         Shared {
-            flight: AtomicU64::new(0),
+            holders: AtomicU64::new(1),
             cap: AtomicU64::new(u64::from(initial)),
             estimate: AtomicU64::new(f64::from(initial).to_bits()),
             epoch: AtomicU64::new(0),
-            samples: AtomicU64::new(0),
-            rtt_sum: AtomicU64::new(0),
+            window_acc: AtomicU64::new(0),
             long_rtt: AtomicU64::new(0f64.to_bits()),
             windows: AtomicU64::new(0),
             window_peak: AtomicU64::new(0),
@@ -396,9 +442,11 @@ impl Shared {
         u32::try_from(self.cap.load(Relaxed)).unwrap_or(u32::MAX)
     }
 
-    /// Requests in flight now.
-    pub(super) fn in_flight(&self) -> u32 {
-        u32::try_from(self.flight.load(Relaxed) & IN_FLIGHT).unwrap_or(u32::MAX)
+    /// Requests in flight now: the strong references that are not [`Handle`]s.
+    pub(super) fn in_flight(this: &Arc<Self>) -> u32 {
+        let strong = Arc::strong_count(this) as u64;
+        let n = strong.saturating_sub(this.holders.load(Acquire));
+        u32::try_from(n).unwrap_or(u32::MAX)
     }
 
     /// Requests refused so far for `reason`.
@@ -406,46 +454,61 @@ impl Shared {
         self.refused[reason_index(reason)].load(Relaxed)
     }
 
-    /// Whether the answer to the `arrival`-th request is timed.
+    /// Whether a missed deadline teaches the algorithm anything (AIMD's drops; the gradient
+    /// reads latency only).
     #[inline]
-    fn times(&self, arrival: u64) -> bool {
+    pub(super) fn learns_from_deadlines(&self) -> bool {
+        matches!(self.config.algorithm, Algorithm::Aimd(_))
+    }
+
+    /// Whether the answer to the request admitted now is timed.
+    #[inline]
+    fn times(&self) -> bool {
         match &self.config.algorithm {
-            Algorithm::Gradient(g) => arrival % u64::from(g.sample_every) == 0,
+            Algorithm::Gradient(g) if g.sample_every <= 1 => true,
+            Algorithm::Gradient(g) => ARRIVALS.with(|n| {
+                let arrival = n.get();
+                n.set(arrival.wrapping_add(1));
+                arrival % g.sample_every == 0
+            }),
             Algorithm::Aimd(a) => a.latency.is_some(),
         }
     }
 
-    /// Admits a request of `criticality` in `partition`, or says why not.
+    /// Admits a request of `criticality` in `partition`, handing back its reference (which
+    /// counts it in flight until dropped) and ticket, or says why not.
     #[inline]
     pub(super) fn acquire(
-        &self,
+        this: &Arc<Self>,
         criticality: Criticality,
         partition: Option<u32>,
-    ) -> Result<Ticket, RefusalReason> {
-        let epoch = self.epoch.load(Relaxed);
-        let cap = self.cap.load(Relaxed);
-        let allowed = (cap * self.config.shares[criticality.rank()] / 1000).max(1);
-        let word = self.flight.fetch_add(ARRIVAL + 1, AcqRel);
-        let before = word & IN_FLIGHT;
-        let part = partition.and_then(|i| self.partitions.get(i as usize));
+    ) -> Result<(Arc<Self>, Ticket), RefusalReason> {
+        let epoch = this.epoch.load(Relaxed);
+        let cap = this.cap.load(Relaxed);
+        let allowed = (cap * this.config.shares[criticality.rank()] / 1000).max(1);
+        // The admission: one more strong reference, counted before it is read.
+        let held = Arc::clone(this);
+        let now = u64::from(Shared::in_flight(this));
+        let before = now.saturating_sub(1);
+        let part = partition.and_then(|i| this.partitions.get(i as usize));
         let part_before = part.map(|p| p.in_flight.fetch_add(1, AcqRel));
         let ticket = Ticket {
             partition,
+            timed: this.times(),
+            in_flight: u32::try_from(now).unwrap_or(u32::MAX),
             epoch,
-            in_flight: before + 1,
-            timed: self.times(word >> 32),
         };
         if before < allowed {
-            return Ok(ticket);
+            return Ok((held, ticket));
         }
         if let (Some(p), Some(n)) = (part, part_before) {
             // A partition below its reserved share gets in even when the limit is full.
             let reserved = (cap as f64 * p.config.share).ceil() as u64;
             if n < reserved {
-                return Ok(ticket);
+                return Ok((held, ticket));
             }
         }
-        self.flight.fetch_sub(1, AcqRel);
+        drop(held);
         if let Some(p) = part {
             p.in_flight.fetch_sub(1, AcqRel);
         }
@@ -456,10 +519,9 @@ impl Shared {
         })
     }
 
-    /// Gives back what `ticket` took.
+    /// Gives back what `ticket` took besides its reference (which its holder drops).
     #[inline]
     pub(super) fn release(&self, ticket: Ticket) {
-        self.flight.fetch_sub(1, AcqRel);
         if let Some(p) = ticket
             .partition
             .and_then(|i| self.partitions.get(i as usize))
@@ -470,15 +532,15 @@ impl Shared {
 
     /// Counts and reports a refusal.
     pub(crate) fn refuse(
-        &self,
+        this: &Arc<Self>,
         reason: RefusalReason,
         criticality: Criticality,
         partition: Option<u32>,
     ) {
-        self.refused[reason_index(reason)].fetch_add(1, Relaxed);
-        if let Some(recorder) = &self.config.recorder {
+        this.refused[reason_index(reason)].fetch_add(1, Relaxed);
+        if let Some(recorder) = &this.config.recorder {
             let partition = partition
-                .and_then(|i| self.partitions.get(i as usize))
+                .and_then(|i| this.partitions.get(i as usize))
                 .map(|p| p.config.name.clone());
             recorder.record_limit(&LimitEvent::new(
                 LimitEventKind::Refused {
@@ -486,46 +548,51 @@ impl Shared {
                     criticality,
                     partition,
                 },
-                self.limit(),
-                self.in_flight(),
+                this.limit(),
+                Shared::in_flight(this),
             ));
         }
     }
 
     /// Learns from an answer: `rtt` is how long the handler took (when measured), `dropped`
     /// whether the answer was a drop.
-    pub(super) fn learn(&self, ticket: Ticket, rtt: Option<Duration>, dropped: bool) {
-        match &self.config.algorithm {
+    pub(super) fn learn(this: &Arc<Self>, ticket: Ticket, rtt: Option<Duration>, dropped: bool) {
+        match &this.config.algorithm {
             Algorithm::Aimd(a) => {
                 let dropped = dropped || rtt.zip(a.latency).is_some_and(|(r, t)| r > t);
                 if dropped {
                     // One decrease per epoch: the requests admitted under the old limit do not
                     // cut it again.
-                    if self
+                    if this
                         .epoch
                         .compare_exchange(ticket.epoch, ticket.epoch + 1, AcqRel, Relaxed)
                         .is_ok()
                     {
                         let backoff = a.backoff;
-                        self.move_limit(|l| l * backoff);
+                        Shared::move_limit(this, |l| l * backoff);
                     }
-                } else if u64::from(self.in_flight()) * 2 + 2 >= self.cap.load(Relaxed) {
+                } else if u64::from(Shared::in_flight(this)) * 2 + 2 >= this.cap.load(Relaxed) {
                     // In use: grow by one per limit's worth of answers.
-                    self.move_limit(|l| l + 1.0 / l);
+                    Shared::move_limit(this, |l| l + 1.0 / l);
                 }
             }
             Algorithm::Gradient(g) => {
                 let Some(rtt) = rtt else { return };
-                let nanos = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
-                self.window_peak.fetch_max(ticket.in_flight, AcqRel);
-                self.rtt_sum.fetch_add(nanos, AcqRel);
-                let n = self.samples.fetch_add(1, AcqRel) + 1;
-                let window = u64::from(g.window);
-                // `fetch_add` hands out each count once: one thread closes each window.
-                if n == window {
-                    let sum = self.rtt_sum.swap(0, AcqRel);
-                    self.samples.fetch_sub(window, AcqRel);
-                    self.close_window(g, sum as f64 / window as f64);
+                // At most 2^32 µs (71 minutes) a sample, at most 2^16 samples a window: the
+                // sum fits in 48 bits.
+                let micros = u64::try_from(rtt.as_micros())
+                    .unwrap_or(u64::MAX)
+                    .clamp(1, u64::from(u32::MAX));
+                this.window_peak
+                    .fetch_max(u64::from(ticket.in_flight), AcqRel);
+                let acc = this.window_acc.fetch_add(ONE_SAMPLE | micros, AcqRel);
+                let n = (acc >> 48) + 1;
+                // `fetch_add` hands out each count once: one thread closes each window, with
+                // every sample added by then (a few more than the window, if others raced).
+                if n == u64::from(g.window) {
+                    let acc = this.window_acc.swap(0, AcqRel);
+                    let (count, sum) = ((acc >> 48).max(1), acc & SUM_MASK);
+                    Shared::close_window(this, g, 1000.0 * sum as f64 / count as f64);
                 }
             }
         }
@@ -533,12 +600,12 @@ impl Shared {
 
     /// The gradient's update at the end of a window whose mean latency was `short`
     /// nanoseconds.
-    fn close_window(&self, g: &Gradient, short: f64) {
+    fn close_window(this: &Arc<Self>, g: &Gradient, short: f64) {
         let short = short.max(1.0);
-        let windows = self.windows.fetch_add(1, AcqRel) + 1;
-        let mut long = f64::from_bits(self.long_rtt.load(Acquire));
-        let refused = self.refused[0].load(Relaxed) + self.refused[1].load(Relaxed);
-        let saturated = self.refused_before.swap(refused, AcqRel) != refused;
+        let windows = this.windows.fetch_add(1, AcqRel) + 1;
+        let mut long = f64::from_bits(this.long_rtt.load(Acquire));
+        let refused = this.refused[0].load(Relaxed) + this.refused[1].load(Relaxed);
+        let saturated = this.refused_before.swap(refused, AcqRel) != refused;
         // A plain mean over the first ten windows, then an exponential average. A window in
         // which the limit refused requests is the limit's own doing, not the service's normal
         // latency: it moves the average ten times slower, or a long overload would teach the
@@ -555,10 +622,10 @@ impl Shared {
             // The service got faster: do not wait hundreds of windows to believe it.
             long = (long * 0.95).max(short);
         }
-        self.long_rtt.store(long.to_bits(), Release);
-        let peak = self.window_peak.swap(0, AcqRel) as f64;
+        this.long_rtt.store(long.to_bits(), Release);
+        let peak = this.window_peak.swap(0, AcqRel) as f64;
         let (tolerance, smoothing) = (g.tolerance, g.smoothing);
-        self.move_limit(|l| {
+        Shared::move_limit(this, |l| {
             let gradient = (tolerance * long / short).clamp(0.5, 1.0);
             if gradient >= 1.0 && peak < l / 2.0 {
                 // Not in use: nothing says it could take more.
@@ -571,13 +638,13 @@ impl Shared {
 
     /// Moves the limit by `f`, within the minimum and the maximum, and reports a change of its
     /// integer value.
-    fn move_limit(&self, f: impl Fn(f64) -> f64) {
-        let (min, max) = (f64::from(self.config.min), f64::from(self.config.max));
-        let mut current = self.estimate.load(Acquire);
+    fn move_limit(this: &Arc<Self>, f: impl Fn(f64) -> f64) {
+        let (min, max) = (f64::from(this.config.min), f64::from(this.config.max));
+        let mut current = this.estimate.load(Acquire);
         let next = loop {
             let next = f(f64::from_bits(current)).clamp(min, max);
             let next = if next.is_finite() { next } else { min };
-            match self
+            match this
                 .estimate
                 .compare_exchange_weak(current, next.to_bits(), AcqRel, Acquire)
             {
@@ -586,27 +653,27 @@ impl Shared {
             }
         };
         let cap = next.floor() as u64;
-        let from = self.cap.swap(cap, AcqRel);
+        let from = this.cap.swap(cap, AcqRel);
         if from != cap {
-            if let Some(recorder) = &self.config.recorder {
+            if let Some(recorder) = &this.config.recorder {
                 recorder.record_limit(&LimitEvent::new(
                     LimitEventKind::Changed {
                         from: u32::try_from(from).unwrap_or(u32::MAX),
                     },
                     u32::try_from(cap).unwrap_or(u32::MAX),
-                    self.in_flight(),
+                    Shared::in_flight(this),
                 ));
             }
         }
     }
 
     /// Reports the limit and the requests in flight now.
-    pub(super) fn report(&self) {
-        if let Some(recorder) = &self.config.recorder {
+    pub(super) fn report(this: &Arc<Self>) {
+        if let Some(recorder) = &this.config.recorder {
             recorder.record_limit(&LimitEvent::new(
                 LimitEventKind::Snapshot,
-                self.limit(),
-                self.in_flight(),
+                this.limit(),
+                Shared::in_flight(this),
             ));
         }
     }

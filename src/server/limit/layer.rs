@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::algorithm::{Algorithm, Config, PartitionConfig, Shared};
+use super::algorithm::{Algorithm, Config, Handle, PartitionConfig, Shared};
 use super::AdaptiveLimit;
 use crate::evidence::{Recorder, RefusalReason};
 use crate::{ConfigError, Criticality, Envelope};
@@ -42,7 +42,7 @@ use crate::{ConfigError, Criticality, Envelope};
 /// ```
 #[derive(Clone)]
 pub struct AdaptiveLimitLayer {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Handle,
 }
 
 impl AdaptiveLimitLayer {
@@ -77,7 +77,7 @@ impl AdaptiveLimitLayer {
 
     /// Requests admitted and not yet answered.
     pub fn in_flight(&self) -> u32 {
-        self.shared.in_flight()
+        Shared::in_flight(&self.shared)
     }
 
     /// Requests refused so far, for `reason`.
@@ -90,7 +90,7 @@ impl AdaptiveLimitLayer {
     /// quiet server too: call it from a periodic task. The limit reports its refusals and its
     /// moves by itself.
     pub fn report(&self) {
-        self.shared.report();
+        Shared::report(&self.shared);
     }
 }
 
@@ -248,7 +248,7 @@ impl AdaptiveLimitLayerBuilder {
     pub fn build(self) -> Result<AdaptiveLimitLayer, ConfigError> {
         self.config.validate()?;
         Ok(AdaptiveLimitLayer {
-            shared: Arc::new(Shared::new(self.config)),
+            shared: Handle::new(self.config),
         })
     }
 }

@@ -97,7 +97,7 @@ pub use self::algorithm::{Aimd, Algorithm, Gradient};
 pub use self::layer::{AdaptiveLimitLayer, AdaptiveLimitLayerBuilder};
 pub use crate::evidence::RefusalReason;
 
-pub(crate) use self::algorithm::Shared;
+pub(crate) use self::algorithm::{Handle, Shared};
 use self::algorithm::{Signal, Ticket};
 use crate::classify::OVERLOAD_REFUSAL;
 use crate::deadline::Deadline;
@@ -114,7 +114,7 @@ use crate::{Criticality, Envelope};
 #[derive(Clone)]
 pub struct AdaptiveLimit<S> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: Handle,
 }
 
 impl<S> AdaptiveLimit<S> {
@@ -126,7 +126,7 @@ impl<S: std::fmt::Debug> std::fmt::Debug for AdaptiveLimit<S> {
         f.debug_struct("AdaptiveLimit")
             .field("inner", &self.inner)
             .field("limit", &self.shared.limit())
-            .field("in_flight", &self.shared.in_flight())
+            .field("in_flight", &Shared::in_flight(&self.shared))
             .finish()
     }
 }
@@ -176,12 +176,16 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let criticality = self.criticality(&req);
         let partition = self.partition(&req);
-        match self.shared.acquire(criticality, partition) {
-            Ok(ticket) => {
-                let deadline = req.extensions().get::<Deadline>().copied();
+        match Shared::acquire(&self.shared, criticality, partition) {
+            Ok((shared, ticket)) => {
+                let deadline = if shared.learns_from_deadlines() {
+                    req.extensions().get::<Deadline>().copied()
+                } else {
+                    None
+                };
                 let start = ticket.timed.then(Instant::now);
                 let permit = Permit {
-                    shared: self.shared.clone(),
+                    shared,
                     ticket,
                     start,
                     deadline,
@@ -194,7 +198,7 @@ where
                 }
             }
             Err(reason) => {
-                self.shared.refuse(reason, criticality, partition);
+                Shared::refuse(&self.shared, reason, criticality, partition);
                 let response = refusal(req.is_grpc(), self.shared.config.retry_after);
                 ResponseFuture {
                     state: State::Refused {
@@ -207,7 +211,7 @@ where
 }
 
 /// An admitted request's place in the limit, given back when the request ends, answered or
-/// dropped.
+/// dropped: its reference to the shared state is what counts it in flight.
 struct Permit {
     shared: Arc<Shared>,
     ticket: Ticket,
@@ -227,7 +231,7 @@ impl Permit {
             .map(|(s, n)| n.saturating_duration_since(s));
         let late = self.deadline.zip(now).is_some_and(|(d, n)| n > d.instant());
         let dropped = signal == Signal::Overloaded || late;
-        self.shared.learn(self.ticket, rtt, dropped);
+        Shared::learn(&self.shared, self.ticket, rtt, dropped);
     }
 }
 
