@@ -685,3 +685,54 @@ async fn an_overload_refusal_is_not_a_health_failure() {
     // All 50 reached the server: the breaker never opened.
     assert_eq!(limit.refused(RefusalReason::Limit), 51);
 }
+
+/// Four threads hammering one limit of 2 through their own clones: the handler never sees more
+/// than 2 requests at once (the count in flight may read one too many in a race, never one too
+/// few), and when all is done nothing is left in flight.
+#[test]
+fn four_threads_never_get_more_than_the_limit_in() {
+    use std::future::Future;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::{Context, Poll, Waker};
+
+    let now = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let limit = fixed(2).build().unwrap();
+    let admitted = Arc::new(AtomicUsize::new(0));
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            let (now, most, admitted) = (now.clone(), most.clone(), admitted.clone());
+            let mut svc = limit.layer(service_fn(move |_req: Request<()>| {
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                std::hint::spin_loop();
+                now.fetch_sub(1, Ordering::SeqCst);
+                std::future::ready(Ok::<_, Infallible>(Response::new(String::new())))
+            }));
+            scope.spawn(move || {
+                let mut cx = Context::from_waker(Waker::noop());
+                for _ in 0..20_000 {
+                    assert!(svc.poll_ready(&mut cx).is_ready());
+                    let mut fut = std::pin::pin!(svc.call(Request::new(())));
+                    let Poll::Ready(Ok(res)) = fut.as_mut().poll(&mut cx) else {
+                        panic!("ready at once")
+                    };
+                    if res.status() == StatusCode::OK {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert!(
+        most.load(Ordering::SeqCst) <= 2,
+        "{}",
+        most.load(Ordering::SeqCst)
+    );
+    assert_eq!(limit.in_flight(), 0);
+    assert!(admitted.load(Ordering::Relaxed) > 0);
+    assert_eq!(
+        admitted.load(Ordering::Relaxed) as u64 + limit.refused(RefusalReason::Limit),
+        80_000
+    );
+}
