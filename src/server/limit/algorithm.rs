@@ -332,7 +332,7 @@ const ONE_SAMPLE: u64 = 1 << 48;
 const SUM_MASK: u64 = ONE_SAMPLE - 1;
 
 thread_local! {
-    /// Requests this thread admitted: which answers the gradient times (one in `sample_every`
+    /// Requests this thread may admit before it times the next answer (one in `sample_every`
     /// on each thread), without a shared counter.
     static ARRIVALS: Cell<u32> = const { Cell::new(0) };
 }
@@ -466,10 +466,16 @@ impl Shared {
     fn times(&self) -> bool {
         match &self.config.algorithm {
             Algorithm::Gradient(g) if g.sample_every <= 1 => true,
-            Algorithm::Gradient(g) => ARRIVALS.with(|n| {
-                let arrival = n.get();
-                n.set(arrival.wrapping_add(1));
-                arrival % g.sample_every == 0
+            // A countdown, not a modulo: no division on the path.
+            Algorithm::Gradient(g) => ARRIVALS.with(|left| match left.get() {
+                0 => {
+                    left.set(g.sample_every - 1);
+                    true
+                }
+                n => {
+                    left.set(n - 1);
+                    false
+                }
             }),
             Algorithm::Aimd(a) => a.latency.is_some(),
         }
