@@ -52,6 +52,15 @@ impl TracingRecorder {
 }
 
 impl Recorder for TracingRecorder {
+    /// Whether anything listens: a `tracing` subscriber that takes this recorder's events at
+    /// `WARN` (the most severe level it writes). Without one, the record layers skip building
+    /// records at all, so a `TracingRecorder` with nobody listening costs what `()` costs, plus
+    /// this check (a load of the callsite's cached interest).
+    #[inline]
+    fn enabled(&self) -> bool {
+        tracing::enabled!(tracing::Level::WARN)
+    }
+
     fn call_span(
         &self,
         call: CallId,
