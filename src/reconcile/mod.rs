@@ -86,12 +86,18 @@ use sha2::{Digest as _, Sha256};
 use crate::classify::BoxError;
 
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod reconciler;
 mod repairer;
 mod rule;
 mod source;
 
 pub use self::memory::MemoryDifferences;
+#[cfg(feature = "postgres")]
+pub(crate) use self::postgres::POSTGRES_COMPONENT;
+#[cfg(feature = "postgres")]
+pub use self::postgres::{PostgresDifferences, PostgresSource};
 pub use self::reconciler::{Pass, Reconciler, ReconcilerBuilder};
 pub use self::repairer::{RepairAnswer, RepairRequest, RepairRound, Repairer, RepairerBuilder};
 pub use self::rule::{Rule, RuleError, Want};

@@ -13,6 +13,8 @@ use surely::reconcile::{
 pub(crate) use crate::support::time::secs;
 
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 
 /// The grace window of the rules below.
 pub(crate) const GRACE: Duration = Duration::from_secs(300);
