@@ -486,6 +486,22 @@ pub trait DifferenceStore: Send + Sync + 'static {
         difference: &Difference,
     ) -> impl Future<Output = Result<bool, ReconcileError>> + Send;
 
+    /// Records many differences, in order, as [`record`](Self::record) does each; returns
+    /// whether each was new. The default records them one by one; a store with round trips
+    /// finds the known ones at once.
+    fn record_many(
+        &self,
+        differences: &[Difference],
+    ) -> impl Future<Output = Result<Vec<bool>, ReconcileError>> + Send {
+        async move {
+            let mut new = Vec::with_capacity(differences.len());
+            for d in differences {
+                new.push(self.record(d).await?);
+            }
+            Ok(new)
+        }
+    }
+
     /// Claims up to `max` items for `lease`, oldest first: open ones whose backoff has passed,
     /// and claimed ones whose lease has.
     fn claim(

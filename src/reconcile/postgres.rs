@@ -101,6 +101,7 @@ struct Sql {
     list_state: String,
     stats: String,
     done: String,
+    known: String,
 }
 
 /// The columns an item is read from, each prefixed with `p` (a table's alias and a dot, or
@@ -169,6 +170,7 @@ impl Sql {
                  FROM {t} WHERE state IN ('open', 'claimed', 'manual')
                  GROUP BY rule ORDER BY rule COLLATE \"C\""
             ),
+            known: format!("SELECT id FROM {t} WHERE id = ANY($1)"),
             done: format!(
                 "SELECT count(*) FILTER (WHERE state = 'repaired'),
                         count(*) FILTER (WHERE state = 'resolved')
@@ -349,39 +351,12 @@ impl PostgresDifferences {
         }
     }
 
-    async fn release(
+    /// Inserts `d` unless its id is there; whether it inserted it.
+    async fn insert(
         &self,
-        sql: &str,
-        claim: &RepairClaim,
-        extra: &[&(dyn ToSql + Sync)],
-    ) -> Result<(), ReconcileError> {
-        let client = self.client().await?;
-        let id = claim.item.difference.id.as_str();
-        let fence = i64::try_from(claim.fence()).unwrap_or(i64::MAX);
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&id, &fence];
-        params.extend_from_slice(extra);
-        let n = client.execute(sql, &params).await.map_err(by_content)?;
-        if n == 1 {
-            return Ok(());
-        }
-        match self.why_not(&client, &claim.item.difference.id).await {
-            Ok(Marked::Already) | Err(_) => Err(ReconcileError::stale()),
-            Ok(Marked::Now) => Ok(()),
-        }
-    }
-}
-
-impl fmt::Debug for PostgresDifferences {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresDifferences")
-            .field("table", &self.sql.table)
-            .finish_non_exhaustive()
-    }
-}
-
-impl DifferenceStore for PostgresDifferences {
-    async fn record(&self, d: &Difference) -> Result<bool, ReconcileError> {
-        let client = self.client().await?;
+        client: &deadpool_postgres::Object,
+        d: &Difference,
+    ) -> Result<bool, ReconcileError> {
         let sources: Vec<&str> = d.seen.iter().map(|s| s.source.as_str()).collect();
         let present: Vec<bool> = d.seen.iter().map(|s| s.fact.is_some()).collect();
         let vals: Vec<&[u8]> = d
@@ -425,6 +400,61 @@ impl DifferenceStore for PostgresDifferences {
             .await
             .map_err(by_content)?;
         Ok(n == 1)
+    }
+
+    async fn release(
+        &self,
+        sql: &str,
+        claim: &RepairClaim,
+        extra: &[&(dyn ToSql + Sync)],
+    ) -> Result<(), ReconcileError> {
+        let client = self.client().await?;
+        let id = claim.item.difference.id.as_str();
+        let fence = i64::try_from(claim.fence()).unwrap_or(i64::MAX);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&id, &fence];
+        params.extend_from_slice(extra);
+        let n = client.execute(sql, &params).await.map_err(by_content)?;
+        if n == 1 {
+            return Ok(());
+        }
+        match self.why_not(&client, &claim.item.difference.id).await {
+            Ok(Marked::Already) | Err(_) => Err(ReconcileError::stale()),
+            Ok(Marked::Now) => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for PostgresDifferences {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresDifferences")
+            .field("table", &self.sql.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DifferenceStore for PostgresDifferences {
+    async fn record(&self, d: &Difference) -> Result<bool, ReconcileError> {
+        let client = self.client().await?;
+        self.insert(&client, d).await
+    }
+
+    async fn record_many(&self, differences: &[Difference]) -> Result<Vec<bool>, ReconcileError> {
+        let client = self.client().await?;
+        let ids: Vec<&str> = differences.iter().map(|d| d.id.as_str()).collect();
+        let rows = client
+            .query(&self.sql.known, &[&ids])
+            .await
+            .map_err(ReconcileError::backend)?;
+        let known: std::collections::HashSet<String> = rows
+            .iter()
+            .map(|r| r.try_get::<_, String>(0))
+            .collect::<Result<_, _>>()
+            .map_err(ReconcileError::backend)?;
+        let mut new = Vec::with_capacity(differences.len());
+        for d in differences {
+            new.push(!known.contains(d.id.as_str()) && self.insert(&client, d).await?);
+        }
+        Ok(new)
     }
 
     async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<RepairClaim>, ReconcileError> {

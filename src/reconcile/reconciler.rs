@@ -91,33 +91,57 @@ impl<St: DifferenceStore> Reconciler<St> {
     pub async fn run_once(&mut self, as_of: SystemTime) -> Result<Pass, ReconcileError> {
         let mut pass = Pass::default();
         let mut merge = Merge::new(&self.sources, &self.names, self.page_size, as_of);
+        // Differences are recorded a page at a time: one round trip for the known ones.
+        let mut found = Vec::new();
         while let Some((key, facts)) = merge.next().await? {
             pass.keys += 1;
             for (rule, own) in &self.rules {
-                let Some(difference) =
-                    judge(rule, own, &self.names, &key, &facts, as_of, &mut pass)
-                else {
-                    continue;
-                };
-                pass.differences += 1;
-                if self.store.record(&difference).await? {
-                    pass.new += 1;
-                    tracing::info!(
-                        rule = %difference.rule,
-                        key = %difference.key_display(),
-                        repair = %difference.id,
-                        action = difference.action.as_deref().unwrap_or("-"),
-                        "reconciliation found a difference"
-                    );
-                } else {
-                    pass.known += 1;
+                if let Some(d) = judge(rule, own, &self.names, &key, &facts, as_of, &mut pass) {
+                    found.push(d);
                 }
             }
+            if found.len() >= self.page_size {
+                record(&self.store, &mut found, &mut pass).await?;
+            }
         }
+        record(&self.store, &mut found, &mut pass).await?;
         if self.recorder.is_some() {
             self.report().await?;
         }
         Ok(pass)
+    }
+
+    /// Passes until `stop` completes, one every `every` (the first at once; at least 1 ms
+    /// apart), each as of the time it starts. A failed pass is logged (`tracing` warning), and the next one comes on
+    /// schedule: the differences it recorded stay.
+    pub async fn run(
+        mut self,
+        every: std::time::Duration,
+        stop: impl std::future::Future<Output = ()>,
+    ) {
+        let mut stop = std::pin::pin!(stop);
+        // A zero interval would never give the runtime back between passes.
+        let every = every.max(std::time::Duration::from_millis(1));
+        let mut next = tokio::time::Instant::now();
+        loop {
+            match self.run_once(SystemTime::now()).await {
+                Ok(pass) => tracing::debug!(
+                    keys = pass.keys,
+                    in_flight = pass.in_flight,
+                    differences = pass.differences,
+                    new = pass.new,
+                    "reconciliation pass"
+                ),
+                Err(e) => tracing::warn!(error = %e, "reconciliation pass failed"),
+            }
+            // A pass longer than the interval is followed by the next at once, not by a
+            // burst of the ones it overran.
+            next = (next + every).max(tokio::time::Instant::now());
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep_until(next) => {}
+            }
+        }
     }
 
     /// Reads the store's stats and sends them to the recorder (if any); returns them.
@@ -132,6 +156,35 @@ impl<St: DifferenceStore> Reconciler<St> {
         }
         Ok(stats)
     }
+}
+
+/// Records `found` (and empties it), counting in `pass`.
+async fn record<St: DifferenceStore>(
+    store: &St,
+    found: &mut Vec<Difference>,
+    pass: &mut Pass,
+) -> Result<(), ReconcileError> {
+    if found.is_empty() {
+        return Ok(());
+    }
+    let new = store.record_many(found).await?;
+    for (d, new) in found.iter().zip(new) {
+        pass.differences += 1;
+        if new {
+            pass.new += 1;
+            tracing::info!(
+                rule = %d.rule,
+                key = %d.key_display(),
+                repair = %d.id,
+                action = d.action.as_deref().unwrap_or("-"),
+                "reconciliation found a difference"
+            );
+        } else {
+            pass.known += 1;
+        }
+    }
+    found.clear();
+    Ok(())
 }
 
 /// What `rule` makes of `key`'s facts: a difference, or nothing (counted in `pass`).

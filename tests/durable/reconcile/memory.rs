@@ -735,3 +735,36 @@ async fn a_pass_reports_open_differences_by_rule() {
     assert_eq!(last.oldest_open, Some(secs(90)));
     let _ = SystemTime::now();
 }
+
+/// `run` passes on a schedule until stopped; a difference that appears between passes is
+/// found by the next one.
+#[tokio::test(start_paused = true)]
+async fn a_running_reconciler_passes_on_schedule_until_stopped() {
+    let s = Systems::default();
+    let store = MemoryDifferences::new();
+    let records = InMemoryRecorder::new();
+    let mut b = Reconciler::builder(store.clone())
+        .source("orders", s.orders.clone())
+        .source("payments", s.payments.clone())
+        .source("inventory", s.inventory.clone())
+        .recorder(records.clone());
+    for rule in super::rules() {
+        b = b.rule(rule);
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(b.build().unwrap().run(secs(60), async {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(secs(1)).await;
+    assert_eq!(records.reconcile_reports().len(), 1);
+    // Long settled, so not in flight whatever the wall clock says.
+    s.payments.put("o-9", "charged", 1, SystemTime::UNIX_EPOCH);
+    tokio::time::sleep(secs(60)).await;
+    let reports = records.reconcile_reports();
+    assert_eq!(reports.len(), 2);
+    assert_eq!(reports[1].open(), 1);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    tokio::time::sleep(secs(600)).await;
+    assert_eq!(records.reconcile_reports().len(), 2);
+}
