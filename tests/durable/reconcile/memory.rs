@@ -768,3 +768,46 @@ async fn a_running_reconciler_passes_on_schedule_until_stopped() {
     tokio::time::sleep(secs(600)).await;
     assert_eq!(records.reconcile_reports().len(), 2);
 }
+
+/// Four reconcilers at once over the same systems and one store: each difference is one item.
+#[tokio::test(start_paused = true)]
+async fn four_reconcilers_at_once_record_each_difference_once() {
+    let s = Systems::default();
+    for n in 0..300 {
+        let key = format!("o-{n:04}");
+        let status = if n % 3 == 0 {
+            "awaiting_payment"
+        } else {
+            "paid"
+        };
+        s.orders.put(key.clone(), status, 1, ago(3600));
+        if status == "paid" {
+            s.inventory.put(key.clone(), "reserved", 1, ago(3600));
+        }
+        s.payments.put(key, "charged", 1, ago(3600));
+    }
+    let store = MemoryDifferences::new();
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let mut b = Reconciler::builder(store.clone())
+                .source("orders", s.orders.clone())
+                .source("payments", s.payments.clone())
+                .source("inventory", s.inventory.clone())
+                .page_size(7);
+            for rule in super::rules() {
+                b = b.rule(rule);
+            }
+            let mut r = b.build().unwrap();
+            tokio::spawn(async move { r.run_once(now()).await.unwrap() })
+        })
+        .collect();
+    let (mut new, mut known) = (0, 0);
+    for t in tasks {
+        let pass = t.await.unwrap();
+        assert_eq!(pass.differences, 100);
+        new += pass.new;
+        known += pass.known;
+    }
+    assert_eq!((new, known), (100, 300));
+    assert_eq!(store.list(None, 1000).await.unwrap().len(), 100);
+}

@@ -470,3 +470,40 @@ async fn pg_huge_and_hostile_keys_are_kept_as_they_are() {
         .is_err());
     db.drop().await;
 }
+
+/// Four reconcilers at once over the same tables and one store: each difference is one row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_four_reconcilers_at_once_record_each_difference_once() {
+    let db = Db::new("pg_four_reconcilers_at_once_record_each_difference_once").await;
+    db.client
+        .batch_execute(&format!(
+            "INSERT INTO {s}.orders SELECT 'o-' || lpad(n::text, 4, '0'),
+                 CASE WHEN n % 3 = 0 THEN 'awaiting_payment' ELSE 'paid' END, 1,
+                 now() - interval '1 hour' FROM generate_series(1, 300) AS n;
+             INSERT INTO {s}.payments SELECT convert_to('o-' || lpad(n::text, 4, '0'), 'UTF8'),
+                 'charged', 1, now() - interval '1 hour' FROM generate_series(1, 300) AS n;
+             INSERT INTO {s}.inventory SELECT convert_to('o-' || lpad(n::text, 4, '0'), 'UTF8'),
+                 'reserved', 1, now() - interval '1 hour' FROM generate_series(1, 300) AS n
+                 WHERE n % 3 <> 0;",
+            s = db.schema
+        ))
+        .await
+        .unwrap();
+    let as_of = db_now(&db).await;
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let mut r = db.reconciler();
+            tokio::spawn(async move { r.run_once(as_of).await.unwrap() })
+        })
+        .collect();
+    let (mut new, mut known) = (0, 0);
+    for t in tasks {
+        let pass = t.await.unwrap();
+        assert_eq!(pass.differences, 100, "{pass:?}");
+        new += pass.new;
+        known += pass.known;
+    }
+    assert_eq!((new, known), (100, 300));
+    assert_eq!(db.store.list(None, 1000).await.unwrap().len(), 100);
+    db.drop().await;
+}
