@@ -11,6 +11,7 @@ use tower_service::Service;
 use super::{DifferenceStore, Marked, ReconcileError, RepairClaim, RepairId, Seen};
 use crate::backoff::{Backoff, Jitter};
 use crate::classify::BoxError;
+use crate::ConfigError;
 
 /// What a repair service is asked to do: the action its rule names, for this key, given what
 /// each source held, under the repair's id.
@@ -341,43 +342,44 @@ where
     ///
     /// # Errors
     ///
-    /// A [`RuleError::Setting`](super::RuleError::Setting): a zero batch, tries or timeout, a
-    /// lease no longer than the timeout, or a name that is empty, over 256 bytes or holds a
-    /// control character.
-    pub fn build(self) -> Result<Repairer<St, S>, super::RuleError> {
+    /// A [`ConfigError`] naming the setting (`repairer batch`, ...): a zero batch, tries or
+    /// timeout, a lease no longer than the timeout, or a name that is empty, over 256 bytes or
+    /// holds a control character.
+    pub fn build(self) -> Result<Repairer<St, S>, ConfigError> {
         let c = &self.config;
-        let bad = |setting, why| Err(super::RuleError::Setting { setting, why });
         if c.batch == 0 {
-            return bad("batch", "must be at least 1");
+            return Err(ConfigError::new("repairer batch", "must be at least 1"));
         }
         if c.max_tries == 0 {
-            return bad("max_tries", "must be at least 1");
+            return Err(ConfigError::new("repairer max_tries", "must be at least 1"));
         }
         if c.timeout.is_zero() {
-            return bad("timeout", "must be greater than zero");
+            return Err(ConfigError::new(
+                "repairer timeout",
+                "must be greater than zero",
+            ));
         }
         if c.lease <= c.timeout {
-            return bad(
-                "lease",
+            return Err(ConfigError::new(
+                "repairer lease",
                 "must be longer than the timeout, or a repair could outlast its claim",
-            );
+            ));
         }
         if c.name.trim().is_empty()
             || c.name.len() > super::MAX_WHO
             || c.name.chars().any(char::is_control)
         {
-            return bad("name", "must be 1 to 256 bytes without control characters");
+            return Err(ConfigError::new(
+                "repairer name",
+                "must be 1 to 256 bytes without control characters",
+            ));
         }
         let backoff = match self.backoff {
             Some(b) => b,
             None => Backoff::exponential(Duration::from_secs(1))
                 .cap(Duration::from_secs(300))
                 .jitter(Jitter::Equal)
-                .build()
-                .map_err(|e| super::RuleError::Setting {
-                    setting: e.setting(),
-                    why: "is out of range",
-                })?,
+                .build()?,
         };
         Ok(Repairer {
             store: self.store,

@@ -498,51 +498,18 @@ fn bad_rules_are_typed_errors() {
                 Ok::<_, std::io::Error>(RepairAnswer::Applied)
             });
             let $b = Repairer::builder(MemoryDifferences::new(), service);
-            $e.build().map(|_| ()).unwrap_err()
+            $e.build().map(|_| ()).unwrap_err().setting()
         }};
     }
-    assert!(matches!(
-        repairer!(|b| b.batch(0)),
-        RuleError::Setting {
-            setting: "batch",
-            ..
-        }
-    ));
-    assert!(matches!(
-        repairer!(|b| b.max_tries(0)),
-        RuleError::Setting {
-            setting: "max_tries",
-            ..
-        }
-    ));
-    assert!(matches!(
-        repairer!(|b| b.timeout(Duration::ZERO)),
-        RuleError::Setting {
-            setting: "timeout",
-            ..
-        }
-    ));
-    assert!(matches!(
+    assert_eq!(repairer!(|b| b.batch(0)), "repairer batch");
+    assert_eq!(repairer!(|b| b.max_tries(0)), "repairer max_tries");
+    assert_eq!(repairer!(|b| b.timeout(Duration::ZERO)), "repairer timeout");
+    assert_eq!(
         repairer!(|b| b.lease(secs(5)).timeout(secs(5))),
-        RuleError::Setting {
-            setting: "lease",
-            ..
-        }
-    ));
-    assert!(matches!(
-        repairer!(|b| b.name("")),
-        RuleError::Setting {
-            setting: "name",
-            ..
-        }
-    ));
-    assert!(matches!(
-        repairer!(|b| b.name("a\nb")),
-        RuleError::Setting {
-            setting: "name",
-            ..
-        }
-    ));
+        "repairer lease"
+    );
+    assert_eq!(repairer!(|b| b.name("")), "repairer name");
+    assert_eq!(repairer!(|b| b.name("a\nb")), "repairer name");
 }
 
 /// Keys are bytes: empty, a megabyte long, with NUL, not UTF-8. They are compared, recorded,

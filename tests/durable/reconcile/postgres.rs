@@ -446,6 +446,24 @@ async fn pg_huge_and_hostile_keys_are_kept_as_they_are() {
     assert_eq!(seen, sorted);
     assert_eq!(seen.len(), 5);
 
+    // The query may use `$1`, the as-of time: a table with history answers as of it.
+    let as_of_source = PostgresSource::new(
+        db.pool.clone(),
+        format!(
+            "SELECT id AS key, status AS value, version, updated_at AS at
+             FROM {}.orders WHERE updated_at <= $1",
+            db.schema
+        ),
+    );
+    let now = db_now(&db).await;
+    for (as_of, rows) in [(now, 5), (now - Duration::from_secs(60), 0)] {
+        let page = as_of_source
+            .page(PageRequest::new(None, 10, as_of))
+            .await
+            .unwrap();
+        assert_eq!(page.len(), rows);
+    }
+
     // A query whose key is neither text nor bytea, or a negative version, is a source error.
     let bad = PostgresSource::new(
         db.pool.clone(),
