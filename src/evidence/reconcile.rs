@@ -5,6 +5,21 @@ use std::time::Duration;
 
 /// How the differences found by reconciliation stand: what an operator watches. A
 /// [`Reconciler`](crate::reconcile::Reconciler) sends one to its recorder after each pass.
+///
+/// ```
+/// use surely::record::{Record, ReconcileReport};
+///
+/// let alert = |record: Record<'_>| {
+///     if let Record::Reconcile(report) = record {
+///         for (rule, open) in &report.open_by_rule {
+///             println!("{rule}: {open} open");
+///         }
+///     }
+/// };
+/// # let _ = alert;
+/// let report = ReconcileReport::new(vec![("payment-order".to_owned(), 2)], 1, None);
+/// assert_eq!(report.open(), 2);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ReconcileReport {

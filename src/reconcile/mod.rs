@@ -194,6 +194,23 @@ impl SeenFact {
 /// each of the rule's sources with its fact's version (or its absence). The same facts give
 /// the same id, run after run and reconciler after reconciler; a fact at a new version gives a
 /// new one.
+///
+/// ```
+/// use std::time::SystemTime;
+/// use surely::reconcile::{RepairId, Seen, SeenFact};
+///
+/// let at = SystemTime::UNIX_EPOCH;
+/// let seen = |version| {
+///     vec![
+///         Seen::new("orders", Some(SeenFact::new("awaiting_payment", version, at))),
+///         Seen::new("payments", Some(SeenFact::new("charged", 1, at))),
+///     ]
+/// };
+/// let id = RepairId::of("payment-order", b"o-1", &seen(3));
+/// assert_eq!(id, RepairId::of("payment-order", b"o-1", &seen(3)));
+/// assert_ne!(id, RepairId::of("payment-order", b"o-1", &seen(4)));
+/// assert!(id.as_str().starts_with("rep-"));
+/// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RepairId(Arc<str>);
 
@@ -477,6 +494,24 @@ impl DifferenceStats {
 
 /// Where differences wait for their repair. [`MemoryDifferences`] and `PostgresDifferences`
 /// implement it; every method is one atomic operation of the store.
+///
+/// A person works the manual queue through it:
+///
+/// ```
+/// use surely::reconcile::{Difference, DifferenceStore, ItemState, Marked, MemoryDifferences};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = MemoryDifferences::new();
+/// // A combination no rule declared: in the manual queue from the start.
+/// store.record(&Difference::new("order-inventory", "o-9", vec![], None)).await.unwrap();
+/// for item in store.list(Some(ItemState::Manual), 50).await.unwrap() {
+///     let id = &item.difference.id;
+///     let done = store.resolve_manually(id, "ana", "stock recounted by hand").await.unwrap();
+///     assert_eq!(done, Marked::Now);
+/// }
+/// assert_eq!(store.stats().await.unwrap().resolved, 1);
+/// # }
+/// ```
 pub trait DifferenceStore: Send + Sync + 'static {
     /// Records a difference, open (or in the manual queue, without an action); returns false,
     /// and changes nothing, if one with its id is already here, whatever its state: recording

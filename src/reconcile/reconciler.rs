@@ -24,6 +24,32 @@ use crate::record::Recorder;
 ///
 /// After a pass, the store's [stats](DifferenceStore::stats) go to the
 /// [recorder](ReconcilerBuilder::recorder), when there is one.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use surely::reconcile::{MemoryDifferences, MemorySource, Reconciler, Rule, Want};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let (events, projection) = (MemorySource::new(), MemorySource::new());
+/// events.put("e-1", "published", 1, SystemTime::UNIX_EPOCH);
+/// let mut reconciler = Reconciler::builder(MemoryDifferences::new())
+///     .source("events", events)
+///     .source("projection", projection)
+///     .rule(
+///         Rule::new("event-projection", ["events", "projection"])
+///             .grace(Duration::from_secs(60))
+///             .consistent([Want::is("published"), Want::is("applied")])
+///             .repair([Want::is("published"), Want::Missing], "replay-event"),
+///     )
+///     .page_size(500)
+///     .build()
+///     .unwrap();
+/// let pass = reconciler.run_once(SystemTime::now()).await.unwrap();
+/// assert_eq!((pass.keys, pass.new), (1, 1));
+/// // Passes every ten minutes until the service stops:
+/// // tokio::spawn(reconciler.run(Duration::from_secs(600), shutdown));
+/// # }
+/// ```
 pub struct Reconciler<St> {
     store: St,
     names: Vec<String>,

@@ -68,6 +68,38 @@ pub enum RepairAnswer {
 /// [`stale`](RepairRound::stale)). Several repairers may run over one store: each claims its
 /// own differences.
 ///
+/// ```
+/// use std::time::Duration;
+/// use surely::reconcile::{
+///     Difference, DifferenceStore, ItemState, MemoryDifferences, RepairAnswer, RepairRequest,
+///     Repairer,
+/// };
+/// use surely::retry::backoff::Backoff;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let store = MemoryDifferences::new();
+/// let d = Difference::new("payment-order", "o-1", vec![], Some("mark-paid".to_owned()));
+/// store.record(&d).await.unwrap();
+///
+/// // The order service refuses: the order was cancelled meanwhile.
+/// let orders = tower::service_fn(|_req: RepairRequest| async {
+///     Ok::<_, std::io::Error>(RepairAnswer::Refused("order o-1 is cancelled".to_owned()))
+/// });
+/// let mut repairer = Repairer::builder(store.clone(), orders)
+///     .name("billing-1")
+///     .lease(Duration::from_secs(30))
+///     .timeout(Duration::from_secs(5))
+///     .backoff(Backoff::constant(Duration::from_secs(10)))
+///     .max_tries(3)
+///     .build()
+///     .unwrap();
+/// assert_eq!(repairer.run_once().await.unwrap().to_manual, 1);
+/// let item = store.get(&d.id).await.unwrap().unwrap();
+/// assert_eq!(item.state, ItemState::Manual);
+/// assert_eq!(item.who.as_deref(), Some("billing-1"));
+/// # }
+/// ```
+///
 /// # Readiness
 ///
 /// The repairer waits for the service's `poll_ready` before each request, within the same
