@@ -215,6 +215,11 @@ fn no_nul(text: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// `text` as a `text` column keeps it: NUL replaced, then cut to `max` bytes.
+fn kept(text: &str, max: usize) -> String {
+    cut(&no_nul(text), max).to_owned()
+}
+
 /// A failed statement that wrote the caller's values is the caller's doing; anything else is
 /// the backend's.
 fn by_content(e: tokio_postgres::Error) -> ReconcileError {
@@ -482,9 +487,9 @@ impl DifferenceStore for PostgresDifferences {
         let client = self.client().await?;
         let id = &claim.item.difference.id;
         let fence = i64::try_from(claim.fence()).unwrap_or(i64::MAX);
-        let note = no_nul(cut(note, MAX_TEXT));
+        let note = kept(note, MAX_TEXT);
         let n = client
-            .execute(&self.sql.mark, &[&id.as_str(), &fence, &note.as_ref()])
+            .execute(&self.sql.mark, &[&id.as_str(), &fence, &note.as_str()])
             .await
             .map_err(by_content)?;
         if n == 1 {
@@ -499,7 +504,7 @@ impl DifferenceStore for PostgresDifferences {
         note: &str,
         after: Duration,
     ) -> Result<(), ReconcileError> {
-        let note = no_nul(cut(note, MAX_TEXT)).into_owned();
+        let note = kept(note, MAX_TEXT);
         self.release(&self.sql.retry_later, claim, &[&note, &micros(after)])
             .await
     }
@@ -510,8 +515,8 @@ impl DifferenceStore for PostgresDifferences {
         who: &str,
         why: &str,
     ) -> Result<(), ReconcileError> {
-        let note = no_nul(cut(why, MAX_TEXT)).into_owned();
-        let who = no_nul(cut(who, MAX_WHO)).into_owned();
+        let note = kept(why, MAX_TEXT);
+        let who = kept(who, MAX_WHO);
         self.release(&self.sql.to_manual, claim, &[&note, &who])
             .await
     }

@@ -525,3 +525,44 @@ async fn pg_four_reconcilers_at_once_record_each_difference_once() {
     assert_eq!(db.store.list(None, 1000).await.unwrap().len(), 100);
     db.drop().await;
 }
+
+/// Values and notes the database's `text` would refuse (NUL) are kept or cleaned, never an
+/// error: a fact's value with NUL is kept as it was (`bytea`), a refusal's reason with NUL is
+/// kept with the NUL replaced, a huge one cut.
+#[tokio::test]
+async fn pg_hostile_values_and_reasons_are_kept() {
+    let db = Db::new("pg_hostile_values_and_reasons_are_kept").await;
+    let at = SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456);
+    let seen = vec![
+        surely::reconcile::Seen::new(
+            "orders",
+            Some(surely::reconcile::SeenFact::new(
+                "a\0b\u{202e}",
+                u64::MAX,
+                at,
+            )),
+        ),
+        surely::reconcile::Seen::new("payments", None),
+    ];
+    let d = surely::reconcile::Difference::new("r", vec![0u8, 0xff], seen, Some("fix".to_owned()));
+    assert!(db.store.record(&d).await.unwrap());
+    let back = db.store.get(&d.id).await.unwrap().unwrap().difference;
+    assert_eq!(back, d);
+    let service = tower::service_fn(|_req: RepairRequest| async {
+        Ok::<_, std::io::Error>(RepairAnswer::Refused(format!(
+            "no\0pe{}",
+            "x".repeat(100_000)
+        )))
+    });
+    let mut repairer = Repairer::builder(db.store.clone(), service)
+        .build()
+        .unwrap();
+    assert_eq!(repairer.run_once().await.unwrap().to_manual, 1);
+    let note = db.store.get(&d.id).await.unwrap().unwrap().note.unwrap();
+    assert!(
+        note.contains("no\u{fffd}pe") && note.len() <= 16 * 1024,
+        "{}",
+        note.len()
+    );
+    db.drop().await;
+}
