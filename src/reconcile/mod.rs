@@ -316,17 +316,25 @@ impl Difference {
         }
     }
 
-    /// The key, for people: as text if it is UTF-8 without control characters and at most 128
-    /// bytes, else `0x` and the hex of its first 64 bytes (and `…` if there is more).
+    /// The key, for people: as text if it is UTF-8 of at most 128 bytes without control
+    /// characters or bidirectional overrides, else `0x` and the hex of its first 64 bytes (and
+    /// `…` if there is more).
     pub fn key_display(&self) -> String {
         key_display(&self.key)
     }
 }
 
+/// A character that would hide or reorder what a person reads: a control character, or a
+/// bidirectional override or isolate.
+fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// A key for people and logs: never the raw bytes of a hostile one.
 pub(crate) fn key_display(key: &[u8]) -> String {
     match std::str::from_utf8(key) {
-        Ok(s) if s.len() <= 128 && !s.chars().any(char::is_control) => s.to_owned(),
+        Ok(s) if s.len() <= 128 && !s.chars().any(hidden) => s.to_owned(),
         _ => {
             let mut out = String::from("0x");
             for b in key.iter().take(64) {

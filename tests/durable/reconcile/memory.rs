@@ -524,6 +524,7 @@ async fn huge_and_hostile_keys_never_panic() {
         Bytes::from_static(b"a\0b"),
         Bytes::from_static(&[0xff, 0xfe, 0x00, 0x80]),
         Bytes::from_static("\u{202e}evil\n".as_bytes()),
+        Bytes::from_static("\u{202e}lave".as_bytes()),
         huge.clone(),
     ];
     for k in &keys {
@@ -534,14 +535,14 @@ async fn huge_and_hostile_keys_never_panic() {
     let store = MemoryDifferences::new();
     let mut r = reconciler(&s, store.clone());
     let pass = r.run_once(now()).await.unwrap();
-    assert_eq!((pass.keys, pass.new), (6, 6), "{pass:?}");
+    assert_eq!((pass.keys, pass.new), (7, 7), "{pass:?}");
     assert_eq!(r.run_once(now()).await.unwrap().new, 0);
     let target = Target::default();
     let mut repairer = Repairer::builder(store.clone(), target.service())
         .batch(100)
         .build()
         .unwrap();
-    assert_eq!(repairer.run_once().await.unwrap().repaired, 6);
+    assert_eq!(repairer.run_once().await.unwrap().repaired, 7);
     let mut got = target.keys();
     got.sort();
     let mut want = keys.clone();
@@ -551,6 +552,7 @@ async fn huge_and_hostile_keys_never_panic() {
         let shown = item.difference.key_display();
         assert!(shown.len() < 200, "{} bytes shown", shown.len());
         assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert!(!shown.contains('\u{202e}'), "{shown:?}");
     }
 }
 
