@@ -127,6 +127,8 @@ mod outcome;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod pushback;
+#[cfg(feature = "durable")]
+pub mod reconcile;
 pub mod record;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;

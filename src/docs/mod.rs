@@ -28,6 +28,9 @@
 //! 11. [How we know](how_we_know): what is checked exhaustively (every interleaving of the
 //!     shared state, the protocols' every state to a depth), what is simulated, what processes
 //!     that really die show, and what none of it covers.
+//! 12. [When two systems disagree](reconciliation): comparing systems' facts key by key, the
+//!     rules, the grace window, differences with a repair id, repairs applied once, the manual
+//!     queue.
 //!
 //! Every example here is compiled and run as a test.
 
@@ -73,4 +76,8 @@ pub mod server_states {
 
 pub mod architecture {
     #![doc = include_str!("architecture.md")]
+}
+
+pub mod reconciliation {
+    #![doc = include_str!("reconciliation.md")]
 }

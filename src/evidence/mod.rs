@@ -18,6 +18,7 @@ use crate::{Outcome, Semantics, StopReason};
 mod breaker_event;
 #[cfg(feature = "server")]
 mod limit;
+mod reconcile;
 mod relay;
 #[cfg(feature = "server")]
 mod server;
@@ -31,6 +32,7 @@ pub use self::breaker_event::{BreakerEvent, BreakerEventKind, TransitionReason};
 pub use self::limit::{LimitEvent, LimitEventKind, RefusalReason};
 #[cfg(feature = "opentelemetry")]
 pub use self::otel::OtelRecorder;
+pub use self::reconcile::ReconcileReport;
 pub use self::relay::{OutboxStats, RelayReport, RelayRound};
 #[cfg(feature = "server")]
 pub use self::server::{RecoveryVerdict, ServerEvent, ServerEventKind};
@@ -260,6 +262,8 @@ pub enum Record<'a> {
     Breaker(&'a BreakerEvent),
     /// An outbox relay's round, or its outbox's stats.
     Relay(&'a RelayReport),
+    /// Reconciliation's open differences, after a pass.
+    Reconcile(&'a ReconcileReport),
     #[cfg(feature = "server")]
     /// An event of the server idempotency layer.
     Server(&'a ServerEvent),
@@ -326,6 +330,12 @@ pub trait Recorder {
         let _ = report;
     }
 
+    /// A [reconciler](crate::reconcile::Reconciler) finished a pass: the differences still
+    /// open, by rule, the manual queue, and the oldest open one's age. The default ignores it.
+    fn record_reconcile(&self, report: &ReconcileReport) {
+        let _ = report;
+    }
+
     #[cfg(feature = "server")]
     /// The server [idempotency layer](crate::server::idempotency) replayed a response, refused
     /// a duplicate or a reused key, took over a stuck record, or could not reach its store;
@@ -379,6 +389,10 @@ where
         self(Record::Relay(report))
     }
 
+    fn record_reconcile(&self, report: &ReconcileReport) {
+        self(Record::Reconcile(report))
+    }
+
     #[cfg(feature = "server")]
     fn record_server(&self, event: &ServerEvent) {
         self(Record::Server(event))
@@ -430,6 +444,11 @@ impl<A: Recorder, B: Recorder> Recorder for (A, B) {
         self.1.record_relay(report);
     }
 
+    fn record_reconcile(&self, report: &ReconcileReport) {
+        self.0.record_reconcile(report);
+        self.1.record_reconcile(report);
+    }
+
     #[cfg(feature = "server")]
     fn record_server(&self, event: &ServerEvent) {
         self.0.record_server(event);
@@ -460,6 +479,7 @@ struct Store {
     calls: Vec<CallRecord>,
     breaker: Vec<BreakerEvent>,
     relay: Vec<RelayReport>,
+    reconcile: Vec<ReconcileReport>,
     #[cfg(feature = "server")]
     server: Vec<ServerEvent>,
     #[cfg(feature = "server")]
@@ -507,6 +527,11 @@ impl InMemoryRecorder {
         self.store().relay.clone()
     }
 
+    /// The reconcilers' reports so far, oldest first.
+    pub fn reconcile_reports(&self) -> Vec<ReconcileReport> {
+        self.store().reconcile.clone()
+    }
+
     #[cfg(feature = "server")]
     /// The server idempotency layers' events so far, oldest first.
     pub fn server_events(&self) -> Vec<ServerEvent> {
@@ -526,6 +551,7 @@ impl InMemoryRecorder {
         store.calls.clear();
         store.breaker.clear();
         store.relay.clear();
+        store.reconcile.clear();
         #[cfg(feature = "server")]
         store.server.clear();
         #[cfg(feature = "server")]
@@ -548,6 +574,10 @@ impl Recorder for InMemoryRecorder {
 
     fn record_relay(&self, report: &RelayReport) {
         self.store().relay.push(*report);
+    }
+
+    fn record_reconcile(&self, report: &ReconcileReport) {
+        self.store().reconcile.push(report.clone());
     }
 
     #[cfg(feature = "server")]

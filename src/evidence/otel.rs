@@ -3,7 +3,7 @@
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
 use opentelemetry::KeyValue;
 
-use super::{AttemptRecord, CallRecord, Recorder, RelayReport, StopReason};
+use super::{AttemptRecord, CallRecord, ReconcileReport, Recorder, RelayReport, StopReason};
 use super::{BreakerEvent, BreakerEventKind};
 #[cfg(feature = "server")]
 use super::{LimitEvent, LimitEventKind, ServerEvent, ServerEventKind};
@@ -63,6 +63,9 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// | `surely.outbox.backlog` | gauge, `{event}` | none | each stats read: events waiting to be published |
 /// | `surely.outbox.oldest_age` | gauge, `s` | none | each stats read: how long the oldest waiting event has waited (0 without any) |
 /// | `surely.outbox.quarantine` | gauge, `{event}` | none | each stats read: events in quarantine |
+/// | `surely.reconcile.open` | gauge, `{difference}` | `surely.rule` | each reconciliation pass: differences neither repaired nor resolved, per rule (0 for a rule seen before that has none left) |
+/// | `surely.reconcile.manual` | gauge, `{difference}` | none | each reconciliation pass: differences in the manual queue |
+/// | `surely.reconcile.oldest_age` | gauge, `s` | none | each reconciliation pass: how long the oldest open difference has been open (0 without any) |
 ///
 /// The attribute values are the records' own names ([`Outcome::as_str`], [`StopReason::as_str`],
 /// [`AttemptClass::as_str`], [`DeliveryPhase::as_str`], [`BreakerState::as_str`]), the same as
@@ -154,6 +157,12 @@ pub struct OtelRecorder {
     outbox_backlog: Gauge<u64>,
     outbox_oldest: Gauge<f64>,
     outbox_quarantine: Gauge<u64>,
+    reconcile_open: Gauge<u64>,
+    reconcile_manual: Gauge<u64>,
+    reconcile_oldest: Gauge<f64>,
+    /// The rules reported so far, so that a rule whose differences are all repaired reads 0
+    /// instead of its last count.
+    reconcile_rules: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl OtelRecorder {
@@ -291,6 +300,26 @@ impl OtelRecorder {
                 .with_unit("{event}")
                 .with_description("Outbox events in quarantine.")
                 .build(),
+            reconcile_open: meter
+                .u64_gauge("surely.reconcile.open")
+                .with_unit("{difference}")
+                .with_description(
+                    "Reconciliation differences neither repaired nor resolved, per rule.",
+                )
+                .build(),
+            reconcile_manual: meter
+                .u64_gauge("surely.reconcile.manual")
+                .with_unit("{difference}")
+                .with_description("Reconciliation differences in the manual queue.")
+                .build(),
+            reconcile_oldest: meter
+                .f64_gauge("surely.reconcile.oldest_age")
+                .with_unit("s")
+                .with_description(
+                    "How long the oldest open reconciliation difference has been open.",
+                )
+                .build(),
+            reconcile_rules: Default::default(),
         }
     }
 }
@@ -472,5 +501,29 @@ impl Recorder for OtelRecorder {
                 .record(stats.oldest.map_or(0.0, |d| d.as_secs_f64()), &[]);
             self.outbox_quarantine.record(stats.quarantined, &[]);
         }
+    }
+
+    fn record_reconcile(&self, report: &ReconcileReport) {
+        let mut rules = self
+            .reconcile_rules
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (rule, _) in &report.open_by_rule {
+            if !rules.contains(rule) {
+                rules.insert(rule.clone());
+            }
+        }
+        for rule in rules.iter() {
+            let open = report
+                .open_by_rule
+                .iter()
+                .find(|(r, _)| r == rule)
+                .map_or(0, |(_, n)| *n);
+            self.reconcile_open
+                .record(open, &[KeyValue::new("surely.rule", rule.clone())]);
+        }
+        self.reconcile_manual.record(report.manual, &[]);
+        self.reconcile_oldest
+            .record(report.oldest_open.map_or(0.0, |d| d.as_secs_f64()), &[]);
     }
 }

@@ -51,6 +51,8 @@ fn components() -> Vec<&'static Component> {
         &crate::inbox::POSTGRES_COMPONENT,
         #[cfg(feature = "durable")]
         &crate::ledger::POSTGRES_COMPONENT,
+        #[cfg(feature = "durable")]
+        &crate::reconcile::POSTGRES_COMPONENT,
     ]
 }
 
@@ -133,6 +135,17 @@ impl Migrations {
     /// As for [`idempotency_table`](Self::idempotency_table).
     pub fn ledger_table(self, table: &str) -> Result<Self, ConfigError> {
         self.table_of(&crate::ledger::POSTGRES_COMPONENT, table)
+    }
+
+    #[cfg(feature = "durable")]
+    /// The reconciliation differences' table (default `surely_reconcile`), as given to
+    /// [`PostgresDifferences::with_table`](crate::reconcile::PostgresDifferences::with_table).
+    ///
+    /// # Errors
+    ///
+    /// As for [`idempotency_table`](Self::idempotency_table).
+    pub fn reconcile_table(self, table: &str) -> Result<Self, ConfigError> {
+        self.table_of(&crate::reconcile::POSTGRES_COMPONENT, table)
     }
 
     #[cfg_attr(not(any(feature = "server", feature = "durable")), allow(dead_code))]

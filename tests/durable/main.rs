@@ -9,3 +9,4 @@ mod inbox;
 mod ledger;
 mod outbox;
 mod postgres;
+mod reconcile;

@@ -20,7 +20,7 @@ async fn forget(pool: &Pool, table: &str) {
 
 /// Every component, each in a table of this test's own: the idempotency store's in `table`,
 /// the outbox's in `table_outbox`, the inbox's in `table_inbox`, the ledger's in
-/// `table_ledger`.
+/// `table_ledger`, reconciliation's differences in `table_reconcile`.
 fn migrations(table: &str) -> Migrations {
     Migrations::new()
         .idempotency_table(table)
@@ -30,6 +30,8 @@ fn migrations(table: &str) -> Migrations {
         .inbox_table(&format!("{table}_inbox"))
         .unwrap()
         .ledger_table(&format!("{table}_ledger"))
+        .unwrap()
+        .reconcile_table(&format!("{table}_reconcile"))
         .unwrap()
 }
 
@@ -43,6 +45,7 @@ async fn forget_all(pool: &Pool, table: &str) {
         // The attempts first: they refer to the entries.
         format!("{table}_ledger_attempts"),
         format!("{table}_ledger"),
+        format!("{table}_reconcile"),
     ];
     let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
     postgres::forget(pool, &tables, &tables).await;
@@ -67,6 +70,7 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
             format!("inbox {table}_inbox v1 (events and versions)"),
             format!("ledger {table}_ledger v1 (entries and attempts)"),
             format!("ledger {table}_ledger v2 (intents in doubt)"),
+            format!("reconcile {table}_reconcile v1 (differences)"),
         ]
     );
     // Again: nothing to do.
@@ -104,6 +108,7 @@ async fn tables_in_a_schema_of_their_own_migrate() {
         format!("{table}_outbox"),
         format!("{table}_inbox"),
         format!("{table}_ledger"),
+        format!("{table}_reconcile"),
     ];
     let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
     let forget = postgres::forget_schema(&client, &schema, &targets);
@@ -117,7 +122,7 @@ async fn tables_in_a_schema_of_their_own_migrate() {
             panic!("migrating into schema {schema}: {e}");
         }
     };
-    assert_eq!(applied.len(), 9);
+    assert_eq!(applied.len(), 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,7 +138,7 @@ async fn instances_that_migrate_together_apply_each_migration_once() {
     for run in runs {
         total += run.await.unwrap();
     }
-    assert_eq!(total, 9, "nine migrations, each applied by one instance");
+    assert_eq!(total, 10, "ten migrations, each applied by one instance");
     forget_all(&pool(), &table).await;
 }
 

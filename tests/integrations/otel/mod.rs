@@ -23,6 +23,7 @@ use tower::{service_fn, Service, ServiceBuilder};
 
 use crate::support::call;
 
+mod reconcile;
 mod server;
 
 /// A meter provider that exports to memory when flushed.
