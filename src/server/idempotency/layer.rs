@@ -67,14 +67,14 @@ impl<St> Config<St> {
     /// Records `kind` for a request with `method` on `record`, if a recorder wants it. The
     /// method and record are cloned only then.
     pub(super) fn emit(&self, kind: ServerEventKind, method: &Method, record: &RecordKey) {
-        if let Some(recorder) = &self.recorder {
+        if let Some(recorder) = self.recorder.as_ref().filter(|r| r.enabled()) {
             recorder.record_server(&ServerEvent::request(kind, method.clone(), record.clone()));
         }
     }
 
     /// Records `kind` about `record`, made by no request.
     pub(super) fn emit_record(&self, kind: ServerEventKind, record: &RecordKey) {
-        if let Some(recorder) = &self.recorder {
+        if let Some(recorder) = self.recorder.as_ref().filter(|r| r.enabled()) {
             recorder.record_server(&ServerEvent::record(kind, record.clone()));
         }
     }
@@ -170,7 +170,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     /// The store failed.
     pub async fn report_stuck(&self, older_than: Duration) -> Result<Vec<StuckRecord>, StoreError> {
         let stuck = crate::server::store::report_stuck(&self.config.store, older_than).await?;
-        if let Some(recorder) = &self.config.recorder {
+        if let Some(recorder) = self.config.recorder.as_ref().filter(|r| r.enabled()) {
             let kind = ServerEventKind::Stuck {
                 records: stuck.len(),
                 oldest: stuck.iter().map(|s| s.age).max(),
@@ -587,11 +587,9 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// # }
     /// ```
     pub fn recorder<R: Recorder + Send + Sync + 'static>(mut self, recorder: R) -> Self {
-        self.config.recorder = if recorder.enabled() {
-            Some(Arc::new(recorder))
-        } else {
-            None
-        };
+        // Kept whatever it says now: a `TracingRecorder` is enabled once a subscriber listens,
+        // which may be after the layer is built. Each event asks it again.
+        self.config.recorder = Some(Arc::new(recorder));
         self
     }
 

@@ -544,7 +544,7 @@ impl Shared {
         partition: Option<u32>,
     ) {
         this.refused[reason_index(reason)].fetch_add(1, Relaxed);
-        if let Some(recorder) = &this.config.recorder {
+        if let Some(recorder) = this.config.recorder.as_ref().filter(|r| r.enabled()) {
             let partition = partition
                 .and_then(|i| this.partitions.get(i as usize))
                 .map(|p| p.config.name.clone());
@@ -661,7 +661,7 @@ impl Shared {
         let cap = next.floor() as u64;
         let from = this.cap.swap(cap, AcqRel);
         if from != cap {
-            if let Some(recorder) = &this.config.recorder {
+            if let Some(recorder) = this.config.recorder.as_ref().filter(|r| r.enabled()) {
                 recorder.record_limit(&LimitEvent::new(
                     LimitEventKind::Changed {
                         from: u32::try_from(from).unwrap_or(u32::MAX),
@@ -675,7 +675,7 @@ impl Shared {
 
     /// Reports the limit and the requests in flight now.
     pub(super) fn report(this: &Arc<Self>) {
-        if let Some(recorder) = &this.config.recorder {
+        if let Some(recorder) = this.config.recorder.as_ref().filter(|r| r.enabled()) {
             recorder.record_limit(&LimitEvent::new(
                 LimitEventKind::Snapshot,
                 this.limit(),

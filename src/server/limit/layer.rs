@@ -230,7 +230,9 @@ impl AdaptiveLimitLayerBuilder {
     where
         R: Recorder + Send + Sync + 'static,
     {
-        self.config.recorder = recorder.enabled().then(|| Arc::new(recorder) as _);
+        // Kept whatever it says now (a `TracingRecorder` is enabled once a subscriber listens,
+        // which may be later); each event asks it again.
+        self.config.recorder = Some(Arc::new(recorder));
         self
     }
 

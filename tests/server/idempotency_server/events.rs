@@ -384,8 +384,9 @@ async fn eventful(layer: IdempotencyLayer<Switch>, store: Switch) {
     layer.report_stuck(secs(1)).await.unwrap();
 }
 
-/// The default records nothing, and a recorder that is not enabled is never called: the layer
-/// keeps none.
+/// The default records nothing, and a recorder that is not enabled is never called. The layer
+/// keeps a recorder it is given whatever it says at build time (a `TracingRecorder` is enabled
+/// only once a subscriber listens, which may be later) and asks it at each event.
 #[tokio::test]
 async fn the_default_and_a_disabled_recorder_record_nothing() {
     let store = Switch::default();
@@ -400,7 +401,7 @@ async fn the_default_and_a_disabled_recorder_record_nothing() {
         .recorder(())
         .build()
         .unwrap();
-    assert!(format!("{layer:?}").contains("recorder: false"));
+    assert!(format!("{layer:?}").contains("recorder: true"));
 
     let disabled = Counting {
         enabled: false,
@@ -411,7 +412,6 @@ async fn the_default_and_a_disabled_recorder_record_nothing() {
         .recorder(((), disabled.clone()))
         .build()
         .unwrap();
-    assert!(format!("{layer:?}").contains("recorder: false"));
     eventful(layer, store).await;
     assert_eq!(disabled.server.load(Ordering::SeqCst), 0);
 
@@ -575,4 +575,41 @@ pub(crate) async fn a_takeover_is_told_from_a_release<St, F, Fut>(
 #[tokio::test(start_paused = true)]
 async fn memory_a_takeover_is_told_from_a_release() {
     a_takeover_is_told_from_a_release(MemoryStore::new(), secs(10), tokio::time::advance).await;
+}
+
+/// A `TracingRecorder` given to the layer before any subscriber listens still reports once one
+/// does: the layer asks at each event, not once when it is built.
+#[tokio::test]
+async fn a_tracing_recorder_reports_once_a_subscriber_listens() {
+    use std::io::Write;
+    use std::sync::Mutex;
+
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    let store = Switch::default();
+    let layer = IdempotencyLayer::builder(store.clone())
+        .recorder(TracingRecorder::new())
+        .build()
+        .unwrap();
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    eventful(layer, store).await;
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    assert!(text.contains("idempotent request replayed"), "{text}");
+    assert!(text.contains("key_mismatch"), "{text}");
 }
