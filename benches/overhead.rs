@@ -182,7 +182,8 @@
 //! `surely_client` (as in `client_ready/small`, no recorder), `surely_client_unit_recorder` (the
 //! same with `.recorder(())`: the two record layers in the stack, recording nothing),
 //! `surely_client_tracing` (the same with a `TracingRecorder` and no `tracing` subscriber
-//! listening) and, with the
+//! listening), `surely_client_discard` (a recorder that is on and throws every record away:
+//! what building the records costs, before any recorder does anything with them) and, with the
 //! `opentelemetry` feature (`cargo bench --bench overhead --features opentelemetry --
 //! client_records`), `surely_client_otel` (an `OtelRecorder` on the OpenTelemetry SDK's meter
 //! provider, exporting to memory once a minute). Shown, no target: the per-call time, and the
@@ -297,6 +298,7 @@ const CLIENT_HTTP: &str = "surely_client_http";
 const CLIENT_HTTP_NO_BREAKER: &str = "surely_client_http_no_breaker";
 const CLIENT_UNIT: &str = "surely_client_unit_recorder";
 const CLIENT_TRACING: &str = "surely_client_tracing";
+const CLIENT_DISCARD: &str = "surely_client_discard";
 const CLIENT_OTEL: &str = "surely_client_otel";
 const DEADLINE_ATTEMPT: &str = "surely_deadline_attempt";
 /// The client family's groups are `family/shape`.
@@ -1729,6 +1731,13 @@ fn client_records_group() -> Vec<Case> {
             outcome_allocs: 0,
             make: || client(surely::record::TracingRecorder::new()),
         },
+        Case {
+            group: CLIENT_RECORDS,
+            name: CLIENT_DISCARD,
+            headers_written: 0,
+            outcome_allocs: 0,
+            make: || client(discard as fn(Record<'_>)),
+        },
     ];
     #[cfg(feature = "opentelemetry")]
     cases.push(Case {
@@ -2329,7 +2338,7 @@ fn print_client_summary(cases: &[Case], medians: &[Option<f64>], allocs: &[f64])
 
     println!("what a recorder that is on costs, over {CLIENT} ({CLIENT_RECORDS}; shown)");
     let base = at(CLIENT_RECORDS, CLIENT);
-    for case in [CLIENT_UNIT, CLIENT_TRACING, CLIENT_OTEL] {
+    for case in [CLIENT_UNIT, CLIENT_TRACING, CLIENT_DISCARD, CLIENT_OTEL] {
         let (Some(t), Some(b), Some(i), Some(ib)) = (
             at(CLIENT_RECORDS, case),
             base,
