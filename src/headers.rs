@@ -61,5 +61,19 @@ pub const REPLAY_BODY_OMITTED: HeaderName =
 /// `202 Accepted`): the client classifies it maybe committed, not to be retried now.
 pub(crate) const OUTCOME_UNKNOWN_CODE: &str = "IDEMPOTENCY_OUTCOME_UNKNOWN";
 
+/// The header in which the client stack hands a gRPC call's outcome to a tonic caller, written
+/// on the response the stack returns (never sent to a server):
+/// `<outcome>; attempts=<n>; stop=<reason>[; replayed][; left-ms=<ms>][; key=<key>]`, such as
+/// `unknown; attempts=1; stop=unknown`. tonic builds an error `Status` from the response
+/// headers, so the value reaches the caller in `Status::metadata()`; read it with
+/// [`StatusExt`](crate::grpc::StatusExt) (feature `tonic`), which also says what each part
+/// means. The stack removes the header from every response it receives, so a server cannot
+/// forge it.
+///
+/// ```
+/// assert_eq!(surely::headers::OUTCOME, "surely-outcome");
+/// ```
+pub const OUTCOME: HeaderName = HeaderName::from_static("surely-outcome");
+
 /// The default response header read as the downstream request id.
 pub const DEFAULT_REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
