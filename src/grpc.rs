@@ -48,12 +48,56 @@
 //! [`is_deadline_exceeded`](crate::Error::is_deadline_exceeded), or
 //! [`outcome`](crate::Error::outcome).
 //!
-//! The call's outcome reaches a tonic caller on a reply (a
-//! [`CallOutcome`](crate::CallOutcome) in the `tonic::Response`'s extensions) and with the
-//! stack's own errors, as above. A call that ends on an error status from the server does not
-//! carry it: tonic makes that `Status` from the response headers alone and drops the rest, so
-//! only the records see that outcome. Read `Status::code()` there: the stack retried what its
-//! classifier allowed, and a status that may have committed a write is still a maybe.
+//! The call's outcome reaches a tonic caller too, whichever way the call ends (with the
+//! `tonic` feature, [`StatusExt`] reads it: `status.call_outcome()`, `status.outcome()`):
+//!
+//! * on a reply, as a [`CallOutcome`](crate::CallOutcome) in the `tonic::Response`'s
+//!   extensions;
+//! * on an error status from the server: tonic makes that `Status` from the response headers
+//!   alone and drops the extensions, so the stack also writes the outcome into the headers of
+//!   the response it hands back, as `surely-outcome: failed; attempts=1; stop=final; left-ms=1994`
+//!   ([`headers::OUTCOME`](crate::headers::OUTCOME)), which tonic keeps in
+//!   `Status::metadata()`. Only over [`GrpcTransport`] (the one
+//!   [`build_channel`](crate::client::ClientBuilder::build_channel) uses), and never on the
+//!   wire: it is the client's note to its caller. The transport removes any `surely-outcome` a
+//!   server sent, in the head or the trailers, so a server cannot forge it;
+//! * with the stack's own errors, from the error behind the status, as above.
+//!
+//! A status in the trailers of a stream that had started carries none: the stack handed the
+//! stream back when its head arrived (the reply's outcome says so), and the stream's end is the
+//! status's own code to tell; the records wait for it.
+//!
+//! ```
+//! # #[cfg(feature = "tonic")] {
+//! use surely::grpc::StatusExt;
+//! use surely::{Outcome, StopReason};
+//! use tower::{service_fn, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! // A server that turns every call down with INVALID_ARGUMENT, trailers-only, as tonic does.
+//! let server = service_fn(|_req: http::Request<tonic::body::Body>| async {
+//!     let res = http::Response::builder()
+//!         .header("content-type", "application/grpc")
+//!         .header("grpc-status", "3")
+//!         .body(tonic::body::Body::empty());
+//!     Ok::<_, std::io::Error>(res.unwrap())
+//! });
+//! let stack = surely::client::grpc().build_channel(server).unwrap();
+//! let req = http::Request::post("http://shop/shop.Orders/Create")
+//!     .header("content-type", "application/grpc")
+//!     .body(tonic::body::Body::empty())
+//!     .unwrap();
+//! let res = stack.oneshot(req).await.unwrap();
+//!
+//! // What tonic's client makes of that answer, and what its caller reads.
+//! let status = tonic::Status::from_header_map(res.headers()).unwrap();
+//! assert_eq!(status.code(), tonic::Code::InvalidArgument);
+//! let call = status.call_outcome().unwrap();
+//! assert_eq!(call.outcome(), Outcome::Failed);
+//! assert_eq!((call.attempts(), call.stop_reason()), (1, StopReason::Final));
+//! # }
+//! # main() }
+//! ```
 //!
 //! ```
 //! use surely::grpc::MethodSemanticsLayer;
@@ -449,7 +493,7 @@ mod status {
 
     /// Reads the [`CallOutcome`] the client stack handed back to a tonic caller: from a
     /// `tonic::Status`, a `tonic::Response`, or the `Result` of a call; see the
-    /// [module docs](self#what-a-tonic-caller-sees).
+    /// [module docs](crate::grpc#what-a-tonic-caller-sees).
     ///
     /// * A `Status` made from the server's error status (a trailers-only response: tonic's
     ///   answer to every unary error) carries it in its metadata, as the
