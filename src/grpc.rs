@@ -63,6 +63,9 @@
 //!   server sent, in the head or the trailers, so a server cannot forge it;
 //! * with the stack's own errors, from the error behind the status, as above.
 //!
+//! A handler that answers with a downstream call's `Status` passes its metadata on, the
+//! outcome of its own call included (see [`StatusExt`] for what its caller then sees).
+//!
 //! A status in the trailers of a stream that had started carries none: the stack handed the
 //! stream back when its head arrived (the reply's outcome says so), and the stream's end is the
 //! status's own code to tell; the records wait for it.
@@ -514,6 +517,12 @@ mod status {
     /// `surely-outcome` key from every response and every trailer it receives before it writes
     /// its own, so a server cannot forge the outcome; without it, the key would be the server's
     /// word.
+    ///
+    /// A handler that answers its own caller with a downstream call's `Status` (`?` on the
+    /// call) passes that status's metadata on, `surely-outcome` included. A caller through the
+    /// stack still reads its own call's outcome; a caller without it sees the handler's call's
+    /// outcome, idempotency key included. Where that matters, remove it before answering:
+    /// `status.metadata_mut().remove("surely-outcome")`.
     ///
     /// ```
     /// use surely::grpc::StatusExt;
