@@ -58,8 +58,8 @@
 //!   the response it hands back, as `surely-outcome: failed; attempts=1; stop=final; left-ms=1994`
 //!   ([`headers::OUTCOME`](crate::headers::OUTCOME)), which tonic keeps in
 //!   `Status::metadata()`. Only over [`GrpcTransport`] (the one
-//!   [`build_channel`](crate::client::ClientBuilder::build_channel) uses), and never on the
-//!   wire: it is the client's note to its caller. The transport removes any `surely-outcome` a
+//!   [`build_channel`](crate::client::ClientBuilder::build_channel) uses), and never sent to
+//!   the server: it is the client's note to its caller. The transport removes any `surely-outcome` a
 //!   server sent, in the head or the trailers, so a server cannot forge it;
 //! * with the stack's own errors, from the error behind the status, as above.
 //!

@@ -570,6 +570,15 @@ async fn a_refused_connection_is_not_sent_and_retried() {
     let call = &recorder.calls()[0];
     assert_eq!(call.outcome, Outcome::Failed);
     assert_eq!(call.stop, StopReason::AttemptsExhausted);
+    // tonic's `UNAVAILABLE` keeps the stack's error as its source, and the caller the outcome.
+    use surely::grpc::StatusExt;
+    let handed = status
+        .call_outcome()
+        .expect("the stack's error behind the status");
+    assert_eq!(
+        (handed.outcome(), handed.attempts(), handed.stop_reason()),
+        (Outcome::Failed, 3, StopReason::AttemptsExhausted)
+    );
 }
 
 /// Opens the `Watch` server stream for `order()`, a safe read, through the `grpc()` preset
