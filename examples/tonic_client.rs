@@ -4,7 +4,8 @@
 //!
 //! `Get` is marked `Safe`, so its `UNAVAILABLE` is retried. `Create` is not: the server places
 //! the order and holds the reply past the attempt timeout, so the call ends `Unknown` and is not
-//! sent again.
+//! sent again. `Cancel` gets `INVALID_ARGUMENT`, final: `Failed` after one attempt. Each
+//! outcome is read the same way, reply or `Status`, with `surely::grpc::StatusExt`.
 
 #[path = "support/raw_codec.rs"]
 mod raw_codec;
@@ -17,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use raw_codec::Raw;
-use surely::grpc::MethodSemanticsLayer;
+use surely::grpc::{MethodSemanticsLayer, StatusExt};
 use surely::{Outcome, Semantics, StopReason};
 use tonic::transport::{server::TcpIncoming, Endpoint, Server};
 use tonic::Status;
@@ -25,18 +26,28 @@ use tower::{service_fn, Layer};
 
 const GET: &str = "/shop.Orders/Get";
 const CREATE: &str = "/shop.Orders/Create";
+const CANCEL: &str = "/shop.Orders/Cancel";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // The server: the first `Get` answers UNAVAILABLE; every `Create` places the order, then
-    // holds its reply for a second.
+    // holds its reply for a second; `Cancel` is turned down.
     let runs = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
     let counted = runs.clone();
     let server = service_fn(move |req: http::Request<tonic::body::Body>| {
         let (get, runs) = (req.uri().path() == GET, counted.clone());
+        let cancel = req.uri().path() == CANCEL;
         let handler = service_fn(move |_: tonic::Request<Bytes>| {
-            let run = runs[usize::from(!get)].fetch_add(1, SeqCst) + 1;
+            let run = if cancel {
+                0
+            } else {
+                runs[usize::from(!get)].fetch_add(1, SeqCst) + 1
+            };
             async move {
+                if cancel {
+                    println!("  server: Cancel -> INVALID_ARGUMENT");
+                    return Err(Status::invalid_argument("already shipped"));
+                }
                 if get && run == 1 {
                     println!("  server: Get #1 -> UNAVAILABLE");
                     return Err(Status::unavailable("warming up"));
@@ -66,21 +77,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut grpc = tonic::client::Grpc::new(marks.layer(stack));
 
     let mut got = Vec::new();
-    for path in [GET, CREATE] {
+    for path in [GET, CREATE, CANCEL] {
         grpc.ready().await?;
         let req = tonic::Request::new(Bytes::from_static(b"o-1"));
         let res = grpc.unary(req, PathAndQuery::from_static(path), Raw).await;
-        // The outcome: in a reply's extensions, or in the stack's error behind the `Status`.
-        let (reply, outcome) = match &res {
-            Ok(r) => (format!("{:?}", r.get_ref()), r.extensions().get()),
-            Err(s) => (
-                format!("{:?}: {}", s.code(), s.message()),
-                std::error::Error::source(s)
-                    .and_then(|e| e.downcast_ref::<surely::Error<tonic::transport::Error>>())
-                    .and_then(surely::Error::call_outcome),
-            ),
+        let reply = match &res {
+            Ok(r) => format!("{:?}", r.get_ref()),
+            Err(s) => format!("{:?}: {}", s.code(), s.message()),
         };
-        let line = outcome.map_or("none".to_owned(), ToString::to_string);
+        // The outcome, reply or `Status`: from the reply's extensions, the status's metadata
+        // (`surely-outcome`, for an error status from the server), or the stack's own error
+        // behind the status.
+        let outcome = res.call_outcome();
+        let line = outcome
+            .as_ref()
+            .map_or("none".to_owned(), ToString::to_string);
         println!("{path} -> {reply}\n    outcome: {line}");
         got.push(outcome.map(|o| (o.outcome(), o.attempts(), o.stop_reason())));
     }
@@ -89,8 +100,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 
     let get = (Outcome::Succeeded, 2, StopReason::Success);
     let create = (Outcome::Unknown, 1, StopReason::Unknown);
-    assert_eq!(got, [Some(get), Some(create)], "(outcome, attempts, stop)");
+    let cancel = (Outcome::Failed, 1, StopReason::Final);
+    let want = [Some(get), Some(create), Some(cancel)];
+    assert_eq!(got, want, "(outcome, attempts, stop)");
     assert_eq!([gets, creates], [2, 1], "server runs of Get, Create");
-    println!("tonic_client: ok (the read retried, the write sent once and left unknown)");
+    println!(
+        "tonic_client: ok (the read retried, the write sent once and left unknown, the refusal final)"
+    );
     Ok(())
 }

@@ -48,12 +48,59 @@
 //! [`is_deadline_exceeded`](crate::Error::is_deadline_exceeded), or
 //! [`outcome`](crate::Error::outcome).
 //!
-//! The call's outcome reaches a tonic caller on a reply (a
-//! [`CallOutcome`](crate::CallOutcome) in the `tonic::Response`'s extensions) and with the
-//! stack's own errors, as above. A call that ends on an error status from the server does not
-//! carry it: tonic makes that `Status` from the response headers alone and drops the rest, so
-//! only the records see that outcome. Read `Status::code()` there: the stack retried what its
-//! classifier allowed, and a status that may have committed a write is still a maybe.
+//! The call's outcome reaches a tonic caller too, whichever way the call ends (with the
+//! `tonic` feature, [`StatusExt`] reads it: `status.call_outcome()`, `status.outcome()`):
+//!
+//! * on a reply, as a [`CallOutcome`](crate::CallOutcome) in the `tonic::Response`'s
+//!   extensions;
+//! * on an error status from the server: tonic makes that `Status` from the response headers
+//!   alone and drops the extensions, so the stack also writes the outcome into the headers of
+//!   the response it hands back, as `surely-outcome: failed; attempts=1; stop=final; left-ms=1994`
+//!   ([`headers::OUTCOME`](crate::headers::OUTCOME)), which tonic keeps in
+//!   `Status::metadata()`. Only over [`GrpcTransport`] (the one
+//!   [`build_channel`](crate::client::ClientBuilder::build_channel) uses), and never sent to
+//!   the server: it is the client's note to its caller. The transport removes any `surely-outcome` a
+//!   server sent, in the head or the trailers, so a server cannot forge it;
+//! * with the stack's own errors, from the error behind the status, as above.
+//!
+//! A handler that answers with a downstream call's `Status` passes its metadata on, the
+//! outcome of its own call included (see [`StatusExt`] for what its caller then sees).
+//!
+//! A status in the trailers of a stream that had started carries none: the stack handed the
+//! stream back when its head arrived (the reply's outcome says so), and the stream's end is the
+//! status's own code to tell; the records wait for it.
+//!
+//! ```
+//! # #[cfg(feature = "tonic")] {
+//! use surely::grpc::StatusExt;
+//! use surely::{Outcome, StopReason};
+//! use tower::{service_fn, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! // A server that turns every call down with INVALID_ARGUMENT, trailers-only, as tonic does.
+//! let server = service_fn(|_req: http::Request<tonic::body::Body>| async {
+//!     let res = http::Response::builder()
+//!         .header("content-type", "application/grpc")
+//!         .header("grpc-status", "3")
+//!         .body(tonic::body::Body::empty());
+//!     Ok::<_, std::io::Error>(res.unwrap())
+//! });
+//! let stack = surely::client::grpc().build_channel(server).unwrap();
+//! let req = http::Request::post("http://shop/shop.Orders/Create")
+//!     .header("content-type", "application/grpc")
+//!     .body(tonic::body::Body::empty())
+//!     .unwrap();
+//! let res = stack.oneshot(req).await.unwrap();
+//!
+//! // What tonic's client makes of that answer, and what its caller reads.
+//! let status = tonic::Status::from_header_map(res.headers()).unwrap();
+//! assert_eq!(status.code(), tonic::Code::InvalidArgument);
+//! let call = status.call_outcome().unwrap();
+//! assert_eq!(call.outcome(), Outcome::Failed);
+//! assert_eq!((call.attempts(), call.stop_reason()), (1, StopReason::Final));
+//! # }
+//! # main() }
+//! ```
 //!
 //! ```
 //! use surely::grpc::MethodSemanticsLayer;
@@ -295,6 +342,8 @@ mod transport {
     use tower_service::Service;
 
     use crate::classify::BoxError;
+    use crate::headers::OUTCOME;
+    use crate::outcome::OutcomeInHeaders;
     use crate::record::{watch_response, TrailersBody, WantsTrailers};
 
     /// A tonic transport (a `tonic::transport::Channel`, or any service over
@@ -380,14 +429,171 @@ mod transport {
         fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
             let this = self.project();
             let mut res = std::task::ready!(this.inner.poll(cx))?;
+            // The call's outcome is the client stack's to write, never the server's: a value a
+            // server sent is removed from the head here, and from the trailers as they pass,
+            // and the mark asks the layer that hands the outcome back to write it.
+            res.headers_mut().remove(OUTCOME);
+            res.extensions_mut().insert(OutcomeInHeaders);
             // When an attempt record above asked, the body's end settles it from the trailers
             // (one more box for the body, one small shared cell); otherwise the body is only
             // given tonic's type.
             let watch = watch_response(*this.watch, &mut res);
-            Poll::Ready(Ok(res.map(|body| match watch {
-                Some(watch) => tonic::body::Body::new(TrailersBody::watched(body, Some(watch))),
-                None => tonic::body::Body::new(body),
+            Poll::Ready(Ok(res.map(|body| {
+                let body = NoOutcomeTrailers { inner: body };
+                match watch {
+                    Some(watch) => tonic::body::Body::new(TrailersBody::watched(body, Some(watch))),
+                    None => tonic::body::Body::new(body),
+                }
             })))
         }
+    }
+
+    pin_project! {
+        /// A response body whose trailers lose any [`OUTCOME`] a server put there.
+        struct NoOutcomeTrailers<B> {
+            #[pin]
+            inner: B,
+        }
+    }
+
+    impl<B: http_body::Body> http_body::Body for NoOutcomeTrailers<B> {
+        type Data = B::Data;
+        type Error = B::Error;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+            let frame = std::task::ready!(self.project().inner.poll_frame(cx));
+            Poll::Ready(frame.map(|frame| {
+                frame.map(|mut frame| {
+                    if let Some(trailers) = frame.trailers_mut() {
+                        trailers.remove(OUTCOME);
+                    }
+                    frame
+                })
+            }))
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.inner.is_end_stream()
+        }
+
+        fn size_hint(&self) -> http_body::SizeHint {
+            self.inner.size_hint()
+        }
+    }
+}
+
+#[cfg(feature = "tonic")]
+pub use self::status::StatusExt;
+
+#[cfg(feature = "tonic")]
+mod status {
+    use crate::headers::OUTCOME;
+    use crate::outcome::metadata;
+    use crate::{CallOutcome, Error, Outcome};
+
+    /// Reads the [`CallOutcome`] the client stack handed back to a tonic caller: from a
+    /// `tonic::Status`, a `tonic::Response`, or the `Result` of a call; see the
+    /// [module docs](crate::grpc#what-a-tonic-caller-sees).
+    ///
+    /// * A `Status` made from the server's error status (a trailers-only response: tonic's
+    ///   answer to every unary error) carries it in its metadata, as the
+    ///   [`surely-outcome`](crate::headers::OUTCOME) value the stack wrote on the response.
+    ///   What comes back is the outcome the stack decided, but for the budget left (to the
+    ///   millisecond) and the key (kept only when it is visible ASCII, as the crate's keys are).
+    /// * A `Status` made from the stack's own error (a spent deadline, a refused connection, a
+    ///   timed-out attempt) has that error as its `source()`, and the outcome is read from it,
+    ///   exactly: a `surely::Error<tonic::transport::Error>`, the error of the stack around a
+    ///   tonic `Channel`.
+    /// * A `Response` has the outcome in its extensions, exactly (and in its metadata too).
+    /// * A `Status` from the trailers of a stream that had started has none: the stack handed
+    ///   the response back when its head arrived, and the status came after. So has a `Status`
+    ///   that no surely client made.
+    ///
+    /// The stack over [`GrpcTransport`](super::GrpcTransport) (which
+    /// [`build_channel`](crate::client::ClientBuilder::build_channel) uses) removes the
+    /// `surely-outcome` key from every response and every trailer it receives before it writes
+    /// its own, so a server cannot forge the outcome; without it, the key would be the server's
+    /// word.
+    ///
+    /// A handler that answers its own caller with a downstream call's `Status` (`?` on the
+    /// call) passes that status's metadata on, `surely-outcome` included. A caller through the
+    /// stack still reads its own call's outcome; a caller without it sees the handler's call's
+    /// outcome, idempotency key included. Where that matters, remove it before answering:
+    /// `status.metadata_mut().remove("surely-outcome")`.
+    ///
+    /// ```
+    /// use surely::grpc::StatusExt;
+    /// use surely::Outcome;
+    ///
+    /// fn tell_user(status: &tonic::Status) -> &'static str {
+    ///     match status.outcome() {
+    ///         Outcome::Succeeded => "done",
+    ///         Outcome::Failed => "it did not happen; you may try again",
+    ///         Outcome::Unknown => "it may have happened; we are checking",
+    ///     }
+    /// }
+    ///
+    /// // What the stack leaves in the metadata of a final error's `Status`.
+    /// let mut status = tonic::Status::invalid_argument("no such size");
+    /// status.metadata_mut().insert("surely-outcome", "failed; attempts=1; stop=final".parse().unwrap());
+    /// let call = status.call_outcome().unwrap();
+    /// assert_eq!((call.outcome(), call.attempts()), (Outcome::Failed, 1));
+    /// assert_eq!(tell_user(&status), "it did not happen; you may try again");
+    ///
+    /// // A status no surely client made says nothing of the call.
+    /// assert_eq!(tonic::Status::internal("lost").call_outcome(), None);
+    /// ```
+    pub trait StatusExt: sealed::Sealed {
+        /// The outcome the client stack handed back, if it did.
+        fn call_outcome(&self) -> Option<CallOutcome>;
+
+        /// The call's outcome; [`Unknown`](Outcome::Unknown) when the stack handed none back
+        /// (nothing vouches for the call, whatever the status's code).
+        fn outcome(&self) -> Outcome {
+            self.call_outcome()
+                .map_or(Outcome::Unknown, |call| call.outcome())
+        }
+    }
+
+    impl StatusExt for tonic::Status {
+        fn call_outcome(&self) -> Option<CallOutcome> {
+            if let Some(value) = self.metadata().as_ref().get(OUTCOME) {
+                return metadata::decode(value.as_bytes());
+            }
+            // The stack's own error around a `Channel`, which tonic keeps as the source.
+            let mut source = std::error::Error::source(self);
+            while let Some(err) = source {
+                if let Some(err) = err.downcast_ref::<Error<tonic::transport::Error>>() {
+                    return err.call_outcome().cloned();
+                }
+                source = err.source();
+            }
+            None
+        }
+    }
+
+    impl<T> StatusExt for tonic::Response<T> {
+        fn call_outcome(&self) -> Option<CallOutcome> {
+            self.extensions().get::<CallOutcome>().cloned()
+        }
+    }
+
+    impl<T> StatusExt for Result<tonic::Response<T>, tonic::Status> {
+        fn call_outcome(&self) -> Option<CallOutcome> {
+            match self {
+                Ok(res) => res.call_outcome(),
+                Err(status) => status.call_outcome(),
+            }
+        }
+    }
+
+    mod sealed {
+        pub trait Sealed {}
+        impl Sealed for tonic::Status {}
+        impl<T> Sealed for tonic::Response<T> {}
+        impl<T> Sealed for Result<tonic::Response<T>, tonic::Status> {}
     }
 }

@@ -61,5 +61,24 @@ pub const REPLAY_BODY_OMITTED: HeaderName =
 /// `202 Accepted`): the client classifies it maybe committed, not to be retried now.
 pub(crate) const OUTCOME_UNKNOWN_CODE: &str = "IDEMPOTENCY_OUTCOME_UNKNOWN";
 
+/// The header in which the client stack hands a gRPC call's outcome to a tonic caller: written
+/// on the response the stack returns over the gRPC transport, never sent to a server. tonic
+/// builds an error `Status` from the response headers, so the value reaches the caller in
+/// `Status::metadata()`; `surely::grpc::StatusExt` (feature `tonic`) reads it back (see
+/// [What a tonic caller sees](crate::grpc#what-a-tonic-caller-sees)). The stack removes the
+/// header from every response and trailer it receives, so a server cannot forge it.
+///
+/// The value is `<outcome>; attempts=<n>; stop=<reason>[; replayed][; left-ms=<ms>][; key=<key>]`:
+/// the [`Outcome`](crate::Outcome) (`succeeded`, `failed`, `unknown`), the attempts that went
+/// out, the [`StopReason`](crate::StopReason) with dashes for spaces (`attempts-exhausted`),
+/// `replayed` for a stored replay, the budget left in whole milliseconds, and last the
+/// idempotency key, written only when it is 1 to 255 bytes of visible ASCII (it may hold `;`).
+/// Any other value reads as no outcome.
+///
+/// ```
+/// assert_eq!(surely::headers::OUTCOME, "surely-outcome");
+/// ```
+pub const OUTCOME: HeaderName = HeaderName::from_static("surely-outcome");
+
 /// The default response header read as the downstream request id.
 pub const DEFAULT_REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");

@@ -335,3 +335,236 @@ pub(crate) fn is_replay<Res: Envelope + ?Sized>(res: &Res) -> bool {
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
     })
 }
+
+/// The mark a transport puts on a response to ask that the call's outcome be written into the
+/// response's headers too ([`headers::OUTCOME`](crate::headers::OUTCOME)), where tonic keeps it
+/// for an error `Status`. The gRPC transport sets it, having removed any such header the
+/// server sent.
+#[cfg(feature = "tonic")]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OutcomeInHeaders;
+
+/// The [`headers::OUTCOME`](crate::headers::OUTCOME) value of a call's outcome, and its reading.
+///
+/// `<outcome>; attempts=<n>; stop=<reason>[; replayed][; left-ms=<ms>][; key=<key>]`: the key,
+/// which may itself hold `;`, comes last, and is written only when it is 1 to 255 bytes of
+/// visible ASCII (as the crate's own keys are); the budget left is rounded down to the
+/// millisecond.
+#[cfg(feature = "tonic")]
+pub(crate) mod metadata {
+    use std::fmt::Write as _;
+    use std::time::Duration;
+
+    use http::HeaderValue;
+
+    use super::{CallOutcome, Outcome, StopReason};
+
+    const KEY: &str = "; key=";
+    /// Longer than any value the crate writes (a 255-byte key and every part).
+    const MAX_LEN: usize = 512;
+
+    /// The header value of `call`.
+    pub(crate) fn encode(call: &CallOutcome) -> HeaderValue {
+        let mut s = String::with_capacity(48);
+        let _ = write!(
+            s,
+            "{}; attempts={}; stop={}",
+            call.outcome.as_str(),
+            call.attempts,
+            stop_token(call.stop)
+        );
+        if call.replayed {
+            s.push_str("; replayed");
+        }
+        if let Some(left) = call.budget_left {
+            let _ = write!(s, "; left-ms={}", left.as_millis());
+        }
+        if let Some(key) = call.key.as_ref().and_then(|k| k.to_str().ok()) {
+            if visible_key(key) {
+                s.push_str(KEY);
+                s.push_str(key);
+            }
+        }
+        // Visible ASCII and spaces only: always a valid header value.
+        HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+    }
+
+    /// Reads a value [`encode`] wrote; `None` for anything else, whatever its bytes.
+    pub(crate) fn decode(value: &[u8]) -> Option<CallOutcome> {
+        if value.len() > MAX_LEN {
+            return None;
+        }
+        let value = std::str::from_utf8(value).ok()?;
+        let (head, key) = match value.split_once(KEY) {
+            Some((head, key)) => {
+                if !visible_key(key) {
+                    return None;
+                }
+                (head, Some(HeaderValue::from_str(key).ok()?))
+            }
+            None => (value, None),
+        };
+        let mut parts = head.split(';').map(str::trim);
+        let outcome = match parts.next()? {
+            "succeeded" => Outcome::Succeeded,
+            "failed" => Outcome::Failed,
+            "unknown" => Outcome::Unknown,
+            _ => return None,
+        };
+        let (mut attempts, mut stop, mut replayed, mut left) = (None, None, false, None);
+        for part in parts {
+            match part.split_once('=') {
+                Some(("attempts", n)) if attempts.is_none() => attempts = Some(number(n)?),
+                Some(("stop", t)) if stop.is_none() => stop = Some(parse_stop(t)?),
+                Some(("left-ms", n)) if left.is_none() => {
+                    left = Some(Duration::from_millis(number(n)?));
+                }
+                None if part == "replayed" && !replayed => replayed = true,
+                _ => return None,
+            }
+        }
+        let attempts = u32::try_from(attempts?).ok()?;
+        Some(CallOutcome {
+            outcome,
+            stop: stop?,
+            attempts,
+            replayed,
+            key,
+            budget_left: left,
+        })
+    }
+
+    /// Decimal digits only (no sign, no spaces), within a `u64`.
+    fn number(s: &str) -> Option<u64> {
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        s.parse().ok()
+    }
+
+    fn visible_key(key: &str) -> bool {
+        (1..=255).contains(&key.len()) && key.bytes().all(|b| (0x21..=0x7e).contains(&b))
+    }
+
+    /// [`StopReason::as_str`] with dashes for spaces, one token in the header.
+    fn stop_token(stop: StopReason) -> &'static str {
+        match stop {
+            StopReason::Success => "success",
+            StopReason::Final => "final",
+            StopReason::Conflict => "conflict",
+            StopReason::Unknown => "unknown",
+            StopReason::NotRetried => "not-retried",
+            StopReason::Deadline => "deadline",
+            StopReason::AttemptsExhausted => "attempts-exhausted",
+            StopReason::BudgetExhausted => "budget-exhausted",
+            StopReason::PushbackStop => "pushback",
+            StopReason::NotReplayable => "not-replayable",
+            StopReason::UpstreamOwnsRetries => "upstream-owns-retries",
+            StopReason::Cancelled => "cancelled",
+        }
+    }
+
+    /// The reason [`stop_token`] wrote; a test checks that every reason reads back.
+    fn parse_stop(token: &str) -> Option<StopReason> {
+        Some(match token {
+            "success" => StopReason::Success,
+            "final" => StopReason::Final,
+            "conflict" => StopReason::Conflict,
+            "unknown" => StopReason::Unknown,
+            "not-retried" => StopReason::NotRetried,
+            "deadline" => StopReason::Deadline,
+            "attempts-exhausted" => StopReason::AttemptsExhausted,
+            "budget-exhausted" => StopReason::BudgetExhausted,
+            "pushback" => StopReason::PushbackStop,
+            "not-replayable" => StopReason::NotReplayable,
+            "upstream-owns-retries" => StopReason::UpstreamOwnsRetries,
+            "cancelled" => StopReason::Cancelled,
+            _ => return None,
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        const STOPS: [StopReason; 12] = [
+            StopReason::Success,
+            StopReason::Final,
+            StopReason::Conflict,
+            StopReason::Unknown,
+            StopReason::NotRetried,
+            StopReason::Deadline,
+            StopReason::AttemptsExhausted,
+            StopReason::BudgetExhausted,
+            StopReason::PushbackStop,
+            StopReason::NotReplayable,
+            StopReason::UpstreamOwnsRetries,
+            StopReason::Cancelled,
+        ];
+
+        #[test]
+        fn every_outcome_reads_back() {
+            for stop in STOPS {
+                assert_eq!(parse_stop(stop_token(stop)), Some(stop));
+                for outcome in [Outcome::Succeeded, Outcome::Failed, Outcome::Unknown] {
+                    let call = CallOutcome::new(outcome, stop, 3)
+                        .with_replayed(true)
+                        .with_budget_left(Duration::from_millis(1500))
+                        .with_idempotency_key(HeaderValue::from_static("k;1;key=x=;"));
+                    let value = encode(&call);
+                    assert_eq!(decode(value.as_bytes()), Some(call), "{value:?}");
+                    let plain = CallOutcome::new(outcome, stop, 0);
+                    assert_eq!(decode(encode(&plain).as_bytes()), Some(plain));
+                }
+            }
+        }
+
+        #[test]
+        fn the_format_is_as_documented() {
+            let call = CallOutcome::new(Outcome::Unknown, StopReason::NotRetried, 2)
+                .with_budget_left(Duration::from_micros(2_999_999));
+            assert_eq!(
+                encode(&call),
+                "unknown; attempts=2; stop=not-retried; left-ms=2999"
+            );
+        }
+
+        #[test]
+        fn a_key_that_is_not_visible_ascii_is_left_out() {
+            let call = CallOutcome::new(Outcome::Failed, StopReason::Final, 1)
+                .with_idempotency_key(HeaderValue::from_static("a key"));
+            assert_eq!(encode(&call), "failed; attempts=1; stop=final");
+        }
+
+        #[test]
+        fn anything_else_reads_as_none() {
+            for bad in [
+                "",
+                "unknown",
+                "unknown; attempts=1",
+                "unknown; stop=unknown",
+                "maybe; attempts=1; stop=unknown",
+                "unknown; attempts=1; stop=unknown; attempts=2",
+                "unknown; attempts=+1; stop=unknown",
+                "unknown; attempts=-1; stop=unknown",
+                "unknown; attempts=4294967296; stop=unknown",
+                "unknown; attempts=99999999999999999999999; stop=unknown",
+                "unknown; attempts=1; stop=later",
+                "unknown; attempts=1; stop=unknown; replayed; replayed",
+                "unknown; attempts=1; stop=unknown; extra",
+                "unknown; attempts=1; stop=unknown; left-ms=",
+                "unknown; attempts=1; stop=unknown; key=",
+                "unknown; attempts=1; stop=unknown; key=a b",
+                "unknown;; attempts=1; stop=unknown",
+            ] {
+                assert_eq!(decode(bad.as_bytes()), None, "{bad:?}");
+            }
+            assert_eq!(decode(&[0xff, 0xfe]), None);
+            assert_eq!(
+                decode("failed; attempts=1; stop=final; key=".repeat(20).as_bytes()),
+                None
+            );
+            assert_eq!(decode(&vec![b'a'; 10_000]), None);
+        }
+    }
+}

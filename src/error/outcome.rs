@@ -77,13 +77,29 @@ impl CallOutcome {
     }
 
     /// Puts the outcome `call` makes into the response's extensions, with the response's replay
-    /// mark; a response type without extensions carries none.
+    /// mark; a response type without extensions carries none. A response the gRPC transport
+    /// marked ([`OutcomeInHeaders`](crate::outcome::OutcomeInHeaders)) gets it in its headers
+    /// too, where tonic keeps it for an error `Status`.
     #[inline]
     fn put_on<Res: Envelope>(res: &mut Res, call: impl FnOnce(bool) -> CallOutcome) {
         let replayed = is_replay(&*res);
-        if let Some(extensions) = res.extensions_mut() {
-            extensions.insert(call(replayed));
+        let Some(extensions) = res.extensions_mut() else {
+            return;
+        };
+        let call = call(replayed);
+        #[cfg(feature = "tonic")]
+        if extensions
+            .get::<crate::outcome::OutcomeInHeaders>()
+            .is_some()
+        {
+            let value = crate::outcome::metadata::encode(&call);
+            extensions.insert(call);
+            if let Some(headers) = res.headers_mut() {
+                headers.insert(crate::headers::OUTCOME, value);
+            }
+            return;
         }
+        extensions.insert(call);
     }
 
     /// The outcome already handed back on `out` by a layer inside, if any.

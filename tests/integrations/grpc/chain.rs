@@ -151,3 +151,43 @@ async fn a_trusted_grpc_retriers_retries_are_left_to_it() {
         .unwrap();
     assert_eq!(bottom_calls(loopback).await, 3 + 1 + 1);
 }
+
+/// A middle handler that returns the bottom call's `Status` as its own passes its metadata on,
+/// the `surely-outcome` of the middle's call included. A caller through the stack gets its own
+/// call's outcome (the stack removes the middle's); a caller without it sees the middle's.
+#[tokio::test(start_paused = true)]
+async fn a_status_passed_on_by_a_middle_server_carries_the_outer_calls_outcome() {
+    use surely::grpc::StatusExt;
+    use surely::{Outcome, StopReason};
+
+    let bottom = Shop::new(vec![Step::Refuse(Code::Unavailable); 32]);
+    let bottom_base = serve(bottom.clone(), ServerDeadlineLayer::new()).await;
+    let middle_base = middle(bottom_base, ServerDeadlineLayer::new()).await;
+
+    let stack = surely::client::grpc()
+        .retry(|r| r.backoff(Backoff::none()).max_attempts(1))
+        .build_channel(channel(middle_base.clone()).await)
+        .unwrap();
+    let mut outer = tonic::client::Grpc::new(stack);
+    let status = unary(&mut outer, tonic::Request::new("o-1".to_owned()), CREATE)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    let values = status.metadata().get_all("surely-outcome").iter().count();
+    assert_eq!(values, 1);
+    let call = status.call_outcome().unwrap();
+    assert_eq!((call.outcome(), call.attempts()), (Outcome::Failed, 1));
+    assert_eq!(bottom.seen().len(), 3, "the middle's three attempts");
+
+    // Without the stack, the caller reads what the middle passed on: its own call's outcome.
+    let status = grpc_style_caller(middle_base).await;
+    let passed_on = status.metadata().get("surely-outcome").unwrap();
+    assert!(passed_on
+        .to_str()
+        .unwrap()
+        .starts_with("failed; attempts=3; stop=attempts-exhausted"));
+    assert_eq!(
+        status.call_outcome().map(|c| c.stop_reason()),
+        Some(StopReason::AttemptsExhausted)
+    );
+}

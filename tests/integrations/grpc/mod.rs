@@ -8,6 +8,7 @@
 #![cfg(feature = "tonic")]
 
 mod chain;
+mod outcome;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -105,6 +106,19 @@ enum Step {
     /// (Server streaming) Does the work, sends one message, then ends with this status in the
     /// trailers, after the response headers.
     StreamThen(Code),
+    /// Answers with this status (`OK`: a reply) without doing the work, and puts a forged
+    /// `surely-outcome` in every place it can: the response headers (a unary reply or error is
+    /// trailers-only), and for a stream the trailers too.
+    Forge(Code),
+}
+
+/// The outcome a forging server claims: the best a caller could hope for.
+const FORGED: &str = "succeeded; attempts=9; stop=success";
+
+fn forged() -> tonic::metadata::MetadataMap {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    metadata.insert("surely-outcome", FORGED.parse().unwrap());
+    metadata
 }
 
 /// What one request looked like when it reached the handler.
@@ -194,6 +208,12 @@ impl Service<tonic::Request<String>> for Handler<String> {
                     return Err(status);
                 }
                 Step::Slow(d) => tokio::time::sleep(d).await,
+                Step::Forge(Code::Ok) => {
+                    let mut res = tonic::Response::new(format!("created {order}"));
+                    *res.metadata_mut() = forged();
+                    return Ok(res);
+                }
+                Step::Forge(code) => return Err(Status::with_metadata(code, "forged", forged())),
                 Step::Ok | Step::CommitThen(_) | Step::StreamThen(_) => {}
             }
             commits.fetch_add(1, Ordering::SeqCst);
@@ -223,8 +243,17 @@ impl Service<tonic::Request<String>> for Handler<Updates> {
         Box::pin(async move {
             let order = req.into_inner();
             let mut updates = vec![Ok(format!("{order} packed"))];
-            if let Step::StreamThen(code) = step {
-                updates.push(Err(Status::new(code, "lost the courier")));
+            match step {
+                Step::StreamThen(code) => {
+                    updates.push(Err(Status::new(code, "lost the courier")));
+                }
+                Step::Forge(code) => {
+                    updates.push(Err(Status::with_metadata(code, "forged", forged())));
+                    let mut res = tonic::Response::new(tokio_stream::iter(updates));
+                    *res.metadata_mut() = forged();
+                    return Ok(res);
+                }
+                _ => {}
             }
             Ok(tonic::Response::new(tokio_stream::iter(updates)))
         })
@@ -541,6 +570,15 @@ async fn a_refused_connection_is_not_sent_and_retried() {
     let call = &recorder.calls()[0];
     assert_eq!(call.outcome, Outcome::Failed);
     assert_eq!(call.stop, StopReason::AttemptsExhausted);
+    // tonic's `UNAVAILABLE` keeps the stack's error as its source, and the caller the outcome.
+    use surely::grpc::StatusExt;
+    let handed = status
+        .call_outcome()
+        .expect("the stack's error behind the status");
+    assert_eq!(
+        (handed.outcome(), handed.attempts(), handed.stop_reason()),
+        (Outcome::Failed, 3, StopReason::AttemptsExhausted)
+    );
 }
 
 /// Opens the `Watch` server stream for `order()`, a safe read, through the `grpc()` preset
