@@ -86,7 +86,7 @@
 //!
 //! # One retry owner
 //!
-//! reqwest 0.12 retries by itself only what a server refused before processing (HTTP/2's
+//! reqwest (0.13) retries by itself only what a server refused before processing (HTTP/2's
 //! `REFUSED_STREAM` and graceful `GOAWAY`, with its `http2` feature), and only bodies it can
 //! copy, which the transport's are not. Leave its `retry` setting at that default: the stack is
 //! the one retry owner, and retries that reqwest made would be invisible to the records and the
@@ -96,7 +96,8 @@
 //! # TLS
 //!
 //! The feature turns on no reqwest feature beyond its core: enable the TLS backend you use
-//! (`rustls-tls`, `native-tls`) on your own `reqwest` dependency; cargo unifies the two.
+//! (reqwest 0.13's `rustls` or `native-tls`) on your own `reqwest` dependency; cargo unifies the
+//! two.
 
 use std::fmt;
 use std::future::Future;
