@@ -116,6 +116,9 @@ use crate::delivery::{Progress, TrackBody};
 
 use crate::{ConfigError, Error, IntoError};
 
+#[cfg(feature = "reqwest-middleware")]
+pub mod middleware;
+
 /// The client stack [`client()`] returns: [`client::http()`](crate::client::http)'s defaults
 /// around a [`Transport`], for a struct field.
 ///
@@ -226,14 +229,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let progress = req.extensions().get::<Progress>().cloned();
-        let req = match progress {
-            Some(progress) => {
-                req.map(|inner| ::reqwest::Body::wrap(TrackBody::sent_when_read(inner, progress)))
-            }
-            None => req.map(::reqwest::Body::wrap),
-        };
-        let state = match ::reqwest::Request::try_from(req) {
+        let state = match to_reqwest(req) {
             Ok(req) => State::Sending {
                 send: Service::call(&mut self.client, req),
             },
@@ -241,6 +237,25 @@ where
         };
         ResponseFuture { state }
     }
+}
+
+/// `req` as reqwest's request, its body marking a [`Progress`] handle in its extensions
+/// [`Sent`](DeliveryPhase::Sent) when hyper reads it; reqwest's builder error for a URI it cannot
+/// take.
+pub(crate) fn to_reqwest<B>(req: Request<B>) -> Result<::reqwest::Request, ::reqwest::Error>
+where
+    B: Body + Send + Sync + 'static,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let progress = req.extensions().get::<Progress>().cloned();
+    let req = match progress {
+        Some(progress) => {
+            req.map(|inner| ::reqwest::Body::wrap(TrackBody::sent_when_read(inner, progress)))
+        }
+        None => req.map(::reqwest::Body::wrap),
+    };
+    ::reqwest::Request::try_from(req)
 }
 
 /// What reqwest's client returns for one request.
