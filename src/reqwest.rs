@@ -4,7 +4,9 @@
 //! reqwest is the HTTP client most Rust SDKs hold. [`client()`] wraps one in the
 //! [`client::http()`](crate::client::http) stack (deadline, idempotency keys, replayable bodies,
 //! retries, breaker, records); [`Transport`] is the bare adapter, for a stack configured with
-//! [`ClientBuilder`](crate::client::ClientBuilder) or assembled by hand.
+//! [`ClientBuilder`](crate::client::ClientBuilder) or assembled by hand. For a
+//! `reqwest_middleware::ClientWithMiddleware`, `middleware::SurelyMiddleware` (feature
+//! `reqwest-middleware`) is the same stack as one middleware.
 //!
 //! ```
 //! use std::time::Duration;
