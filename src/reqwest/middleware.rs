@@ -57,7 +57,10 @@
 //! ```
 //!
 //! The middleware makes bodies replayable itself (below), so leave the preset's body buffer out
-//! with `no_replay()`; a stack that keeps it works too, and copies the bytes once more.
+//! with `no_replay()`; a stack that keeps it works too, and copies the bytes once more. For a
+//! third-party API, add
+//! [`no_internal_headers()`](crate::client::ClientBuilder::no_internal_headers): the stack then
+//! sends none of the crate's own headers (the retry-owner marker, the deadline header).
 //!
 //! # Request bodies
 //!

@@ -29,11 +29,14 @@ use crate::support::serve::{closed_port, serve};
 
 const WAIT: Duration = Duration::from_secs(2);
 
+/// What the handler saw of a request: its idempotency key and its body.
+type Seen = (Option<String>, Bytes);
+
 /// The server's side: how many writes the handler committed, every request it saw.
 #[derive(Clone, Default)]
 struct Server {
     commits: Arc<AtomicUsize>,
-    seen: Arc<Mutex<Vec<(Method, Option<String>, Bytes)>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl Server {
@@ -53,7 +56,7 @@ impl Server {
                 if method != Method::GET {
                     commits.fetch_add(1, Ordering::SeqCst);
                 }
-                seen.lock().unwrap().push((method, key, body));
+                seen.lock().unwrap().push((key, body));
                 Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from_static(b"ok"))))
             }
         });
@@ -72,7 +75,7 @@ impl Server {
             .lock()
             .unwrap()
             .iter()
-            .map(|s| s.2.clone())
+            .map(|s| s.1.clone())
             .collect()
     }
 
@@ -81,7 +84,7 @@ impl Server {
             .lock()
             .unwrap()
             .iter()
-            .map(|s| s.1.clone())
+            .map(|s| s.0.clone())
             .collect()
     }
 }
