@@ -6,7 +6,8 @@
 //! A GET retried after a 503 with `Retry-After`; a POST not retried after a reset after send
 //! (unknown); a refused connection retried (not sent); the outcome on the response, the error
 //! and the call's extensions; a body reqwest cannot clone sent once; the middlewares after it run
-//! once per attempt; the call's extensions reach the stack.
+//! once per attempt; the call's extensions reach the stack; an attempt past its timeout dropped;
+//! a hedge's two attempts down the chain at once.
 #![cfg(feature = "reqwest-middleware")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,6 +21,7 @@ use hyper::body::Incoming;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use surely::fault::{Fault, FaultLayer, Reply, Schedule};
 use surely::headers::IDEMPOTENCY_KEY;
+use surely::hedge::{HedgeDelay, HedgeLayer};
 use surely::reqwest::middleware::{surely_error, SurelyMiddleware};
 use surely::{CallOutcome, Outcome, OutcomeExt, Semantics, StopReason};
 use tokio::time::Instant;
@@ -366,4 +368,41 @@ async fn a_url_reqwest_cannot_take_fails_final_after_one_attempt() {
     assert_eq!(surely.attempts(), 1);
     assert_eq!(surely.stop_reason(), Some(StopReason::Final));
     assert_eq!(below.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedged_read_races_two_attempts_down_the_chain() {
+    let server = Server::default();
+    let base = server
+        .start(Schedule::new().at(0, Fault::DelayReply(Duration::from_secs(5))))
+        .await;
+    let below = Arc::new(AtomicUsize::new(0));
+    let middleware = SurelyMiddleware::with_stack(|attempts| {
+        surely::client::http()
+            .no_replay()
+            .hedge(HedgeLayer::builder().delay(HedgeDelay::fixed(Duration::from_millis(100))))
+            .build(attempts)
+    })
+    .unwrap();
+    let client = ClientBuilder::new(reqwest_client())
+        .with(middleware)
+        .with(Count(below.clone()))
+        .build();
+
+    // The first attempt hangs; the copy sent 100 ms later answers, and the first is dropped.
+    let started = Instant::now();
+    let res = client
+        .get(format!("{base}/orders/o-1"))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(res.outcome(), Outcome::Succeeded);
+    assert_eq!(res.call_outcome().unwrap().attempts(), 2);
+    assert_eq!(below.load(Ordering::SeqCst), 2);
+    assert_eq!(res.text().await.unwrap(), "ok");
 }
