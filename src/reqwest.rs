@@ -4,7 +4,9 @@
 //! reqwest is the HTTP client most Rust SDKs hold. [`client()`] wraps one in the
 //! [`client::http()`](crate::client::http) stack (deadline, idempotency keys, replayable bodies,
 //! retries, breaker, records); [`Transport`] is the bare adapter, for a stack configured with
-//! [`ClientBuilder`](crate::client::ClientBuilder) or assembled by hand.
+//! [`ClientBuilder`](crate::client::ClientBuilder) or assembled by hand. For a
+//! `reqwest_middleware::ClientWithMiddleware`, `middleware::SurelyMiddleware` (feature
+//! `reqwest-middleware`) is the same stack as one middleware.
 //!
 //! ```
 //! use std::time::Duration;
@@ -86,7 +88,7 @@
 //!
 //! # One retry owner
 //!
-//! reqwest 0.12 retries by itself only what a server refused before processing (HTTP/2's
+//! reqwest (0.13) retries by itself only what a server refused before processing (HTTP/2's
 //! `REFUSED_STREAM` and graceful `GOAWAY`, with its `http2` feature), and only bodies it can
 //! copy, which the transport's are not. Leave its `retry` setting at that default: the stack is
 //! the one retry owner, and retries that reqwest made would be invisible to the records and the
@@ -96,7 +98,8 @@
 //! # TLS
 //!
 //! The feature turns on no reqwest feature beyond its core: enable the TLS backend you use
-//! (`rustls-tls`, `native-tls`) on your own `reqwest` dependency; cargo unifies the two.
+//! (reqwest 0.13's `rustls` or `native-tls`) on your own `reqwest` dependency; cargo unifies the
+//! two.
 
 use std::fmt;
 use std::future::Future;
@@ -114,6 +117,9 @@ use crate::classify::{AttemptClass, BoxError, Classification, ClassifyError, Del
 use crate::delivery::{Progress, TrackBody};
 
 use crate::{ConfigError, Error, IntoError};
+
+#[cfg(feature = "reqwest-middleware")]
+pub mod middleware;
 
 /// The client stack [`client()`] returns: [`client::http()`](crate::client::http)'s defaults
 /// around a [`Transport`], for a struct field.
@@ -225,14 +231,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let progress = req.extensions().get::<Progress>().cloned();
-        let req = match progress {
-            Some(progress) => {
-                req.map(|inner| ::reqwest::Body::wrap(TrackBody::sent_when_read(inner, progress)))
-            }
-            None => req.map(::reqwest::Body::wrap),
-        };
-        let state = match ::reqwest::Request::try_from(req) {
+        let state = match to_reqwest(req) {
             Ok(req) => State::Sending {
                 send: Service::call(&mut self.client, req),
             },
@@ -240,6 +239,25 @@ where
         };
         ResponseFuture { state }
     }
+}
+
+/// `req` as reqwest's request, its body marking a [`Progress`] handle in its extensions
+/// [`Sent`](DeliveryPhase::Sent) when hyper reads it; reqwest's builder error for a URI it cannot
+/// take.
+pub(crate) fn to_reqwest<B>(req: Request<B>) -> Result<::reqwest::Request, ::reqwest::Error>
+where
+    B: Body + Send + Sync + 'static,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let progress = req.extensions().get::<Progress>().cloned();
+    let req = match progress {
+        Some(progress) => {
+            req.map(|inner| ::reqwest::Body::wrap(TrackBody::sent_when_read(inner, progress)))
+        }
+        None => req.map(::reqwest::Body::wrap),
+    };
+    ::reqwest::Request::try_from(req)
 }
 
 /// What reqwest's client returns for one request.

@@ -393,7 +393,7 @@ impl<B> ReplayBody<B> {
         }
     }
 
-    fn once(prefix: VecDeque<Bytes>, rest: Option<B>, error: Option<BoxError>) -> Self {
+    pub(crate) fn once(prefix: VecDeque<Bytes>, rest: Option<B>, error: Option<BoxError>) -> Self {
         ReplayBody {
             kind: Kind::Once(Box::new(Once {
                 prefix,

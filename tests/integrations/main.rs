@@ -1,5 +1,5 @@
 //! The crate with other libraries: the gRPC stack over tonic, the decision matrix over reqwest,
-//! and the OpenTelemetry recorder.
+//! the stack as a reqwest-middleware `Middleware`, and the OpenTelemetry recorder.
 
 #[allow(dead_code)]
 #[path = "../support/mod.rs"]
@@ -8,3 +8,4 @@ mod support;
 mod grpc;
 mod otel;
 mod reqwest;
+mod reqwest_middleware;
