@@ -541,7 +541,9 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     /// this client works inside. The deadline still bounds every attempt here; gRPC requests
     /// keep gRPC's own `grpc-timeout` and `grpc-previous-rpc-attempts`, which every gRPC server
     /// reads. Keep the default for calls between your own services: the marker and the
-    /// deadline header are how a chain keeps one retry owner and one budget.
+    /// deadline header are how a chain keeps one retry owner and one budget. (The same goes for
+    /// a request's [`Criticality`](crate::Criticality) extension, which the stack writes as
+    /// `surely-criticality` for the next hop's limit unless internal headers are off.)
     ///
     /// ```
     /// use std::time::Duration;

@@ -17,7 +17,7 @@ use crate::classify::{Classify, HttpClassifier, MakeClassifier};
 use crate::journal::{IntentJournal, JournalHook};
 use crate::record::key_of;
 use crate::resolve::{NoResolver, Resolve};
-use crate::{ConfigError, Envelope, Error, IntoError, Semantics};
+use crate::{ConfigError, Criticality, Envelope, Error, IntoError, Semantics};
 
 /// The default attempt limit, the first attempt included.
 pub(crate) const DEFAULT_MAX_ATTEMPTS: u32 = 3;
@@ -29,7 +29,7 @@ pub(crate) const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(30);
 /// is not started.
 pub(crate) const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
 
-use crate::headers::RETRY_OWNER;
+use crate::headers::{CRITICALITY, RETRY_OWNER};
 
 /// Retries attempts that may be retried, within the attempt limit, the retry budget and the
 /// call's deadline. See the [module docs](super).
@@ -200,7 +200,9 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     }
 
     /// Whether to tell the next hop that this layer owns retries, with [`RETRY_OWNER`] on every
-    /// attempt (default true).
+    /// attempt (default true). With it, a request's [`Criticality`] extension is written too, as
+    /// the [`CRITICALITY`] header the next hop's [adaptive limit](crate::server::limit) sheds
+    /// by (unless the request already has that header).
     pub fn mark_owner(mut self, mark: bool) -> Self {
         self.settings.mark_owner = mark;
         self
@@ -411,8 +413,18 @@ where
             budget.deposit();
         }
         if self.config.mark_owner {
+            let criticality = req
+                .extensions()
+                .and_then(|e| e.get::<Criticality>())
+                .copied();
             if let Some(headers) = req.headers_mut() {
                 headers.insert(RETRY_OWNER, HeaderValue::from_static("1"));
+                // The caller's criticality for the next hop's limit, unless it set the header.
+                if let Some(c) = criticality {
+                    if !headers.contains_key(CRITICALITY) {
+                        headers.insert(CRITICALITY, HeaderValue::from_static(c.as_str()));
+                    }
+                }
             }
         }
         let classifier = self.config.classifier.make_classifier(&req);

@@ -736,3 +736,43 @@ fn four_threads_never_get_more_than_the_limit_in() {
         80_000
     );
 }
+
+/// A client request's `Criticality` extension travels as the header the next hop's limit
+/// reads; a header the caller set is kept; with internal headers off, nothing is written.
+#[tokio::test(start_paused = true)]
+async fn the_client_writes_a_requests_criticality_for_the_next_hop() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let saw = seen.clone();
+    let transport = service_fn(move |req: Request<()>| {
+        saw.lock().unwrap().push(
+            req.headers()
+                .get("surely-criticality")
+                .map(|v| v.to_str().unwrap().to_owned()),
+        );
+        std::future::ready(Ok::<_, std::io::Error>(Response::new(String::new())))
+    });
+    let mut client = surely::client().build(transport.clone()).unwrap();
+    let mut batch = get();
+    batch.extensions_mut().insert(Criticality::Sheddable);
+    client.ready().await.unwrap().call(batch).await.unwrap();
+    let mut own = with_criticality("sheddable-plus");
+    own.extensions_mut().insert(Criticality::Sheddable);
+    client.ready().await.unwrap().call(own).await.unwrap();
+    client.ready().await.unwrap().call(get()).await.unwrap();
+    let mut quiet = surely::client()
+        .no_internal_headers()
+        .build(transport)
+        .unwrap();
+    let mut batch = get();
+    batch.extensions_mut().insert(Criticality::Sheddable);
+    quiet.ready().await.unwrap().call(batch).await.unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            Some("sheddable".to_owned()),
+            Some("sheddable-plus".to_owned()),
+            None,
+            None
+        ]
+    );
+}
