@@ -30,13 +30,10 @@ pub(crate) struct CallTally {
     pub(crate) stop: Option<StopReason>,
     /// The call's deadline, as the deadline layer inside the call layer set it.
     pub(crate) deadline: Option<CallDeadline>,
-    /// The call's idempotency key, as the key layer inside the call layer set it.
-    pub(crate) key: Option<BusinessKey>,
-    /// The `Idempotency-Key` the call's attempts carry.
-    pub(crate) idempotency_key: Option<HeaderValue>,
-    pub(crate) resolution: Option<ResolutionRecord>,
-    /// The retries the retry layer inside decided.
-    pub(crate) retries: Vec<RetryRecord>,
+    /// What few calls have (a key, a resolution, retries), boxed when one has it: the tally
+    /// moves into and out of its thread-local around every poll of every layer, and a small
+    /// one moves in registers where a large one is copied byte by byte.
+    cold: Option<Box<ColdTally>>,
     /// The attempt, if any, whose record waits for the end of its response's body (its
     /// status is in the trailers): the call is recorded after it.
     pub(crate) deferred: Option<u32>,
@@ -45,7 +42,48 @@ pub(crate) struct CallTally {
     pub(crate) deferred_head: Option<Classification>,
 }
 
+/// The tally's rarely set parts.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ColdTally {
+    /// The call's idempotency key, as the key layer inside the call layer set it.
+    pub(crate) key: Option<BusinessKey>,
+    /// The `Idempotency-Key` the call's attempts carry.
+    pub(crate) idempotency_key: Option<HeaderValue>,
+    pub(crate) resolution: Option<ResolutionRecord>,
+    /// The retries the retry layer inside decided.
+    pub(crate) retries: Vec<RetryRecord>,
+}
+
 impl CallTally {
+    /// The rarely set parts, made on first use.
+    pub(crate) fn cold(&mut self) -> &mut ColdTally {
+        self.cold.get_or_insert_with(Box::default)
+    }
+
+    /// What the call's record takes: the resolution, the key and the retries (the
+    /// `Idempotency-Key` stays, for handing the outcome back).
+    pub(crate) fn take_for_record(
+        &mut self,
+    ) -> (
+        Option<ResolutionRecord>,
+        Option<BusinessKey>,
+        Vec<RetryRecord>,
+    ) {
+        match self.cold.as_mut() {
+            Some(c) => (
+                c.resolution.take(),
+                c.key.take(),
+                std::mem::take(&mut c.retries),
+            ),
+            None => (None, None, Vec::new()),
+        }
+    }
+
+    /// The `Idempotency-Key` the call's attempts carry, taken.
+    pub(crate) fn take_idempotency_key(&mut self) -> Option<HeaderValue> {
+        self.cold.as_mut().and_then(|c| c.idempotency_key.take())
+    }
+
     pub(crate) fn new(semantics: Semantics) -> Self {
         CallTally {
             started: 0,
@@ -54,10 +92,7 @@ impl CallTally {
             last: None,
             stop: None,
             deadline: None,
-            key: None,
-            idempotency_key: None,
-            resolution: None,
-            retries: Vec::new(),
+            cold: None,
             deferred: None,
             deferred_head: None,
         }
@@ -66,8 +101,9 @@ impl CallTally {
     /// A key layer inside gave the call an idempotency key: the call is keyed from its first
     /// attempt on.
     pub(crate) fn keyed(&mut self, key: BusinessKey, header: HeaderValue, semantics: Semantics) {
-        self.key.get_or_insert(key);
-        self.idempotency_key.get_or_insert(header);
+        let cold = self.cold();
+        cold.key.get_or_insert(key);
+        cold.idempotency_key.get_or_insert(header);
         if self.outcome.outcome().is_none() {
             self.outcome = OutcomeTally::new(semantics);
         }

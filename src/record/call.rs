@@ -155,7 +155,7 @@ where
             tally: CallTally::new(semantics),
         };
         if let Some(key) = idempotency_key(&req) {
-            state.tally.idempotency_key = Some(key);
+            state.tally.cold().idempotency_key = Some(key);
         }
         let inner = state.run(|| self.inner.call(req));
         CallFuture {
@@ -279,7 +279,7 @@ impl<R: Recorder, C> CallState<R, C> {
     ) -> Outcome {
         let deadline_left = self.deadline_left.or_else(|| self.budget_set());
         // A resolver's answer settles an unknown outcome.
-        let resolution = self.tally.resolution.take();
+        let (resolution, key, retries) = self.tally.take_for_record();
         let outcome = match resolution {
             Some(q) if q.answer != Outcome::Unknown => q.answer,
             _ => outcome,
@@ -287,7 +287,7 @@ impl<R: Recorder, C> CallState<R, C> {
         let rec = CallRecord {
             call: self.call,
             // A key layer inside may have given the call its key, and made it keyed.
-            key: self.key.take().or_else(|| self.tally.key.take()),
+            key: self.key.take().or(key),
             semantics: self.tally.outcome.semantics(),
             started: self.started,
             ended: Instant::now(),
@@ -297,7 +297,7 @@ impl<R: Recorder, C> CallState<R, C> {
             last,
             stop,
             resolution,
-            retries: std::mem::take(&mut self.tally.retries),
+            retries,
             operation: self.operation.take(),
             replayed: self.replayed,
         };
@@ -383,7 +383,7 @@ impl<R: Recorder, C> CallState<R, C> {
         outcome: Outcome,
         stop: StopReason,
     ) {
-        let key = self.tally.idempotency_key.take();
+        let key = self.tally.take_idempotency_key();
         let left = self.budget_left();
         CallOutcome::hand_back(out, outcome, stop, attempts, key, || left);
     }

@@ -643,7 +643,7 @@ fn report_resolution(answer: Outcome, started: Instant) {
             started,
             ended: Instant::now(),
         };
-        CallTally::update(|t| t.resolution = Some(query));
+        CallTally::update(|t| t.cold().resolution = Some(query));
     }
 }
 
@@ -657,7 +657,7 @@ fn report_stop(reason: StopReason) {
 /// Tells the call record layer outside, if there is one, of a retry decided.
 fn report_retry(retry: RetryRecord) {
     if Context::current().call.is_some() {
-        CallTally::update(|t| t.retries.push(retry));
+        CallTally::update(|t| t.cold().retries.push(retry));
     }
 }
 
