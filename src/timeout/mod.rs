@@ -43,7 +43,10 @@ use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
 use tower_service::Service;
 
-pub use crate::error::Elapsed;
+pub use crate::error::{BodyIdle, Elapsed};
+
+mod body;
+pub use self::body::{BodyIdleTimeout, BodyIdleTimeoutLayer, IdleTimeoutBody};
 
 use crate::classify::DeliveryPhase;
 use crate::context::Report;
