@@ -74,7 +74,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use tower_layer::{Identity, Layer, Stack};
+use tower_layer::{Identity, Layer};
 
 use crate::breaker::{CircuitBreaker, CircuitBreakerLayer};
 use crate::budget::{RatioBudget, RetryBudget};
@@ -755,7 +755,9 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     /// [`ResponseStarted`](crate::classify::DeliveryPhase::ResponseStarted), and a write's
     /// call [`Unknown`](crate::Outcome::Unknown) in the records. The responses' bodies become
     /// [`IdleTimeoutBody`](crate::timeout::IdleTimeoutBody)s (inside the watch's), whose error
-    /// type is [`BoxError`](crate::classify::BoxError); so the builder's type changes, and
+    /// type is [`BoxError`](crate::classify::BoxError); so the builder's type changes: its last
+    /// parameter becomes `(W, BodyIdleTimeoutLayer)`, the watch outside the timeout (the
+    /// `http()` preset's is `(WatchTrailersLayer, BodyIdleTimeoutLayer)`), and
     /// [`HttpClientBuilder`] and [`HttpClient`] no longer name it. `idle` must be greater than
     /// zero: [`build`](Self::build) refuses zero with a [`ConfigError`]. Set it after
     /// [`settle_at_body_end`](Self::settle_at_body_end) or
@@ -784,9 +786,10 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     pub fn body_idle_timeout(
         mut self,
         idle: Duration,
-    ) -> ClientBuilder<R, M, Z, K, P, H, B, Stack<BodyIdleTimeoutLayer, W>> {
+    ) -> ClientBuilder<R, M, Z, K, P, H, B, (W, BodyIdleTimeoutLayer)> {
         self.shared.body_idle = Some(idle);
-        let watch = Stack::new(BodyIdleTimeoutLayer::unchecked(idle), self.watch);
+        // A pair of layers applies its first outside its second.
+        let watch = (self.watch, BodyIdleTimeoutLayer::unchecked(idle));
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
@@ -907,6 +910,17 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         ClientLayer<R, M, Z, K, P, H, B, W>: Layer<S>,
     {
         Ok(self.into_layer()?.layer(transport))
+    }
+}
+
+impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, (W, BodyIdleTimeoutLayer)> {
+    /// Changes the duration of the body idle timeout the stack has (for the configuration),
+    /// checked when the stack is built.
+    #[cfg(feature = "serde")]
+    pub(crate) fn set_body_idle(mut self, idle: Duration) -> Self {
+        self.shared.body_idle = Some(idle);
+        self.watch.1 = BodyIdleTimeoutLayer::unchecked(idle);
+        self
     }
 }
 
