@@ -14,7 +14,7 @@ use http_body::{Body, Frame};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::client::legacy::connect::HttpConnector;
-use surely::classify::{AttemptClass, DeliveryPhase};
+use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
 use surely::record::InMemoryRecorder;
 use surely::retry::ReplayBody;
 use surely::timeout::{BodyIdle, BodyIdleTimeoutLayer, Elapsed};
@@ -180,6 +180,12 @@ async fn a_reads_body_that_goes_quiet_is_a_failed_call() {
     let res = call(&mut client, get("http://shop/orders")).await.unwrap();
     let err = res.into_body().collect().await.unwrap_err();
     assert!(err.is::<BodyIdle>());
+    // The boxed error classifies by the `BodyIdle` it holds.
+    let c = err.classify_error(DeliveryPhase::Sent);
+    assert_eq!(
+        (c.class(), c.phase()),
+        (AttemptClass::MaybeCommitted, DeliveryPhase::ResponseStarted)
+    );
     assert_eq!(
         records.attempts()[0].phase(),
         DeliveryPhase::ResponseStarted
