@@ -84,7 +84,7 @@ use crate::hedge::{HedgeLayer, HedgeLayerBuilder};
 use crate::idempotency::IdempotencyKeyLayer;
 use crate::record::{RecordAttemptLayer, RecordCallLayer, Recorder, WatchTrailersLayer};
 use crate::retry::{NoResolver, ReplayBodyLayer, Retry, RetryLayer, RetryLayerBuilder};
-use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
+use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer, BodyIdleTimeoutLayer};
 use crate::ConfigError;
 
 /// The default total budget of a call made through [`client()`]: 10 s.
@@ -432,6 +432,8 @@ struct Shared {
     budget: Option<Arc<dyn RetryBudget>>,
     deadline: DeadlineLayerBuilder<AttemptTimers>,
     per_try: Option<Duration>,
+    /// The body idle timeout, checked when the stack is built.
+    body_idle: Option<Duration>,
     /// Whether HTTP attempts are recorded when their body ends.
     at_body_end: bool,
 }
@@ -452,6 +454,7 @@ impl ClientBuilder {
                     .timeout(DEFAULT_TIMEOUT)
                     .enforce_in_attempts(),
                 per_try: None,
+                body_idle: None,
                 at_body_end: false,
             },
             key: IdempotencyKeyLayer::new(),
@@ -495,6 +498,12 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
 
     /// Ends each attempt after `per_try` at most (default: only the remaining budget bounds an
     /// attempt). A retry then has time left after a hung attempt.
+    ///
+    /// This is the timeout of the second phase, from the request to the response head: it
+    /// ends an attempt that has no head yet, and says how far the request had got. Sent and
+    /// unanswered, the attempt is *maybe committed*: a read is retried, a write without a key
+    /// the server honours ends [`Unknown`](crate::Outcome::Unknown). See
+    /// [three phases, three timeouts](crate::docs::deadlines#three-phases-three-timeouts).
     pub fn per_try_timeout(mut self, per_try: Duration) -> Self {
         self.shared.per_try = Some(per_try);
         self
@@ -737,6 +746,65 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         self.watch_part(WatchTrailersLayer::new(), true)
     }
 
+    /// Fails a response body that sends no frame for `idle` while the caller waits for one
+    /// (none by default), with a [`BodyIdle`](crate::timeout::BodyIdle) error from the body: the
+    /// timeout of the third phase, after the head
+    /// ([three phases, three timeouts](crate::docs::deadlines#three-phases-three-timeouts)).
+    ///
+    /// It puts a [`BodyIdleTimeoutLayer`] right around the transport, inside the body watch of
+    /// [`settle_at_body_end`](Self::settle_at_body_end), so a body that goes quiet after a
+    /// success head is recorded as cut off: *maybe committed* at
+    /// [`ResponseStarted`](crate::classify::DeliveryPhase::ResponseStarted), and a write's
+    /// call [`Unknown`](crate::Outcome::Unknown) in the records. The responses' bodies become
+    /// [`IdleTimeoutBody`](crate::timeout::IdleTimeoutBody)s (inside the watch's), whose error
+    /// type is [`BoxError`](crate::classify::BoxError); so the builder's type changes: its last
+    /// parameter becomes `(W, BodyIdleTimeoutLayer)`, the watch outside the timeout (the
+    /// `http()` preset's is `(WatchTrailersLayer, BodyIdleTimeoutLayer)`), and
+    /// [`HttpClientBuilder`] and [`HttpClient`] no longer name it. `idle` must be greater than
+    /// zero: [`build`](Self::build) refuses zero with a [`ConfigError`]. Set it after
+    /// [`settle_at_body_end`](Self::settle_at_body_end) or
+    /// [`no_body_watch`](Self::no_body_watch), which replace the layers around the transport.
+    ///
+    /// ```
+    /// # #[cfg(feature = "hyper")] {
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let client = surely::client::http()
+    ///     .per_try_timeout(Duration::from_secs(2)) // to the head
+    ///     .body_idle_timeout(Duration::from_secs(5)) // between frames of the body
+    ///     .build(surely::hyper::transport::<Full<Bytes>>());
+    /// assert!(client.is_ok());
+    ///
+    /// let zero = surely::client::http()
+    ///     .body_idle_timeout(Duration::ZERO)
+    ///     .build(surely::hyper::transport::<Full<Bytes>>());
+    /// assert!(zero.is_err());
+    /// # }
+    /// # main() }
+    /// ```
+    pub fn body_idle_timeout(
+        mut self,
+        idle: Duration,
+    ) -> ClientBuilder<R, M, Z, K, P, H, B, (W, BodyIdleTimeoutLayer)> {
+        self.shared.body_idle = Some(idle);
+        // A pair of layers applies its first outside its second.
+        let watch = (self.watch, BodyIdleTimeoutLayer::unchecked(idle));
+        ClientBuilder {
+            recorder: self.recorder,
+            classifier: self.classifier,
+            shared: self.shared,
+            key: self.key,
+            replay: self.replay,
+            retry: self.retry,
+            hedge: self.hedge,
+            breaker: self.breaker,
+            watch,
+        }
+    }
+
     /// Records HTTP attempts at the head of their response, and leaves the transport's
     /// responses as they are.
     pub fn no_body_watch(self) -> ClientBuilder<R, M, Z, K, P, H, B, Identity> {
@@ -753,6 +821,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
             classifier: self.classifier,
             shared: Shared {
                 at_body_end,
+                body_idle: None,
                 ..self.shared
             },
             key: self.key,
@@ -782,6 +851,9 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
             Some(per_try) => AttemptTimeoutLayer::new(per_try)?,
             None => AttemptTimeoutLayer::deadline_only(),
         };
+        if let Some(idle) = self.shared.body_idle {
+            BodyIdleTimeoutLayer::new(idle)?;
+        }
         let hedge = self
             .hedge
             .into_part(self.classifier.clone(), self.shared.budget.clone())?;
@@ -840,6 +912,17 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         ClientLayer<R, M, Z, K, P, H, B, W>: Layer<S>,
     {
         Ok(self.into_layer()?.layer(transport))
+    }
+}
+
+impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, (W, BodyIdleTimeoutLayer)> {
+    /// Changes the duration of the body idle timeout the stack has (for the configuration),
+    /// checked when the stack is built.
+    #[cfg(feature = "serde")]
+    pub(crate) fn set_body_idle(mut self, idle: Duration) -> Self {
+        self.shared.body_idle = Some(idle);
+        self.watch.1 = BodyIdleTimeoutLayer::unchecked(idle);
+        self
     }
 }
 

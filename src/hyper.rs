@@ -42,6 +42,33 @@
 //!
 //! For TLS, build hyper-util's client over your connector (hyper-rustls, hyper-tls) with
 //! [`transport_with`], and name it with [`Transport<B, C>`](Transport).
+//!
+//! # A connect timeout
+//!
+//! [`transport()`]'s connector has none: a host that never answers the connection holds the
+//! attempt until the per-try timeout or the deadline ends it, as *maybe committed*, though
+//! nothing was sent. Give the connector one, and such an attempt ends at the connect timeout
+//! as *rejected, not sent*: hyper-util reports a connect error (`is_connect()`, its source an
+//! `io::Error` of kind `TimedOut`), and every request, a POST without a key included, is
+//! retried. See [three phases, three
+//! timeouts](crate::docs::deadlines#three-phases-three-timeouts).
+//!
+//! ```
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use hyper_util::client::legacy::connect::HttpConnector;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let mut connector = HttpConnector::new();
+//! connector.set_connect_timeout(Some(Duration::from_millis(200)));
+//! let client: surely::hyper::Client<Full<Bytes>> = surely::client::http()
+//!     .per_try_timeout(Duration::from_secs(1))
+//!     .build(surely::hyper::transport_with(connector))
+//!     .unwrap();
+//! # let _ = client;
+//! # }
+//! ```
 
 use ::hyper_util::client::legacy::connect::HttpConnector;
 use ::hyper_util::rt::TokioExecutor;
@@ -64,7 +91,9 @@ pub type Transport<B, C = HttpConnector> = ::hyper_util::client::legacy::Client<
 /// and `Sync` when `B` is.
 pub type Client<B, C = HttpConnector> = <HttpClientLayer as Layer<Transport<B, C>>>::Service;
 
-/// hyper-util's legacy client over plain HTTP, on tokio, for request bodies `B`.
+/// hyper-util's legacy client over plain HTTP, on tokio, for request bodies `B`. Its connector
+/// has no connect timeout: for one, configure an [`HttpConnector`] and pass it to
+/// [`transport_with`] (see the [module docs](self#a-connect-timeout)).
 pub fn transport<B>() -> Transport<B>
 where
     B: http_body::Body + Unpin + Send + 'static,

@@ -24,7 +24,7 @@
 //!
 //! # An example
 //!
-//! Every field, with values that are not the defaults:
+//! Every field but `body_idle_timeout` (below), with values that are not the defaults:
 //!
 //! ```
 //! use std::time::Duration;
@@ -159,8 +159,9 @@ use crate::budget::{RatioBudget, RetryBudget, TokenBucket};
 use crate::client::ClientBuilder;
 use crate::deadline::DeadlineLayer;
 use crate::hedge::{HedgeDelay, HedgeLayer, HedgeLayerBuilder};
+use crate::record::WatchTrailersLayer;
 use crate::retry::{RetryLayer, RetryLayerBuilder};
-use crate::timeout::AttemptTimeoutLayer;
+use crate::timeout::{AttemptTimeoutLayer, BodyIdleTimeoutLayer};
 use crate::ConfigError;
 
 /// The client stack's settings: the call's budget, the attempt timeout, retries, the retry
@@ -190,6 +191,25 @@ pub struct ClientConfig {
     /// [`ClientBuilder::per_try_timeout`].
     #[serde(deserialize_with = "duration")]
     pub per_try_timeout: Option<Duration>,
+    /// The longest a response body may stay quiet while the caller waits for a frame:
+    /// [`ClientBuilder::body_idle_timeout`]. Whether the stack has the timeout is the code's
+    /// decision, since it changes the body's type: a client built without one refuses a
+    /// configuration that sets it, and this replaces the duration of one built with it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::config::ClientConfig;
+    ///
+    /// let config: ClientConfig = toml::from_str(r#"body_idle_timeout = "2s""#).unwrap();
+    /// // The code decides that the stack has the timeout; the file says how long.
+    /// let http = surely::client::http().body_idle_timeout(Duration::from_secs(30));
+    /// assert!(config.apply(http).is_ok());
+    /// // A client without one refuses it.
+    /// let err = config.apply(surely::client::http()).unwrap_err();
+    /// assert_eq!(err.setting(), "body_idle_timeout");
+    /// ```
+    #[serde(deserialize_with = "duration")]
+    pub body_idle_timeout: Option<Duration>,
     /// `false` sends none of the crate's own headers, for a third-party API (default `true`):
     /// [`ClientBuilder::no_internal_headers`].
     pub internal_headers: Option<bool>,
@@ -385,9 +405,10 @@ impl ClientConfig {
     ///
     /// A [`ConfigError`] whose [setting](ConfigError::setting) is the path of the field that
     /// was refused (`retry.max_attempts`, `budget.ratio`, ...); `hedge` if the configuration
-    /// sets a hedge (use [`apply_hedged`](Self::apply_hedged)).
+    /// sets a hedge (use [`apply_hedged`](Self::apply_hedged)); `body_idle_timeout` if it sets
+    /// one and the builder has none.
     #[allow(clippy::type_complexity)]
-    pub fn apply<R, M, Z, K: KeySlot, P, W>(
+    pub fn apply<R, M, Z, K: KeySlot, P, W: WatchSlot>(
         &self,
         builder: ClientBuilder<R, M, Z, K, P, Identity, CircuitBreaker, W>,
     ) -> Result<ClientBuilder<R, M, Z, K, P, Identity, CircuitBreaker, W>, ConfigError> {
@@ -419,7 +440,7 @@ impl ClientConfig {
     ///
     /// As [`apply`](Self::apply), with the hedge's fields (`hedge.max_attempts`, ...).
     #[allow(clippy::type_complexity)]
-    pub fn apply_hedged<R, M, Z, K: KeySlot, P, W>(
+    pub fn apply_hedged<R, M, Z, K: KeySlot, P, W: WatchSlot>(
         &self,
         builder: ClientBuilder<R, M, Z, K, P, Identity, CircuitBreaker, W>,
     ) -> Result<ClientBuilder<R, M, Z, K, P, HedgeLayerBuilder, CircuitBreaker, W>, ConfigError>
@@ -440,7 +461,7 @@ impl ClientConfig {
     }
 
     #[allow(clippy::type_complexity)]
-    fn apply_layers<R, M, Z, K: KeySlot, P, H, W>(
+    fn apply_layers<R, M, Z, K: KeySlot, P, H, W: WatchSlot>(
         &self,
         mut builder: ClientBuilder<R, M, Z, K, P, H, CircuitBreaker, W>,
     ) -> Result<ClientBuilder<R, M, Z, K, P, H, CircuitBreaker, W>, ConfigError> {
@@ -452,6 +473,11 @@ impl ClientConfig {
             AttemptTimeoutLayer::new(per_try)
                 .map_err(of_field(&[("attempt timeout", "per_try_timeout")]))?;
             builder = builder.per_try_timeout(per_try);
+        }
+        if let Some(idle) = self.body_idle_timeout {
+            BodyIdleTimeoutLayer::new(idle)
+                .map_err(of_field(&[("body idle timeout", "body_idle_timeout")]))?;
+            builder = W::body_idle_timeout(builder, idle)?;
         }
         if self.internal_headers == Some(false) {
             builder = builder.no_internal_headers();
@@ -477,9 +503,9 @@ impl ClientConfig {
     }
 }
 
-/// The key slot of a [`ClientBuilder`] that a [`ClientConfig`] applies to: the presets'
-/// [`IdempotencyKeyLayer`], or none. Public in a private module, so that the bounds can name it
-/// and users cannot.
+/// The key slot and the watch slot of a [`ClientBuilder`] that a [`ClientConfig`] applies to:
+/// the presets' [`IdempotencyKeyLayer`] or none, and the layers around the transport. Public in
+/// a private module, so that the bounds can name them and users cannot.
 mod slots {
     use super::*;
     use crate::idempotency::IdempotencyKeyLayer;
@@ -501,6 +527,52 @@ mod slots {
         }
     }
 
+    /// What `body_idle_timeout` does to a builder with these layers around the transport: sets
+    /// the duration of the timeout it has, or refuses for one that has none.
+    pub trait WatchSlot: Sized {
+        /// The builder, with its body idle timeout set to `idle`.
+        #[allow(clippy::type_complexity)]
+        fn body_idle_timeout<R, M, Z, K, P, H, B>(
+            builder: ClientBuilder<R, M, Z, K, P, H, B, Self>,
+            idle: Duration,
+        ) -> Result<ClientBuilder<R, M, Z, K, P, H, B, Self>, ConfigError>;
+    }
+
+    fn no_body_idle<T>() -> Result<T, ConfigError> {
+        Err(ConfigError::new(
+            "body_idle_timeout",
+            "is set, but this client has no body idle timeout (add one with \
+             `ClientBuilder::body_idle_timeout`)",
+        ))
+    }
+
+    impl WatchSlot for Identity {
+        fn body_idle_timeout<R, M, Z, K, P, H, B>(
+            _: ClientBuilder<R, M, Z, K, P, H, B, Self>,
+            _: Duration,
+        ) -> Result<ClientBuilder<R, M, Z, K, P, H, B, Self>, ConfigError> {
+            no_body_idle()
+        }
+    }
+
+    impl WatchSlot for WatchTrailersLayer {
+        fn body_idle_timeout<R, M, Z, K, P, H, B>(
+            _: ClientBuilder<R, M, Z, K, P, H, B, Self>,
+            _: Duration,
+        ) -> Result<ClientBuilder<R, M, Z, K, P, H, B, Self>, ConfigError> {
+            no_body_idle()
+        }
+    }
+
+    impl<W> WatchSlot for (W, BodyIdleTimeoutLayer) {
+        fn body_idle_timeout<R, M, Z, K, P, H, B>(
+            builder: ClientBuilder<R, M, Z, K, P, H, B, Self>,
+            idle: Duration,
+        ) -> Result<ClientBuilder<R, M, Z, K, P, H, B, Self>, ConfigError> {
+            Ok(builder.set_body_idle(idle))
+        }
+    }
+
     impl KeySlot for Identity {
         fn server_honours_keys<R, M, Z, P, H, B, W>(
             _: ClientBuilder<R, M, Z, Self, P, H, B, W>,
@@ -513,7 +585,7 @@ mod slots {
     }
 }
 
-use self::slots::KeySlot;
+use self::slots::{KeySlot, WatchSlot};
 
 impl RetryConfig {
     /// The settings given, on `retry`.

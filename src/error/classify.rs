@@ -44,6 +44,9 @@ fn classify_known(
     if let Some(e) = e.downcast_ref::<super::Elapsed>() {
         return Some(Classification::failure_at(e.phase()));
     }
+    if let Some(e) = e.downcast_ref::<super::BodyIdle>() {
+        return Some(e.classify_error(phase));
+    }
     if let Some(e) = e.downcast_ref::<super::InjectedFault>() {
         return Some(Classification::failure_at(e.phase()));
     }

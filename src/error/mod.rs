@@ -13,7 +13,7 @@ pub(crate) use self::classify::classify_dyn as error_chain;
 pub use self::deadline::DeadlineExceeded;
 pub use self::fault::InjectedFault;
 pub use self::journal::JournalError;
-pub use self::timeout::Elapsed;
+pub use self::timeout::{BodyIdle, Elapsed};
 
 use std::fmt;
 use std::task::Poll;

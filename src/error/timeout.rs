@@ -81,3 +81,54 @@ impl fmt::Display for Elapsed {
 }
 
 impl std::error::Error for Elapsed {}
+
+/// A response body went quiet: no frame arrived for the
+/// [body idle timeout](crate::timeout::BodyIdleTimeoutLayer), and the body was failed with this
+/// error.
+///
+/// The response had started: its head had arrived, so the request was sent and the server
+/// answered. Whether the work is done is the head's to say; for a success status the server
+/// has committed, and what is lost is the rest of the answer. The error classifies as
+/// *maybe committed*, at [`ResponseStarted`](DeliveryPhase::ResponseStarted).
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
+/// use surely::timeout::BodyIdle;
+///
+/// let e = BodyIdle::new(Duration::from_secs(5));
+/// assert_eq!(e.idle(), Duration::from_secs(5));
+/// assert_eq!(e.to_string(), "no frame of the response body for 5s");
+/// let c = e.classify_error(DeliveryPhase::Sent);
+/// assert_eq!((c.class(), c.phase()), (AttemptClass::MaybeCommitted, DeliveryPhase::ResponseStarted));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyIdle {
+    idle: Duration,
+}
+
+impl BodyIdle {
+    /// The body was quiet for `idle`.
+    pub fn new(idle: Duration) -> Self {
+        BodyIdle { idle }
+    }
+
+    /// How long the body was quiet: the idle timeout.
+    pub fn idle(&self) -> Duration {
+        self.idle
+    }
+}
+
+impl fmt::Display for BodyIdle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no frame of the response body for {:?}", self.idle)
+    }
+}
+
+impl std::error::Error for BodyIdle {}
+
+impl crate::classify::ClassifyError for BodyIdle {
+    fn classify_error(&self, _: DeliveryPhase) -> crate::classify::Classification {
+        crate::classify::Classification::failure_at(DeliveryPhase::ResponseStarted)
+    }
+}

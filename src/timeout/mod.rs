@@ -1,4 +1,10 @@
-//! The attempt timeout: one try gets `min(per-try timeout, the call's remaining budget)`.
+//! The attempt timeout: one try gets `min(per-try timeout, the call's remaining budget)`; and
+//! the body idle timeout ([`BodyIdleTimeoutLayer`]), for the response body after the head.
+//!
+//! The attempt timeout ends an attempt that has no response head yet: it is the timeout of the
+//! second of the three phases an attempt passes through (connect, the head, the body), each
+//! with its own timeout and its own meaning for the outcome
+//! ([`docs::deadlines`](crate::docs::deadlines#three-phases-three-timeouts)).
 //!
 //! When it fires, the error ([`Elapsed`]) says where: before the request was
 //! sent or after. That is the difference between *rejected* (retry anything) and *maybe
@@ -43,7 +49,10 @@ use tokio::time::{Instant, Sleep};
 use tower_layer::Layer;
 use tower_service::Service;
 
-pub use crate::error::Elapsed;
+pub use crate::error::{BodyIdle, Elapsed};
+
+mod body;
+pub use self::body::{BodyIdleTimeout, BodyIdleTimeoutLayer, IdleTimeoutBody};
 
 use crate::classify::DeliveryPhase;
 use crate::context::Report;

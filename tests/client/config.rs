@@ -510,6 +510,52 @@ fn the_hedge_is_for_a_client_built_with_one() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_body_idle_timeout_is_for_a_client_built_with_one() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full, StreamBody};
+    use surely::retry::ReplayBody;
+    use surely::timeout::BodyIdle;
+
+    let config = from_toml("body_idle_timeout = \"2s\"\n").unwrap();
+    assert_eq!(config.body_idle_timeout, Some(secs(2)));
+    for err in [
+        config.apply(surely::client::http()).unwrap_err(),
+        config.apply(surely::client()).unwrap_err(),
+    ] {
+        assert_eq!(err.setting(), "body_idle_timeout", "{err}");
+    }
+    let zero = from_toml("body_idle_timeout = \"0s\"\n")
+        .unwrap()
+        .apply(surely::client::http().body_idle_timeout(secs(30)))
+        .unwrap_err();
+    assert_eq!(zero.setting(), "body_idle_timeout", "{zero}");
+
+    // The configured duration replaces the code's.
+    let transport = service_fn(|_req: http::Request<ReplayBody<Full<Bytes>>>| async {
+        let first = Ok::<_, std::io::Error>(http_body::Frame::data(Bytes::from_static(b"[")));
+        let frames =
+            tokio_stream::StreamExt::chain(tokio_stream::iter([first]), tokio_stream::pending());
+        Ok::<_, std::io::Error>(http::Response::new(StreamBody::new(frames)))
+    });
+    let mut client = config
+        .apply(surely::client::http().body_idle_timeout(secs(30)))
+        .unwrap()
+        .build(transport)
+        .unwrap();
+    let get = http::Request::get("/orders").body(Full::default()).unwrap();
+    let res = client.ready().await.unwrap().call(get).await.unwrap();
+    let mut body = res.into_body();
+    body.frame().await.unwrap().unwrap();
+    let waited = Instant::now();
+    let err = body.frame().await.unwrap().unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<BodyIdle>(),
+        Some(&BodyIdle::new(secs(2)))
+    );
+    assert_eq!(Instant::now() - waited, secs(2));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_budget_of_kind_none_removes_the_budget() {
     let config = from_toml("[budget]\nkind = \"none\"\n").unwrap();
     let shown = format!("{:?}", config.builder().unwrap().into_layer().unwrap());

@@ -2,6 +2,7 @@
 //! is classified; and, over a real hyper client, what a `TrackBody` proves.
 
 mod hyper_progress;
+mod phases;
 mod support;
 
 use std::io;
