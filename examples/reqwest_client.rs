@@ -59,17 +59,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .build(surely::reqwest::transport(http))?;
 
     let nowhere = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    // Each call, and what it must end as: the example checks itself.
     let calls = [
-        ("GET", base.clone(), "a read"),
-        ("PUT", base.clone(), "reply lost: idempotent, sent again"),
-        ("POST", base.clone(), "reply lost: no key, not sent again"),
+        ("GET", base.clone(), "a read", "succeeded", 1),
+        (
+            "PUT",
+            base.clone(),
+            "reply lost: idempotent, sent again",
+            "succeeded",
+            2,
+        ),
+        (
+            "POST",
+            base.clone(),
+            "reply lost: no key, not sent again",
+            "unknown",
+            1,
+        ),
         (
             "POST",
             format!("http://{nowhere}"),
             "nothing listening: never sent",
+            "failed",
+            3,
         ),
     ];
-    for (method, base, what) in calls {
+    let mut wrong = Vec::new();
+    for (method, base, what, want, want_attempts) in calls {
         let body = if method == "GET" { "" } else { "qty=2" };
         let path = if method == "POST" {
             "/orders"
@@ -100,12 +116,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             outcome.as_str(),
             started.elapsed(),
         );
+        if (outcome.as_str(), attempts) != (want, want_attempts) {
+            wrong.push(format!(
+                "{method} {what}: {} after {attempts}, expected {want} after {want_attempts}",
+                outcome.as_str()
+            ));
+        }
     }
 
     println!("\nthe server committed:");
-    for line in log.lock().unwrap().iter() {
+    let committed = log.lock().unwrap().clone();
+    for line in &committed {
         println!("  {line}");
     }
+    // The read once, the PUT twice (its first reply was lost), the POST once: never again.
+    let expected = [
+        "GET /orders/o-1 b\"\"",
+        "PUT /orders/o-1 b\"qty=2\"",
+        "PUT /orders/o-1 b\"qty=2\"",
+        "POST /orders b\"qty=2\"",
+    ];
+    if committed != expected {
+        wrong.push(format!(
+            "the server committed {committed:?}, expected {expected:?}"
+        ));
+    }
+    if !wrong.is_empty() {
+        return Err(format!("the example's checks failed:\n  {}", wrong.join("\n  ")).into());
+    }
+    println!("\nok: every outcome and every commit as expected");
     Ok(())
 }
 
