@@ -500,8 +500,8 @@ impl Settlement {
         why: impl Into<String>,
     ) -> Result<Self, LedgerError> {
         let (who, why) = (who.into(), why.into());
-        check_text("who", &who, MAX_WHO, false)?;
-        check_text("why", &why, MAX_TEXT, true)?;
+        check_text("who", &who, MAX_WHO, false).map_err(LedgerError::invalid)?;
+        check_text("why", &why, MAX_TEXT, true).map_err(LedgerError::invalid)?;
         Ok(Settlement {
             verdict,
             evidence: why,
@@ -511,23 +511,24 @@ impl Settlement {
     }
 }
 
-fn check_text(name: &str, text: &str, max: usize, newlines: bool) -> Result<(), LedgerError> {
+/// Checks a person's text (a name, a reason) that the durable half keeps: not blank, at most
+/// `max` bytes, and no control character (but a newline or a tab where `newlines`). The error
+/// says why; each store wraps it in its own error type. The ledger and reconciliation share it.
+pub(crate) fn check_text(name: &str, text: &str, max: usize, newlines: bool) -> Result<(), String> {
     if text.trim().is_empty() {
-        return Err(LedgerError::invalid(format!("{name} is empty")));
+        return Err(format!("{name} is empty"));
     }
     if text.len() > max {
-        return Err(LedgerError::invalid(format!(
-            "{name} is {} bytes, over the {max} a ledger keeps",
+        return Err(format!(
+            "{name} is {} bytes, over the {max} kept",
             text.len()
-        )));
+        ));
     }
     if text
         .chars()
         .any(|c| c.is_control() && !(newlines && (c == '\n' || c == '\t')))
     {
-        return Err(LedgerError::invalid(format!(
-            "{name} holds a control character"
-        )));
+        return Err(format!("{name} holds a control character"));
     }
     Ok(())
 }

@@ -103,10 +103,10 @@ pub use self::repairer::{RepairAnswer, RepairRequest, RepairRound, Repairer, Rep
 pub use self::rule::{Rule, RuleError, Want};
 pub use self::source::{MemorySource, PageRequest, Source};
 
-/// The longest text kept for who moved or resolved an item.
-pub(crate) const MAX_WHO: usize = 256;
-/// The longest text kept for a note or a reason; longer ones are cut to this.
-pub(crate) const MAX_TEXT: usize = 16 * 1024;
+use crate::ledger::check_text;
+/// The longest texts kept for who moved or resolved an item (256 bytes) and for a note or a
+/// reason (16 KiB; longer ones are cut), the ledger's, and the ledger's checks and cut.
+pub(crate) use crate::ledger::{truncate as cut, MAX_TEXT, MAX_WHO};
 /// Who sends a difference without a repair to the manual queue.
 pub(crate) const RULES: &str = "rules";
 /// Why.
@@ -626,41 +626,8 @@ pub trait DifferenceStore: Send + Sync + 'static {
 
 /// Checks a person's `who` and `why`.
 pub(crate) fn check_person(who: &str, why: &str) -> Result<(), ReconcileError> {
-    check_text("who", who, MAX_WHO, false)?;
-    check_text("why", why, MAX_TEXT, true)
-}
-
-fn check_text(name: &str, text: &str, max: usize, newlines: bool) -> Result<(), ReconcileError> {
-    if text.trim().is_empty() {
-        return Err(ReconcileError::invalid(format!("{name} is empty")));
-    }
-    if text.len() > max {
-        return Err(ReconcileError::invalid(format!(
-            "{name} is {} bytes, over the {max} kept",
-            text.len()
-        )));
-    }
-    if text
-        .chars()
-        .any(|c| c.is_control() && !(newlines && (c == '\n' || c == '\t')))
-    {
-        return Err(ReconcileError::invalid(format!(
-            "{name} holds a control character"
-        )));
-    }
-    Ok(())
-}
-
-/// `text` cut to at most `max` bytes, at a character boundary.
-pub(crate) fn cut(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
+    check_text("who", who, MAX_WHO, false).map_err(ReconcileError::invalid)?;
+    check_text("why", why, MAX_TEXT, true).map_err(ReconcileError::invalid)
 }
 
 /// Reconciliation failed: a source or the store failed, a source broke the key order, a
