@@ -95,7 +95,6 @@ mod layer;
 
 pub use self::algorithm::{Aimd, Algorithm, Gradient};
 pub use self::layer::{AdaptiveLimitLayer, AdaptiveLimitLayerBuilder};
-pub use crate::evidence::RefusalReason;
 
 pub(crate) use self::algorithm::{Handle, Shared};
 use self::algorithm::{Signal, Ticket};
