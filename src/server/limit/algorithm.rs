@@ -71,8 +71,8 @@ impl From<Gradient> for Algorithm {
 /// Additive increase, multiplicative decrease: TCP's congestion window, applied to a server's
 /// concurrency.
 ///
-/// Each answer that was not a drop, while the limit is in use (at least half of it in flight),
-/// adds `1 / limit`: one per limit's worth of answers. A drop multiplies the limit by the
+/// Each answer that was not a drop, to a request admitted while the limit was in use (at least
+/// half of it in flight), adds `1 / limit`: one per limit's worth of answers. A drop multiplies the limit by the
 /// [`backoff`](Aimd::backoff) ratio, at most once for the requests admitted under the same
 /// limit (a burst of drops from one overload is one signal, not fifty).
 #[derive(Clone, Debug, PartialEq)]
@@ -321,6 +321,9 @@ pub(super) struct Ticket {
     pub(super) partition: Option<u32>,
     /// Whether this request's answer is timed.
     pub(super) timed: bool,
+    /// AIMD: the limit was in use when this request was admitted (at least half of it in
+    /// flight), so that its answer grows the limit.
+    pub(super) grows: bool,
     /// Requests in flight once this one was admitted.
     pub(super) in_flight: u32,
     pub(super) epoch: u64,
@@ -481,17 +484,20 @@ impl Shared {
         }
     }
 
-    /// Admits a request of `criticality` in `partition`, handing back its reference (which
-    /// counts it in flight until dropped) and ticket, or says why not.
+    /// Admits a request in `partition`, handing back its reference (which counts it in flight
+    /// until dropped) and ticket, or says why not, with the request's criticality.
+    ///
+    /// The criticality is asked for only when the limit is nearly full: below the least
+    /// critical level's share every request gets in, whatever it says, and most requests of a
+    /// server that is not overloaded never have their headers read for it.
     #[inline]
     pub(super) fn acquire(
         this: &Arc<Self>,
-        criticality: Criticality,
         partition: Option<u32>,
-    ) -> Result<(Arc<Self>, Ticket), RefusalReason> {
+        criticality: impl FnOnce() -> Criticality,
+    ) -> Result<(Arc<Self>, Ticket), (RefusalReason, Criticality)> {
         let epoch = this.epoch.load(Relaxed);
         let cap = this.cap.load(Relaxed);
-        let allowed = (cap * this.config.shares[criticality.rank()] / 1000).max(1);
         // The admission: one more strong reference, counted before it is read.
         let held = Arc::clone(this);
         let now = u64::from(Shared::in_flight(this));
@@ -501,10 +507,17 @@ impl Shared {
         let ticket = Ticket {
             partition,
             timed: this.times(),
+            // AIMD grows a limit in use: at least half of it in flight.
+            grows: this.grows_when_answered() && now * 2 + 2 >= cap,
             in_flight: u32::try_from(now).unwrap_or(u32::MAX),
             epoch,
         };
-        if before < allowed {
+        // The least critical level's share (the shares rise with criticality).
+        if before < Shared::allowed(cap, this.config.shares[0]) {
+            return Ok((held, ticket));
+        }
+        let criticality = criticality();
+        if before < Shared::allowed(cap, this.config.shares[criticality.rank()]) {
             return Ok((held, ticket));
         }
         if let (Some(p), Some(n)) = (part, part_before) {
@@ -518,11 +531,25 @@ impl Shared {
         if let Some(p) = part {
             p.in_flight.fetch_sub(1, AcqRel);
         }
-        Err(if before < cap {
+        let reason = if before < cap {
             RefusalReason::Shed
         } else {
             RefusalReason::Limit
-        })
+        };
+        Err((reason, criticality))
+    }
+
+    /// How many requests a level whose share is `permille` thousandths may have in flight
+    /// under a limit of `cap`: at least one.
+    #[inline]
+    fn allowed(cap: u64, permille: u64) -> u64 {
+        (cap * permille / 1000).max(1)
+    }
+
+    /// Whether an ordinary answer may grow the limit (AIMD), so that the ticket says it.
+    #[inline]
+    fn grows_when_answered(&self) -> bool {
+        matches!(self.config.algorithm, Algorithm::Aimd(_))
     }
 
     /// Gives back what `ticket` took besides its reference (which its holder drops).
@@ -577,7 +604,7 @@ impl Shared {
                         let backoff = a.backoff;
                         Shared::move_limit(this, |l| l * backoff);
                     }
-                } else if u64::from(Shared::in_flight(this)) * 2 + 2 >= this.cap.load(Relaxed) {
+                } else if ticket.grows {
                     // In use: grow by one per limit's worth of answers.
                     Shared::move_limit(this, |l| l + 1.0 / l);
                 }

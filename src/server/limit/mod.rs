@@ -76,9 +76,12 @@
 //!
 //! # Cost
 //!
-//! Admission and release are a few atomic operations, no lock and no allocation; the
-//! gradient reads the clock twice for one request in eight. `cargo bench --bench overhead -- limit` measures
-//! it against the bare service (see `benches/README.md`).
+//! Admission and release are a few atomic operations, no lock and no allocation. A request's
+//! criticality (an extension, a header) is read only when the limit is nearly full, and an
+//! answer that teaches the algorithm nothing (most of them) costs a few comparisons; the
+//! gradient reads the clock twice for one request in eight. `cargo bench --bench limit`
+//! measures it against the bare service and tower's `ConcurrencyLimit` (see
+//! `benches/README.md`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -173,9 +176,8 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let criticality = self.criticality(&req);
         let partition = self.partition(&req);
-        match Shared::acquire(&self.shared, criticality, partition) {
+        match Shared::acquire(&self.shared, partition, || self.criticality(&req)) {
             Ok((shared, ticket)) => {
                 let deadline = if shared.learns_from_deadlines() {
                     req.extensions().get::<Deadline>().copied()
@@ -196,7 +198,7 @@ where
                     },
                 }
             }
-            Err(reason) => {
+            Err((reason, criticality)) => {
                 Shared::refuse(&self.shared, reason, criticality, partition);
                 let response = refusal(req.is_grpc(), self.shared.config.retry_after);
                 ResponseFuture {
@@ -219,10 +221,23 @@ struct Permit {
 }
 
 impl Permit {
+    /// Learns from the answer, if it says anything: most answers (untimed, ordinary, from a
+    /// limit not in use) do not, and cost a few comparisons here.
+    #[inline]
     fn answered(&self, signal: Signal) {
-        if signal == Signal::Ignore {
+        if signal == Signal::Ignore
+            || signal == Signal::Answered
+                && self.start.is_none()
+                && self.deadline.is_none()
+                && !self.ticket.grows
+        {
             return;
         }
+        self.learn(signal);
+    }
+
+    #[inline(never)]
+    fn learn(&self, signal: Signal) {
         let now = (self.start.is_some() || self.deadline.is_some()).then(Instant::now);
         let rtt = self
             .start
