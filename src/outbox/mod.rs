@@ -71,6 +71,8 @@ mod memory;
 mod nats;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq;
 mod relay;
 mod wakeup;
 mod webhook;
@@ -83,6 +85,8 @@ pub use self::nats::{JetStreamPublisher, Published};
 pub use self::postgres::PostgresOutbox;
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
+#[cfg(feature = "rabbitmq")]
+pub use self::rabbitmq::{RabbitError, RabbitPublisher, RabbitPublisherBuilder};
 pub use self::relay::{Relay, RelayBuilder};
 pub use self::wakeup::Wakeup;
 pub use self::webhook::{WebhookError, WebhookPublisher};
