@@ -31,12 +31,13 @@ impl Proxy {
                 let (held, mut cut) = (held_rx.clone(), cuts_rx.clone());
                 cut.mark_unchanged();
                 tokio::spawn(async move {
-                    let (from_client, to_broker) = client.into_split();
-                    let (from_broker, to_client) = broker.into_split();
+                    let (from_client, to_client) = client.into_split();
+                    let (from_broker, to_broker) = broker.into_split();
                     tokio::select! {
+                        biased;
+                        _ = cut.changed() => {}
                         _ = pipe(from_client, to_broker, None) => {}
                         _ = pipe(from_broker, to_client, Some(held)) => {}
-                        _ = cut.changed() => {}
                     }
                     // Both sockets close here.
                 });
