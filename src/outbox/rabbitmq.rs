@@ -77,9 +77,10 @@ const PERSISTENT: u8 = 2;
 ///
 /// # Readiness
 ///
-/// Always ready. Calls publish one after the other on one channel, in the order they were
-/// made (so a relay's batch reaches a queue in order), and await their confirms concurrently.
-/// The publisher is cheap to clone: clones share the connection and the channel.
+/// Always ready. Calls publish one after the other on one channel, in the order their futures
+/// first run (a relay's batch in its order, so that it reaches a queue in order), and await
+/// their confirms together. The publisher is cheap to clone: clones share the connection and
+/// the channel.
 ///
 /// # The confirm of a returned message
 ///
