@@ -158,3 +158,52 @@ impl Topology {
         let _ = self.connection.close(200, "OK".into()).await;
     }
 }
+
+/// `rabbitmqctl`'s list of connections, one a line: the connection's process id, then its
+/// client properties (where the name it was given is).
+async fn list_connections() -> String {
+    let out = rabbitmqctl(&["-q", "list_connections", "pid", "client_properties"]).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// How many open connections carry the name `name`.
+pub(crate) async fn connections_named(name: &str) -> usize {
+    list_connections()
+        .await
+        .lines()
+        .filter(|line| line.contains(name))
+        .count()
+}
+
+/// Closes, from the broker's side, the connections named `name`; fails if there is none.
+pub(crate) async fn close_connection(name: &str) {
+    let listed = list_connections().await;
+    let pids: Vec<&str> = listed
+        .lines()
+        .filter(|line| line.contains(name))
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert!(!pids.is_empty(), "no connection named {name}: {listed}");
+    for pid in pids {
+        rabbitmqctl(&["-q", "close_connection", pid, "closed by a test"]).await;
+    }
+}
+
+/// Runs `rabbitmqctl` (on the machine of every developer and of CI, run as root), for at most
+/// 30 seconds; fails if it fails.
+async fn rabbitmqctl(args: &[&str]) -> Vec<u8> {
+    let run = tokio::process::Command::new("rabbitmqctl")
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), run)
+        .await
+        .unwrap_or_else(|_| panic!("rabbitmqctl {args:?} took over 30 s"))
+        .unwrap_or_else(|e| panic!("rabbitmqctl {args:?} could not run: {e}"));
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}

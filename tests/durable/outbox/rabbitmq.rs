@@ -543,3 +543,107 @@ async fn bad_settings_and_an_absent_broker_fail_connect() {
     assert!(!err.is_config(), "{err}");
     assert!(started.elapsed() < Duration::from_secs(3), "{err}");
 }
+
+/// A queue that refuses what it has no room for (`x-overflow: reject-publish`): RabbitMQ
+/// answers with a negative confirm, and the publish fails; the relay tries again later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_confirm_fails_the_publish() {
+    use surely::deps::lapin::options::{QueueBindOptions, QueueDeclareOptions};
+
+    let topology = Topology::new("a_negative_confirm_fails_the_publish", None).await;
+    let full = format!("{}_full", topology.queue);
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-max-length".into(), AMQPValue::LongInt(1));
+    arguments.insert("x-overflow".into(), text("reject-publish"));
+    let options = QueueDeclareOptions {
+        exclusive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let channel = &topology.channel;
+    channel
+        .queue_declare(full.clone().into(), options, arguments)
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            full.clone().into(),
+            topology.exchange.clone().into(),
+            "orders.#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut publisher = publisher(&topology).await;
+    publish(&mut publisher, event(1)).await.unwrap();
+    let err = publish(&mut publisher, event(2)).await.unwrap_err();
+    assert!(err.is_nacked() && !err.is_returned(), "{err}");
+    let outbox = MemoryOutbox::new();
+    outbox.enqueue(event(3));
+    let mut relay = Relay::builder(outbox.clone(), publisher).build().unwrap();
+    let round = relay.run_once().await.unwrap();
+    assert_eq!((round.published, round.failed), (0, 1));
+    assert_eq!(outbox.stats_now().backlog, 1, "waits to go again");
+    channel
+        .queue_delete(full.into(), Default::default())
+        .await
+        .unwrap();
+    topology.delete().await;
+}
+
+/// RabbitMQ closes the publisher's connection (`rabbitmqctl close_connection`, as an operator
+/// or a broker shutting down does): the next publish opens a new connection and goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_broker_closes_is_opened_again() {
+    use surely::deps::lapin::ConnectionProperties;
+
+    let topology = Topology::new(
+        "a_connection_the_broker_closes_is_opened_again",
+        Some("orders.#"),
+    )
+    .await;
+    // Named, so that this test closes its own connection and no other.
+    let name = crate::support::names::unique("surely_publisher");
+    let mut publisher = RabbitPublisher::builder(rabbitmq::url(), topology.exchange.clone())
+        .routing_prefix("orders")
+        .properties(ConnectionProperties::default().with_connection_name(name.clone().into()))
+        .connect()
+        .await
+        .unwrap();
+    publish(&mut publisher, event(1)).await.unwrap();
+    rabbitmq::close_connection(&name).await;
+    // The broker's close reaches the publisher on its own time: publishes until one has gone
+    // through on a new connection, none hanging.
+    let mut failures = 0;
+    let mut published = Vec::new();
+    for n in 2..=40 {
+        match tokio::time::timeout(Duration::from_secs(10), publish(&mut publisher, event(n)))
+            .await
+            .expect("no publish hangs")
+        {
+            Ok(()) => published.push(event(n).id().clone()),
+            Err(e) => {
+                assert!(!e.is_timeout(), "{e}");
+                failures += 1;
+            }
+        }
+        if published.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(published.len() >= 2, "{failures} failures");
+    let ids: Vec<EventId> = topology
+        .drain()
+        .await
+        .iter()
+        .map(|d| Event::from_amqp(d).unwrap().id().clone())
+        .collect();
+    assert!(ids.ends_with(&published), "{ids:?} {published:?}");
+    assert_eq!(
+        rabbitmq::connections_named(&name).await,
+        1,
+        "one connection now, the new one"
+    );
+    topology.delete().await;
+}
