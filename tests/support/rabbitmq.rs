@@ -59,35 +59,43 @@ impl Topology {
             .unwrap_or_else(|e| panic!("{test}: RabbitMQ at {} did not answer: {e}", address()));
         let channel = connection.create_channel().await.unwrap();
         let name = unique("surely");
-        channel
-            .exchange_declare(
-                name.clone().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap_or_else(|e| {
-                panic!("{test}: RabbitMQ at {} refused an exchange: {e}", address())
-            });
-        let options = QueueDeclareOptions {
-            exclusive: true,
-            ..QueueDeclareOptions::default()
-        };
-        channel
-            .queue_declare(name.clone().into(), options, FieldTable::default())
-            .await
-            .unwrap();
         let topology = Topology {
             connection,
             channel,
             exchange: name.clone(),
             queue: name,
         };
+        topology.declare_exchange().await;
+        let options = QueueDeclareOptions {
+            exclusive: true,
+            ..QueueDeclareOptions::default()
+        };
+        topology
+            .channel
+            .queue_declare(
+                topology.queue.clone().into(),
+                options,
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
         if let Some(binding) = binding {
             topology.bind(binding).await;
         }
         topology
+    }
+
+    /// Declares the exchange (again).
+    async fn declare_exchange(&self) {
+        self.channel
+            .exchange_declare(
+                self.exchange.clone().into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("RabbitMQ at {} refused an exchange: {e}", address()));
     }
 
     /// Binds the queue to the exchange with `binding`.
@@ -136,15 +144,7 @@ impl Topology {
 
     /// Declares the exchange again and binds the queue with `binding`.
     pub(crate) async fn redeclare(&self, binding: &str) {
-        self.channel
-            .exchange_declare(
-                self.exchange.clone().into(),
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        self.declare_exchange().await;
         self.bind(binding).await;
     }
 

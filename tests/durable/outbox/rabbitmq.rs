@@ -26,6 +26,32 @@ async fn publisher(topology: &Topology) -> RabbitPublisher {
         .unwrap()
 }
 
+/// A publisher to the test's exchange through `proxy`, waiting `timeout` for RabbitMQ.
+async fn publisher_through(
+    proxy: &Proxy,
+    topology: &Topology,
+    timeout: Duration,
+) -> RabbitPublisher {
+    RabbitPublisher::builder(
+        rabbitmq::url_through(proxy.addr()),
+        topology.exchange.clone(),
+    )
+    .routing_prefix("orders")
+    .timeout(timeout)
+    .connect()
+    .await
+    .unwrap()
+}
+
+/// The ids of the events in the test's queue, taken, in order.
+async fn delivered_ids(topology: &Topology) -> Vec<EventId> {
+    let delivered = topology.drain().await;
+    delivered
+        .iter()
+        .map(|d| Event::from_amqp(d).unwrap().id().clone())
+        .collect()
+}
+
 async fn publish(publisher: &mut RabbitPublisher, event: Event) -> Result<(), RabbitError> {
     publisher.ready().await?.call(event).await
 }
@@ -346,13 +372,10 @@ async fn a_missing_exchange_fails_the_publish_and_the_next_one_opens_a_new_chann
     assert!(err.to_string().contains("NOT_FOUND"), "{err}");
     topology.redeclare("orders.#").await;
     publish(&mut publisher, event(3)).await.unwrap();
-    let ids: Vec<String> = topology
-        .drain()
-        .await
-        .iter()
-        .map(|d| Event::from_amqp(d).unwrap().id().to_string())
-        .collect();
-    assert_eq!(ids, [event(1).id().to_string(), event(3).id().to_string()]);
+    assert_eq!(
+        delivered_ids(&topology).await,
+        [event(1).id().clone(), event(3).id().clone()]
+    );
     let err = RabbitPublisher::builder(rabbitmq::url(), format!("{}_nowhere", topology.exchange))
         .connect()
         .await
@@ -372,15 +395,7 @@ async fn a_connection_cut_under_a_publish_fails_it_and_the_next_one_reconnects()
     .await;
     let proxy = Proxy::start(rabbitmq::address()).await;
     let timeout = Duration::from_secs(10);
-    let mut publisher = RabbitPublisher::builder(
-        rabbitmq::url_through(proxy.addr()),
-        topology.exchange.clone(),
-    )
-    .routing_prefix("orders")
-    .timeout(timeout)
-    .connect()
-    .await
-    .unwrap();
+    let mut publisher = publisher_through(&proxy, &topology, timeout).await;
     publish(&mut publisher, event(1)).await.unwrap();
     proxy.hold_replies(true);
     let mut cut_under = publisher.clone();
@@ -410,30 +425,16 @@ async fn a_confirm_that_does_not_come_in_time_is_an_unknown_publish() {
     )
     .await;
     let proxy = Proxy::start(rabbitmq::address()).await;
-    let mut publisher = RabbitPublisher::builder(
-        rabbitmq::url_through(proxy.addr()),
-        topology.exchange.clone(),
-    )
-    .routing_prefix("orders")
-    .timeout(Duration::from_millis(300))
-    .connect()
-    .await
-    .unwrap();
+    let mut publisher = publisher_through(&proxy, &topology, Duration::from_millis(300)).await;
     proxy.hold_replies(true);
     let err = publish(&mut publisher, event(1)).await.unwrap_err();
     assert!(err.is_timeout() && err.is_unknown(), "{err}");
     assert!(err.to_string().contains("no confirm"), "{err}");
     proxy.hold_replies(false);
     publish(&mut publisher, event(2)).await.unwrap();
-    let ids: Vec<String> = topology
-        .drain()
-        .await
-        .iter()
-        .map(|d| Event::from_amqp(d).unwrap().id().to_string())
-        .collect();
     assert_eq!(
-        ids,
-        [event(1).id().to_string(), event(2).id().to_string()],
+        delivered_ids(&topology).await,
+        [event(1).id().clone(), event(2).id().clone()],
         "the unconfirmed one was routed after all"
     );
     topology.delete().await;
@@ -633,12 +634,7 @@ async fn a_connection_the_broker_closes_is_opened_again() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(published.len() >= 2, "{failures} failures");
-    let ids: Vec<EventId> = topology
-        .drain()
-        .await
-        .iter()
-        .map(|d| Event::from_amqp(d).unwrap().id().clone())
-        .collect();
+    let ids = delivered_ids(&topology).await;
     assert!(ids.ends_with(&published), "{ids:?} {published:?}");
     assert_eq!(
         rabbitmq::connections_named(&name).await,
