@@ -202,9 +202,9 @@ impl RabbitPublisherBuilder {
     ///
     /// # Errors
     ///
-    /// A URI that does not parse, an exchange name or routing prefix over 255 bytes, a zero
-    /// timeout; RabbitMQ not answering (within the timeout), refusing the connection, or
-    /// having no such exchange.
+    /// A URI that does not parse, an exchange name over 255 bytes or a routing prefix over
+    /// 254, a zero timeout ([`RabbitError::is_config`]); RabbitMQ not answering (within the
+    /// timeout), refusing the connection, or having no such exchange.
     pub async fn connect(self) -> Result<RabbitPublisher, RabbitError> {
         let uri: AMQPUri = self
             .uri
