@@ -66,6 +66,21 @@ const PERSISTENT: u8 = 2;
 ///   which RabbitMQ writes), a routing key or content type over 255 bytes, headers too large
 ///   for one AMQP frame. Nothing is sent.
 ///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use surely::outbox::{MemoryOutbox, RabbitPublisher, Relay};
+///
+/// let publisher = RabbitPublisher::builder("amqp://guest:guest@127.0.0.1:5672/%2f", "orders")
+///     .routing_prefix("orders")
+///     .timeout(Duration::from_secs(5))
+///     .connect()
+///     .await?;
+/// let relay = Relay::builder(MemoryOutbox::new(), publisher).build()?;
+/// relay.run(std::future::pending()).await;
+/// # Ok(()) }
+/// ```
+///
 /// # Duplicates
 ///
 /// RabbitMQ keeps no duplicate window: unlike JetStream with `Nats-Msg-Id`, it stores every copy
@@ -89,22 +104,10 @@ const PERSISTENT: u8 = 2;
 /// that can be another publish's confirm (acknowledgements may cover several messages at once).
 /// The publisher does not trust that pairing: it matches each returned message to its publish
 /// by message id, and settles a publish only after every confirm that arrived with it was
-/// seen, so a returned event never counts as published.
-///
-/// ```no_run
-/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use std::time::Duration;
-/// use surely::outbox::{MemoryOutbox, RabbitPublisher, Relay};
-///
-/// let publisher = RabbitPublisher::builder("amqp://guest:guest@127.0.0.1:5672/%2f", "orders")
-///     .routing_prefix("orders")
-///     .timeout(Duration::from_secs(5))
-///     .connect()
-///     .await?;
-/// let relay = Relay::builder(MemoryOutbox::new(), publisher).build()?;
-/// relay.run(std::future::pending()).await;
-/// # Ok(()) }
-/// ```
+/// seen, so a returned event never counts as published. A call dropped while its message is
+/// being sent (a timeout in front of the publisher) takes its confirm with it, and perhaps
+/// another publish's return: the publishes then in flight on the channel fail as unknown, and
+/// the next call opens a new channel.
 #[derive(Clone)]
 pub struct RabbitPublisher {
     shared: Arc<Shared>,
