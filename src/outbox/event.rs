@@ -236,7 +236,7 @@ pub struct InvalidEvent(&'static str);
 
 impl InvalidEvent {
     /// A message that lacks what makes it an event: `why` says what.
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nats", feature = "rabbitmq")), allow(dead_code))]
     pub(crate) fn message(why: &'static str) -> Self {
         InvalidEvent(why)
     }

@@ -17,8 +17,8 @@
 //! * **Not exactly once.** A relay that published and then crashed before it marked the event,
 //!   or whose publish lost its acknowledgement (an *unknown* outcome), publishes the event again,
 //!   with the **same** [`EventId`]. The broker (NATS JetStream's duplicate window, keyed by
-//!   `Nats-Msg-Id`) or the consumer's inbox drops the copy: the outbox does not remove
-//!   duplicates, the consumer must.
+//!   `Nats-Msg-Id`) or the consumer's inbox drops the copy (RabbitMQ keeps every copy: there
+//!   only the inbox does): the outbox does not remove duplicates, the consumer must.
 //! * **Nothing silently dropped.** An event whose publish keeps failing is retried after a wait,
 //!   and after a limit is **quarantined** with its last error: never dropped, never marked
 //!   published, visible in [`OutboxStats`] for an operator.
@@ -71,6 +71,8 @@ mod memory;
 mod nats;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq;
 mod relay;
 mod wakeup;
 mod webhook;
@@ -83,6 +85,8 @@ pub use self::nats::{JetStreamPublisher, Published};
 pub use self::postgres::PostgresOutbox;
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
+#[cfg(feature = "rabbitmq")]
+pub use self::rabbitmq::{RabbitError, RabbitPublisher, RabbitPublisherBuilder};
 pub use self::relay::{Relay, RelayBuilder};
 pub use self::wakeup::Wakeup;
 pub use self::webhook::{WebhookError, WebhookPublisher};

@@ -6,6 +6,9 @@ pub(crate) mod names;
 pub(crate) mod nats;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+pub(crate) mod proxy;
+#[cfg(feature = "rabbitmq")]
+pub(crate) mod rabbitmq;
 pub(crate) mod serve;
 pub(crate) mod time;
 

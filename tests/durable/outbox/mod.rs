@@ -7,6 +7,8 @@
 mod nats;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq;
 mod webhook;
 
 use std::collections::VecDeque;
