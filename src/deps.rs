@@ -1,11 +1,14 @@
 //! The third-party crates whose types appear in this crate's API, re-exported in one place so
 //! that a service builds against the same versions: async-nats (the outbox's JetStream
 //! publisher, feature `nats`), deadpool-postgres and tokio-postgres (the pool and the
-//! transactions of the PostgreSQL stores, feature `postgres`).
+//! transactions of the PostgreSQL stores, feature `postgres`), redis (the connection of the Redis
+//! idempotency store, feature `redis`).
 
 #[cfg(feature = "nats")]
 pub use async_nats;
 #[cfg(feature = "postgres")]
 pub use deadpool_postgres;
+#[cfg(feature = "redis")]
+pub use redis;
 #[cfg(feature = "postgres")]
 pub use tokio_postgres;

@@ -6,6 +6,8 @@ pub(crate) mod names;
 pub(crate) mod nats;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
 pub(crate) mod serve;
 pub(crate) mod time;
 

@@ -75,6 +75,8 @@ mod checkpoint;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
 
 pub(crate) use self::checkpoint::latest;
 pub use self::checkpoint::{Checkpoint, InvalidCheckpoint, UnknownRecord};
@@ -84,6 +86,8 @@ pub use self::memory::MemoryStore;
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
 #[cfg(feature = "postgres")]
 pub use self::postgres::{HandlerTransaction, PostgresStore};
+#[cfg(feature = "redis")]
+pub use self::redis::RedisStore;
 /// The PostgreSQL pool and driver that [`PostgresStore`] is built on, re-exported so that a
 /// handler uses the same versions.
 #[cfg(feature = "postgres")]
