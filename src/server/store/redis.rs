@@ -514,6 +514,7 @@ end
 redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'p', 'f', f + 1, 'lu', now + lease, 'at', now)
 redis.call('ZADD', KEYS[3], now, KEYS[1])
 if s == 'r' then
+  redis.call('HDEL', KEYS[1], 'e')
   redis.call('ZREM', KEYS[5], KEYS[1])
   redis.call('PERSIST', KEYS[1])
   return {'owner', f + 1}
