@@ -4,7 +4,9 @@
 //! its own, named with [`super::names`], and deletes them at the end, so runs may overlap and
 //! repeat.
 
-use surely::deps::redis::aio::ConnectionManager;
+use std::time::Duration;
+
+use surely::deps::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use surely::deps::redis::{self, AsyncCommands as _};
 
 /// The variable that names the server.
@@ -28,7 +30,11 @@ pub(crate) fn did_not_answer(test: &str, e: impl std::fmt::Display) -> ! {
 /// A connection that answered `PING`; fails `test`, naming the server, if it does not.
 pub(crate) async fn connection(test: &str) -> ConnectionManager {
     let client = redis::Client::open(url()).unwrap_or_else(|e| did_not_answer(test, e));
-    let mut conn = ConnectionManager::new(client)
+    // One second to connect, one retry: a server that is not there fails at once.
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_number_of_retries(1);
+    let mut conn = ConnectionManager::new_with_config(client, config)
         .await
         .unwrap_or_else(|e| did_not_answer(test, e));
     let pong: String = redis::cmd("PING")

@@ -27,6 +27,8 @@ use crate::support::time::secs;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod disconnect;
 mod events;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod leases;
 mod limits;
 mod postgres;
 mod recovery;

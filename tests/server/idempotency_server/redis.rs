@@ -137,140 +137,30 @@ async fn redis_concurrent_first_requests_across_instances_run_the_handler_once()
 }
 
 /// A real lease of 300 ms on Redis's clock: the second acquire after it takes over with fence
-/// 2; the first owner's completion, release, renewal, checkpoint and unknown are refused; the
-/// layer then replays the new owner's result.
+/// 2; the first owner's moves are refused; the layer then replays the new owner's result.
 #[tokio::test]
 async fn redis_lease_expiry_takeover_and_the_stale_owner_refused() {
     let db = store("redis_lease_expiry_takeover_and_the_stale_owner_refused").await;
-    let s = &db.store;
-    let key = record("k-lease");
-    let digest = RequestDigest::of(b"o");
-    let lease = Duration::from_millis(300);
-    assert!(matches!(
-        s.acquire(&key, &digest, lease).await.unwrap(),
-        Acquire::Owner(f) if f == Fence::new(1)
-    ));
-    match s.acquire(&key, &digest, lease).await.unwrap() {
-        Acquire::InFlight { retry_after } => {
-            assert!(
-                retry_after <= lease && retry_after > Duration::ZERO,
-                "{retry_after:?}"
-            )
-        }
-        other => panic!("{other:?}"),
-    }
-    // Another body while in flight: a mismatch, not a wait.
-    assert!(matches!(
-        s.acquire(&key, &RequestDigest::of(b"other"), lease)
-            .await
-            .unwrap(),
-        Acquire::Mismatch
-    ));
-    let step = Checkpoint::new("charge", "ch-1").unwrap();
-    s.checkpoint(&key, Fence::new(1), &step).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    // Another body after the lease: still a mismatch, never a takeover.
-    assert!(matches!(
-        s.acquire(&key, &RequestDigest::of(b"other"), lease)
-            .await
-            .unwrap(),
-        Acquire::Mismatch
-    ));
-    match s.acquire(&key, &digest, lease).await.unwrap() {
-        Acquire::TakenOver {
-            fence,
-            overdue,
-            age,
-            checkpoints,
-        } => {
-            assert_eq!(fence, Fence::new(2));
-            assert!(
-                overdue >= Duration::from_millis(50) && overdue < Duration::from_secs(5),
-                "{overdue:?}"
-            );
-            assert!(age >= Duration::from_millis(350), "{age:?}");
-            assert_eq!(checkpoints, std::slice::from_ref(&step));
-        }
-        other => panic!("not taken over: {other:?}"),
-    }
-    let one = Fence::new(1);
-    let late = StoredResponse::new(StatusCode::CREATED, &http::HeaderMap::new(), "late".into());
-    let minute = Duration::from_secs(60);
-    assert!(s
-        .complete(&key, one, &late, minute)
-        .await
-        .unwrap_err()
-        .is_stale());
-    assert!(s.release(&key, one).await.unwrap_err().is_stale());
-    assert!(s.renew(&key, one, minute).await.unwrap_err().is_stale());
-    assert!(s.checkpoint(&key, one, &step).await.unwrap_err().is_stale());
-    assert!(s
-        .mark_unknown(&key, one, "late")
-        .await
-        .unwrap_err()
-        .is_stale());
-    let won = StoredResponse::new(StatusCode::CREATED, &http::HeaderMap::new(), "won".into());
-    s.complete(&key, Fence::new(2), &won, minute).await.unwrap();
-    // Completing twice is refused too: the record is no longer processing.
-    assert!(s
-        .complete(&key, Fence::new(2), &won, minute)
-        .await
-        .unwrap_err()
-        .is_stale());
-    let seen = Seen::default();
-    let mut svc = IdempotencyLayer::new(db.store.clone()).layer(handler(seen.clone(), 201));
-    let got = send(&mut svc, post(Some("k-lease"), "o")).await;
-    assert!(got.replayed());
-    assert_eq!(got.body, "won");
-    assert_eq!(seen.calls(), 0);
+    super::leases::a_lease_passes_and_the_stale_owner_is_refused(
+        db.store.clone(),
+        Duration::from_millis(300),
+        tokio::time::sleep,
+    )
+    .await;
     db.forget().await;
 }
 
 /// The owner renews its lease by Redis's clock; once another request took over, the old
-/// owner's renewal is refused. A released record is taken with a higher fence, as a plain
-/// owner.
+/// owner's renewal is refused. Two leases of 300 ms pass: about 0.8 s.
 #[tokio::test]
 async fn redis_renewal_extends_the_owners_lease_only() {
     let db = store("redis_renewal_extends_the_owners_lease_only").await;
-    let s = &db.store;
-    let key = record("k-renew");
-    let digest = RequestDigest::of(b"o");
-    let short = Duration::from_millis(300);
-    assert!(matches!(
-        s.acquire(&key, &digest, short).await.unwrap(),
-        Acquire::Owner(f) if f == Fence::new(1)
-    ));
-    s.renew(&key, Fence::new(1), Duration::from_secs(60))
-        .await
-        .unwrap();
-    match s.acquire(&key, &digest, short).await.unwrap() {
-        Acquire::InFlight { retry_after } => assert!(retry_after > Duration::from_secs(50)),
-        other => panic!("{other:?}"),
-    }
-    // Past a short lease, but not taken over: the owner keeps it.
-    s.renew(&key, Fence::new(1), short).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    s.renew(&key, Fence::new(1), short).await.unwrap();
-    assert!(matches!(
-        s.acquire(&key, &digest, short).await.unwrap(),
-        Acquire::InFlight { .. }
-    ));
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(matches!(
-        s.acquire(&key, &digest, short).await.unwrap(),
-        Acquire::TakenOver { fence, .. } if fence == Fence::new(2)
-    ));
-    assert!(s
-        .renew(&key, Fence::new(1), short)
-        .await
-        .unwrap_err()
-        .is_stale());
-    s.renew(&key, Fence::new(2), short).await.unwrap();
-    s.release(&key, Fence::new(2)).await.unwrap();
-    assert!(matches!(
-        s.acquire(&key, &RequestDigest::of(b"another"), short).await.unwrap(),
-        Acquire::Owner(f) if f == Fence::new(3)
-    ));
+    super::leases::renewal_extends_the_owners_lease_only(
+        db.store.clone(),
+        Duration::from_millis(300),
+        tokio::time::sleep,
+    )
+    .await;
     db.forget().await;
 }
 
@@ -354,30 +244,20 @@ async fn redis_client_input_never_makes_a_5xx() {
     db.forget().await;
 }
 
-/// After retention the key gets the explicit error, until swept.
+/// After retention the key gets the explicit error, until swept; Redis would delete the record
+/// by itself a backstop after its retention, not sooner.
 #[tokio::test]
 async fn redis_expired_key_is_an_explicit_error() {
     let mut db = store("redis_expired_key_is_an_explicit_error").await;
-    let seen = Seen::default();
-    let mut svc = IdempotencyLayer::builder(db.store.clone())
-        .retention(Duration::from_millis(300))
-        .build()
-        .unwrap()
-        .layer(handler(seen.clone(), 201));
-    assert_eq!(send(&mut svc, post(Some("k-old"), "o")).await.status, 201);
-    // Redis deletes the record by itself a backstop after its retention, not sooner.
+    super::leases::an_expired_key_is_an_explicit_error_until_swept(
+        db.store.clone(),
+        Duration::from_millis(300),
+        tokio::time::sleep,
+    )
+    .await;
     let record = db.record_key("k-old").await;
     let ttl: i64 = db.conn.pttl(&record).await.unwrap();
     assert!(ttl > 6 * 86_400_000, "{ttl}");
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let got = send(&mut svc, post(Some("k-old"), "o")).await;
-    assert_eq!(got.status, StatusCode::GONE);
-    assert_eq!(got.code(), Some("IDEMPOTENCY_KEY_EXPIRED"));
-    assert_eq!(seen.calls(), 1);
-    assert_eq!(db.store.sweep(Duration::from_secs(3600)).await.unwrap(), 0);
-    assert_eq!(db.store.sweep(Duration::ZERO).await.unwrap(), 1);
-    assert_eq!(send(&mut svc, post(Some("k-old"), "o")).await.status, 201);
-    assert_eq!(seen.calls(), 2);
     db.forget().await;
 }
 
@@ -570,13 +450,7 @@ async fn redis_hostile_keys_stay_apart() {
     let db = store("redis_hostile_keys_stay_apart").await;
     let seen = Seen::default();
     let mut svc = IdempotencyLayer::builder(db.store.clone())
-        .tenant(|parts: &http::request::Parts| {
-            parts
-                .headers
-                .get("x-tenant")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        })
+        .tenant(|p: &http::request::Parts| Some(p.headers.get("x-tenant")?.to_str().ok()?.into()))
         .build()
         .unwrap()
         .layer(handler(seen.clone(), 201));
