@@ -279,16 +279,18 @@ impl RedisStore {
         let Some(client) = &self.conn.client else {
             return Err(StoreError::backend("redis store without a connection"));
         };
+        // Made here, in the runtime, and lazy: it connects on its first command, which every
+        // request waiting meanwhile shares (one attempt for all, not one after the other).
         self.conn
             .manager
-            .get_or_try_init(|| {
+            .get_or_try_init(|| async {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(Duration::from_secs(1)))
                     .set_response_timeout(Some(Duration::from_secs(5)))
                     .set_number_of_retries(2)
                     .set_min_delay(Duration::from_millis(50))
                     .set_max_delay(Duration::from_millis(500));
-                ConnectionManager::new_with_config(client.clone(), config)
+                ConnectionManager::new_lazy_with_config(client.clone(), config)
             })
             .await
             .cloned()

@@ -20,8 +20,8 @@ use surely::server::store::{
 use tokio::sync::Notify;
 use tower::{service_fn, Layer};
 
-use super::support::{handler, post, reply, send, Req, Seen};
 use super::scenarios;
+use super::support::{handler, post, reply, send, Req, Seen};
 use crate::support::names::suffix;
 use crate::support::postgres::{did_not_answer, forget, url};
 

@@ -592,6 +592,27 @@ async fn redis_unreachable_is_a_503_not_processed_within_seconds() {
         "{:?}",
         started.elapsed()
     );
+
+    // Many requests at once on a fresh store share its one connection attempt: they all fail
+    // within the time of one, not one after the other.
+    let store = RedisStore::connect(&format!("redis://127.0.0.1:{closed}")).unwrap();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..32)
+        .map(|n| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let key = record(&format!("k-{n}"));
+                store
+                    .acquire(&key, &RequestDigest::of(b"o"), Duration::from_secs(5))
+                    .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        assert!(task.await.unwrap().unwrap_err().is_backend());
+    }
+    let all = started.elapsed();
+    assert!(all < Duration::from_secs(3), "{all:?}");
 }
 
 #[test]
