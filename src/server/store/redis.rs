@@ -38,8 +38,8 @@ use crate::ConfigError;
 /// * **A restart without persistence forgets everything**: every key's record, in flight or
 ///   completed. After it, every key is new: a retry of a request that had completed runs again,
 ///   and a stale owner's late completion is accepted under a fresh record's fence 1 if that
-///   record's owner also got fence 1. With AOF (`appendfsync always`) a restart loses nothing;
-///   with `everysec`, up to a second of moves.
+///   record's owner also got fence 1. With AOF (`appendfsync always`) a restart loses nothing it
+///   acknowledged; with `everysec`, up to a second of moves.
 /// * **No transaction with the handler's own writes.** There is no `complete_in` here: a
 ///   handler that commits its business write elsewhere and crashes before the completion leaves
 ///   the record `PROCESSING`, and after the lease the retry runs it again (unless its
@@ -65,7 +65,8 @@ use crate::ConfigError;
 /// (`surely:idem:processing`, `:unknown`, `:ended`), kept in step by the same scripts.
 ///
 /// Acquiring, completing, releasing, renewing and checkpointing are one script each, one round
-/// trip, `O(log n)` in the store's records (the sorted sets). [`stuck`](IdempotencyStore::stuck),
+/// trip (a script is sent once, then called by its hash), `O(log n)` in the store's records
+/// (the sorted sets). [`stuck`](IdempotencyStore::stuck),
 /// [`unknowns`](IdempotencyStore::unknowns) and [`expired`](IdempotencyStore::expired) read a
 /// range of their index, `O(log n + limit)`; [`sweep`](IdempotencyStore::sweep) deletes in
 /// batches of 1000, one script per batch, so that it never blocks Redis for long. Nothing scans
@@ -76,8 +77,9 @@ use crate::ConfigError;
 /// whose sweeper never runs does not grow for ever. The sweeper, and the archive before it,
 /// see a record only until then.
 ///
-/// One Redis server (with replicas, or under Sentinel): the scripts touch the store's index
-/// keys beside a record's, which Redis Cluster would refuse across slots.
+/// One Redis server (with replicas, or under Sentinel), not Redis Cluster: the scripts touch the
+/// store's index keys beside a record's, and the listings and the sweep read the records their
+/// index names, which a script may do only where every key lives on one server.
 ///
 /// # Connections
 ///

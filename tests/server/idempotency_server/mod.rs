@@ -1,7 +1,7 @@
 //! The server idempotency layer: the scenarios every store must pass, run on the memory store
-//! (and on PostgreSQL in `postgres.rs`, on Redis in `redis.rs`), then what the memory store shows with paused time:
-//! leases, fencing, crashes, expiry and the sweeper; and the client and server halves together
-//! over a real hyper server.
+//! (and on PostgreSQL in `postgres.rs`, on Redis in `redis.rs`), then what the memory store
+//! shows with paused time: leases, fencing, crashes, expiry and the sweeper; and the client and
+//! server halves together over a real hyper server.
 
 use std::convert::Infallible;
 use std::io;
