@@ -16,7 +16,10 @@
 //! * `postgres/acquire_complete`, `postgres/replay`, `postgres/acquire_complete_digest`: the
 //!   same on PostgreSQL over loopback, when `SURELY_TEST_POSTGRES_URL` is set (a fresh table,
 //!   dropped at the end).
-//! * `memory_layer/…` (and `postgres_layer/…`): one keyed request through the whole
+//! * `redis/acquire_complete`, `redis/replay`, `redis/acquire_complete_digest`: the same on
+//!   Redis over loopback, when `SURELY_TEST_REDIS_URL` is set (built with the `redis` feature;
+//!   a fresh key prefix, its keys deleted at the end).
+//! * `memory_layer/…` (and `postgres_layer/…`, `redis_layer/…`): one keyed request through the whole
 //!   `IdempotencyLayer`, in process (body read and hashed, acquire, handler, complete), the
 //!   handler yielding once: `inline`, dropped with a caller that leaves
 //!   (`cancel_with_caller()`); `default`, finished on a task of its own should the caller leave,
@@ -265,6 +268,7 @@ fn main() {
     let mut layers = vec![bench_layer(&mut c, &rt, "memory_layer", MemoryStore::new)];
 
     layers.extend(postgres(&mut c, &rt));
+    layers.extend(redis(&mut c, &rt));
     c.final_summary();
     println!();
     println!(
@@ -477,5 +481,50 @@ fn postgres(c: &mut Criterion, rt: &Runtime) -> Option<(&'static str, f64, f64)>
 #[cfg(not(feature = "postgres"))]
 fn postgres(_: &mut Criterion, _: &Runtime) -> Option<(&'static str, f64, f64)> {
     println!("postgres: skipped (built without the `postgres` feature)");
+    None
+}
+
+#[cfg(feature = "redis")]
+fn redis(c: &mut Criterion, rt: &Runtime) -> Option<(&'static str, f64, f64)> {
+    use surely::deps::redis::AsyncCommands as _;
+    use surely::server::store::RedisStore;
+
+    let Ok(url) = std::env::var("SURELY_TEST_REDIS_URL") else {
+        println!("redis: skipped (SURELY_TEST_REDIS_URL is not set)");
+        return None;
+    };
+    let prefix = format!("surely:bench:{}:", std::process::id());
+    let store = RedisStore::connect(&url)
+        .expect("a Redis URL")
+        .with_prefix(&prefix)
+        .expect("a prefix");
+    bench_store(c, rt, "redis", &store, 2_000);
+    let layers = bench_layer(c, rt, "redis_layer", || store.clone());
+    rt.block_on(async {
+        let client = surely::deps::redis::Client::open(url).expect("a Redis URL");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection");
+        let mut scan = conn
+            .scan_match::<_, String>(format!("{prefix}*"))
+            .await
+            .expect("scan the bench's keys");
+        let mut keys = Vec::new();
+        while let Some(key) = scan.next_item().await {
+            keys.push(key.expect("a key"));
+        }
+        drop(scan);
+        for batch in keys.chunks(1000) {
+            let _: () = conn.unlink(batch).await.expect("delete the bench's keys");
+        }
+        println!("redis: {} keys of the bench deleted", keys.len());
+    });
+    Some(layers)
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis(_: &mut Criterion, _: &Runtime) -> Option<(&'static str, f64, f64)> {
+    println!("redis: skipped (built without the `redis` feature)");
     None
 }

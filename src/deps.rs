@@ -2,7 +2,8 @@
 //! that a service builds against the same versions: async-nats (the outbox's JetStream
 //! publisher, feature `nats`), lapin (the outbox's RabbitMQ publisher, feature `rabbitmq`),
 //! deadpool-postgres and tokio-postgres (the pool and the transactions of the PostgreSQL
-//! stores, feature `postgres`).
+//! stores, feature `postgres`), redis (the connection of the Redis idempotency store, feature
+//! `redis`).
 
 #[cfg(feature = "nats")]
 pub use async_nats;
@@ -10,5 +11,7 @@ pub use async_nats;
 pub use deadpool_postgres;
 #[cfg(feature = "rabbitmq")]
 pub use lapin;
+#[cfg(feature = "redis")]
+pub use redis;
 #[cfg(feature = "postgres")]
 pub use tokio_postgres;

@@ -36,7 +36,8 @@
 //!
 //! [`server::idempotency::IdempotencyLayer`] honours the client's `Idempotency-Key`: the first
 //! request with a key runs, a duplicate waits (409) or gets the stored response, over an
-//! in-memory or a PostgreSQL [store](server::store) (features `server` and `postgres`).
+//! in-memory, a PostgreSQL or a Redis [store](server::store) (features `server`, `postgres`,
+//! `redis`).
 //!
 //! [`retry::RetryLayer`] puts the classification to work: it retries only what may be retried,
 //! waits as [`retry::backoff`] or the server's pushback says, stops at the call's deadline, and

@@ -15,8 +15,8 @@
 //!   at once (`503`, `Retry-After`, not processed), the least critical first;
 //! * `config` (feature `serde`): the settings of both layers, read from a file or the
 //!   environment;
-//! * [`store`]: where the keys' records live, in memory or (feature `postgres`) in PostgreSQL,
-//!   completed inside the handler's own transaction.
+//! * [`store`]: where the keys' records live, in memory, (feature `postgres`) in PostgreSQL,
+//!   completed inside the handler's own transaction, or (feature `redis`) in Redis, cache-grade.
 //!
 //! These sit above the client layers and their composition (a handler's own outgoing calls use
 //! the client stack), and below the durable half (outbox, inbox, ledger).

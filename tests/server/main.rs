@@ -1,4 +1,4 @@
-//! The server side: the idempotency layer and its stores (memory, and PostgreSQL), the
+//! The server side: the idempotency layer and its stores (memory, PostgreSQL and Redis), the
 //! adaptive limit, and the server layers configured from a file or the environment.
 
 #[allow(dead_code)]

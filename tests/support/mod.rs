@@ -9,6 +9,8 @@ pub(crate) mod postgres;
 pub(crate) mod proxy;
 #[cfg(feature = "rabbitmq")]
 pub(crate) mod rabbitmq;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
 pub(crate) mod serve;
 pub(crate) mod time;
 

@@ -1,4 +1,6 @@
-//! Where the server layer keeps its records: one async trait, two stores.
+//! Where the server layer keeps its records: one async trait, three stores (in memory, on
+//! PostgreSQL, on Redis; [`docs::server_states`](crate::docs::server_states#which-store) says
+//! which promises what).
 //!
 //! A record is addressed by a [`RecordKey`] (tenant, operation, key) and moves through four
 //! states, each move one **atomic** store operation (never a read followed by a write). The
@@ -56,8 +58,8 @@
 //! its own. Boxed futures would have made every call on the memory store allocate, for a
 //! flexibility that a server, which chooses its store once at start-up, rarely needs.
 //!
-//! Stores are shared by reference: `Arc<S>` is a store when `S` is, and both built-in stores are
-//! cheap handles already (clones share the same records).
+//! Stores are shared by reference: `Arc<S>` is a store when `S` is, and every built-in store is a
+//! cheap handle already (clones share the same records).
 
 use std::fmt;
 use std::future::Future;
@@ -75,6 +77,8 @@ mod checkpoint;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
 
 pub(crate) use self::checkpoint::latest;
 pub use self::checkpoint::{Checkpoint, InvalidCheckpoint, UnknownRecord};
@@ -84,6 +88,8 @@ pub use self::memory::MemoryStore;
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
 #[cfg(feature = "postgres")]
 pub use self::postgres::{HandlerTransaction, PostgresStore};
+#[cfg(feature = "redis")]
+pub use self::redis::RedisStore;
 /// The PostgreSQL pool and driver that [`PostgresStore`] is built on, re-exported so that a
 /// handler uses the same versions.
 #[cfg(feature = "postgres")]

@@ -1,7 +1,7 @@
 //! The server idempotency layer: the scenarios every store must pass, run on the memory store
-//! (and on PostgreSQL in `postgres.rs`), then what the memory store shows with paused time:
-//! leases, fencing, crashes, expiry and the sweeper; and the client and server halves together
-//! over a real hyper server.
+//! (and on PostgreSQL in `postgres.rs`, on Redis in `redis.rs`), then what the memory store
+//! shows with paused time: leases, fencing, crashes, expiry and the sweeper; and the client and
+//! server halves together over a real hyper server.
 
 use std::convert::Infallible;
 use std::io;
@@ -24,12 +24,16 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 
 use crate::support::time::secs;
 
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 mod disconnect;
 mod events;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod leases;
 mod limits;
 mod postgres;
 mod recovery;
+#[cfg(feature = "redis")]
+mod redis;
 mod scenarios;
 mod stored;
 mod support;

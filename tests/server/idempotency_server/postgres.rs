@@ -20,8 +20,8 @@ use surely::server::store::{
 use tokio::sync::Notify;
 use tower::{service_fn, Layer};
 
+use super::scenarios;
 use super::support::{handler, post, reply, send, Req, Seen};
-use super::{record, scenarios};
 use crate::support::names::suffix;
 use crate::support::postgres::{did_not_answer, forget, url};
 
@@ -188,65 +188,17 @@ async fn pg_scenarios_422_400_413_tenants_stored_replay() {
     db.drop_tables().await;
 }
 
-/// A short real lease: the second acquire after it takes over with fence 2; the first owner's
-/// completion and release are refused; the layer then replays the new owner's result.
+/// A one-second lease on the database's clock: the second acquire after it takes over with fence
+/// 2; the first owner's moves are refused; the layer then replays the new owner's result.
 #[tokio::test]
 async fn pg_lease_expiry_takeover_and_stale_completion_refused() {
     let db = store("pg_lease_expiry_takeover_and_stale_completion_refused").await;
-    let s = &db.store;
-    let key = record("k-lease");
-    let digest = RequestDigest::of(b"o");
-    let lease = Duration::from_secs(1);
-    assert!(matches!(
-        s.acquire(&key, &digest, lease).await.unwrap(),
-        Acquire::Owner(f) if f == Fence::new(1)
-    ));
-    match s.acquire(&key, &digest, lease).await.unwrap() {
-        Acquire::InFlight { retry_after } => assert!(retry_after <= lease),
-        other => panic!("{other:?}"),
-    }
-    // Another body while in flight: a mismatch, not a wait.
-    assert!(matches!(
-        s.acquire(&key, &RequestDigest::of(b"other"), lease)
-            .await
-            .unwrap(),
-        Acquire::Mismatch
-    ));
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    // A takeover, and the store says how long past the lease, by the database's clock.
-    match s.acquire(&key, &digest, lease).await.unwrap() {
-        Acquire::TakenOver { fence, overdue, .. } => {
-            assert_eq!(fence, Fence::new(2));
-            assert!(
-                overdue >= Duration::from_millis(50) && overdue < Duration::from_secs(5),
-                "{overdue:?}"
-            );
-        }
-        other => panic!("not taken over: {other:?}"),
-    }
-    let late = StoredResponse::new(StatusCode::CREATED, &http::HeaderMap::new(), "late".into());
-    let err = s
-        .complete(&key, Fence::new(1), &late, Duration::from_secs(60))
-        .await
-        .unwrap_err();
-    assert!(err.is_stale(), "{err}");
-    assert!(s.release(&key, Fence::new(1)).await.unwrap_err().is_stale());
-    let won = StoredResponse::new(StatusCode::CREATED, &http::HeaderMap::new(), "won".into());
-    s.complete(&key, Fence::new(2), &won, Duration::from_secs(60))
-        .await
-        .unwrap();
-    // Completing twice is refused too: the record is no longer processing.
-    assert!(s
-        .complete(&key, Fence::new(2), &won, Duration::from_secs(60))
-        .await
-        .unwrap_err()
-        .is_stale());
-    let seen = Seen::default();
-    let mut svc = IdempotencyLayer::new(db.store.clone()).layer(handler(seen.clone(), 201));
-    let got = send(&mut svc, post(Some("k-lease"), "o")).await;
-    assert!(got.replayed());
-    assert_eq!(got.body, "won");
-    assert_eq!(seen.calls(), 0);
+    super::leases::a_lease_passes_and_the_stale_owner_is_refused(
+        db.store.clone(),
+        Duration::from_secs(1),
+        tokio::time::sleep,
+    )
+    .await;
     db.drop_tables().await;
 }
 
@@ -263,38 +215,16 @@ async fn pg_a_takeover_is_told_from_a_release() {
 }
 
 /// The owner renews its lease by the database's clock; once another request took over, the old
-/// owner's renewal is refused.
+/// owner's renewal is refused. Two leases of 300 ms pass: about 0.8 s.
 #[tokio::test]
 async fn pg_renewal_extends_the_owners_lease_only() {
     let db = store("pg_renewal_extends_the_owners_lease_only").await;
-    let s = &db.store;
-    let key = record("k-renew");
-    let digest = RequestDigest::of(b"o");
-    let short = Duration::from_millis(300);
-    assert!(matches!(
-        s.acquire(&key, &digest, short).await.unwrap(),
-        Acquire::Owner(f) if f == Fence::new(1)
-    ));
-    s.renew(&key, Fence::new(1), Duration::from_secs(60))
-        .await
-        .unwrap();
-    match s.acquire(&key, &digest, short).await.unwrap() {
-        Acquire::InFlight { retry_after } => assert!(retry_after > Duration::from_secs(50)),
-        other => panic!("{other:?}"),
-    }
-    // Back to a short lease, let it pass, take over: fence 1 can no longer renew.
-    s.renew(&key, Fence::new(1), short).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(matches!(
-        s.acquire(&key, &digest, short).await.unwrap(),
-        Acquire::TakenOver { fence, .. } if fence == Fence::new(2)
-    ));
-    assert!(s
-        .renew(&key, Fence::new(1), short)
-        .await
-        .unwrap_err()
-        .is_stale());
-    s.renew(&key, Fence::new(2), short).await.unwrap();
+    super::leases::renewal_extends_the_owners_lease_only(
+        db.store.clone(),
+        Duration::from_millis(300),
+        tokio::time::sleep,
+    )
+    .await;
     db.drop_tables().await;
 }
 
@@ -405,22 +335,12 @@ async fn pg_crash_after_commit_with_in_transaction_completion_makes_one_order() 
 #[tokio::test]
 async fn pg_expired_key_is_an_explicit_error() {
     let db = store("pg_expired_key_is_an_explicit_error").await;
-    let seen = Seen::default();
-    let mut svc = IdempotencyLayer::builder(db.store.clone())
-        .retention(Duration::from_millis(300))
-        .build()
-        .unwrap()
-        .layer(handler(seen.clone(), 201));
-    assert_eq!(send(&mut svc, post(Some("k-old"), "o")).await.status, 201);
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let got = send(&mut svc, post(Some("k-old"), "o")).await;
-    assert_eq!(got.status, StatusCode::GONE);
-    assert_eq!(got.code(), Some("IDEMPOTENCY_KEY_EXPIRED"));
-    assert_eq!(seen.calls(), 1);
-    assert_eq!(db.store.sweep(Duration::from_secs(3600)).await.unwrap(), 0);
-    assert_eq!(db.store.sweep(Duration::ZERO).await.unwrap(), 1);
-    assert_eq!(send(&mut svc, post(Some("k-old"), "o")).await.status, 201);
-    assert_eq!(seen.calls(), 2);
+    super::leases::an_expired_key_is_an_explicit_error_until_swept(
+        db.store.clone(),
+        Duration::from_millis(300),
+        tokio::time::sleep,
+    )
+    .await;
     db.drop_tables().await;
 }
 

@@ -1,5 +1,5 @@
-//! Scenarios run against every store: the memory store (in `main.rs`) and PostgreSQL (in
-//! `postgres.rs`).
+//! Scenarios run against every store: the memory store (in `main.rs`), PostgreSQL (in
+//! `postgres.rs`) and Redis (in `redis.rs`).
 
 use std::convert::Infallible;
 use std::time::Duration;

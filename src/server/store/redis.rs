@@ -1,0 +1,1096 @@
+//! The Redis store.
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+
+use super::{
+    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RequestDigest,
+    StoreError, StoredResponse, StuckRecord, UnknownRecord,
+};
+use crate::classify::BoxError;
+use crate::idempotency::IdempotencyKey;
+use crate::ConfigError;
+
+/// A shared store on Redis, for services that run more than one instance and can live with
+/// **cache-grade** guarantees: each record is a hash, each move of a record one Lua script (so
+/// one atomic step on the server), and every lease and retention is read from Redis's own clock
+/// (`TIME`), so that instances with skewed clocks agree.
+///
+/// # What it guarantees, and what it does not
+///
+/// On one Redis server that keeps its data, it behaves as the
+/// [`PostgresStore`](super::PostgresStore) does, state for state: one owner per key, duplicates
+/// answered 409 while the owner's lease runs, replays of the stored answer, fenced completions
+/// (a stale owner is refused), takeovers with a higher fence, checkpoints, `UNKNOWN` records,
+/// retention, the sweep. It does **not** promise what PostgreSQL promises, because Redis does
+/// not keep what it acknowledged the way a database does:
+///
+/// * **Replication is asynchronous.** Redis acknowledges a write before any replica has it. If
+///   the primary fails over in that window, the replica that takes over has never seen the
+///   claim or the completion: the next request with the key runs the handler **again**. Two
+///   requests with one key may both run. (`WAIT` narrows the window; it does not close it.)
+/// * **A restart without persistence forgets everything**: every key's record, in flight or
+///   completed. After it, every key is new: a retry of a request that had completed runs again,
+///   and a stale owner's late completion is accepted under a fresh record's fence 1 if that
+///   record's owner also got fence 1. With AOF (`appendfsync always`) a restart loses nothing it
+///   acknowledged; with `everysec`, up to a second of moves.
+/// * **No transaction with the handler's own writes.** There is no `complete_in` here: a
+///   handler that commits its business write elsewhere and crashes before the completion leaves
+///   the record `PROCESSING`, and after the lease the retry runs it again (unless its
+///   checkpoints and a [recovery hook](crate::server::idempotency::IdempotencyLayerBuilder::recover)
+///   say otherwise).
+/// * **Eviction is loss.** Run Redis with `maxmemory-policy noeviction`: under an `allkeys-*`
+///   policy Redis may drop a live claim, and under a `volatile-*` one a lease or a completed
+///   record (they carry a time to live).
+///
+/// So: use it to spare a service duplicate work, and duplicate answers to most retries; do not
+/// use it where the effect must happen once (money, stock, anything a customer is charged
+/// for). There, use [`PostgresStore`](super::PostgresStore) and complete in the handler's
+/// transaction. See [`docs::server_states`](crate::docs::server_states#on-redis).
+///
+/// # The keys, and what each call costs
+///
+/// With the prefix `surely:idem:` (the default; [`with_prefix`](Self::with_prefix)), a record
+/// is the hash `surely:idem:rec:<tenant length>:<tenant>:<operation length>:<operation>:<key>`
+/// (readable in `redis-cli`, bounded as [`RecordKey`] is), and its owner's lease is the string
+/// `surely:idem:lease:...` beside it, claimed with `SET ... NX PX <lease>` and expired by Redis
+/// itself. The record outlives its lease: a takeover needs the old fence, digest and
+/// checkpoints, so only the claim expires. Three sorted sets index the records by time
+/// (`surely:idem:processing`, `:unknown`, `:ended`), kept in step by the same scripts.
+///
+/// Acquiring, completing, releasing, renewing and checkpointing are one script each, one round
+/// trip (a script is sent once, then called by its hash), `O(log n)` in the store's records
+/// (the sorted sets). [`stuck`](IdempotencyStore::stuck),
+/// [`unknowns`](IdempotencyStore::unknowns) and [`expired`](IdempotencyStore::expired) read a
+/// range of their index, `O(log n + limit)`; [`sweep`](IdempotencyStore::sweep) deletes in
+/// batches of 1000, one script per batch, so that it never blocks Redis for long. Nothing scans
+/// the keyspace.
+///
+/// A completed or released record also gets a time to live: Redis deletes it by itself
+/// [`backstop`](Self::with_backstop) (7 days by default) after its retention ended, so a store
+/// whose sweeper never runs does not grow for ever. The sweeper, and the archive before it,
+/// see a record only until then.
+///
+/// One Redis server (with replicas, or under Sentinel), not Redis Cluster: the scripts touch the
+/// store's index keys beside a record's, and the listings and the sweep read the records their
+/// index names, which a script may do only where every key lives on one server.
+///
+/// # Connections
+///
+/// On the `redis` crate's [`ConnectionManager`]: one multiplexed connection, shared by clones,
+/// reconnected when it drops (a Redis restart). [`connect`](Self::connect) opens it on first
+/// use, with a one-second connection timeout, a five-second response timeout and two
+/// reconnection attempts, so that a Redis that is down fails a request within seconds (the layer
+/// answers `503`, not processed) instead of holding it; [`new`](Self::new) takes a manager you
+/// configured. Every Redis error is a [`StoreError::is_backend`], and so is a record under the
+/// prefix that does not decode (written by someone else), with the key in its message.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use surely::server::idempotency::IdempotencyLayer;
+/// use surely::server::store::RedisStore;
+/// use tower::{service_fn, Layer};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::connect("redis://127.0.0.1:6379")?.with_prefix("orders:idem:")?;
+/// let layer = IdempotencyLayer::builder(store)
+///     .lease(Duration::from_secs(30))
+///     .retention(Duration::from_secs(24 * 3600))
+///     .build()?;
+/// let app = layer.layer(service_fn(|_req: http::Request<http_body_util::Full<bytes::Bytes>>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+///         bytes::Bytes::from("created"),
+///     )))
+/// }));
+/// # let _ = app;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Arc<Conn>,
+    keys: Arc<Keys>,
+}
+
+/// The connection: a manager the caller made, or one made from `client` on first use (and
+/// again on the next use if that failed).
+struct Conn {
+    client: Option<redis::Client>,
+    manager: tokio::sync::OnceCell<ConnectionManager>,
+}
+
+/// The store's prefix, and the key names made from it.
+struct Keys {
+    prefix: Box<str>,
+    processing: String,
+    unknown: String,
+    ended: String,
+    backstop: Duration,
+}
+
+impl Keys {
+    fn new(prefix: &str, backstop: Duration) -> Self {
+        Keys {
+            prefix: prefix.into(),
+            processing: format!("{prefix}processing"),
+            unknown: format!("{prefix}unknown"),
+            ended: format!("{prefix}ended"),
+            backstop,
+        }
+    }
+
+    /// The record's hash, and its lease.
+    fn record(&self, key: &RecordKey) -> (String, String) {
+        let (t, o, k) = (key.tenant(), key.operation(), key.key().as_str());
+        let rest = format!("{}:{t}:{}:{o}:{k}", t.len(), o.len());
+        (
+            format!("{}rec:{rest}", self.prefix),
+            format!("{}lease:{rest}", self.prefix),
+        )
+    }
+}
+
+/// The prefix of [`RedisStore::connect`] and [`RedisStore::new`].
+const DEFAULT_PREFIX: &str = "surely:idem:";
+
+/// How long after its retention Redis deletes a terminal record by itself, by default.
+const DEFAULT_BACKSTOP: Duration = Duration::from_secs(7 * 86_400);
+
+/// The most records one script of the sweep deletes.
+const SWEEP_BATCH: u64 = 1000;
+
+/// Thirty years, in milliseconds: the longest lease, retention or backstop sent to Redis.
+const MAX_MILLIS: u64 = 30 * 365 * 86_400 * 1000;
+
+impl RedisStore {
+    /// A store over `manager`, a connection you made and configured, under the prefix
+    /// `surely:idem:`.
+    pub fn new(manager: ConnectionManager) -> Self {
+        Self::with_conn(Conn {
+            client: None,
+            manager: tokio::sync::OnceCell::new_with(Some(manager)),
+        })
+    }
+
+    /// A store over `client`, connected on first use, as [`connect`](Self::connect) does.
+    pub fn from_client(client: redis::Client) -> Self {
+        Self::with_conn(Conn {
+            client: Some(client),
+            manager: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    /// A store on the Redis at `url` (`redis://host:6379/0`, `rediss://` for TLS when the
+    /// `redis` crate has it), under the prefix `surely:idem:`. Nothing connects yet: the first
+    /// call does, and a failed connection is tried again on the next call.
+    ///
+    /// # Errors
+    ///
+    /// The URL does not parse ([`StoreError::is_backend`], with the `redis` crate's reason).
+    ///
+    /// ```
+    /// use surely::server::store::RedisStore;
+    ///
+    /// assert!(RedisStore::connect("redis://127.0.0.1:6379").is_ok());
+    /// let err = RedisStore::connect("http://127.0.0.1:6379").unwrap_err();
+    /// assert!(err.is_backend(), "{err}");
+    /// ```
+    pub fn connect(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(StoreError::backend)?;
+        Ok(Self::from_client(client))
+    }
+
+    fn with_conn(conn: Conn) -> Self {
+        RedisStore {
+            conn: Arc::new(conn),
+            keys: Arc::new(Keys::new(DEFAULT_PREFIX, DEFAULT_BACKSTOP)),
+        }
+    }
+
+    /// The same store under another key prefix, such as `orders:idem:`: two stores with
+    /// different prefixes never see each other's records.
+    ///
+    /// # Errors
+    ///
+    /// The prefix is empty, over 64 bytes, or has a byte other than ASCII letters, digits and
+    /// `_ - . : /`.
+    ///
+    /// ```
+    /// use surely::server::store::RedisStore;
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379").unwrap();
+    /// assert_eq!(store.clone().with_prefix("orders:idem:").unwrap().prefix(), "orders:idem:");
+    /// let err = store.with_prefix("orders idem").unwrap_err();
+    /// assert_eq!(err.setting(), "redis key prefix");
+    /// ```
+    pub fn with_prefix(self, prefix: &str) -> Result<Self, ConfigError> {
+        let valid = !prefix.is_empty()
+            && prefix.len() <= 64
+            && prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.:/".contains(&b));
+        if !valid {
+            return Err(ConfigError::new(
+                "redis key prefix",
+                "must be 1 to 64 bytes of ASCII letters, digits and `_ - . : /`",
+            ));
+        }
+        Ok(RedisStore {
+            conn: self.conn,
+            keys: Arc::new(Keys::new(prefix, self.keys.backstop)),
+        })
+    }
+
+    /// The same store with Redis deleting a completed or released record by itself `backstop`
+    /// after its retention ended (7 days by default), whether or not a sweeper ran. Set it
+    /// longer than the longest `keep_expired_for` your sweeper uses: until the sweep, a request
+    /// with an expired key gets the explicit `410`, and after Redis deleted the record, it runs
+    /// as a new one.
+    ///
+    /// # Errors
+    ///
+    /// `backstop` is under a second.
+    pub fn with_backstop(self, backstop: Duration) -> Result<Self, ConfigError> {
+        if backstop < Duration::from_secs(1) {
+            return Err(ConfigError::new(
+                "redis backstop",
+                "must be a second or more",
+            ));
+        }
+        Ok(RedisStore {
+            conn: self.conn,
+            keys: Arc::new(Keys::new(&self.keys.prefix, backstop)),
+        })
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.keys.prefix
+    }
+
+    /// The connection, made on first use.
+    async fn manager(&self) -> Result<ConnectionManager, StoreError> {
+        if let Some(manager) = self.conn.manager.get() {
+            return Ok(manager.clone());
+        }
+        let Some(client) = &self.conn.client else {
+            return Err(StoreError::backend("redis store without a connection"));
+        };
+        // Made here, in the runtime, and lazy: it connects on its first command, which every
+        // request waiting meanwhile shares (one attempt for all, not one after the other).
+        self.conn
+            .manager
+            .get_or_try_init(|| async {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(1)))
+                    .set_response_timeout(Some(Duration::from_secs(5)))
+                    .set_number_of_retries(2)
+                    .set_min_delay(Duration::from_millis(50))
+                    .set_max_delay(Duration::from_millis(500));
+                ConnectionManager::new_lazy_with_config(client.clone(), config)
+            })
+            .await
+            .cloned()
+            .map_err(StoreError::backend)
+    }
+
+    /// Runs one of the scripts that move `key`'s record: its keys are the record, its lease and
+    /// the three indexes.
+    async fn run(
+        &self,
+        script: &Script,
+        key: &RecordKey,
+        args: &[&[u8]],
+    ) -> Result<(String, String, Value), StoreError> {
+        let (record, lease) = self.keys.record(key);
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .key(&record)
+            .key(&lease)
+            .key(&self.keys.processing)
+            .key(&self.keys.unknown)
+            .key(&self.keys.ended);
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let mut conn = self.manager().await?;
+        let value = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| at(&record, e))?;
+        Ok((record, lease, value))
+    }
+
+    /// Runs an owner's move: stale unless the script changed the record.
+    async fn owned(
+        &self,
+        script: &Script,
+        key: &RecordKey,
+        fence: Fence,
+        args: &[&[u8]],
+    ) -> Result<i64, StoreError> {
+        let fence = fence.get().to_string();
+        let mut all: Vec<&[u8]> = vec![fence.as_bytes()];
+        all.extend_from_slice(args);
+        let (record, _, value) = self.run(script, key, &all).await?;
+        match value {
+            Value::Int(0) => Err(StoreError::stale()),
+            Value::Int(n) => Ok(n),
+            other => Err(at(&record, format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Reads up to `limit` records of `index` whose score is `older_than` ago or more, oldest
+    /// first, with `fields` after tenant, operation, key, fence and state; records in another
+    /// state than `states` (left behind by a hand-made change) are skipped.
+    async fn list<T>(
+        &self,
+        index: &str,
+        older_than: Duration,
+        limit: usize,
+        fields: &[&str],
+        states: &[&str],
+        read: impl Fn(&Row, RecordKey, Fence, i64) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut invocation = SCRIPTS.list.prepare_invoke();
+        invocation
+            .key(index)
+            .arg(millis(older_than))
+            .arg(limit.min(u32::MAX as usize));
+        for field in ["t", "o", "k", "f", "s"].iter().chain(fields) {
+            invocation.arg(*field);
+        }
+        let mut conn = self.manager().await?;
+        let value: Value = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| at(index, e))?;
+        let mut reply = Reply::new(index, value)?;
+        let now = reply.int()?;
+        let mut found = Vec::new();
+        while let Some(row) = reply.next_row()? {
+            let e = |why: BoxError| at(&row.key, why);
+            let (tenant, operation, k) = (row.text(0)?, row.text(1)?, row.text(2)?);
+            let fence = row.number(3)?;
+            let state = row.text(4)?;
+            if !states.contains(&state.as_str()) {
+                continue;
+            }
+            let k = IdempotencyKey::new(k).map_err(|x| e(x.into()))?;
+            let fence = Fence::new(u64::try_from(fence).map_err(|x| e(x.into()))?);
+            found.push(read(
+                &row,
+                RecordKey::new(tenant, operation, k),
+                fence,
+                now,
+            )?);
+        }
+        Ok(found)
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.keys.prefix)
+            .field("backstop", &self.keys.backstop)
+            .finish()
+    }
+}
+
+/// `d` in whole milliseconds for Redis, at most thirty years.
+fn millis(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(MAX_MILLIS)) as u64
+}
+
+/// A lease in whole milliseconds: at least one (`PX 0` is an error).
+fn lease_millis(d: Duration) -> u64 {
+    millis(d).max(1)
+}
+
+/// An error about one key of the store: Redis's, or a value there that does not decode.
+#[derive(Debug, thiserror::Error)]
+#[error("redis key `{key}`: {why}")]
+struct AtKey {
+    key: String,
+    why: BoxError,
+}
+
+fn at(key: &str, why: impl Into<BoxError>) -> StoreError {
+    StoreError::backend(AtKey {
+        key: key.to_owned(),
+        why: why.into(),
+    })
+}
+
+/// The scripts, loaded into Redis by hash (`EVALSHA`, and `SCRIPT LOAD` again after a restart).
+struct Scripts {
+    acquire: Script,
+    complete: Script,
+    release: Script,
+    renew: Script,
+    checkpoint: Script,
+    mark_unknown: Script,
+    list: Script,
+    sweep: Script,
+    forget: Script,
+}
+
+/// What every script starts with: Redis's clock, and the owner check.
+///
+/// The record is `KEYS[1]`, its lease `KEYS[2]`, the indexes of processing, unknown and ended
+/// records `KEYS[3..5]`; an owner's move has its fence in `ARGV[1]`.
+const PRELUDE: &str = r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function owned(open)
+  local r = redis.call('HMGET', KEYS[1], 's', 'f')
+  return r[2] == ARGV[1] and open[r[1]] == true
+end
+local function unindex()
+  redis.call('DEL', KEYS[2])
+  redis.call('ZREM', KEYS[3], KEYS[1])
+  redis.call('ZREM', KEYS[4], KEYS[1])
+end
+"#;
+
+/// `ARGV`: digest, lease (ms), tenant, operation, key.
+const ACQUIRE: &str = r#"
+local now = now_ms()
+local lease = tonumber(ARGV[2])
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+  if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', lease) then
+    return {'inflight', redis.call('PTTL', KEYS[2])}
+  end
+  redis.call('HSET', KEYS[1], 't', ARGV[3], 'o', ARGV[4], 'k', ARGV[5], 'd', ARGV[1],
+    's', 'p', 'f', 1, 'lu', now + lease, 'at', now)
+  redis.call('ZADD', KEYS[3], now, KEYS[1])
+  return {'owner', 1}
+end
+if kind ~= 'hash' then
+  return {'corrupt', KEYS[1], 'holds a ' .. kind .. ', not a record'}
+end
+local r = redis.call('HMGET', KEYS[1], 's', 'f', 'd', 'lu', 'at', 'e', 'ev', 'cp')
+local s, f = r[1], tonumber(r[2])
+if not f then
+  return {'corrupt', KEYS[1], 'has no fence'}
+end
+if s == 'c' then
+  local e = tonumber(r[6])
+  if not e then
+    return {'corrupt', KEYS[1], 'is completed without an end of retention'}
+  end
+  if e <= now then
+    return {'expired'}
+  end
+  if r[3] ~= ARGV[1] then
+    return {'mismatch'}
+  end
+  local c = redis.call('HMGET', KEYS[1], 'st', 'h', 'b', 'rs', 'rc', 'fl')
+  return {'completed', c[1], c[2], c[3], c[4], c[5], c[6]}
+end
+if s == 'u' then
+  if r[3] ~= ARGV[1] then
+    return {'mismatch'}
+  end
+  return {'unknown', r[7]}
+end
+if s ~= 'p' and s ~= 'r' then
+  return {'corrupt', KEYS[1], 'has no known state'}
+end
+if s == 'p' and r[3] ~= ARGV[1] then
+  return {'mismatch'}
+end
+if not redis.call('SET', KEYS[2], f + 1, 'NX', 'PX', lease) then
+  return {'inflight', redis.call('PTTL', KEYS[2])}
+end
+redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'p', 'f', f + 1, 'lu', now + lease, 'at', now)
+redis.call('ZADD', KEYS[3], now, KEYS[1])
+if s == 'r' then
+  redis.call('HDEL', KEYS[1], 'e')
+  redis.call('ZREM', KEYS[5], KEYS[1])
+  redis.call('PERSIST', KEYS[1])
+  return {'owner', f + 1}
+end
+local overdue = math.max(now - (tonumber(r[4]) or now), 0)
+local age = math.max(now - (tonumber(r[5]) or now), 0)
+return {'taken', f + 1, overdue, age, r[8]}
+"#;
+
+/// `ARGV`: fence, retention (ms), status, headers, body, flags, whether a reference, resource,
+/// result code, time to live (ms).
+const COMPLETE: &str = r#"
+if not owned({p = true, u = true}) then
+  return 0
+end
+local e = now_ms() + tonumber(ARGV[2])
+redis.call('HDEL', KEYS[1], 'lu', 'ev', 'ua', 'rs', 'rc')
+redis.call('HSET', KEYS[1], 's', 'c', 'e', e, 'st', ARGV[3], 'h', ARGV[4], 'b', ARGV[5],
+  'fl', ARGV[6])
+if ARGV[7] == '1' then
+  redis.call('HSET', KEYS[1], 'rs', ARGV[8], 'rc', ARGV[9])
+end
+unindex()
+redis.call('ZADD', KEYS[5], e, KEYS[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[10])
+return 1
+"#;
+
+/// `ARGV`: fence, time to live (ms).
+const RELEASE: &str = r#"
+if not owned({p = true, u = true}) then
+  return 0
+end
+local now = now_ms()
+redis.call('HDEL', KEYS[1], 'lu', 'ev', 'ua', 'cp', 'cn', 'st', 'h', 'b', 'rs', 'rc', 'fl')
+redis.call('HSET', KEYS[1], 's', 'r', 'e', now)
+unindex()
+redis.call('ZADD', KEYS[5], now, KEYS[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"#;
+
+/// `ARGV`: fence, lease (ms).
+const RENEW: &str = r#"
+if not owned({p = true}) then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+redis.call('HSET', KEYS[1], 'lu', now_ms() + tonumber(ARGV[2]))
+return 1
+"#;
+
+/// `ARGV`: fence, the checkpoint as `name=value\n`, the most a record keeps. `-1`: full.
+const CHECKPOINT: &str = r#"
+if not owned({p = true}) then
+  return 0
+end
+local n = tonumber(redis.call('HGET', KEYS[1], 'cn')) or 0
+if n >= tonumber(ARGV[3]) then
+  return -1
+end
+local held = redis.call('HGET', KEYS[1], 'cp') or ''
+redis.call('HSET', KEYS[1], 'cp', held .. ARGV[2], 'cn', n + 1)
+return 1
+"#;
+
+/// `ARGV`: fence, evidence.
+const MARK_UNKNOWN: &str = r#"
+if not owned({p = true}) then
+  return 0
+end
+local now = now_ms()
+redis.call('HDEL', KEYS[1], 'lu')
+redis.call('HSET', KEYS[1], 's', 'u', 'ev', ARGV[2], 'ua', now)
+unindex()
+redis.call('ZADD', KEYS[4], now, KEYS[1])
+return 1
+"#;
+
+/// `KEYS[1]`: an index. `ARGV`: how old (ms), the most to read, the fields to read. Returns
+/// Redis's time, then each record's key and fields; a record gone (deleted by its time to
+/// live) leaves the index. A key that is not a record stops the listing, named.
+const LIST: &str = r#"
+local now = now_ms()
+local names = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]),
+  'LIMIT', 0, tonumber(ARGV[2]))
+local out = {now}
+for _, name in ipairs(names) do
+  local r = redis.pcall('HMGET', name, unpack(ARGV, 3))
+  if r.err then
+    return {'corrupt', name, r.err}
+  end
+  if r[1] then
+    table.insert(out, name)
+    table.insert(out, r)
+  else
+    redis.call('ZREM', KEYS[1], name)
+  end
+end
+return out
+"#;
+
+/// `KEYS[1]`: the index of ended records. `ARGV`: how long after their end (ms), the most to
+/// delete. Returns how many records it deleted and how many index entries it read.
+const SWEEP: &str = r#"
+local now = now_ms()
+local names = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]),
+  'LIMIT', 0, tonumber(ARGV[2]))
+local deleted = 0
+for _, name in ipairs(names) do
+  local s = redis.pcall('HGET', name, 's')
+  if type(s) == 'table' and s.err then
+    return {'corrupt', name, s.err}
+  end
+  if s == 'c' or s == 'r' then
+    redis.call('DEL', name)
+    deleted = deleted + 1
+  end
+  redis.call('ZREM', KEYS[1], name)
+end
+return {deleted, #names}
+"#;
+
+/// `KEYS`: the index of ended records, then the records. `ARGV`: their fences.
+const FORGET: &str = r#"
+local n = 0
+for i = 2, #KEYS do
+  local r = redis.call('HMGET', KEYS[i], 's', 'f')
+  if (r[1] == 'c' or r[1] == 'r') and r[2] == ARGV[i - 1] then
+    redis.call('DEL', KEYS[i])
+    redis.call('ZREM', KEYS[1], KEYS[i])
+    n = n + 1
+  end
+end
+return n
+"#;
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
+    let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+    Scripts {
+        acquire: script(ACQUIRE),
+        complete: script(COMPLETE),
+        release: script(RELEASE),
+        renew: script(RENEW),
+        checkpoint: script(CHECKPOINT),
+        mark_unknown: script(MARK_UNKNOWN),
+        list: script(LIST),
+        sweep: script(SWEEP),
+        forget: script(FORGET),
+    }
+});
+
+/// A script's reply, read in order, naming `key` in every error.
+struct Reply<'a> {
+    key: &'a str,
+    values: std::vec::IntoIter<Value>,
+}
+
+impl<'a> Reply<'a> {
+    /// The reply to read; a script that found a key it cannot read said so, with the key.
+    fn new(key: &'a str, value: Value) -> Result<Self, StoreError> {
+        let Value::Array(values) = value else {
+            return Err(at(key, format!("unexpected reply {value:?}")));
+        };
+        let mut reply = Reply {
+            key,
+            values: values.into_iter(),
+        };
+        if let Some(Value::BulkString(tag)) = reply.values.as_slice().first() {
+            if tag.as_slice() == b"corrupt" {
+                reply.values.next();
+                let name = reply.text()?;
+                let why = reply.text()?;
+                return Err(at(&name, why));
+            }
+        }
+        Ok(reply)
+    }
+
+    fn fail(&self, why: impl Into<BoxError>) -> StoreError {
+        at(self.key, why)
+    }
+
+    fn value(&mut self) -> Result<Value, StoreError> {
+        self.values
+            .next()
+            .ok_or_else(|| self.fail("a reply shorter than expected"))
+    }
+
+    fn bytes(&mut self) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.value()? {
+            Value::Nil => Ok(None),
+            Value::BulkString(b) => Ok(Some(b)),
+            Value::SimpleString(s) => Ok(Some(s.into_bytes())),
+            other => Err(self.fail(format!("a string expected, {other:?} found"))),
+        }
+    }
+
+    fn text(&mut self) -> Result<String, StoreError> {
+        let bytes = self.bytes()?.unwrap_or_default();
+        String::from_utf8(bytes).map_err(|e| self.fail(e))
+    }
+
+    fn int(&mut self) -> Result<i64, StoreError> {
+        match self.value()? {
+            Value::Int(n) => Ok(n),
+            other => Err(self.fail(format!("an integer expected, {other:?} found"))),
+        }
+    }
+
+    /// The next record of a listing: its key and the fields read.
+    fn next_row(&mut self) -> Result<Option<Row>, StoreError> {
+        let Some(name) = self.values.next() else {
+            return Ok(None);
+        };
+        let Value::BulkString(name) = name else {
+            return Err(self.fail(format!("a key expected, {name:?} found")));
+        };
+        let key = String::from_utf8_lossy(&name).into_owned();
+        let Value::Array(fields) = self.value()? else {
+            return Err(at(&key, "its fields are not an array"));
+        };
+        Ok(Some(Row { key, fields }))
+    }
+}
+
+/// The fields of one record, as a listing read them.
+struct Row {
+    key: String,
+    fields: Vec<Value>,
+}
+
+impl Row {
+    fn fail(&self, why: impl Into<BoxError>) -> StoreError {
+        at(&self.key, why)
+    }
+
+    fn bytes(&self, i: usize) -> Result<Option<&[u8]>, StoreError> {
+        match self.fields.get(i) {
+            None | Some(Value::Nil) => Ok(None),
+            Some(Value::BulkString(b)) => Ok(Some(b)),
+            Some(other) => Err(self.fail(format!("field {i}: {other:?}"))),
+        }
+    }
+
+    fn text(&self, i: usize) -> Result<String, StoreError> {
+        let bytes = self.bytes(i)?.unwrap_or_default();
+        String::from_utf8(bytes.to_vec()).map_err(|e| self.fail(e))
+    }
+
+    fn number(&self, i: usize) -> Result<i64, StoreError> {
+        number(&self.text(i)?).ok_or_else(|| self.fail(format!("field {i} is not a number")))
+    }
+}
+
+fn number(s: &str) -> Option<i64> {
+    s.parse().ok()
+}
+
+/// `name:value\n` for each header: names have no `:`, values no line break.
+fn encode_headers(response: &StoredResponse) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in response.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.push(b':');
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+fn decode_headers(blob: &[u8]) -> impl Iterator<Item = (&str, &[u8])> {
+    blob.split(|b| *b == b'\n').filter_map(|line| {
+        let at = line.iter().position(|b| *b == b':')?;
+        let name = std::str::from_utf8(&line[..at]).ok()?;
+        Some((name, &line[at + 1..]))
+    })
+}
+
+/// `name=value\n` for each checkpoint, oldest first: names have no `=`, values no line break.
+fn decode_checkpoints(key: &str, blob: &[u8]) -> Result<Vec<Checkpoint>, StoreError> {
+    let text = std::str::from_utf8(blob).map_err(|e| at(key, e))?;
+    text.lines()
+        .map(|line| {
+            let (name, value) = line
+                .split_once('=')
+                .ok_or_else(|| at(key, "a checkpoint without `=`"))?;
+            Checkpoint::new(name, value).map_err(|e| at(key, e))
+        })
+        .collect()
+}
+
+fn duration(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// What the acquire script answered.
+fn acquired(record: &str, lease: &str, value: Value) -> Result<Acquire, StoreError> {
+    let mut reply = Reply::new(record, value)?;
+    let tag = reply.text()?;
+    Ok(match tag.as_str() {
+        "owner" => Acquire::Owner(Fence::new(fence(&mut reply)?)),
+        "taken" => {
+            let fence = Fence::new(fence(&mut reply)?);
+            let overdue = duration(reply.int()?);
+            let age = duration(reply.int()?);
+            let checkpoints = decode_checkpoints(record, &reply.bytes()?.unwrap_or_default())?;
+            Acquire::TakenOver {
+                fence,
+                overdue,
+                age,
+                checkpoints,
+            }
+        }
+        "inflight" => {
+            let left = reply.int()?;
+            if left < 0 {
+                // A lease without an expiry: nothing of this store's makes one.
+                return Err(at(lease, "has no time to live"));
+            }
+            Acquire::InFlight {
+                retry_after: duration(left),
+            }
+        }
+        "mismatch" => Acquire::Mismatch,
+        "expired" => Acquire::Expired,
+        "unknown" => Acquire::Unknown {
+            evidence: reply.text()?,
+        },
+        "completed" => Acquire::Completed(completed(&mut reply)?),
+        other => return Err(at(record, format!("unexpected reply `{other}`"))),
+    })
+}
+
+fn fence(reply: &mut Reply<'_>) -> Result<u64, StoreError> {
+    let n = reply.int()?;
+    u64::try_from(n).map_err(|e| reply.fail(e))
+}
+
+/// The stored response of a completed record: status, headers, body, resource, result code,
+/// flags.
+fn completed(reply: &mut Reply<'_>) -> Result<StoredResponse, StoreError> {
+    let status = reply.text()?;
+    let status = number(&status)
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .ok_or_else(|| reply.fail(format!("stored status `{status}` out of range")))?;
+    let headers = reply.bytes()?.unwrap_or_default();
+    let body = reply.bytes()?.unwrap_or_default();
+    let resource = reply.bytes()?;
+    let code = reply.bytes()?;
+    let flags = reply.text()?;
+    let flags = number(&flags)
+        .and_then(|f| u8::try_from(f).ok())
+        .ok_or_else(|| reply.fail(format!("stored flags `{flags}` out of range")))?;
+    let stored = match (resource, code) {
+        (Some(resource), Some(code)) => StoredResponse::reference(
+            status,
+            String::from_utf8(resource).map_err(|e| reply.fail(e))?,
+            String::from_utf8(code).map_err(|e| reply.fail(e))?,
+        ),
+        _ => StoredResponse::from_parts(status, decode_headers(&headers), Bytes::from(body)),
+    };
+    Ok(stored.with_flags(flags))
+}
+
+impl IdempotencyStore for RedisStore {
+    async fn acquire(
+        &self,
+        key: &RecordKey,
+        digest: &RequestDigest,
+        lease: Duration,
+    ) -> Result<Acquire, StoreError> {
+        let lease = lease_millis(lease).to_string();
+        let args: [&[u8]; 5] = [
+            digest.as_bytes(),
+            lease.as_bytes(),
+            key.tenant().as_bytes(),
+            key.operation().as_bytes(),
+            key.key().as_bytes(),
+        ];
+        let (record, lease, value) = self.run(&SCRIPTS.acquire, key, &args).await?;
+        acquired(&record, &lease, value)
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let retention = millis(retention);
+        let ttl = (retention + millis(self.keys.backstop)).to_string();
+        let retention = retention.to_string();
+        let status = response.status().as_u16().to_string();
+        let flags = response.flags().to_string();
+        let headers = encode_headers(response);
+        let (is_reference, resource, code) = match (response.resource(), response.result_code()) {
+            (Some(resource), Some(code)) => (&b"1"[..], resource, code),
+            _ => (&b"0"[..], "", ""),
+        };
+        let args: [&[u8]; 9] = [
+            retention.as_bytes(),
+            status.as_bytes(),
+            &headers,
+            response.body(),
+            flags.as_bytes(),
+            is_reference,
+            resource.as_bytes(),
+            code.as_bytes(),
+            ttl.as_bytes(),
+        ];
+        self.owned(&SCRIPTS.complete, key, fence, &args)
+            .await
+            .map(drop)
+    }
+
+    async fn release(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        let ttl = millis(self.keys.backstop).to_string();
+        self.owned(&SCRIPTS.release, key, fence, &[ttl.as_bytes()])
+            .await
+            .map(drop)
+    }
+
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let lease = lease_millis(lease).to_string();
+        self.owned(&SCRIPTS.renew, key, fence, &[lease.as_bytes()])
+            .await
+            .map(drop)
+    }
+
+    async fn checkpoint(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        checkpoint: &Checkpoint,
+    ) -> Result<(), StoreError> {
+        let entry = format!("{}={}\n", checkpoint.name(), checkpoint.value());
+        let max = super::checkpoint::MAX_CHECKPOINTS.to_string();
+        let args: [&[u8]; 2] = [entry.as_bytes(), max.as_bytes()];
+        match self.owned(&SCRIPTS.checkpoint, key, fence, &args).await? {
+            1 => Ok(()),
+            _ => Checkpoint::room_after(super::checkpoint::MAX_CHECKPOINTS)
+                .map_err(StoreError::rejected),
+        }
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        evidence: &str,
+    ) -> Result<(), StoreError> {
+        self.owned(&SCRIPTS.mark_unknown, key, fence, &[evidence.as_bytes()])
+            .await
+            .map(drop)
+    }
+
+    async fn unknowns(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+        self.list(
+            &self.keys.unknown,
+            Duration::ZERO,
+            limit,
+            &["ev", "cp", "ua"],
+            &["u"],
+            |row, key, fence, now| {
+                let evidence = row.text(5)?;
+                let steps = decode_checkpoints(&row.key, row.bytes(6)?.unwrap_or_default())?;
+                let since = row.number(7)?;
+                Ok(UnknownRecord::new(
+                    key,
+                    fence,
+                    evidence,
+                    steps,
+                    duration(now - since),
+                ))
+            },
+        )
+        .await
+    }
+
+    async fn expired(
+        &self,
+        keep_expired_for: Duration,
+        limit: usize,
+    ) -> Result<Vec<ExpiredRecord>, StoreError> {
+        self.list(
+            &self.keys.ended,
+            keep_expired_for,
+            limit,
+            &["st", "rs", "rc", "cp"],
+            &["c", "r"],
+            |row, key, fence, _| {
+                let status = row
+                    .bytes(5)?
+                    .and_then(|s| std::str::from_utf8(s).ok())
+                    .and_then(|s| s.parse::<u16>().ok())
+                    .and_then(|s| StatusCode::from_u16(s).ok());
+                // A resource only with its result code, as the record was stored.
+                let resource = match (row.bytes(6)?, row.bytes(7)?) {
+                    (Some(_), Some(_)) => Some(row.text(6)?),
+                    _ => None,
+                };
+                let steps = decode_checkpoints(&row.key, row.bytes(8)?.unwrap_or_default())?;
+                Ok(ExpiredRecord::new(key, fence, status, resource, steps))
+            },
+        )
+        .await
+    }
+
+    async fn forget(&self, records: &[ExpiredRecord]) -> Result<u64, StoreError> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let mut invocation = SCRIPTS.forget.prepare_invoke();
+        invocation.key(&self.keys.ended);
+        for record in records {
+            invocation.key(self.keys.record(&record.key).0);
+        }
+        for record in records {
+            invocation.arg(record.fence.get());
+        }
+        let mut conn = self.manager().await?;
+        let n: i64 = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| at(&self.keys.ended, e))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {
+        let mut conn = self.manager().await?;
+        let mut deleted = 0;
+        loop {
+            let value: Value = SCRIPTS
+                .sweep
+                .key(&self.keys.ended)
+                .arg(millis(keep_expired_for))
+                .arg(SWEEP_BATCH)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| at(&self.keys.ended, e))?;
+            let mut reply = Reply::new(&self.keys.ended, value)?;
+            deleted += u64::try_from(reply.int()?).unwrap_or(0);
+            if u64::try_from(reply.int()?).unwrap_or(0) < SWEEP_BATCH {
+                return Ok(deleted);
+            }
+        }
+    }
+
+    async fn stuck(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<Vec<StuckRecord>, StoreError> {
+        self.list(
+            &self.keys.processing,
+            older_than,
+            limit,
+            &["at"],
+            &["p"],
+            |row, key, fence, now| {
+                let since = row.number(5)?;
+                Ok(StuckRecord::new(key, fence, duration(now - since)))
+            },
+        )
+        .await
+    }
+}
