@@ -6,3 +6,4 @@
 mod support;
 
 mod audit;
+mod http;
