@@ -6,4 +6,5 @@
 mod support;
 
 mod audit;
+mod browser;
 mod http;
