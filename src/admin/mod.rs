@@ -47,6 +47,8 @@
 
 mod audit;
 mod csrf;
+#[cfg(feature = "opentelemetry")]
+mod metrics;
 mod pages;
 mod stores;
 
@@ -60,6 +62,8 @@ use http::request::Parts;
 #[cfg(feature = "postgres")]
 pub(crate) use self::audit::POSTGRES_COMPONENT;
 pub use self::audit::{AuditAction, AuditError, AuditLog, AuditRecord};
+#[cfg(feature = "opentelemetry")]
+pub use self::metrics::AdminMetrics;
 
 /// What the [`Authorize`] hook grants a request.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -27,7 +27,7 @@ const MAX_BODY: usize = 64 * 1024;
 /// The header the JSON API's actions require (a cross-site form cannot send it).
 const API_HEADER: &str = "x-surely-admin";
 /// The most rows a list shows.
-const MAX_LIMIT: usize = 1000;
+pub(super) const MAX_LIMIT: usize = 1000;
 
 pub(super) fn router(admin: Admin) -> Router {
     Router::new()
