@@ -45,6 +45,7 @@
 //! # let _ = app;
 //! ```
 
+mod action;
 mod audit;
 mod csrf;
 #[cfg(feature = "opentelemetry")]
@@ -59,6 +60,7 @@ use std::sync::Arc;
 use axum::extract::ConnectInfo;
 use http::request::Parts;
 
+pub use self::action::{Action, ActionError, ActionErrorKind};
 #[cfg(feature = "postgres")]
 pub(crate) use self::audit::POSTGRES_COMPONENT;
 pub use self::audit::{AuditAction, AuditError, AuditLog, AuditRecord};

@@ -15,10 +15,8 @@ use http::StatusCode;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
-use super::{Access, Admin, AuditAction};
-use crate::ledger::{
-    Entry, EntryId, EntryState, Filter, LedgerError, SettledBy, Settlement, Verdict,
-};
+use super::{Access, Action, ActionErrorKind, Admin};
+use crate::ledger::{Entry, EntryId, EntryState, Filter, LedgerError, SettledBy, Verdict};
 use crate::outbox::{EventId, OutboxError, Quarantined};
 
 /// The largest body the admin reads: a form or a JSON body with a reason of 16 KiB and room
@@ -708,7 +706,7 @@ async fn audit_lines(admin: &Admin, op: &Operator, n: usize) -> Result<Vec<Audit
 
 // ---- the actions -------------------------------------------------------------------------
 
-/// What an action was asked to do.
+/// What an action was asked to do, its id still a string.
 enum Act {
     Settle(Verdict),
     RetryNow,
@@ -716,8 +714,7 @@ enum Act {
     Discard,
 }
 
-/// Takes an action for `op`, audited: the line is written first, then the action, then its
-/// outcome. Returns where the pages go next.
+/// Takes an action for `op` ([`Admin::act`]: audited). Returns where the pages go next.
 async fn act(
     admin: &Admin,
     op: &Operator,
@@ -732,109 +729,31 @@ async fn act(
             format!("{} may read, not act", op.who),
         ));
     }
-    let invalid = |e: String| Refusal::new(op, StatusCode::BAD_REQUEST, e);
-    crate::ledger::check_text("why", why, crate::ledger::MAX_TEXT, true).map_err(invalid)?;
-    let inner = &admin.inner;
-    // The target is checked (and its store is there) before anything is written.
-    let (action, target, next) = match &what {
-        Act::Settle(_) | Act::RetryNow => {
-            let id = entry_id(op, id)?;
-            inner
-                .ledger
-                .as_ref()
-                .ok_or_else(|| no_store(op, "ledger"))?;
-            let action = if matches!(what, Act::RetryNow) {
-                AuditAction::RetryNow
-            } else {
-                AuditAction::Settle
-            };
-            (
-                action,
-                id.to_string(),
-                format!("ledger/{}", link(id.as_str())),
-            )
+    let (action, next) = match what {
+        Act::Settle(verdict) => {
+            let entry = entry_id(op, id)?;
+            let next = format!("ledger/{}", link(entry.as_str()));
+            (Action::Settle { entry, verdict }, next)
         }
-        Act::Requeue | Act::Discard => {
-            let id = event_id(op, id)?;
-            inner
-                .outbox
-                .as_ref()
-                .ok_or_else(|| no_store(op, "outbox"))?;
-            let action = if matches!(what, Act::Requeue) {
-                AuditAction::Requeue
-            } else {
-                AuditAction::Discard
-            };
-            (action, id.as_str().to_owned(), "outbox".to_owned())
+        Act::RetryNow => {
+            let entry = entry_id(op, id)?;
+            let next = format!("ledger/{}", link(entry.as_str()));
+            (Action::RetryNow(entry), next)
         }
+        Act::Requeue => (Action::Requeue(event_id(op, id)?), "outbox".to_owned()),
+        Act::Discard => (Action::Discard(event_id(op, id)?), "outbox".to_owned()),
     };
-    let settlement = match what {
-        Act::Settle(verdict) => Some(
-            Settlement::manual(verdict, op.who.clone(), why).map_err(|e| ledger_error(op, e))?,
-        ),
-        _ => None,
-    };
-    let line = inner
-        .audit
-        .begin(&op.who, action, &target, why)
-        .await
-        .map_err(|e| {
-            let status = if e.is_invalid() {
-                StatusCode::BAD_REQUEST
-            } else {
-                StatusCode::SERVICE_UNAVAILABLE
-            };
-            Refusal::new(op, status, e.to_string())
-        })?;
-    let done: Result<(), Refusal> = match (&what, &inner.ledger, &inner.outbox) {
-        (Act::Settle(_), Some(ledger), _) => {
-            let id = entry_id(op, id)?;
-            match settlement {
-                Some(s) => match ledger.settle(&id, &s).await {
-                    Ok(settled) if settled.is_now() => Ok(()),
-                    Ok(settled) => Err(Refusal::new(
-                        op,
-                        StatusCode::CONFLICT,
-                        format!(
-                            "ledger entry {id} was already settled: {}",
-                            settled.settlement().verdict.as_str()
-                        ),
-                    )),
-                    Err(e) => Err(ledger_error(op, e)),
-                },
-                None => Ok(()),
-            }
-        }
-        (Act::RetryNow, Some(ledger), _) => {
-            let id = entry_id(op, id)?;
-            let note = format!("sent back by {}: {why}", op.who);
-            ledger
-                .retry_now(&id, &note)
-                .await
-                .map_err(|e| ledger_error(op, e))
-        }
-        (Act::Requeue, _, Some(outbox)) => {
-            let id = event_id(op, id)?;
-            outbox.requeue(&id).await.map_err(|e| outbox_error(op, e))
-        }
-        (Act::Discard, _, Some(outbox)) => {
-            let id = event_id(op, id)?;
-            outbox
-                .discard(&id)
-                .await
-                .map(drop)
-                .map_err(|e| outbox_error(op, e))
-        }
-        _ => Err(no_store(op, "store for this action")),
-    };
-    let outcome = match &done {
-        Ok(()) => "done".to_owned(),
-        Err(r) => format!("refused ({}): {}", r.status.as_u16(), r.message),
-    };
-    if let Err(e) = inner.audit.finish(line, &outcome).await {
-        tracing::error!(error = %e, line, %outcome, "admin action taken, its outcome not written to the audit log");
-    }
-    done.map(|()| next)
+    admin.act(&op.who, action, why).await.map_err(|e| {
+        let status = match e.kind() {
+            ActionErrorKind::Invalid => StatusCode::BAD_REQUEST,
+            ActionErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ActionErrorKind::Conflict => StatusCode::CONFLICT,
+            ActionErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Refusal::new(op, status, e.to_string())
+    })?;
+    Ok(next)
 }
 
 /// A form's fields: the token, the verdict (settle only), why.

@@ -324,7 +324,7 @@ async fn an_operator_lists_opens_and_settles_an_entry() {
         .outcome
         .as_deref()
         .unwrap()
-        .starts_with("refused (409)"));
+        .starts_with("refused (conflict): ledger entry unk-1 was already settled"));
 }
 
 #[tokio::test]
@@ -551,7 +551,7 @@ async fn the_quarantine_is_inspected_requeued_and_discarded() {
             (
                 AuditAction::Discard,
                 "evt-b",
-                Some("refused (404): no quarantined outbox event evt-b")
+                Some("refused (not found): no quarantined outbox event evt-b")
             ),
             (AuditAction::Discard, "evt-b", Some("done")),
             (AuditAction::Requeue, "evt-a", Some("done")),
