@@ -7,4 +7,6 @@ mod support;
 
 mod audit;
 mod browser;
+#[cfg(feature = "cli")]
+mod cli;
 mod http;
