@@ -6,6 +6,7 @@ use std::fmt;
 use super::{Admin, AuditAction};
 use crate::ledger::{check_text, EntryId, LedgerError, Settlement, Verdict, MAX_TEXT};
 use crate::outbox::{EventId, OutboxError};
+use crate::reconcile::{Marked, ReconcileError, RepairId};
 
 /// What an operator does.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,6 +25,8 @@ pub enum Action {
     Requeue(EventId),
     /// Never publish a quarantined event.
     Discard(EventId),
+    /// Resolve a reconciliation difference by hand (nothing to repair, or repaired elsewhere).
+    Resolve(RepairId),
 }
 
 impl Action {
@@ -33,6 +36,7 @@ impl Action {
             Action::RetryNow(entry) => (AuditAction::RetryNow, entry.to_string()),
             Action::Requeue(event) => (AuditAction::Requeue, event.as_str().to_owned()),
             Action::Discard(event) => (AuditAction::Discard, event.as_str().to_owned()),
+            Action::Resolve(id) => (AuditAction::Resolve, id.to_string()),
         }
     }
 }
@@ -102,6 +106,19 @@ impl ActionError {
         ActionError::new(kind, e)
     }
 
+    fn of_reconcile(e: ReconcileError) -> Self {
+        let kind = if e.is_not_found() {
+            ActionErrorKind::NotFound
+        } else if e.is_invalid() {
+            ActionErrorKind::Invalid
+        } else if e.is_stale() {
+            ActionErrorKind::Conflict
+        } else {
+            ActionErrorKind::Unavailable
+        };
+        ActionError::new(kind, e)
+    }
+
     fn of_outbox(e: OutboxError) -> Self {
         let kind = if e.is_not_found() {
             ActionErrorKind::NotFound
@@ -141,6 +158,12 @@ impl Admin {
         };
         let ledger = || inner.ledger.as_ref().ok_or_else(|| missing("ledger"));
         let outbox = || inner.outbox.as_ref().ok_or_else(|| missing("outbox"));
+        let differences = || {
+            inner
+                .differences
+                .as_ref()
+                .ok_or_else(|| missing("reconciliation differences"))
+        };
         // The store is there, and the values pass, before anything is written.
         let settlement = match &action {
             Action::Settle { verdict, .. } => {
@@ -149,6 +172,7 @@ impl Admin {
             }
             Action::RetryNow(_) => ledger().map(|_| None)?,
             Action::Requeue(_) | Action::Discard(_) => outbox().map(|_| None)?,
+            Action::Resolve(_) => differences().map(|_| None)?,
         };
         let (audit, target) = action.audit();
         let line = inner
@@ -191,6 +215,14 @@ impl Admin {
                 .await
                 .map(drop)
                 .map_err(ActionError::of_outbox),
+            (Action::Resolve(id), _) => match differences()?.resolve(id, who, why).await {
+                Ok(Marked::Now) => Ok(()),
+                Ok(Marked::Already) => Err(ActionError::new(
+                    ActionErrorKind::Conflict,
+                    format!("difference {id} was already repaired or resolved"),
+                )),
+                Err(e) => Err(ActionError::of_reconcile(e)),
+            },
             (Action::Settle { .. }, None) => Err(missing("settlement")),
         };
         let outcome = match &done {

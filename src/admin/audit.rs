@@ -19,17 +19,20 @@ pub enum AuditAction {
     Requeue,
     /// Discarded a quarantined outbox event ([`OutboxStore::discard`](crate::outbox::OutboxStore::discard)).
     Discard,
+    /// Resolved a reconciliation difference by hand ([`DifferenceStore::resolve_manually`](crate::reconcile::DifferenceStore::resolve_manually)).
+    Resolve,
 }
 
 impl AuditAction {
-    /// `ledger.settle`, `ledger.retry_now`, `outbox.requeue`, `outbox.discard`: as the log keeps
-    /// it.
+    /// `ledger.settle`, `ledger.retry_now`, `outbox.requeue`, `outbox.discard`,
+    /// `reconcile.resolve`: as the log keeps it.
     pub fn as_str(self) -> &'static str {
         match self {
             AuditAction::Settle => "ledger.settle",
             AuditAction::RetryNow => "ledger.retry_now",
             AuditAction::Requeue => "outbox.requeue",
             AuditAction::Discard => "outbox.discard",
+            AuditAction::Resolve => "reconcile.resolve",
         }
     }
 
@@ -40,6 +43,7 @@ impl AuditAction {
             AuditAction::RetryNow,
             AuditAction::Requeue,
             AuditAction::Discard,
+            AuditAction::Resolve,
         ]
         .into_iter()
         .find(|a| a.as_str() == name)

@@ -3,8 +3,8 @@
 //!
 //! Some questions only a person answers: an unknown call no reconciler could settle waits in
 //! the ledger's manual queue, an event the broker kept refusing waits in the outbox's
-//! quarantine, and the idempotency store keeps the records it found unknown or that stay
-//! processing too long. [`router`] (or [`Admin::router`]) is an axum [`Router`](axum::Router)
+//! quarantine, the idempotency store keeps the records it found unknown or that stay
+//! processing too long, and a reconciliation keeps the differences no repair can fix. [`router`] (or [`Admin::router`]) is an axum [`Router`](axum::Router)
 //! over the stores the host has, to mount in the host's own server under any prefix: HTML
 //! pages (rendered on the server, no JavaScript) and a JSON API under `api/` with the same
 //! reads and actions.
@@ -154,6 +154,7 @@ struct Inner {
     ledger: Option<Box<dyn stores::DynLedger>>,
     outbox: Option<Box<dyn stores::DynOutbox>>,
     idempotency: Option<Box<dyn stores::DynIdempotency>>,
+    differences: Option<Box<dyn stores::DynDifferences>>,
     stuck_after: std::time::Duration,
     authorize: Authorize,
     audit: AuditLog,
@@ -166,6 +167,7 @@ impl fmt::Debug for Admin {
             .field("ledger", &self.inner.ledger.is_some())
             .field("outbox", &self.inner.outbox.is_some())
             .field("idempotency", &self.inner.idempotency.is_some())
+            .field("differences", &self.inner.differences.is_some())
             .field("audit", &self.inner.audit)
             .finish_non_exhaustive()
     }
@@ -179,6 +181,7 @@ impl Admin {
             ledger: None,
             outbox: None,
             idempotency: None,
+            differences: None,
             stuck_after: std::time::Duration::from_secs(300),
             authorize: None,
             audit: None,
@@ -207,6 +210,7 @@ pub struct AdminBuilder {
     ledger: Option<Box<dyn stores::DynLedger>>,
     outbox: Option<Box<dyn stores::DynOutbox>>,
     idempotency: Option<Box<dyn stores::DynIdempotency>>,
+    differences: Option<Box<dyn stores::DynDifferences>>,
     stuck_after: std::time::Duration,
     authorize: Option<Authorize>,
     audit: Option<AuditLog>,
@@ -239,6 +243,12 @@ impl AdminBuilder {
         self
     }
 
+    /// The reconciliation differences: open ones and the manual queue; resolve by hand.
+    pub fn differences(mut self, differences: impl crate::reconcile::DifferenceStore) -> Self {
+        self.differences = Some(Box::new(differences));
+        self
+    }
+
     /// How long a record processes before the admin shows it as stuck.
     pub fn stuck_after(mut self, age: std::time::Duration) -> Self {
         self.stuck_after = age;
@@ -265,6 +275,7 @@ impl AdminBuilder {
                 ledger: self.ledger,
                 outbox: self.outbox,
                 idempotency: self.idempotency,
+                differences: self.differences,
                 stuck_after: self.stuck_after,
                 authorize: self.authorize.unwrap_or_else(Authorize::deny_all),
                 audit: self.audit.unwrap_or_else(AuditLog::memory),

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::{Access, Action, ActionErrorKind, Admin};
 use crate::ledger::{Entry, EntryId, EntryState, Filter, LedgerError, SettledBy, Verdict};
 use crate::outbox::{EventId, OutboxError, Quarantined};
+use crate::reconcile::{Item, ItemState, ReconcileError, RepairId};
 
 /// The largest body the admin reads: a form or a JSON body with a reason of 16 KiB and room
 /// to spare.
@@ -38,6 +39,9 @@ pub(super) fn router(admin: Admin) -> Router {
         .route("/outbox/{id}", get(event_page))
         .route("/outbox/{id}/requeue", post(requeue_form))
         .route("/outbox/{id}/discard", post(discard_form))
+        .route("/differences", get(differences_list))
+        .route("/differences/{id}", get(difference_page))
+        .route("/differences/{id}/resolve", post(resolve_form))
         .route("/idempotency", get(idempotency_page))
         .route("/audit", get(audit_page))
         .route("/api/counts", get(api_counts))
@@ -49,6 +53,9 @@ pub(super) fn router(admin: Admin) -> Router {
         .route("/api/outbox/{id}", get(api_event))
         .route("/api/outbox/{id}/requeue", post(api_requeue))
         .route("/api/outbox/{id}/discard", post(api_discard))
+        .route("/api/differences", get(api_differences_list))
+        .route("/api/differences/{id}", get(api_difference))
+        .route("/api/differences/{id}/resolve", post(api_resolve))
         .route("/api/idempotency", get(api_idempotency))
         .route("/api/audit", get(api_audit))
         .fallback(not_found)
@@ -304,10 +311,17 @@ struct IdempotencyCounts {
 }
 
 #[derive(Serialize)]
+struct DifferenceCounts {
+    open: u64,
+    manual: u64,
+}
+
+#[derive(Serialize)]
 struct Counts {
     ledger: Option<LedgerCounts>,
     outbox: Option<OutboxCounts>,
     idempotency: Option<IdempotencyCounts>,
+    differences: Option<DifferenceCounts>,
 }
 
 #[derive(Serialize)]
@@ -441,6 +455,59 @@ impl EventView {
 }
 
 #[derive(Serialize)]
+struct SeenView {
+    source: String,
+    value: Option<String>,
+    version: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct DifferenceView {
+    id: String,
+    #[serde(skip)]
+    link: String,
+    rule: String,
+    /// The key as text, or `0x` and hex ([`Difference::key_display`](crate::reconcile::Difference::key_display)).
+    key: String,
+    state: &'static str,
+    action: Option<String>,
+    seen: Vec<SeenView>,
+    tries: u32,
+    note: Option<String>,
+    who: Option<String>,
+    age: String,
+    age_secs: u64,
+}
+
+impl DifferenceView {
+    fn of(item: Item) -> Self {
+        let d = item.difference;
+        DifferenceView {
+            id: d.id.to_string(),
+            link: link(d.id.as_str()),
+            key: d.key_display(),
+            rule: d.rule,
+            state: item.state.as_str(),
+            action: d.action,
+            seen: d
+                .seen
+                .into_iter()
+                .map(|s| SeenView {
+                    source: s.source,
+                    version: s.fact.as_ref().map(|f| f.version),
+                    value: s.fact.map(|f| f.value),
+                })
+                .collect(),
+            tries: item.tries,
+            note: item.note,
+            who: item.who,
+            age: age(item.age),
+            age_secs: item.age.as_secs(),
+        }
+    }
+}
+
+#[derive(Serialize)]
 struct RecordView {
     tenant: String,
     operation: String,
@@ -499,6 +566,17 @@ fn outbox_error(op: &Operator, e: OutboxError) -> Refusal {
     Refusal::new(op, status, e.to_string())
 }
 
+fn reconcile_error(op: &Operator, e: ReconcileError) -> Refusal {
+    let status = if e.is_not_found() {
+        StatusCode::NOT_FOUND
+    } else if e.is_invalid() {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    Refusal::new(op, status, e.to_string())
+}
+
 fn no_store(op: &Operator, what: &str) -> Refusal {
     Refusal::new(
         op,
@@ -541,10 +619,21 @@ async fn counts(admin: &Admin, op: &Operator) -> Result<Counts, Refusal> {
         }),
         None => None,
     };
+    let differences = match &inner.differences {
+        Some(d) => {
+            let s = d.stats().await.map_err(|e| reconcile_error(op, e))?;
+            Some(DifferenceCounts {
+                open: s.open(),
+                manual: s.manual,
+            })
+        }
+        None => None,
+    };
     Ok(Counts {
         ledger,
         outbox,
         idempotency,
+        differences,
     })
 }
 
@@ -593,6 +682,58 @@ async fn entries(
         .await
         .map_err(|e| ledger_error(op, e))?;
     Ok((state, found.into_iter().map(EntryView::of).collect()))
+}
+
+async fn differences(
+    admin: &Admin,
+    op: &Operator,
+    q: &ListQuery,
+) -> Result<(&'static str, Vec<DifferenceView>), Refusal> {
+    let store = admin
+        .inner
+        .differences
+        .as_ref()
+        .ok_or_else(|| no_store(op, "reconciliation differences"))?;
+    let state = match q.state.as_deref() {
+        None => Some(ItemState::Manual),
+        Some("all") => None,
+        Some(s) => Some(ItemState::parse(s).ok_or_else(|| {
+            Refusal::new(
+                op,
+                StatusCode::BAD_REQUEST,
+                "state is one of open, claimed, repaired, manual, resolved, all",
+            )
+        })?),
+    };
+    let found = store
+        .list(state, limit(q.limit))
+        .await
+        .map_err(|e| reconcile_error(op, e))?;
+    Ok((
+        state.map_or("all", ItemState::as_str),
+        found.into_iter().map(DifferenceView::of).collect(),
+    ))
+}
+
+fn repair_id(op: &Operator, id: &str) -> Result<RepairId, Refusal> {
+    RepairId::parse(id).map_err(|e| Refusal::new(op, StatusCode::BAD_REQUEST, e.to_string()))
+}
+
+async fn difference(admin: &Admin, op: &Operator, id: &str) -> Result<DifferenceView, Refusal> {
+    let store = admin
+        .inner
+        .differences
+        .as_ref()
+        .ok_or_else(|| no_store(op, "reconciliation differences"))?;
+    let id = repair_id(op, id)?;
+    match store.get(&id).await.map_err(|e| reconcile_error(op, e))? {
+        Some(item) => Ok(DifferenceView::of(item)),
+        None => Err(Refusal::new(
+            op,
+            StatusCode::NOT_FOUND,
+            format!("no reconciliation difference {id}"),
+        )),
+    }
 }
 
 fn entry_id(op: &Operator, id: &str) -> Result<EntryId, Refusal> {
@@ -712,6 +853,7 @@ enum Act {
     RetryNow,
     Requeue,
     Discard,
+    Resolve,
 }
 
 /// Takes an action for `op` ([`Admin::act`]: audited). Returns where the pages go next.
@@ -742,6 +884,11 @@ async fn act(
         }
         Act::Requeue => (Action::Requeue(event_id(op, id)?), "outbox".to_owned()),
         Act::Discard => (Action::Discard(event_id(op, id)?), "outbox".to_owned()),
+        Act::Resolve => {
+            let repair = repair_id(op, id)?;
+            let next = format!("differences/{}", link(repair.as_str()));
+            (Action::Resolve(repair), next)
+        }
     };
     admin.act(&op.who, action, why).await.map_err(|e| {
         let status = match e.kind() {
@@ -1070,6 +1217,83 @@ async fn api_discard(
     body: Result<Json<ActionBody>, JsonRejection>,
 ) -> Result<Response, Refusal> {
     api_action(&admin, &op, &headers, body, &id, |_| Ok(Act::Discard)).await
+}
+
+#[derive(Template)]
+#[template(path = "admin/differences.html")]
+struct DifferencesPage {
+    nav: Nav,
+    state: &'static str,
+    items: Vec<DifferenceView>,
+}
+
+async fn differences_list(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, Refusal> {
+    let q = query(&op, q)?;
+    let (state, items) = differences(&admin, &op, &q).await?;
+    Ok(render(&DifferencesPage {
+        nav: Nav::of(&admin, &op),
+        state,
+        items,
+    }))
+}
+
+async fn api_differences_list(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Vec<DifferenceView>>, Refusal> {
+    let q = query(&op, q)?;
+    differences(&admin, &op, &q).await.map(|(_, d)| Json(d))
+}
+
+#[derive(Template)]
+#[template(path = "admin/difference.html")]
+struct DifferencePage {
+    nav: Nav,
+    d: DifferenceView,
+}
+
+async fn difference_page(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    Path(id): Path<String>,
+) -> Result<Response, Refusal> {
+    let d = difference(&admin, &op, &id).await?;
+    Ok(render(&DifferencePage {
+        nav: Nav::of(&admin, &op),
+        d,
+    }))
+}
+
+async fn api_difference(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    Path(id): Path<String>,
+) -> Result<Json<DifferenceView>, Refusal> {
+    difference(&admin, &op, &id).await.map(Json)
+}
+
+async fn resolve_form(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    Path(id): Path<String>,
+    form: Result<Form<ActionForm>, FormRejection>,
+) -> Result<Redirect, Refusal> {
+    form_action(&admin, &op, form, &id, |_| Ok(Act::Resolve)).await
+}
+
+async fn api_resolve(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    Path(id): Path<String>,
+    headers: http::HeaderMap,
+    body: Result<Json<ActionBody>, JsonRejection>,
+) -> Result<Response, Refusal> {
+    api_action(&admin, &op, &headers, body, &id, |_| Ok(Act::Resolve)).await
 }
 
 #[derive(Template)]

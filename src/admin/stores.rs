@@ -9,6 +9,9 @@ use crate::ledger::{
     Entry, EntryId, Filter, Ledger, LedgerError, LedgerStats, Settled, Settlement,
 };
 use crate::outbox::{Event, EventId, OutboxError, OutboxStore, Quarantined};
+use crate::reconcile::{
+    DifferenceStats, DifferenceStore, Item, ItemState, Marked, ReconcileError, RepairId,
+};
 use crate::record::OutboxStats;
 use crate::server::store::{IdempotencyStore, StoreError, StuckRecord, UnknownRecord};
 
@@ -99,5 +102,45 @@ impl<S: IdempotencyStore> DynIdempotency for S {
         limit: usize,
     ) -> Fut<'_, Result<Vec<StuckRecord>, StoreError>> {
         Box::pin(IdempotencyStore::stuck(self, older_than, limit))
+    }
+}
+
+pub(super) trait DynDifferences: Send + Sync {
+    fn list(
+        &self,
+        state: Option<ItemState>,
+        limit: usize,
+    ) -> Fut<'_, Result<Vec<Item>, ReconcileError>>;
+    fn get<'a>(&'a self, id: &'a RepairId) -> Fut<'a, Result<Option<Item>, ReconcileError>>;
+    fn stats(&self) -> Fut<'_, Result<DifferenceStats, ReconcileError>>;
+    fn resolve<'a>(
+        &'a self,
+        id: &'a RepairId,
+        who: &'a str,
+        why: &'a str,
+    ) -> Fut<'a, Result<Marked, ReconcileError>>;
+}
+
+impl<D: DifferenceStore> DynDifferences for D {
+    fn list(
+        &self,
+        state: Option<ItemState>,
+        limit: usize,
+    ) -> Fut<'_, Result<Vec<Item>, ReconcileError>> {
+        Box::pin(DifferenceStore::list(self, state, limit))
+    }
+    fn get<'a>(&'a self, id: &'a RepairId) -> Fut<'a, Result<Option<Item>, ReconcileError>> {
+        Box::pin(DifferenceStore::get(self, id))
+    }
+    fn stats(&self) -> Fut<'_, Result<DifferenceStats, ReconcileError>> {
+        Box::pin(DifferenceStore::stats(self))
+    }
+    fn resolve<'a>(
+        &'a self,
+        id: &'a RepairId,
+        who: &'a str,
+        why: &'a str,
+    ) -> Fut<'a, Result<Marked, ReconcileError>> {
+        Box::pin(DifferenceStore::resolve_manually(self, id, who, why))
     }
 }

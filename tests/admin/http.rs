@@ -603,3 +603,69 @@ async fn retry_now_sends_an_entry_back_and_the_dev_hook_wants_loopback() {
     tokio::spawn(async move { axum::serve(listener, admin.router()).await.unwrap() });
     assert_eq!(get(plain, "/", None).await.status, StatusCode::UNAUTHORIZED);
 }
+
+#[tokio::test]
+async fn a_reconciliation_difference_is_inspected_and_resolved() {
+    use surely::reconcile::{
+        Difference, DifferenceStore, ItemState, MemoryDifferences, Seen, SeenFact,
+    };
+    let differences = MemoryDifferences::new();
+    let now = std::time::SystemTime::now();
+    let diff = Difference::new(
+        "payment_without_order",
+        "<b>o-9</b>",
+        vec![
+            Seen::new("payments", Some(SeenFact::new("captured 42.00", 3, now))),
+            Seen::new("orders", None),
+        ],
+        None,
+    );
+    differences.record(&diff).await.unwrap();
+    let audit = AuditLog::memory();
+    let admin = Admin::builder()
+        .differences(differences.clone())
+        .audit(audit.clone())
+        .authorize(by_header())
+        .build();
+    let addr = serve(admin.router()).await;
+    let index = get(addr, "/", Some("ana")).await;
+    assert!(index
+        .body
+        .contains("reconciliation differences in the manual queue"));
+    let list = get(addr, "/differences", Some("ana")).await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.body);
+    assert!(list.body.contains(diff.id.as_str()));
+    let page = get(addr, &format!("/differences/{}", diff.id), Some("ana")).await;
+    assert!(page.body.contains("captured 42.00") && page.body.contains("(nothing)"));
+    assert!(!page.body.contains("<b>o-9"), "the key is shown inert");
+    let json = get(addr, "/api/differences?state=all", Some("ro:bo")).await;
+    assert!(
+        json.body.contains("\"rule\":\"payment_without_order\""),
+        "{}",
+        json.body
+    );
+    assert_eq!(
+        get(addr, "/differences/not-an-id", Some("ana"))
+            .await
+            .status,
+        StatusCode::BAD_REQUEST
+    );
+
+    let path = format!("/api/differences/{}/resolve", diff.id);
+    let a = post_json(
+        addr,
+        &path,
+        "ana",
+        r#"{"why":"refunded by hand, ticket 311"}"#,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let item = differences.get(&diff.id).await.unwrap().unwrap();
+    assert_eq!(item.state, ItemState::Resolved);
+    assert_eq!(item.who.as_deref(), Some("ana"));
+    let again = post_json(addr, &path, "ana", r#"{"why":"again"}"#).await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    let lines = audit.list(10).await.unwrap();
+    assert_eq!(lines[1].action, AuditAction::Resolve);
+    assert_eq!(lines[1].outcome.as_deref(), Some("done"));
+}
