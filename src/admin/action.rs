@@ -79,7 +79,7 @@ impl ActionErrorKind {
 }
 
 impl ActionError {
-    fn new(kind: ActionErrorKind, message: impl fmt::Display) -> Self {
+    pub(super) fn new(kind: ActionErrorKind, message: impl fmt::Display) -> Self {
         ActionError {
             kind,
             message: message.to_string(),
@@ -91,7 +91,7 @@ impl ActionError {
         self.kind
     }
 
-    fn of_ledger(e: LedgerError) -> Self {
+    pub(super) fn of_ledger(e: LedgerError) -> Self {
         let kind = if e.is_not_found() {
             ActionErrorKind::NotFound
         } else if e.is_invalid() {
@@ -106,7 +106,7 @@ impl ActionError {
         ActionError::new(kind, e)
     }
 
-    fn of_reconcile(e: ReconcileError) -> Self {
+    pub(super) fn of_reconcile(e: ReconcileError) -> Self {
         let kind = if e.is_not_found() {
             ActionErrorKind::NotFound
         } else if e.is_invalid() {
@@ -119,7 +119,7 @@ impl ActionError {
         ActionError::new(kind, e)
     }
 
-    fn of_outbox(e: OutboxError) -> Self {
+    pub(super) fn of_outbox(e: OutboxError) -> Self {
         let kind = if e.is_not_found() {
             ActionErrorKind::NotFound
         } else if e.is_stale() {

@@ -15,7 +15,7 @@ use http::StatusCode;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
-use super::{Access, Action, ActionErrorKind, Admin};
+use super::{Access, Action, ActionError, ActionErrorKind, Admin};
 use crate::ledger::{Entry, EntryId, EntryState, Filter, LedgerError, SettledBy, Verdict};
 use crate::outbox::{EventId, OutboxError, Quarantined};
 use crate::reconcile::{Item, ItemState, ReconcileError, RepairId};
@@ -33,29 +33,21 @@ pub(super) fn router(admin: Admin) -> Router {
         .route("/", get(index))
         .route("/ledger", get(ledger_list))
         .route("/ledger/{id}", get(entry_page))
-        .route("/ledger/{id}/settle", post(settle_form))
-        .route("/ledger/{id}/retry", post(retry_form))
         .route("/outbox", get(outbox_list))
         .route("/outbox/{id}", get(event_page))
-        .route("/outbox/{id}/requeue", post(requeue_form))
-        .route("/outbox/{id}/discard", post(discard_form))
         .route("/differences", get(differences_list))
         .route("/differences/{id}", get(difference_page))
-        .route("/differences/{id}/resolve", post(resolve_form))
+        .route("/{kind}/{id}/{action}", post(form_post))
         .route("/idempotency", get(idempotency_page))
         .route("/audit", get(audit_page))
         .route("/api/counts", get(api_counts))
         .route("/api/ledger", get(api_ledger_list))
         .route("/api/ledger/{id}", get(api_entry))
-        .route("/api/ledger/{id}/settle", post(api_settle))
-        .route("/api/ledger/{id}/retry", post(api_retry))
         .route("/api/outbox", get(api_outbox_list))
         .route("/api/outbox/{id}", get(api_event))
-        .route("/api/outbox/{id}/requeue", post(api_requeue))
-        .route("/api/outbox/{id}/discard", post(api_discard))
         .route("/api/differences", get(api_differences_list))
         .route("/api/differences/{id}", get(api_difference))
-        .route("/api/differences/{id}/resolve", post(api_resolve))
+        .route("/api/{kind}/{id}/{action}", post(api_post))
         .route("/api/idempotency", get(api_idempotency))
         .route("/api/audit", get(api_audit))
         .fallback(not_found)
@@ -538,43 +530,28 @@ struct AuditView {
 
 // ---- reading the stores ------------------------------------------------------------------
 
-fn ledger_error(op: &Operator, e: LedgerError) -> Refusal {
-    let status = if e.is_not_found() {
-        StatusCode::NOT_FOUND
-    } else if e.is_invalid() {
-        StatusCode::BAD_REQUEST
-    } else if e.is_conflict() || e.is_stale() {
-        StatusCode::CONFLICT
-    } else if e.is_unsupported() {
-        StatusCode::NOT_IMPLEMENTED
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
+/// A store's failure, by the same kinds as an action's ([`ActionError`]).
+fn refused(op: &Operator, e: ActionError) -> Refusal {
+    let status = match e.kind() {
+        ActionErrorKind::Invalid => StatusCode::BAD_REQUEST,
+        ActionErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ActionErrorKind::Conflict => StatusCode::CONFLICT,
+        ActionErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
     };
     Refusal::new(op, status, e.to_string())
+}
+
+fn ledger_error(op: &Operator, e: LedgerError) -> Refusal {
+    refused(op, ActionError::of_ledger(e))
 }
 
 fn outbox_error(op: &Operator, e: OutboxError) -> Refusal {
-    let status = if e.is_not_found() {
-        StatusCode::NOT_FOUND
-    } else if e.is_stale() {
-        StatusCode::CONFLICT
-    } else if e.is_unsupported() {
-        StatusCode::NOT_IMPLEMENTED
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    Refusal::new(op, status, e.to_string())
+    refused(op, ActionError::of_outbox(e))
 }
 
 fn reconcile_error(op: &Operator, e: ReconcileError) -> Refusal {
-    let status = if e.is_not_found() {
-        StatusCode::NOT_FOUND
-    } else if e.is_invalid() {
-        StatusCode::BAD_REQUEST
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    Refusal::new(op, status, e.to_string())
+    refused(op, ActionError::of_reconcile(e))
 }
 
 fn no_store(op: &Operator, what: &str) -> Refusal {
@@ -890,16 +867,10 @@ async fn act(
             (Action::Resolve(repair), next)
         }
     };
-    admin.act(&op.who, action, why).await.map_err(|e| {
-        let status = match e.kind() {
-            ActionErrorKind::Invalid => StatusCode::BAD_REQUEST,
-            ActionErrorKind::NotFound => StatusCode::NOT_FOUND,
-            ActionErrorKind::Conflict => StatusCode::CONFLICT,
-            ActionErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
-            _ => StatusCode::SERVICE_UNAVAILABLE,
-        };
-        Refusal::new(op, status, e.to_string())
-    })?;
+    admin
+        .act(&op.who, action, why)
+        .await
+        .map_err(|e| refused(op, e))?;
     Ok(next)
 }
 
@@ -930,6 +901,44 @@ fn verdict(op: &Operator, v: &str) -> Result<Verdict, Refusal> {
             "verdict is succeeded or failed",
         )
     })
+}
+
+/// The action a POST names: `ledger/{id}/settle` (with its verdict), `ledger/{id}/retry`,
+/// `outbox/{id}/requeue`, `outbox/{id}/discard`, `differences/{id}/resolve`.
+fn named(op: &Operator, kind: &str, action: &str, verdict_named: &str) -> Result<Act, Refusal> {
+    match (kind, action) {
+        ("ledger", "settle") => verdict(op, verdict_named).map(Act::Settle),
+        ("ledger", "retry") => Ok(Act::RetryNow),
+        ("outbox", "requeue") => Ok(Act::Requeue),
+        ("outbox", "discard") => Ok(Act::Discard),
+        ("differences", "resolve") => Ok(Act::Resolve),
+        _ => Err(Refusal::new(op, StatusCode::NOT_FOUND, "no such action")),
+    }
+}
+
+async fn form_post(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    Path((kind, id, action)): Path<(String, String, String)>,
+    form: Result<Form<ActionForm>, FormRejection>,
+) -> Result<Redirect, Refusal> {
+    form_action(&admin, &op, form, &id, |f| {
+        named(&op, &kind, &action, &f.verdict)
+    })
+    .await
+}
+
+async fn api_post(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    Path((kind, id, action)): Path<(String, String, String)>,
+    headers: http::HeaderMap,
+    body: Result<Json<ActionBody>, JsonRejection>,
+) -> Result<Response, Refusal> {
+    api_action(&admin, &op, &headers, body, &id, |b| {
+        named(&op, &kind, &action, &b.verdict)
+    })
+    .await
 }
 
 /// A form action: checks the token, acts, and sends the browser on (303).
@@ -1076,50 +1085,6 @@ async fn api_entry(
     entry(&admin, &op, &id).await.map(Json)
 }
 
-async fn settle_form(
-    State(admin): State<Admin>,
-    Extension(op): Extension<Operator>,
-    Path(id): Path<String>,
-    form: Result<Form<ActionForm>, FormRejection>,
-) -> Result<Redirect, Refusal> {
-    form_action(&admin, &op, form, &id, |f| {
-        verdict(&op, &f.verdict).map(Act::Settle)
-    })
-    .await
-}
-
-async fn retry_form(
-    State(admin): State<Admin>,
-    Extension(op): Extension<Operator>,
-    Path(id): Path<String>,
-    form: Result<Form<ActionForm>, FormRejection>,
-) -> Result<Redirect, Refusal> {
-    form_action(&admin, &op, form, &id, |_| Ok(Act::RetryNow)).await
-}
-
-async fn api_settle(
-    State(admin): State<Admin>,
-    Extension(op): Extension<Operator>,
-    Path(id): Path<String>,
-    headers: http::HeaderMap,
-    body: Result<Json<ActionBody>, JsonRejection>,
-) -> Result<Response, Refusal> {
-    api_action(&admin, &op, &headers, body, &id, |b| {
-        verdict(&op, &b.verdict).map(Act::Settle)
-    })
-    .await
-}
-
-async fn api_retry(
-    State(admin): State<Admin>,
-    Extension(op): Extension<Operator>,
-    Path(id): Path<String>,
-    headers: http::HeaderMap,
-    body: Result<Json<ActionBody>, JsonRejection>,
-) -> Result<Response, Refusal> {
-    api_action(&admin, &op, &headers, body, &id, |_| Ok(Act::RetryNow)).await
-}
-
 #[derive(Template)]
 #[template(path = "admin/outbox.html")]
 struct OutboxPage {
@@ -1181,44 +1146,6 @@ async fn api_event(
     event(&admin, &op, &id).await.map(Json)
 }
 
-async fn requeue_form(
-    State(admin): State<Admin>,
-    Extension(op): Extension<Operator>,
-    Path(id): Path<String>,
-    form: Result<Form<ActionForm>, FormRejection>,
-) -> Result<Redirect, Refusal> {
-    form_action(&admin, &op, form, &id, |_| Ok(Act::Requeue)).await
-}
-
-async fn discard_form(
-    State(admin): State<Admin>,
-    Extension(op): Extension<Operator>,
-    Path(id): Path<String>,
-    form: Result<Form<ActionForm>, FormRejection>,
-) -> Result<Redirect, Refusal> {
-    form_action(&admin, &op, form, &id, |_| Ok(Act::Discard)).await
-}
-
-async fn api_requeue(
-    State(admin): State<Admin>,
-    Extension(op): Extension<Operator>,
-    Path(id): Path<String>,
-    headers: http::HeaderMap,
-    body: Result<Json<ActionBody>, JsonRejection>,
-) -> Result<Response, Refusal> {
-    api_action(&admin, &op, &headers, body, &id, |_| Ok(Act::Requeue)).await
-}
-
-async fn api_discard(
-    State(admin): State<Admin>,
-    Extension(op): Extension<Operator>,
-    Path(id): Path<String>,
-    headers: http::HeaderMap,
-    body: Result<Json<ActionBody>, JsonRejection>,
-) -> Result<Response, Refusal> {
-    api_action(&admin, &op, &headers, body, &id, |_| Ok(Act::Discard)).await
-}
-
 #[derive(Template)]
 #[template(path = "admin/differences.html")]
 struct DifferencesPage {
@@ -1275,25 +1202,6 @@ async fn api_difference(
     Path(id): Path<String>,
 ) -> Result<Json<DifferenceView>, Refusal> {
     difference(&admin, &op, &id).await.map(Json)
-}
-
-async fn resolve_form(
-    State(admin): State<Admin>,
-    Extension(op): Extension<Operator>,
-    Path(id): Path<String>,
-    form: Result<Form<ActionForm>, FormRejection>,
-) -> Result<Redirect, Refusal> {
-    form_action(&admin, &op, form, &id, |_| Ok(Act::Resolve)).await
-}
-
-async fn api_resolve(
-    State(admin): State<Admin>,
-    Extension(op): Extension<Operator>,
-    Path(id): Path<String>,
-    headers: http::HeaderMap,
-    body: Result<Json<ActionBody>, JsonRejection>,
-) -> Result<Response, Refusal> {
-    api_action(&admin, &op, &headers, body, &id, |_| Ok(Act::Resolve)).await
 }
 
 #[derive(Template)]

@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 use surely::admin::{Action, ActionErrorKind, Admin, AuditLog};
 use surely::ledger::{Entry, EntryId, EntryState, Filter, Ledger, PostgresLedger, Verdict};
 use surely::outbox::{EventId, OutboxStore, PostgresOutbox};
-use surely::server::store::{IdempotencyStore, PostgresStore};
+use surely::server::store::{Fence, IdempotencyStore, PostgresStore, RecordKey};
 
 /// The operator's reads and actions over surely's PostgreSQL tables.
 #[derive(Parser, Debug)]
@@ -429,40 +429,31 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
             done(json, "discarded", &id)
         }
         Command::Idempotency(cmd) => {
+            let row = |k: &RecordKey, fence: Fence, evidence: String, age: Duration| {
+                let (tenant, op) = (k.tenant().to_owned(), k.operation().to_owned());
+                (
+                    tenant,
+                    op,
+                    k.key().as_str().to_owned(),
+                    fence.get(),
+                    evidence,
+                    secs(age),
+                )
+            };
             let rows: Vec<(String, String, String, u64, String, u64)> = match cmd {
                 IdempotencyCommand::Unknown { limit } => store
                     .unknowns(limit)
                     .await
                     .map_err(Failure::backend)?
                     .into_iter()
-                    .map(|r| {
-                        let k = &r.key;
-                        (
-                            k.tenant().to_owned(),
-                            k.operation().to_owned(),
-                            k.key().as_str().to_owned(),
-                            r.fence.get(),
-                            r.evidence.clone(),
-                            secs(r.age),
-                        )
-                    })
+                    .map(|r| row(&r.key, r.fence, r.evidence, r.age))
                     .collect(),
                 IdempotencyCommand::Stuck { older_than, limit } => store
                     .stuck(Duration::from_secs(older_than), limit)
                     .await
                     .map_err(Failure::backend)?
                     .into_iter()
-                    .map(|r| {
-                        let k = &r.key;
-                        (
-                            k.tenant().to_owned(),
-                            k.operation().to_owned(),
-                            k.key().as_str().to_owned(),
-                            r.fence.get(),
-                            String::new(),
-                            secs(r.age),
-                        )
-                    })
+                    .map(|r| row(&r.key, r.fence, String::new(), r.age))
                     .collect(),
             };
             if json {
