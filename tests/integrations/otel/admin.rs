@@ -121,3 +121,26 @@ async fn the_gauges_report_what_waits_for_a_person() {
     assert!(other.exported("surely.admin.ledger.manual"));
     assert!(!other.exported("surely.admin.outbox.quarantine"));
 }
+
+/// `run` reads the stores at once, then every interval, until told to stop.
+#[tokio::test(start_paused = true)]
+async fn the_gauges_are_refreshed_until_shutdown() {
+    let metrics = Metrics::new();
+    let ledger = MemoryLedger::new();
+    let admin = Admin::builder().ledger(ledger.clone()).build();
+    let gauges = admin.metrics(&metrics.provider.meter("surely-test"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(gauges.run(Duration::from_secs(30), async {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(metrics.gauge("surely.admin.ledger.open", &[]), Some(0));
+    ledger
+        .record(&Evidence::new("o-1", "POST /orders"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(metrics.gauge("surely.admin.ledger.open", &[]), Some(1));
+    stop.send(()).unwrap();
+    running.await.unwrap();
+}
