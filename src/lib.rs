@@ -94,6 +94,8 @@ macro_rules! inner_accessors {
     };
 }
 
+#[cfg(feature = "admin")]
+pub mod admin;
 mod backoff;
 pub mod breaker;
 pub mod budget;

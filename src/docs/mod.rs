@@ -31,6 +31,9 @@
 //! 12. [When two systems disagree](reconciliation): comparing systems' facts key by key, the
 //!     rules, the grace window, differences with a repair id, repairs applied once, the manual
 //!     queue.
+//! 13. [The operator's surface](operators): seeing and settling what the system could not
+//!     (the manual queue, the outbox's quarantine), who may, and the audit log of what they
+//!     did.
 //!
 //! Every example here is compiled and run as a test.
 
@@ -80,4 +83,8 @@ pub mod architecture {
 
 pub mod reconciliation {
     #![doc = include_str!("reconciliation.md")]
+}
+
+pub mod operators {
+    #![doc = include_str!("operators.md")]
 }

@@ -189,6 +189,22 @@ impl MemoryLedger {
         Ok(settle_row(row, settlement))
     }
 
+    fn retry_now_now(&self, id: &EntryId, note: &str) -> Result<(), LedgerError> {
+        let mut rows = self.rows();
+        let row = rows
+            .by_id
+            .get_mut(id)
+            .ok_or_else(|| LedgerError::not_found(id))?;
+        if !matches!(row.state, EntryState::Open | EntryState::Manual) {
+            return Err(LedgerError::conflict(id, row.state));
+        }
+        row.state = EntryState::Open;
+        row.fence += 1;
+        row.until = None;
+        row.note = Some(super::truncate(note, super::MAX_TEXT).to_owned());
+        Ok(())
+    }
+
     fn list_now(&self, filter: &Filter) -> Vec<Entry> {
         let now = Instant::now();
         let rows = self.rows();
@@ -342,6 +358,14 @@ impl Ledger for MemoryLedger {
         filter: &Filter,
     ) -> impl Future<Output = Result<Vec<Entry>, LedgerError>> + Send {
         ready(Ok(self.list_now(filter)))
+    }
+
+    fn retry_now(
+        &self,
+        id: &EntryId,
+        note: &str,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        ready(self.retry_now_now(id, note))
     }
 
     fn stats(&self) -> impl Future<Output = Result<LedgerStats, LedgerError>> + Send {

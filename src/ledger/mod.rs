@@ -802,6 +802,28 @@ pub trait Ledger: Send + Sync + 'static {
         settlement: &Settlement,
     ) -> impl Future<Output = Result<Settled, LedgerError>> + Send;
 
+    /// A person sends a manual (or open) entry back to the reconcilers, claimable at once,
+    /// with `note` (cut like [`retry_later`](Self::retry_later)'s) saying who and why; its
+    /// tries are kept, and its claim number moves on. For an answer that the downstream can
+    /// give now (its outage is over) but could not when the entry went to the manual queue.
+    ///
+    /// # Errors
+    ///
+    /// [`LedgerError::is_not_found`] if there is no such entry; [`LedgerError::is_conflict`]
+    /// if it is claimed (a reconciler holds it), settled or in doubt;
+    /// [`LedgerError::is_unsupported`] from a store that does not implement it (the default,
+    /// so that stores written before it still compile).
+    fn retry_now(
+        &self,
+        id: &EntryId,
+        note: &str,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        let _ = (id, note);
+        std::future::ready(Err(LedgerError::unsupported(
+            "send an entry back to the reconcilers",
+        )))
+    }
+
     /// The entry with this id.
     fn get(&self, id: &EntryId) -> impl Future<Output = Result<Option<Entry>, LedgerError>> + Send;
 
@@ -824,7 +846,8 @@ pub trait Ledger: Send + Sync + 'static {
 }
 
 /// A ledger operation failed: the backend failed, a change came with a stale claim, the entry
-/// does not exist, or a value was refused.
+/// does not exist or is not in a state for the change, a value was refused, or the store
+/// cannot do what was asked.
 #[derive(Debug, thiserror::Error)]
 #[error("{kind}")]
 pub struct LedgerError {
@@ -839,6 +862,10 @@ enum ErrorKind {
     NotFound(EntryId),
     #[error("refused by the ledger: {0}")]
     Invalid(String),
+    #[error("ledger entry {0} is {state}, not open or manual", state = .1.as_str())]
+    Conflict(EntryId, EntryState),
+    #[error("this ledger store cannot {0}")]
+    Unsupported(&'static str),
     #[error("ledger store failed: {0}")]
     Backend(BoxError),
 }
@@ -870,6 +897,31 @@ impl LedgerError {
         LedgerError {
             kind: ErrorKind::Backend(error.into()),
         }
+    }
+
+    /// The entry is in `state`, where the change does not apply.
+    pub fn conflict(id: &EntryId, state: EntryState) -> Self {
+        LedgerError {
+            kind: ErrorKind::Conflict(id.clone(), state),
+        }
+    }
+
+    /// The store does not implement an operation (`what`: "send an entry back to the
+    /// reconcilers").
+    pub fn unsupported(what: &'static str) -> Self {
+        LedgerError {
+            kind: ErrorKind::Unsupported(what),
+        }
+    }
+
+    /// Whether the entry is not in a state for the change.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self.kind, ErrorKind::Conflict(..))
+    }
+
+    /// Whether the store does not implement the operation.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self.kind, ErrorKind::Unsupported(_))
     }
 
     /// Whether a change was refused for a stale claim.

@@ -150,6 +150,7 @@ struct Sql {
     look: String,
     retry_later: String,
     to_manual: String,
+    retry_now: String,
     get: String,
     /// `list`'s statement up to its `WHERE`.
     list: String,
@@ -271,6 +272,10 @@ impl Sql {
             to_manual: format!(
                 "UPDATE {t} SET state = 'manual', tries = tries + 1, note = $3, until = NULL
                  WHERE id = $1 AND state = 'claimed' AND fence = $2"
+            ),
+            retry_now: format!(
+                "UPDATE {t} SET state = 'open', fence = fence + 1, note = $2, until = NULL
+                 WHERE id = $1 AND state IN ('open', 'manual')"
             ),
             get: format!("SELECT {} WHERE e.id = $1", select(t)),
             list: format!("SELECT {}", select(t)),
@@ -822,6 +827,30 @@ impl Ledger for PostgresLedger {
     ) -> Result<Settled, LedgerError> {
         self.settle_with(&self.sql.settle_manually, id, None, settlement)
             .await
+    }
+
+    async fn retry_now(&self, id: &EntryId, note: &str) -> Result<(), LedgerError> {
+        let client = self.client().await?;
+        let note = super::truncate(note, super::MAX_TEXT);
+        let n = client
+            .execute(&self.sql.retry_now, &[&id.as_str(), &note])
+            .await
+            .map_err(by_content)?;
+        if n == 1 {
+            return Ok(());
+        }
+        let found = client
+            .query_opt(&self.sql.look, &[&id.as_str()])
+            .await
+            .map_err(LedgerError::backend)?;
+        match found {
+            Some(row) => {
+                let state: String = row.try_get(0).map_err(LedgerError::backend)?;
+                let state = EntryState::parse(&state).unwrap_or(EntryState::Settled);
+                Err(LedgerError::conflict(id, state))
+            }
+            None => Err(LedgerError::not_found(id)),
+        }
     }
 
     async fn get(&self, id: &EntryId) -> Result<Option<Entry>, LedgerError> {

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::record::OutboxStats;
 
-use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Wakeup};
+use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Quarantined, Wakeup};
 
 /// The embedded outbox: events in memory, for one process, and for tests.
 ///
@@ -146,6 +146,34 @@ impl MemoryOutbox {
         claimed
     }
 
+    /// The quarantined events, oldest first, at most `limit` ([`OutboxStore::quarantined`]
+    /// without the future).
+    pub fn quarantined_now(&self, limit: usize) -> Vec<Quarantined> {
+        let now = Instant::now();
+        self.rows()
+            .by_seq
+            .values()
+            .filter(|row| row.state == State::Quarantined)
+            .take(limit)
+            .map(|row| row.quarantined(now))
+            .collect()
+    }
+
+    /// The quarantined row with this id.
+    fn quarantined_row<'a>(
+        rows: &'a mut Rows,
+        id: &EventId,
+    ) -> Result<(u64, &'a mut Row), OutboxError> {
+        let seq = *rows
+            .by_id
+            .get(id)
+            .ok_or_else(|| OutboxError::not_found(id))?;
+        match rows.by_seq.get_mut(&seq) {
+            Some(row) if row.state == State::Quarantined => Ok((seq, row)),
+            _ => Err(OutboxError::not_found(id)),
+        }
+    }
+
     /// The row of a claim still held, or stale.
     fn held<'a>(rows: &'a mut Rows, claimed: &Claimed) -> Result<&'a mut Row, OutboxError> {
         let seq = *rows
@@ -156,6 +184,17 @@ impl MemoryOutbox {
             Some(row) if row.claim == claimed.claim() && row.state == State::Pending => Ok(row),
             _ => Err(OutboxError::stale()),
         }
+    }
+}
+
+impl Row {
+    fn quarantined(&self, now: Instant) -> Quarantined {
+        Quarantined::new(
+            self.event.clone(),
+            self.failures,
+            self.last_error.clone(),
+            now.saturating_duration_since(self.enqueued_at),
+        )
     }
 }
 
@@ -230,5 +269,51 @@ impl OutboxStore for MemoryOutbox {
 
     fn stats(&self) -> impl Future<Output = Result<OutboxStats, OutboxError>> + Send {
         ready(Ok(self.stats_now()))
+    }
+
+    fn quarantined(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Quarantined>, OutboxError>> + Send {
+        ready(Ok(self.quarantined_now(limit)))
+    }
+
+    fn quarantined_event(
+        &self,
+        id: &EventId,
+    ) -> impl Future<Output = Result<Option<Quarantined>, OutboxError>> + Send {
+        let now = Instant::now();
+        let mut rows = self.rows();
+        let found = Self::quarantined_row(&mut rows, id)
+            .ok()
+            .map(|(_, row)| row.quarantined(now));
+        ready(Ok(found))
+    }
+
+    fn requeue(&self, id: &EventId) -> impl Future<Output = Result<(), OutboxError>> + Send {
+        let out = {
+            let mut rows = self.rows();
+            Self::quarantined_row(&mut rows, id).map(|(_, row)| {
+                row.state = State::Pending;
+                row.failures = 0;
+                row.claim += 1;
+                row.claimed_until = None;
+            })
+        };
+        if out.is_ok() {
+            self.wakeup.wake();
+        }
+        ready(out)
+    }
+
+    fn discard(&self, id: &EventId) -> impl Future<Output = Result<Event, OutboxError>> + Send {
+        let mut rows = self.rows();
+        let out = Self::quarantined_row(&mut rows, id)
+            .map(|(seq, _)| seq)
+            .map(|seq| {
+                rows.by_id.remove(id);
+                rows.by_seq.remove(&seq).map(|row| row.event)
+            });
+        ready(out.and_then(|e| e.ok_or_else(|| OutboxError::not_found(id))))
     }
 }

@@ -21,7 +21,10 @@
 //!   only the inbox does): the outbox does not remove duplicates, the consumer must.
 //! * **Nothing silently dropped.** An event whose publish keeps failing is retried after a wait,
 //!   and after a limit is **quarantined** with its last error: never dropped, never marked
-//!   published, visible in [`OutboxStats`] for an operator.
+//!   published, visible in [`OutboxStats`] for an operator, who
+//!   [lists](OutboxStore::quarantined) them and [requeues](OutboxStore::requeue) or
+//!   [discards](OutboxStore::discard) each (by hand, or through the
+//!   [operator's surface](crate::docs::operators)).
 //! * **Order.** Events are claimed and published in the order they were enqueued; an event that
 //!   fails waits while later ones go on, so consumers order by the event's
 //!   [version](Event::version), not by arrival.
@@ -188,9 +191,93 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// The backlog, the oldest unpublished event's age, and the quarantined events.
     fn stats(&self) -> impl Future<Output = Result<OutboxStats, OutboxError>> + Send;
+
+    /// The quarantined events, oldest first, at most `limit`, each with its failures and last
+    /// error: what an operator inspects before [requeueing](Self::requeue) or
+    /// [discarding](Self::discard) one.
+    ///
+    /// # Errors
+    ///
+    /// [`OutboxError::is_unsupported`] from a store that does not implement it (the default,
+    /// so that stores written before it still compile).
+    fn quarantined(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Quarantined>, OutboxError>> + Send {
+        let _ = limit;
+        std::future::ready(Err(OutboxError::unsupported("list quarantined events")))
+    }
+
+    /// The quarantined event with this id, or `None` if there is none (never quarantined,
+    /// requeued, discarded).
+    ///
+    /// # Errors
+    ///
+    /// As for [`quarantined`](Self::quarantined).
+    fn quarantined_event(
+        &self,
+        id: &EventId,
+    ) -> impl Future<Output = Result<Option<Quarantined>, OutboxError>> + Send {
+        let _ = id;
+        std::future::ready(Err(OutboxError::unsupported("read a quarantined event")))
+    }
+
+    /// Puts a quarantined event back to be published, at once, with its failures counted from
+    /// zero again (its last error kept until the next one). A new claim number fences any
+    /// mark of an older claim. One atomic change of the store.
+    ///
+    /// # Errors
+    ///
+    /// [`OutboxError::is_not_found`] if no quarantined event has this id (it may have been
+    /// requeued or discarded meanwhile); [`OutboxError::is_unsupported`] as for
+    /// [`quarantined`](Self::quarantined).
+    fn requeue(&self, id: &EventId) -> impl Future<Output = Result<(), OutboxError>> + Send {
+        let _ = id;
+        std::future::ready(Err(OutboxError::unsupported("requeue a quarantined event")))
+    }
+
+    /// Deletes a quarantined event: it will never be published. Only a quarantined one: a
+    /// pending or published event is never discarded. Returns the event it deleted, for the
+    /// caller's own record of why (the [admin](crate::docs::operators)'s audit log keeps its
+    /// id, kind and aggregate with who and why).
+    ///
+    /// # Errors
+    ///
+    /// As for [`requeue`](Self::requeue).
+    fn discard(&self, id: &EventId) -> impl Future<Output = Result<Event, OutboxError>> + Send {
+        let _ = id;
+        std::future::ready(Err(OutboxError::unsupported("discard a quarantined event")))
+    }
 }
 
-/// An outbox operation failed: the backend failed, or a mark came with a stale claim.
+/// A quarantined event, as [`OutboxStore::quarantined`] lists it.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Quarantined {
+    /// The event.
+    pub event: Event,
+    /// How many publishes of it failed.
+    pub failures: u32,
+    /// The last publish's error.
+    pub last_error: Option<String>,
+    /// How long ago it was enqueued, by the store's clock when it was read.
+    pub age: Duration,
+}
+
+impl Quarantined {
+    /// A quarantined event; for stores of your own.
+    pub fn new(event: Event, failures: u32, last_error: Option<String>, age: Duration) -> Self {
+        Quarantined {
+            event,
+            failures,
+            last_error,
+            age,
+        }
+    }
+}
+
+/// An outbox operation failed: the backend failed, a mark came with a stale claim, no
+/// quarantined event has the id, or the store cannot do what was asked.
 #[derive(Debug, thiserror::Error)]
 #[error("{kind}")]
 pub struct OutboxError {
@@ -201,6 +288,10 @@ pub struct OutboxError {
 enum ErrorKind {
     #[error("outbox event not marked: its claim is stale, another relay claimed it")]
     Stale,
+    #[error("no quarantined outbox event {0}")]
+    NotFound(EventId),
+    #[error("this outbox store cannot {0}")]
+    Unsupported(&'static str),
     #[error("outbox store failed: {0}")]
     Backend(BoxError),
 }
@@ -220,8 +311,32 @@ impl OutboxError {
         }
     }
 
+    /// No quarantined event has this id.
+    pub fn not_found(id: &EventId) -> Self {
+        OutboxError {
+            kind: ErrorKind::NotFound(id.clone()),
+        }
+    }
+
+    /// The store does not implement an operation (`what`: "requeue a quarantined event").
+    pub fn unsupported(what: &'static str) -> Self {
+        OutboxError {
+            kind: ErrorKind::Unsupported(what),
+        }
+    }
+
     /// Whether a mark was refused for a stale claim.
     pub fn is_stale(&self) -> bool {
         matches!(self.kind, ErrorKind::Stale)
+    }
+
+    /// Whether no quarantined event had the id.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self.kind, ErrorKind::NotFound(_))
+    }
+
+    /// Whether the store does not implement the operation.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self.kind, ErrorKind::Unsupported(_))
     }
 }

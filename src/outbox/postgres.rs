@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio_postgres::Row;
 
 use super::wakeup::WeakWakeup;
-use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Wakeup};
+use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Quarantined, Wakeup};
 use crate::classify::BoxError;
 use crate::record::OutboxStats;
 use crate::storage::{Component, Migration, Pool};
@@ -111,7 +111,17 @@ struct Sql {
     failed: String,
     sweep: String,
     stats: String,
+    /// The quarantined events, oldest first: `claimed`'s columns, then the last error and the
+    /// age in seconds.
+    quarantined: String,
+    quarantined_event: String,
+    requeue: String,
+    discard: String,
 }
+
+/// The columns an event is read from by [`claimed`], in its order.
+const EVENT_COLUMNS: &str =
+    "seq, id, aggregate, version, kind, header_names, header_values, payload, failures, claim";
 
 impl Sql {
     fn new(t: &str) -> Self {
@@ -169,6 +179,29 @@ impl Sql {
                 "SELECT count(*), EXTRACT(EPOCH FROM (now() - min(enqueued_at)))::float8,
                         (SELECT count(*) FROM {t} WHERE state = {QUARANTINED})
                  FROM {t} WHERE state = {PENDING}"
+            ),
+            quarantined: format!(
+                "SELECT {EVENT_COLUMNS}, last_error,
+                        EXTRACT(EPOCH FROM (now() - enqueued_at))::float8
+                 FROM {t} WHERE state = {QUARANTINED} ORDER BY seq LIMIT $1"
+            ),
+            quarantined_event: format!(
+                "SELECT {EVENT_COLUMNS}, last_error,
+                        EXTRACT(EPOCH FROM (now() - enqueued_at))::float8
+                 FROM {t} WHERE state = {QUARANTINED} AND id = $1"
+            ),
+            // A new claim number fences a mark of any older claim; the relays are woken.
+            requeue: format!(
+                "WITH back AS (
+                     UPDATE {t} SET state = {PENDING}, failures = 0, claim = claim + 1,
+                         claimed_until = NULL
+                     WHERE id = $1 AND state = {QUARANTINED}
+                     RETURNING 1
+                 )
+                 SELECT (SELECT count(*) FROM back), pg_notify('{channel}', '')"
+            ),
+            discard: format!(
+                "DELETE FROM {t} WHERE id = $1 AND state = {QUARANTINED} RETURNING {EVENT_COLUMNS}"
             ),
         }
     }
@@ -361,6 +394,25 @@ fn claimed(row: &Row) -> Result<(i64, Claimed), OutboxError> {
     ))
 }
 
+/// A quarantined event read back from a row of `quarantined`'s columns.
+fn quarantined(row: &Row) -> Result<Quarantined, OutboxError> {
+    let (_, c) = claimed(row)?;
+    let e = OutboxError::backend;
+    let last_error: Option<String> = row.try_get(10).map_err(e)?;
+    let age: Option<f64> = row.try_get(11).map_err(e)?;
+    Ok(Quarantined::new(
+        c.event,
+        c.failures,
+        last_error,
+        seconds(age.unwrap_or(0.0)),
+    ))
+}
+
+/// Seconds from the database, as a duration (none below zero).
+fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)
+}
+
 impl OutboxStore for PostgresOutbox {
     async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>, OutboxError> {
         let client = self.pool.get().await.map_err(OutboxError::backend)?;
@@ -448,10 +500,52 @@ impl OutboxStore for PostgresOutbox {
         let quarantined: i64 = row.try_get(2).map_err(e)?;
         Ok(OutboxStats {
             backlog: backlog.max(0) as u64,
-            oldest: oldest
-                .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)),
+            oldest: oldest.map(seconds),
             quarantined: quarantined.max(0) as u64,
         })
+    }
+
+    async fn quarantined(&self, limit: usize) -> Result<Vec<Quarantined>, OutboxError> {
+        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(&self.sql.quarantined, &[&limit])
+            .await
+            .map_err(OutboxError::backend)?;
+        rows.iter().map(quarantined).collect()
+    }
+
+    async fn quarantined_event(&self, id: &EventId) -> Result<Option<Quarantined>, OutboxError> {
+        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let row = client
+            .query_opt(&self.sql.quarantined_event, &[&id.as_str()])
+            .await
+            .map_err(OutboxError::backend)?;
+        row.as_ref().map(quarantined).transpose()
+    }
+
+    async fn requeue(&self, id: &EventId) -> Result<(), OutboxError> {
+        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let row = client
+            .query_one(&self.sql.requeue, &[&id.as_str()])
+            .await
+            .map_err(OutboxError::backend)?;
+        let back: i64 = row.try_get(0).map_err(OutboxError::backend)?;
+        if back == 1 {
+            Ok(())
+        } else {
+            Err(OutboxError::not_found(id))
+        }
+    }
+
+    async fn discard(&self, id: &EventId) -> Result<Event, OutboxError> {
+        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let row = client
+            .query_opt(&self.sql.discard, &[&id.as_str()])
+            .await
+            .map_err(OutboxError::backend)?
+            .ok_or_else(|| OutboxError::not_found(id))?;
+        claimed(&row).map(|(_, c)| c.event)
     }
 }
 

@@ -53,6 +53,8 @@ fn components() -> Vec<&'static Component> {
         &crate::ledger::POSTGRES_COMPONENT,
         #[cfg(feature = "durable")]
         &crate::reconcile::POSTGRES_COMPONENT,
+        #[cfg(feature = "admin")]
+        &crate::admin::POSTGRES_COMPONENT,
     ]
 }
 
@@ -146,6 +148,17 @@ impl Migrations {
     /// As for [`idempotency_table`](Self::idempotency_table).
     pub fn reconcile_table(self, table: &str) -> Result<Self, ConfigError> {
         self.table_of(&crate::reconcile::POSTGRES_COMPONENT, table)
+    }
+
+    #[cfg(feature = "admin")]
+    /// The admin's audit log's table (default `surely_admin_audit`), as given to
+    /// [`AuditLog::with_table`](crate::admin::AuditLog::with_table).
+    ///
+    /// # Errors
+    ///
+    /// As for [`idempotency_table`](Self::idempotency_table).
+    pub fn audit_table(self, table: &str) -> Result<Self, ConfigError> {
+        self.table_of(&crate::admin::POSTGRES_COMPONENT, table)
     }
 
     #[cfg_attr(not(any(feature = "server", feature = "durable")), allow(dead_code))]

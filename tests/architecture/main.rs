@@ -153,10 +153,14 @@ fn is_ident(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
-/// Every `.rs` file under `dir`.
+/// Every `.rs` file under `dir`, but those of `src/bin/`: each binary is a crate of its own,
+/// above the library, and sees only its public API.
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in fs::read_dir(dir).expect("src/ is readable") {
         let path = entry.expect("a directory entry").path();
+        if path.ends_with("src/bin") {
+            continue;
+        }
         if path.is_dir() {
             rust_files(&path, out);
         } else if path.extension().is_some_and(|e| e == "rs") {

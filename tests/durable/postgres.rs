@@ -20,10 +20,16 @@ async fn forget(pool: &Pool, table: &str) {
 
 /// Every component, each in a table of this test's own: the idempotency store's in `table`,
 /// the outbox's in `table_outbox`, the inbox's in `table_inbox`, the ledger's in
-/// `table_ledger`, reconciliation's differences in `table_reconcile`.
+/// `table_ledger`, reconciliation's differences in `table_reconcile` (and, with the admin, its
+/// audit log in `table_audit`).
 fn migrations(table: &str) -> Migrations {
-    Migrations::new()
-        .idempotency_table(table)
+    #[cfg(feature = "admin")]
+    let all = Migrations::new()
+        .audit_table(&format!("{table}_audit"))
+        .unwrap();
+    #[cfg(not(feature = "admin"))]
+    let all = Migrations::new();
+    all.idempotency_table(table)
         .unwrap()
         .outbox_table(&format!("{table}_outbox"))
         .unwrap()
@@ -34,6 +40,9 @@ fn migrations(table: &str) -> Migrations {
         .reconcile_table(&format!("{table}_reconcile"))
         .unwrap()
 }
+
+/// How many migrations `migrations(table)` applies to a new database.
+const MIGRATIONS: usize = if cfg!(feature = "admin") { 11 } else { 10 };
 
 /// Drops every table `migrations(table)` made, and forgets their migrations.
 async fn forget_all(pool: &Pool, table: &str) {
@@ -46,6 +55,7 @@ async fn forget_all(pool: &Pool, table: &str) {
         format!("{table}_ledger_attempts"),
         format!("{table}_ledger"),
         format!("{table}_reconcile"),
+        format!("{table}_audit"),
     ];
     let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
     postgres::forget(pool, &tables, &tables).await;
@@ -71,6 +81,8 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
             format!("ledger {table}_ledger v1 (entries and attempts)"),
             format!("ledger {table}_ledger v2 (intents in doubt)"),
             format!("reconcile {table}_reconcile v1 (differences)"),
+            #[cfg(feature = "admin")]
+            format!("admin_audit {table}_audit v1 (audit)"),
         ]
     );
     // Again: nothing to do.
@@ -109,6 +121,7 @@ async fn tables_in_a_schema_of_their_own_migrate() {
         format!("{table}_inbox"),
         format!("{table}_ledger"),
         format!("{table}_reconcile"),
+        format!("{table}_audit"),
     ];
     let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
     let forget = postgres::forget_schema(&client, &schema, &targets);
@@ -122,7 +135,7 @@ async fn tables_in_a_schema_of_their_own_migrate() {
             panic!("migrating into schema {schema}: {e}");
         }
     };
-    assert_eq!(applied.len(), 10);
+    assert_eq!(applied.len(), MIGRATIONS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,7 +151,7 @@ async fn instances_that_migrate_together_apply_each_migration_once() {
     for run in runs {
         total += run.await.unwrap();
     }
-    assert_eq!(total, 10, "ten migrations, each applied by one instance");
+    assert_eq!(total, MIGRATIONS, "each migration applied by one instance");
     forget_all(&pool(), &table).await;
 }
 

@@ -619,3 +619,23 @@ async fn a_recorder_without_its_writer_reports_and_keeps_the_entry() {
     assert_eq!(recorder.take_failed()[0].key.as_deref(), Some("o-10"));
     assert_eq!(ledger.stats_now(), LedgerStats::default());
 }
+
+#[tokio::test(start_paused = true)]
+async fn retry_now_sends_a_manual_entry_back() {
+    super::retry_now_sends_a_manual_entry_back(MemoryLedger::new(), EntryId::generate()).await;
+}
+
+/// A ledger of one's own, written before `retry_now`: it still compiles, and says so.
+#[tokio::test(start_paused = true)]
+async fn a_ledger_without_retry_now_says_so() {
+    let flaky = FlakyLedger::new(MemoryLedger::new());
+    let e = flaky
+        .retry_now(&EntryId::generate(), "why")
+        .await
+        .unwrap_err();
+    assert!(e.is_unsupported(), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "this ledger store cannot send an entry back to the reconcilers"
+    );
+}

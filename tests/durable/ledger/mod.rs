@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use http::Request;
 use surely::ledger::{
-    Claim, Entry, EntryId, Evidence, Filter, Ledger, LedgerError, LedgerStats, Settled, Settlement,
+    Claim, Entry, EntryId, EntryState, Evidence, Filter, Ledger, LedgerError, LedgerStats, Settled,
+    Settlement, Verdict,
 };
 use surely::record::BusinessKey;
 use surely::retry::{Query, Resolve, Resolving};
@@ -231,4 +232,56 @@ impl<L: Ledger + Clone> Ledger for FlakyLedger<L> {
     fn sweep(&self, retention: Duration) -> impl Future<Output = Result<u64, LedgerError>> + Send {
         self.inner.sweep(retention)
     }
+}
+
+/// A person sends a manual entry back to the reconcilers: open, claimable at once, with the
+/// note; a claimed or settled entry is refused as a conflict, an unknown one as not found.
+pub(crate) async fn retry_now_sends_a_manual_entry_back(ledger: impl Ledger, id: EntryId) {
+    let evidence = Evidence::new("o-retry", "POST /orders").with_id(id.clone());
+    ledger.record(&evidence).await.unwrap();
+    let lease = Duration::from_secs(30);
+    let claim = ledger.claim(10, lease).await.unwrap().remove(0);
+    ledger.to_manual(&claim, "cannot query").await.unwrap();
+
+    ledger
+        .retry_now(&id, "ana: the order service is back")
+        .await
+        .unwrap();
+    let entry = ledger.get(&id).await.unwrap().unwrap();
+    assert_eq!(entry.state, EntryState::Open);
+    assert_eq!(
+        entry.note.as_deref(),
+        Some("ana: the order service is back")
+    );
+    assert_eq!(entry.tries, 1, "kept");
+
+    let again = ledger.claim(10, lease).await.unwrap();
+    assert_eq!(again.len(), 1, "claimable at once");
+    assert!(again[0].fence() > claim.fence());
+    let held = ledger.retry_now(&id, "why").await.unwrap_err();
+    assert!(held.is_conflict(), "{held}");
+    assert_eq!(
+        held.to_string(),
+        format!("ledger entry {id} is claimed, not open or manual")
+    );
+    // The old claim is stale.
+    assert!(ledger
+        .to_manual(&claim, "late")
+        .await
+        .unwrap_err()
+        .is_stale());
+
+    let settled = Settlement::manual(Verdict::Succeeded, "ana", "found it").unwrap();
+    ledger.settle_manually(&id, &settled).await.unwrap();
+    assert!(ledger
+        .retry_now(&id, "why")
+        .await
+        .unwrap_err()
+        .is_conflict());
+    let none = EntryId::new("unk-none").unwrap();
+    assert!(ledger
+        .retry_now(&none, "why")
+        .await
+        .unwrap_err()
+        .is_not_found());
 }

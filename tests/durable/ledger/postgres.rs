@@ -738,3 +738,14 @@ async fn pg_journaled_calls_leave_one_entry_per_unknown_and_an_intent_per_dead_c
         != Some("dead-1")));
     forget(&ledger).await;
 }
+
+#[tokio::test]
+async fn pg_retry_now_sends_a_manual_entry_back() {
+    let ledger = ledger("pg_retry_now_sends_a_manual_entry_back").await;
+    super::retry_now_sends_a_manual_entry_back(
+        ledger.clone(),
+        EntryId::new(unique("unk")).unwrap(),
+    )
+    .await;
+    forget(&ledger).await;
+}

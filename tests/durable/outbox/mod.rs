@@ -193,6 +193,62 @@ pub(crate) async fn failures_retry_then_quarantine<St, W, Fut>(
     assert_eq!(store.stats().await.unwrap().quarantined, 1);
 }
 
+/// An operator lists the quarantined events (with their failures and last error), requeues one
+/// (published by the next round, fenced against the old claim) and discards another (never
+/// published); a pending or unknown event is neither requeued nor discarded.
+pub(crate) async fn quarantine_is_listed_requeued_and_discarded<St>(store: St, events: [Event; 3])
+where
+    St: OutboxStore + Clone,
+{
+    let [a, b, pending] = events;
+    // Two refused once each, with a limit of one: both quarantined. The third is not claimed.
+    let bus = Bus::new([Broker::Refuse, Broker::Refuse]);
+    let mut relay = Relay::builder(store.clone(), bus.service())
+        .batch(2)
+        .quarantine_after(1)
+        .build()
+        .unwrap();
+    let old = relay.run_once().await.unwrap();
+    assert_eq!(old.quarantined, 2);
+    let listed = store.quarantined(10).await.unwrap();
+    let ids: Vec<&EventId> = listed.iter().map(|q| q.event.id()).collect();
+    assert_eq!(ids, [a.id(), b.id()], "oldest first");
+    assert_eq!(listed[0].failures, 1);
+    assert_eq!(listed[0].last_error.as_deref(), Some("broker unavailable"));
+    assert_eq!(listed[0].event.payload(), a.payload());
+    assert_eq!(listed[0].event.headers(), a.headers());
+    assert_eq!(store.quarantined(1).await.unwrap().len(), 1, "the limit");
+    let one = store.quarantined_event(b.id()).await.unwrap().unwrap();
+    assert_eq!(one.event.kind(), "OrderCreated");
+    assert!(store
+        .quarantined_event(pending.id())
+        .await
+        .unwrap()
+        .is_none());
+
+    // Neither a pending event nor an unknown id is requeued or discarded.
+    for id in [pending.id().clone(), EventId::new("evt-none").unwrap()] {
+        assert!(store.requeue(&id).await.unwrap_err().is_not_found());
+        assert!(store.discard(&id).await.unwrap_err().is_not_found());
+    }
+
+    store.requeue(a.id()).await.unwrap();
+    assert!(
+        store.requeue(a.id()).await.unwrap_err().is_not_found(),
+        "requeued once: no longer quarantined"
+    );
+    let gone = store.discard(b.id()).await.unwrap();
+    assert_eq!(gone.id(), b.id());
+    assert!(store.discard(b.id()).await.unwrap_err().is_not_found());
+    assert!(store.quarantined(10).await.unwrap().is_empty());
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.backlog, stats.quarantined), (2, 0));
+
+    let round = relay.run_once().await.unwrap();
+    assert_eq!(round.published, 2, "the requeued one and the pending one");
+    assert_eq!(bus.published(), [a.id().clone(), pending.id().clone()]);
+}
+
 /// A relay that claimed and died: its events come back after the lease, and another relay
 /// publishes them; the dead one's late mark is refused as stale.
 pub(crate) async fn a_dead_relays_events_come_back<St, W, Fut>(store: St, wait: W)
@@ -251,6 +307,68 @@ async fn memory_failures_retry_then_quarantine() {
         outbox.last_error(b.id()).as_deref(),
         Some("broker unavailable")
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_quarantine_is_listed_requeued_and_discarded() {
+    let outbox = MemoryOutbox::new();
+    let events = [event(1), event(2), event(3)];
+    for e in &events {
+        outbox.enqueue(e.clone());
+    }
+    quarantine_is_listed_requeued_and_discarded(outbox.clone(), events).await;
+    assert_eq!(outbox.quarantined_now(10).len(), 0);
+}
+
+/// A store of one's own, written before the operator's operations: it still compiles, and
+/// says what it cannot do.
+#[tokio::test]
+async fn a_store_without_the_operators_operations_says_so() {
+    struct Old;
+    impl OutboxStore for Old {
+        async fn claim(
+            &self,
+            _: usize,
+            _: Duration,
+        ) -> Result<Vec<surely::outbox::Claimed>, surely::outbox::OutboxError> {
+            Ok(Vec::new())
+        }
+        async fn published(
+            &self,
+            _: &surely::outbox::Claimed,
+        ) -> Result<(), surely::outbox::OutboxError> {
+            Ok(())
+        }
+        async fn failed(
+            &self,
+            _: &surely::outbox::Claimed,
+            _: &str,
+            _: Duration,
+            _: u32,
+        ) -> Result<surely::outbox::Failed, surely::outbox::OutboxError> {
+            Ok(surely::outbox::Failed::Retry)
+        }
+        async fn sweep(&self, _: Duration) -> Result<u64, surely::outbox::OutboxError> {
+            Ok(0)
+        }
+        async fn stats(&self) -> Result<surely::record::OutboxStats, surely::outbox::OutboxError> {
+            Ok(Default::default())
+        }
+    }
+    let id = EventId::new("evt-1").unwrap();
+    let e = Old.requeue(&id).await.unwrap_err();
+    assert!(e.is_unsupported() && !e.is_not_found(), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "this outbox store cannot requeue a quarantined event"
+    );
+    assert!(Old.discard(&id).await.unwrap_err().is_unsupported());
+    assert!(Old.quarantined(1).await.unwrap_err().is_unsupported());
+    assert!(Old
+        .quarantined_event(&id)
+        .await
+        .unwrap_err()
+        .is_unsupported());
 }
 
 #[tokio::test(start_paused = true)]

@@ -72,6 +72,15 @@ async fn pg_publishes_in_order_then_sweeps() {
 }
 
 #[tokio::test]
+async fn pg_quarantine_is_listed_requeued_and_discarded() {
+    let outbox = outbox("pg_quarantine_is_listed_requeued_and_discarded").await;
+    let events = [event(1), event(2), event(3)];
+    enqueue(&outbox, &events, true).await;
+    super::quarantine_is_listed_requeued_and_discarded(outbox.clone(), events).await;
+    forget(&outbox).await;
+}
+
+#[tokio::test]
 async fn pg_failures_retry_then_quarantine() {
     let outbox = outbox("pg_failures_retry_then_quarantine").await;
     let (a, b) = (event(1), event(2));

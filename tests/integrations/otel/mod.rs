@@ -23,6 +23,8 @@ use tower::{service_fn, Service, ServiceBuilder};
 
 use crate::support::call;
 
+#[cfg(feature = "admin")]
+mod admin;
 mod reconcile;
 mod server;
 

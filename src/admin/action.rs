@@ -1,0 +1,237 @@
+//! The actions, audited: one path for the router and for programs of the host's own (the
+//! `surely` command line among them).
+
+use std::fmt;
+
+use super::{Admin, AuditAction};
+use crate::ledger::{check_text, EntryId, LedgerError, Settlement, Verdict, MAX_TEXT};
+use crate::outbox::{EventId, OutboxError};
+use crate::reconcile::{Marked, ReconcileError, RepairId};
+
+/// What an operator does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action {
+    /// Settle a ledger entry by hand.
+    Settle {
+        /// The entry.
+        entry: EntryId,
+        /// What became of the call.
+        verdict: Verdict,
+    },
+    /// Send a ledger entry back to the reconcilers, now.
+    RetryNow(EntryId),
+    /// Publish a quarantined event again.
+    Requeue(EventId),
+    /// Never publish a quarantined event.
+    Discard(EventId),
+    /// Resolve a reconciliation difference by hand (nothing to repair, or repaired elsewhere).
+    Resolve(RepairId),
+}
+
+impl Action {
+    fn audit(&self) -> (AuditAction, String) {
+        match self {
+            Action::Settle { entry, .. } => (AuditAction::Settle, entry.to_string()),
+            Action::RetryNow(entry) => (AuditAction::RetryNow, entry.to_string()),
+            Action::Requeue(event) => (AuditAction::Requeue, event.as_str().to_owned()),
+            Action::Discard(event) => (AuditAction::Discard, event.as_str().to_owned()),
+            Action::Resolve(id) => (AuditAction::Resolve, id.to_string()),
+        }
+    }
+}
+
+/// An action was not taken (or its store failed while taking it): why, by kind.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ActionError {
+    kind: ActionErrorKind,
+    message: String,
+}
+
+/// Why an action was not taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ActionErrorKind {
+    /// A value was refused (who, why): nothing was written.
+    Invalid,
+    /// No such entry or quarantined event, or the admin was given no store for it.
+    NotFound,
+    /// The target is not in a state for it (a settled entry, a claimed one).
+    Conflict,
+    /// The store cannot do it.
+    Unsupported,
+    /// A store, or the audit log, did not answer.
+    Unavailable,
+}
+
+impl ActionErrorKind {
+    /// `invalid`, `not found`, `conflict`, `unsupported`, `unavailable`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionErrorKind::Invalid => "invalid",
+            ActionErrorKind::NotFound => "not found",
+            ActionErrorKind::Conflict => "conflict",
+            ActionErrorKind::Unsupported => "unsupported",
+            ActionErrorKind::Unavailable => "unavailable",
+        }
+    }
+}
+
+impl ActionError {
+    pub(super) fn new(kind: ActionErrorKind, message: impl fmt::Display) -> Self {
+        ActionError {
+            kind,
+            message: message.to_string(),
+        }
+    }
+
+    /// Why.
+    pub fn kind(&self) -> ActionErrorKind {
+        self.kind
+    }
+
+    pub(super) fn of_ledger(e: LedgerError) -> Self {
+        let kind = if e.is_not_found() {
+            ActionErrorKind::NotFound
+        } else if e.is_invalid() {
+            ActionErrorKind::Invalid
+        } else if e.is_conflict() || e.is_stale() {
+            ActionErrorKind::Conflict
+        } else if e.is_unsupported() {
+            ActionErrorKind::Unsupported
+        } else {
+            ActionErrorKind::Unavailable
+        };
+        ActionError::new(kind, e)
+    }
+
+    pub(super) fn of_reconcile(e: ReconcileError) -> Self {
+        let kind = if e.is_not_found() {
+            ActionErrorKind::NotFound
+        } else if e.is_invalid() {
+            ActionErrorKind::Invalid
+        } else if e.is_stale() {
+            ActionErrorKind::Conflict
+        } else {
+            ActionErrorKind::Unavailable
+        };
+        ActionError::new(kind, e)
+    }
+
+    pub(super) fn of_outbox(e: OutboxError) -> Self {
+        let kind = if e.is_not_found() {
+            ActionErrorKind::NotFound
+        } else if e.is_stale() {
+            ActionErrorKind::Conflict
+        } else if e.is_unsupported() {
+            ActionErrorKind::Unsupported
+        } else {
+            ActionErrorKind::Unavailable
+        };
+        ActionError::new(kind, e)
+    }
+}
+
+impl Admin {
+    /// Takes `action` as `who`, for `why`, audited: the audit log's line is written first,
+    /// then the action is taken, then its outcome is written ([`docs::operators`]). The
+    /// router's forms and JSON API come here after their checks; a program of the host's own
+    /// (a script, the `surely` command line) calls it directly, having authenticated `who`
+    /// itself.
+    ///
+    /// # Errors
+    ///
+    /// [`ActionErrorKind::Invalid`] for a `who` or `why` the log cannot keep (nothing written);
+    /// the others after the line was written, with the outcome saying the same.
+    ///
+    /// [`docs::operators`]: crate::docs::operators
+    pub async fn act(&self, who: &str, action: Action, why: &str) -> Result<(), ActionError> {
+        let invalid = |e: String| ActionError::new(ActionErrorKind::Invalid, e);
+        check_text("why", why, MAX_TEXT, true).map_err(invalid)?;
+        let inner = &self.inner;
+        let missing = |what: &str| {
+            ActionError::new(
+                ActionErrorKind::NotFound,
+                format!("this admin was given no {what}"),
+            )
+        };
+        let ledger = || inner.ledger.as_ref().ok_or_else(|| missing("ledger"));
+        let outbox = || inner.outbox.as_ref().ok_or_else(|| missing("outbox"));
+        let differences = || {
+            inner
+                .differences
+                .as_ref()
+                .ok_or_else(|| missing("reconciliation differences"))
+        };
+        // The store is there, and the values pass, before anything is written.
+        let settlement = match &action {
+            Action::Settle { verdict, .. } => {
+                ledger()?;
+                Some(Settlement::manual(*verdict, who, why).map_err(ActionError::of_ledger)?)
+            }
+            Action::RetryNow(_) => ledger().map(|_| None)?,
+            Action::Requeue(_) | Action::Discard(_) => outbox().map(|_| None)?,
+            Action::Resolve(_) => differences().map(|_| None)?,
+        };
+        let (audit, target) = action.audit();
+        let line = inner
+            .audit
+            .begin(who, audit, &target, why)
+            .await
+            .map_err(|e| {
+                let kind = if e.is_invalid() {
+                    ActionErrorKind::Invalid
+                } else {
+                    ActionErrorKind::Unavailable
+                };
+                ActionError::new(kind, e)
+            })?;
+        let done = match (&action, settlement) {
+            (Action::Settle { entry, .. }, Some(s)) => match ledger()?.settle(entry, &s).await {
+                Ok(settled) if settled.is_now() => Ok(()),
+                Ok(settled) => Err(ActionError::new(
+                    ActionErrorKind::Conflict,
+                    format!(
+                        "ledger entry {entry} was already settled: {}",
+                        settled.settlement().verdict.as_str()
+                    ),
+                )),
+                Err(e) => Err(ActionError::of_ledger(e)),
+            },
+            (Action::RetryNow(entry), _) => {
+                let note = format!("sent back by {who}: {why}");
+                ledger()?
+                    .retry_now(entry, &note)
+                    .await
+                    .map_err(ActionError::of_ledger)
+            }
+            (Action::Requeue(event), _) => outbox()?
+                .requeue(event)
+                .await
+                .map_err(ActionError::of_outbox),
+            (Action::Discard(event), _) => outbox()?
+                .discard(event)
+                .await
+                .map(drop)
+                .map_err(ActionError::of_outbox),
+            (Action::Resolve(id), _) => match differences()?.resolve(id, who, why).await {
+                Ok(Marked::Now) => Ok(()),
+                Ok(Marked::Already) => Err(ActionError::new(
+                    ActionErrorKind::Conflict,
+                    format!("difference {id} was already repaired or resolved"),
+                )),
+                Err(e) => Err(ActionError::of_reconcile(e)),
+            },
+            (Action::Settle { .. }, None) => Err(missing("settlement")),
+        };
+        let outcome = match &done {
+            Ok(()) => "done".to_owned(),
+            Err(e) => format!("refused ({}): {e}", e.kind().as_str()),
+        };
+        if let Err(e) = inner.audit.finish(line, &outcome).await {
+            tracing::error!(error = %e, line, %outcome, "admin action taken, its outcome not written to the audit log");
+        }
+        done
+    }
+}

@@ -1,0 +1,425 @@
+//! The audit log: every operator action, who took it, when, on what, why, and how it ended.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use crate::classify::BoxError;
+use crate::ledger::{check_text, MAX_TEXT, MAX_WHO};
+
+/// What an operator did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AuditAction {
+    /// Settled a ledger entry by hand ([`Ledger::settle_manually`](crate::ledger::Ledger::settle_manually)).
+    Settle,
+    /// Sent a ledger entry back to the reconcilers ([`Ledger::retry_now`](crate::ledger::Ledger::retry_now)).
+    RetryNow,
+    /// Requeued a quarantined outbox event ([`OutboxStore::requeue`](crate::outbox::OutboxStore::requeue)).
+    Requeue,
+    /// Discarded a quarantined outbox event ([`OutboxStore::discard`](crate::outbox::OutboxStore::discard)).
+    Discard,
+    /// Resolved a reconciliation difference by hand ([`DifferenceStore::resolve_manually`](crate::reconcile::DifferenceStore::resolve_manually)).
+    Resolve,
+}
+
+impl AuditAction {
+    /// `ledger.settle`, `ledger.retry_now`, `outbox.requeue`, `outbox.discard`,
+    /// `reconcile.resolve`: as the log keeps it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditAction::Settle => "ledger.settle",
+            AuditAction::RetryNow => "ledger.retry_now",
+            AuditAction::Requeue => "outbox.requeue",
+            AuditAction::Discard => "outbox.discard",
+            AuditAction::Resolve => "reconcile.resolve",
+        }
+    }
+
+    /// The action named `name` ([`as_str`](Self::as_str)).
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            AuditAction::Settle,
+            AuditAction::RetryNow,
+            AuditAction::Requeue,
+            AuditAction::Discard,
+            AuditAction::Resolve,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == name)
+    }
+}
+
+impl fmt::Display for AuditAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One line of the audit log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AuditRecord {
+    /// Its number: increasing, in the order actions began.
+    pub id: u64,
+    /// When the action began (the log's clock).
+    pub at: SystemTime,
+    /// The operator, as the authorization said (never as a form said).
+    pub who: String,
+    /// The action.
+    pub action: AuditAction,
+    /// What it acted on: a ledger entry's id, an outbox event's id.
+    pub target: String,
+    /// Why, as the operator wrote it.
+    pub why: String,
+    /// How it ended: `done`, or why not; `None` while the action runs, or if the process
+    /// stopped before it could say (the action may or may not have happened: look at the
+    /// target).
+    pub outcome: Option<String>,
+}
+
+/// An audit log operation failed: a value was refused, or the backend failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}")]
+pub struct AuditError {
+    kind: AuditErrorKind,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum AuditErrorKind {
+    #[error("refused by the audit log: {0}")]
+    Invalid(String),
+    #[error("audit log failed: {0}")]
+    Backend(BoxError),
+}
+
+impl AuditError {
+    pub(crate) fn invalid(why: impl Into<String>) -> Self {
+        AuditError {
+            kind: AuditErrorKind::Invalid(why.into()),
+        }
+    }
+
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn backend(e: impl Into<BoxError>) -> Self {
+        AuditError {
+            kind: AuditErrorKind::Backend(e.into()),
+        }
+    }
+
+    /// Whether a value (who, why, target) was refused.
+    pub fn is_invalid(&self) -> bool {
+        matches!(self.kind, AuditErrorKind::Invalid(_))
+    }
+}
+
+/// Where the admin writes every action: in memory (one process, tests, the example), or in
+/// a PostgreSQL table (`surely_admin_audit` by default, created by
+/// [`surely::postgres::migrate`](crate::postgres::migrate)).
+///
+/// An action is written **before** it is taken ([`begin`](Self::begin), with who, what and
+/// why, and no outcome), and its outcome after ([`finish`](Self::finish)). A log that cannot
+/// be written stops the action: nothing is done that the log does not show. A process that
+/// stops between the action and its outcome leaves a line without one, which says what it
+/// is: an action that may have happened ([`docs::operators`](crate::docs::operators)).
+///
+/// ```
+/// use surely::admin::{AuditAction, AuditLog};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let log = AuditLog::memory();
+/// let id = log.begin("ana", AuditAction::Settle, "unk-1", "the order is in the table").await.unwrap();
+/// log.finish(id, "done").await.unwrap();
+/// let lines = log.list(10).await.unwrap();
+/// assert_eq!(lines[0].outcome.as_deref(), Some("done"));
+/// // Control characters are refused, not written.
+/// assert!(log.begin("ana\u{1b}[2J", AuditAction::Settle, "unk-1", "why").await.unwrap_err().is_invalid());
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct AuditLog {
+    inner: Backend,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Memory(Arc<Mutex<Vec<AuditRecord>>>),
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::PostgresAudit),
+}
+
+impl AuditLog {
+    /// A log in memory: for one process, tests and examples. Its lines do not outlive the
+    /// process.
+    pub fn memory() -> Self {
+        AuditLog {
+            inner: Backend::Memory(Arc::default()),
+        }
+    }
+
+    fn lines(lines: &Mutex<Vec<AuditRecord>>) -> MutexGuard<'_, Vec<AuditRecord>> {
+        // Every critical section leaves the lines whole before anything that could panic.
+        lines.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes the line of an action about to be taken, without its outcome; returns its id.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError::is_invalid`] if `who` is empty, over 256 bytes or holds a control
+    /// character, `why` is empty, over 16 KiB (16,384 bytes) or holds a control character
+    /// other than a newline or a tab, or `target` is empty or over 256 bytes; else the
+    /// backend failed.
+    pub async fn begin(
+        &self,
+        who: &str,
+        action: AuditAction,
+        target: &str,
+        why: &str,
+    ) -> Result<u64, AuditError> {
+        check_text("who", who, MAX_WHO, false).map_err(AuditError::invalid)?;
+        check_text("why", why, MAX_TEXT, true).map_err(AuditError::invalid)?;
+        check_text("target", target, MAX_WHO, false).map_err(AuditError::invalid)?;
+        match &self.inner {
+            Backend::Memory(lines) => {
+                let mut lines = Self::lines(lines);
+                let id = lines.len() as u64 + 1;
+                lines.push(AuditRecord {
+                    id,
+                    at: SystemTime::now(),
+                    who: who.to_owned(),
+                    action,
+                    target: target.to_owned(),
+                    why: why.to_owned(),
+                    outcome: None,
+                });
+                Ok(id)
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => pg.begin(who, action, target, why).await,
+        }
+    }
+
+    /// Writes how the action of line `id` ended (`done`, or why not: cut to 16 KiB).
+    ///
+    /// # Errors
+    ///
+    /// The backend failed.
+    pub async fn finish(&self, id: u64, outcome: &str) -> Result<(), AuditError> {
+        let outcome = crate::ledger::truncate(outcome, MAX_TEXT);
+        match &self.inner {
+            Backend::Memory(lines) => {
+                let mut lines = Self::lines(lines);
+                if let Some(line) = lines.iter_mut().find(|l| l.id == id) {
+                    line.outcome = Some(outcome.to_owned());
+                }
+                Ok(())
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => pg.finish(id, outcome).await,
+        }
+    }
+
+    /// The last `limit` lines, newest first.
+    ///
+    /// # Errors
+    ///
+    /// The backend failed.
+    pub async fn list(&self, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
+        match &self.inner {
+            Backend::Memory(lines) => Ok(Self::lines(lines)
+                .iter()
+                .rev()
+                .take(limit)
+                .cloned()
+                .collect()),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => pg.list(limit).await,
+        }
+    }
+}
+
+impl fmt::Debug for AuditLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Backend::Memory(lines) => f
+                .debug_struct("AuditLog")
+                .field("lines", &Self::lines(lines).len())
+                .finish(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => f
+                .debug_struct("AuditLog")
+                .field("table", &pg.table())
+                .finish(),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+pub(crate) use self::postgres::POSTGRES_COMPONENT;
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use std::sync::Arc;
+    use std::time::SystemTime;
+
+    use super::{AuditAction, AuditError, AuditLog, AuditRecord, Backend};
+    use crate::storage::{Component, Migration, Pool};
+    use crate::ConfigError;
+
+    /// The audit log's table, and its migrations in version order.
+    pub(crate) static POSTGRES_COMPONENT: Component = Component {
+        name: "admin_audit",
+        default_table: "surely_admin_audit",
+        migrations: &[Migration {
+            version: 1,
+            name: "audit",
+            sql: |t| {
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                        id bigserial PRIMARY KEY,
+                        at timestamptz NOT NULL DEFAULT now(),
+                        who text NOT NULL,
+                        action text NOT NULL,
+                        target text NOT NULL,
+                        why text NOT NULL,
+                        outcome text
+                    );"
+                )
+            },
+        }],
+    };
+
+    #[derive(Clone)]
+    pub(super) struct PostgresAudit {
+        pool: Pool,
+        table: Arc<str>,
+    }
+
+    impl PostgresAudit {
+        pub(super) fn table(&self) -> &str {
+            &self.table
+        }
+
+        pub(super) async fn begin(
+            &self,
+            who: &str,
+            action: AuditAction,
+            target: &str,
+            why: &str,
+        ) -> Result<u64, AuditError> {
+            let client = self.pool.get().await.map_err(AuditError::backend)?;
+            let row = client
+                .query_one(
+                    &format!(
+                        "INSERT INTO {} (who, action, target, why) VALUES ($1, $2, $3, $4)
+                         RETURNING id",
+                        self.table
+                    ),
+                    &[&who, &action.as_str(), &target, &why],
+                )
+                .await
+                .map_err(AuditError::backend)?;
+            let id: i64 = row.try_get(0).map_err(AuditError::backend)?;
+            Ok(id.max(0) as u64)
+        }
+
+        pub(super) async fn finish(&self, id: u64, outcome: &str) -> Result<(), AuditError> {
+            let client = self.pool.get().await.map_err(AuditError::backend)?;
+            let id = i64::try_from(id).unwrap_or(i64::MAX);
+            client
+                .execute(
+                    &format!("UPDATE {} SET outcome = $2 WHERE id = $1", self.table),
+                    &[&id, &outcome],
+                )
+                .await
+                .map_err(AuditError::backend)
+                .map(drop)
+        }
+
+        pub(super) async fn list(&self, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
+            let client = self.pool.get().await.map_err(AuditError::backend)?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = client
+                .query(
+                    &format!(
+                        "SELECT id, at, who, action, target, why, outcome FROM {}
+                         ORDER BY id DESC LIMIT $1",
+                        self.table
+                    ),
+                    &[&limit],
+                )
+                .await
+                .map_err(AuditError::backend)?;
+            rows.iter()
+                .map(|row| {
+                    let e = AuditError::backend;
+                    let id: i64 = row.try_get(0).map_err(e)?;
+                    let action: String = row.try_get(3).map_err(e)?;
+                    Ok(AuditRecord {
+                        id: id.max(0) as u64,
+                        at: row.try_get::<_, SystemTime>(1).map_err(e)?,
+                        who: row.try_get(2).map_err(e)?,
+                        action: AuditAction::parse(&action).ok_or_else(|| {
+                            AuditError::backend(format!("unknown audit action {action:?}"))
+                        })?,
+                        target: row.try_get(4).map_err(e)?,
+                        why: row.try_get(5).map_err(e)?,
+                        outcome: row.try_get(6).map_err(e)?,
+                    })
+                })
+                .collect()
+        }
+    }
+
+    impl AuditLog {
+        /// A log in PostgreSQL, in the table `surely_admin_audit`: create it with
+        /// [`surely::postgres::migrate`](crate::postgres::migrate) or [`migrate`](Self::migrate).
+        pub fn postgres(pool: Pool) -> Self {
+            AuditLog {
+                inner: Backend::Postgres(PostgresAudit {
+                    pool,
+                    table: POSTGRES_COMPONENT.default_table.into(),
+                }),
+            }
+        }
+
+        /// The same log in another table, such as `ops.audit`; a memory log is returned as
+        /// it is.
+        ///
+        /// # Errors
+        ///
+        /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
+        /// optionally schema-qualified.
+        pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
+            crate::storage::check_table("audit table name", table)?;
+            Ok(match self.inner {
+                Backend::Postgres(pg) => AuditLog {
+                    inner: Backend::Postgres(PostgresAudit {
+                        pool: pg.pool,
+                        table: table.into(),
+                    }),
+                },
+                memory => AuditLog { inner: memory },
+            })
+        }
+
+        /// Applies this log's table's migrations that the database has not recorded yet
+        /// (nothing for a memory log).
+        ///
+        /// # Errors
+        ///
+        /// The database refused, or could not be reached.
+        pub async fn migrate(&self) -> Result<(), AuditError> {
+            match &self.inner {
+                Backend::Postgres(pg) => {
+                    crate::storage::apply(&pg.pool, &[(&POSTGRES_COMPONENT, pg.table())])
+                        .await
+                        .map(drop)
+                        .map_err(AuditError::backend)
+                }
+                Backend::Memory(_) => Ok(()),
+            }
+        }
+    }
+}

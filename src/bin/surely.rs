@@ -1,0 +1,545 @@
+//! `surely`: the operator's reads and actions over PostgreSQL, for scripts and terminals
+//! (feature `cli`; the same actions as the admin's pages, written to the same audit log).
+//!
+//! ```text
+//! surely ledger list [--state manual] [--key K] [--limit N]
+//! surely ledger show ID
+//! surely ledger settle ID --verdict succeeded|failed --who NAME --why TEXT
+//! surely ledger retry ID --who NAME --why TEXT
+//! surely outbox quarantine [--limit N]
+//! surely outbox requeue ID --who NAME --why TEXT
+//! surely outbox discard ID --who NAME --why TEXT
+//! surely idempotency unknown [--limit N]
+//! surely idempotency stuck [--older-than SECS] [--limit N]
+//! surely audit [--limit N]
+//! ```
+//!
+//! The database is `--database-url` or `SURELY_DATABASE_URL`; `--json` prints JSON instead of
+//! text. The tables are the crate's defaults unless named (`--ledger-table` and the others).
+//!
+//! Exit codes, for scripts: **0** done; **1** a usage error or a value refused (a bad id, a
+//! reason with a control character); **2** no such entry or event; **3** a conflict (the
+//! entry is settled or claimed); **4** the database could not be reached or failed.
+//!
+//! Who acts is `--who`, as given: whoever can run this command with the database's
+//! credentials can act, so the audit log records the name they give. Keep those credentials
+//! for operators ([`surely::docs::operators`]).
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::{json, Value};
+use surely::admin::{Action, ActionErrorKind, Admin, AuditLog};
+use surely::ledger::{Entry, EntryId, EntryState, Filter, Ledger, PostgresLedger, Verdict};
+use surely::outbox::{EventId, OutboxStore, PostgresOutbox};
+use surely::server::store::{Fence, IdempotencyStore, PostgresStore, RecordKey};
+
+/// The operator's reads and actions over surely's PostgreSQL tables.
+#[derive(Parser, Debug)]
+#[command(name = "surely", version, about)]
+struct Cli {
+    /// The database: postgres://user@host:port/db
+    #[arg(long, env = "SURELY_DATABASE_URL", global = true)]
+    database_url: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(flatten)]
+    tables: Tables,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The tables, when not the crate's defaults.
+#[derive(Args, Debug)]
+struct Tables {
+    /// The ledger's table.
+    #[arg(long, global = true, default_value = "surely_ledger")]
+    ledger_table: String,
+    /// The outbox's table.
+    #[arg(long, global = true, default_value = "surely_outbox")]
+    outbox_table: String,
+    /// The idempotency store's table.
+    #[arg(long, global = true, default_value = "surely_idempotency")]
+    idempotency_table: String,
+    /// The audit log's table.
+    #[arg(long, global = true, default_value = "surely_admin_audit")]
+    audit_table: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// The UNKNOWN ledger.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
+    /// The outbox's quarantine.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+    /// The idempotency store's records that need a person.
+    #[command(subcommand)]
+    Idempotency(IdempotencyCommand),
+    /// The audit log, newest first.
+    Audit {
+        /// At most this many lines.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+}
+
+/// Who acts, and why: required for every action.
+#[derive(Args, Debug)]
+struct Why {
+    /// Who acts (kept in the audit log).
+    #[arg(long)]
+    who: String,
+    /// Why (kept in the audit log, and as the settlement's evidence).
+    #[arg(long)]
+    why: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum LedgerCommand {
+    /// The entries in a state (the manual queue unless told), oldest first.
+    List {
+        /// in_doubt, open, claimed, manual or settled.
+        #[arg(long, default_value = "manual")]
+        state: String,
+        /// Only this key's.
+        #[arg(long)]
+        key: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// One entry, with every attempt.
+    Show {
+        /// The entry's id.
+        id: String,
+    },
+    /// Settle an entry by hand.
+    Settle {
+        /// The entry's id.
+        id: String,
+        /// succeeded or failed.
+        #[arg(long)]
+        verdict: String,
+        #[command(flatten)]
+        why: Why,
+    },
+    /// Send an entry back to the reconcilers, now.
+    Retry {
+        /// The entry's id.
+        id: String,
+        #[command(flatten)]
+        why: Why,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum OutboxCommand {
+    /// The quarantined events, oldest first.
+    Quarantine {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Publish a quarantined event again.
+    Requeue {
+        /// The event's id.
+        id: String,
+        #[command(flatten)]
+        why: Why,
+    },
+    /// Never publish a quarantined event.
+    Discard {
+        /// The event's id.
+        id: String,
+        #[command(flatten)]
+        why: Why,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum IdempotencyCommand {
+    /// The UNKNOWN records, oldest first.
+    Unknown {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// The records still processing after a while.
+    Stuck {
+        /// Seconds since their owner acquired them.
+        #[arg(long, default_value_t = 300)]
+        older_than: u64,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+}
+
+/// A failure, with its exit code.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn usage(m: impl ToString) -> Self {
+        Failure {
+            code: 1,
+            message: m.to_string(),
+        }
+    }
+    fn not_found(m: impl ToString) -> Self {
+        Failure {
+            code: 2,
+            message: m.to_string(),
+        }
+    }
+    fn backend(m: impl ToString) -> Self {
+        Failure {
+            code: 4,
+            message: m.to_string(),
+        }
+    }
+}
+
+/// Text as a terminal may show it: control characters escaped (an entry's evidence comes from
+/// elsewhere, and an escape sequence in it must not reach the terminal).
+fn plain(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+fn secs(d: Duration) -> u64 {
+    d.as_secs()
+}
+
+fn unix(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+fn entry_json(e: &Entry) -> Value {
+    let ev = &e.evidence;
+    json!({
+        "id": ev.id.as_str(),
+        "state": e.state.as_str(),
+        "key": ev.key,
+        "operation": ev.operation,
+        "stop": ev.stop.as_str(),
+        "recorded_at": unix(ev.recorded_at),
+        "age_secs": secs(e.age),
+        "tries": e.tries,
+        "note": e.note,
+        "attempts": ev.attempts.iter().map(|a| json!({
+            "attempt": a.attempt,
+            "started_at": unix(a.started_at),
+            "took_ms": a.took.as_millis() as u64,
+            "class": a.class.as_str(),
+            "phase": a.phase.as_str(),
+            "timeout": a.timeout,
+            "hedge": a.hedge,
+            "cancelled": a.cancelled,
+            "downstream_id": a.downstream_id,
+        })).collect::<Vec<_>>(),
+        "settlement": e.settlement.as_ref().map(|s| json!({
+            "verdict": s.verdict.as_str(),
+            "evidence": s.evidence,
+            "at": unix(s.at),
+        })),
+    })
+}
+
+fn opt(s: &Option<String>) -> String {
+    plain(s.as_deref().unwrap_or("-"))
+}
+
+async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
+    let url = cli.database_url.ok_or_else(|| {
+        Failure::usage("no database: give --database-url or set SURELY_DATABASE_URL")
+    })?;
+    let pool = surely::postgres::connect(&url).map_err(Failure::usage)?;
+    let t = &cli.tables;
+    let ledger = PostgresLedger::new(pool.clone())
+        .with_table(&t.ledger_table)
+        .map_err(Failure::usage)?;
+    let outbox = PostgresOutbox::new(pool.clone())
+        .with_table(&t.outbox_table)
+        .map_err(Failure::usage)?;
+    let store = PostgresStore::new(pool.clone())
+        .with_table(&t.idempotency_table)
+        .map_err(Failure::usage)?;
+    let audit = AuditLog::postgres(pool)
+        .with_table(&t.audit_table)
+        .map_err(Failure::usage)?;
+    let json = cli.json;
+    let act = |action: Action, why: Why| {
+        let admin = Admin::builder()
+            .ledger(ledger.clone())
+            .outbox(outbox.clone())
+            .audit(audit.clone())
+            .build();
+        async move {
+            admin.act(&why.who, action, &why.why).await.map_err(|e| {
+                let code = match e.kind() {
+                    ActionErrorKind::NotFound => 2,
+                    ActionErrorKind::Conflict => 3,
+                    ActionErrorKind::Unavailable => 4,
+                    _ => 1,
+                };
+                Failure {
+                    code,
+                    message: e.to_string(),
+                }
+            })?;
+            Ok::<_, Failure>(())
+        }
+    };
+    let entry_id = |id: &str| EntryId::new(id).map_err(Failure::usage);
+    let event_id = |id: &str| EventId::new(id).map_err(Failure::usage);
+    let ledger_failed = |e: surely::ledger::LedgerError| {
+        if e.is_invalid() {
+            Failure::usage(e)
+        } else {
+            Failure::backend(e)
+        }
+    };
+    match cli.command {
+        Command::Ledger(LedgerCommand::List { state, key, limit }) => {
+            let state = EntryState::parse(&state).ok_or_else(|| {
+                Failure::usage("--state is one of in_doubt, open, claimed, manual, settled")
+            })?;
+            let mut filter = Filter::new().state(state).limit(limit);
+            if let Some(key) = key {
+                filter = filter.key(key);
+            }
+            let entries = ledger.list(&filter).await.map_err(ledger_failed)?;
+            if json {
+                return Ok(Some(Value::Array(entries.iter().map(entry_json).collect())));
+            }
+            for e in &entries {
+                println!(
+                    "{}\t{}\t{}\t{}\ttries {}\t{}s\t{}",
+                    e.evidence.id,
+                    e.state.as_str(),
+                    opt(&e.evidence.key),
+                    opt(&e.evidence.operation),
+                    e.tries,
+                    secs(e.age),
+                    opt(&e.note)
+                );
+            }
+            Ok(None)
+        }
+        Command::Ledger(LedgerCommand::Show { id }) => {
+            let id = entry_id(&id)?;
+            let e = ledger
+                .get(&id)
+                .await
+                .map_err(ledger_failed)?
+                .ok_or_else(|| Failure::not_found(format!("no ledger entry {id}")))?;
+            if json {
+                return Ok(Some(entry_json(&e)));
+            }
+            let ev = &e.evidence;
+            println!("entry      {}", ev.id);
+            println!("state      {}", e.state.as_str());
+            println!("key        {}", opt(&ev.key));
+            println!("operation  {}", opt(&ev.operation));
+            println!("stopped    {}", ev.stop.as_str());
+            println!("age        {}s, {} tries", secs(e.age), e.tries);
+            println!("note       {}", opt(&e.note));
+            for a in &ev.attempts {
+                println!(
+                    "attempt {}  {} ms  {}  {}  timeout {}  downstream {}",
+                    a.attempt,
+                    a.took.as_millis(),
+                    a.class.as_str(),
+                    a.phase.as_str(),
+                    opt(&a.timeout),
+                    opt(&a.downstream_id)
+                );
+            }
+            if let Some(s) = &e.settlement {
+                println!("settled    {}: {}", s.verdict.as_str(), plain(&s.evidence));
+            }
+            Ok(None)
+        }
+        Command::Ledger(LedgerCommand::Settle { id, verdict, why }) => {
+            let entry = entry_id(&id)?;
+            let verdict = Verdict::parse(&verdict)
+                .ok_or_else(|| Failure::usage("--verdict is succeeded or failed"))?;
+            act(Action::Settle { entry, verdict }, why).await?;
+            done(json, "settled", &id)
+        }
+        Command::Ledger(LedgerCommand::Retry { id, why }) => {
+            act(Action::RetryNow(entry_id(&id)?), why).await?;
+            done(json, "sent back", &id)
+        }
+        Command::Outbox(OutboxCommand::Quarantine { limit }) => {
+            let events = outbox.quarantined(limit).await.map_err(Failure::backend)?;
+            if json {
+                return Ok(Some(Value::Array(
+                    events
+                        .iter()
+                        .map(|q| {
+                            json!({
+                                "id": q.event.id().as_str(),
+                                "aggregate": q.event.aggregate(),
+                                "version": q.event.version(),
+                                "kind": q.event.kind(),
+                                "failures": q.failures,
+                                "last_error": q.last_error,
+                                "age_secs": secs(q.age),
+                            })
+                        })
+                        .collect(),
+                )));
+            }
+            for q in &events {
+                println!(
+                    "{}\t{}\t{}\t{} failures\t{}s\t{}",
+                    plain(q.event.id().as_str()),
+                    plain(q.event.kind()),
+                    plain(q.event.aggregate()),
+                    q.failures,
+                    secs(q.age),
+                    opt(&q.last_error)
+                );
+            }
+            Ok(None)
+        }
+        Command::Outbox(OutboxCommand::Requeue { id, why }) => {
+            act(Action::Requeue(event_id(&id)?), why).await?;
+            done(json, "requeued", &id)
+        }
+        Command::Outbox(OutboxCommand::Discard { id, why }) => {
+            act(Action::Discard(event_id(&id)?), why).await?;
+            done(json, "discarded", &id)
+        }
+        Command::Idempotency(cmd) => {
+            let row = |k: &RecordKey, fence: Fence, evidence: String, age: Duration| {
+                let (tenant, op) = (k.tenant().to_owned(), k.operation().to_owned());
+                (
+                    tenant,
+                    op,
+                    k.key().as_str().to_owned(),
+                    fence.get(),
+                    evidence,
+                    secs(age),
+                )
+            };
+            let rows: Vec<(String, String, String, u64, String, u64)> = match cmd {
+                IdempotencyCommand::Unknown { limit } => store
+                    .unknowns(limit)
+                    .await
+                    .map_err(Failure::backend)?
+                    .into_iter()
+                    .map(|r| row(&r.key, r.fence, r.evidence, r.age))
+                    .collect(),
+                IdempotencyCommand::Stuck { older_than, limit } => store
+                    .stuck(Duration::from_secs(older_than), limit)
+                    .await
+                    .map_err(Failure::backend)?
+                    .into_iter()
+                    .map(|r| row(&r.key, r.fence, String::new(), r.age))
+                    .collect(),
+            };
+            if json {
+                return Ok(Some(Value::Array(
+                    rows.iter()
+                        .map(|(tenant, op, key, fence, evidence, age)| {
+                            json!({"tenant": tenant, "operation": op, "key": key,
+                                   "fence": fence, "evidence": evidence, "age_secs": age})
+                        })
+                        .collect(),
+                )));
+            }
+            for (tenant, op, key, fence, evidence, age) in &rows {
+                println!(
+                    "{}\t{}\t{}\tfence {fence}\t{age}s\t{}",
+                    plain(tenant),
+                    plain(op),
+                    plain(key),
+                    plain(evidence)
+                );
+            }
+            Ok(None)
+        }
+        Command::Audit { limit } => {
+            let lines = audit.list(limit).await.map_err(Failure::backend)?;
+            if json {
+                return Ok(Some(Value::Array(
+                    lines
+                        .iter()
+                        .map(|l| {
+                            json!({"id": l.id, "at": unix(l.at), "who": l.who,
+                                   "action": l.action.as_str(), "target": l.target,
+                                   "why": l.why, "outcome": l.outcome})
+                        })
+                        .collect(),
+                )));
+            }
+            for l in &lines {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    l.id,
+                    httpdate::fmt_http_date(l.at),
+                    plain(&l.who),
+                    l.action,
+                    plain(&l.target),
+                    plain(&l.why),
+                    opt(&l.outcome)
+                );
+            }
+            Ok(None)
+        }
+    }
+}
+
+fn done(json: bool, what: &str, id: &str) -> Result<Option<Value>, Failure> {
+    if json {
+        return Ok(Some(json!({ "done": what, "id": id })));
+    }
+    println!("{what} {}", plain(id));
+    Ok(None)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let usage = e.use_stderr();
+            let _ = e.print();
+            return ExitCode::from(if usage { 1 } else { 0 });
+        }
+    };
+    let json = cli.json;
+    match run(cli).await {
+        Ok(Some(value)) => {
+            println!("{value}");
+            ExitCode::SUCCESS
+        }
+        Ok(None) => ExitCode::SUCCESS,
+        Err(f) => {
+            if json {
+                eprintln!("{}", json!({ "error": f.message, "exit": f.code }));
+            } else {
+                eprintln!("surely: {}", plain(&f.message));
+            }
+            ExitCode::from(f.code)
+        }
+    }
+}

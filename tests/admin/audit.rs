@@ -1,0 +1,99 @@
+//! The audit log: who, what, when, why and how it ended, newest first; hostile values refused.
+
+use std::time::{Duration, SystemTime};
+
+use surely::admin::{AuditAction, AuditLog};
+
+/// Written before, finished after, listed newest first; refused values never written.
+async fn keeps_every_action(log: AuditLog) {
+    let before = SystemTime::now() - Duration::from_secs(5);
+    let first = log
+        .begin(
+            "ana",
+            AuditAction::Settle,
+            "unk-1",
+            "found in the order table",
+        )
+        .await
+        .unwrap();
+    let second = log
+        .begin(
+            "bo",
+            AuditAction::Discard,
+            "evt-9",
+            "a test event\nsent by mistake",
+        )
+        .await
+        .unwrap();
+    assert!(second > first);
+    log.finish(first, "done").await.unwrap();
+    let lines = log.list(10).await.unwrap();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0].id, second, "newest first");
+    assert_eq!(
+        (
+            lines[0].who.as_str(),
+            lines[0].action,
+            lines[0].target.as_str()
+        ),
+        ("bo", AuditAction::Discard, "evt-9")
+    );
+    assert_eq!(lines[0].why, "a test event\nsent by mistake");
+    assert_eq!(
+        lines[0].outcome, None,
+        "not finished: it may or may not have happened"
+    );
+    assert_eq!(lines[1].outcome.as_deref(), Some("done"));
+    assert!(lines[1].at >= before);
+    assert_eq!(log.list(1).await.unwrap().len(), 1);
+
+    for (who, why) in [
+        ("", "why"),
+        ("ana\u{1b}[31m", "why"),
+        ("ana", "   "),
+        ("ana", "a\u{7}bell"),
+        (&"x".repeat(257) as &str, "why"),
+        ("ana", &"y".repeat(16 * 1024 + 1)),
+    ] {
+        let e = log
+            .begin(who, AuditAction::Requeue, "evt-1", why)
+            .await
+            .unwrap_err();
+        assert!(e.is_invalid(), "{e}");
+    }
+    assert_eq!(
+        log.list(10).await.unwrap().len(),
+        2,
+        "nothing refused was written"
+    );
+    for a in [
+        AuditAction::Settle,
+        AuditAction::RetryNow,
+        AuditAction::Requeue,
+        AuditAction::Discard,
+    ] {
+        assert_eq!(AuditAction::parse(a.as_str()), Some(a));
+    }
+}
+
+#[tokio::test]
+async fn memory_audit_keeps_every_action() {
+    keeps_every_action(AuditLog::memory()).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn pg_audit_keeps_every_action() {
+    use crate::support::names::unique;
+    use crate::support::postgres::{self, did_not_answer};
+
+    let table = unique("surely_audit_t");
+    let pool = postgres::pool();
+    let log = AuditLog::postgres(pool.clone()).with_table(&table).unwrap();
+    log.migrate()
+        .await
+        .unwrap_or_else(|e| did_not_answer("pg_audit_keeps_every_action", e));
+    keeps_every_action(log).await;
+    assert!(AuditLog::memory().with_table("Bad Name").is_err());
+    postgres::forget(&pool, &[&table], &[&table]).await;
+}

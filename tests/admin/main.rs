@@ -1,0 +1,12 @@
+//! The operator's surface (`surely::admin`, feature `admin`): the audit log on memory and on
+//! PostgreSQL, and the router over real HTTP on loopback.
+
+#[allow(dead_code)]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod audit;
+mod browser;
+#[cfg(feature = "cli")]
+mod cli;
+mod http;
