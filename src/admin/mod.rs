@@ -120,11 +120,16 @@ impl Authorize {
     /// address, which axum gives when the server is run with
     /// `into_make_service_with_connect_info::<SocketAddr>()`; without it, every request is
     /// refused. Anything on the machine can act: other users, other processes, a browser
-    /// tab tricked into a request (CSRF protection still applies).
+    /// tab tricked into a request (CSRF protection still applies), and everyone a reverse proxy
+    /// on the same machine forwards (never put it behind one).
+    ///
+    /// The request must also name a loopback host (`localhost`, `127.0.0.1`, `[::1]`, in its
+    /// `Host` or its URI), so that a web page whose name was made to resolve to 127.0.0.1
+    /// (DNS rebinding) cannot read the pages, and their CSRF tokens, as if it were the admin.
     pub fn dev_allow_all_from_loopback() -> Self {
         Authorize::new(
             |parts| match parts.extensions.get::<ConnectInfo<SocketAddr>>() {
-                Some(ConnectInfo(peer)) if peer.ip().is_loopback() => {
+                Some(ConnectInfo(peer)) if peer.ip().is_loopback() && names_loopback(parts) => {
                     Access::act(format!("dev@{}", peer.ip()))
                 }
                 _ => Access::Denied,
@@ -135,6 +140,31 @@ impl Authorize {
     fn check(&self, parts: &Parts) -> Access {
         (self.0)(parts)
     }
+}
+
+/// Whether the host a request names (its `Host`, else its URI's authority) is a loopback one; a
+/// request that names none (HTTP/1.0 without `Host`) passes, as no browser sends one.
+fn names_loopback(parts: &Parts) -> bool {
+    let named = match parts.headers.get(http::header::HOST) {
+        Some(host) => match host.to_str() {
+            Ok(host) => Some(host),
+            Err(_) => return false,
+        },
+        None => parts.uri.authority().map(|a| a.as_str()),
+    };
+    let Some(named) = named else { return true };
+    let Ok(authority) = named.parse::<http::uri::Authority>() else {
+        return false;
+    };
+    let host = authority.host();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 impl fmt::Debug for Authorize {

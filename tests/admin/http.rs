@@ -593,6 +593,35 @@ async fn retry_now_sends_an_entry_back_and_the_dev_hook_wants_loopback() {
         entry.note.as_deref(),
         Some("sent back by dev@127.0.0.1: the service is back")
     );
+    // A page whose name was made to resolve to 127.0.0.1 (DNS rebinding) names its own host:
+    // refused, so that it cannot read the pages or their tokens.
+    for host in [
+        "evil.example",
+        "evil.example:80",
+        "127.0.0.1.evil.example",
+        "bad host",
+    ] {
+        let page = send(
+            addr,
+            Method::GET,
+            "/ledger/unk-4",
+            &[("host", host)],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(page.status, StatusCode::UNAUTHORIZED, "host {host}");
+    }
+    for host in ["localhost", "LOCALHOST:8080", "127.0.0.1", "[::1]:9"] {
+        let page = send(
+            addr,
+            Method::GET,
+            "/ledger/unk-4",
+            &[("host", host)],
+            Bytes::new(),
+        )
+        .await;
+        assert_eq!(page.status, StatusCode::OK, "host {host}");
+    }
     // Without the peer's address (served without connect info): refused.
     let admin = Admin::builder()
         .ledger(ledger)
