@@ -4,6 +4,9 @@
 //! service whose future is ready at once, on one thread, polled with a no-op waker:
 //!
 //! * `bare`: the handler alone;
+//! * `floor_count_and_wrap`: the least any counting limit does (one atomic increment of a shared
+//!   count, the handler's future wrapped, one decrement when it answers), as a floor under the
+//!   others;
 //! * `surely_limit_aimd`: `AdaptiveLimitLayer` with `Aimd::new()` (no latency target: the
 //!   clock is read only for a request with a deadline, and these have none);
 //! * `surely_limit_gradient`: `AdaptiveLimitLayer::new()` (the gradient: two clock reads a
@@ -38,6 +41,7 @@ use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
 use std::hint::black_box;
 use std::pin::pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -57,10 +61,58 @@ type Req = Request<()>;
 type Res = Response<()>;
 type Handler = ServiceFn<fn(Req) -> Ready<Result<Res, Infallible>>>;
 
+/// The least any counting limit can do to a request: count it in with one atomic increment
+/// (a clone of a shared `Arc`), wrap the handler's future, and count it out with one decrement
+/// when the answer comes. No limit compared, no criticality, no learning: the floor under the
+/// cost of `AdaptiveLimit` (and of tower's `ConcurrencyLimit`).
+#[derive(Clone)]
+struct Floor<S> {
+    inner: S,
+    count: Arc<()>,
+}
+
+pin_project_lite::pin_project! {
+    struct FloorFuture<F> {
+        #[pin]
+        inner: F,
+        held: Option<Arc<()>>,
+    }
+}
+
+impl<F: Future> Future for FloorFuture<F> {
+    type Output = F::Output;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.inner.poll(cx));
+        this.held.take();
+        Poll::Ready(out)
+    }
+}
+
+impl<S: Service<Req>> Service<Req> for Floor<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = FloorFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let held = Some(Arc::clone(&self.count));
+        FloorFuture {
+            inner: self.inner.call(req),
+            held,
+        }
+    }
+}
+
 /// One stack of each case, called by static dispatch (each arm calls its own concrete type),
 /// so that no case pays for boxing that the others do not.
 enum Svc {
     Bare(Handler),
+    Floor(Floor<Handler>),
     Surely(AdaptiveLimit<Handler>),
     TowerLimit(ConcurrencyLimit<Handler>),
     TowerShed(LoadShed<ConcurrencyLimit<Handler>>),
@@ -103,8 +155,9 @@ fn handler(shape: Shape) -> Handler {
 }
 
 /// The cases, by name: each makes a fresh stack of its kind.
-const CASES: [&str; 5] = [
+const CASES: [&str; 6] = [
     "bare",
+    "floor_count_and_wrap",
     "surely_limit_aimd",
     "surely_limit_gradient",
     "tower_concurrency_limit",
@@ -132,6 +185,10 @@ fn make(case: &str, shape: Shape, limit: Option<&AdaptiveLimitLayer>) -> Svc {
     };
     match case {
         "bare" => Svc::Bare(inner),
+        "floor_count_and_wrap" => Svc::Floor(Floor {
+            inner,
+            count: Arc::new(()),
+        }),
         "surely_limit_aimd" => Svc::Surely(limit.cloned().unwrap_or_else(aimd).layer(inner)),
         "surely_limit_gradient" => {
             Svc::Surely(limit.cloned().unwrap_or_else(gradient).layer(inner))
@@ -164,6 +221,7 @@ fn serve<S: Service<Req, Response = Res>>(svc: &mut S, cx: &mut Context<'_>) {
 fn one(svc: &mut Svc, cx: &mut Context<'_>) {
     match svc {
         Svc::Bare(s) => serve(s, cx),
+        Svc::Floor(s) => serve(s, cx),
         Svc::Surely(s) => serve(s, cx),
         Svc::TowerLimit(s) => serve(s, cx),
         Svc::TowerShed(s) => serve(s, cx),
