@@ -85,11 +85,16 @@ pub enum ErrorCode {
     /// back (its seal did not open, it was stored in a form this server cannot read); the
     /// handler did not run again.
     ReplayFailed,
+    /// `IDEMPOTENCY_COMMIT_UNKNOWN`, with `503` and `Retry-After`: with the key claimed
+    /// [in the handler's transaction](super::IdempotencyLayerBuilder::in_transaction), the
+    /// connection failed while the commit was on its way, so the request may have taken effect.
+    /// Send it again with the same key: it is replayed if it committed, and runs if it did not.
+    CommitUnknown,
 }
 
 impl ErrorCode {
     /// Every code, in the order of the variants.
-    const ALL: [ErrorCode; 12] = [
+    const ALL: [ErrorCode; 13] = [
         ErrorCode::KeyMissing,
         ErrorCode::KeyInvalid,
         ErrorCode::KeyInFlight,
@@ -102,6 +107,7 @@ impl ErrorCode {
         ErrorCode::RequestBodyFailed,
         ErrorCode::OutcomeUnknown,
         ErrorCode::ReplayFailed,
+        ErrorCode::CommitUnknown,
     ];
 
     /// The code as it is on the wire, such as `IDEMPOTENCY_KEY_MISSING`.
@@ -119,6 +125,7 @@ impl ErrorCode {
             ErrorCode::RequestBodyFailed => "REQUEST_BODY_FAILED",
             ErrorCode::OutcomeUnknown => crate::headers::OUTCOME_UNKNOWN_CODE,
             ErrorCode::ReplayFailed => "IDEMPOTENCY_REPLAY_FAILED",
+            ErrorCode::CommitUnknown => "IDEMPOTENCY_COMMIT_UNKNOWN",
         }
     }
 }
@@ -171,6 +178,7 @@ mod tests {
                 "REQUEST_BODY_FAILED",
                 "IDEMPOTENCY_OUTCOME_UNKNOWN",
                 "IDEMPOTENCY_REPLAY_FAILED",
+                "IDEMPOTENCY_COMMIT_UNKNOWN",
             ]
         );
         for code in ErrorCode::ALL {

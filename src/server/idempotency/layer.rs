@@ -21,8 +21,8 @@ use crate::classify::BoxError;
 use crate::record::{Recorder, ServerEvent, ServerEventKind};
 use crate::resolve::Resolve;
 use crate::server::store::{
-    Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, StoreError, StoredResponse,
-    StuckRecord,
+    BoxFuture, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, Opened, RecordKey,
+    RequestDigest, StoreError, StoredResponse, StuckRecord,
 };
 use crate::ConfigError;
 
@@ -61,7 +61,18 @@ pub(super) struct Config<St> {
     pub(super) seal: Option<Arc<dyn Seal>>,
     pub(super) rebuild: Option<Arc<RebuildFn>>,
     pub(super) archive: Option<Arc<ArchiveFn>>,
+    /// Opens a claim in the handler's transaction; `None`: the store's `acquire`, before the
+    /// handler, in a statement of its own.
+    pub(super) open: Option<OpenFn<St>>,
 }
+
+/// Opens a claim in the handler's transaction on the store `St`.
+pub(super) type OpenFn<St> = for<'a> fn(
+    &'a St,
+    &'a RecordKey,
+    &'a RequestDigest,
+    Duration,
+) -> BoxFuture<'a, Result<Opened, StoreError>>;
 
 impl<St> Config<St> {
     /// Records `kind` for a request with `method` on `record`, if a recorder wants it. The
@@ -322,6 +333,7 @@ impl<St> fmt::Debug for Config<St> {
             .field("seal", &self.seal.is_some())
             .field("rebuild", &self.rebuild.as_ref().map(|_| "fn"))
             .field("archive", &self.archive.as_ref().map(|_| "fn"))
+            .field("in_transaction", &self.open.is_some())
             .finish()
     }
 }
@@ -386,6 +398,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 seal: None,
                 rebuild: None,
                 archive: None,
+                open: None,
             },
         }
     }
@@ -746,7 +759,8 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     ///
     /// # Errors
     ///
-    /// A zero lease, renewal or retention, one over ten years, or a zero body limit.
+    /// A zero lease, renewal or retention, one over ten years, or a zero body limit; a renewal
+    /// or a recovery hook with [`in_transaction`](Self::in_transaction).
     pub fn build(self) -> Result<IdempotencyLayer<St>, ConfigError> {
         let c = &self.config;
         if c.lease.is_zero() {
@@ -799,8 +813,85 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 "must be greater than zero",
             ));
         }
+        if c.open.is_some() && c.renew_for.is_some() {
+            return Err(ConfigError::new(
+                "idempotency lease renewal",
+                "has no use with in_transaction: the key is held as long as its transaction",
+            ));
+        }
+        if c.open.is_some() && c.recover.is_some() {
+            return Err(ConfigError::new(
+                "idempotency recovery hook",
+                "has no use with in_transaction: no record is left processing to take over",
+            ));
+        }
         Ok(IdempotencyLayer {
             config: Arc::new(self.config),
         })
     }
+}
+
+#[cfg(feature = "postgres")]
+impl IdempotencyLayerBuilder<crate::server::store::PostgresStore> {
+    /// Claims each key **in the handler's transaction**, for a handler whose every effect is a
+    /// write to the store's database: the layer begins a transaction on one of the store's
+    /// connections, locks the key in it and reads its record, in one round trip; the handler
+    /// writes through that transaction (a
+    /// [`KeyedTransaction`](crate::server::store::KeyedTransaction) in the request's
+    /// extensions); the layer then inserts the completed record with the handler's answer and
+    /// commits, in one more round trip. The record and the handler's writes commit together or
+    /// not at all.
+    ///
+    /// - Nothing is written before the handler's writes: no record `PROCESSING`, no lease, no
+    ///   takeover. A process that dies mid-request takes its transaction with it (the server
+    ///   rolls back when the connection closes, and frees the lock), and the retry runs as the
+    ///   first request did. The lease bounds how long the transaction may sit idle
+    ///   (`idle_in_transaction_session_timeout`): a handler silent for longer loses its
+    ///   connection, and its writes.
+    /// - A second request with the key while the first runs gets `409` with `Retry-After`, as
+    ///   in the default mode; a replay reads the record (and rolls back behind the answer).
+    /// - A handler that fails (an error, a `5xx` unless [`store_server_errors`] keeps it, a
+    ///   `Surely-Not-Processed` answer) is rolled back: nothing it wrote stays, and the key is
+    ///   free.
+    /// - If the connection fails with the commit sent, the answer is `503` with
+    ///   [`ErrorCode::CommitUnknown`](super::ErrorCode::CommitUnknown): the request may have
+    ///   taken effect, and sent again with the same key it is replayed if it did, and runs if it
+    ///   did not.
+    ///
+    /// Not for a handler with effects outside the database (a payment provider, a message
+    /// sent): those are what the default mode's lease, [checkpoints](crate::server::store::Checkpoint)
+    /// and [recovery](Self::recover) are for. Each keyed request holds one of the store's
+    /// connections until it answers: a handler must not wait for another connection from the
+    /// same pool. `PostgresStore::complete_in` and checkpoints do not apply (there is no record
+    /// to update until the commit). `docs::server_states` ("In the handler's transaction")
+    /// has the whole protocol.
+    ///
+    /// [`store_server_errors`]: Self::store_server_errors
+    ///
+    /// ```no_run
+    /// use surely::server::idempotency::IdempotencyLayer;
+    /// use surely::server::store::PostgresStore;
+    ///
+    /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1/test").unwrap();
+    /// let layer = IdempotencyLayer::builder(store)
+    ///     .in_transaction()
+    ///     .require_key_for([http::Method::POST])
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn in_transaction(mut self) -> Self {
+        self.config.open = Some(open_postgres);
+        self
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn open_postgres<'a>(
+    store: &'a crate::server::store::PostgresStore,
+    key: &'a RecordKey,
+    digest: &'a RequestDigest,
+    lease: Duration,
+) -> BoxFuture<'a, Result<Opened, StoreError>> {
+    Box::pin(store.open(key, digest, lease))
 }

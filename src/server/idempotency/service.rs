@@ -26,7 +26,8 @@ use crate::idempotency::IdempotencyKey;
 use crate::ids::InvalidKey;
 use crate::record::ServerEventKind;
 use crate::server::store::{
-    Acquire, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError,
+    Acquire, Claim, CommitError, Fence, IdempotencyStore, Opened, RecordKey, RequestDigest,
+    StoreError,
 };
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
@@ -350,7 +351,17 @@ where
     };
     let digest = RequestDigest::of(&body);
     let method = &parts.method;
-    let (fence, previous, taken) = match config.store.acquire(&key, &digest, config.lease).await {
+    let acquired = match config.open {
+        Some(open) => match open(&config.store, &key, &digest, config.lease).await {
+            Ok(Opened::Claimed(claim)) => {
+                return run_claimed(&config, inner, parts, body, key, retention, claim).await
+            }
+            Ok(Opened::Found(found)) => Ok(found),
+            Err(e) => Err(e),
+        },
+        None => config.store.acquire(&key, &digest, config.lease).await,
+    };
+    let (fence, previous, taken) = match acquired {
         Ok(Acquire::Owner(fence)) => (fence, Vec::new(), None),
         Ok(Acquire::TakenOver {
             fence,
@@ -538,6 +549,93 @@ where
         }
     }
     Ok(Response::from_parts(head, Full::new(body)))
+}
+
+/// A keyed request whose key is claimed in the handler's transaction: the handler writes in it,
+/// and its answer is stored and committed with its writes, or rolled back with them.
+async fn run_claimed<S, St, RB>(
+    config: &Arc<Config<St>>,
+    mut inner: S,
+    mut parts: Parts,
+    body: Bytes,
+    key: RecordKey,
+    retention: Duration,
+    claim: Box<dyn Claim>,
+) -> Result<Response<Full<Bytes>>, S::Error>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<RB>>,
+    St: IdempotencyStore,
+    RB: Body,
+    RB::Error: Into<BoxError>,
+{
+    let fence = claim.fence();
+    let ticket = Ticket::new(key.clone(), fence, retention, Vec::new(), config.clone());
+    parts.extensions.insert(ticket);
+    claim.attach(&mut parts.extensions);
+    let method = config.recorder.as_ref().map(|_| parts.method.clone());
+    // From here, a future dropped drops the claim: its connection closes, and the server rolls
+    // the transaction back.
+    let res = match inner
+        .call(Request::from_parts(parts, Full::new(body)))
+        .await
+    {
+        Ok(res) => res,
+        Err(e) => {
+            roll_back(claim, &key).await;
+            return Err(e);
+        }
+    };
+    let (head, body) = res.into_parts();
+    let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
+        roll_back(claim, &key).await;
+        return Ok(body_failed());
+    };
+    if released(head.status, &head.headers, config.store_server_errors) {
+        roll_back(claim, &key).await;
+        return Ok(Response::from_parts(head, Full::new(body)));
+    }
+    let stored = match config.to_store(&key, &head, &body) {
+        Ok(stored) => stored,
+        Err(e) => {
+            // Committing the handler's writes without the record would let a retry run them
+            // again: nothing commits.
+            tracing::warn!(?key, error = %e, "idempotency record not stored: the handler's transaction is rolled back");
+            roll_back(claim, &key).await;
+            return Ok(unavailable());
+        }
+    };
+    let committed = claim.commit(&stored, retention).await;
+    let (error, answer) = match committed {
+        Ok(()) => return Ok(Response::from_parts(head, Full::new(body))),
+        Err(CommitError::NotCommitted(e)) => (e, unavailable()),
+        Err(CommitError::Unknown(e)) => (e, commit_unknown()),
+    };
+    tracing::warn!(?key, fence = fence.get(), error = %error, "idempotency claim not committed");
+    if let Some(method) = &method {
+        config.emit(ServerEventKind::NotStored { fence }, method, &key);
+    }
+    Ok(answer)
+}
+
+async fn roll_back(claim: Box<dyn Claim>, key: &RecordKey) {
+    if let Err(e) = claim.rollback().await {
+        // The connection was closed instead: the server rolls back all the same.
+        tracing::debug!(?key, error = %e, "idempotency claim: rollback failed");
+    }
+}
+
+/// The answer when the connection failed with the claim's commit sent: the request may have
+/// taken effect, and the same key settles it.
+fn commit_unknown() -> Response<Full<Bytes>> {
+    let mut res = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::CommitUnknown,
+        "the connection to the idempotency store failed during the commit; the request may have \
+         taken effect: send it again with the same key (it is replayed if it did)",
+    );
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    res
 }
 
 /// Runs `work` (the handler) while renewing the lease of `key`, owned with `fence`, every third

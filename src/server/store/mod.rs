@@ -87,7 +87,7 @@ pub use self::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
 #[cfg(feature = "postgres")]
-pub use self::postgres::{HandlerTransaction, PostgresStore};
+pub use self::postgres::{HandlerTransaction, KeyedTransaction, PostgresStore, TransactionClient};
 #[cfg(feature = "redis")]
 pub use self::redis::RedisStore;
 /// The PostgreSQL pool and driver that [`PostgresStore`] is built on, re-exported so that a
@@ -411,6 +411,48 @@ impl Acquire {
             _ => None,
         }
     }
+}
+
+/// A boxed future, as a claim in the handler's transaction hands them to the layer.
+pub(crate) type BoxFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// What opening a claim in the handler's transaction found: the record's answer (a replay, a key
+/// in flight, another body...), or the claim.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum Opened {
+    /// The key is not the caller's to run: answer as for [`Acquire`] (never an owner).
+    Found(Acquire),
+    /// The caller holds the key in an open transaction that the handler joins.
+    Claimed(Box<dyn Claim>),
+}
+
+/// A key held in an open transaction: the handler writes in it ([`attach`](Claim::attach)),
+/// then the layer commits it with the stored answer, or rolls it back. Dropped without either,
+/// the transaction is abandoned (the connection closed): nothing of it commits.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) trait Claim: Send {
+    /// The fence the record commits with.
+    fn fence(&self) -> Fence;
+    /// Puts the transaction's handle into the handler's request.
+    fn attach(&self, extensions: &mut http::Extensions);
+    /// Writes the completed record with `stored` and commits, the handler's writes with it.
+    fn commit<'a>(
+        self: Box<Self>,
+        stored: &'a StoredResponse,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<(), CommitError>>;
+    /// Rolls back: nothing the handler wrote commits, and the key is free.
+    fn rollback(self: Box<Self>) -> BoxFuture<'static, Result<(), StoreError>>;
+}
+
+/// Why a claim's commit failed.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum CommitError {
+    /// The database refused it (or it never reached the commit): nothing committed.
+    NotCommitted(StoreError),
+    /// The connection failed with the commit sent: it may have committed, record and all.
+    Unknown(StoreError),
 }
 
 /// A store operation failed: the backend failed, or a completion or release came with a stale

@@ -19,6 +19,10 @@ use crate::idempotency::IdempotencyKey;
 use crate::server::idempotency::Ticket;
 use crate::ConfigError;
 
+mod claim;
+
+pub use self::claim::{KeyedTransaction, TransactionClient};
+
 /// The store for services that run more than one instance: records in a PostgreSQL table, with
 /// the database's clock (`now()`) for leases and retention, so that instances with skewed clocks
 /// agree.
@@ -111,6 +115,8 @@ struct Sql {
     unknowns: String,
     expired: String,
     forget: String,
+    /// The statements of a claim in the handler's transaction.
+    claim: claim::ClaimSql,
 }
 
 /// The idempotency store's table, and its migrations in version order.
@@ -205,6 +211,7 @@ impl Sql {
                        t.resource, t.result_code, t.body_flags";
         let mut sql = Sql {
             table: t.to_owned(),
+            claim: claim::ClaimSql::new(t, columns),
             checkpoint_in: String::new(),
             complete_in: String::new(),
             // One round trip: the upsert, and beside it the record as the statement's snapshot

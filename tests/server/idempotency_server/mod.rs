@@ -27,6 +27,8 @@ use crate::support::time::secs;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod disconnect;
 mod events;
+#[cfg(feature = "postgres")]
+mod in_transaction;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod leases;
 mod limits;
