@@ -69,7 +69,7 @@ use hyper_util::service::TowerToHyperService;
 use surely::headers::IDEMPOTENT_REPLAYED;
 use surely::postgres::Pool;
 use surely::server::idempotency::{IdempotencyLayer, Ticket};
-use surely::server::store::{PostgresStore, StoredResponse};
+use surely::server::store::{KeyedTransaction, PostgresStore, StoredResponse};
 use tokio::net::TcpListener;
 use tokio_postgres::types::PgLsn;
 use tower::{Layer, Service};
@@ -113,7 +113,7 @@ fn main() {
         group.bench_function("c16", |b| {
             b.iter_custom(|n| {
                 let round = rt.block_on(bench.round(16, n, true, c16.len()));
-                let keyed = round.keyed;
+                let keyed = round.took(Case::Keyed).unwrap_or_default();
                 c16.push(round);
                 keyed
             })
@@ -122,7 +122,7 @@ fn main() {
         group.bench_function("c1", |b| {
             b.iter_custom(|n| {
                 let round = rt.block_on(bench.round(1, n, false, c1.len()));
-                let keyed = round.keyed;
+                let keyed = round.took(Case::Keyed).unwrap_or_default();
                 c1.push(round);
                 keyed
             })
@@ -144,6 +144,7 @@ struct Bench {
     client: HttpClient,
     bare: Uri,
     keyed: Uri,
+    keyed_tx: Uri,
     /// A pool of its own for the bench's reads (WAL position, counts, the tables).
     meta: Pool,
     orders: String,
@@ -158,21 +159,62 @@ struct Bench {
 }
 
 /// One round of a case: N requests of each kind, their wall times, and what the database
-/// counted around each phase (`[bare, keyed, replay]`).
+/// counted around each phase (indexed by [`Case`]).
 struct Round {
     n: u64,
-    bare: Duration,
-    keyed: Duration,
-    replay: Option<Duration>,
-    wal: [Option<u64>; 3],
-    statements: [Option<i64>; 3],
+    took: [Option<Duration>; CASES],
+    wal: [Option<u64>; CASES],
+    statements: [Option<i64>; CASES],
+    /// CPU time, in ns, of this process (client, servers, layer) and of PostgreSQL's.
+    cpu: [Option<(u64, u64)>; CASES],
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+impl Round {
+    fn took(&self, case: Case) -> Option<Duration> {
+        self.took[case as usize]
+    }
+
+    /// The time per request of `case` ÷ the bare write's.
+    fn ratio(&self, case: Case) -> Option<f64> {
+        Some(self.took(case)?.as_secs_f64() / self.took(Case::Bare)?.as_secs_f64())
+    }
+}
+
+const CASES: usize = 5;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Case {
     Bare,
+    /// The default mode: the record acquired before the handler, completed in its transaction.
     Keyed,
     Replay,
+    /// `in_transaction()`: the key claimed in the handler's transaction.
+    KeyedTx,
+    ReplayTx,
+}
+
+impl Case {
+    const ALL: [Case; CASES] = [
+        Case::Bare,
+        Case::Keyed,
+        Case::Replay,
+        Case::KeyedTx,
+        Case::ReplayTx,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Case::Bare => "bare",
+            Case::Keyed => "keyed",
+            Case::Replay => "replay",
+            Case::KeyedTx => "keyed_tx",
+            Case::ReplayTx => "replay_tx",
+        }
+    }
+
+    fn is_replay(self) -> bool {
+        matches!(self, Case::Replay | Case::ReplayTx)
+    }
 }
 
 impl Bench {
@@ -220,12 +262,21 @@ impl Bench {
         };
         let keyed = Orders {
             pool: store.pool().clone(),
-            insert,
+            insert: insert.clone(),
             store: Some(store.clone()),
         };
+        let keyed_tx = OrdersInTransaction { insert };
         let bare = serve(tower::service_fn(move |req: Request<Incoming>| {
             bare.clone().create(req)
         }))
+        .await;
+        let tx_layer = IdempotencyLayer::builder(store.clone())
+            .in_transaction()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let keyed_tx = serve(tx_layer.layer(tower::service_fn(
+            move |req: Request<Full<Bytes>>| keyed_tx.clone().create(req),
+        )))
         .await;
         let layer = IdempotencyLayer::builder(store)
             .build()
@@ -248,6 +299,7 @@ impl Bench {
             client: Client::builder(TokioExecutor::new()).build(connector),
             bare: uri(bare),
             keyed: uri(keyed),
+            keyed_tx: uri(keyed_tx),
             meta,
             orders,
             records,
@@ -258,29 +310,42 @@ impl Bench {
         })
     }
 
-    /// One round: `n` bare requests and `n` keyed ones (and, with `replay`, the keyed ones
-    /// again), from `tasks` tasks; the order alternates with `index`.
+    /// One round: `n` bare requests, `n` keyed ones in each mode (and, with `replay`, the keyed
+    /// ones again), from `tasks` tasks; the order alternates with `index` (a replay always
+    /// after its keyed phase).
     async fn round(&self, tasks: usize, n: u64, replay: bool, index: usize) -> Round {
         let first = self.next.fetch_add(n, Ordering::Relaxed);
         let mut round = Round {
             n,
-            bare: Duration::ZERO,
-            keyed: Duration::ZERO,
-            replay: None,
-            wal: [None; 3],
-            statements: [None; 3],
+            took: [None; CASES],
+            wal: [None; CASES],
+            statements: [None; CASES],
+            cpu: [None; CASES],
         };
-        let mut cases = vec![Case::Bare, Case::Keyed];
-        if replay {
-            cases.push(Case::Replay);
-        }
-        if index % 2 == 1 {
-            cases.rotate_left(1);
-        }
-        for case in cases {
+        let cases: &[Case] = match (replay, index % 2) {
+            (true, 0) => &[
+                Case::Bare,
+                Case::Keyed,
+                Case::Replay,
+                Case::KeyedTx,
+                Case::ReplayTx,
+            ],
+            (true, _) => &[
+                Case::KeyedTx,
+                Case::ReplayTx,
+                Case::Keyed,
+                Case::Replay,
+                Case::Bare,
+            ],
+            (false, 0) => &[Case::Bare, Case::Keyed, Case::KeyedTx],
+            (false, _) => &[Case::KeyedTx, Case::Keyed, Case::Bare],
+        };
+        for &case in cases {
             let before = self.probe(replay).await;
+            let cpu_before = cpu();
             let took = self.drive(case, first, n, tasks).await;
-            if replay && case == Case::Keyed {
+            let cpu_after = cpu();
+            if replay && matches!(case, Case::Keyed | Case::KeyedTx) {
                 self.prune().await;
             }
             let after = self.probe(replay).await;
@@ -289,14 +354,13 @@ impl Bench {
                 round.wal[i] = Some(after.0.saturating_sub(before.0));
                 round.statements[i] = before.1.zip(after.1).map(|(b, a)| a - b - 1);
             }
-            match case {
-                Case::Bare => round.bare = took,
-                Case::Keyed => round.keyed = took,
-                Case::Replay => round.replay = Some(took),
+            round.took[i] = Some(took);
+            if let (Some(b), Some(a)) = (cpu_before, cpu_after) {
+                round.cpu[i] = Some((a.0.saturating_sub(b.0), a.1.saturating_sub(b.1)));
             }
         }
-        self.written.fetch_add(2 * n, Ordering::Relaxed);
-        self.keyed_written.fetch_add(n, Ordering::Relaxed);
+        self.written.fetch_add(3 * n, Ordering::Relaxed);
+        self.keyed_written.fetch_add(2 * n, Ordering::Relaxed);
         round
     }
 
@@ -349,6 +413,7 @@ impl Bench {
         let uri = match case {
             Case::Bare => self.bare.clone(),
             Case::Keyed | Case::Replay => self.keyed.clone(),
+            Case::KeyedTx | Case::ReplayTx => self.keyed_tx.clone(),
         };
         let start = Instant::now();
         let mut set = tokio::task::JoinSet::new();
@@ -414,6 +479,35 @@ impl Bench {
     }
 }
 
+/// CPU time so far, in ns (from `/proc/*/schedstat`, Linux): this process's threads, and every
+/// process named `postgres` (the server's backends, its WAL and background writers) on a
+/// server on this machine. `None` where `/proc` does not tell.
+fn cpu() -> Option<(u64, u64)> {
+    let on_cpu = |path: std::path::PathBuf| -> Option<u64> {
+        std::fs::read_to_string(path)
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    let mut own = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        // A thread that ended between the listing and the read counts nothing.
+        own += on_cpu(task.ok()?.path().join("schedstat")).unwrap_or(0);
+    }
+    let mut postgres = 0;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let path = entry.path();
+        let is_postgres = std::fs::read_to_string(path.join("comm"))
+            .is_ok_and(|comm| comm.trim_end() == "postgres");
+        if is_postgres {
+            postgres += on_cpu(path.join("schedstat")).unwrap_or(0);
+        }
+    }
+    Some((own, postgres))
+}
+
 /// The statements run in this database so far, by every session.
 const STATEMENTS: &str = "SELECT sum(calls)::int8 FROM pg_stat_statements
      WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())";
@@ -423,6 +517,7 @@ async fn send(client: &HttpClient, uri: &Uri, case: Case, n: u64) {
     let id = match case {
         Case::Bare => format!("b-{n}"),
         Case::Keyed | Case::Replay => format!("k-{n}"),
+        Case::KeyedTx | Case::ReplayTx => format!("t-{n}"),
     };
     let mut req = Request::post(uri.clone());
     if case != Case::Bare {
@@ -445,7 +540,7 @@ async fn send(client: &HttpClient, uri: &Uri, case: Case, n: u64) {
         .expect("the response's body")
         .to_bytes();
     assert!(
-        status == StatusCode::CREATED && replayed == (case == Case::Replay),
+        status == StatusCode::CREATED && replayed == case.is_replay(),
         "order {n}: {status}, replayed: {replayed}, {body:?}"
     );
 }
@@ -507,6 +602,45 @@ impl Orders {
         }
         txn.commit().await.map_err(failed("COMMIT"))?;
         Ok(reply)
+    }
+}
+
+/// The handler behind `in_transaction()`: one order, written in the transaction the layer
+/// opened; the layer stores the answer and commits.
+#[derive(Clone)]
+struct OrdersInTransaction {
+    insert: Arc<str>,
+}
+
+impl OrdersInTransaction {
+    async fn create(self, req: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
+        let (status, body) = match self.write(req).await {
+            Ok(body) => (StatusCode::CREATED, body),
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Bytes::from(e)),
+        };
+        let mut res = Response::new(Full::new(body));
+        *res.status_mut() = status;
+        Ok(res)
+    }
+
+    async fn write(&self, req: Request<Full<Bytes>>) -> Result<Bytes, String> {
+        let (parts, body) = req.into_parts();
+        let body = body.collect().await.map_err(failed("the body"))?.to_bytes();
+        let id = std::str::from_utf8(&body).map_err(failed("the order id"))?;
+        let txn = parts
+            .extensions
+            .get::<KeyedTransaction>()
+            .ok_or("no transaction in the request's extensions")?;
+        let client = txn.client().await.map_err(failed("the transaction"))?;
+        let insert = client
+            .prepare_cached(&self.insert)
+            .await
+            .map_err(failed("PREPARE"))?;
+        client
+            .execute(&insert, &[&id])
+            .await
+            .map_err(failed("INSERT"))?;
+        Ok(Bytes::from(format!("{{\"id\":\"{id}\"}}")))
     }
 }
 
@@ -587,53 +721,44 @@ fn summary(c16: &[Round], c1: &[Round], checked: &str) {
         "a keyed POST through IdempotencyLayer on PostgreSQL over hyper, beside the bare handler"
     );
     let (c16, c1) = (measured(c16), measured(c1));
+    let rate = |rounds: &[Round], case: Case| {
+        spread(
+            rounds
+                .iter()
+                .filter_map(|r| Some(per_s(r.took(case)?, r.n)))
+                .collect(),
+        )
+    };
+    let ratio = |rounds: &[Round], case: Case| {
+        spread(rounds.iter().filter_map(|r| r.ratio(case)).collect())
+    };
     if let Some(first) = c16.first() {
         println!(
             "16 tasks, {} rounds of {} requests per case; medians [range]:",
             c16.len(),
             first.n
         );
-        let bare = spread(c16.iter().map(|r| per_s(r.bare, r.n)).collect());
-        let keyed = spread(c16.iter().map(|r| per_s(r.keyed, r.n)).collect());
-        println!(
-            "  bare   {:>8.0} req/s [{:.0}–{:.0}]",
-            bare.0, bare.1, bare.2
-        );
-        println!(
-            "  keyed  {:>8.0} req/s [{:.0}–{:.0}]",
-            keyed.0, keyed.1, keyed.2
-        );
-        let ratio = spread(
-            c16.iter()
-                .map(|r| r.keyed.as_secs_f64() / r.bare.as_secs_f64())
-                .collect(),
-        );
-        println!(
-            "  ratio keyed ÷ bare, time per request  {:.2} [{:.2}–{:.2}] (≤ {KEYED_TARGET:.2}) {}",
-            ratio.0,
-            ratio.1,
-            ratio.2,
-            verdict(ratio.0, KEYED_TARGET)
-        );
-        let replays: Vec<_> = c16.iter().filter_map(|r| Some((r, r.replay?))).collect();
-        let replay = spread(replays.iter().map(|(r, d)| per_s(*d, r.n)).collect());
-        println!(
-            "  replay {:>8.0} req/s [{:.0}–{:.0}]",
-            replay.0, replay.1, replay.2
-        );
-        let ratio = spread(
-            replays
-                .iter()
-                .map(|(r, d)| d.as_secs_f64() / r.bare.as_secs_f64())
-                .collect(),
-        );
-        println!(
-            "  ratio replay ÷ bare write             {:.2} [{:.2}–{:.2}] (≤ {REPLAY_TARGET:.2}) {}",
-            ratio.0,
-            ratio.1,
-            ratio.2,
-            verdict(ratio.0, REPLAY_TARGET)
-        );
+        for case in Case::ALL {
+            let (median, min, max) = rate(c16, case);
+            println!(
+                "  {:<9} {median:>8.0} req/s [{min:.0}–{max:.0}]",
+                case.name()
+            );
+        }
+        for case in [Case::Keyed, Case::KeyedTx, Case::Replay, Case::ReplayTx] {
+            let target = if case.is_replay() {
+                REPLAY_TARGET
+            } else {
+                KEYED_TARGET
+            };
+            let (median, min, max) = ratio(c16, case);
+            println!(
+                "  ratio {:<9} ÷ bare write, time per request  {median:.2} [{min:.2}–{max:.2}] \
+                 (≤ {target:.2}) {}",
+                case.name(),
+                verdict(median, target)
+            );
+        }
         // Per request, over the rounds that counted it.
         let per_request = |of: &dyn Fn(&Round) -> Option<f64>| {
             spread(
@@ -642,15 +767,31 @@ fn summary(c16: &[Round], c1: &[Round], checked: &str) {
                     .collect(),
             )
         };
-        for (i, name) in ["bare", "keyed", "replay"].into_iter().enumerate() {
+        for case in Case::ALL {
+            let i = case as usize;
             let (median, min, max) = per_request(&|r| r.wal[i].map(|w| w as f64));
-            let target = if i == 2 {
+            let target = if case.is_replay() {
                 format!(" (target 0) {}", verdict(median, 0.0))
             } else {
                 String::new()
             };
             println!(
-                "  WAL bytes per {name:<6} request  {median:>8.0} [{min:.0}–{max:.0}]{target}"
+                "  WAL bytes per {:<9} request  {median:>8.0} [{min:.0}–{max:.0}]{target}",
+                case.name()
+            );
+        }
+        for case in Case::ALL {
+            let i = case as usize;
+            let (own, _, _) = per_request(&|r| r.cpu[i].map(|c| c.0 as f64 / 1e3));
+            let (pg, _, _) = per_request(&|r| r.cpu[i].map(|c| c.1 as f64 / 1e3));
+            if own.is_nan() {
+                continue;
+            }
+            println!(
+                "  CPU µs per {:<9} request: this process {own:>6.1}, PostgreSQL {pg:>6.1}, \
+                 both {:>6.1}",
+                case.name(),
+                own + pg
             );
         }
         if c16.iter().all(|r| r.statements[0].is_none()) {
@@ -659,34 +800,34 @@ fn summary(c16: &[Round], c1: &[Round], checked: &str) {
                  created in this database)"
             );
         } else {
-            for (i, name) in ["bare", "keyed", "replay"].into_iter().enumerate() {
+            for case in Case::ALL {
+                let i = case as usize;
                 let (median, min, max) = per_request(&|r| r.statements[i].map(|s| s as f64));
                 println!(
-                    "  statements per {name:<6} request {median:>6.1} [{min:.1}–{max:.1}] \
-                     (every session's)"
+                    "  statements per {:<9} request {median:>6.1} [{min:.1}–{max:.1}] \
+                     (every session's)",
+                    case.name()
                 );
             }
         }
     }
     if let Some(first) = c1.first() {
-        let ratio = spread(
-            c1.iter()
-                .map(|r| r.keyed.as_secs_f64() / r.bare.as_secs_f64())
-                .collect(),
-        );
-        let bare = spread(c1.iter().map(|r| per_s(r.bare, r.n)).collect());
-        let keyed = spread(c1.iter().map(|r| per_s(r.keyed, r.n)).collect());
         println!(
-            "1 task, {} rounds of {} requests per case: bare {:.0} req/s, keyed {:.0} req/s; \
-             ratio keyed ÷ bare {:.2} [{:.2}–{:.2}] (shown)",
+            "1 task, {} rounds of {} requests per case: bare {:.0} req/s, keyed {:.0} req/s, \
+             keyed_tx {:.0} req/s",
             c1.len(),
             first.n,
-            bare.0,
-            keyed.0,
-            ratio.0,
-            ratio.1,
-            ratio.2
+            rate(c1, Case::Bare).0,
+            rate(c1, Case::Keyed).0,
+            rate(c1, Case::KeyedTx).0,
         );
+        for case in [Case::Keyed, Case::KeyedTx] {
+            let (median, min, max) = ratio(c1, case);
+            println!(
+                "  ratio {:<9} ÷ bare {median:.2} [{min:.2}–{max:.2}] (shown)",
+                case.name()
+            );
+        }
     }
     println!("{checked}");
 }
