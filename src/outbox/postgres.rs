@@ -256,14 +256,16 @@ impl PostgresOutbox {
     /// writes, or rolls back with them. An event whose id is already there (enqueued twice, by
     /// a retried handler) is left as it is: returns false.
     ///
-    /// Takes a tokio-postgres transaction; a deadpool-postgres one dereferences to it.
+    /// Takes a tokio-postgres or deadpool-postgres transaction or, with the key claimed in the
+    /// handler's transaction by the idempotency layer, that transaction's connection (see
+    /// [`InTransaction`](crate::postgres::InTransaction)).
     ///
     /// # Errors
     ///
     /// The statement failed: the caller's transaction is then failed too, and rolls back.
     pub async fn enqueue(
         &self,
-        txn: &tokio_postgres::Transaction<'_>,
+        txn: &impl crate::storage::InTransaction,
         event: &Event,
     ) -> Result<bool, OutboxError> {
         let names: Vec<&str> = event.headers().iter().map(|(n, _)| n.as_str()).collect();

@@ -38,7 +38,7 @@
 use crate::storage::Component;
 use crate::ConfigError;
 
-pub use crate::storage::{connect, Applied, ConnectError, MigrateError, Pool};
+pub use crate::storage::{connect, Applied, ConnectError, InTransaction, MigrateError, Pool};
 
 /// Every component the crate has, in the order they are migrated.
 fn components() -> Vec<&'static Component> {

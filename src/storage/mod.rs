@@ -7,6 +7,7 @@
 #![cfg_attr(not(any(feature = "server", feature = "durable")), allow(dead_code))]
 
 mod migration;
+mod transaction;
 
 /// A table's name without its schema: the prefix of its indexes' names, which PostgreSQL takes
 /// unqualified (an index lives in its table's schema).
@@ -18,6 +19,9 @@ pub(crate) fn bare(table: &str) -> &str {
 pub(crate) use self::migration::Migration;
 pub(crate) use self::migration::{apply, Component};
 pub use self::migration::{Applied, MigrateError};
+#[cfg(feature = "server")]
+pub(crate) use self::transaction::sealed as in_transaction;
+pub use self::transaction::InTransaction;
 /// A pool of PostgreSQL connections: deadpool-postgres's, over tokio-postgres (both in
 /// [`surely::deps`](crate::deps), at the versions this crate uses).
 pub type Pool = deadpool_postgres::Pool;

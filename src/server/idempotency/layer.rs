@@ -530,7 +530,9 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     }
 
     /// Whether 5xx responses other than 503 are stored and replayed (default true; see the
-    /// [module docs](super#what-is-stored)), or release the key.
+    /// [module docs](super#what-is-stored)), or release the key. With
+    /// [`in_transaction`](IdempotencyLayerBuilder::in_transaction), a 5xx is never stored: its
+    /// transaction rolls back, and the key is free.
     pub fn store_server_errors(mut self, store: bool) -> Self {
         self.config.store_server_errors = store;
         self
@@ -850,9 +852,10 @@ impl IdempotencyLayerBuilder<crate::server::store::PostgresStore> {
     ///   connection, and its writes.
     /// - A second request with the key while the first runs gets `409` with `Retry-After`, as
     ///   in the default mode; a replay reads the record (and rolls back behind the answer).
-    /// - A handler that fails (an error, a `5xx` unless [`store_server_errors`] keeps it, a
-    ///   `Surely-Not-Processed` answer) is rolled back: nothing it wrote stays, and the key is
-    ///   free.
+    /// - A handler that fails (an error, any `5xx`, a `Surely-Not-Processed` answer) is rolled
+    ///   back: nothing it wrote stays, and the key is free. A `5xx` is not stored here, whatever
+    ///   [`store_server_errors`] says: with nothing committed, the retry may run again safely.
+    ///   A `4xx` is a final answer: stored, and committed with whatever the handler wrote.
     /// - If the connection fails with the commit sent, the answer is `503` with
     ///   [`ErrorCode::CommitUnknown`](super::ErrorCode::CommitUnknown): the request may have
     ///   taken effect, and sent again with the same key it is replayed if it did, and runs if it

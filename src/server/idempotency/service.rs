@@ -590,7 +590,8 @@ where
         roll_back(claim, &key).await;
         return Ok(body_failed());
     };
-    if released(head.status, &head.headers, config.store_server_errors) {
+    // A 5xx is never stored here: nothing of it commits, so the retry may run again, safely.
+    if released(head.status, &head.headers, false) {
         roll_back(claim, &key).await;
         return Ok(Response::from_parts(head, Full::new(body)));
     }

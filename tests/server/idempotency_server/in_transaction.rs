@@ -192,6 +192,15 @@ where
     }
 }
 
+/// Sends `req` through a service that never fails.
+#[cfg(feature = "durable")]
+async fn call_infallible<S>(svc: &mut S, req: Req) -> Got
+where
+    S: tower::Service<Req, Response = Res, Error = Infallible>,
+{
+    send(svc, req).await
+}
+
 fn layer(db: &Db) -> IdempotencyLayer<PostgresStore> {
     IdempotencyLayer::builder(db.store.clone())
         .in_transaction()
@@ -271,10 +280,10 @@ async fn tx_a_failed_handler_leaves_nothing_and_frees_its_key() {
     )
     .await;
     let seen = Seen::default();
-    // Calls 1 to 3 fail three ways; call 4 succeeds.
+    // Calls 1 to 3 fail three ways; call 4 succeeds. A 5xx is not stored in this mode, though
+    // the layer stores server errors by default.
     let svc = IdempotencyLayer::builder(db.store.clone())
         .in_transaction()
-        .store_server_errors(false)
         .build()
         .unwrap()
         .layer(app(&db, seen.clone(), |n| match n {
@@ -565,4 +574,87 @@ fn tx_a_renewal_or_a_recovery_hook_with_in_transaction_is_refused() {
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("in_transaction"), "{err}");
+}
+
+/// The outbox's event, enqueued through the claim's connection, commits with the order and the
+/// record, or not at all.
+#[cfg(feature = "durable")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tx_the_outbox_event_commits_with_the_order_or_not_at_all() {
+    use surely::outbox::{Event, EventId, PostgresOutbox};
+
+    let db = Db::new(
+        "tx_the_outbox_event_commits_with_the_order_or_not_at_all",
+        ORDERS,
+    )
+    .await;
+    let events = format!("{}_events", db.orders);
+    let outbox = PostgresOutbox::new(db.store.pool().clone())
+        .with_table(&events)
+        .unwrap();
+    outbox.migrate().await.unwrap();
+    let (orders, ob) = (db.orders.clone(), outbox.clone());
+    let mut svc = layer(&db).layer(service_fn(move |req: Req| {
+        let (orders, outbox) = (orders.clone(), ob.clone());
+        async move {
+            use http_body_util::BodyExt;
+            let key = req
+                .extensions()
+                .get::<Ticket>()
+                .unwrap()
+                .record_key()
+                .key()
+                .as_str()
+                .to_owned();
+            let txn = req.extensions().get::<KeyedTransaction>().cloned().unwrap();
+            let client = txn.client().await.unwrap();
+            client
+                .execute(
+                    &format!("INSERT INTO {orders} (key, call) VALUES ($1, 1)"),
+                    &[&key],
+                )
+                .await
+                .unwrap();
+            let event =
+                Event::new(EventId::derive(&key, "created"), &key, 1, "created", "o").unwrap();
+            assert!(outbox.enqueue(&client, &event).await.unwrap());
+            // The body says whether to fail after both writes.
+            let fail = req.body().clone().collect().await.unwrap().to_bytes() == "fail";
+            Ok::<_, Infallible>(if fail {
+                reply(500, "failed")
+            } else {
+                reply(201, "ok")
+            })
+        }
+    }));
+    let count = |table: String| {
+        let pool = db.store.pool().clone();
+        async move {
+            let client = pool.get().await.unwrap();
+            let n: i64 = client
+                .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+                .await
+                .unwrap()
+                .get(0);
+            n
+        }
+    };
+    let failed = call_infallible(&mut svc, post(Some("k-fail"), "fail")).await;
+    assert_eq!(failed.status, 500);
+    assert_eq!(count(db.orders.clone()).await, 0);
+    assert_eq!(
+        count(events.clone()).await,
+        0,
+        "the event rolled back with the order"
+    );
+    let ok = call_infallible(&mut svc, post(Some("k-ok"), "o")).await;
+    assert_eq!(ok.status, 201);
+    assert_eq!(count(db.orders.clone()).await, 1);
+    assert_eq!(
+        count(events.clone()).await,
+        1,
+        "the event committed with the order"
+    );
+    forget(db.store.pool(), &[&events], &[&events]).await;
+    db.drop_tables().await;
 }

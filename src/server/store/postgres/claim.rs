@@ -88,6 +88,21 @@ impl Deref for TransactionClient {
     }
 }
 
+/// The outbox's `enqueue` (and any write of the crate that joins a caller's transaction) takes
+/// it: it is inside the claim's transaction.
+impl crate::storage::InTransaction for TransactionClient {}
+
+impl crate::storage::in_transaction::Sealed for TransactionClient {
+    async fn query_one<'a>(
+        &'a self,
+        sql: &'a str,
+        params: &'a [&'a (dyn ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+        let stmt = self.prepare_cached(sql).await?;
+        tokio_postgres::Client::query_one(self, &stmt, params).await
+    }
+}
+
 impl fmt::Debug for TransactionClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TransactionClient").finish_non_exhaustive()

@@ -1,0 +1,55 @@
+//! A connection inside a transaction its caller holds open.
+
+use std::future::Future;
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+/// A connection inside a transaction that the caller holds open, which a write of the crate's
+/// joins so that it commits or rolls back with the caller's own writes (the outbox's
+/// [`enqueue`](crate::outbox::PostgresOutbox::enqueue), for one).
+///
+/// Implemented for tokio-postgres's and deadpool-postgres's transactions and, with the `server`
+/// feature, for the connection of the transaction in which the idempotency layer claimed a key
+/// ([`TransactionClient`](crate::server::store::TransactionClient)). Sealed: a plain client, outside any
+/// transaction, is not one.
+pub trait InTransaction: sealed::Sealed {}
+
+impl InTransaction for tokio_postgres::Transaction<'_> {}
+impl InTransaction for deadpool_postgres::Transaction<'_> {}
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// What the crate runs in a caller's transaction; not nameable outside the crate.
+    pub trait Sealed: Sync {
+        /// One statement that returns one row; prepared once per connection where the
+        /// connection keeps a statement cache.
+        fn query_one<'a>(
+            &'a self,
+            sql: &'a str,
+            params: &'a [&'a (dyn ToSql + Sync)],
+        ) -> impl Future<Output = Result<Row, tokio_postgres::Error>> + Send + 'a;
+    }
+
+    impl Sealed for tokio_postgres::Transaction<'_> {
+        fn query_one<'a>(
+            &'a self,
+            sql: &'a str,
+            params: &'a [&'a (dyn ToSql + Sync)],
+        ) -> impl Future<Output = Result<Row, tokio_postgres::Error>> + Send + 'a {
+            tokio_postgres::Transaction::query_one(self, sql, params)
+        }
+    }
+
+    impl Sealed for deadpool_postgres::Transaction<'_> {
+        async fn query_one<'a>(
+            &'a self,
+            sql: &'a str,
+            params: &'a [&'a (dyn ToSql + Sync)],
+        ) -> Result<Row, tokio_postgres::Error> {
+            let stmt = self.prepare_cached(sql).await?;
+            tokio_postgres::Transaction::query_one(self, &stmt, params).await
+        }
+    }
+}
