@@ -4,6 +4,9 @@
 //! * Keyed orders (`k-{incarnation}-{n}`): `Idempotency-Key` and business key `k-…`; the stack
 //!   is told the server honours keys, so a maybe-committed attempt is sent again with the same
 //!   key, within the call's deadline.
+//! * Keyed orders claimed in the handler's transaction (`t-{incarnation}-{n}`): the same, sent
+//!   to `POST /orders-tx`, where the order service claims the key in the transaction that
+//!   writes the order.
 //! * Unkeyed orders (`u-{incarnation}-{n}`): no key, business key `u-…`; a POST that may have
 //!   been committed is never sent again: it ends unknown.
 //!
@@ -38,7 +41,7 @@ use tower::ServiceExt;
 use crate::crashpoint::{self, IN_DOUBT};
 use crate::http_client::HttpClient;
 use crate::splitmix::SplitMix;
-use crate::world::{is_keyed, World};
+use crate::world::{in_claim, is_keyed, World};
 use crate::{chain, BoxError, CALL_DEADLINE};
 
 /// The oracle file.
@@ -231,6 +234,8 @@ struct Calls<K, U> {
     recorder: LedgerRecorder,
     oracle: Oracle,
     uri: String,
+    /// Where orders claimed in the handler's transaction go.
+    uri_tx: String,
     incarnation: u64,
 }
 
@@ -240,7 +245,9 @@ impl<K: HttpClient + Sync, U: HttpClient + Sync> Calls<K, U> {
         self.oracle
             .line(format!("started {key} {}", self.incarnation))
             .await?;
-        let (outcome, detail) = if is_keyed(key) {
+        let (outcome, detail) = if in_claim(key) {
+            place(self.keyed.clone(), &self.uri_tx, key, self.incarnation).await?
+        } else if is_keyed(key) {
             place(self.keyed.clone(), &self.uri, key, self.incarnation).await?
         } else {
             place(self.unkeyed.clone(), &self.uri, key, self.incarnation).await?
@@ -282,6 +289,7 @@ pub(crate) async fn run() -> Result<(), BoxError> {
         recorder: recorder.clone(),
         oracle,
         uri: format!("http://{addr}/orders"),
+        uri_tx: format!("http://{addr}/orders-tx"),
         incarnation,
     });
     crashpoint::ready();
@@ -299,7 +307,14 @@ pub(crate) async fn run() -> Result<(), BoxError> {
             tasks.push(tokio::spawn(async move {
                 while !*stopped.borrow() {
                     let n = next.fetch_add(1, Ordering::SeqCst);
-                    let kind = if rng.unit() < KEYED_SHARE { "k" } else { "u" };
+                    let draw = rng.unit();
+                    let kind = if draw < KEYED_SHARE / 2.0 {
+                        "k"
+                    } else if draw < KEYED_SHARE {
+                        "t"
+                    } else {
+                        "u"
+                    };
                     let key = format!("{kind}-{incarnation}-{n}");
                     calls.call(&key).await?;
                     tokio::time::sleep(PACE).await;

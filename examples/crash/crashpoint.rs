@@ -18,6 +18,11 @@ pub(crate) const AFTER_COMMIT: &str = "after-commit";
 /// The order service, after the payment provider took the payment and before the checkpoint
 /// that records it.
 pub(crate) const AFTER_PAYMENT: &str = "after-payment";
+/// The order service, on an order whose key is claimed in the handler's transaction: the
+/// order and its event written in it, not committed.
+pub(crate) const IN_CLAIM: &str = "in-claim";
+/// The order service, on such an order: after the layer committed it, before the reply leaves.
+pub(crate) const AFTER_CLAIM_COMMIT: &str = "after-claim-commit";
 /// The relay, after JetStream acknowledged a batch and before the outbox marks it published.
 pub(crate) const AFTER_PUBLISH: &str = "after-publish";
 /// The consumer, after its transaction (inventory change and inbox record) committed and

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use crate::client::{ENV_INCARNATION, ENV_MODE, ENV_ORACLE, ENV_SEED, ENV_WORKERS};
 use crate::crashpoint::{
-    AFTER_APPLY, AFTER_COMMIT, AFTER_PAYMENT, AFTER_PUBLISH, ENV_CRASH_AT, IN_DOUBT, MID_RECONCILE,
+    AFTER_APPLY, AFTER_CLAIM_COMMIT, AFTER_COMMIT, AFTER_PAYMENT, AFTER_PUBLISH, ENV_CRASH_AT,
+    IN_CLAIM, IN_DOUBT, MID_RECONCILE,
 };
 use crate::order::{ENV_ADDR, ENV_HOOK};
 use crate::partition::{Net, Window};
@@ -70,7 +71,7 @@ impl Role {
     /// Its crash points.
     fn points(self) -> &'static [&'static str] {
         match self {
-            Role::Order => &[AFTER_COMMIT, AFTER_PAYMENT],
+            Role::Order => &[AFTER_COMMIT, AFTER_PAYMENT, IN_CLAIM, AFTER_CLAIM_COMMIT],
             Role::Relay => &[AFTER_PUBLISH],
             Role::Consumer => &[AFTER_APPLY],
             Role::Client => &[IN_DOUBT],

@@ -11,7 +11,7 @@ use crate::checks::Checks;
 use crate::client::{read_oracle, Line};
 use crate::driver::Stats;
 use crate::reconcile::Final;
-use crate::world::{is_keyed, order_created, World};
+use crate::world::{is_keyed, order_created, pays, World};
 use crate::{BoxError, LEASE};
 
 /// One call, from the oracle: its key, the client incarnation that made it, and how it ended.
@@ -193,7 +193,7 @@ pub(crate) async fn check(
         .collect();
     let unpaid: Vec<String> = orders
         .keys()
-        .filter(|k| is_keyed(k) && payments.get(*k).copied().unwrap_or(0) == 0)
+        .filter(|k| pays(k) && payments.get(*k).copied().unwrap_or(0) == 0)
         .cloned()
         .collect();
     let without_order = payments.keys().filter(|k| !has_order(k)).count();

@@ -18,6 +18,14 @@
 //!    has paid, a handler past its deadline rolls back and answers "not processed".
 //!    [Crash point `after-commit` sits between the commit and the reply.]
 //!
+//! `POST /orders-tx` (keys `t-…`) goes through a second `IdempotencyLayer` on the same store,
+//! built with `in_transaction()`: the layer claims the key in a transaction, the handler notes
+//! the arrival, then writes the order row and its `OrderCreated` event through that
+//! transaction's connection ([crash point `in-claim`] there, uncommitted), and the layer stores
+//! the `201` and commits all three together ([crash point `after-claim-commit`] after the
+//! commit, before the reply). No payment: this mode is for handlers whose every effect is in
+//! the database. A killed process takes its open transaction with it.
+//!
 //! A request that takes over a record whose owner died goes through the recovery hook first:
 //! with `paid` recorded, or nothing recorded, it resumes; with only `payment` recorded, it asks
 //! the payment provider whether `pay-{key}` went through and resumes with the answer (the
@@ -42,12 +50,12 @@ use surely::headers::NOT_PROCESSED;
 use surely::outbox::PostgresOutbox;
 use surely::server::deadline::ServerDeadlineLayer;
 use surely::server::idempotency::{IdempotencyLayer, Recovery, Takeover, Ticket};
-use surely::server::store::{Checkpoint, PostgresStore, StoredResponse};
+use surely::server::store::{Checkpoint, KeyedTransaction, PostgresStore, StoredResponse};
 use tokio::net::TcpListener;
-use tower::ServiceBuilder;
+use tower::{ServiceBuilder, ServiceExt};
 
-use crate::crashpoint::{self, AFTER_COMMIT, AFTER_PAYMENT};
-use crate::world::{is_keyed, order_created, payment_id, World};
+use crate::crashpoint::{self, AFTER_CLAIM_COMMIT, AFTER_COMMIT, AFTER_PAYMENT, IN_CLAIM};
+use crate::world::{in_claim, is_keyed, order_created, payment_id, World};
 use crate::{chain, BoxError, LEASE, RENEW_FOR};
 
 /// The address the order service listens on.
@@ -323,6 +331,68 @@ impl Orders {
     }
 }
 
+/// `POST /orders-tx`: the order and its event, written in the transaction in which the layer
+/// claimed the key; the layer commits them with the key's record.
+async fn handle_in_claim(
+    orders: Arc<Orders>,
+    req: Request<Full<Bytes>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = req.into_parts();
+    let key = String::from_utf8_lossy(
+        &body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default(),
+    )
+    .into_owned();
+    let Some(txn) = parts.extensions.get::<KeyedTransaction>().cloned() else {
+        return Ok(reply(StatusCode::BAD_REQUEST, "t-… keys come keyed"));
+    };
+    if !in_claim(&key) {
+        return Ok(reply(StatusCode::BAD_REQUEST, "only t-… keys here"));
+    }
+    let deadline = parts.extensions.get::<Deadline>().copied();
+    let from = parts
+        .headers
+        .get(crate::client::CLIENT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let written = async {
+        orders.arrive(&key, true, from).await?;
+        let event = order_created(&key)?;
+        let client = txn.client().await?;
+        client
+            .execute(
+                &orders
+                    .world
+                    .sql("INSERT INTO {p}_orders (key, keyed, pid) VALUES ($1, $2, $3)"),
+                &[&key, &true, &orders.pid],
+            )
+            .await?;
+        orders.outbox.enqueue(&client, &event).await?;
+        Ok::<_, BoxError>(())
+    };
+    let not_processed = |status: StatusCode, why: String| {
+        // The layer rolls the transaction back: nothing of it stays.
+        let mut res = reply(status, why);
+        res.headers_mut()
+            .insert(NOT_PROCESSED, HeaderValue::from_static("true"));
+        res
+    };
+    if let Err(e) = written.await {
+        return Ok(not_processed(StatusCode::SERVICE_UNAVAILABLE, chain(&*e)));
+    }
+    crashpoint::at(IN_CLAIM).await;
+    if deadline.is_some_and(Deadline::is_expired) {
+        return Ok(not_processed(
+            StatusCode::GATEWAY_TIMEOUT,
+            "past the deadline: rolled back".into(),
+        ));
+    }
+    Ok(reply(StatusCode::CREATED, key))
+}
+
 async fn handle(
     orders: Arc<Orders>,
     req: Request<Full<Bytes>>,
@@ -383,7 +453,20 @@ pub(crate) async fn run() -> Result<(), BoxError> {
         let o = orders.clone();
         builder = builder.recover(move |t: Takeover| o.clone().recover(t));
     }
-    let svc = ServiceBuilder::new()
+    let claims = IdempotencyLayer::builder(orders.store.clone())
+        .lease(LEASE)
+        .in_transaction()
+        .build()?;
+    let o = orders.clone();
+    let in_claim = ServiceBuilder::new()
+        .layer(
+            ServerDeadlineLayer::builder()
+                .max(Duration::from_secs(10))
+                .build()?,
+        )
+        .layer(claims)
+        .service_fn(move |req| handle_in_claim(o.clone(), req));
+    let plain = ServiceBuilder::new()
         .layer(
             ServerDeadlineLayer::builder()
                 .max(Duration::from_secs(10))
@@ -391,6 +474,22 @@ pub(crate) async fn run() -> Result<(), BoxError> {
         )
         .layer(builder.build()?)
         .service_fn(move |req| handle(orders.clone(), req));
+    let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let claimed = req.method() == Method::POST && req.uri().path() == "/orders-tx";
+        let (plain, in_claim) = (plain.clone(), in_claim.clone());
+        async move {
+            if !claimed {
+                return plain.oneshot(req).await;
+            }
+            let res = in_claim.oneshot(req).await?;
+            if res.status() == StatusCode::CREATED
+                && !res.headers().contains_key("idempotent-replayed")
+            {
+                crashpoint::at(AFTER_CLAIM_COMMIT).await;
+            }
+            Ok(res)
+        }
+    });
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;

@@ -217,8 +217,20 @@ impl World {
     }
 }
 
-/// Whether a key is an order placed with an `Idempotency-Key` (`k-…`) or without (`u-…`).
+/// Whether a key is an order placed with an `Idempotency-Key` (`k-…` and `t-…`) or without
+/// (`u-…`).
 pub(crate) fn is_keyed(key: &str) -> bool {
+    key.starts_with("k-") || key.starts_with("t-")
+}
+
+/// Whether a key is an order whose key the order service claims in the handler's transaction
+/// (`t-…`, `POST /orders-tx`): no payment, the order and its event in the claim's transaction.
+pub(crate) fn in_claim(key: &str) -> bool {
+    key.starts_with("t-")
+}
+
+/// Whether a key's order is paid (`k-…`).
+pub(crate) fn pays(key: &str) -> bool {
     key.starts_with("k-")
 }
 
