@@ -13,13 +13,15 @@
 //!   (`PostgresStore::complete_in`) commit in one transaction. A keyed order also pays first at a
 //!   payment provider (a table written in a transaction of its own: not idempotent, each call a
 //!   payment), recorded with checkpoints, and a recovery hook reads them after a takeover so that
-//!   the payment is never made twice.
+//!   the payment is never made twice. Orders whose keys begin `t-` go to `POST /orders-tx`,
+//!   behind a second layer built with `in_transaction()`: the key is claimed in the transaction
+//!   that writes the order and its event, and the record commits with them; no payment.
 //! * **relay**: the outbox relay, PostgreSQL to JetStream.
 //! * **consumer**: the inventory service, a JetStream consumer with a PostgreSQL inbox: one
 //!   inventory change per event, in a table with no unique constraint (a second change would be
 //!   a second row).
 //! * **client**: places orders through `surely::client::http()`, keyed (`Idempotency-Key`,
-//!   retried with it) and unkeyed (a POST never sent twice: in doubt, it ends unknown), with a
+//!   retried with it; `k-` and `t-` keys, half each) and unkeyed (a POST never sent twice: in doubt, it ends unknown), with a
 //!   `LedgerRecorder` writing every unknown call to the `PostgresLedger`. It keeps an append-only
 //!   oracle file, each line synced: `started KEY` before a call, `ended KEY OUTCOME` after it.
 //! * **reconciler**: the ledger's `Reconciler`, and `Reconciler::settle_server` for the order
@@ -30,7 +32,9 @@
 //! Each process incarnation may be armed (`CRASH_AT=POINT:N`) with one crash point: the `N`-th
 //! time it reaches the point it prints `@@ crashpoint POINT` and waits; the driver reads the line
 //! and kills it. The points: `after-commit` (order: committed, not replied), `after-payment`
-//! (order: paid, the checkpoint not written), `after-publish` (relay: published, not marked),
+//! (order: paid, the checkpoint not written), `in-claim` (order, a `t-` key: the order and its
+//! event written in the claim's transaction, not committed), `after-claim-commit` (order, a `t-`
+//! key: the layer committed, the reply not sent), `after-publish` (relay: published, not marked),
 //! `after-apply` (consumer: committed, not acknowledged), `mid-reconcile` (reconciler: an entry
 //! or record claimed and its answer found, not settled), `in-doubt` (client: a call ended
 //! unknown, its ledger write not yet confirmed). Besides, the driver kills a role at random
