@@ -145,6 +145,9 @@ struct Bench {
     bare: Uri,
     keyed: Uri,
     keyed_tx: Uri,
+    floor: Uri,
+    /// The copy of the records table the floor writes to.
+    floor_records: String,
     /// A pool of its own for the bench's reads (WAL position, counts, the tables).
     meta: Pool,
     orders: String,
@@ -180,7 +183,7 @@ impl Round {
     }
 }
 
-const CASES: usize = 5;
+const CASES: usize = 6;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Case {
@@ -191,6 +194,10 @@ enum Case {
     /// `in_transaction()`: the key claimed in the handler's transaction.
     KeyedTx,
     ReplayTx,
+    /// No layer: the bare handler that also inserts, in its transaction, the row a completed
+    /// record is (in a copy of the records table, its indexes included): the floor under any
+    /// store that keeps its record in the handler's transaction.
+    Floor,
 }
 
 impl Case {
@@ -200,6 +207,7 @@ impl Case {
         Case::Replay,
         Case::KeyedTx,
         Case::ReplayTx,
+        Case::Floor,
     ];
 
     fn name(self) -> &'static str {
@@ -209,6 +217,7 @@ impl Case {
             Case::Replay => "replay",
             Case::KeyedTx => "keyed_tx",
             Case::ReplayTx => "replay_tx",
+            Case::Floor => "floor",
         }
     }
 
@@ -237,6 +246,7 @@ impl Bench {
         let suffix = format!("{}_{nanos}", std::process::id());
         let orders = format!("surely_bench_orders_{suffix}");
         let records = format!("surely_bench_idem_{suffix}");
+        let floor_records = format!("surely_bench_floor_{suffix}");
         let store = PostgresStore::connect(url)
             .map_err(|e| e.to_string())?
             .with_table(&records)
@@ -247,6 +257,12 @@ impl Bench {
             .await
             .map_err(|e| e.to_string())?;
         store.migrate().await.map_err(|e| e.to_string())?;
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE {floor_records} (LIKE {records} INCLUDING ALL)"
+            ))
+            .await
+            .map_err(|e| e.to_string())?;
         let statements = client
             .query_one(STATEMENTS, &[])
             .await
@@ -265,7 +281,25 @@ impl Bench {
             insert: insert.clone(),
             store: Some(store.clone()),
         };
-        let keyed_tx = OrdersInTransaction { insert };
+        let keyed_tx = OrdersInTransaction {
+            insert: insert.clone(),
+        };
+        let floor = Floor {
+            pool: surely::postgres::connect(url).map_err(|e| e.to_string())?,
+            insert,
+            record: format!(
+                "INSERT INTO {floor_records} (tenant, operation, key, fence, status, header_names,
+                     header_values, body, expires_at, resource, result_code, body_flags, digest,
+                     state, acquired_at)
+                 VALUES ('', 'POST /orders', $1, 1, 201, $2, $3, $4,
+                     now() + make_interval(secs => 86400), NULL, NULL, 0, $5, 1, now())"
+            )
+            .into(),
+        };
+        let floor = serve(tower::service_fn(move |req: Request<Incoming>| {
+            floor.clone().create(req)
+        }))
+        .await;
         let bare = serve(tower::service_fn(move |req: Request<Incoming>| {
             bare.clone().create(req)
         }))
@@ -300,6 +334,8 @@ impl Bench {
             bare: uri(bare),
             keyed: uri(keyed),
             keyed_tx: uri(keyed_tx),
+            floor: uri(floor),
+            floor_records,
             meta,
             orders,
             records,
@@ -327,18 +363,20 @@ impl Bench {
                 Case::Bare,
                 Case::Keyed,
                 Case::Replay,
+                Case::Floor,
                 Case::KeyedTx,
                 Case::ReplayTx,
             ],
             (true, _) => &[
                 Case::KeyedTx,
                 Case::ReplayTx,
+                Case::Floor,
                 Case::Keyed,
                 Case::Replay,
                 Case::Bare,
             ],
-            (false, 0) => &[Case::Bare, Case::Keyed, Case::KeyedTx],
-            (false, _) => &[Case::KeyedTx, Case::Keyed, Case::Bare],
+            (false, 0) => &[Case::Bare, Case::Keyed, Case::Floor, Case::KeyedTx],
+            (false, _) => &[Case::KeyedTx, Case::Floor, Case::Keyed, Case::Bare],
         };
         for &case in cases {
             let before = self.probe(replay).await;
@@ -359,7 +397,7 @@ impl Bench {
                 round.cpu[i] = Some((a.0.saturating_sub(b.0), a.1.saturating_sub(b.1)));
             }
         }
-        self.written.fetch_add(3 * n, Ordering::Relaxed);
+        self.written.fetch_add(4 * n, Ordering::Relaxed);
         self.keyed_written.fetch_add(2 * n, Ordering::Relaxed);
         round
     }
@@ -414,6 +452,7 @@ impl Bench {
             Case::Bare => self.bare.clone(),
             Case::Keyed | Case::Replay => self.keyed.clone(),
             Case::KeyedTx | Case::ReplayTx => self.keyed_tx.clone(),
+            Case::Floor => self.floor.clone(),
         };
         let start = Instant::now();
         let mut set = tokio::task::JoinSet::new();
@@ -464,8 +503,8 @@ impl Bench {
         let client = self.meta.get().await.expect("a connection");
         client
             .batch_execute(&format!(
-                "DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {};",
-                self.orders, self.records
+                "DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {};",
+                self.orders, self.records, self.floor_records
             ))
             .await
             .expect("drop the bench's tables");
@@ -518,9 +557,10 @@ async fn send(client: &HttpClient, uri: &Uri, case: Case, n: u64) {
         Case::Bare => format!("b-{n}"),
         Case::Keyed | Case::Replay => format!("k-{n}"),
         Case::KeyedTx | Case::ReplayTx => format!("t-{n}"),
+        Case::Floor => format!("f-{n}"),
     };
     let mut req = Request::post(uri.clone());
-    if case != Case::Bare {
+    if !matches!(case, Case::Bare | Case::Floor) {
         req = req.header("idempotency-key", id.as_str());
     }
     let req = req.body(Full::new(Bytes::from(id))).expect("a request");
@@ -644,6 +684,59 @@ impl OrdersInTransaction {
     }
 }
 
+/// The floor: the bare handler that also writes, in its transaction, the row of a completed
+/// record (the values the layer would store for its answer).
+#[derive(Clone)]
+struct Floor {
+    pool: Pool,
+    insert: Arc<str>,
+    record: Arc<str>,
+}
+
+impl Floor {
+    async fn create(self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+        let (status, body) = match self.write(req).await {
+            Ok(body) => (StatusCode::CREATED, body),
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Bytes::from(e)),
+        };
+        let mut res = Response::new(Full::new(body));
+        *res.status_mut() = status;
+        Ok(res)
+    }
+
+    async fn write(&self, req: Request<Incoming>) -> Result<Bytes, String> {
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map_err(failed("the body"))?
+            .to_bytes();
+        let id = std::str::from_utf8(&body).map_err(failed("the order id"))?;
+        let reply = Bytes::from(format!("{{\"id\":\"{id}\"}}"));
+        let mut client = self.pool.get().await.map_err(failed("a connection"))?;
+        let txn = client.transaction().await.map_err(failed("BEGIN"))?;
+        let insert = txn
+            .prepare_cached(&self.insert)
+            .await
+            .map_err(failed("PREPARE"))?;
+        txn.execute(&insert, &[&id])
+            .await
+            .map_err(failed("INSERT"))?;
+        let record = txn
+            .prepare_cached(&self.record)
+            .await
+            .map_err(failed("PREPARE"))?;
+        let (names, values): (Vec<&str>, Vec<&[u8]>) = (Vec::new(), Vec::new());
+        let digest: &[u8] = &[7u8; 32];
+        let stored: &[u8] = &reply;
+        txn.execute(&record, &[&id, &names, &values, &stored, &digest])
+            .await
+            .map_err(failed("INSERT record"))?;
+        txn.commit().await.map_err(failed("COMMIT"))?;
+        Ok(reply)
+    }
+}
+
 /// `e` and the errors under it, `a: b: c` (a source its parent already quotes only once).
 fn with_sources(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
@@ -745,20 +838,47 @@ fn summary(c16: &[Round], c1: &[Round], checked: &str) {
                 case.name()
             );
         }
-        for case in [Case::Keyed, Case::KeyedTx, Case::Replay, Case::ReplayTx] {
+        for case in [
+            Case::Floor,
+            Case::Keyed,
+            Case::KeyedTx,
+            Case::Replay,
+            Case::ReplayTx,
+        ] {
             let target = if case.is_replay() {
                 REPLAY_TARGET
             } else {
                 KEYED_TARGET
             };
             let (median, min, max) = ratio(c16, case);
+            let verdict = if case == Case::Floor {
+                "(no layer: the floor)".to_owned()
+            } else {
+                format!("(≤ {target:.2}) {}", verdict(median, target))
+            };
             println!(
                 "  ratio {:<9} ÷ bare write, time per request  {median:.2} [{min:.2}–{max:.2}] \
-                 (≤ {target:.2}) {}",
+                 {verdict}",
                 case.name(),
-                verdict(median, target)
             );
         }
+        let over_floor = |rounds: &[Round]| {
+            spread(
+                rounds
+                    .iter()
+                    .filter_map(|r| {
+                        Some(
+                            r.took(Case::KeyedTx)?.as_secs_f64()
+                                / r.took(Case::Floor)?.as_secs_f64(),
+                        )
+                    })
+                    .collect(),
+            )
+        };
+        let (median, min, max) = over_floor(c16);
+        println!(
+            "  ratio keyed_tx  ÷ floor, time per request       {median:.2} [{min:.2}–{max:.2}]"
+        );
         // Per request, over the rounds that counted it.
         let per_request = |of: &dyn Fn(&Round) -> Option<f64>| {
             spread(
@@ -821,7 +941,7 @@ fn summary(c16: &[Round], c1: &[Round], checked: &str) {
             rate(c1, Case::Keyed).0,
             rate(c1, Case::KeyedTx).0,
         );
-        for case in [Case::Keyed, Case::KeyedTx] {
+        for case in [Case::Floor, Case::Keyed, Case::KeyedTx] {
             let (median, min, max) = ratio(c1, case);
             println!(
                 "  ratio {:<9} ÷ bare {median:.2} [{min:.2}–{max:.2}] (shown)",
