@@ -24,15 +24,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
+use surely::idempotency::IdempotencyKey;
 use surely::ledger::{Filter, Ledger, PostgresLedger, ReconcileRound, Reconciler, Settlement};
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, Resolution, Resolve, Resolving};
 use surely::server::idempotency::{IdempotencyLayer, SettleRound};
-use surely::server::store::{IdempotencyStore, PostgresStore};
+use surely::server::store::{IdempotencyStore, PostgresStore, RecordKey, RecordState};
 use tokio::time::Instant;
 
 use crate::crashpoint::{self, MID_RECONCILE};
-use crate::world::{is_keyed, World};
+use crate::world::{in_claim, is_keyed, World};
 use crate::{BoxError, GRACE};
 
 /// How long a reconciler holds what it claimed.
@@ -97,12 +98,20 @@ impl Facts {
 
     /// Whether the key's idempotency record is `PROCESSING` or `UNKNOWN`.
     async fn record_open(&self, key: &str) -> Result<bool, BoxError> {
-        let processing = self.store.stuck(Duration::ZERO, 100_000).await?;
-        if processing.iter().any(|s| s.key.key().as_str() == key) {
-            return Ok(true);
-        }
-        let unknown = self.store.unknowns(100_000).await?;
-        Ok(unknown.iter().any(|u| u.key.key().as_str() == key))
+        // The order service's records: one tenant, the operation named by method and path.
+        let path = if in_claim(key) {
+            "/orders-tx"
+        } else {
+            "/orders"
+        };
+        let record = RecordKey::new("", format!("POST {path}"), IdempotencyKey::new(key)?);
+        Ok(match self.store.inspect(&record).await? {
+            Some(view) => matches!(
+                view.state,
+                RecordState::Processing { .. } | RecordState::Unknown { .. }
+            ),
+            None => false,
+        })
     }
 
     /// The age of the key's newest ledger entry.

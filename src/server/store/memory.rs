@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RequestDigest,
-    StoreError, StoredResponse, StuckRecord, UnknownRecord,
+    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RecordState,
+    RecordView, RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 #[cfg(surely_loom)]
 use crate::sync::mutation;
@@ -482,6 +482,38 @@ impl IdempotencyStore for MemoryStore {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<StuckRecord>, StoreError>> + Send {
         ready(Ok(self.stuck_now(older_than, limit)))
+    }
+
+    fn inspect(
+        &self,
+        key: &RecordKey,
+    ) -> impl Future<Output = Result<Option<RecordView>, StoreError>> + Send {
+        let now = clock();
+        let view = self.shard(key).get(key).map(|record| {
+            let state = match &record.state {
+                State::Processing { lease_until, .. } => RecordState::Processing {
+                    lease_left: lease_until.saturating_duration_since(now),
+                },
+                State::Completed {
+                    response,
+                    expires_at,
+                } => RecordState::Completed {
+                    response: response.clone(),
+                    expired: *expires_at <= now,
+                },
+                State::Released { .. } => RecordState::Released,
+                State::Unknown { evidence, .. } => RecordState::Unknown {
+                    evidence: evidence.to_string(),
+                },
+            };
+            RecordView::new(
+                state,
+                Fence::new(record.fence),
+                record.digest,
+                record.checkpoints.clone(),
+            )
+        });
+        ready(Ok(view))
     }
 
     fn sweep(

@@ -634,6 +634,99 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         older_than: Duration,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<StuckRecord>, StoreError>> + Send;
+
+    /// What the store holds for `key`, or `None` if it holds nothing: for support tools and
+    /// operators ("what became of this key?"), never for deciding a request (the layer decides
+    /// with one atomic move per step; a view is old once it is read).
+    ///
+    /// The stores of this crate read it in one step (one statement, one script). The default,
+    /// for a store of your own that does not read single records, is an error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::idempotency::IdempotencyKey;
+    /// use surely::server::store::{
+    ///     IdempotencyStore, MemoryStore, RecordKey, RecordState, RequestDigest,
+    /// };
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let store = MemoryStore::new();
+    /// let key = RecordKey::new("", "POST /orders", IdempotencyKey::new("k-1").unwrap());
+    /// assert!(store.inspect(&key).await.unwrap().is_none());
+    /// store.acquire(&key, &RequestDigest::of(b"{}"), Duration::from_secs(30)).await.unwrap();
+    /// let view = store.inspect(&key).await.unwrap().unwrap();
+    /// assert_eq!(view.fence.get(), 1);
+    /// assert!(matches!(view.state, RecordState::Processing { lease_left } if lease_left > Duration::ZERO));
+    /// # }
+    /// ```
+    fn inspect(
+        &self,
+        key: &RecordKey,
+    ) -> impl Future<Output = Result<Option<RecordView>, StoreError>> + Send {
+        let _ = key;
+        std::future::ready(Err(StoreError::backend(
+            "this idempotency store does not read single records",
+        )))
+    }
+}
+
+/// What a store holds for one key, as [`IdempotencyStore::inspect`] read it.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RecordView {
+    /// Where the record stands.
+    pub state: RecordState,
+    /// Its fence: how many owners it has had.
+    pub fence: Fence,
+    /// The digest of the body the key was used with.
+    pub digest: RequestDigest,
+    /// The steps its owners recorded, oldest first.
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+impl RecordView {
+    /// A view (for a store of your own).
+    pub fn new(
+        state: RecordState,
+        fence: Fence,
+        digest: RequestDigest,
+        checkpoints: Vec<Checkpoint>,
+    ) -> Self {
+        RecordView {
+            state,
+            fence,
+            digest,
+            checkpoints,
+        }
+    }
+}
+
+/// Where a record stands ([`RecordView`]); the chapter `docs::server_states` tells what a
+/// request with the key gets in each.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// An owner holds it. `lease_left` is zero once the lease has passed: the next request takes
+    /// it over.
+    Processing {
+        /// The time left on the owner's lease.
+        lease_left: Duration,
+    },
+    /// Completed, with the answer replayed; `expired` once its retention has ended (a request
+    /// with the key then gets `410`).
+    Completed {
+        /// The answer stored.
+        response: StoredResponse,
+        /// Whether its retention has ended.
+        expired: bool,
+    },
+    /// Released: the next request with the key runs.
+    Released,
+    /// `UNKNOWN`: an owner's work may have taken effect; nothing runs until it is settled.
+    Unknown {
+        /// Why, as the owner wrote it.
+        evidence: String,
+    },
 }
 
 /// A terminal record (completed or released) whose retention has ended, as

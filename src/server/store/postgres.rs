@@ -12,8 +12,8 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::{
-    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RequestDigest,
-    StoreError, StoredResponse, StuckRecord, UnknownRecord,
+    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RecordState,
+    RecordView, RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use crate::idempotency::IdempotencyKey;
 use crate::server::idempotency::Ticket;
@@ -658,33 +658,77 @@ fn classify(row: &Row, digest: &[u8]) -> Result<Option<Acquire>, StoreError> {
         }
         COMPLETED if expired => Acquire::Expired,
         COMPLETED if stored != digest => Acquire::Mismatch,
-        COMPLETED => {
-            let status: i16 = row.try_get(5).map_err(e)?;
-            let names: Vec<String> = row.try_get(6).map_err(e)?;
-            let values: Vec<Vec<u8>> = row.try_get(7).map_err(e)?;
-            let body: Vec<u8> = row.try_get(8).map_err(e)?;
-            let status = u16::try_from(status)
-                .ok()
-                .and_then(|s| StatusCode::from_u16(s).ok())
-                .ok_or_else(|| StoreError::backend("stored status out of range"))?;
-            let resource: Option<String> = row.try_get(14).map_err(e)?;
-            let code: Option<String> = row.try_get(15).map_err(e)?;
-            let flags: Option<i16> = row.try_get(16).map_err(e)?;
-            let stored = match (resource, code) {
-                (Some(resource), Some(code)) => StoredResponse::reference(status, resource, code),
-                _ => StoredResponse::from_parts(
-                    status,
-                    names
-                        .iter()
-                        .map(String::as_str)
-                        .zip(values.iter().map(Vec::as_slice)),
-                    Bytes::from(body),
-                ),
-            };
-            Acquire::Completed(stored.with_flags(flags.unwrap_or(0) as u8))
-        }
+        COMPLETED => Acquire::Completed(stored_answer(row)?),
         _ => return Ok(None),
     }))
+}
+
+/// The answer a completed record stores.
+fn stored_answer(row: &Row) -> Result<StoredResponse, StoreError> {
+    let e = StoreError::backend;
+    let status: i16 = row.try_get(5).map_err(e)?;
+    let names: Vec<String> = row.try_get(6).map_err(e)?;
+    let values: Vec<Vec<u8>> = row.try_get(7).map_err(e)?;
+    let body: Vec<u8> = row.try_get(8).map_err(e)?;
+    let status = u16::try_from(status)
+        .ok()
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .ok_or_else(|| StoreError::backend("stored status out of range"))?;
+    let resource: Option<String> = row.try_get(14).map_err(e)?;
+    let code: Option<String> = row.try_get(15).map_err(e)?;
+    let flags: Option<i16> = row.try_get(16).map_err(e)?;
+    let stored = match (resource, code) {
+        (Some(resource), Some(code)) => StoredResponse::reference(status, resource, code),
+        _ => StoredResponse::from_parts(
+            status,
+            names
+                .iter()
+                .map(String::as_str)
+                .zip(values.iter().map(Vec::as_slice)),
+            Bytes::from(body),
+        ),
+    };
+    Ok(stored.with_flags(flags.unwrap_or(0) as u8))
+}
+
+/// What a read of one record (`t.fence` then the columns) says, for `inspect`.
+fn view(row: &Row) -> Result<RecordView, StoreError> {
+    let e = StoreError::backend;
+    let fence: i64 = row.try_get(0).map_err(e)?;
+    let digest: &[u8] = row.try_get(1).map_err(e)?;
+    let digest = <[u8; 32]>::try_from(digest)
+        .map_err(|_| StoreError::backend("stored digest is not 32 bytes"))?;
+    let state: i16 = row.try_get(2).map_err(e)?;
+    let state = match state {
+        PROCESSING => {
+            let left: f64 = row.try_get(3).map_err(e)?;
+            RecordState::Processing {
+                lease_left: duration(left),
+            }
+        }
+        COMPLETED => RecordState::Completed {
+            response: stored_answer(row)?,
+            expired: row.try_get(4).map_err(e)?,
+        },
+        RELEASED => RecordState::Released,
+        UNKNOWN => {
+            let evidence: Option<String> = row.try_get(12).map_err(e)?;
+            RecordState::Unknown {
+                evidence: evidence.unwrap_or_default(),
+            }
+        }
+        other => {
+            return Err(StoreError::backend(format!(
+                "idempotency record in an unknown state {other}"
+            )))
+        }
+    };
+    Ok(RecordView::new(
+        state,
+        Fence::new(u64::try_from(fence).map_err(|_| StoreError::backend("negative fence"))?),
+        RequestDigest::from_bytes(digest),
+        checkpoints(row.try_get(10).map_err(e)?, row.try_get(11).map_err(e)?)?,
+    ))
 }
 
 fn duration(secs: f64) -> Duration {
@@ -965,6 +1009,20 @@ impl IdempotencyStore for PostgresStore {
             },
         )
         .await
+    }
+
+    async fn inspect(&self, key: &RecordKey) -> Result<Option<RecordView>, StoreError> {
+        let client = self.pool.get().await.map_err(StoreError::backend)?;
+        let stmt = client
+            .prepare_cached(&self.sql.claim.read)
+            .await
+            .map_err(StoreError::backend)?;
+        let (tenant, operation, k) = (key.tenant(), key.operation(), key.key().as_str());
+        let row = client
+            .query_opt(&stmt, &[&tenant, &operation, &k])
+            .await
+            .map_err(by_content)?;
+        row.as_ref().map(view).transpose()
     }
 
     async fn checkpoint(

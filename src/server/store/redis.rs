@@ -10,8 +10,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 use super::{
-    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RequestDigest,
-    StoreError, StoredResponse, StuckRecord, UnknownRecord,
+    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RecordState,
+    RecordView, RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use crate::classify::BoxError;
 use crate::idempotency::IdempotencyKey;
@@ -440,6 +440,7 @@ struct Scripts {
     checkpoint: Script,
     mark_unknown: Script,
     list: Script,
+    inspect: Script,
     sweep: Script,
     forget: Script,
 }
@@ -598,6 +599,23 @@ redis.call('ZADD', KEYS[4], now, KEYS[1])
 return 1
 "#;
 
+/// Reads the record (`KEYS[1]`) and its lease (`KEYS[2]`), changing nothing: `none`, or
+/// `record` with its state, fence, digest, the lease's time to live, Redis's time, the end of
+/// its retention, its evidence, its checkpoints, then the completed answer's fields.
+const INSPECT: &str = r#"
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+  return {'none'}
+end
+if kind ~= 'hash' then
+  return {'corrupt', KEYS[1], 'holds a ' .. kind .. ', not a record'}
+end
+local r = redis.call('HMGET', KEYS[1], 's', 'f', 'd', 'e', 'ev', 'cp')
+local c = redis.call('HMGET', KEYS[1], 'st', 'h', 'b', 'rs', 'rc', 'fl')
+return {'record', r[1], r[2], r[3], redis.call('PTTL', KEYS[2]), now_ms(), r[4], r[5], r[6],
+  c[1], c[2], c[3], c[4], c[5], c[6]}
+"#;
+
 /// `KEYS[1]`: an index. `ARGV`: how old (ms), the most to read, the fields to read. Returns
 /// Redis's time, then each record's key and fields; a record gone (deleted by its time to
 /// live) leaves the index. A key that is not a record stops the listing, named.
@@ -666,6 +684,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         checkpoint: script(CHECKPOINT),
         mark_unknown: script(MARK_UNKNOWN),
         list: script(LIST),
+        inspect: script(INSPECT),
         sweep: script(SWEEP),
         forget: script(FORGET),
     }
@@ -851,6 +870,55 @@ fn acquired(record: &str, lease: &str, value: Value) -> Result<Acquire, StoreErr
         "completed" => Acquire::Completed(completed(&mut reply)?),
         other => return Err(at(record, format!("unexpected reply `{other}`"))),
     })
+}
+
+/// What the inspect script read.
+fn inspected(record: &str, value: Value) -> Result<Option<RecordView>, StoreError> {
+    let mut reply = Reply::new(record, value)?;
+    match reply.text()?.as_str() {
+        "none" => return Ok(None),
+        "record" => {}
+        other => return Err(at(record, format!("unexpected reply `{other}`"))),
+    }
+    let state = reply.text()?;
+    let fence = reply.text()?;
+    let fence = number(&fence)
+        .and_then(|f| u64::try_from(f).ok())
+        .ok_or_else(|| at(record, "has no fence"))?;
+    let digest = reply.bytes()?.unwrap_or_default();
+    let digest = <[u8; 32]>::try_from(digest.as_slice())
+        .map_err(|_| at(record, "its digest is not 32 bytes"))?;
+    let lease_ttl = reply.int()?;
+    let now = reply.int()?;
+    let ends = reply.bytes()?;
+    let evidence = reply.bytes()?;
+    let checkpoints = decode_checkpoints(record, &reply.bytes()?.unwrap_or_default())?;
+    let state = match state.as_str() {
+        "p" => RecordState::Processing {
+            lease_left: duration(lease_ttl),
+        },
+        "c" => {
+            let ends = ends
+                .as_deref()
+                .and_then(|e| number(std::str::from_utf8(e).ok()?))
+                .ok_or_else(|| at(record, "is completed without an end of retention"))?;
+            RecordState::Completed {
+                response: completed(&mut reply)?,
+                expired: ends <= now,
+            }
+        }
+        "r" => RecordState::Released,
+        "u" => RecordState::Unknown {
+            evidence: String::from_utf8(evidence.unwrap_or_default()).map_err(|e| at(record, e))?,
+        },
+        _ => return Err(at(record, "has no known state")),
+    };
+    Ok(Some(RecordView::new(
+        state,
+        Fence::new(fence),
+        RequestDigest::from_bytes(digest),
+        checkpoints,
+    )))
 }
 
 fn fence(reply: &mut Reply<'_>) -> Result<u64, StoreError> {
@@ -1073,6 +1141,11 @@ impl IdempotencyStore for RedisStore {
                 return Ok(deleted);
             }
         }
+    }
+
+    async fn inspect(&self, key: &RecordKey) -> Result<Option<RecordView>, StoreError> {
+        let (record, _, value) = self.run(&SCRIPTS.inspect, key, &[]).await?;
+        inspected(&record, value)
     }
 
     async fn stuck(

@@ -311,5 +311,87 @@ pub(crate) async fn all<St: IdempotencyStore + Clone>(store: St) {
     oversized_body_is_refused_before_hashing(store.clone()).await;
     tenants_are_isolated(store.clone()).await;
     what_is_stored(store.clone()).await;
-    replay_carries_the_response(store).await;
+    replay_carries_the_response(store.clone()).await;
+    inspect_reads_each_state(store).await;
+}
+
+/// `inspect` reads what the store holds for a key, in each state, and nothing for a key it
+/// never saw.
+pub(crate) async fn inspect_reads_each_state<St: IdempotencyStore>(store: St) {
+    use surely::idempotency::IdempotencyKey;
+    use surely::server::store::{
+        Acquire, Checkpoint, RecordKey, RecordState, RequestDigest, StoredResponse,
+    };
+
+    let key = |k: &str| RecordKey::new("", "POST /inspect", IdempotencyKey::new(k).unwrap());
+    let lease = Duration::from_secs(30);
+    let digest = RequestDigest::of(b"inspected");
+    let owner = |acquired: Acquire| match acquired {
+        Acquire::Owner(fence) => fence,
+        other => panic!("not the owner: {other:?}"),
+    };
+    assert!(store.inspect(&key("inspect-none")).await.unwrap().is_none());
+
+    // Processing, with a checkpoint.
+    let k = key("inspect-p");
+    let fence = owner(store.acquire(&k, &digest, lease).await.unwrap());
+    let step = Checkpoint::new("charge", "ch-1").unwrap();
+    store.checkpoint(&k, fence, &step).await.unwrap();
+    let view = store.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(view.fence, fence);
+    assert_eq!(view.digest.as_bytes(), digest.as_bytes());
+    assert_eq!(view.checkpoints, vec![step]);
+    match view.state {
+        RecordState::Processing { lease_left } => {
+            assert!(
+                lease_left > Duration::ZERO && lease_left <= lease,
+                "{lease_left:?}"
+            )
+        }
+        other => panic!("not processing: {other:?}"),
+    }
+
+    // Completed.
+    let k = key("inspect-c");
+    let fence = owner(store.acquire(&k, &digest, lease).await.unwrap());
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-order", "o-1".parse().unwrap());
+    let answer = StoredResponse::new(StatusCode::CREATED, &headers, "created".into());
+    store
+        .complete(&k, fence, &answer, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let view = store.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(view.fence, fence);
+    match view.state {
+        RecordState::Completed { response, expired } => {
+            assert!(!expired);
+            assert_eq!(response.status(), StatusCode::CREATED);
+            assert_eq!(response.headers()["x-order"], "o-1");
+            assert_eq!(response.body(), "created");
+        }
+        other => panic!("not completed: {other:?}"),
+    }
+
+    // Released.
+    let k = key("inspect-r");
+    let fence = owner(store.acquire(&k, &digest, lease).await.unwrap());
+    store.release(&k, fence).await.unwrap();
+    let view = store.inspect(&k).await.unwrap().unwrap();
+    assert!(matches!(view.state, RecordState::Released), "{view:?}");
+    assert_eq!(view.fence, fence);
+
+    // Unknown, with its evidence.
+    let k = key("inspect-u");
+    let fence = owner(store.acquire(&k, &digest, lease).await.unwrap());
+    store
+        .mark_unknown(&k, fence, "the charge may have gone through")
+        .await
+        .unwrap();
+    match store.inspect(&k).await.unwrap().unwrap().state {
+        RecordState::Unknown { evidence } => {
+            assert_eq!(evidence, "the charge may have gone through")
+        }
+        other => panic!("not unknown: {other:?}"),
+    }
 }
