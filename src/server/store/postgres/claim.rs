@@ -17,6 +17,7 @@ use deadpool_postgres::{ClientWrapper, Object};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tokio_postgres::types::ToSql;
+use tokio_postgres::SimpleQueryMessage;
 
 use super::{
     by_content, classify, complete_params, header_arrays, PostgresStore, COMPLETED, PROCESSING,
@@ -207,10 +208,6 @@ impl PostgresStore {
         lease: Duration,
     ) -> Result<Opened, StoreError> {
         let conn = self.pool.get().await.map_err(StoreError::backend)?;
-        let lock = conn
-            .prepare_cached(&self.sql.claim.lock)
-            .await
-            .map_err(StoreError::backend)?;
         let read = conn
             .prepare_cached(&self.sql.claim.read)
             .await
@@ -223,20 +220,28 @@ impl PostgresStore {
         let Some(conn) = slot.conn.as_ref() else {
             return Err(StoreError::backend("no connection"));
         };
-        let lock_params: [&(dyn ToSql + Sync); 2] = [&id, &idle];
+        // `BEGIN` and the lock in one simple query (two numbers of ours in it, nothing of the
+        // request's); the read, with the request's values as parameters, in the next statement,
+        // so that its snapshot is taken with the lock held (an owner's commit is visible before
+        // its lock is free). One flight: both are sent before any answer is read.
+        let begin = format!(
+            "BEGIN; SELECT pg_try_advisory_xact_lock({id}), \
+             set_config('idle_in_transaction_session_timeout', '{idle}', true)"
+        );
         let read_params: [&(dyn ToSql + Sync); 3] = [&tenant, &operation, &k];
-        // One flight: the three are sent before any answer is read.
-        let (begun, locked, row) = tokio::join!(
-            conn.batch_execute("BEGIN"),
-            conn.query_one(&lock, &lock_params),
+        let (begun, row) = tokio::join!(
+            conn.simple_query(&begin),
             conn.query_opt(&read, &read_params),
         );
         // Any failure drops `slot`, which closes the connection.
-        begun.map_err(StoreError::backend)?;
-        let locked: bool = locked
+        let locked = begun
             .map_err(StoreError::backend)?
-            .try_get(0)
-            .map_err(StoreError::backend)?;
+            .iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => Some(row.get(0) == Some("t")),
+                _ => None,
+            })
+            .ok_or_else(|| StoreError::backend("the lock's statement returned no row"))?;
         let row = row.map_err(by_content)?;
         if !locked {
             slot.end_behind();
@@ -417,7 +422,6 @@ impl Claim for PgClaim {
 
 /// The statements of a claim, for the store's table `t`.
 pub(super) struct ClaimSql {
-    pub(super) lock: String,
     pub(super) read: String,
     pub(super) insert: String,
     pub(super) replace: String,
@@ -430,12 +434,6 @@ impl ClaimSql {
                       expires_at = now() + make_interval(secs => $9),
                       resource = $10, result_code = $11, body_flags = $12";
         ClaimSql {
-            // The lock, and the transaction's bound on sitting idle (the layer's lease), in
-            // one statement; the read in the next, so that its snapshot is taken with the lock
-            // held (an owner's commit is visible before its lock is free).
-            lock: "SELECT pg_try_advisory_xact_lock($1::bigint),
-                          set_config('idle_in_transaction_session_timeout', $2::text, true)"
-                .to_owned(),
             read: format!(
                 "SELECT t.fence, {columns} FROM {t} AS t
                  WHERE t.tenant = $1 AND t.operation = $2 AND t.key = $3"
