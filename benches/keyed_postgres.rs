@@ -15,6 +15,14 @@
 //!   the `Ticket` taken from the request's extensions.
 //! * `replay`: the keyed requests of the round sent again, each key already completed: the
 //!   layer answers from the record (`idempotent-replayed: true`) and the handler does not run.
+//! * `keyed_tx`, `replay_tx`: the same with `IdempotencyLayer::builder(store).in_transaction()`:
+//!   the layer claims the key in a transaction, the handler inserts its order through the
+//!   `KeyedTransaction` in the request's extensions, the layer stores the answer and commits.
+//! * `floor`: no layer; the bare handler that also inserts, in its transaction, the row a
+//!   completed record is (into a copy of the records table, its indexes included): what any
+//!   store that keeps its record in the handler's transaction must at least write.
+//! * `read`: no layer; a handler that reads one order by its id (one prepared `SELECT`, no
+//!   transaction): what any replay that asks the database must at least do.
 //!
 //! The client is hyper-util's legacy `Client` (keep-alive), its tasks on the same tokio runtime
 //! as the servers (multi-thread, 2 workers). Criterion's cases, one round per sample, in one
@@ -146,6 +154,7 @@ struct Bench {
     keyed: Uri,
     keyed_tx: Uri,
     floor: Uri,
+    read: Uri,
     /// The copy of the records table the floor writes to.
     floor_records: String,
     /// A pool of its own for the bench's reads (WAL position, counts, the tables).
@@ -183,7 +192,7 @@ impl Round {
     }
 }
 
-const CASES: usize = 6;
+const CASES: usize = 7;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Case {
@@ -198,6 +207,9 @@ enum Case {
     /// record is (in a copy of the records table, its indexes included): the floor under any
     /// store that keeps its record in the handler's transaction.
     Floor,
+    /// No layer: a handler that reads one order by its id (one prepared `SELECT`, no
+    /// transaction): the floor under any replay that asks the database.
+    Read,
 }
 
 impl Case {
@@ -208,6 +220,7 @@ impl Case {
         Case::KeyedTx,
         Case::ReplayTx,
         Case::Floor,
+        Case::Read,
     ];
 
     fn name(self) -> &'static str {
@@ -218,6 +231,7 @@ impl Case {
             Case::KeyedTx => "keyed_tx",
             Case::ReplayTx => "replay_tx",
             Case::Floor => "floor",
+            Case::Read => "read",
         }
     }
 
@@ -300,6 +314,14 @@ impl Bench {
             floor.clone().create(req)
         }))
         .await;
+        let read = ReadOrder {
+            pool: surely::postgres::connect(url).map_err(|e| e.to_string())?,
+            select: format!("SELECT id FROM {orders} WHERE id = $1").into(),
+        };
+        let read = serve(tower::service_fn(move |req: Request<Incoming>| {
+            read.clone().create(req)
+        }))
+        .await;
         let bare = serve(tower::service_fn(move |req: Request<Incoming>| {
             bare.clone().create(req)
         }))
@@ -335,6 +357,7 @@ impl Bench {
             keyed: uri(keyed),
             keyed_tx: uri(keyed_tx),
             floor: uri(floor),
+            read: uri(read),
             floor_records,
             meta,
             orders,
@@ -361,6 +384,7 @@ impl Bench {
         let cases: &[Case] = match (replay, index % 2) {
             (true, 0) => &[
                 Case::Bare,
+                Case::Read,
                 Case::Keyed,
                 Case::Replay,
                 Case::Floor,
@@ -374,6 +398,7 @@ impl Bench {
                 Case::Keyed,
                 Case::Replay,
                 Case::Bare,
+                Case::Read,
             ],
             (false, 0) => &[Case::Bare, Case::Keyed, Case::Floor, Case::KeyedTx],
             (false, _) => &[Case::KeyedTx, Case::Floor, Case::Keyed, Case::Bare],
@@ -453,6 +478,7 @@ impl Bench {
             Case::Keyed | Case::Replay => self.keyed.clone(),
             Case::KeyedTx | Case::ReplayTx => self.keyed_tx.clone(),
             Case::Floor => self.floor.clone(),
+            Case::Read => self.read.clone(),
         };
         let start = Instant::now();
         let mut set = tokio::task::JoinSet::new();
@@ -558,9 +584,11 @@ async fn send(client: &HttpClient, uri: &Uri, case: Case, n: u64) {
         Case::Keyed | Case::Replay => format!("k-{n}"),
         Case::KeyedTx | Case::ReplayTx => format!("t-{n}"),
         Case::Floor => format!("f-{n}"),
+        // The bare write's order of the same number, written earlier in the round.
+        Case::Read => format!("b-{n}"),
     };
     let mut req = Request::post(uri.clone());
-    if !matches!(case, Case::Bare | Case::Floor) {
+    if !matches!(case, Case::Bare | Case::Floor | Case::Read) {
         req = req.header("idempotency-key", id.as_str());
     }
     let req = req.body(Full::new(Bytes::from(id))).expect("a request");
@@ -579,8 +607,13 @@ async fn send(client: &HttpClient, uri: &Uri, case: Case, n: u64) {
         .await
         .expect("the response's body")
         .to_bytes();
+    let expected = if case == Case::Read {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
     assert!(
-        status == StatusCode::CREATED && replayed == case.is_replay(),
+        status == expected && replayed == case.is_replay(),
         "order {n}: {status}, replayed: {replayed}, {body:?}"
     );
 }
@@ -737,6 +770,47 @@ impl Floor {
     }
 }
 
+/// The floor under a replay: one order read by its id, one prepared `SELECT` outside any
+/// transaction.
+#[derive(Clone)]
+struct ReadOrder {
+    pool: Pool,
+    select: Arc<str>,
+}
+
+impl ReadOrder {
+    async fn create(self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+        let (status, body) = match self.read(req).await {
+            Ok(body) => (StatusCode::OK, body),
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Bytes::from(e)),
+        };
+        let mut res = Response::new(Full::new(body));
+        *res.status_mut() = status;
+        Ok(res)
+    }
+
+    async fn read(&self, req: Request<Incoming>) -> Result<Bytes, String> {
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map_err(failed("the body"))?
+            .to_bytes();
+        let id = std::str::from_utf8(&body).map_err(failed("the order id"))?;
+        let client = self.pool.get().await.map_err(failed("a connection"))?;
+        let select = client
+            .prepare_cached(&self.select)
+            .await
+            .map_err(failed("PREPARE"))?;
+        let row = client
+            .query_opt(&select, &[&id])
+            .await
+            .map_err(failed("SELECT"))?;
+        let found: Option<String> = row.map(|r| r.get(0));
+        Ok(Bytes::from(format!("{{\"id\":{found:?}}}")))
+    }
+}
+
 /// `e` and the errors under it, `a: b: c` (a source its parent already quotes only once).
 fn with_sources(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
@@ -842,6 +916,7 @@ fn summary(c16: &[Round], c1: &[Round], checked: &str) {
             Case::Floor,
             Case::Keyed,
             Case::KeyedTx,
+            Case::Read,
             Case::Replay,
             Case::ReplayTx,
         ] {
@@ -851,8 +926,8 @@ fn summary(c16: &[Round], c1: &[Round], checked: &str) {
                 KEYED_TARGET
             };
             let (median, min, max) = ratio(c16, case);
-            let verdict = if case == Case::Floor {
-                "(no layer: the floor)".to_owned()
+            let verdict = if matches!(case, Case::Floor | Case::Read) {
+                "(no layer: a floor)".to_owned()
             } else {
                 format!("(≤ {target:.2}) {}", verdict(median, target))
             };
@@ -876,6 +951,17 @@ fn summary(c16: &[Round], c1: &[Round], checked: &str) {
             )
         };
         let (median, min, max) = over_floor(c16);
+        let replay_over_read = spread(
+            c16.iter()
+                .filter_map(|r| {
+                    Some(r.took(Case::Replay)?.as_secs_f64() / r.took(Case::Read)?.as_secs_f64())
+                })
+                .collect(),
+        );
+        println!(
+            "  ratio replay    ÷ read, time per request        {:.2} [{:.2}–{:.2}]",
+            replay_over_read.0, replay_over_read.1, replay_over_read.2
+        );
         println!(
             "  ratio keyed_tx  ÷ floor, time per request       {median:.2} [{min:.2}–{max:.2}]"
         );
