@@ -48,6 +48,12 @@ pub use self::claim::{KeyedTransaction, TransactionClient};
 /// completes with that one, which the store refuses as stale if the handler's completion did
 /// commit: the stored answer is the one replayed.
 ///
+/// A handler whose every effect is a write to this database can go further: with
+/// [`in_transaction`](crate::server::idempotency::IdempotencyLayerBuilder::in_transaction) the
+/// layer claims the key in a transaction it opens for the handler ([`KeyedTransaction`]), and
+/// the record is inserted, completed, in that transaction: nothing is written before the
+/// handler's writes, no record is ever `PROCESSING`, and a crash leaves nothing to take over.
+///
 /// # Round trips and commits
 ///
 /// A first request costs the layer one statement before the handler (`acquire`: it inserts
