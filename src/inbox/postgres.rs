@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Transaction;
+use tokio_postgres::{Statement, Transaction};
 
 use super::memory::judge;
 use super::{Counters, InboxError, InboxStats, Processed, Versions};
@@ -230,7 +230,20 @@ impl PostgresInbox {
         event: &Event,
         versions: Versions,
     ) -> Result<Begin, InboxError> {
-        let client = txn.client();
+        self.begin_with(txn.client(), None, consumer, event, versions)
+            .await
+    }
+
+    /// [`begin`](Self::begin) on `client`, in its open transaction, with the statements
+    /// `prepared` on it (else sent with their text, unprepared).
+    async fn begin_with(
+        &self,
+        client: &tokio_postgres::Client,
+        prepared: Option<&Prepared>,
+        consumer: &str,
+        event: &Event,
+        versions: Versions,
+    ) -> Result<Begin, InboxError> {
         let id = event.id().as_str();
         let (aggregate, version) = (event.aggregate(), event.version());
         let name = self.lock_name(consumer, event, versions);
@@ -242,11 +255,15 @@ impl PostgresInbox {
         ];
         // One flight: the read is sent behind the lock, and runs once the lock is held.
         let (locked, row) = tokio::join!(
-            client.execute_typed(&self.sql.lock, &lock_params),
-            client.query_typed_one(&self.sql.read, &read_params),
+            query(client, prepared.map(|p| &p.lock), &self.sql.lock, &lock_params),
+            query(client, prepared.map(|p| &p.read), &self.sql.read, &read_params),
         );
         locked.map_err(InboxError::store)?;
-        let row = row.map_err(InboxError::store)?;
+        let row = row
+            .map_err(InboxError::store)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| InboxError::store("the inbox's read returned no row"))?;
         let result: Option<Vec<u8>> = row.try_get(0).map_err(InboxError::store)?;
         if let Some(result) = result {
             return Ok(self.done(Processed::Duplicate(Bytes::from(result))));
@@ -315,7 +332,7 @@ impl PostgresInbox {
         ticket: Ticket,
         result: Bytes,
     ) -> Result<Processed, InboxError> {
-        self.record(txn.client(), &ticket, &result)
+        self.record(txn.client(), None, &ticket, &result)
             .await
             .map_err(InboxError::store)?;
         Ok(self.applied(result))
@@ -325,9 +342,10 @@ impl PostgresInbox {
     async fn record(
         &self,
         client: &tokio_postgres::Client,
+        prepared: Option<&Prepared>,
         ticket: &Ticket,
         result: &[u8],
-    ) -> Result<u64, tokio_postgres::Error> {
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let mut params = record_params(
             &ticket.consumer,
             &ticket.event_id,
@@ -341,7 +359,7 @@ impl PostgresInbox {
         } else {
             &self.sql.applied_at_version
         };
-        client.execute_typed(sql, &params).await
+        query(client, prepared.map(|p| &p.record), sql, &params).await
     }
 
     fn applied(&self, result: Bytes) -> Processed {
@@ -436,9 +454,28 @@ impl PostgresInbox {
         F: for<'t, 'c> FnOnce(&'t Transaction<'c>) -> Handler<'t, E>,
     {
         let mut client = self.pool().get().await.map_err(InboxError::store)?;
+        // Prepared once per connection (deadpool-postgres's statement cache).
+        let record = if versions == Versions::Any {
+            &self.sql.applied
+        } else {
+            &self.sql.applied_at_version
+        };
+        let (lock, read, record) = tokio::join!(
+            client.prepare_cached(&self.sql.lock),
+            client.prepare_cached(&self.sql.read),
+            client.prepare_cached(record),
+        );
+        let prepared = Prepared {
+            lock: lock.map_err(InboxError::store)?,
+            read: read.map_err(InboxError::store)?,
+            record: record.map_err(InboxError::store)?,
+        };
         let txn = client.transaction().await.map_err(InboxError::store)?;
         // From here, a `txn` dropped sends `ROLLBACK` ahead of anything else on the connection.
-        let ticket = match self.begin(&txn, consumer, event, versions).await {
+        let begun = self
+            .begin_with(txn.client(), Some(&prepared), consumer, event, versions)
+            .await;
+        let ticket = match begun {
             Ok(Begin::Fresh(ticket)) => ticket,
             Ok(Begin::Done(processed @ Processed::Stale { .. })) => {
                 txn.commit().await.map_err(InboxError::store)?;
@@ -455,7 +492,7 @@ impl PostgresInbox {
         let (recorded, committed) = {
             let conn = txn.client();
             tokio::join!(
-                self.record(conn, &ticket, &result),
+                self.record(conn, Some(&prepared), &ticket, &result),
                 conn.batch_execute("COMMIT")
             )
         };
@@ -474,6 +511,30 @@ impl PostgresInbox {
                 Err(InboxError::store(e))
             }
         }
+    }
+}
+
+/// The inbox's statements prepared on one connection.
+struct Prepared {
+    lock: Statement,
+    read: Statement,
+    record: Statement,
+}
+
+/// Runs `sql`, as its `prepared` statement if there is one (the types given are then the
+/// statement's own), else unprepared with the types given: one round trip either way.
+async fn query(
+    client: &tokio_postgres::Client,
+    prepared: Option<&Statement>,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    match prepared {
+        Some(statement) => {
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+            client.query(statement, &values).await
+        }
+        None => client.query_typed(sql, params).await,
     }
 }
 
