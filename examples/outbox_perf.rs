@@ -190,7 +190,8 @@ fn event(
     )?)
 }
 
-/// Commits `n` events, 500 per transaction (not timed).
+/// Commits `n` events, 500 per transaction, then has the table analyzed, as autovacuum does
+/// for a table that grew (not timed).
 async fn fill(outbox: &PostgresOutbox, run: &str, what: &str, n: usize) -> Result<(), BoxError> {
     let mut client = outbox.pool().get().await?;
     for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
@@ -202,6 +203,9 @@ async fn fill(outbox: &PostgresOutbox, run: &str, what: &str, n: usize) -> Resul
         }
         txn.commit().await?;
     }
+    client
+        .batch_execute(&format!("ANALYZE {}", outbox.table()))
+        .await?;
     Ok(())
 }
 
@@ -540,9 +544,7 @@ async fn inbox_case(
                             .process(&txn, "inventory", e, Versions::InOrder, |txn| {
                                 Box::pin(async move {
                                     txn.execute(&update, &[&sku]).await?;
-                                    Ok::<_, tokio_postgres::Error>(Bytes::from_static(
-                                        b"reserved",
-                                    ))
+                                    Ok::<_, tokio_postgres::Error>(Bytes::from_static(b"reserved"))
                                 })
                             })
                             .await?;
@@ -555,9 +557,7 @@ async fn inbox_case(
                             .process_and_commit("inventory", e, Versions::InOrder, |txn| {
                                 Box::pin(async move {
                                     txn.execute(&update, &[&sku]).await?;
-                                    Ok::<_, tokio_postgres::Error>(Bytes::from_static(
-                                        b"reserved",
-                                    ))
+                                    Ok::<_, tokio_postgres::Error>(Bytes::from_static(b"reserved"))
                                 })
                             })
                             .await?

@@ -106,9 +106,8 @@ struct Sql {
 
 impl Sql {
     fn new(t: &str) -> Self {
-        let insert = format!(
-            "INSERT INTO {t} (consumer, event_id, aggregate, version, outcome, result)"
-        );
+        let insert =
+            format!("INSERT INTO {t} (consumer, event_id, aggregate, version, outcome, result)");
         Sql {
             table: t.to_owned(),
             // Waits for any other transaction holding the name: another delivery of the event,
@@ -255,8 +254,18 @@ impl PostgresInbox {
         ];
         // One flight: the read is sent behind the lock, and runs once the lock is held.
         let (locked, row) = tokio::join!(
-            query(client, prepared.map(|p| &p.lock), &self.sql.lock, &lock_params),
-            query(client, prepared.map(|p| &p.read), &self.sql.read, &read_params),
+            query(
+                client,
+                prepared.map(|p| &p.lock),
+                &self.sql.lock,
+                &lock_params
+            ),
+            query(
+                client,
+                prepared.map(|p| &p.read),
+                &self.sql.read,
+                &read_params
+            ),
         );
         locked.map_err(InboxError::store)?;
         let row = row
@@ -273,7 +282,10 @@ impl PostgresInbox {
             match judge(versions, last, version) {
                 Some(stale @ Processed::Stale { .. }) => {
                     client
-                        .execute_typed(&self.sql.stale, &record_params(&consumer, &id, &aggregate, &version))
+                        .execute_typed(
+                            &self.sql.stale,
+                            &record_params(&consumer, &id, &aggregate, &version),
+                        )
                         .await
                         .map_err(InboxError::store)?;
                     return Ok(self.done(stale));
