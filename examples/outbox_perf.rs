@@ -501,6 +501,9 @@ where
     })
 }
 
+/// Each consumer's events, with the SKU its handler updates.
+type Shares = Arc<Vec<Vec<(Event, String)>>>;
+
 /// The inbox's cases, each measured in every round.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum InboxCase {
@@ -520,7 +523,7 @@ async fn inbox_case(
     pool: &Pool,
     inbox: &PostgresInbox,
     stock: &str,
-    shares: &Arc<Vec<Vec<(Event, String)>>>,
+    shares: &Shares,
     case: InboxCase,
 ) -> Result<(), BoxError> {
     let mut workers = Vec::new();
@@ -621,7 +624,7 @@ async fn inbox_throughput(
         for round in 0..rounds {
             // Each case's events in version order per aggregate, on aggregates of their own;
             // consumer c owns the SKUs with index % consumers == c.
-            let share = |case: InboxCase| -> Result<Arc<Vec<Vec<(Event, String)>>>, BoxError> {
+            let share = |case: InboxCase| -> Result<Shares, BoxError> {
                 let mut shares: Vec<Vec<(Event, String)>> = vec![Vec::new(); consumers];
                 for i in 0..events {
                     let sku = i % AGGREGATES;
