@@ -5,23 +5,37 @@
 //! cargo run --release --features postgres,nats --example outbox_perf
 //! # fewer events, for a quick look:
 //! cargo run --release --features postgres,nats --example outbox_perf -- --events 2000
-//! # one part only:
-//! cargo run --release --features postgres,nats --example outbox_perf -- --only inbox
+//! # one part only, fewer rounds:
+//! cargo run --release --features postgres,nats --example outbox_perf -- --only inbox --rounds 3
 //! ```
 //!
-//! 1. **Relay throughput into JetStream.** A backlog of committed events, published by one
-//!    relay in batches (each batch's events sent together, marked in one statement), against
-//!    the baseline measured in the same run: a relay that claims, publishes and marks one event
-//!    per round (a transaction to claim, one to mark).
+//! 1. **Relay throughput into JetStream.** A backlog of committed events (the table analyzed
+//!    after the fill, as autovacuum does for a table that grew), published by one relay in
+//!    batches of 100 and of 500 (each batch's events sent together, their acknowledgements
+//!    awaited, marked in one statement), against the baseline measured in the same rounds:
+//!    raw async-nats publishing of as many events, with the same headers, in batches of the
+//!    same size (the batch sent, then its acknowledgements awaited), which is what a careful
+//!    user writes by hand. The two alternate in order from round to round; the table gives
+//!    medians and ranges over the rounds, and the ratio relay ÷ raw. A relay claiming one event
+//!    per round is measured once beside them.
 //! 2. **Commit-to-broker latency.** Events committed one by one, at a steady pace, each timed
 //!    from the return of its `COMMIT` to its arrival at a NATS subscriber: a relay woken by
 //!    `LISTEN/NOTIFY`, against relays that only poll (every second, the default, and every
 //!    100 ms).
-//! 3. **Inbox throughput.** Events applied with one transaction each (the inbox's record, a
-//!    stock update, the aggregate's version, `COMMIT`), by one consumer and by four in
-//!    parallel (each owning a share of the aggregates, as a partitioned consumer would); then
-//!    every event delivered again: the duplicate path, where the handler does not run. The
-//!    baseline, measured in the same run: the stock update alone, one transaction per event.
+//! 3. **Inbox throughput.** Events applied with one transaction each (the inbox's statements
+//!    and a stock update, the business write), by one consumer and by four in parallel (each
+//!    owning a share of the aggregates, as a partitioned consumer would): through
+//!    `PostgresInbox::process` in the caller's transaction, through
+//!    `PostgresInbox::process_and_commit`, and through the same statements written by hand with
+//!    `BEGIN` sent together with the first (what a handler given the connection rather than a
+//!    `Transaction` would allow); then the `process_and_commit` events delivered again (the
+//!    duplicate path, where the handler does not run). The baseline, measured in every round:
+//!    the stock update alone, one transaction per event. Cases alternate in order from round
+//!    to round; each row gives the median and range over the rounds, the ratio to the same
+//!    round's baseline, and the CPU time per event of this process and of the `postgres`
+//!    processes (`/proc/<pid>/schedstat`, Linux; the server's other sessions included).
+//!
+//! `--rounds N` (default 5) sets the rounds.
 //!
 //! Uses `SURELY_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and
 //! `SURELY_TEST_NATS_URL` (default `nats://127.0.0.1:4222`); every table and stream it makes
@@ -35,7 +49,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use surely::deps::async_nats::{self, jetstream};
 use surely::inbox::{PostgresInbox, Processed, Versions};
-use surely::outbox::{Event, EventId, JetStreamPublisher, PostgresOutbox, Relay};
+use surely::outbox::{Event, EventId, JetStreamPublisher, OutboxStore, PostgresOutbox, Relay};
 use surely::postgres::Pool;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -289,6 +303,42 @@ async fn relay_throughput(
             spread(&raw_rates, 0),
             spread(&relay_rates, 0),
             spread(&ratios, 2)
+        );
+    }
+    println!();
+    // Where a relay's round goes: its three steps timed apart, through the store itself.
+    println!("A round's steps, timed apart (mean per batch over {events} events):\n");
+    println!("| batch | claim | publish (raw, as above) | mark published |");
+    println!("| ---: | ---: | ---: | ---: |");
+    for batch in [100, 500] {
+        let what = format!("steps{batch}");
+        let table = outbox(pool, &format!("{run}_{what}"), made).await?;
+        fill(&table, run, &what, events).await?;
+        let (mut claim, mut publish, mut mark, mut batches) = (0.0, 0.0, 0.0, 0);
+        loop {
+            let start = Instant::now();
+            let claimed = table.claim(batch, Duration::from_secs(30)).await?;
+            let claimed_at = Instant::now();
+            if claimed.is_empty() {
+                break;
+            }
+            let events: Vec<Event> = claimed.iter().map(|c| c.event.clone()).collect();
+            raw_publish(js, &format!("{run}.{what}"), &events, batch).await?;
+            let published_at = Instant::now();
+            if table.published_all(&claimed).await? != claimed.len() {
+                return Err("a mark was refused".into());
+            }
+            claim += (claimed_at - start).as_secs_f64();
+            publish += (published_at - claimed_at).as_secs_f64();
+            mark += published_at.elapsed().as_secs_f64();
+            batches += 1;
+        }
+        let ms = |s: f64| format!("{:.2} ms", s * 1000.0 / f64::from(batches));
+        println!(
+            "| {batch} | {} | {} | {} |",
+            ms(claim),
+            ms(publish),
+            ms(mark)
         );
     }
     println!();
