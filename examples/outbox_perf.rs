@@ -5,23 +5,37 @@
 //! cargo run --release --features postgres,nats --example outbox_perf
 //! # fewer events, for a quick look:
 //! cargo run --release --features postgres,nats --example outbox_perf -- --events 2000
-//! # one part only:
-//! cargo run --release --features postgres,nats --example outbox_perf -- --only inbox
+//! # one part only, fewer rounds:
+//! cargo run --release --features postgres,nats --example outbox_perf -- --only inbox --rounds 3
 //! ```
 //!
-//! 1. **Relay throughput into JetStream.** A backlog of committed events, published by one
-//!    relay in batches (each batch's events sent together, marked in one statement), against
-//!    the baseline measured in the same run: a relay that claims, publishes and marks one event
-//!    per round (a transaction to claim, one to mark).
+//! 1. **Relay throughput into JetStream.** A backlog of committed events (the table analyzed
+//!    after the fill, as autovacuum does for a table that grew), published by one relay in
+//!    batches of 100 and of 500 (each batch's events sent together, their acknowledgements
+//!    awaited, marked in one statement), against the baseline measured in the same rounds:
+//!    raw async-nats publishing of as many events, with the same headers, in batches of the
+//!    same size (the batch sent, then its acknowledgements awaited), which is what a careful
+//!    user writes by hand. The two alternate in order from round to round; the table gives
+//!    medians and ranges over the rounds, and the ratio relay ÷ raw. A relay claiming one event
+//!    per round is measured once beside them.
 //! 2. **Commit-to-broker latency.** Events committed one by one, at a steady pace, each timed
 //!    from the return of its `COMMIT` to its arrival at a NATS subscriber: a relay woken by
 //!    `LISTEN/NOTIFY`, against relays that only poll (every second, the default, and every
 //!    100 ms).
-//! 3. **Inbox throughput.** Events applied with one transaction each (the inbox's record, a
-//!    stock update, the aggregate's version, `COMMIT`), by one consumer and by four in
-//!    parallel (each owning a share of the aggregates, as a partitioned consumer would); then
-//!    every event delivered again: the duplicate path, where the handler does not run. The
-//!    baseline, measured in the same run: the stock update alone, one transaction per event.
+//! 3. **Inbox throughput.** Events applied with one transaction each (the inbox's statements
+//!    and a stock update, the business write), by one consumer and by four in parallel (each
+//!    owning a share of the aggregates, as a partitioned consumer would): through
+//!    `PostgresInbox::process` in the caller's transaction, through
+//!    `PostgresInbox::process_and_commit`, and through the same statements written by hand with
+//!    `BEGIN` sent together with the first (what a handler given the connection rather than a
+//!    `Transaction` would allow); then the `process_and_commit` events delivered again (the
+//!    duplicate path, where the handler does not run). The baseline, measured in every round:
+//!    the stock update alone, one transaction per event. Cases alternate in order from round
+//!    to round; each row gives the median and range over the rounds, the ratio to the same
+//!    round's baseline, and the CPU time per event of this process and of the `postgres`
+//!    processes (`/proc/<pid>/schedstat`, Linux; the server's other sessions included).
+//!
+//! `--rounds N` (default 5) sets the rounds.
 //!
 //! Uses `SURELY_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and
 //! `SURELY_TEST_NATS_URL` (default `nats://127.0.0.1:4222`); every table and stream it makes
@@ -35,7 +49,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use surely::deps::async_nats::{self, jetstream};
 use surely::inbox::{PostgresInbox, Processed, Versions};
-use surely::outbox::{Event, EventId, JetStreamPublisher, PostgresOutbox, Relay};
+use surely::outbox::{Event, EventId, JetStreamPublisher, OutboxStore, PostgresOutbox, Relay};
 use surely::postgres::Pool;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -74,13 +88,13 @@ async fn main() -> Result<(), BoxError> {
     let mut made = Vec::new();
     let result = async {
         if args.runs("relay") {
-            relay_throughput(&pool, &js, &run, events, &mut made).await?;
+            relay_throughput(&pool, &js, &run, events, args.rounds, &mut made).await?;
         }
         if args.runs("latency") {
             commit_to_broker(&pool, &pg_url, &nats, &js, &run, &mut made).await?;
         }
         if args.runs("inbox") {
-            inbox_throughput(&pool, &run, events / 2, &mut made).await?;
+            inbox_throughput(&pool, &run, events / 5, args.rounds, &mut made).await?;
         }
         Ok::<_, BoxError>(())
     }
@@ -98,9 +112,11 @@ async fn main() -> Result<(), BoxError> {
     result
 }
 
-/// What to run: `--events N` (default 10 000), `--only relay|latency|inbox` (default all).
+/// What to run: `--events N` (default 10 000), `--rounds N` (default 5), `--only
+/// relay|latency|inbox` (default all).
 struct Args {
     events: usize,
+    rounds: usize,
     only: Option<String>,
 }
 
@@ -113,6 +129,7 @@ impl Args {
 fn parse_args() -> Result<Args, BoxError> {
     let mut args = std::env::args().skip(1);
     let mut events = 10_000;
+    let mut rounds = 5;
     let mut only = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -122,6 +139,16 @@ fn parse_args() -> Result<Args, BoxError> {
                     return Err(format!("--only: {part:?} is not relay, latency or inbox").into());
                 }
                 only = Some(part);
+            }
+            "--rounds" => {
+                rounds = args
+                    .next()
+                    .ok_or("--rounds needs a number")?
+                    .parse()
+                    .map_err(|e| format!("--rounds: {e}"))?;
+                if rounds == 0 {
+                    return Err("--rounds: at least 1".into());
+                }
             }
             "--events" => {
                 events = args
@@ -135,13 +162,17 @@ fn parse_args() -> Result<Args, BoxError> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument {other:?} (try --events N, --only relay|latency|inbox)"
+                    "unknown argument {other:?} (try --events N, --rounds N, --only relay|latency|inbox)"
                 )
                 .into())
             }
         }
     }
-    Ok(Args { events, only })
+    Ok(Args {
+        events,
+        rounds,
+        only,
+    })
 }
 
 /// An outbox in a table of this run's own.
@@ -173,7 +204,8 @@ fn event(
     )?)
 }
 
-/// Commits `n` events, 500 per transaction (not timed).
+/// Commits `n` events, 500 per transaction, then has the table analyzed, as autovacuum does
+/// for a table that grew (not timed).
 async fn fill(outbox: &PostgresOutbox, run: &str, what: &str, n: usize) -> Result<(), BoxError> {
     let mut client = outbox.pool().get().await?;
     for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
@@ -185,6 +217,9 @@ async fn fill(outbox: &PostgresOutbox, run: &str, what: &str, n: usize) -> Resul
         }
         txn.commit().await?;
     }
+    client
+        .batch_execute(&format!("ANALYZE {}", outbox.table()))
+        .await?;
     Ok(())
 }
 
@@ -214,11 +249,10 @@ async fn relay_throughput(
     js: &jetstream::Context,
     run: &str,
     events: usize,
+    rounds: usize,
     made: &mut Vec<String>,
 ) -> Result<(), BoxError> {
     println!("## Relay into JetStream (one relay; events already committed)\n");
-    println!("| relay | events | events/s |");
-    println!("| --- | ---: | ---: |");
     let baseline_events = (events / 5).max(100);
     let single = outbox(pool, &format!("{run}_single"), made).await?;
     fill(&single, run, "single", baseline_events).await?;
@@ -228,25 +262,136 @@ async fn relay_throughput(
     )
     .batch(1)
     .build()?;
-    let baseline = drain(&mut relay, baseline_events).await?;
-    println!("| baseline: one event per round | {baseline_events} | {baseline:.0} |");
+    let single = drain(&mut relay, baseline_events).await?;
+    println!("One event per round (a claim, a publish, a mark): {single:.0} events/s.\n");
+    println!(
+        "Batches, against raw async-nats publishing of the same events in the same batches \
+         (the batch sent, then its acknowledgements awaited), alternated, {rounds} rounds \
+         of {events} events:\n"
+    );
+    println!("| batch | raw publish, events/s | relay, events/s | relay ÷ raw, median (range) |");
+    println!("| ---: | ---: | ---: | ---: |");
     for batch in [100, 500] {
-        let batched = outbox(pool, &format!("{run}_batch{batch}"), made).await?;
-        fill(&batched, run, &format!("batch{batch}"), events).await?;
-        let mut relay = Relay::builder(
-            batched,
-            JetStreamPublisher::new(js.clone(), format!("{run}.batch{batch}")),
-        )
-        .batch(batch)
-        .build()?;
-        let rate = drain(&mut relay, events).await?;
+        let (mut raw_rates, mut relay_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let what = format!("batch{batch}r{round}");
+            let table = outbox(pool, &format!("{run}_{what}"), made).await?;
+            fill(&table, run, &what, events).await?;
+            let raw_events = (0..events)
+                .map(|i| event(run, &format!("raw{what}"), i, "order", 1))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut relay = Relay::builder(
+                table,
+                JetStreamPublisher::new(js.clone(), format!("{run}.{what}")),
+            )
+            .batch(batch)
+            .build()?;
+            let (raw, relayed) = if round % 2 == 0 {
+                let raw = raw_publish(js, &format!("{run}.raw{what}"), &raw_events, batch).await?;
+                (raw, drain(&mut relay, events).await?)
+            } else {
+                let relayed = drain(&mut relay, events).await?;
+                let raw = raw_publish(js, &format!("{run}.raw{what}"), &raw_events, batch).await?;
+                (raw, relayed)
+            };
+            raw_rates.push(raw);
+            relay_rates.push(relayed);
+            ratios.push(relayed / raw);
+        }
         println!(
-            "| batches of {batch} | {events} | {rate:.0} ({:.1}× the baseline) |",
-            rate / baseline
+            "| {batch} | {} | {} | {} |",
+            spread(&raw_rates, 0),
+            spread(&relay_rates, 0),
+            spread(&ratios, 2)
+        );
+    }
+    println!();
+    // Where a relay's round goes: its three steps timed apart, through the store itself.
+    println!("A round's steps, timed apart (mean per batch over {events} events):\n");
+    println!("| batch | claim | publish (raw, as above) | mark published |");
+    println!("| ---: | ---: | ---: | ---: |");
+    for batch in [100, 500] {
+        let what = format!("steps{batch}");
+        let table = outbox(pool, &format!("{run}_{what}"), made).await?;
+        fill(&table, run, &what, events).await?;
+        let (mut claim, mut publish, mut mark, mut batches) = (0.0, 0.0, 0.0, 0);
+        loop {
+            let start = Instant::now();
+            let claimed = table.claim(batch, Duration::from_secs(30)).await?;
+            let claimed_at = Instant::now();
+            if claimed.is_empty() {
+                break;
+            }
+            let events: Vec<Event> = claimed.iter().map(|c| c.event.clone()).collect();
+            raw_publish(js, &format!("{run}.{what}"), &events, batch).await?;
+            let published_at = Instant::now();
+            if table.published_all(&claimed).await? != claimed.len() {
+                return Err("a mark was refused".into());
+            }
+            claim += (claimed_at - start).as_secs_f64();
+            publish += (published_at - claimed_at).as_secs_f64();
+            mark += published_at.elapsed().as_secs_f64();
+            batches += 1;
+        }
+        let ms = |s: f64| format!("{:.2} ms", s * 1000.0 / f64::from(batches));
+        println!(
+            "| {batch} | {} | {} | {} |",
+            ms(claim),
+            ms(publish),
+            ms(mark)
         );
     }
     println!();
     Ok(())
+}
+
+/// What a careful user writes by hand with async-nats: each batch's publishes sent (with the
+/// headers the publisher writes), then their acknowledgements awaited; events per second.
+async fn raw_publish(
+    js: &jetstream::Context,
+    prefix: &str,
+    events: &[Event],
+    batch: usize,
+) -> Result<f64, BoxError> {
+    let start = Instant::now();
+    for chunk in events.chunks(batch) {
+        let mut acks = Vec::with_capacity(chunk.len());
+        for e in chunk {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, e.id().as_str());
+            headers.insert("Surely-Aggregate", e.aggregate());
+            headers.insert("Surely-Version", e.version().to_string().as_str());
+            headers.insert("Surely-Kind", e.kind());
+            acks.push(
+                js.publish_with_headers(
+                    format!("{prefix}.{}", e.kind()),
+                    headers,
+                    e.payload().clone(),
+                )
+                .await?,
+            );
+        }
+        for ack in acks {
+            ack.await?;
+        }
+    }
+    Ok(events.len() as f64 / start.elapsed().as_secs_f64())
+}
+
+/// The median of `values` and their range, with `digits` decimals.
+fn spread(values: &[f64], digits: usize) -> String {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let median = if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    format!(
+        "{median:.digits$} ({:.digits$}–{:.digits$})",
+        v[0],
+        v[v.len() - 1]
+    )
 }
 
 async fn commit_to_broker(
@@ -347,16 +492,233 @@ async fn commit_to_broker(
     Ok(())
 }
 
+/// The CPU time so far, in nanoseconds, of this process (its threads) and of the PostgreSQL
+/// server's processes: the first field of `/proc/<pid>/schedstat` (Linux), summed; zeros
+/// elsewhere.
+fn cpu_now() -> (u64, u64) {
+    fn on_cpu(path: &std::path::Path) -> u64 {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
+            .unwrap_or(0)
+    }
+    let mine = std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .map(|t| on_cpu(&t.path().join("schedstat")))
+                .sum()
+        })
+        .unwrap_or(0);
+    let postgres = std::fs::read_dir("/proc")
+        .map(|procs| {
+            procs
+                .flatten()
+                .filter(|p| {
+                    std::fs::read_to_string(p.path().join("comm"))
+                        .is_ok_and(|comm| comm.trim_end() == "postgres")
+                })
+                .map(|p| on_cpu(&p.path().join("schedstat")))
+                .sum()
+        })
+        .unwrap_or(0);
+    (mine, postgres)
+}
+
+/// One measured case: events per second, and microseconds of CPU per event in this process
+/// and in PostgreSQL.
+#[derive(Clone, Copy, Default)]
+struct Measured {
+    rate: f64,
+    mine_us: f64,
+    postgres_us: f64,
+}
+
+async fn measure<F>(events: usize, case: F) -> Result<Measured, BoxError>
+where
+    F: std::future::Future<Output = Result<(), BoxError>>,
+{
+    let (mine, postgres) = cpu_now();
+    let start = Instant::now();
+    case.await?;
+    let elapsed = start.elapsed().as_secs_f64();
+    let (mine_after, postgres_after) = cpu_now();
+    let per_event = |ns: u64| ns as f64 / 1000.0 / events as f64;
+    Ok(Measured {
+        rate: events as f64 / elapsed,
+        mine_us: per_event(mine_after.saturating_sub(mine)),
+        postgres_us: per_event(postgres_after.saturating_sub(postgres)),
+    })
+}
+
+/// Each consumer's events, with the SKU its handler updates.
+type Shares = Arc<Vec<Vec<(Event, String)>>>;
+
+/// The inbox's cases, each measured in every round.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum InboxCase {
+    /// The business write alone, one transaction per event.
+    Baseline,
+    /// `PostgresInbox::process` in the caller's transaction, which the caller commits.
+    Caller,
+    /// `PostgresInbox::process_and_commit`.
+    Own,
+    /// The `Own` case's events delivered again.
+    Duplicate,
+    /// The inbox's statements written by hand on the connection, with `BEGIN` sent together
+    /// with the lock and the read: what a handler given the connection instead of a
+    /// `Transaction` would allow.
+    Pipelined,
+}
+
+/// `PostgresInbox::process_and_commit`'s statements (as `src/inbox/postgres.rs` writes them),
+/// with `BEGIN` in the first flight instead of a round trip of its own: three flights and the
+/// business write, against the business write and its `BEGIN` and `COMMIT`.
+async fn hand_pipelined(
+    client: &deadpool_postgres::Client,
+    t: &str,
+    e: &Event,
+    sku: &String,
+    update: &str,
+) -> Result<(), BoxError> {
+    type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+    let lock = client
+        .prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .await?;
+    let read = client
+        .prepare_cached(&format!(
+            "SELECT r.result, v.version FROM (VALUES (1)) AS one (n)
+             LEFT JOIN {t} AS r ON r.consumer = $1 AND r.event_id = $2
+             LEFT JOIN {t}_versions AS v ON v.consumer = $1 AND v.aggregate = $3"
+        ))
+        .await?;
+    let record = client
+        .prepare_cached(&format!(
+            "WITH record AS (
+                 INSERT INTO {t} (consumer, event_id, aggregate, version, outcome, result)
+                 VALUES ($1, $2, $3, $4, 1, $5))
+             INSERT INTO {t}_versions AS v (consumer, aggregate, version) VALUES ($1, $3, $4)
+             ON CONFLICT (consumer, aggregate)
+             DO UPDATE SET version = GREATEST(v.version, EXCLUDED.version)"
+        ))
+        .await?;
+    let name = format!("{t} 9:inventory aggregate {}", e.aggregate());
+    let (id, aggregate, version) = (e.id().as_str(), e.aggregate(), e.version());
+    let lock_params: [Param<'_>; 1] = [&name];
+    let read_params: [Param<'_>; 3] = [&"inventory", &id, &aggregate];
+    let (begun, locked, row) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.query(&lock, &lock_params),
+        client.query_one(&read, &read_params)
+    );
+    begun?;
+    locked?;
+    let row = row?;
+    let (result, last): (Option<Vec<u8>>, Option<i64>) = (row.get(0), row.get(1));
+    if result.is_some() || last.is_some_and(|last| last + 1 != version) {
+        client.batch_execute("ROLLBACK").await?;
+        return Err(format!("hand-pipelined: {id} is not fresh and next").into());
+    }
+    client.execute(update, &[sku]).await?;
+    let result: &[u8] = b"reserved";
+    let record_params: [Param<'_>; 5] = [&"inventory", &id, &aggregate, &version, &result];
+    let (recorded, committed) = tokio::join!(
+        client.execute(&record, &record_params),
+        client.batch_execute("COMMIT")
+    );
+    recorded?;
+    committed?;
+    Ok(())
+}
+
+/// Runs `case` over each consumer's share (each a task with a connection of its own), checking
+/// every outcome.
+async fn inbox_case(
+    pool: &Pool,
+    inbox: &PostgresInbox,
+    stock: &str,
+    shares: &Shares,
+    case: InboxCase,
+) -> Result<(), BoxError> {
+    let mut workers = Vec::new();
+    for c in 0..shares.len() {
+        let (pool, inbox, shares) = (pool.clone(), inbox.clone(), shares.clone());
+        let update = format!("UPDATE {stock} SET qty = qty - 1 WHERE sku = $1");
+        workers.push(tokio::spawn(async move {
+            let mut client = pool.get().await?;
+            for (e, sku) in &shares[c] {
+                let processed = match case {
+                    InboxCase::Pipelined => {
+                        hand_pipelined(&client, inbox.table(), e, sku, &update).await?;
+                        continue;
+                    }
+                    InboxCase::Baseline => {
+                        let txn = client.transaction().await?;
+                        txn.execute(&update, &[sku]).await?;
+                        txn.commit().await?;
+                        continue;
+                    }
+                    InboxCase::Caller => {
+                        let txn = client.transaction().await?;
+                        let (update, sku) = (update.clone(), sku.clone());
+                        let processed = inbox
+                            .process(&txn, "inventory", e, Versions::InOrder, |txn| {
+                                Box::pin(async move {
+                                    txn.execute(&update, &[&sku]).await?;
+                                    Ok::<_, tokio_postgres::Error>(Bytes::from_static(b"reserved"))
+                                })
+                            })
+                            .await?;
+                        txn.commit().await?;
+                        processed
+                    }
+                    InboxCase::Own | InboxCase::Duplicate => {
+                        let (update, sku) = (update.clone(), sku.clone());
+                        inbox
+                            .process_and_commit("inventory", e, Versions::InOrder, |txn| {
+                                Box::pin(async move {
+                                    txn.execute(&update, &[&sku]).await?;
+                                    Ok::<_, tokio_postgres::Error>(Bytes::from_static(b"reserved"))
+                                })
+                            })
+                            .await?
+                    }
+                };
+                let expected = if case == InboxCase::Duplicate {
+                    matches!(processed, Processed::Duplicate(_))
+                } else {
+                    matches!(processed, Processed::Applied(_))
+                };
+                if !expected {
+                    return Err(format!("{case:?}: unexpected {processed:?}").into());
+                }
+            }
+            Ok::<_, BoxError>(())
+        }));
+    }
+    for w in workers {
+        w.await??;
+    }
+    Ok(())
+}
+
 async fn inbox_throughput(
     pool: &Pool,
     run: &str,
     events: usize,
+    rounds: usize,
     made: &mut Vec<String>,
 ) -> Result<(), BoxError> {
     const AGGREGATES: usize = 64;
-    println!("## Inbox on PostgreSQL (one transaction per event; versions in order per SKU)\n");
-    println!("| consumers | path | events | events/s |");
-    println!("| ---: | --- | ---: | ---: |");
+    println!(
+        "## Inbox on PostgreSQL (one transaction per event; versions in order per SKU; \
+         {rounds} rounds of {events} events per case, cases alternated)\n"
+    );
+    println!(
+        "| consumers | case | events/s, median (range) | ÷ baseline, median (range) | \
+         CPU µs/event: this process + PostgreSQL |"
+    );
+    println!("| ---: | --- | ---: | ---: | ---: |");
     let stock = format!("{run}_stock");
     made.push(stock.clone());
     for consumers in [1usize, 4] {
@@ -365,134 +727,119 @@ async fn inbox_throughput(
         made.push(table.clone());
         made.push(format!("{table}_versions"));
         inbox.migrate().await?;
-        {
-            let client = pool.get().await?;
-            client
-                .batch_execute(&format!(
-                    "DROP TABLE IF EXISTS {stock};
-                     CREATE TABLE {stock} (sku text PRIMARY KEY, qty bigint NOT NULL);
-                     INSERT INTO {stock} SELECT 'sku-' || i, 1000000 FROM generate_series(0, {}) i",
-                    AGGREGATES - 1
-                ))
-                .await?;
-        }
-        // Each SKU's events in version order; consumer c owns the SKUs with index % consumers == c.
-        let mut shares: Vec<Vec<Event>> = vec![Vec::new(); consumers];
-        for i in 0..events {
-            let sku = i % AGGREGATES;
-            let version = (i / AGGREGATES) as i64 + 1;
-            let e = event(
-                run,
-                &format!("inbox{consumers}"),
-                i,
-                &format!("sku-{sku}"),
-                version,
-            )?;
-            shares[sku % consumers].push(e);
-        }
-        let shares = Arc::new(shares);
-        // The floor: the business write alone, one transaction per event, no inbox.
-        let floor = {
-            let start = Instant::now();
-            let mut workers = Vec::new();
-            for c in 0..consumers {
-                let (pool, shares, stock) = (pool.clone(), shares.clone(), stock.clone());
-                workers.push(tokio::spawn(async move {
-                    let mut client = pool.get().await?;
-                    let update = format!("UPDATE {stock} SET qty = qty - 1 WHERE sku = $1");
-                    for e in &shares[c] {
-                        let txn = client.transaction().await?;
-                        txn.execute(&update, &[&e.aggregate()]).await?;
-                        txn.commit().await?;
-                    }
-                    Ok::<_, BoxError>(())
-                }));
-            }
-            for w in workers {
-                w.await??;
-            }
-            let rate = events as f64 / start.elapsed().as_secs_f64();
-            println!(
-                "| {consumers} | baseline: the business write alone (no inbox) | {events} | {rate:.0} |"
-            );
-            pool.get()
-                .await?
-                .execute(&format!("UPDATE {stock} SET qty = 1000000"), &[])
-                .await?;
-            rate
-        };
-        for path in ["apply", "duplicate"] {
-            let start = Instant::now();
-            let mut workers = Vec::new();
-            for c in 0..consumers {
-                let (pool, inbox, shares, stock) =
-                    (pool.clone(), inbox.clone(), shares.clone(), stock.clone());
-                workers.push(tokio::spawn(async move {
-                    let mut client = pool.get().await?;
-                    let update = format!("UPDATE {stock} SET qty = qty - 1 WHERE sku = $1");
-                    let mut outcomes = [0usize; 2];
-                    for e in &shares[c] {
-                        let txn = client.transaction().await?;
-                        let processed = inbox
-                            .process(&txn, "inventory", e, Versions::InOrder, |txn| {
-                                let (update, sku) = (update.clone(), e.aggregate().to_owned());
-                                Box::pin(async move {
-                                    txn.execute(&update, &[&sku]).await?;
-                                    Ok::<_, tokio_postgres::Error>(Bytes::from_static(b"reserved"))
-                                })
-                            })
-                            .await?;
-                        txn.commit().await?;
-                        match processed {
-                            Processed::Applied(_) => outcomes[0] += 1,
-                            Processed::Duplicate(_) => outcomes[1] += 1,
-                            other => return Err(format!("unexpected {other:?}").into()),
-                        }
-                    }
-                    Ok::<_, BoxError>(outcomes)
-                }));
-            }
-            let mut outcomes = [0usize; 2];
-            for w in workers {
-                let [applied, duplicate] = w.await??;
-                outcomes[0] += applied;
-                outcomes[1] += duplicate;
-            }
-            let rate = events as f64 / start.elapsed().as_secs_f64();
-            let expected = if path == "apply" {
-                [events, 0]
-            } else {
-                [0, events]
+        pool.get()
+            .await?
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {stock};
+                 CREATE TABLE {stock} (sku text PRIMARY KEY, qty bigint NOT NULL);
+                 INSERT INTO {stock} SELECT 'sku-' || i, 1000000 FROM generate_series(0, {}) i",
+                AGGREGATES - 1
+            ))
+            .await?;
+        let cases = [
+            InboxCase::Baseline,
+            InboxCase::Caller,
+            InboxCase::Own,
+            InboxCase::Pipelined,
+        ];
+        let mut results: HashMap<&str, Vec<Measured>> = HashMap::new();
+        let mut ratios: HashMap<&str, Vec<f64>> = HashMap::new();
+        for round in 0..rounds {
+            // Each case's events in version order per aggregate, on aggregates of their own;
+            // consumer c owns the SKUs with index % consumers == c.
+            let share = |case: InboxCase| -> Result<Shares, BoxError> {
+                let mut shares: Vec<Vec<(Event, String)>> = vec![Vec::new(); consumers];
+                for i in 0..events {
+                    let sku = i % AGGREGATES;
+                    let version = (i / AGGREGATES) as i64 + 1;
+                    let what = format!("inbox{consumers}{case:?}{round}");
+                    let e = event(run, &what, i, &format!("{what}-sku-{sku}"), version)?;
+                    shares[sku % consumers].push((e, format!("sku-{sku}")));
+                }
+                Ok(Arc::new(shares))
             };
-            if outcomes != expected {
-                return Err(format!(
-                    "{path}: applied/duplicate {outcomes:?}, expected {expected:?}"
-                )
-                .into());
+            let mut measured = HashMap::new();
+            let mut order = cases;
+            order.rotate_left(round % cases.len());
+            let own = share(InboxCase::Own)?;
+            for case in order {
+                let shares = if case == InboxCase::Own {
+                    own.clone()
+                } else {
+                    share(case)?
+                };
+                let m = measure(events, inbox_case(pool, &inbox, &stock, &shares, case)).await?;
+                measured.insert(case, m);
             }
-            let label = if path == "apply" {
-                "applied (handler runs)"
-            } else {
-                "redelivered (duplicate: handler skipped)"
-            };
+            let m = measure(
+                events,
+                inbox_case(pool, &inbox, &stock, &own, InboxCase::Duplicate),
+            )
+            .await?;
+            measured.insert(InboxCase::Duplicate, m);
+            let baseline = measured[&InboxCase::Baseline].rate;
+            for (case, label) in CASE_LABELS {
+                results.entry(label).or_default().push(measured[&case]);
+                if case != InboxCase::Baseline {
+                    ratios
+                        .entry(label)
+                        .or_default()
+                        .push(measured[&case].rate / baseline);
+                }
+            }
+        }
+        for (_, label) in CASE_LABELS {
+            let r = &results[label];
+            let rates: Vec<f64> = r.iter().map(|m| m.rate).collect();
+            let mine: Vec<f64> = r.iter().map(|m| m.mine_us).collect();
+            let postgres: Vec<f64> = r.iter().map(|m| m.postgres_us).collect();
+            let ratio = ratios.get(label).map_or("—".to_owned(), |v| spread(v, 2));
             println!(
-                "| {consumers} | {label} | {events} | {rate:.0} ({:.2}× the baseline) |",
-                rate / floor
+                "| {consumers} | {label} | {} | {ratio} | {} + {} |",
+                spread(&rates, 0),
+                median(&mine),
+                median(&postgres)
             );
         }
         let client = pool.get().await?;
-        let left: i64 = client
+        let moved: i64 = client
             .query_one(
                 &format!("SELECT sum(1000000 - qty)::bigint FROM {stock}"),
                 &[],
             )
             .await?
             .get(0);
-        if left as usize != events {
-            return Err(format!("stock moved {left} times for {events} events").into());
+        let expected = rounds * events * 4;
+        if moved as usize != expected {
+            return Err(format!("stock moved {moved} times for {expected} events").into());
         }
     }
     println!();
-    println!("Stock moved exactly once per event in every run (checked).");
+    println!("Stock moved exactly once per event applied, in every run (checked).");
     Ok(())
+}
+
+const CASE_LABELS: [(InboxCase, &str); 5] = [
+    (
+        InboxCase::Baseline,
+        "baseline: the business write alone, no inbox",
+    ),
+    (
+        InboxCase::Caller,
+        "applied: `process` in the caller's transaction",
+    ),
+    (InboxCase::Own, "applied: `process_and_commit`"),
+    (
+        InboxCase::Duplicate,
+        "redelivered (duplicate): `process_and_commit`",
+    ),
+    (
+        InboxCase::Pipelined,
+        "applied: its statements by hand, `BEGIN` sent with the first",
+    ),
+];
+
+fn median(values: &[f64]) -> String {
+    let s = spread(values, 0);
+    s.split(' ').next().unwrap_or_default().to_owned()
 }

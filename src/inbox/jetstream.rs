@@ -73,7 +73,7 @@ impl PostgresInbox {
             }
         };
         let out = self
-            .process_in_own_transaction(consumer, &event, versions, handler)
+            .process_and_commit(consumer, &event, versions, handler)
             .await;
         match &out {
             Ok(processed) if processed.is_settled() => {
@@ -86,25 +86,6 @@ impl PostgresInbox {
             Err(_) => ack(message, AckKind::Nak(None)).await,
         }
         out
-    }
-
-    async fn process_in_own_transaction<F, E>(
-        &self,
-        consumer: &str,
-        event: &Event,
-        versions: Versions,
-        handler: F,
-    ) -> Result<Processed, InboxError<E>>
-    where
-        F: for<'t, 'c> FnOnce(&'t Transaction<'c>) -> Handler<'t, E>,
-    {
-        let mut client = self.pool().get().await.map_err(InboxError::store)?;
-        let txn = client.transaction().await.map_err(InboxError::store)?;
-        let processed = self
-            .process(&txn, consumer, event, versions, handler)
-            .await?;
-        txn.commit().await.map_err(InboxError::store)?;
-        Ok(processed)
     }
 }
 

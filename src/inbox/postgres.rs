@@ -6,7 +6,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio_postgres::Transaction;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Statement, Transaction};
 
 use super::memory::judge;
 use super::{Counters, InboxError, InboxStats, Processed, Versions};
@@ -52,11 +53,21 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
 /// and `surely_inbox_versions` by default).
 ///
 /// Two deliveries of one event processed at once never both run: the second waits for the
-/// first's transaction on the record's key, then finds the record (or, if the first rolled
-/// back, processes it itself). Events of one aggregate are processed one transaction at a time
-/// when their [`Versions`] are checked (the version row is locked).
+/// first's transaction, then finds its record (or, if the first rolled back, processes the
+/// event itself). Events of one aggregate are processed one transaction at a time when their
+/// [`Versions`] are checked. The wait is on a transaction-scoped advisory lock named after the
+/// event (for [`Versions::Any`]) or after the aggregate, taken before the record is read; the
+/// record and the aggregate's version are written once, in their final form, after the
+/// business write. Two names whose hashes collide only wait for each other.
 ///
-/// In one call, [`process`](Self::process); or in two, around the business write,
+/// The wait works at `READ COMMITTED` (PostgreSQL's default), where each statement sees what
+/// committed before it began. At `REPEATABLE READ` or `SERIALIZABLE`, a delivery that waited
+/// for another of the same event does not see its record: its handler runs, and its
+/// transaction then fails on the record's key, so that the event is still applied once.
+///
+/// In one call that opens and commits its own transaction,
+/// [`process_and_commit`](Self::process_and_commit); in the caller's transaction,
+/// [`process`](Self::process); or in two calls around the business write,
 /// [`begin`](Self::begin) and [`finish`](Self::finish):
 ///
 /// ```no_run
@@ -86,47 +97,38 @@ pub struct PostgresInbox {
 
 struct Sql {
     table: String,
-    claim: String,
+    lock: String,
     read: String,
     stale: String,
-    park: String,
-    lock_version: String,
     applied: String,
     applied_at_version: String,
 }
 
 impl Sql {
     fn new(t: &str) -> Self {
+        let insert =
+            format!("INSERT INTO {t} (consumer, event_id, aggregate, version, outcome, result)");
         Sql {
             table: t.to_owned(),
-            claim: format!(
-                "INSERT INTO {t} (consumer, event_id, aggregate, version, outcome)
-                 VALUES ($1, $2, $3, $4, 0) ON CONFLICT DO NOTHING"
+            // Waits for any other transaction holding the name: another delivery of the event,
+            // or another event of the aggregate.
+            lock: "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))".to_owned(),
+            // Sent after the lock, as a statement of its own: at READ COMMITTED it sees what
+            // the transaction it waited for committed.
+            read: format!(
+                "SELECT r.result, v.version
+                 FROM (VALUES (1)) AS one (n)
+                 LEFT JOIN {t} AS r ON r.consumer = $1 AND r.event_id = $2
+                 LEFT JOIN {t}_versions AS v ON v.consumer = $1 AND v.aggregate = $3"
             ),
-            read: format!("SELECT result FROM {t} WHERE consumer = $1 AND event_id = $2"),
-            stale: format!(
-                "UPDATE {t} SET outcome = {STALE}, result = ''::bytea
-                 WHERE consumer = $1 AND event_id = $2"
-            ),
-            park: format!("DELETE FROM {t} WHERE consumer = $1 AND event_id = $2"),
-            // Creates the aggregate's row if it is new, and locks it either way (the no-op
-            // update), in one round trip: the aggregate's events go one transaction at a time.
-            lock_version: format!(
-                "INSERT INTO {t}_versions AS v (consumer, aggregate, version) VALUES ($1, $2, NULL)
-                 ON CONFLICT (consumer, aggregate) DO UPDATE SET version = v.version
-                 RETURNING version"
-            ),
-            applied: format!(
-                "UPDATE {t} SET outcome = {APPLIED}, result = $3
-                 WHERE consumer = $1 AND event_id = $2"
-            ),
+            stale: format!("{insert} VALUES ($1, $2, $3, $4, {STALE}, ''::bytea)"),
+            applied: format!("{insert} VALUES ($1, $2, $3, $4, {APPLIED}, $5)"),
             applied_at_version: format!(
-                "WITH applied AS (
-                     UPDATE {t} SET outcome = {APPLIED}, result = $3
-                     WHERE consumer = $1 AND event_id = $2
-                 )
-                 UPDATE {t}_versions SET version = GREATEST(COALESCE(version, $5), $5)
-                 WHERE consumer = $1 AND aggregate = $4"
+                "WITH record AS ({insert} VALUES ($1, $2, $3, $4, {APPLIED}, $5))
+                 INSERT INTO {t}_versions AS v (consumer, aggregate, version)
+                 VALUES ($1, $3, $4)
+                 ON CONFLICT (consumer, aggregate)
+                 DO UPDATE SET version = GREATEST(v.version, EXCLUDED.version)"
             ),
         }
     }
@@ -146,7 +148,7 @@ pub enum Begin {
 
 /// A fresh event's place in the inbox, for [`PostgresInbox::finish`].
 #[derive(Debug)]
-#[must_use = "finish the ticket in the same transaction, or the event is recorded without a result"]
+#[must_use = "finish the ticket in the same transaction, or the event is not recorded"]
 pub struct Ticket {
     consumer: String,
     event_id: String,
@@ -210,8 +212,12 @@ impl PostgresInbox {
             .map_err(InboxError::store)
     }
 
-    /// Starts processing a delivery of `event` for `consumer` in `txn`: records it, or finds
-    /// it processed before, stale or parked.
+    /// Starts processing a delivery of `event` for `consumer` in `txn`: finds it processed
+    /// before, stale or parked, or fresh. Two statements sent together (the lock, then the
+    /// record and the aggregate's version read), and for a stale event its record.
+    ///
+    /// A fresh event is not recorded yet: [`finish`](Self::finish) writes its record, in the
+    /// same transaction, after the business write.
     ///
     /// # Errors
     ///
@@ -223,40 +229,68 @@ impl PostgresInbox {
         event: &Event,
         versions: Versions,
     ) -> Result<Begin, InboxError> {
+        self.begin_with(txn.client(), None, consumer, event, versions)
+            .await
+    }
+
+    /// [`begin`](Self::begin) on `client`, in its open transaction, with the statements
+    /// `prepared` on it (else sent with their text, unprepared).
+    async fn begin_with(
+        &self,
+        client: &tokio_postgres::Client,
+        prepared: Option<&Prepared>,
+        consumer: &str,
+        event: &Event,
+        versions: Versions,
+    ) -> Result<Begin, InboxError> {
         let id = event.id().as_str();
         let (aggregate, version) = (event.aggregate(), event.version());
-        let new = txn
-            .execute(&self.sql.claim, &[&consumer, &id, &aggregate, &version])
-            .await
-            .map_err(InboxError::store)?;
-        if new == 0 {
-            let row = txn
-                .query_one(&self.sql.read, &[&consumer, &id])
-                .await
-                .map_err(InboxError::store)?;
-            let result: Option<Vec<u8>> = row.try_get(0).map_err(InboxError::store)?;
-            return Ok(self.done(Processed::Duplicate(
-                result.map(Bytes::from).unwrap_or_default(),
-            )));
+        let name = self.lock_name(consumer, event, versions);
+        let lock_params: [(&(dyn ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
+        let read_params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&consumer, Type::TEXT),
+            (&id, Type::TEXT),
+            (&aggregate, Type::TEXT),
+        ];
+        // One flight: the read is sent behind the lock, and runs once the lock is held.
+        let (locked, row) = tokio::join!(
+            query(
+                client,
+                prepared.map(|p| &p.lock),
+                &self.sql.lock,
+                &lock_params
+            ),
+            query(
+                client,
+                prepared.map(|p| &p.read),
+                &self.sql.read,
+                &read_params
+            ),
+        );
+        locked.map_err(InboxError::store)?;
+        let row = row
+            .map_err(InboxError::store)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| InboxError::store("the inbox's read returned no row"))?;
+        let result: Option<Vec<u8>> = row.try_get(0).map_err(InboxError::store)?;
+        if let Some(result) = result {
+            return Ok(self.done(Processed::Duplicate(Bytes::from(result))));
         }
         if versions != Versions::Any {
-            let last: Option<i64> = txn
-                .query_one(&self.sql.lock_version, &[&consumer, &aggregate])
-                .await
-                .map_err(InboxError::store)?
-                .try_get(0)
-                .map_err(InboxError::store)?;
+            let last: Option<i64> = row.try_get(1).map_err(InboxError::store)?;
             match judge(versions, last, version) {
                 Some(stale @ Processed::Stale { .. }) => {
-                    txn.execute(&self.sql.stale, &[&consumer, &id])
+                    client
+                        .execute_typed(
+                            &self.sql.stale,
+                            &record_params(&consumer, &id, &aggregate, &version),
+                        )
                         .await
                         .map_err(InboxError::store)?;
                     return Ok(self.done(stale));
                 }
                 Some(parked) => {
-                    txn.execute(&self.sql.park, &[&consumer, &id])
-                        .await
-                        .map_err(InboxError::store)?;
                     tracing::warn!(
                         consumer,
                         event = id,
@@ -278,13 +312,28 @@ impl PostgresInbox {
         }))
     }
 
+    /// The name of the advisory lock a delivery of `event` takes: the event's own with
+    /// [`Versions::Any`], its aggregate's otherwise (which a redelivery of the event shares).
+    fn lock_name(&self, consumer: &str, event: &Event, versions: Versions) -> String {
+        let (kind, name) = match versions {
+            Versions::Any => ("event", event.id().as_str()),
+            Versions::InOrder | Versions::Latest => ("aggregate", event.aggregate()),
+        };
+        format!(
+            "{} {}:{consumer} {kind} {name}",
+            self.sql.table,
+            consumer.len()
+        )
+    }
+
     fn done(&self, processed: Processed) -> Begin {
         self.counters.count(&processed);
         Begin::Done(processed)
     }
 
-    /// Finishes a fresh event in `txn`, after its business write: stores `result` (what a
-    /// redelivery gets back) and the aggregate's version. The caller then commits.
+    /// Finishes a fresh event in `txn`, after its business write: records it with `result`
+    /// (what a redelivery gets back), and the aggregate's version, in one statement. The
+    /// caller then commits.
     ///
     /// # Errors
     ///
@@ -295,22 +344,40 @@ impl PostgresInbox {
         ticket: Ticket,
         result: Bytes,
     ) -> Result<Processed, InboxError> {
-        let stored: &[u8] = &result;
-        let (consumer, id) = (&ticket.consumer, &ticket.event_id);
-        if ticket.versions == Versions::Any {
-            txn.execute(&self.sql.applied, &[consumer, id, &stored])
-                .await
-        } else {
-            txn.execute(
-                &self.sql.applied_at_version,
-                &[consumer, id, &stored, &ticket.aggregate, &ticket.version],
-            )
+        self.record(txn.client(), None, &ticket, &result)
             .await
-        }
-        .map_err(InboxError::store)?;
+            .map_err(InboxError::store)?;
+        Ok(self.applied(result))
+    }
+
+    /// The statement of [`finish`](Self::finish).
+    async fn record(
+        &self,
+        client: &tokio_postgres::Client,
+        prepared: Option<&Prepared>,
+        ticket: &Ticket,
+        result: &[u8],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let mut params = record_params(
+            &ticket.consumer,
+            &ticket.event_id,
+            &ticket.aggregate,
+            &ticket.version,
+        )
+        .to_vec();
+        params.push((&result, Type::BYTEA));
+        let sql = if ticket.versions == Versions::Any {
+            &self.sql.applied
+        } else {
+            &self.sql.applied_at_version
+        };
+        query(client, prepared.map(|p| &p.record), sql, &params).await
+    }
+
+    fn applied(&self, result: Bytes) -> Processed {
         let processed = Processed::Applied(result);
         self.counters.count(&processed);
-        Ok(processed)
+        processed
     }
 
     /// Processes a delivery in one call, in `txn`: [`begin`](Self::begin), then `handler` (the
@@ -358,6 +425,144 @@ impl PostgresInbox {
         let result = handler(txn).await.map_err(InboxError::Handler)?;
         self.finish(txn, ticket, result).await.map_err(retype)
     }
+
+    /// Processes a delivery in a transaction of its own, on a connection of the pool, and
+    /// commits it: [`process`](Self::process), with the event's record sent together with the
+    /// `COMMIT`. Acknowledge the delivery once this returns `Ok` with a
+    /// [settled](Processed::is_settled) outcome.
+    ///
+    /// ```no_run
+    /// # async fn consume(inbox: surely::inbox::PostgresInbox, event: surely::outbox::Event)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// use surely::inbox::Versions;
+    ///
+    /// let processed = inbox
+    ///     .process_and_commit("inventory", &event, Versions::InOrder, |txn| {
+    ///         Box::pin(async move {
+    ///             txn.execute("UPDATE stock SET qty = qty - 1 WHERE sku = $1", &[&"sku-42"]).await?;
+    ///             Ok::<_, tokio_postgres::Error>("reserved".into())
+    ///         })
+    ///     })
+    ///     .await?;
+    /// if processed.is_settled() {
+    ///     // acknowledge the delivery
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The handler or a statement failed, or the commit did: nothing was committed (or, if
+    /// the connection was lost during the `COMMIT`, maybe it was: a redelivery then finds the
+    /// record). The delivery may be tried again.
+    pub async fn process_and_commit<F, E>(
+        &self,
+        consumer: &str,
+        event: &Event,
+        versions: Versions,
+        handler: F,
+    ) -> Result<Processed, InboxError<E>>
+    where
+        F: for<'t, 'c> FnOnce(&'t Transaction<'c>) -> Handler<'t, E>,
+    {
+        let mut client = self.pool().get().await.map_err(InboxError::store)?;
+        // Prepared once per connection (deadpool-postgres's statement cache).
+        let record = if versions == Versions::Any {
+            &self.sql.applied
+        } else {
+            &self.sql.applied_at_version
+        };
+        let (lock, read, record) = tokio::join!(
+            client.prepare_cached(&self.sql.lock),
+            client.prepare_cached(&self.sql.read),
+            client.prepare_cached(record),
+        );
+        let prepared = Prepared {
+            lock: lock.map_err(InboxError::store)?,
+            read: read.map_err(InboxError::store)?,
+            record: record.map_err(InboxError::store)?,
+        };
+        let txn = client.transaction().await.map_err(InboxError::store)?;
+        // From here, a `txn` dropped sends `ROLLBACK` ahead of anything else on the connection.
+        let begun = self
+            .begin_with(txn.client(), Some(&prepared), consumer, event, versions)
+            .await;
+        let ticket = match begun {
+            Ok(Begin::Fresh(ticket)) => ticket,
+            Ok(Begin::Done(processed @ Processed::Stale { .. })) => {
+                txn.commit().await.map_err(InboxError::store)?;
+                return Ok(processed);
+            }
+            // Nothing written: the rollback goes out without waiting for its answer.
+            Ok(Begin::Done(processed)) => return Ok(processed),
+            Err(e) => return Err(retype(e)),
+        };
+        let result = handler(&txn).await.map_err(InboxError::Handler)?;
+        // One flight: the record, then `COMMIT`. If the record fails, the server ends the
+        // failed transaction at the `COMMIT` with a rollback (and answers it without an error),
+        // so each answer is checked.
+        let (recorded, committed) = {
+            let conn = txn.client();
+            tokio::join!(
+                self.record(conn, Some(&prepared), &ticket, &result),
+                conn.batch_execute("COMMIT")
+            )
+        };
+        // The transaction has ended on the server (or the connection is gone): `txn` must not
+        // send its `ROLLBACK` when dropped. It holds no resource besides the borrow.
+        std::mem::forget(txn);
+        match (recorded, committed) {
+            (Ok(_), Ok(())) => Ok(self.applied(result)),
+            (Err(e), _) if e.as_db_error().is_some() => Err(InboxError::store(e)),
+            (Ok(_), Err(e)) if e.as_db_error().is_some_and(|db| db.severity() == "ERROR") => {
+                Err(InboxError::store(e))
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                // The connection's state is unknown: close it rather than pool it.
+                drop(deadpool_postgres::Object::take(client));
+                Err(InboxError::store(e))
+            }
+        }
+    }
+}
+
+/// The inbox's statements prepared on one connection.
+struct Prepared {
+    lock: Statement,
+    read: Statement,
+    record: Statement,
+}
+
+/// Runs `sql`, as its `prepared` statement if there is one (the types given are then the
+/// statement's own), else unprepared with the types given: one round trip either way.
+async fn query(
+    client: &tokio_postgres::Client,
+    prepared: Option<&Statement>,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    match prepared {
+        Some(statement) => {
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+            client.query(statement, &values).await
+        }
+        None => client.query_typed(sql, params).await,
+    }
+}
+
+/// The parameters of a record's insert, but its result.
+fn record_params<'a>(
+    consumer: &'a (dyn ToSql + Sync),
+    id: &'a (dyn ToSql + Sync),
+    aggregate: &'a (dyn ToSql + Sync),
+    version: &'a i64,
+) -> [(&'a (dyn ToSql + Sync), Type); 4] {
+    [
+        (consumer, Type::TEXT),
+        (id, Type::TEXT),
+        (aggregate, Type::TEXT),
+        (version, Type::INT8),
+    ]
 }
 
 /// An error of a call without a handler, as one of a call with one.

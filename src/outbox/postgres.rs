@@ -141,16 +141,17 @@ impl Sql {
                  SELECT (SELECT count(*) FROM added), pg_notify('{channel}', '')"
             ),
             claim: format!(
-                "WITH free AS (
+                // The ids as an array, found by the primary key: a join with the locked rows
+                // can be planned as a scan of the whole table, published rows included.
+                "UPDATE {t} AS o
+                 SET claim = o.claim + 1, claimed_until = now() + make_interval(secs => $2)
+                 WHERE o.id = ANY(ARRAY(
                      SELECT id FROM {t}
                      WHERE state = {PENDING} AND (claimed_until IS NULL OR claimed_until <= now())
                      ORDER BY seq
                      LIMIT $1
                      FOR UPDATE SKIP LOCKED
-                 )
-                 UPDATE {t} AS o
-                 SET claim = o.claim + 1, claimed_until = now() + make_interval(secs => $2)
-                 FROM free WHERE o.id = free.id
+                 ))
                  RETURNING o.seq, o.id, o.aggregate, o.version, o.kind, o.header_names,
                            o.header_values, o.payload, o.failures, o.claim"
             ),
@@ -410,6 +411,30 @@ fn quarantined(row: &Row) -> Result<Quarantined, OutboxError> {
     ))
 }
 
+/// Runs `statement` (a future of a statement on `client`, not yet polled) in a transaction of
+/// its own whose commit is not waited for on disk (`synchronous_commit` off for it alone), in
+/// one flight: `BEGIN`, the statement, `COMMIT`.
+///
+/// For the relay's claims and marks only: a crash of the database can lose the last ones, and
+/// a lost claim or mark only has the events published again (the outbox delivers at least
+/// once: see `docs::boundary`).
+async fn unflushed<T>(
+    client: &tokio_postgres::Client,
+    statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, OutboxError> {
+    let (begun, out, committed) = tokio::join!(
+        client.batch_execute("BEGIN; SET LOCAL synchronous_commit TO off"),
+        statement,
+        client.batch_execute("COMMIT"),
+    );
+    // A failed statement fails the transaction, and the `COMMIT` then rolls it back (without
+    // an error): each answer is checked.
+    begun.map_err(OutboxError::backend)?;
+    let out = out.map_err(OutboxError::backend)?;
+    committed.map_err(OutboxError::backend)?;
+    Ok(out)
+}
+
 /// Seconds from the database, as a duration (none below zero).
 fn seconds(s: f64) -> Duration {
     Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)
@@ -419,10 +444,13 @@ impl OutboxStore for PostgresOutbox {
     async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>, OutboxError> {
         let client = self.pool.get().await.map_err(OutboxError::backend)?;
         let max = i64::try_from(max).unwrap_or(i64::MAX);
-        let rows = client
-            .query(&self.sql.claim, &[&max, &lease.as_secs_f64()])
+        // Prepared once per pooled connection: one round trip, no planning.
+        let claim = client
+            .prepare_cached(&self.sql.claim)
             .await
             .map_err(OutboxError::backend)?;
+        let lease = lease.as_secs_f64();
+        let rows = unflushed(&client, client.query(&claim, &[&max, &lease])).await?;
         let mut batch = rows.iter().map(claimed).collect::<Result<Vec<_>, _>>()?;
         // RETURNING keeps no order: publish in the order of enqueueing.
         batch.sort_by_key(|(seq, _)| *seq);
@@ -443,10 +471,11 @@ impl OutboxStore for PostgresOutbox {
             .map(|c| i64::try_from(c.claim()).unwrap_or(i64::MAX))
             .collect();
         let client = self.pool.get().await.map_err(OutboxError::backend)?;
-        let n = client
-            .execute(&self.sql.published_all, &[&ids, &claims])
+        let mark = client
+            .prepare_cached(&self.sql.published_all)
             .await
             .map_err(OutboxError::backend)?;
+        let n = unflushed(&client, client.execute(&mark, &[&ids, &claims])).await?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 

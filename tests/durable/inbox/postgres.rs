@@ -202,3 +202,120 @@ async fn pg_two_deliveries_at_once_apply_once() {
     assert_eq!(qty(&inbox, &stock).await, 99);
     forget(&inbox, &stock).await;
 }
+
+/// One delivery through `process_and_commit`, whose handler reserves one unit and answers
+/// `result`.
+async fn deliver_and_commit(
+    inbox: &PostgresInbox,
+    stock: &str,
+    event: &Event,
+    result: &'static str,
+) -> Result<Processed, surely::inbox::InboxError<tokio_postgres::Error>> {
+    let sql = format!("UPDATE {stock} SET qty = qty - 1 WHERE sku = 'sku-42'");
+    inbox
+        .process_and_commit("inventory", event, Versions::InOrder, move |txn| {
+            Box::pin(async move {
+                txn.execute(&sql, &[]).await?;
+                Ok(result.into())
+            })
+        })
+        .await
+}
+
+/// `process_and_commit` sends the record together with the `COMMIT`. A record the database
+/// refuses fails the transaction, and the `COMMIT` behind it rolls back: the call fails, the
+/// business write is gone with the transaction, the connection goes back to the pool outside
+/// any transaction, and the redelivery applies the event.
+#[tokio::test]
+async fn pg_a_record_refused_beside_the_commit_rolls_the_delivery_back() {
+    let test = "pg_a_record_refused_beside_the_commit_rolls_the_delivery_back";
+    let (inbox, stock) = inbox(test).await;
+    let client = inbox.pool().get().await.unwrap();
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE {} ADD CONSTRAINT refuse_boom CHECK (result IS DISTINCT FROM 'boom'::bytea)",
+            inbox.table()
+        ))
+        .await
+        .unwrap();
+    drop(client);
+    let e = stock_event("sku-42", 1);
+    let err = deliver_and_commit(&inbox, &stock, &e, "boom")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, surely::inbox::InboxError::Store(_)),
+        "{err:?}"
+    );
+    assert_eq!(qty(&inbox, &stock).await, 100, "rolled back");
+    // The connection is outside any transaction: an aborted one would refuse the query, and
+    // in an open one `now()` (when it began) would be older than the query (one message of the
+    // simple protocol, which starts a transaction of its own when there is none).
+    let rows = inbox
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .simple_query("SELECT now() = statement_timestamp()")
+        .await
+        .unwrap();
+    let fresh = rows.iter().any(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0) == Some("t"),
+        _ => false,
+    });
+    assert!(fresh);
+    assert_eq!(
+        deliver_and_commit(&inbox, &stock, &e, "reserved")
+            .await
+            .unwrap(),
+        Processed::Applied("reserved".into())
+    );
+    assert_eq!(
+        deliver_and_commit(&inbox, &stock, &e, "reserved")
+            .await
+            .unwrap(),
+        Processed::Duplicate("reserved".into())
+    );
+    assert_eq!(qty(&inbox, &stock).await, 99);
+    forget(&inbox, &stock).await;
+}
+
+/// `process_and_commit` in version order: a gap is parked (nothing written), an old version
+/// is recorded as stale, and the handler runs once per version.
+#[tokio::test]
+async fn pg_process_and_commit_parks_gaps_and_records_the_stale() {
+    let (inbox, stock) = inbox("pg_process_and_commit_parks_gaps_and_records_the_stale").await;
+    let (v1, v2, v3) = (
+        stock_event("sku-42", 1),
+        stock_event("sku-42", 2),
+        stock_event("sku-42", 3),
+    );
+    let ok = |p: Result<Processed, _>| p.unwrap();
+    assert!(matches!(
+        ok(deliver_and_commit(&inbox, &stock, &v2, "r").await),
+        Processed::Applied(_)
+    ));
+    assert_eq!(
+        ok(deliver_and_commit(&inbox, &stock, &v1, "r").await),
+        Processed::Stale { applied: 2 }
+    );
+    assert_eq!(
+        ok(deliver_and_commit(&inbox, &stock, &v1, "r").await),
+        Processed::Duplicate(bytes::Bytes::new())
+    );
+    let v4 = stock_event("sku-42", 4);
+    assert_eq!(
+        ok(deliver_and_commit(&inbox, &stock, &v4, "r").await),
+        Processed::Parked { applied: 2 }
+    );
+    assert!(matches!(
+        ok(deliver_and_commit(&inbox, &stock, &v3, "r").await),
+        Processed::Applied(_)
+    ));
+    assert!(matches!(
+        ok(deliver_and_commit(&inbox, &stock, &v4, "r").await),
+        Processed::Applied(_)
+    ));
+    assert_eq!(qty(&inbox, &stock).await, 97, "2, 3 and 4 once each");
+    forget(&inbox, &stock).await;
+}
