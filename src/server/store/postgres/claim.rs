@@ -2,11 +2,11 @@
 //! ([`IdempotencyLayerBuilder::in_transaction`](crate::server::idempotency::IdempotencyLayerBuilder::in_transaction)).
 //!
 //! The layer opens a transaction on one of the store's connections, takes a transaction-scoped
-//! advisory lock named after the record, and reads the record, in one flight of three messages.
-//! The handler writes through that transaction ([`KeyedTransaction`]); the layer then inserts
-//! the completed record and commits, in a second flight. Nothing is written before the
-//! handler's own writes, and the record commits with them or not at all; a process that dies
-//! takes its transaction, its lock and its writes with it.
+//! advisory lock named after the record, and reads the record, in one flight (`BEGIN` and the
+//! lock in one simple query, the read behind it). The handler writes through that transaction
+//! ([`KeyedTransaction`]); the layer then inserts the completed record and commits, in a second
+//! flight. Nothing is written before the handler's own writes, and the record commits with them
+//! or not at all; a process that dies takes its transaction, its lock and its writes with it.
 
 use std::fmt;
 use std::ops::Deref;
