@@ -634,13 +634,7 @@ impl Orders {
         B::Data: Send,
         B::Error: Display,
     {
-        let (status, body) = match self.write(req).await {
-            Ok(body) => (StatusCode::CREATED, body),
-            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Bytes::from(e)),
-        };
-        let mut res = Response::new(Full::new(body));
-        *res.status_mut() = status;
-        Ok(res)
+        Ok(answer(StatusCode::CREATED, self.write(req).await))
     }
 
     async fn write<B>(&self, req: Request<B>) -> Result<Bytes, String>
@@ -687,13 +681,7 @@ struct OrdersInTransaction {
 
 impl OrdersInTransaction {
     async fn create(self, req: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
-        let (status, body) = match self.write(req).await {
-            Ok(body) => (StatusCode::CREATED, body),
-            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Bytes::from(e)),
-        };
-        let mut res = Response::new(Full::new(body));
-        *res.status_mut() = status;
-        Ok(res)
+        Ok(answer(StatusCode::CREATED, self.write(req).await))
     }
 
     async fn write(&self, req: Request<Full<Bytes>>) -> Result<Bytes, String> {
@@ -728,13 +716,7 @@ struct Floor {
 
 impl Floor {
     async fn create(self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-        let (status, body) = match self.write(req).await {
-            Ok(body) => (StatusCode::CREATED, body),
-            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Bytes::from(e)),
-        };
-        let mut res = Response::new(Full::new(body));
-        *res.status_mut() = status;
-        Ok(res)
+        Ok(answer(StatusCode::CREATED, self.write(req).await))
     }
 
     async fn write(&self, req: Request<Incoming>) -> Result<Bytes, String> {
@@ -780,13 +762,7 @@ struct ReadOrder {
 
 impl ReadOrder {
     async fn create(self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-        let (status, body) = match self.read(req).await {
-            Ok(body) => (StatusCode::OK, body),
-            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Bytes::from(e)),
-        };
-        let mut res = Response::new(Full::new(body));
-        *res.status_mut() = status;
-        Ok(res)
+        Ok(answer(StatusCode::OK, self.read(req).await))
     }
 
     async fn read(&self, req: Request<Incoming>) -> Result<Bytes, String> {
@@ -809,6 +785,17 @@ impl ReadOrder {
         let found: Option<String> = row.map(|r| r.get(0));
         Ok(Bytes::from(format!("{{\"id\":{found:?}}}")))
     }
+}
+
+/// A handler's answer: `ok` with the body, or a 500 saying what failed.
+fn answer(ok: StatusCode, done: Result<Bytes, String>) -> Response<Full<Bytes>> {
+    let (status, body) = match done {
+        Ok(body) => (ok, body),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Bytes::from(e)),
+    };
+    let mut res = Response::new(Full::new(body));
+    *res.status_mut() = status;
+    res
 }
 
 /// `e` and the errors under it, `a: b: c` (a source its parent already quotes only once).

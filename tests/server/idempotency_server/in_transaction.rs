@@ -201,6 +201,31 @@ where
     send(svc, req).await
 }
 
+/// Waits until the handler has been called once (at most 10 s).
+async fn until_called(seen: &Seen) {
+    let started = Instant::now();
+    while seen.calls() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Sends the key `k` again until it is no longer in flight, at most until `limit` after
+/// `started`; the first other answer.
+async fn until_free<S>(svc: &mut S, started: Instant, limit: Duration) -> Got
+where
+    S: tower::Service<Req, Response = Res, Error = std::io::Error>,
+{
+    loop {
+        let got = call(svc, post(Some("k"), "o")).await;
+        if got.status != StatusCode::CONFLICT {
+            return got;
+        }
+        assert!(started.elapsed() < limit, "still in flight");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn layer(db: &Db) -> IdempotencyLayer<PostgresStore> {
     IdempotencyLayer::builder(db.store.clone())
         .in_transaction()
@@ -327,27 +352,14 @@ async fn tx_a_silent_handler_loses_its_transaction_after_the_lease() {
     let mut first = svc.clone();
     let hung = tokio::spawn(async move { call(&mut first, post(Some("k"), "o")).await });
     let started = Instant::now();
-    while seen.calls() == 0 {
-        assert!(started.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_called(&seen).await;
     let mut svc2 = svc.clone();
     let busy = call(&mut svc2, post(Some("k"), "o")).await;
     assert_eq!(busy.status, StatusCode::CONFLICT, "{busy:?}");
     hung.abort();
     // A second past the lease, the server ends the idle transaction: the write is gone and the
     // key is free.
-    let got = loop {
-        let got = call(&mut svc2, post(Some("k"), "o")).await;
-        if got.status != StatusCode::CONFLICT {
-            break got;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "still in flight"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let got = until_free(&mut svc2, started, Duration::from_secs(15)).await;
     assert_eq!(got.status, 201, "{got:?}");
     assert_eq!(got.body, "order by call 2");
     assert_eq!(
@@ -382,26 +394,13 @@ async fn tx_a_handler_cancelled_with_its_caller_rolls_back_at_once() {
     let mut first = svc.clone();
     let hung = tokio::spawn(async move { call(&mut first, post(Some("k"), "o")).await });
     let started = Instant::now();
-    while seen.calls() == 0 {
-        assert!(started.elapsed() < Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_called(&seen).await;
     hung.abort();
     let _ = hung.await;
     // The connection is closed; the server rolls back as soon as it sees it (well before the
     // 60 s lease).
     let mut svc2 = svc.clone();
-    let got = loop {
-        let got = call(&mut svc2, post(Some("k"), "o")).await;
-        if got.status != StatusCode::CONFLICT {
-            break got;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "still in flight"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let got = until_free(&mut svc2, started, Duration::from_secs(10)).await;
     assert_eq!(got.status, 201, "{got:?}");
     assert_eq!(db.orders().await, 1);
     db.drop_tables().await;

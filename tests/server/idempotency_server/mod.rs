@@ -412,6 +412,15 @@ impl IdempotencyStore for Down {
     }
 }
 
+/// A store of one's own that does not read single records answers `inspect` with an error,
+/// never with a made-up `None`.
+#[tokio::test]
+async fn a_store_without_inspect_says_so() {
+    let err = Down.inspect(&record("k")).await.unwrap_err();
+    assert!(err.is_backend());
+    assert!(err.to_string().contains("single records"), "{err}");
+}
+
 #[tokio::test]
 async fn an_unreachable_store_answers_503_not_processed() {
     let seen = Seen::default();
