@@ -16,9 +16,10 @@
 //!
 //!   The record of a migration is kept by component and table (`component`, `target`,
 //!   `version`), not by looking at the table: a table dropped by hand keeps its rows in
-//!   `surely_migrations`, and [`migrate`] would then not create it again. Drop both together:
-//!   `DROP TABLE orders_idempotency; DELETE FROM surely_migrations WHERE target =
-//!   'orders_idempotency';`.
+//!   `surely_migrations`, and [`migrate`] would then not create it again. Drop both together,
+//!   with the function the idempotency store's table comes with (`<table>_acquire`):
+//!   `DROP TABLE orders_idempotency; DROP FUNCTION orders_idempotency_acquire; DELETE FROM
+//!   surely_migrations WHERE target = 'orders_idempotency';`.
 //! * **Errors**: a statement that fails because of the values a request brought (a data
 //!   exception, SQLSTATE class 22; a limit, class 54) is the request's fault, never the
 //!   server's: stores built on this module answer it with a 4xx, not a 503 that a client would

@@ -44,7 +44,8 @@ pub(crate) async fn forget(pool: &Pool, tables: &[&str], targets: &[&str]) {
     let client = client(pool, "dropping a test's tables").await;
     let drops: String = tables
         .iter()
-        .map(|t| format!("DROP TABLE IF EXISTS {t};"))
+        // The idempotency store's table comes with its acquire function.
+        .map(|t| format!("DROP TABLE IF EXISTS {t}; DROP FUNCTION IF EXISTS {t}_acquire;"))
         .collect();
     client.batch_execute(&drops).await.unwrap();
     forget_migrations(&client, targets).await;

@@ -27,12 +27,12 @@ pub use self::claim::{KeyedTransaction, TransactionClient};
 /// the database's clock (`now()`) for leases and retention, so that instances with skewed clocks
 /// agree.
 ///
-/// Every state transition is one statement: `acquire` is an
-/// `INSERT ... ON CONFLICT DO UPDATE ... WHERE` (insert the record, or take over a released one
-/// or one whose lease passed, raising the fence), which in the same statement and round trip
-/// also reads the record, for the answer when the upsert changed nothing (in flight, completed,
-/// another digest, expired); only when the record was committed by another request after the
-/// statement's snapshot does a plain `SELECT` follow; `complete` and `release` are
+/// Every state transition is one statement in one round trip. `acquire` calls a function the
+/// migrations create beside the table (`<table>_acquire`): it reads the record, and answers
+/// from that read when there is nothing to take (completed, in flight, unknown, another
+/// digest, expired); otherwise it inserts the record, or takes over one released or whose
+/// lease passed, raising the fence. Only when another request inserted or changed the record
+/// between the two does a plain `SELECT` follow. `complete` and `release` are
 /// `UPDATE ... WHERE fence = $n AND state = processing`; `sweep` is one `DELETE` that spares
 /// `PROCESSING` rows.
 ///
@@ -60,7 +60,8 @@ pub use self::claim::{KeyedTransaction, TransactionClient};
 /// the record), and one inside the handler's transaction (`complete_in`: prepared once per
 /// connection on a deadpool-postgres transaction, sent typed in one round trip on a
 /// tokio-postgres one). A replay is one read that writes nothing: no row lock, no transaction
-/// id, no WAL.
+/// id, no WAL; the function answers it before it plans any write, so that it costs about what
+/// a plain `SELECT` of the record does.
 ///
 /// The acquire commits without waiting for its WAL to reach the disk
 /// (`synchronous_commit = off` for that one statement): it is visible to every other request at
@@ -194,8 +195,92 @@ pub(crate) static POSTGRES_COMPONENT: crate::storage::Component = crate::storage
                 )
             },
         },
+        crate::storage::Migration {
+            version: 5,
+            name: "acquire_function",
+            sql: acquire_function,
+        },
     ],
 };
+
+/// The record's columns as `acquire`, `read` and a claim return them, after the fence, for a
+/// record aliased `a`: the indices [`classify`], [`taken`] and [`stored_answer`] read.
+fn columns(a: &str) -> String {
+    format!(
+        "{a}.digest, {a}.state,
+         GREATEST(EXTRACT(EPOCH FROM ({a}.lease_until - now())), 0)::float8,
+         COALESCE({a}.expires_at <= now(), false),
+         {a}.status, {a}.header_names, {a}.header_values, {a}.body,
+         GREATEST(EXTRACT(EPOCH FROM (now() - {a}.lease_until)), 0)::float8,
+         {a}.checkpoint_names, {a}.checkpoint_values, {a}.evidence,
+         GREATEST(EXTRACT(EPOCH FROM (now() - {a}.acquired_at)), 0)::float8,
+         {a}.resource, {a}.result_code, {a}.body_flags"
+    )
+}
+
+/// The function `acquire` calls, `<table>_acquire(tenant, operation, key, digest, lease)`: one
+/// row, the fence the caller now holds (`NULL` when it took nothing) and the record as it was
+/// read before any write ([`columns`]; all `NULL` when there was none).
+///
+/// It reads the record first, and writes only when there is something to take: it inserts the
+/// record when there is none, and takes over one that is released, or processing with its lease
+/// passed and the same digest, raising the fence it read (a concurrent takeover makes it update
+/// nothing). Anything else (completed, in flight, unknown, another digest) is answered from the
+/// read alone: a replay takes no row lock, no transaction id and writes no WAL, and costs about
+/// a plain read. A single statement doing the same (a data-modifying `WITH`) costs a replay
+/// half again as much, for the insert and update it plans and opens even when they change
+/// nothing. A write commits without waiting for the disk, as the store's docs explain.
+///
+/// An insert that loses a race to another request (the key inserted after the read) returns
+/// all `NULL`: the caller reads the record again, as it does for any record changed under it.
+fn acquire_function(t: &str) -> String {
+    let seen = columns("seen");
+    format!(
+        "CREATE OR REPLACE FUNCTION {t}_acquire(
+             p_tenant text, p_operation text, p_key text, p_digest bytea, p_lease float8)
+         RETURNS TABLE (
+             fence bigint, digest bytea, state smallint, lease_left float8, expired boolean,
+             status smallint, header_names text[], header_values bytea[], body bytea,
+             overdue float8, checkpoint_names text[], checkpoint_values text[], evidence text,
+             age float8, resource text, result_code text, body_flags smallint)
+         LANGUAGE plpgsql AS $acquire$
+         #variable_conflict use_column
+         DECLARE
+             seen {t}%ROWTYPE;
+             won bigint;
+         BEGIN
+             SELECT * INTO seen FROM {t} AS r
+             WHERE r.tenant = p_tenant AND r.operation = p_operation AND r.key = p_key;
+             IF NOT FOUND THEN
+                 PERFORM set_config('synchronous_commit', 'off', true);
+                 INSERT INTO {t} AS r
+                     (tenant, operation, key, digest, state, fence, lease_until, acquired_at)
+                 VALUES (p_tenant, p_operation, p_key, p_digest, {PROCESSING}, 1,
+                         now() + make_interval(secs => p_lease), now())
+                 ON CONFLICT (tenant, operation, key) DO NOTHING
+                 RETURNING r.fence INTO won;
+             ELSIF seen.state = {RELEASED}
+                 OR (seen.state = {PROCESSING} AND seen.lease_until <= now()
+                     AND seen.digest = p_digest) THEN
+                 PERFORM set_config('synchronous_commit', 'off', true);
+                 UPDATE {t} AS r
+                 SET state = {PROCESSING}, fence = r.fence + 1, digest = p_digest,
+                     lease_until = now() + make_interval(secs => p_lease), acquired_at = now(),
+                     expires_at = NULL, status = NULL,
+                     header_names = NULL, header_values = NULL, body = NULL,
+                     resource = NULL, result_code = NULL, body_flags = NULL
+                 WHERE r.tenant = p_tenant AND r.operation = p_operation AND r.key = p_key
+                   AND r.fence = seen.fence
+                   AND (r.state = {RELEASED}
+                        OR (r.state = {PROCESSING} AND r.lease_until <= now()
+                            AND r.digest = p_digest))
+                 RETURNING r.fence INTO won;
+             END IF;
+             RETURN QUERY SELECT won, {seen};
+         END
+         $acquire$;"
+    )
+}
 
 const PROCESSING: i16 = 0;
 const COMPLETED: i16 = 1;
@@ -207,60 +292,17 @@ impl Sql {
         let t = table;
         let pk = "tenant = $1 AND operation = $2 AND key = $3";
         let pk_t = "tenant = $1 AND t.operation = $2 AND t.key = $3";
-        let columns = "t.digest, t.state,
-                       GREATEST(EXTRACT(EPOCH FROM (t.lease_until - now())), 0)::float8,
-                       COALESCE(t.expires_at <= now(), false),
-                       t.status, t.header_names, t.header_values, t.body,
-                       GREATEST(EXTRACT(EPOCH FROM (now() - t.lease_until)), 0)::float8,
-                       t.checkpoint_names, t.checkpoint_values, t.evidence,
-                       GREATEST(EXTRACT(EPOCH FROM (now() - t.acquired_at)), 0)::float8,
-                       t.resource, t.result_code, t.body_flags";
+        let columns = &columns("t");
         let mut sql = Sql {
             table: t.to_owned(),
             claim: claim::ClaimSql::new(t, columns),
             checkpoint_in: String::new(),
             complete_in: String::new(),
-            // One round trip: the upsert, and beside it the record as the statement's snapshot
-            // saw it (for the answer when the upsert changed nothing, and for what it took
-            // over when it did).
-            // A replay must write nothing: no row lock, no transaction id, no WAL. So the
-            // record is read first (`seen`), the insert runs only when there is none, and the
-            // takeover updates only a record that `seen` found free, with the fence it saw
-            // (a concurrent takeover makes it update nothing). A completed record is read,
-            // and neither statement touches it.
-            acquire: format!(
-                "WITH seen AS (
-                     SELECT * FROM {t} WHERE {pk}
-                 ),
-                 inserted AS (
-                     INSERT INTO {t}
-                         (tenant, operation, key, digest, state, fence, lease_until, acquired_at)
-                     SELECT $1::text, $2::text, $3::text, $4::bytea, {PROCESSING}, 1,
-                            now() + make_interval(secs => $5::float8), now()
-                     WHERE NOT EXISTS (SELECT 1 FROM seen)
-                     ON CONFLICT (tenant, operation, key) DO NOTHING
-                     RETURNING fence
-                 ),
-                 taken AS (
-                     UPDATE {t} AS r
-                     SET state = {PROCESSING}, fence = r.fence + 1, digest = $4,
-                         lease_until = now() + make_interval(secs => $5), acquired_at = now(),
-                         expires_at = NULL, status = NULL,
-                         header_names = NULL, header_values = NULL, body = NULL,
-                         resource = NULL, result_code = NULL, body_flags = NULL
-                     FROM seen AS s
-                     WHERE r.tenant = $1 AND r.operation = $2 AND r.key = $3
-                       AND r.fence = s.fence
-                       AND (r.state = {RELEASED}
-                            OR (r.state = {PROCESSING} AND r.lease_until <= now()
-                                AND r.digest = $4))
-                     RETURNING r.fence
-                 )
-                 SELECT COALESCE((SELECT fence FROM inserted), (SELECT fence FROM taken)),
-                        {columns}
-                 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS one
-                 LEFT JOIN seen AS t ON true"
-            ),
+            // One round trip: the function reads the record first and answers with it when
+            // there is nothing to take (a replay, a request in flight, another digest), so
+            // that a replay writes nothing and costs a read; it inserts the record when there
+            // is none, or takes over one that is free (see the migration `acquire_function`).
+            acquire: format!("SELECT * FROM {t}_acquire($1, $2, $3, $4, $5)"),
             read: format!("SELECT NULL::bigint, {columns} FROM {t} AS t WHERE t.{pk_t}"),
             complete: format!(
                 "UPDATE {t} SET state = {COMPLETED}, lease_until = NULL, status = $5,
@@ -570,12 +612,12 @@ impl PostgresStore {
         let (tenant, operation, k) = (key.tenant(), key.operation(), key.key().as_str());
         let digest: &[u8] = digest.as_bytes();
         let lease = secs(lease);
-        // A record released, swept, or committed by another request after this statement's
-        // snapshot sends us round again (with the plain read, then the upsert).
+        // A record released, swept, or inserted by another request between the function's read
+        // and its write sends us round again (with the plain read, then the function).
         let params: [&(dyn ToSql + Sync); 5] = [&tenant, &operation, &k, &digest, &lease];
-        let mut upsert = true;
+        let mut take = true;
         for _ in 0..4 {
-            let row = if upsert {
+            let row = if take {
                 client.query_opt(&acquire, &params).await
             } else {
                 client.query_opt(&read, &params[..3]).await
@@ -583,7 +625,7 @@ impl PostgresStore {
             .map_err(by_content)?;
             // The plain read found nothing: the record is gone, acquire again.
             let Some(row) = row else {
-                upsert = true;
+                take = true;
                 continue;
             };
             let fence: Option<i64> = row.try_get(0).map_err(StoreError::backend)?;
@@ -592,13 +634,13 @@ impl PostgresStore {
             }
             let seen: Option<&[u8]> = row.try_get(1).map_err(StoreError::backend)?;
             if seen.is_none() {
-                // Not in the upsert's snapshot: read it as it is now.
-                upsert = false;
+                // Inserted by another request after the function's read: read it as it is now.
+                take = false;
                 continue;
             }
             match classify(&row, digest)? {
                 Some(found) => return Ok(found),
-                None => upsert = true,
+                None => take = true,
             }
         }
         Err(StoreError::backend(
@@ -619,8 +661,8 @@ fn by_content(e: tokio_postgres::Error) -> StoreError {
     }
 }
 
-/// What the upsert that made the caller the owner took: a takeover when the statement's
-/// snapshot saw the record `PROCESSING` with its lease passed (the upsert took it over, as it
+/// What the acquire that made the caller the owner took: a takeover when the function's read
+/// saw the record `PROCESSING` with its lease passed (the function took it over, as it
 /// takes nothing else that is processing); a new or released record otherwise. A record that
 /// another request committed after the snapshot reads as a plain owner.
 fn taken(row: &Row, fence: Fence) -> Result<Acquire, StoreError> {
