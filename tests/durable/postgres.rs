@@ -177,7 +177,28 @@ async fn a_table_made_before_the_records_is_brought_up_to_date() {
         .await
         .unwrap();
     let store = PostgresStore::new(pool.clone()).with_table(&table).unwrap();
+    // Not migrated yet: an acquire says what to run, and the request is not the client's fault.
+    let key = RecordKey::new("t", "POST /orders", IdempotencyKey::new("k-new").unwrap());
+    let digest = RequestDigest::of(b"o");
+    let err = store
+        .acquire(&key, &digest, Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert!(err.is_backend(), "{err}");
+    let message = format!("{err}");
+    assert!(
+        message.contains(&format!("{table}_acquire does not exist"))
+            && message.contains("surely::postgres::migrate"),
+        "{message}"
+    );
     store.migrate().await.unwrap();
+    assert!(matches!(
+        store
+            .acquire(&key, &digest, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        Acquire::Owner(_)
+    ));
     // The old processing record has no acquisition time: it counts from its lease.
     let stuck = store.stuck(Duration::from_secs(60), 10).await.unwrap();
     assert_eq!(stuck.len(), 1);

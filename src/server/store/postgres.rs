@@ -594,6 +594,21 @@ impl PostgresStore {
         one_record(n)
     }
 
+    /// A statement that could not be prepared: when what it calls is missing, the table was
+    /// made by an earlier version and not migrated since, which the error says.
+    fn unmigrated(&self, e: tokio_postgres::Error) -> StoreError {
+        if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) {
+            StoreError::backend(format!(
+                "{}_acquire does not exist: the table was not migrated since an earlier version \
+                 of the store; run surely::postgres::migrate (or PostgresStore::migrate) before \
+                 serving ({e})",
+                self.sql.table
+            ))
+        } else {
+            StoreError::backend(e)
+        }
+    }
+
     async fn acquire_inner(
         &self,
         key: &RecordKey,
@@ -604,7 +619,7 @@ impl PostgresStore {
         let acquire = client
             .prepare_cached(&self.sql.acquire)
             .await
-            .map_err(StoreError::backend)?;
+            .map_err(|e| self.unmigrated(e))?;
         let read = client
             .prepare_cached(&self.sql.read)
             .await
