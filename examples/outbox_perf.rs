@@ -25,11 +25,9 @@
 //! 3. **Inbox throughput.** Events applied with one transaction each (the inbox's statements
 //!    and a stock update, the business write), by one consumer and by four in parallel (each
 //!    owning a share of the aggregates, as a partitioned consumer would): through
-//!    `PostgresInbox::process` in the caller's transaction, through
-//!    `PostgresInbox::process_and_commit`, and through the same statements written by hand with
-//!    `BEGIN` sent together with the first (what a handler given the connection rather than a
-//!    `Transaction` would allow); then the `process_and_commit` events delivered again (the
-//!    duplicate path, where the handler does not run). The baseline, measured in every round:
+//!    `PostgresInbox::process` in the caller's transaction, and through
+//!    `PostgresInbox::process_and_commit`; then the `process_and_commit` events delivered again
+//!    (the duplicate path, where the handler does not run). The baseline, measured in every round:
 //!    the stock update alone, one transaction per event. Cases alternate in order from round
 //!    to round; each row gives the median and range over the rounds, the ratio to the same
 //!    round's baseline, and the CPU time per event of this process and of the `postgres`
@@ -565,70 +563,6 @@ enum InboxCase {
     Own,
     /// The `Own` case's events delivered again.
     Duplicate,
-    /// The inbox's statements written by hand on the connection, with `BEGIN` sent together
-    /// with the lock and the read: what a handler given the connection instead of a
-    /// `Transaction` would allow.
-    Pipelined,
-}
-
-/// `PostgresInbox::process_and_commit`'s statements (as `src/inbox/postgres.rs` writes them),
-/// with `BEGIN` in the first flight instead of a round trip of its own: three flights and the
-/// business write, against the business write and its `BEGIN` and `COMMIT`.
-async fn hand_pipelined(
-    client: &deadpool_postgres::Client,
-    t: &str,
-    e: &Event,
-    sku: &String,
-    update: &str,
-) -> Result<(), BoxError> {
-    type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
-    let lock = client
-        .prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .await?;
-    let read = client
-        .prepare_cached(&format!(
-            "SELECT r.result, v.version FROM (VALUES (1)) AS one (n)
-             LEFT JOIN {t} AS r ON r.consumer = $1 AND r.event_id = $2
-             LEFT JOIN {t}_versions AS v ON v.consumer = $1 AND v.aggregate = $3"
-        ))
-        .await?;
-    let record = client
-        .prepare_cached(&format!(
-            "WITH record AS (
-                 INSERT INTO {t} (consumer, event_id, aggregate, version, outcome, result)
-                 VALUES ($1, $2, $3, $4, 1, $5))
-             INSERT INTO {t}_versions AS v (consumer, aggregate, version) VALUES ($1, $3, $4)
-             ON CONFLICT (consumer, aggregate)
-             DO UPDATE SET version = GREATEST(v.version, EXCLUDED.version)"
-        ))
-        .await?;
-    let name = format!("{t} 9:inventory aggregate {}", e.aggregate());
-    let (id, aggregate, version) = (e.id().as_str(), e.aggregate(), e.version());
-    let lock_params: [Param<'_>; 1] = [&name];
-    let read_params: [Param<'_>; 3] = [&"inventory", &id, &aggregate];
-    let (begun, locked, row) = tokio::join!(
-        client.batch_execute("BEGIN"),
-        client.query(&lock, &lock_params),
-        client.query_one(&read, &read_params)
-    );
-    begun?;
-    locked?;
-    let row = row?;
-    let (result, last): (Option<Vec<u8>>, Option<i64>) = (row.get(0), row.get(1));
-    if result.is_some() || last.is_some_and(|last| last + 1 != version) {
-        client.batch_execute("ROLLBACK").await?;
-        return Err(format!("hand-pipelined: {id} is not fresh and next").into());
-    }
-    client.execute(update, &[sku]).await?;
-    let result: &[u8] = b"reserved";
-    let record_params: [Param<'_>; 5] = [&"inventory", &id, &aggregate, &version, &result];
-    let (recorded, committed) = tokio::join!(
-        client.execute(&record, &record_params),
-        client.batch_execute("COMMIT")
-    );
-    recorded?;
-    committed?;
-    Ok(())
 }
 
 /// Runs `case` over each consumer's share (each a task with a connection of its own), checking
@@ -648,10 +582,6 @@ async fn inbox_case(
             let mut client = pool.get().await?;
             for (e, sku) in &shares[c] {
                 let processed = match case {
-                    InboxCase::Pipelined => {
-                        hand_pipelined(&client, inbox.table(), e, sku, &update).await?;
-                        continue;
-                    }
                     InboxCase::Baseline => {
                         let txn = client.transaction().await?;
                         txn.execute(&update, &[sku]).await?;
@@ -736,12 +666,7 @@ async fn inbox_throughput(
                 AGGREGATES - 1
             ))
             .await?;
-        let cases = [
-            InboxCase::Baseline,
-            InboxCase::Caller,
-            InboxCase::Own,
-            InboxCase::Pipelined,
-        ];
+        let cases = [InboxCase::Baseline, InboxCase::Caller, InboxCase::Own];
         let mut results: HashMap<&str, Vec<Measured>> = HashMap::new();
         let mut ratios: HashMap<&str, Vec<f64>> = HashMap::new();
         for round in 0..rounds {
@@ -809,7 +734,7 @@ async fn inbox_throughput(
             )
             .await?
             .get(0);
-        let expected = rounds * events * 4;
+        let expected = rounds * events * cases.len();
         if moved as usize != expected {
             return Err(format!("stock moved {moved} times for {expected} events").into());
         }
@@ -819,7 +744,7 @@ async fn inbox_throughput(
     Ok(())
 }
 
-const CASE_LABELS: [(InboxCase, &str); 5] = [
+const CASE_LABELS: [(InboxCase, &str); 4] = [
     (
         InboxCase::Baseline,
         "baseline: the business write alone, no inbox",
@@ -832,10 +757,6 @@ const CASE_LABELS: [(InboxCase, &str); 5] = [
     (
         InboxCase::Duplicate,
         "redelivered (duplicate): `process_and_commit`",
-    ),
-    (
-        InboxCase::Pipelined,
-        "applied: its statements by hand, `BEGIN` sent with the first",
     ),
 ];
 

@@ -3,9 +3,8 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use tokio_postgres::Transaction;
 
-use super::postgres::Handler;
+use super::postgres::{Handler, InboxTransaction};
 use super::{InboxError, PostgresInbox, Processed, Versions};
 use crate::outbox::Event;
 
@@ -16,7 +15,8 @@ impl PostgresInbox {
     /// Processes one JetStream message, published by a
     /// [`JetStreamPublisher`](crate::outbox::JetStreamPublisher), for `consumer` (features
     /// `postgres` and `nats`). It runs `handler` in a transaction of its own with the inbox's
-    /// record, commits, and only then acknowledges the message (waiting for JetStream to
+    /// record ([`process_and_commit`](Self::process_and_commit): the handler writes through the
+    /// [`InboxTransaction`] it is given), commits, and only then acknowledges the message (waiting for JetStream to
     /// confirm the acknowledgement).
     ///
     /// * A consumer that crashes after the commit and before the acknowledgement gets the
@@ -63,7 +63,7 @@ impl PostgresInbox {
         handler: F,
     ) -> Result<Processed, InboxError<E>>
     where
-        F: for<'t, 'c> FnOnce(&'t Transaction<'c>) -> Handler<'t, E>,
+        F: for<'t> FnOnce(&'t InboxTransaction) -> Handler<'t, E>,
     {
         let event = match Event::from_nats(message) {
             Ok(event) => event,

@@ -64,7 +64,7 @@ pub use self::memory::MemoryInbox;
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
 #[cfg(feature = "postgres")]
-pub use self::postgres::{Begin, Handler, PostgresInbox, Ticket};
+pub use self::postgres::{Begin, Handler, InboxTransaction, PostgresInbox, Ticket};
 
 /// How a consumer treats the versions of an aggregate's events. See the [module docs](self).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,10 +2,12 @@
 
 use std::fmt;
 use std::future::Future;
+use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use deadpool_postgres::{ClientWrapper, Object};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Statement, Transaction};
 
@@ -157,8 +159,96 @@ pub struct Ticket {
     versions: Versions,
 }
 
-/// A handler for [`PostgresInbox::process`]: it writes in the transaction it is given.
+/// A handler for [`PostgresInbox::process`] and
+/// [`process_and_commit`](PostgresInbox::process_and_commit): it writes in the transaction it
+/// is given, and answers with what a redelivery of the event gets back.
 pub type Handler<'t, E> = Pin<Box<dyn Future<Output = Result<Bytes, E>> + Send + 't>>;
+
+/// The transaction an event's handler writes in under
+/// [`process_and_commit`](PostgresInbox::process_and_commit): a connection of the inbox's pool
+/// inside the transaction the inbox opened for the event. It dereferences to
+/// deadpool-postgres's client, and through it to tokio-postgres's: run statements on it
+/// (`prepare_cached` prepares each once per connection), and enqueue the events the handler
+/// causes with [`PostgresOutbox::enqueue`](crate::outbox::PostgresOutbox::enqueue), which
+/// takes it, so that they commit with the business write and the inbox's record.
+///
+/// Do not end the transaction yourself (no `COMMIT` or `ROLLBACK` statement): the inbox commits
+/// it with the record once the handler answers `Ok`, and rolls it back otherwise.
+///
+/// It is not a `tokio_postgres::Transaction` because the inbox sends the `BEGIN` together with
+/// its lock and its read, in one flight, where `Client::transaction` would wait for the
+/// `BEGIN`'s answer first: one round trip less for every event.
+pub struct InboxTransaction {
+    /// The connection, until the transaction ends; `None` after.
+    conn: Option<Object>,
+}
+
+impl Deref for InboxTransaction {
+    type Target = ClientWrapper;
+
+    fn deref(&self) -> &ClientWrapper {
+        // Only the inbox ends the transaction, and it lends no reference after that.
+        self.conn
+            .as_deref()
+            .expect("an InboxTransaction lent to a handler holds its connection")
+    }
+}
+
+impl InboxTransaction {
+    /// The connection, out of the transaction guard: the caller ends the transaction.
+    fn take(&mut self) -> Option<Object> {
+        self.conn.take()
+    }
+
+    /// Ends the transaction with a `ROLLBACK` sent without waiting for its answer, and hands
+    /// the connection back to the pool: the next statement on it queues behind the rollback.
+    fn roll_back_behind(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            send_behind(&conn, "ROLLBACK");
+        }
+    }
+}
+
+/// Dropped with the transaction still open (the caller's future dropped while the handler
+/// ran, or a panic), it rolls the transaction back behind whatever is in flight, as
+/// tokio-postgres's own `Transaction` does.
+impl Drop for InboxTransaction {
+    fn drop(&mut self) {
+        self.roll_back_behind();
+    }
+}
+
+impl fmt::Debug for InboxTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InboxTransaction")
+            .field("open", &self.conn.is_some())
+            .finish()
+    }
+}
+
+/// The outbox's `enqueue` (and any write of the crate that joins a caller's transaction) takes
+/// it: it is inside the event's transaction.
+impl crate::storage::InTransaction for InboxTransaction {}
+
+impl crate::storage::in_transaction::Sealed for InboxTransaction {
+    async fn query_one<'a>(
+        &'a self,
+        sql: &'a str,
+        params: &'a [&'a (dyn ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+        let stmt = self.prepare_cached(sql).await?;
+        tokio_postgres::Client::query_one(self, &stmt, params).await
+    }
+}
+
+/// Sends `sql` on `conn` without waiting for its answer. tokio-postgres queues a request on
+/// the connection when its future is first polled, and a request whose answer nobody waits for
+/// still runs, in order: this polls the future once and drops it. Anything sent on the
+/// connection afterwards runs after it.
+fn send_behind(conn: &tokio_postgres::Client, sql: &str) {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let _ = std::pin::pin!(conn.batch_execute(sql)).poll(&mut cx);
+}
 
 impl PostgresInbox {
     /// An inbox over `pool`, in the tables `surely_inbox` and `surely_inbox_versions`.
@@ -427,8 +517,10 @@ impl PostgresInbox {
     }
 
     /// Processes a delivery in a transaction of its own, on a connection of the pool, and
-    /// commits it: [`process`](Self::process), with the event's record sent together with the
-    /// `COMMIT`. Acknowledge the delivery once this returns `Ok` with a
+    /// commits it: [`process`](Self::process)'s steps, in fewer round trips. The `BEGIN` goes
+    /// out with the lock and the read (one flight), the handler writes through the
+    /// [`InboxTransaction`] it is given, and the event's record goes out with the `COMMIT`
+    /// (one flight). Acknowledge the delivery once this returns `Ok` with a
     /// [settled](Processed::is_settled) outcome.
     ///
     /// ```no_run
@@ -439,7 +531,10 @@ impl PostgresInbox {
     /// let processed = inbox
     ///     .process_and_commit("inventory", &event, Versions::InOrder, |txn| {
     ///         Box::pin(async move {
-    ///             txn.execute("UPDATE stock SET qty = qty - 1 WHERE sku = $1", &[&"sku-42"]).await?;
+    ///             let reserve = txn
+    ///                 .prepare_cached("UPDATE stock SET qty = qty - 1 WHERE sku = $1")
+    ///                 .await?;
+    ///             txn.execute(&reserve, &[&"sku-42"]).await?;
     ///             Ok::<_, tokio_postgres::Error>("reserved".into())
     ///         })
     ///     })
@@ -463,9 +558,9 @@ impl PostgresInbox {
         handler: F,
     ) -> Result<Processed, InboxError<E>>
     where
-        F: for<'t, 'c> FnOnce(&'t Transaction<'c>) -> Handler<'t, E>,
+        F: for<'t> FnOnce(&'t InboxTransaction) -> Handler<'t, E>,
     {
-        let mut client = self.pool().get().await.map_err(InboxError::store)?;
+        let client = self.pool().get().await.map_err(InboxError::store)?;
         // Prepared once per connection (deadpool-postgres's statement cache).
         let record = if versions == Versions::Any {
             &self.sql.applied
@@ -482,35 +577,40 @@ impl PostgresInbox {
             read: read.map_err(InboxError::store)?,
             record: record.map_err(InboxError::store)?,
         };
-        let txn = client.transaction().await.map_err(InboxError::store)?;
-        // From here, a `txn` dropped sends `ROLLBACK` ahead of anything else on the connection.
-        let begun = self
-            .begin_with(txn.client(), Some(&prepared), consumer, event, versions)
-            .await;
-        let ticket = match begun {
-            Ok(Begin::Fresh(ticket)) => ticket,
-            Ok(Begin::Done(processed @ Processed::Stale { .. })) => {
-                txn.commit().await.map_err(InboxError::store)?;
+        // From here, `txn` dropped rolls back behind anything in flight.
+        let mut txn = InboxTransaction { conn: Some(client) };
+        // One flight: `BEGIN` is queued first, then the lock and the read, all before any
+        // answer is read. If the `BEGIN` fails, the statements behind it run outside any
+        // transaction and their results are not used.
+        let (begun, found) = tokio::join!(
+            txn.batch_execute("BEGIN"),
+            self.begin_with(&txn, Some(&prepared), consumer, event, versions)
+        );
+        let ticket = match (begun, found) {
+            (Err(e), _) => return Err(InboxError::store(e)),
+            (Ok(()), Ok(Begin::Fresh(ticket))) => ticket,
+            (Ok(()), Ok(Begin::Done(processed @ Processed::Stale { .. }))) => {
+                // The stale event's record is in the transaction.
+                let conn = txn.take();
+                let conn = conn.as_deref().ok_or_else(no_connection)?;
+                conn.batch_execute("COMMIT")
+                    .await
+                    .map_err(InboxError::store)?;
                 return Ok(processed);
             }
             // Nothing written: the rollback goes out without waiting for its answer.
-            Ok(Begin::Done(processed)) => return Ok(processed),
-            Err(e) => return Err(retype(e)),
+            (Ok(()), Ok(Begin::Done(processed))) => return Ok(processed),
+            (Ok(()), Err(e)) => return Err(retype(e)),
         };
         let result = handler(&txn).await.map_err(InboxError::Handler)?;
+        let client = txn.take().ok_or_else(no_connection)?;
         // One flight: the record, then `COMMIT`. If the record fails, the server ends the
         // failed transaction at the `COMMIT` with a rollback (and answers it without an error),
         // so each answer is checked.
-        let (recorded, committed) = {
-            let conn = txn.client();
-            tokio::join!(
-                self.record(conn, Some(&prepared), &ticket, &result),
-                conn.batch_execute("COMMIT")
-            )
-        };
-        // The transaction has ended on the server (or the connection is gone): `txn` must not
-        // send its `ROLLBACK` when dropped. It holds no resource besides the borrow.
-        std::mem::forget(txn);
+        let (recorded, committed) = tokio::join!(
+            self.record(&client, Some(&prepared), &ticket, &result),
+            client.batch_execute("COMMIT")
+        );
         match (recorded, committed) {
             (Ok(_), Ok(())) => Ok(self.applied(result)),
             (Err(e), _) if e.as_db_error().is_some() => Err(InboxError::store(e)),
@@ -519,11 +619,17 @@ impl PostgresInbox {
             }
             (Err(e), _) | (_, Err(e)) => {
                 // The connection's state is unknown: close it rather than pool it.
-                drop(deadpool_postgres::Object::take(client));
+                drop(Object::take(client));
                 Err(InboxError::store(e))
             }
         }
     }
+}
+
+/// The transaction's connection was taken before it ended: a bug of the inbox's, reported as
+/// the store's error rather than a panic.
+fn no_connection<E>() -> InboxError<E> {
+    InboxError::store("the inbox's transaction has no connection")
 }
 
 /// The inbox's statements prepared on one connection.

@@ -19,7 +19,6 @@ pub(crate) fn bare(table: &str) -> &str {
 pub(crate) use self::migration::Migration;
 pub(crate) use self::migration::{apply, Component};
 pub use self::migration::{Applied, MigrateError};
-#[cfg(feature = "server")]
 pub(crate) use self::transaction::sealed as in_transaction;
 pub use self::transaction::InTransaction;
 /// A pool of PostgreSQL connections: deadpool-postgres's, over tokio-postgres (both in

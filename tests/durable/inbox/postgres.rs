@@ -248,22 +248,7 @@ async fn pg_a_record_refused_beside_the_commit_rolls_the_delivery_back() {
         "{err:?}"
     );
     assert_eq!(qty(&inbox, &stock).await, 100, "rolled back");
-    // The connection is outside any transaction: an aborted one would refuse the query, and
-    // in an open one `now()` (when it began) would be older than the query (one message of the
-    // simple protocol, which starts a transaction of its own when there is none).
-    let rows = inbox
-        .pool()
-        .get()
-        .await
-        .unwrap()
-        .simple_query("SELECT now() = statement_timestamp()")
-        .await
-        .unwrap();
-    let fresh = rows.iter().any(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0) == Some("t"),
-        _ => false,
-    });
-    assert!(fresh);
+    assert!(outside_any_transaction(&inbox).await);
     assert_eq!(
         deliver_and_commit(&inbox, &stock, &e, "reserved")
             .await
@@ -277,6 +262,199 @@ async fn pg_a_record_refused_beside_the_commit_rolls_the_delivery_back() {
         Processed::Duplicate("reserved".into())
     );
     assert_eq!(qty(&inbox, &stock).await, 99);
+    forget(&inbox, &stock).await;
+}
+
+/// Whether the pool's next connection is outside any transaction: an aborted one would refuse
+/// the query, and in an open one `now()` (when it began) would be older than the query (one
+/// message of the simple protocol, which starts a transaction of its own when there is none).
+async fn outside_any_transaction(inbox: &PostgresInbox) -> bool {
+    let rows = inbox
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .simple_query("SELECT now() = statement_timestamp()")
+        .await
+        .unwrap();
+    rows.iter().any(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0) == Some("t"),
+        _ => false,
+    })
+}
+
+/// `process_and_commit` sends its `BEGIN` without waiting for it, and ends a transaction it
+/// writes nothing in with a `ROLLBACK` it does not wait for either. On a pool of one
+/// connection, every way a delivery ends (applied, a duplicate, a handler that fails, a caller
+/// that stops waiting while the handler runs, a stale event) leaves that connection outside
+/// any transaction, with its locks freed, for the next delivery.
+#[tokio::test]
+async fn pg_every_end_of_process_and_commit_frees_its_one_connection() {
+    let (inbox, stock) = inbox("pg_every_end_of_process_and_commit_frees_its_one_connection").await;
+    inbox.pool().resize(1);
+    let (v1, v2) = (stock_event("sku-42", 1), stock_event("sku-42", 2));
+    let sql = format!("UPDATE {stock} SET qty = qty - 1 WHERE sku = 'sku-42'");
+
+    let applied = deliver_and_commit(&inbox, &stock, &v1, "r1").await.unwrap();
+    assert_eq!(applied, Processed::Applied("r1".into()));
+    assert!(
+        outside_any_transaction(&inbox).await,
+        "after an applied event"
+    );
+
+    let again = deliver_and_commit(&inbox, &stock, &v1, "r1").await.unwrap();
+    assert_eq!(again, Processed::Duplicate("r1".into()));
+    assert!(outside_any_transaction(&inbox).await, "after a duplicate");
+
+    let write = sql.clone();
+    let failed = inbox
+        .process_and_commit("inventory", &v2, Versions::InOrder, move |txn| {
+            Box::pin(async move {
+                txn.execute(&write, &[]).await.map_err(|e| e.to_string())?;
+                Err::<bytes::Bytes, _>("the handler gives up".to_owned())
+            })
+        })
+        .await;
+    assert!(
+        matches!(&failed, Err(surely::inbox::InboxError::Handler(e)) if e == "the handler gives up"),
+        "{failed:?}"
+    );
+    assert_eq!(
+        qty(&inbox, &stock).await,
+        99,
+        "the failed handler's write rolled back"
+    );
+    assert!(
+        outside_any_transaction(&inbox).await,
+        "after a failed handler"
+    );
+
+    // The caller stops waiting once the handler has written, while it still runs.
+    let (wrote, written) = tokio::sync::oneshot::channel::<()>();
+    let write = sql.clone();
+    let delivery = inbox.process_and_commit("inventory", &v2, Versions::InOrder, move |txn| {
+        Box::pin(async move {
+            txn.execute(&write, &[]).await?;
+            let _ = wrote.send(());
+            std::future::pending::<()>().await;
+            Ok::<_, tokio_postgres::Error>("never".into())
+        })
+    });
+    tokio::select! {
+        out = delivery => panic!("the handler never answers, yet the delivery ended: {out:?}"),
+        _ = written => {}
+    }
+    assert_eq!(
+        qty(&inbox, &stock).await,
+        99,
+        "the dropped delivery's write rolled back"
+    );
+    assert!(
+        outside_any_transaction(&inbox).await,
+        "after a dropped delivery"
+    );
+
+    let applied = deliver_and_commit(&inbox, &stock, &v2, "r2").await.unwrap();
+    assert_eq!(
+        applied,
+        Processed::Applied("r2".into()),
+        "its lock was freed"
+    );
+    assert_eq!(qty(&inbox, &stock).await, 98);
+
+    // v1 again, under another id: older than what the aggregate has, so stale, and recorded.
+    let old = Event::new(
+        surely::outbox::EventId::derive("sku-42 v1 again", "StockChanged"),
+        "sku-42",
+        1,
+        "StockChanged",
+        "1",
+    )
+    .unwrap();
+    let stale = deliver_and_commit(&inbox, &stock, &old, "r").await.unwrap();
+    assert_eq!(stale, Processed::Stale { applied: 2 });
+    assert!(outside_any_transaction(&inbox).await, "after a stale event");
+    // Its record committed: a redelivery finds it (a stale event's result is empty).
+    assert_eq!(
+        deliver_and_commit(&inbox, &stock, &old, "r").await.unwrap(),
+        Processed::Duplicate(bytes::Bytes::new())
+    );
+    assert_eq!(qty(&inbox, &stock).await, 98);
+    forget(&inbox, &stock).await;
+}
+
+/// The handler's [`InboxTransaction`](surely::inbox::InboxTransaction) is a transaction the
+/// outbox joins: the events a handler enqueues commit with its write and the inbox's record,
+/// or not at all.
+#[tokio::test]
+async fn pg_events_a_handler_enqueues_commit_with_the_event_or_not_at_all() {
+    let test = "pg_events_a_handler_enqueues_commit_with_the_event_or_not_at_all";
+    let (inbox, stock) = inbox(test).await;
+    let outbox = surely::outbox::PostgresOutbox::new(inbox.pool().clone())
+        .with_table(&format!("{}_outbox", inbox.table()))
+        .unwrap();
+    outbox.migrate().await.unwrap();
+    let deliver = |event: Event, fail: bool| {
+        let (outbox, sql) = (
+            outbox.clone(),
+            format!("UPDATE {stock} SET qty = qty - 1 WHERE sku = 'sku-42'"),
+        );
+        let inbox = inbox.clone();
+        let follow = Event::new(
+            surely::outbox::EventId::derive(event.id().as_str(), "Reserved"),
+            "sku-42",
+            event.version(),
+            "Reserved",
+            "1",
+        )
+        .unwrap();
+        async move {
+            inbox
+                .process_and_commit("inventory", &event, Versions::Any, move |txn| {
+                    Box::pin(async move {
+                        txn.execute(&sql, &[]).await.map_err(|e| e.to_string())?;
+                        outbox
+                            .enqueue(txn, &follow)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        if fail {
+                            return Err("failed after both writes".to_owned());
+                        }
+                        Ok("reserved".into())
+                    })
+                })
+                .await
+        }
+    };
+    let events = |table: String| {
+        let pool = inbox.pool().clone();
+        async move {
+            let n: i64 = pool
+                .get()
+                .await
+                .unwrap()
+                .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+                .await
+                .unwrap()
+                .get(0);
+            n
+        }
+    };
+    let outbox_table = format!("{}_outbox", inbox.table());
+    assert!(deliver(stock_event("sku-42", 1), true).await.is_err());
+    assert_eq!(
+        events(outbox_table.clone()).await,
+        0,
+        "rolled back together"
+    );
+    assert_eq!(qty(&inbox, &stock).await, 100);
+    assert_eq!(
+        deliver(stock_event("sku-42", 1), false).await.unwrap(),
+        Processed::Applied("reserved".into())
+    );
+    assert_eq!(events(outbox_table.clone()).await, 1, "committed together");
+    assert_eq!(qty(&inbox, &stock).await, 99);
+    postgres::forget(inbox.pool(), &[&outbox_table], &[&outbox_table]).await;
     forget(&inbox, &stock).await;
 }
 
