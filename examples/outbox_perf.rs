@@ -10,14 +10,19 @@
 //! ```
 //!
 //! 1. **Relay throughput into JetStream.** A backlog of committed events (the table analyzed
-//!    after the fill, as autovacuum does for a table that grew), published by one relay in
-//!    batches of 100 and of 500 (each batch's events sent together, their acknowledgements
-//!    awaited, marked in one statement), against the baseline measured in the same rounds:
-//!    raw async-nats publishing of as many events, with the same headers, in batches of the
-//!    same size (the batch sent, then its acknowledgements awaited), which is what a careful
-//!    user writes by hand. The two alternate in order from round to round; the table gives
-//!    medians and ranges over the rounds, and the ratio relay ÷ raw. A relay claiming one event
-//!    per round is measured once beside them.
+//!    after the fill, as autovacuum does for a table that grew), drained by one relay through
+//!    `Relay::run` (started, then stopped once every event is acknowledged; the time runs
+//!    until `run` returns, so the last marks are in it) in batches of 100 and of 500 (each
+//!    batch's events sent together, their acknowledgements awaited, marked in one statement):
+//!    with its default pipeline (the next batch claimed and the last one marked while a batch
+//!    is published), and with a pipeline depth of 1 (claim, publish, mark one after the
+//!    other: the relay before pipelining). The baseline, measured in the same rounds: raw
+//!    async-nats publishing of as many events, with the same headers, in batches of the same
+//!    size (the batch sent, then its acknowledgements awaited), which is what a careful user
+//!    writes by hand. The three take turns in an order that rotates from round to round; the
+//!    table gives medians and ranges over the rounds, and the ratios relay ÷ raw. A relay
+//!    claiming one event per round is measured once beside them; then a round's three steps,
+//!    timed apart through the store.
 //! 2. **Commit-to-broker latency.** Events committed one by one, at a steady pace, each timed
 //!    from the return of its `COMMIT` to its arrival at a NATS subscriber: a relay woken by
 //!    `LISTEN/NOTIFY`, against relays that only poll (every second, the default, and every
@@ -35,7 +40,8 @@
 //!    round's baseline, and the CPU time per event of this process and of the `postgres`
 //!    processes (`/proc/<pid>/schedstat`, Linux; the server's other sessions included).
 //!
-//! `--rounds N` (default 5) sets the rounds.
+//! `--rounds N` (default 5) sets the rounds; `--depth N` the pipelined relay's depth (default:
+//! the relay's own, 3).
 //!
 //! Uses `SURELY_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and
 //! `SURELY_TEST_NATS_URL` (default `nats://127.0.0.1:4222`); every table and stream it makes
@@ -51,6 +57,7 @@ use surely::deps::async_nats::{self, jetstream};
 use surely::inbox::{PostgresInbox, Processed, Versions};
 use surely::outbox::{Event, EventId, JetStreamPublisher, OutboxStore, PostgresOutbox, Relay};
 use surely::postgres::Pool;
+use tower::ServiceExt;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -88,7 +95,7 @@ async fn main() -> Result<(), BoxError> {
     let mut made = Vec::new();
     let result = async {
         if args.runs("relay") {
-            relay_throughput(&pool, &js, &run, events, args.rounds, &mut made).await?;
+            relay_throughput(&pool, &js, &run, &args, &mut made).await?;
         }
         if args.runs("latency") {
             commit_to_broker(&pool, &pg_url, &nats, &js, &run, &mut made).await?;
@@ -113,11 +120,12 @@ async fn main() -> Result<(), BoxError> {
 }
 
 /// What to run: `--events N` (default 10 000), `--rounds N` (default 5), `--only
-/// relay|latency|inbox` (default all).
+/// relay|latency|inbox` (default all), `--depth N` (default: the relay's).
 struct Args {
     events: usize,
     rounds: usize,
     only: Option<String>,
+    depth: Option<usize>,
 }
 
 impl Args {
@@ -131,6 +139,7 @@ fn parse_args() -> Result<Args, BoxError> {
     let mut events = 10_000;
     let mut rounds = 5;
     let mut only = None;
+    let mut depth = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--only" => {
@@ -150,6 +159,14 @@ fn parse_args() -> Result<Args, BoxError> {
                     return Err("--rounds: at least 1".into());
                 }
             }
+            "--depth" => {
+                depth = Some(
+                    args.next()
+                        .ok_or("--depth needs a number")?
+                        .parse()
+                        .map_err(|e| format!("--depth: {e}"))?,
+                );
+            }
             "--events" => {
                 events = args
                     .next()
@@ -162,7 +179,7 @@ fn parse_args() -> Result<Args, BoxError> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument {other:?} (try --events N, --rounds N, --only relay|latency|inbox)"
+                    "unknown argument {other:?} (try --events N, --rounds N, --depth N, --only relay|latency|inbox)"
                 )
                 .into())
             }
@@ -172,6 +189,7 @@ fn parse_args() -> Result<Args, BoxError> {
         events,
         rounds,
         only,
+        depth,
     })
 }
 
@@ -223,86 +241,129 @@ async fn fill(outbox: &PostgresOutbox, run: &str, what: &str, n: usize) -> Resul
     Ok(())
 }
 
-/// Runs rounds until the backlog is gone; events per second.
-async fn drain<P>(relay: &mut Relay<PostgresOutbox, P>, n: usize) -> Result<f64, BoxError>
-where
-    P: tower::Service<Event>,
-    P::Error: Into<BoxError>,
-{
-    let start = Instant::now();
-    let mut published = 0;
-    loop {
-        let round = relay.run_once().await?;
-        published += round.published;
-        if round.claimed == 0 {
-            break;
+/// A relay over `outbox`, publishing into JetStream under `subject`, in batches of `batch`
+/// with a pipeline of `depth` (`None`: the relay's default), run as a user runs it
+/// (`Relay::run`) until it has published the `n` events of the backlog: stopped once the last
+/// acknowledgement is in, timed until `run` returns (its last marks included). Events per
+/// second; an error unless every event was published and marked.
+async fn drain(
+    outbox: &PostgresOutbox,
+    js: &jetstream::Context,
+    subject: String,
+    batch: usize,
+    depth: Option<usize>,
+    n: usize,
+) -> Result<f64, BoxError> {
+    let acked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let all_acked = Arc::new(tokio::sync::Notify::new());
+    let (count, done) = (acked.clone(), all_acked.clone());
+    let publisher = JetStreamPublisher::new(js.clone(), subject).map_result(move |r| {
+        if r.is_ok() && count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == n {
+            done.notify_one();
         }
+        r
+    });
+    let mut builder = Relay::builder(outbox.clone(), publisher).batch(batch);
+    if let Some(depth) = depth {
+        builder = builder.pipeline_depth(depth);
     }
-    if published != n {
-        return Err(format!("published {published} of {n}").into());
+    let relay = builder.build()?;
+    let start = Instant::now();
+    relay
+        .run(async {
+            // A bound, should an event never be acknowledged: the check below says so.
+            let _ = tokio::time::timeout(Duration::from_secs(300), all_acked.notified()).await;
+        })
+        .await;
+    let took = start.elapsed();
+    let backlog = outbox.stats().await?.backlog;
+    let published = acked.load(std::sync::atomic::Ordering::Relaxed);
+    if published != n || backlog != 0 {
+        return Err(format!("published {published} of {n}, {backlog} left unmarked").into());
     }
-    Ok(n as f64 / start.elapsed().as_secs_f64())
+    Ok(n as f64 / took.as_secs_f64())
 }
 
 async fn relay_throughput(
     pool: &Pool,
     js: &jetstream::Context,
     run: &str,
-    events: usize,
-    rounds: usize,
+    args: &Args,
     made: &mut Vec<String>,
 ) -> Result<(), BoxError> {
-    println!("## Relay into JetStream (one relay; events already committed)\n");
+    let (events, rounds) = (args.events, args.rounds);
+    println!("## Relay into JetStream (one relay, `Relay::run`; events already committed)\n");
     let baseline_events = (events / 5).max(100);
     let single = outbox(pool, &format!("{run}_single"), made).await?;
     fill(&single, run, "single", baseline_events).await?;
-    let mut relay = Relay::builder(
-        single,
-        JetStreamPublisher::new(js.clone(), format!("{run}.single")),
+    let single = drain(
+        &single,
+        js,
+        format!("{run}.single"),
+        1,
+        Some(1),
+        baseline_events,
     )
-    .batch(1)
-    .build()?;
-    let single = drain(&mut relay, baseline_events).await?;
+    .await?;
     println!("One event per round (a claim, a publish, a mark): {single:.0} events/s.\n");
+    let depth = args
+        .depth
+        .map_or_else(|| "default".to_owned(), |d| d.to_string());
     println!(
         "Batches, against raw async-nats publishing of the same events in the same batches \
-         (the batch sent, then its acknowledgements awaited), alternated, {rounds} rounds \
-         of {events} events:\n"
+         (the batch sent, then its acknowledgements awaited), the three taking turns, \
+         {rounds} rounds of {events} events; the relay pipelined (depth {depth}) and one \
+         round at a time (depth 1):\n"
     );
-    println!("| batch | raw publish, events/s | relay, events/s | relay ÷ raw, median (range) |");
-    println!("| ---: | ---: | ---: | ---: |");
+    println!(
+        "| batch | raw publish, events/s | relay pipelined, events/s | relay depth 1, events/s \
+         | pipelined ÷ raw | depth 1 ÷ raw |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
     for batch in [100, 500] {
-        let (mut raw_rates, mut relay_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let mut rates: [Vec<f64>; 3] = Default::default();
+        let (mut piped_ratio, mut one_ratio) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             let what = format!("batch{batch}r{round}");
-            let table = outbox(pool, &format!("{run}_{what}"), made).await?;
-            fill(&table, run, &what, events).await?;
+            let piped = outbox(pool, &format!("{run}_{what}p"), made).await?;
+            fill(&piped, run, &format!("{what}p"), events).await?;
+            let one = outbox(pool, &format!("{run}_{what}s"), made).await?;
+            fill(&one, run, &format!("{what}s"), events).await?;
             let raw_events = (0..events)
                 .map(|i| event(run, &format!("raw{what}"), i, "order", 1))
                 .collect::<Result<Vec<_>, _>>()?;
-            let mut relay = Relay::builder(
-                table,
-                JetStreamPublisher::new(js.clone(), format!("{run}.{what}")),
-            )
-            .batch(batch)
-            .build()?;
-            let (raw, relayed) = if round % 2 == 0 {
-                let raw = raw_publish(js, &format!("{run}.raw{what}"), &raw_events, batch).await?;
-                (raw, drain(&mut relay, events).await?)
-            } else {
-                let relayed = drain(&mut relay, events).await?;
-                let raw = raw_publish(js, &format!("{run}.raw{what}"), &raw_events, batch).await?;
-                (raw, relayed)
-            };
-            raw_rates.push(raw);
-            relay_rates.push(relayed);
-            ratios.push(relayed / raw);
+            let mut got = [0.0; 3];
+            for turn in 0..3 {
+                let case = (round + turn) % 3;
+                got[case] = match case {
+                    0 => raw_publish(js, &format!("{run}.raw{what}"), &raw_events, batch).await?,
+                    1 => {
+                        drain(
+                            &piped,
+                            js,
+                            format!("{run}.{what}p"),
+                            batch,
+                            args.depth,
+                            events,
+                        )
+                        .await?
+                    }
+                    _ => drain(&one, js, format!("{run}.{what}s"), batch, Some(1), events).await?,
+                };
+            }
+            for (case, rate) in got.iter().enumerate() {
+                rates[case].push(*rate);
+            }
+            piped_ratio.push(got[1] / got[0]);
+            one_ratio.push(got[2] / got[0]);
         }
         println!(
-            "| {batch} | {} | {} | {} |",
-            spread(&raw_rates, 0),
-            spread(&relay_rates, 0),
-            spread(&ratios, 2)
+            "| {batch} | {} | {} | {} | {} | {} |",
+            spread(&rates[0], 0),
+            spread(&rates[1], 0),
+            spread(&rates[2], 0),
+            spread(&piped_ratio, 2),
+            spread(&one_ratio, 2)
         );
     }
     println!();
