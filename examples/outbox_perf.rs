@@ -22,7 +22,9 @@
 //!    writes by hand. The three take turns in an order that rotates from round to round; the
 //!    table gives medians and ranges over the rounds, and the ratios relay ÷ raw. A relay
 //!    claiming one event per round is measured once beside them; then a round's three steps,
-//!    timed apart through the store.
+//!    timed apart through the store; then, inside `run` (depth 1 and pipelined), the claims'
+//!    and marks' mean times and the CPU per event of this process, of PostgreSQL and of the
+//!    NATS server, beside raw publishing measured the same way.
 //! 2. **Commit-to-broker latency.** Events committed one by one, at a steady pace, each timed
 //!    from the return of its `COMMIT` to its arrival at a NATS subscriber: a relay woken by
 //!    `LISTEN/NOTIFY`, against relays that only poll (every second, the default, and every
@@ -55,8 +57,12 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use surely::deps::async_nats::{self, jetstream};
 use surely::inbox::{PostgresInbox, Processed, Versions};
-use surely::outbox::{Event, EventId, JetStreamPublisher, OutboxStore, PostgresOutbox, Relay};
+use surely::outbox::{
+    Claimed, Event, EventId, Failed, JetStreamPublisher, OutboxError, OutboxStore, PostgresOutbox,
+    Relay,
+};
 use surely::postgres::Pool;
+use surely::record::OutboxStats;
 use tower::ServiceExt;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -246,8 +252,8 @@ async fn fill(outbox: &PostgresOutbox, run: &str, what: &str, n: usize) -> Resul
 /// (`Relay::run`) until it has published the `n` events of the backlog: stopped once the last
 /// acknowledgement is in, timed until `run` returns (its last marks included). Events per
 /// second; an error unless every event was published and marked.
-async fn drain(
-    outbox: &PostgresOutbox,
+async fn drain<St: OutboxStore + Clone>(
+    outbox: &St,
     js: &jetstream::Context,
     subject: String,
     batch: usize,
@@ -401,6 +407,139 @@ async fn relay_throughput(
             ms(publish),
             ms(mark)
         );
+    }
+    println!();
+    relay_breakdown(pool, js, run, args, made).await
+}
+
+/// The outbox, with the time its claims and its marks of published events take, summed.
+#[derive(Clone)]
+struct Timed {
+    inner: PostgresOutbox,
+    spent: Arc<Mutex<Spent>>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Spent {
+    claims: u32,
+    claim: Duration,
+    marks: u32,
+    mark: Duration,
+}
+
+impl OutboxStore for Timed {
+    async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>, OutboxError> {
+        let start = Instant::now();
+        let out = self.inner.claim(max, lease).await;
+        let mut spent = self.spent.lock().unwrap();
+        spent.claims += 1;
+        spent.claim += start.elapsed();
+        out
+    }
+
+    async fn published(&self, claimed: &Claimed) -> Result<(), OutboxError> {
+        self.inner.published(claimed).await
+    }
+
+    async fn published_all(&self, claimed: &[Claimed]) -> Result<usize, OutboxError> {
+        let start = Instant::now();
+        let out = self.inner.published_all(claimed).await;
+        if !claimed.is_empty() {
+            let mut spent = self.spent.lock().unwrap();
+            spent.marks += 1;
+            spent.mark += start.elapsed();
+        }
+        out
+    }
+
+    async fn failed(
+        &self,
+        claimed: &Claimed,
+        error: &str,
+        retry_after: Duration,
+        quarantine_after: u32,
+    ) -> Result<Failed, OutboxError> {
+        self.inner
+            .failed(claimed, error, retry_after, quarantine_after)
+            .await
+    }
+
+    async fn sweep(&self, retention: Duration) -> Result<u64, OutboxError> {
+        self.inner.sweep(retention).await
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, OutboxError> {
+        self.inner.stats().await
+    }
+}
+
+/// Where a relay's time goes as `run` drains a backlog, pipelined and not: the claims and
+/// marks timed inside the run (mean per batch: they overlap the publishes when pipelined),
+/// and the CPU per event of this process, of PostgreSQL and of the NATS server, with how many
+/// of the machine's cores they kept busy together; raw publishing of as many events first,
+/// measured the same way.
+async fn relay_breakdown(
+    pool: &Pool,
+    js: &jetstream::Context,
+    run: &str,
+    args: &Args,
+    made: &mut Vec<String>,
+) -> Result<(), BoxError> {
+    let events = args.events;
+    println!("Inside `run` (one run each, {events} events):\n");
+    println!(
+        "| batch | depth | events/s | wall per batch | claim | mark | CPU µs/event: relay, \
+         PostgreSQL, NATS | cores busy |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for batch in [100, 500] {
+        let raw_events = (0..events)
+            .map(|i| event(run, &format!("insideraw{batch}"), i, "order", 1))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (mine, nats) = (cpu_now().0, cpu_of("nats-server"));
+        let start = Instant::now();
+        let rate = raw_publish(js, &format!("{run}.insideraw{batch}"), &raw_events, batch).await?;
+        let wall = start.elapsed();
+        let (mine, nats) = (cpu_now().0 - mine, cpu_of("nats-server") - nats);
+        println!(
+            "| {batch} | raw | {rate:.0} | {:.2} ms | | | {:.1} / 0 / {:.1} | {:.2} |",
+            wall.as_secs_f64() * 1000.0 / events.div_ceil(batch) as f64,
+            mine as f64 / 1000.0 / events as f64,
+            nats as f64 / 1000.0 / events as f64,
+            (mine + nats) as f64 / 1e9 / wall.as_secs_f64()
+        );
+        for depth in [Some(1), args.depth.or(Some(3))] {
+            let what = format!("inside{batch}d{}", depth.unwrap_or(0));
+            let table = Timed {
+                inner: outbox(pool, &format!("{run}_{what}"), made).await?,
+                spent: Arc::default(),
+            };
+            fill(&table.inner, run, &what, events).await?;
+            let (mine, postgres, nats) = (cpu_now(), cpu_of("postgres"), cpu_of("nats-server"));
+            let start = Instant::now();
+            let rate = drain(&table, js, format!("{run}.{what}"), batch, depth, events).await?;
+            let wall = start.elapsed();
+            let mine = cpu_now().0 - mine.0;
+            let postgres = cpu_of("postgres") - postgres;
+            let nats = cpu_of("nats-server") - nats;
+            let spent = *table.spent.lock().unwrap();
+            let per_event = |ns: u64| ns as f64 / 1000.0 / events as f64;
+            let ms = |d: Duration, n: u32| {
+                format!("{:.2} ms", d.as_secs_f64() * 1000.0 / f64::from(n.max(1)))
+            };
+            let batches = events.div_ceil(batch) as u32;
+            println!(
+                "| {batch} | {} | {rate:.0} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {:.2} |",
+                depth.unwrap_or(3),
+                ms(wall, batches),
+                ms(spent.claim, spent.claims),
+                ms(spent.mark, spent.marks),
+                per_event(mine),
+                per_event(postgres),
+                per_event(nats),
+                (mine + postgres + nats) as f64 / 1e9 / wall.as_secs_f64()
+            );
+        }
     }
     println!();
     Ok(())
@@ -557,12 +696,6 @@ async fn commit_to_broker(
 /// server's processes: the first field of `/proc/<pid>/schedstat` (Linux), summed; zeros
 /// elsewhere.
 fn cpu_now() -> (u64, u64) {
-    fn on_cpu(path: &std::path::Path) -> u64 {
-        std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
-            .unwrap_or(0)
-    }
     let mine = std::fs::read_dir("/proc/self/task")
         .map(|tasks| {
             tasks
@@ -571,19 +704,37 @@ fn cpu_now() -> (u64, u64) {
                 .sum()
         })
         .unwrap_or(0);
-    let postgres = std::fs::read_dir("/proc")
+    (mine, cpu_of("postgres"))
+}
+
+/// The CPU time so far, in nanoseconds, of the processes named `comm`: their threads'
+/// `/proc/<pid>/task/<tid>/schedstat` (Linux), summed; zero elsewhere.
+fn cpu_of(comm: &str) -> u64 {
+    std::fs::read_dir("/proc")
         .map(|procs| {
             procs
                 .flatten()
                 .filter(|p| {
                     std::fs::read_to_string(p.path().join("comm"))
-                        .is_ok_and(|comm| comm.trim_end() == "postgres")
+                        .is_ok_and(|c| c.trim_end() == comm)
                 })
-                .map(|p| on_cpu(&p.path().join("schedstat")))
+                .flat_map(|p| {
+                    std::fs::read_dir(p.path().join("task"))
+                        .into_iter()
+                        .flatten()
+                })
+                .flatten()
+                .map(|t| on_cpu(&t.path().join("schedstat")))
                 .sum()
         })
-        .unwrap_or(0);
-    (mine, postgres)
+        .unwrap_or(0)
+}
+
+fn on_cpu(path: &std::path::Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
 }
 
 /// One measured case: events per second, and microseconds of CPU per event in this process

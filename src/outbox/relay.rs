@@ -42,10 +42,13 @@ use crate::ConfigError;
 /// A round's three steps wait on two systems: the claim and the marks on the store, the
 /// publish on the broker. One after the other, a round costs their sum, and on PostgreSQL and
 /// NATS JetStream the claim and the mark of 100 events each take about as long as their
-/// publish: a relay so run drains a backlog at under a third of what the broker takes. So
+/// publish: a relay so run drains a backlog at about a third of what the broker takes. So
 /// [`run`](Self::run) overlaps them: while batch *n* is published, batch *n − 1* is marked and
-/// batch *n + 1* claimed, and a round costs about its slowest step. All of it runs in the
-/// relay's own task (nothing is spawned). What a round guarantees still holds:
+/// batch *n + 1* claimed, and a round costs about its slowest step, as far as the store and
+/// the broker have CPU to spare (the relay, PostgreSQL and NATS on one busy 2-core machine
+/// drained a backlog 1.2–1.7× faster than one round at a time: `benches/README.md`). All of
+/// it runs in the relay's own task (nothing is spawned). What a round guarantees still
+/// holds:
 ///
 /// * one publish at a time, in the order of the claims: batch *n + 1* is not sent before
 ///   every acknowledgement of batch *n* is in, so events go out in the order they would one

@@ -136,23 +136,23 @@ impl OutboxStore for Slow {
     }
 }
 
-/// A broker that acknowledges each event after [`STEP`] (refusing those `refuse` says to),
-/// keeps the numbers of the events it published, in order, and tells the tracker what it is
-/// doing.
+/// The numbers of the events a broker published, in order.
+type Log = Arc<Mutex<Vec<u32>>>;
+
+/// A broker that acknowledges each event after [`STEP`] (refusing those `refuse` says to, given
+/// the event's number and its attempt), keeps the numbers of the events it published in
+/// `published`, and tells the tracker what it is doing.
 fn broker(
     tracker: Arc<Mutex<Tracker>>,
+    published: &Log,
     refuse: impl Fn(u32, usize) -> bool + Clone + Send + 'static,
-) -> (
-    Arc<Mutex<Vec<u32>>>,
-    impl tower::Service<
-            Event,
-            Response = (),
-            Error = std::io::Error,
-            Future = impl std::future::Future<Output = Result<(), std::io::Error>> + Send,
-        > + Send
-        + 'static,
-) {
-    let published: Arc<Mutex<Vec<u32>>> = Arc::default();
+) -> impl tower::Service<
+    Event,
+    Response = (),
+    Error = std::io::Error,
+    Future = impl std::future::Future<Output = Result<(), std::io::Error>> + Send,
+> + Send
+       + 'static {
     let attempts: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
     let log = published.clone();
     let service = service_fn(move |event: Event| {
@@ -188,7 +188,7 @@ fn broker(
             }
         }
     });
-    (published, service)
+    service
 }
 
 fn backlog(n: u32) -> MemoryOutbox {
@@ -231,7 +231,8 @@ async fn run_overlaps_claim_publish_and_mark_and_keeps_the_order() {
     for (depth, most) in [(1, 1), (2, 2), (3, 3)] {
         let store = Slow::new(backlog(40));
         let tracker = store.tracker.clone();
-        let (published, broker) = broker(tracker.clone(), |_, _| false);
+        let published = Log::default();
+        let broker = broker(tracker.clone(), &published, |_, _| false);
         let recorder = InMemoryRecorder::new();
         let relay = Relay::builder(store.clone(), broker)
             .batch(4)
@@ -275,7 +276,8 @@ async fn run_overlaps_claim_publish_and_mark_and_keeps_the_order() {
 async fn run_retries_and_quarantines_failed_events() {
     let store = Slow::new(backlog(20));
     // Event 3 refused once, event 7 every time.
-    let (published, broker) = broker(store.tracker.clone(), |n, attempt| {
+    let published = Log::default();
+    let broker = broker(store.tracker.clone(), &published, |n, attempt| {
         n == 7 || (n == 3 && attempt == 1)
     });
     let recorder = InMemoryRecorder::new();
@@ -324,7 +326,8 @@ async fn run_retries_and_quarantines_failed_events() {
 async fn a_failed_claim_stops_the_pipeline_after_what_it_holds() {
     let mut store = Slow::new(backlog(24));
     store.fail_claim = Some(3);
-    let (published, broker) = broker(store.tracker.clone(), |_, _| false);
+    let published = Log::default();
+    let broker = broker(store.tracker.clone(), &published, |_, _| false);
     let poll = Duration::from_secs(1);
     let relay = Relay::builder(store.clone(), broker)
         .batch(4)
@@ -348,7 +351,8 @@ async fn a_failed_claim_stops_the_pipeline_after_what_it_holds() {
 async fn a_failed_mark_stops_the_pipeline_and_leaves_the_rest_to_the_lease() {
     let mut store = Slow::new(backlog(24));
     store.fail_mark = Some(2);
-    let (published, broker) = broker(store.tracker.clone(), |_, _| false);
+    let published = Log::default();
+    let broker = broker(store.tracker.clone(), &published, |_, _| false);
     let lease = Duration::from_secs(5);
     let relay = Relay::builder(store.clone(), broker)
         .batch(4)
@@ -383,7 +387,8 @@ async fn a_failed_mark_stops_the_pipeline_and_leaves_the_rest_to_the_lease() {
 #[tokio::test(start_paused = true)]
 async fn stop_finishes_the_batches_in_flight_and_leaves_nothing_held() {
     let store = Slow::new(backlog(40));
-    let (published, broker) = broker(store.tracker.clone(), |_, _| false);
+    let published = Log::default();
+    let broker = broker(store.tracker.clone(), &published, |_, _| false);
     let relay = Relay::builder(store.clone(), broker)
         .batch(4)
         .lease(Duration::from_secs(3600))
