@@ -333,7 +333,10 @@ where
     /// When `stop` completes, the relay claims nothing more, finishes what it holds (the
     /// batches it claimed are published and marked: at most the
     /// [pipeline depth](RelayBuilder::pipeline_depth) of them), and returns: a relay stopped
-    /// this way leaves no event held by its lease. An idle relay returns at once.
+    /// this way leaves no event held by its lease (unless the store fails meanwhile). An idle
+    /// relay returns at once. To stop without waiting for the publishes in flight, drop the
+    /// future instead: the events it held come back when their lease passes, and those it had
+    /// published and not yet marked go out again.
     pub async fn run(mut self, stop: impl Future<Output = ()>) {
         let mut stop = std::pin::pin!(stop);
         loop {
