@@ -10,14 +10,21 @@
 //! ```
 //!
 //! 1. **Relay throughput into JetStream.** A backlog of committed events (the table analyzed
-//!    after the fill, as autovacuum does for a table that grew), published by one relay in
-//!    batches of 100 and of 500 (each batch's events sent together, their acknowledgements
-//!    awaited, marked in one statement), against the baseline measured in the same rounds:
-//!    raw async-nats publishing of as many events, with the same headers, in batches of the
-//!    same size (the batch sent, then its acknowledgements awaited), which is what a careful
-//!    user writes by hand. The two alternate in order from round to round; the table gives
-//!    medians and ranges over the rounds, and the ratio relay ÷ raw. A relay claiming one event
-//!    per round is measured once beside them.
+//!    after the fill, as autovacuum does for a table that grew), drained by one relay through
+//!    `Relay::run` (started, then stopped once every event is acknowledged; the time runs
+//!    until `run` returns, so the last marks are in it) in batches of 100 and of 500 (each
+//!    batch's events sent together, their acknowledgements awaited, marked in one statement):
+//!    with its default pipeline (the next batch claimed and the last one marked while a batch
+//!    is published), and with a pipeline depth of 1 (claim, publish, mark one after the
+//!    other: the relay before pipelining). The baseline, measured in the same rounds: raw
+//!    async-nats publishing of as many events, with the same headers, in batches of the same
+//!    size (the batch sent, then its acknowledgements awaited), which is what a careful user
+//!    writes by hand. The three take turns in an order that rotates from round to round; the
+//!    table gives medians and ranges over the rounds, and the ratios relay ÷ raw. A relay
+//!    claiming one event per round is measured once beside them; then a round's three steps,
+//!    timed apart through the store; then, inside `run` (depth 1 and pipelined), the claims'
+//!    and marks' mean times and the CPU per event of this process, of PostgreSQL and of the
+//!    NATS server, beside raw publishing measured the same way.
 //! 2. **Commit-to-broker latency.** Events committed one by one, at a steady pace, each timed
 //!    from the return of its `COMMIT` to its arrival at a NATS subscriber: a relay woken by
 //!    `LISTEN/NOTIFY`, against relays that only poll (every second, the default, and every
@@ -33,7 +40,8 @@
 //!    round's baseline, and the CPU time per event of this process and of the `postgres`
 //!    processes (`/proc/<pid>/schedstat`, Linux; the server's other sessions included).
 //!
-//! `--rounds N` (default 5) sets the rounds.
+//! `--rounds N` (default 5) sets the rounds; `--depth N` the pipelined relay's depth (default:
+//! the relay's own, 3).
 //!
 //! Uses `SURELY_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`) and
 //! `SURELY_TEST_NATS_URL` (default `nats://127.0.0.1:4222`); every table and stream it makes
@@ -47,8 +55,13 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use surely::deps::async_nats::{self, jetstream};
 use surely::inbox::{PostgresInbox, Processed, Versions};
-use surely::outbox::{Event, EventId, JetStreamPublisher, OutboxStore, PostgresOutbox, Relay};
+use surely::outbox::{
+    Claimed, Event, EventId, Failed, JetStreamPublisher, OutboxError, OutboxStore, PostgresOutbox,
+    Relay,
+};
 use surely::postgres::Pool;
+use surely::record::OutboxStats;
+use tower::ServiceExt;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -86,7 +99,7 @@ async fn main() -> Result<(), BoxError> {
     let mut made = Vec::new();
     let result = async {
         if args.runs("relay") {
-            relay_throughput(&pool, &js, &run, events, args.rounds, &mut made).await?;
+            relay_throughput(&pool, &js, &run, &args, &mut made).await?;
         }
         if args.runs("latency") {
             commit_to_broker(&pool, &pg_url, &nats, &js, &run, &mut made).await?;
@@ -111,11 +124,12 @@ async fn main() -> Result<(), BoxError> {
 }
 
 /// What to run: `--events N` (default 10 000), `--rounds N` (default 5), `--only
-/// relay|latency|inbox` (default all).
+/// relay|latency|inbox` (default all), `--depth N` (default: the relay's).
 struct Args {
     events: usize,
     rounds: usize,
     only: Option<String>,
+    depth: Option<usize>,
 }
 
 impl Args {
@@ -129,6 +143,7 @@ fn parse_args() -> Result<Args, BoxError> {
     let mut events = 10_000;
     let mut rounds = 5;
     let mut only = None;
+    let mut depth = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--only" => {
@@ -148,6 +163,14 @@ fn parse_args() -> Result<Args, BoxError> {
                     return Err("--rounds: at least 1".into());
                 }
             }
+            "--depth" => {
+                depth = Some(
+                    args.next()
+                        .ok_or("--depth needs a number")?
+                        .parse()
+                        .map_err(|e| format!("--depth: {e}"))?,
+                );
+            }
             "--events" => {
                 events = args
                     .next()
@@ -160,7 +183,7 @@ fn parse_args() -> Result<Args, BoxError> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument {other:?} (try --events N, --rounds N, --only relay|latency|inbox)"
+                    "unknown argument {other:?} (try --events N, --rounds N, --depth N, --only relay|latency|inbox)"
                 )
                 .into())
             }
@@ -170,6 +193,7 @@ fn parse_args() -> Result<Args, BoxError> {
         events,
         rounds,
         only,
+        depth,
     })
 }
 
@@ -221,86 +245,129 @@ async fn fill(outbox: &PostgresOutbox, run: &str, what: &str, n: usize) -> Resul
     Ok(())
 }
 
-/// Runs rounds until the backlog is gone; events per second.
-async fn drain<P>(relay: &mut Relay<PostgresOutbox, P>, n: usize) -> Result<f64, BoxError>
-where
-    P: tower::Service<Event>,
-    P::Error: Into<BoxError>,
-{
-    let start = Instant::now();
-    let mut published = 0;
-    loop {
-        let round = relay.run_once().await?;
-        published += round.published;
-        if round.claimed == 0 {
-            break;
+/// A relay over `outbox`, publishing into JetStream under `subject`, in batches of `batch`
+/// with a pipeline of `depth` (`None`: the relay's default), run as a user runs it
+/// (`Relay::run`) until it has published the `n` events of the backlog: stopped once the last
+/// acknowledgement is in, timed until `run` returns (its last marks included). Events per
+/// second; an error unless every event was published and marked.
+async fn drain<St: OutboxStore + Clone>(
+    outbox: &St,
+    js: &jetstream::Context,
+    subject: String,
+    batch: usize,
+    depth: Option<usize>,
+    n: usize,
+) -> Result<f64, BoxError> {
+    let acked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let all_acked = Arc::new(tokio::sync::Notify::new());
+    let (count, done) = (acked.clone(), all_acked.clone());
+    let publisher = JetStreamPublisher::new(js.clone(), subject).map_result(move |r| {
+        if r.is_ok() && count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == n {
+            done.notify_one();
         }
+        r
+    });
+    let mut builder = Relay::builder(outbox.clone(), publisher).batch(batch);
+    if let Some(depth) = depth {
+        builder = builder.pipeline_depth(depth);
     }
-    if published != n {
-        return Err(format!("published {published} of {n}").into());
+    let relay = builder.build()?;
+    let start = Instant::now();
+    relay
+        .run(async {
+            // A bound, should an event never be acknowledged: the check below says so.
+            let _ = tokio::time::timeout(Duration::from_secs(300), all_acked.notified()).await;
+        })
+        .await;
+    let took = start.elapsed();
+    let backlog = outbox.stats().await?.backlog;
+    let published = acked.load(std::sync::atomic::Ordering::Relaxed);
+    if published != n || backlog != 0 {
+        return Err(format!("published {published} of {n}, {backlog} left unmarked").into());
     }
-    Ok(n as f64 / start.elapsed().as_secs_f64())
+    Ok(n as f64 / took.as_secs_f64())
 }
 
 async fn relay_throughput(
     pool: &Pool,
     js: &jetstream::Context,
     run: &str,
-    events: usize,
-    rounds: usize,
+    args: &Args,
     made: &mut Vec<String>,
 ) -> Result<(), BoxError> {
-    println!("## Relay into JetStream (one relay; events already committed)\n");
+    let (events, rounds) = (args.events, args.rounds);
+    println!("## Relay into JetStream (one relay, `Relay::run`; events already committed)\n");
     let baseline_events = (events / 5).max(100);
     let single = outbox(pool, &format!("{run}_single"), made).await?;
     fill(&single, run, "single", baseline_events).await?;
-    let mut relay = Relay::builder(
-        single,
-        JetStreamPublisher::new(js.clone(), format!("{run}.single")),
+    let single = drain(
+        &single,
+        js,
+        format!("{run}.single"),
+        1,
+        Some(1),
+        baseline_events,
     )
-    .batch(1)
-    .build()?;
-    let single = drain(&mut relay, baseline_events).await?;
+    .await?;
     println!("One event per round (a claim, a publish, a mark): {single:.0} events/s.\n");
+    let depth = args
+        .depth
+        .map_or_else(|| "default".to_owned(), |d| d.to_string());
     println!(
         "Batches, against raw async-nats publishing of the same events in the same batches \
-         (the batch sent, then its acknowledgements awaited), alternated, {rounds} rounds \
-         of {events} events:\n"
+         (the batch sent, then its acknowledgements awaited), the three taking turns, \
+         {rounds} rounds of {events} events; the relay pipelined (depth {depth}) and one \
+         round at a time (depth 1):\n"
     );
-    println!("| batch | raw publish, events/s | relay, events/s | relay ÷ raw, median (range) |");
-    println!("| ---: | ---: | ---: | ---: |");
+    println!(
+        "| batch | raw publish, events/s | relay pipelined, events/s | relay depth 1, events/s \
+         | pipelined ÷ raw | depth 1 ÷ raw |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
     for batch in [100, 500] {
-        let (mut raw_rates, mut relay_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let mut rates: [Vec<f64>; 3] = Default::default();
+        let (mut piped_ratio, mut one_ratio) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             let what = format!("batch{batch}r{round}");
-            let table = outbox(pool, &format!("{run}_{what}"), made).await?;
-            fill(&table, run, &what, events).await?;
+            let piped = outbox(pool, &format!("{run}_{what}p"), made).await?;
+            fill(&piped, run, &format!("{what}p"), events).await?;
+            let one = outbox(pool, &format!("{run}_{what}s"), made).await?;
+            fill(&one, run, &format!("{what}s"), events).await?;
             let raw_events = (0..events)
                 .map(|i| event(run, &format!("raw{what}"), i, "order", 1))
                 .collect::<Result<Vec<_>, _>>()?;
-            let mut relay = Relay::builder(
-                table,
-                JetStreamPublisher::new(js.clone(), format!("{run}.{what}")),
-            )
-            .batch(batch)
-            .build()?;
-            let (raw, relayed) = if round % 2 == 0 {
-                let raw = raw_publish(js, &format!("{run}.raw{what}"), &raw_events, batch).await?;
-                (raw, drain(&mut relay, events).await?)
-            } else {
-                let relayed = drain(&mut relay, events).await?;
-                let raw = raw_publish(js, &format!("{run}.raw{what}"), &raw_events, batch).await?;
-                (raw, relayed)
-            };
-            raw_rates.push(raw);
-            relay_rates.push(relayed);
-            ratios.push(relayed / raw);
+            let mut got = [0.0; 3];
+            for turn in 0..3 {
+                let case = (round + turn) % 3;
+                got[case] = match case {
+                    0 => raw_publish(js, &format!("{run}.raw{what}"), &raw_events, batch).await?,
+                    1 => {
+                        drain(
+                            &piped,
+                            js,
+                            format!("{run}.{what}p"),
+                            batch,
+                            args.depth,
+                            events,
+                        )
+                        .await?
+                    }
+                    _ => drain(&one, js, format!("{run}.{what}s"), batch, Some(1), events).await?,
+                };
+            }
+            for (case, rate) in got.iter().enumerate() {
+                rates[case].push(*rate);
+            }
+            piped_ratio.push(got[1] / got[0]);
+            one_ratio.push(got[2] / got[0]);
         }
         println!(
-            "| {batch} | {} | {} | {} |",
-            spread(&raw_rates, 0),
-            spread(&relay_rates, 0),
-            spread(&ratios, 2)
+            "| {batch} | {} | {} | {} | {} | {} |",
+            spread(&rates[0], 0),
+            spread(&rates[1], 0),
+            spread(&rates[2], 0),
+            spread(&piped_ratio, 2),
+            spread(&one_ratio, 2)
         );
     }
     println!();
@@ -338,6 +405,139 @@ async fn relay_throughput(
             ms(publish),
             ms(mark)
         );
+    }
+    println!();
+    relay_breakdown(pool, js, run, args, made).await
+}
+
+/// The outbox, with the time its claims and its marks of published events take, summed.
+#[derive(Clone)]
+struct Timed {
+    inner: PostgresOutbox,
+    spent: Arc<Mutex<Spent>>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Spent {
+    claims: u32,
+    claim: Duration,
+    marks: u32,
+    mark: Duration,
+}
+
+impl OutboxStore for Timed {
+    async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>, OutboxError> {
+        let start = Instant::now();
+        let out = self.inner.claim(max, lease).await;
+        let mut spent = self.spent.lock().unwrap();
+        spent.claims += 1;
+        spent.claim += start.elapsed();
+        out
+    }
+
+    async fn published(&self, claimed: &Claimed) -> Result<(), OutboxError> {
+        self.inner.published(claimed).await
+    }
+
+    async fn published_all(&self, claimed: &[Claimed]) -> Result<usize, OutboxError> {
+        let start = Instant::now();
+        let out = self.inner.published_all(claimed).await;
+        if !claimed.is_empty() {
+            let mut spent = self.spent.lock().unwrap();
+            spent.marks += 1;
+            spent.mark += start.elapsed();
+        }
+        out
+    }
+
+    async fn failed(
+        &self,
+        claimed: &Claimed,
+        error: &str,
+        retry_after: Duration,
+        quarantine_after: u32,
+    ) -> Result<Failed, OutboxError> {
+        self.inner
+            .failed(claimed, error, retry_after, quarantine_after)
+            .await
+    }
+
+    async fn sweep(&self, retention: Duration) -> Result<u64, OutboxError> {
+        self.inner.sweep(retention).await
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, OutboxError> {
+        self.inner.stats().await
+    }
+}
+
+/// Where a relay's time goes as `run` drains a backlog, pipelined and not: the claims and
+/// marks timed inside the run (mean per batch: they overlap the publishes when pipelined),
+/// and the CPU per event of this process, of PostgreSQL and of the NATS server, with how many
+/// of the machine's cores they kept busy together; raw publishing of as many events first,
+/// measured the same way.
+async fn relay_breakdown(
+    pool: &Pool,
+    js: &jetstream::Context,
+    run: &str,
+    args: &Args,
+    made: &mut Vec<String>,
+) -> Result<(), BoxError> {
+    let events = args.events;
+    println!("Inside `run` (one run each, {events} events):\n");
+    println!(
+        "| batch | depth | events/s | wall per batch | claim | mark | CPU µs/event: relay, \
+         PostgreSQL, NATS | cores busy |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for batch in [100, 500] {
+        let raw_events = (0..events)
+            .map(|i| event(run, &format!("insideraw{batch}"), i, "order", 1))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (mine, nats) = (cpu_now().0, cpu_of("nats-server"));
+        let start = Instant::now();
+        let rate = raw_publish(js, &format!("{run}.insideraw{batch}"), &raw_events, batch).await?;
+        let wall = start.elapsed();
+        let (mine, nats) = (cpu_now().0 - mine, cpu_of("nats-server") - nats);
+        println!(
+            "| {batch} | raw | {rate:.0} | {:.2} ms | | | {:.1} / 0 / {:.1} | {:.2} |",
+            wall.as_secs_f64() * 1000.0 / events.div_ceil(batch) as f64,
+            mine as f64 / 1000.0 / events as f64,
+            nats as f64 / 1000.0 / events as f64,
+            (mine + nats) as f64 / 1e9 / wall.as_secs_f64()
+        );
+        for depth in [Some(1), args.depth.or(Some(3))] {
+            let what = format!("inside{batch}d{}", depth.unwrap_or(0));
+            let table = Timed {
+                inner: outbox(pool, &format!("{run}_{what}"), made).await?,
+                spent: Arc::default(),
+            };
+            fill(&table.inner, run, &what, events).await?;
+            let (mine, postgres, nats) = (cpu_now(), cpu_of("postgres"), cpu_of("nats-server"));
+            let start = Instant::now();
+            let rate = drain(&table, js, format!("{run}.{what}"), batch, depth, events).await?;
+            let wall = start.elapsed();
+            let mine = cpu_now().0 - mine.0;
+            let postgres = cpu_of("postgres") - postgres;
+            let nats = cpu_of("nats-server") - nats;
+            let spent = *table.spent.lock().unwrap();
+            let per_event = |ns: u64| ns as f64 / 1000.0 / events as f64;
+            let ms = |d: Duration, n: u32| {
+                format!("{:.2} ms", d.as_secs_f64() * 1000.0 / f64::from(n.max(1)))
+            };
+            let batches = events.div_ceil(batch) as u32;
+            println!(
+                "| {batch} | {} | {rate:.0} | {} | {} | {} | {:.1} / {:.1} / {:.1} | {:.2} |",
+                depth.unwrap_or(3),
+                ms(wall, batches),
+                ms(spent.claim, spent.claims),
+                ms(spent.mark, spent.marks),
+                per_event(mine),
+                per_event(postgres),
+                per_event(nats),
+                (mine + postgres + nats) as f64 / 1e9 / wall.as_secs_f64()
+            );
+        }
     }
     println!();
     Ok(())
@@ -494,12 +694,6 @@ async fn commit_to_broker(
 /// server's processes: the first field of `/proc/<pid>/schedstat` (Linux), summed; zeros
 /// elsewhere.
 fn cpu_now() -> (u64, u64) {
-    fn on_cpu(path: &std::path::Path) -> u64 {
-        std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
-            .unwrap_or(0)
-    }
     let mine = std::fs::read_dir("/proc/self/task")
         .map(|tasks| {
             tasks
@@ -508,19 +702,37 @@ fn cpu_now() -> (u64, u64) {
                 .sum()
         })
         .unwrap_or(0);
-    let postgres = std::fs::read_dir("/proc")
+    (mine, cpu_of("postgres"))
+}
+
+/// The CPU time so far, in nanoseconds, of the processes named `comm`: their threads'
+/// `/proc/<pid>/task/<tid>/schedstat` (Linux), summed; zero elsewhere.
+fn cpu_of(comm: &str) -> u64 {
+    std::fs::read_dir("/proc")
         .map(|procs| {
             procs
                 .flatten()
                 .filter(|p| {
                     std::fs::read_to_string(p.path().join("comm"))
-                        .is_ok_and(|comm| comm.trim_end() == "postgres")
+                        .is_ok_and(|c| c.trim_end() == comm)
                 })
-                .map(|p| on_cpu(&p.path().join("schedstat")))
+                .flat_map(|p| {
+                    std::fs::read_dir(p.path().join("task"))
+                        .into_iter()
+                        .flatten()
+                })
+                .flatten()
+                .map(|t| on_cpu(&t.path().join("schedstat")))
                 .sum()
         })
-        .unwrap_or(0);
-    (mine, postgres)
+        .unwrap_or(0)
+}
+
+fn on_cpu(path: &std::path::Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
 }
 
 /// One measured case: events per second, and microseconds of CPU per event in this process

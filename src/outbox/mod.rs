@@ -29,6 +29,13 @@
 //!   fails waits while later ones go on, so consumers order by the event's
 //!   [version](Event::version), not by arrival.
 //!
+//! A running relay ([`Relay::run`]) overlaps its rounds while there is a backlog: it claims the
+//! next batch and marks the last one while a batch is being published, still one batch published
+//! at a time and in order ([pipelining](Relay#pipelining)). A batch claimed ahead waits in line,
+//! so a claim's [lease](RelayBuilder::lease) covers a few batches' publishing and marking rather
+//! than one round's; what a relay holds when it dies, or when its store fails, comes back when
+//! the lease passes.
+//!
 //! Published events are [swept](OutboxStore::sweep) after a retention: by the relay, 24 hours
 //! after they were published unless [told otherwise](RelayBuilder::retention).
 //!

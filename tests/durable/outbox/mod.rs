@@ -5,6 +5,7 @@
 
 #[cfg(feature = "nats")]
 mod nats;
+mod pipeline;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "rabbitmq")]
@@ -608,6 +609,10 @@ fn bad_settings_and_bad_events_are_errors() {
         (
             "stats",
             Relay::builder(outbox.clone(), bus.service()).stats_every(Duration::ZERO),
+        ),
+        (
+            "pipeline depth",
+            Relay::builder(outbox.clone(), bus.service()).pipeline_depth(0),
         ),
     ] {
         let err = builder.build().unwrap_err();
