@@ -133,7 +133,9 @@
 //! `surely_client_http`, the `client::http()` preset with its defaults (replayable bodies, the
 //! body watch, the breaker, the deadline written on the wire, the retry owner marker, the
 //! outcome handed back in the response's extensions), the bench's budget and no backoff; and
-//! `surely_client_http_no_breaker`. No target: the summary shows their ratios and allocations.
+//! `surely_client_http_no_breaker`. The summary shows their ratios and allocations; the preset's
+//! target, `surely_client_http` ≤ 1.0 × `tower_retry_tps_timeout` on both shapes, is judged on
+//! the paired ratio (below).
 //! `client_http_parts/small` takes the preset's parts away one at a time (the headers it writes
 //! for the next hop, the body watch, the replayable body), to show where its time goes.
 //!
@@ -171,6 +173,7 @@
 //!   `client_ready`, ≤ 0.75 × `tower_retry_tps_timeout` on `client_fail_once`;
 //!   `surely_client_breaker` ≤ 0.75 × `tower_retry_tps_timeout` on `client_ready`;
 //! * `surely_deadline_attempt` ≤ 0.6 × `tower_timeout` and ≤ 1.0 × `seatbelt_timeout`;
+//! * `surely_client_http` ≤ 1.0 × `tower_retry_tps_timeout` on `client_http` (paired only);
 //! * what the records cost: `surely_client` − `surely_client_no_records` ≤ 3 ns, in every
 //!   client group;
 //! * the shapes' spread: for `surely_client` (in each client group) and
@@ -2383,6 +2386,7 @@ fn ratio_targets() -> Vec<(String, &'static str, &'static str, f64)> {
             let ready = format!("client_ready/{shape}");
             let fail_once = format!("client_fail_once/{shape}");
             let deadline = format!("{DEADLINE_FAMILY}/{shape}");
+            let http = format!("{CLIENT_HTTP_FAMILY}/{shape}");
             [
                 (ready.clone(), CLIENT, TOWER_RETRY, 0.6),
                 (ready.clone(), CLIENT, SEATBELT_RETRY, 1.0),
@@ -2390,6 +2394,7 @@ fn ratio_targets() -> Vec<(String, &'static str, &'static str, f64)> {
                 (ready, CLIENT_BREAKER, TOWER_RETRY, 0.75),
                 (deadline.clone(), DEADLINE_ATTEMPT, TOWER, 0.6),
                 (deadline, DEADLINE_ATTEMPT, SEATBELT_TIMEOUT, 1.0),
+                (http, CLIENT_HTTP, TOWER_RETRY, 1.0),
             ]
         })
         .collect()

@@ -134,13 +134,33 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, req: Request<B>) -> Self::Future {
+        if req.body().is_end_stream() {
+            // The usual case of a GET: an empty body (`Empty`, or a `Full` of nothing) has
+            // nothing to read ahead and replays as nothing; the request goes on as it is.
+            return ReplayFuture {
+                state: State::Calling {
+                    future: self.inner.call(req.map(ReplayBody::ended)),
+                },
+            };
+        }
+        self.read_and_call(req)
+    }
+}
+
+impl<S> ReplayBodies<S> {
+    /// The call of a request whose body has not ended yet: read it ahead, up to the limit.
+    fn read_and_call<B>(&mut self, req: Request<B>) -> ReplayFuture<S, B>
+    where
+        S: Service<Request<ReplayBody<B>>> + Clone,
+        B: Body + Unpin,
+        B::Error: Into<BoxError>,
+    {
         let (parts, mut body) = req.into_parts();
         let mut chunks = VecDeque::new();
         let mut read = 0;
-        let ahead = if body.is_end_stream() {
-            Poll::Ready(Read::Ended(None))
-        } else if body.size_hint().lower() > self.limit as u64 {
+        let ahead = if body.size_hint().lower() > self.limit as u64 {
             // Known to be too large: read nothing ahead, send it as it comes.
             Poll::Ready(Read::Once)
         } else {
@@ -354,6 +374,8 @@ pub struct ReplayBody<B> {
 // Small (48 bytes over an `Empty` body, against 128 with the trailers and the rare variant
 // inline): every copy of the request carries it, and every layer moves the request.
 enum Kind<B> {
+    /// Nothing to send (a GET's body): copied and dropped without touching any bytes.
+    Empty,
     Buffered {
         data: Bytes,
         trailers: Option<Box<HeaderMap>>,
@@ -361,6 +383,9 @@ enum Kind<B> {
     Once(Box<Once<B>>),
     Gone,
 }
+
+/// What [`ReplayBody::buffered_bytes`] lends for an empty body.
+static NO_BYTES: Bytes = Bytes::new();
 
 /// A body sent as it comes, once.
 struct Once<B> {
@@ -403,6 +428,11 @@ impl<B> ReplayBody<B> {
         }
     }
 
+    /// The replay of a body that had ended before anything was read from it: nothing.
+    fn ended(_: B) -> Self {
+        ReplayBody { kind: Kind::Empty }
+    }
+
     /// A body of these bytes, replayable.
     pub fn from_bytes(data: impl Into<Bytes>) -> Self {
         ReplayBody {
@@ -415,13 +445,14 @@ impl<B> ReplayBody<B> {
 
     /// Whether the body was buffered, so that copies of it send the same bytes.
     pub fn is_replayable(&self) -> bool {
-        matches!(self.kind, Kind::Buffered { .. })
+        matches!(self.kind, Kind::Buffered { .. } | Kind::Empty)
     }
 
     /// The buffered bytes, for a replayable body.
     pub fn buffered_bytes(&self) -> Option<&Bytes> {
         match &self.kind {
             Kind::Buffered { data, .. } => Some(data),
+            Kind::Empty => Some(&NO_BYTES),
             _ => None,
         }
     }
@@ -434,6 +465,7 @@ impl<B> ReplayBody<B> {
 impl<B> Clone for ReplayBody<B> {
     fn clone(&self) -> Self {
         let kind = match &self.kind {
+            Kind::Empty => Kind::Empty,
             Kind::Buffered { data, trailers } => Kind::Buffered {
                 data: data.clone(),
                 trailers: trailers.clone(),
@@ -447,6 +479,7 @@ impl<B> Clone for ReplayBody<B> {
 impl<B> fmt::Debug for ReplayBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
+            Kind::Empty => f.debug_struct("ReplayBody").field("buffered", &0).finish(),
             Kind::Buffered { data, .. } => f
                 .debug_struct("ReplayBody")
                 .field("buffered", &data.len())
@@ -476,6 +509,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut self.kind {
+            Kind::Empty => Poll::Ready(None),
             Kind::Buffered { data, trailers } => {
                 if !data.is_empty() {
                     return Poll::Ready(Some(Ok(Frame::data(std::mem::take(data)))));
@@ -509,6 +543,7 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
+            Kind::Empty => true,
             Kind::Buffered { data, trailers } => data.is_empty() && trailers.is_none(),
             Kind::Once(once) => {
                 once.prefix.is_empty()
@@ -521,6 +556,7 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
+            Kind::Empty => SizeHint::with_exact(0),
             Kind::Buffered { data, .. } => SizeHint::with_exact(data.len() as u64),
             Kind::Once(once) => {
                 let read: u64 = once.prefix.iter().map(|c| c.len() as u64).sum();

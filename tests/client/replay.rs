@@ -235,6 +235,70 @@ async fn an_empty_body_is_replayable() {
     assert_eq!(recorder.calls()[0].attempts, 2);
 }
 
+/// A request as the transport under a `ReplayBodyLayer` gets it.
+type Replayed = Request<ReplayBody<Full<Bytes>>>;
+
+#[tokio::test(start_paused = true)]
+async fn an_ended_body_goes_on_with_its_request_and_every_copy_sends_nothing() {
+    // A `Full` of nothing has ended before it is read, as an `Empty` has: the request goes on
+    // as it came, with a body that replays as nothing, however often it is copied or read.
+    let seen: Arc<Mutex<Option<Replayed>>> = Arc::default();
+    let keep = seen.clone();
+    let mut svc = ReplayBodyLayer::new()
+        .limit(0)
+        .layer(service_fn(move |req: Replayed| {
+            let keep = keep.clone();
+            async move {
+                *keep.lock().unwrap() = Some(req);
+                Ok::<_, Infallible>(())
+            }
+        }));
+    let mut req = Request::put("/orders/o-1")
+        .header("x-order", "o-1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    req.extensions_mut().insert(7u8);
+    svc.ready().await.unwrap().call(req).await.unwrap();
+
+    let req = seen.lock().unwrap().take().unwrap();
+    assert_eq!(req.method(), http::Method::PUT);
+    assert_eq!(req.uri(), "/orders/o-1");
+    assert_eq!(req.headers()["x-order"], "o-1");
+    assert_eq!(req.extensions().get::<u8>(), Some(&7));
+    assert!(req.extensions().get::<NotReplayable>().is_none());
+    let body = req.into_body();
+    assert!(body.is_replayable());
+    assert!(body.is_end_stream());
+    assert_eq!(body.size_hint().exact(), Some(0));
+    assert_eq!(body.buffered_bytes().unwrap(), "");
+    assert_eq!(format!("{body:?}"), "ReplayBody { buffered: 0 }");
+    let copy = body.clone();
+    assert!(copy.collect().await.unwrap().to_bytes().is_empty());
+    let mut body = body;
+    assert!(body.frame().await.is_none());
+    assert!(body.frame().await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ended_body_is_sent_again_on_every_retry() {
+    let req = Request::put("/orders/o-1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (res, seen, recorder) = send(
+        req,
+        1024,
+        Schedule::new()
+            .at(0, Fault::ResetAfterSend)
+            .at(1, Fault::ResetAfterSend),
+    )
+    .await;
+
+    // Each attempt reached the transport, which read the body whole.
+    assert!(res.is_ok());
+    assert_eq!(bodies(&seen), vec![Bytes::new(); 3]);
+    assert_eq!(recorder.calls()[0].attempts, 3);
+}
+
 #[tokio::test]
 async fn a_copy_of_a_body_sent_once_fails_instead_of_sending_nothing() {
     let seen: Arc<Mutex<Option<Request<ReplayBody<Chunks>>>>> = Arc::default();
