@@ -45,8 +45,8 @@ use crate::ConfigError;
 /// publish: a relay so run drains a backlog at about a third of what the broker takes. So
 /// [`run`](Self::run) overlaps them: while batch *n* is published, batch *n − 1* is marked and
 /// batch *n + 1* claimed, and a round costs about its slowest step, as far as the store and
-/// the broker have CPU to spare (the relay, PostgreSQL and NATS on one busy 2-core machine
-/// drained a backlog 1.2–1.7× faster than one round at a time: `benches/README.md`). All of
+/// the broker have CPU to spare (the relay, PostgreSQL and NATS on one 2-core machine
+/// drained a backlog 1.24–1.40× faster than one round at a time: `benches/README.md`). All of
 /// it runs in the relay's own task (nothing is spawned). What a round guarantees still
 /// holds:
 ///
