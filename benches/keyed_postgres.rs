@@ -529,8 +529,9 @@ impl Bench {
         let client = self.meta.get().await.expect("a connection");
         client
             .batch_execute(&format!(
-                "DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {};",
-                self.orders, self.records, self.floor_records
+                "DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {};
+                 DROP FUNCTION IF EXISTS {}_acquire;",
+                self.orders, self.records, self.floor_records, self.records
             ))
             .await
             .expect("drop the bench's tables");

@@ -467,7 +467,9 @@ fn postgres(c: &mut Criterion, rt: &Runtime) -> Option<(&'static str, f64, f64)>
     rt.block_on(async {
         let client = store.pool().get().await.expect("a connection");
         client
-            .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table}; DROP FUNCTION IF EXISTS {table}_acquire"
+            ))
             .await
             .expect("drop the bench table");
         client

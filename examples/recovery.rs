@@ -545,7 +545,8 @@ mod durable {
                 .batch_execute(&format!(
                     "DROP TABLE IF EXISTS {p}_orders, {p}_stock, {p}_reservations, {p}_idem,
                          {p}_order_outbox, {p}_inv_outbox, {p}_inbox, {p}_inbox_versions,
-                         {p}_ledger_attempts, {p}_ledger"
+                         {p}_ledger_attempts, {p}_ledger;
+                     DROP FUNCTION IF EXISTS {p}_idem_acquire;"
                 ))
                 .await?;
             let targets: Vec<String> = STORE_TABLES.iter().map(|t| format!("{p}{t}")).collect();

@@ -1097,7 +1097,9 @@ fn postgres(rt: &Runtime, url: &str) -> Result<bool, BoxError> {
     let cleaned = rt.block_on(async {
         let client = store.pool().get().await?;
         client
-            .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table}; DROP FUNCTION IF EXISTS {table}_acquire"
+            ))
             .await?;
         client
             .execute("DELETE FROM surely_migrations WHERE target = $1", &[&table])

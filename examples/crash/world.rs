@@ -176,8 +176,8 @@ impl World {
         Ok(())
     }
 
-    /// Drops every table of the run's prefix, the crate's migration records of them, and the
-    /// stream (with its consumer); says what it dropped.
+    /// Drops every table and function of the run's prefix, the crate's migration records of
+    /// them, and the stream (with its consumer); says what it dropped.
     pub(crate) async fn drop_all(&self) -> Result<String, BoxError> {
         let client = self.pool.get().await?;
         let pattern = format!("{}\\_%", self.prefix);
@@ -194,6 +194,20 @@ impl World {
                     "DROP TABLE IF EXISTS {} CASCADE",
                     tables.join(", ")
                 ))
+                .await?;
+        }
+        // The idempotency store's table comes with a function, which dropping it leaves.
+        let functions = client
+            .query(
+                "SELECT n.nspname || '.' || p.proname FROM pg_proc p
+                 JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.proname LIKE $1",
+                &[&pattern],
+            )
+            .await?;
+        for f in &functions {
+            let f: String = f.get(0);
+            client
+                .batch_execute(&format!("DROP FUNCTION IF EXISTS {f}"))
                 .await?;
         }
         client
