@@ -236,8 +236,7 @@ impl crate::storage::in_transaction::Sealed for InboxTransaction {
         sql: &'a str,
         params: &'a [&'a (dyn ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
-        let stmt = self.prepare_cached(sql).await?;
-        tokio_postgres::Client::query_one(self, &stmt, params).await
+        crate::storage::in_transaction::query_one_cached(self, sql, params).await
     }
 }
 

@@ -19,6 +19,7 @@ pub(crate) fn bare(table: &str) -> &str {
 pub(crate) use self::migration::Migration;
 pub(crate) use self::migration::{apply, Component};
 pub use self::migration::{Applied, MigrateError};
+#[cfg(any(feature = "server", feature = "durable"))]
 pub(crate) use self::transaction::sealed as in_transaction;
 pub use self::transaction::InTransaction;
 /// A pool of PostgreSQL connections: deadpool-postgres's, over tokio-postgres (both in

@@ -9,9 +9,11 @@ use tokio_postgres::Row;
 /// joins so that it commits or rolls back with the caller's own writes (the outbox's
 /// [`enqueue`](crate::outbox::PostgresOutbox::enqueue), for one).
 ///
-/// Implemented for tokio-postgres's and deadpool-postgres's transactions and, with the `server`
+/// Implemented for tokio-postgres's and deadpool-postgres's transactions; with the `server`
 /// feature, for the connection of the transaction in which the idempotency layer claimed a key
-/// ([`TransactionClient`](crate::server::store::TransactionClient)). Sealed: a plain client, outside any
+/// ([`TransactionClient`](crate::server::store::TransactionClient)); and with the `durable`
+/// feature, for the connection of the transaction in which the inbox processes an event
+/// ([`InboxTransaction`](crate::inbox::InboxTransaction)). Sealed: a plain client, outside any
 /// transaction, is not one.
 pub trait InTransaction: sealed::Sealed {}
 
@@ -40,6 +42,18 @@ pub(crate) mod sealed {
         ) -> impl Future<Output = Result<Row, tokio_postgres::Error>> + Send + 'a {
             tokio_postgres::Transaction::query_one(self, sql, params)
         }
+    }
+
+    /// [`Sealed::query_one`] for a pooled connection lent inside a transaction the crate
+    /// opened (the idempotency claim's, the inbox's): prepared once per connection.
+    #[cfg_attr(not(any(feature = "server", feature = "durable")), allow(dead_code))]
+    pub(crate) async fn query_one_cached(
+        client: &deadpool_postgres::ClientWrapper,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error> {
+        let stmt = client.prepare_cached(sql).await?;
+        tokio_postgres::Client::query_one(client, &stmt, params).await
     }
 
     impl Sealed for deadpool_postgres::Transaction<'_> {
