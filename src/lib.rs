@@ -151,6 +151,7 @@ pub use crate::envelope::Envelope;
 pub use crate::error::{BoxedError, ConfigError, Error, ErrorKind, IntoError};
 pub use crate::outcome::{CallOutcome, Outcome, OutcomeExt, StopReason};
 pub use crate::semantics::{Criticality, InvalidCriticality, Semantics};
+pub use crate::time::MAX_DURATION;
 
 /// Under `--cfg surely_loom` only: the model's clock and the mutation switch, for `tests/loom.rs`.
 #[cfg(surely_loom)]

@@ -17,6 +17,7 @@ pub use self::timeout::{BodyIdle, Elapsed};
 
 use std::fmt;
 use std::task::Poll;
+use std::time::Duration;
 
 use crate::classify::{AttemptClass, BoxError, Classification, ClassifyError, DeliveryPhase};
 use crate::ids::InvalidKey;
@@ -563,6 +564,35 @@ impl ConfigError {
     /// The setting that was rejected.
     pub fn setting(&self) -> &'static str {
         self.what
+    }
+
+    /// Why it was rejected.
+    pub fn reason(&self) -> &'static str {
+        self.why
+    }
+
+    /// `duration`, if it is at most [`MAX_DURATION`](crate::MAX_DURATION); else the error that
+    /// names `setting` and the bound.
+    pub(crate) fn at_most_max(
+        setting: &'static str,
+        duration: Duration,
+    ) -> Result<Duration, ConfigError> {
+        if duration > crate::time::MAX_DURATION {
+            return Err(ConfigError::new(setting, "must be at most ten years"));
+        }
+        Ok(duration)
+    }
+
+    /// `duration`, if it is greater than zero and at most [`MAX_DURATION`](crate::MAX_DURATION);
+    /// else the error that names `setting` and the bound it broke.
+    pub(crate) fn positive_at_most_max(
+        setting: &'static str,
+        duration: Duration,
+    ) -> Result<Duration, ConfigError> {
+        if duration.is_zero() {
+            return Err(ConfigError::new(setting, "must be greater than zero"));
+        }
+        Self::at_most_max(setting, duration)
     }
 
     /// The same reason, said of `setting`: a configuration file's field path instead of the

@@ -157,7 +157,8 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     /// Obey a server's `Retry-After` or `grpc-retry-pushback-ms` up to this long (default
     /// 30 s). A server that asks for longer, or for a wait that the call's deadline cannot
     /// cover, is not retried at all: the call stops ([`StopReason::PushbackStop`]). The client
-    /// never comes back sooner than it was asked to.
+    /// never comes back sooner than it was asked to. At most [`MAX_DURATION`](crate::MAX_DURATION)
+    /// (ten years): [`build`](Self::build) refuses more.
     ///
     /// [`StopReason::PushbackStop`]: crate::StopReason::PushbackStop
     pub fn max_pushback(mut self, max_pushback: Duration) -> Self {
@@ -302,6 +303,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
                 ));
             }
         }
+        ConfigError::at_most_max("retry max pushback", self.settings.max_pushback)?;
         Ok(self.assemble())
     }
 

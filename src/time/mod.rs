@@ -11,7 +11,35 @@ pub mod codec;
 
 /// About 30 years: what a deadline "infinitely far" away is clamped to, so that arithmetic on
 /// instants never overflows.
-const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+/// The longest duration any setting of the crate accepts: ten years. A configured duration past
+/// it (a lease, a retention, a timeout, a cap on a server's pushback) is refused when the
+/// builder or the configuration file is read, with a [`ConfigError`](crate::ConfigError) that
+/// names the setting: ten years is a typo more likely than a wish, and every sum of it with
+/// an instant stays far from the clock's end. Durations that arrive from a peer (a
+/// `Retry-After`, a `grpc-timeout`) are not refused but clamped where they are read, each to
+/// the bound its reader documents.
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::retry::RetryLayer;
+///
+/// let err = RetryLayer::builder().max_pushback(Duration::MAX).build().unwrap_err();
+/// assert_eq!(err.setting(), "retry max pushback");
+/// assert!(RetryLayer::builder().max_pushback(surely::MAX_DURATION).build().is_ok());
+/// ```
+pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+
+/// `from + by`, without a panic whatever `by` is: a duration past [`FAR_FUTURE`] (about 30
+/// years) counts as 30 years. Every sum of an instant and a duration that a caller, a
+/// configuration file or a peer supplied goes through here (the architecture chapter of the
+/// docs, "Durations").
+pub(crate) fn later(from: Instant, by: Duration) -> Instant {
+    // `Instant` is the clock's reading since an arbitrary start (boot, on Linux): 30 years more
+    // fits it. Should it not, the sum is the instant itself (already due), not a panic.
+    from.checked_add(by.min(FAR_FUTURE)).unwrap_or(from)
+}
 
 /// The instant a logical call stops being useful, on tokio's clock (so paused-time tests
 /// control it).
@@ -47,7 +75,7 @@ impl Deadline {
 
     /// A deadline `budget` after `now`, clamped like [`after`](Self::after).
     pub fn after_from(now: Instant, budget: Duration) -> Self {
-        Deadline(now + budget.min(FAR_FUTURE))
+        Deadline(later(now, budget))
     }
 
     /// The instant.
@@ -82,5 +110,25 @@ impl Deadline {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn later_never_panics_and_clamps_to_far_future() {
+        let now = Instant::now();
+        assert_eq!(later(now, Duration::MAX), now + FAR_FUTURE);
+        assert_eq!(
+            later(now, FAR_FUTURE + Duration::from_nanos(1)),
+            now + FAR_FUTURE
+        );
+        assert_eq!(
+            later(now, Duration::from_secs(3)),
+            now + Duration::from_secs(3)
+        );
+        assert_eq!(later(now, Duration::ZERO), now);
     }
 }

@@ -370,7 +370,7 @@ impl<St> fmt::Debug for IdempotencyLayerBuilder<St> {
 }
 
 /// A lease or retention longer than this is refused (a typo more likely than a wish).
-pub(super) const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 86_400);
+pub(super) const MAX_PERIOD: Duration = crate::MAX_DURATION;
 
 impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// Defaults: lease 30 s, in-flight `Retry-After` at most 1 s, retention 24 h, body limit 1 MiB, no method requires a key, 5xx
@@ -765,18 +765,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// or a recovery hook with [`in_transaction`](Self::in_transaction).
     pub fn build(self) -> Result<IdempotencyLayer<St>, ConfigError> {
         let c = &self.config;
-        if c.lease.is_zero() {
-            return Err(ConfigError::new(
-                "idempotency lease",
-                "must be greater than zero",
-            ));
-        }
-        if c.lease > MAX_PERIOD {
-            return Err(ConfigError::new(
-                "idempotency lease",
-                "must be at most ten years",
-            ));
-        }
+        ConfigError::positive_at_most_max("idempotency lease", c.lease)?;
         if let Some(max) = c.renew_for {
             if max.is_zero() {
                 return Err(ConfigError::new(
@@ -791,18 +780,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 ));
             }
         }
-        if c.retention.is_zero() {
-            return Err(ConfigError::new(
-                "idempotency retention",
-                "must be greater than zero",
-            ));
-        }
-        if c.retention > MAX_PERIOD {
-            return Err(ConfigError::new(
-                "idempotency retention",
-                "must be at most ten years",
-            ));
-        }
+        ConfigError::positive_at_most_max("idempotency retention", c.retention)?;
         if c.compress_over == Some(0) {
             return Err(ConfigError::new(
                 "idempotency compression threshold",
