@@ -614,7 +614,7 @@ async fn extreme_values_are_refused_or_work_never_a_panic() {
         per_try_timeout = "100 years"
         [retry]
         max_attempts = 4294967295
-        max_pushback = "300 years"
+        max_pushback = "9 years"
         min_attempt_time = "100 years"
         [retry.backoff]
         base = "100 years"
