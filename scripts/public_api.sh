@@ -20,7 +20,8 @@
 # JSON format: 0.52.0 reads version 57, Rust 1.95's. A new toolchain that writes another version
 # needs the release that reads it (the one whose `rustdoc-types` dependency is at that version):
 # the script stops and says so. The tool is installed by this script, pinned and `--locked`, into
-# `target/tools/` the first time (about two minutes on two cores), and reused after.
+# `target/tools/` the first time (about two minutes on two cores), and reused after; one already
+# on the PATH at that version (`cargo install --locked cargo-public-api@0.52.0`) is used instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,11 +38,17 @@ esac
 target="${CARGO_TARGET_DIR:-target}"
 tools="$target/tools/cargo-public-api-$tool_version"
 tool="$tools/bin/cargo-public-api"
-if [ "$("$tool" --version 2>/dev/null || true)" != "cargo-public-api $tool_version" ]; then
-  echo "installing cargo-public-api $tool_version into $tools" >&2
-  # Built in a directory of cargo's own, not in the project's target directory.
-  env -u CARGO_TARGET_DIR cargo install --locked --quiet --root "$tools" \
-    --version "=$tool_version" cargo-public-api
+is_pinned() { [ "$("$1" --version 2>/dev/null || true)" = "cargo-public-api $tool_version" ]; }
+if ! is_pinned "$tool"; then
+  if command -v cargo-public-api >/dev/null && is_pinned "$(command -v cargo-public-api)"; then
+    # Installed by hand at the pinned version (`~/.cargo/bin`): used as it is.
+    tool="$(command -v cargo-public-api)"
+  else
+    echo "installing cargo-public-api $tool_version into $tools" >&2
+    # Built in a directory of cargo's own, not in the project's target directory.
+    env -u CARGO_TARGET_DIR cargo install --locked --quiet --root "$tools" \
+      --version "=$tool_version" cargo-public-api
+  fi
 fi
 
 json_target="$target/public-api"
