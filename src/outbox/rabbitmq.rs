@@ -799,15 +799,19 @@ impl fmt::Debug for RabbitPublisherBuilder {
 }
 
 /// A RabbitMQ publish failed, or the publisher could not be built. See [`RabbitPublisher`].
+///
+/// Its message says what failed; lapin's error, when there is one, is its
+/// [`source`](std::error::Error::source) (and [`broker_error`](Self::broker_error)), not part
+/// of the message.
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
+#[error(transparent)]
 pub struct RabbitError {
     kind: Kind,
 }
 
 #[derive(Debug, thiserror::Error)]
 enum Kind {
-    #[error("{0}")]
+    #[error(transparent)]
     Config(ConfigError),
     #[error("invalid RabbitMQ URI: {0}")]
     Uri(String),
@@ -819,12 +823,12 @@ enum Kind {
     Nacked,
     #[error("event {} within {timeout:?}", timed_out(*.sent))]
     Timeout { timeout: Duration, sent: bool },
-    #[error("RabbitMQ connection or channel failed: {0}")]
-    Connect(lapin::Error),
-    #[error("event not sent to RabbitMQ: {0}")]
-    Send(lapin::Error),
-    #[error("event publish unknown: the channel failed before RabbitMQ confirmed it: {0}")]
-    Unconfirmed(lapin::Error),
+    #[error("RabbitMQ connection or channel failed")]
+    Connect(#[source] lapin::Error),
+    #[error("event not sent to RabbitMQ: the publish failed")]
+    Send(#[source] lapin::Error),
+    #[error("event publish unknown: the channel failed before RabbitMQ confirmed it")]
+    Unconfirmed(#[source] lapin::Error),
     #[error("event publish unknown: {0}")]
     Lost(&'static str),
 }

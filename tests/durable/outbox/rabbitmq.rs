@@ -369,7 +369,7 @@ async fn a_missing_exchange_fails_the_publish_and_the_next_one_opens_a_new_chann
     topology.delete_exchange().await;
     let err = publish(&mut publisher, event(2)).await.unwrap_err();
     assert!(err.broker_error().is_some(), "{err}");
-    assert!(err.to_string().contains("NOT_FOUND"), "{err}");
+    assert!(cause_once(&err).contains("NOT_FOUND"), "{err}");
     topology.redeclare("orders.#").await;
     publish(&mut publisher, event(3)).await.unwrap();
     assert_eq!(
@@ -380,8 +380,18 @@ async fn a_missing_exchange_fails_the_publish_and_the_next_one_opens_a_new_chann
         .connect()
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("NOT_FOUND"), "{err}");
+    assert!(cause_once(&err).contains("NOT_FOUND"), "{err}");
     topology.delete().await;
+}
+
+/// lapin's error, which `err` returns as its source and does not repeat in its message.
+fn cause_once(err: &RabbitError) -> String {
+    let source = std::error::Error::source(err).expect("lapin's error as the source");
+    let cause = source.to_string();
+    assert!(!err.to_string().contains(&cause), "{err}: {cause}");
+    let broker = err.broker_error().map(ToString::to_string);
+    assert_eq!(broker.as_deref(), Some(cause.as_str()));
+    cause
 }
 
 /// The network fails under the publisher while a confirm is on its way: the publish fails at
