@@ -60,7 +60,7 @@ use std::sync::Arc;
 use axum::extract::ConnectInfo;
 use http::request::Parts;
 
-pub use self::action::{Action, ActionError, ActionErrorKind};
+pub use self::action::{Action, ActionError};
 #[cfg(feature = "postgres")]
 pub(crate) use self::audit::POSTGRES_COMPONENT;
 pub use self::audit::{AuditAction, AuditError, AuditLog, AuditRecord};
