@@ -69,6 +69,7 @@ pub use self::metrics::AdminMetrics;
 
 /// What the [`Authorize`] hook grants a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Access {
     /// Nothing: the request is refused (`401`).
     Denied,
