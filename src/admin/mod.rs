@@ -280,9 +280,11 @@ impl AdminBuilder {
         self
     }
 
-    /// How long a record processes before the admin shows it as stuck.
+    /// How long a record processes before the admin shows it as stuck (5 minutes unless set).
+    /// At most [`MAX_DURATION`](crate::MAX_DURATION): a longer age is taken as ten years (a
+    /// store could not look that far back: PostgreSQL's timestamps end).
     pub fn stuck_after(mut self, age: std::time::Duration) -> Self {
-        self.stuck_after = age;
+        self.stuck_after = age.min(crate::MAX_DURATION);
         self
     }
 
