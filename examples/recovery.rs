@@ -1813,7 +1813,8 @@ fn resolver(
             let said = match &answer {
                 Resolution::Succeeded(found) => format!("succeeded ({})", found.0),
                 Resolution::Failed => "failed (not found)".to_owned(),
-                Resolution::Unknown => "unknown (no answer)".to_owned(),
+                // `Unknown`, and any answer a later version adds.
+                _ => "unknown (no answer)".to_owned(),
             };
             println!("  reconciler asks for {key}: {said}");
             answer

@@ -80,6 +80,7 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 
 /// What the server asked about retrying.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Pushback {
     /// Retry no earlier than this (`Retry-After`, `grpc-retry-pushback-ms`).
     After(Duration),

@@ -10,6 +10,7 @@ use crate::Semantics;
 
 /// What a [`Resolve`]r found out about a call whose outcome was unknown.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Resolution<Res> {
     /// The server did the work: the call succeeds with this response (for instance, the order
     /// as the server holds it).

@@ -41,93 +41,128 @@ impl Action {
     }
 }
 
-/// An action was not taken (or its store failed while taking it): why, by kind.
+/// An action was not taken (or its store failed while taking it). Its `is_*` predicates say
+/// why: a value refused, no such target, a target not in a state for it, a store that cannot
+/// do it, or a store (or the audit log) that did not answer.
+///
+/// ```
+/// use surely::admin::{Action, Admin};
+/// use surely::ledger::EntryId;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // An admin given no ledger has no entry to retry.
+/// let admin = Admin::builder().build();
+/// let entry = EntryId::new("unk-1").unwrap();
+/// let err = admin.act("ana", Action::RetryNow(entry), "the order is in").await.unwrap_err();
+/// assert!(err.is_not_found() && !err.is_unavailable());
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct ActionError {
-    kind: ActionErrorKind,
+    kind: Kind,
     message: String,
 }
 
-/// Why an action was not taken.
+/// Why an action was not taken: the kinds the predicates of [`ActionError`] tell apart, kept
+/// for the pages' status codes and the audit log's outcomes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ActionErrorKind {
-    /// A value was refused (who, why): nothing was written.
+pub(super) enum Kind {
     Invalid,
-    /// No such entry or quarantined event, or the admin was given no store for it.
     NotFound,
-    /// The target is not in a state for it (a settled entry, a claimed one).
     Conflict,
-    /// The store cannot do it.
     Unsupported,
-    /// A store, or the audit log, did not answer.
     Unavailable,
 }
 
-impl ActionErrorKind {
+impl Kind {
     /// `invalid`, `not found`, `conflict`, `unsupported`, `unavailable`.
-    pub fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
-            ActionErrorKind::Invalid => "invalid",
-            ActionErrorKind::NotFound => "not found",
-            ActionErrorKind::Conflict => "conflict",
-            ActionErrorKind::Unsupported => "unsupported",
-            ActionErrorKind::Unavailable => "unavailable",
+            Kind::Invalid => "invalid",
+            Kind::NotFound => "not found",
+            Kind::Conflict => "conflict",
+            Kind::Unsupported => "unsupported",
+            Kind::Unavailable => "unavailable",
         }
     }
 }
 
 impl ActionError {
-    pub(super) fn new(kind: ActionErrorKind, message: impl fmt::Display) -> Self {
+    pub(super) fn new(kind: Kind, message: impl fmt::Display) -> Self {
         ActionError {
             kind,
             message: message.to_string(),
         }
     }
 
-    /// Why.
-    pub fn kind(&self) -> ActionErrorKind {
+    pub(super) fn kind(&self) -> Kind {
         self.kind
+    }
+
+    /// Whether a value was refused (who, why): nothing was written.
+    pub fn is_invalid(&self) -> bool {
+        self.kind == Kind::Invalid
+    }
+
+    /// Whether there is no such entry, quarantined event or difference, or the admin was given
+    /// no store for it.
+    pub fn is_not_found(&self) -> bool {
+        self.kind == Kind::NotFound
+    }
+
+    /// Whether the target is not in a state for the action (a settled entry, a claimed one).
+    pub fn is_conflict(&self) -> bool {
+        self.kind == Kind::Conflict
+    }
+
+    /// Whether the store cannot take the action.
+    pub fn is_unsupported(&self) -> bool {
+        self.kind == Kind::Unsupported
+    }
+
+    /// Whether a store, or the audit log, did not answer.
+    pub fn is_unavailable(&self) -> bool {
+        self.kind == Kind::Unavailable
     }
 
     pub(super) fn of_ledger(e: LedgerError) -> Self {
         let kind = if e.is_not_found() {
-            ActionErrorKind::NotFound
+            Kind::NotFound
         } else if e.is_invalid() {
-            ActionErrorKind::Invalid
+            Kind::Invalid
         } else if e.is_conflict() || e.is_stale() {
-            ActionErrorKind::Conflict
+            Kind::Conflict
         } else if e.is_unsupported() {
-            ActionErrorKind::Unsupported
+            Kind::Unsupported
         } else {
-            ActionErrorKind::Unavailable
+            Kind::Unavailable
         };
         ActionError::new(kind, e)
     }
 
     pub(super) fn of_reconcile(e: ReconcileError) -> Self {
         let kind = if e.is_not_found() {
-            ActionErrorKind::NotFound
+            Kind::NotFound
         } else if e.is_invalid() {
-            ActionErrorKind::Invalid
+            Kind::Invalid
         } else if e.is_stale() {
-            ActionErrorKind::Conflict
+            Kind::Conflict
         } else {
-            ActionErrorKind::Unavailable
+            Kind::Unavailable
         };
         ActionError::new(kind, e)
     }
 
     pub(super) fn of_outbox(e: OutboxError) -> Self {
         let kind = if e.is_not_found() {
-            ActionErrorKind::NotFound
+            Kind::NotFound
         } else if e.is_stale() {
-            ActionErrorKind::Conflict
+            Kind::Conflict
         } else if e.is_unsupported() {
-            ActionErrorKind::Unsupported
+            Kind::Unsupported
         } else {
-            ActionErrorKind::Unavailable
+            Kind::Unavailable
         };
         ActionError::new(kind, e)
     }
@@ -142,19 +177,17 @@ impl Admin {
     ///
     /// # Errors
     ///
-    /// [`ActionErrorKind::Invalid`] for a `who` or `why` the log cannot keep (nothing written);
-    /// the others after the line was written, with the outcome saying the same.
+    /// [`is_invalid`](ActionError::is_invalid) for a `who` or `why` the log cannot keep
+    /// (nothing written); the others after the line was written, with the outcome saying the
+    /// same.
     ///
     /// [`docs::operators`]: crate::docs::operators
     pub async fn act(&self, who: &str, action: Action, why: &str) -> Result<(), ActionError> {
-        let invalid = |e: String| ActionError::new(ActionErrorKind::Invalid, e);
+        let invalid = |e: String| ActionError::new(Kind::Invalid, e);
         check_text("why", why, MAX_TEXT, true).map_err(invalid)?;
         let inner = &self.inner;
         let missing = |what: &str| {
-            ActionError::new(
-                ActionErrorKind::NotFound,
-                format!("this admin was given no {what}"),
-            )
+            ActionError::new(Kind::NotFound, format!("this admin was given no {what}"))
         };
         let ledger = || inner.ledger.as_ref().ok_or_else(|| missing("ledger"));
         let outbox = || inner.outbox.as_ref().ok_or_else(|| missing("outbox"));
@@ -181,9 +214,9 @@ impl Admin {
             .await
             .map_err(|e| {
                 let kind = if e.is_invalid() {
-                    ActionErrorKind::Invalid
+                    Kind::Invalid
                 } else {
-                    ActionErrorKind::Unavailable
+                    Kind::Unavailable
                 };
                 ActionError::new(kind, e)
             })?;
@@ -191,7 +224,7 @@ impl Admin {
             (Action::Settle { entry, .. }, Some(s)) => match ledger()?.settle(entry, &s).await {
                 Ok(settled) if settled.is_now() => Ok(()),
                 Ok(settled) => Err(ActionError::new(
-                    ActionErrorKind::Conflict,
+                    Kind::Conflict,
                     format!(
                         "ledger entry {entry} was already settled: {}",
                         settled.settlement().verdict.as_str()
@@ -218,7 +251,7 @@ impl Admin {
             (Action::Resolve(id), _) => match differences()?.resolve(id, who, why).await {
                 Ok(Marked::Now) => Ok(()),
                 Ok(Marked::Already) => Err(ActionError::new(
-                    ActionErrorKind::Conflict,
+                    Kind::Conflict,
                     format!("difference {id} was already repaired or resolved"),
                 )),
                 Err(e) => Err(ActionError::of_reconcile(e)),

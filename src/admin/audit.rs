@@ -79,8 +79,11 @@ pub struct AuditRecord {
 }
 
 /// An audit log operation failed: a value was refused, or the backend failed.
+///
+/// The backend's own error (PostgreSQL's) is its [`source`](std::error::Error::source), not
+/// part of its message.
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
+#[error(transparent)]
 pub struct AuditError {
     kind: AuditErrorKind,
 }
@@ -89,8 +92,8 @@ pub struct AuditError {
 enum AuditErrorKind {
     #[error("refused by the audit log: {0}")]
     Invalid(String),
-    #[error("audit log failed: {0}")]
-    Backend(BoxError),
+    #[error("audit log failed: its backend failed")]
+    Backend(#[source] BoxError),
 }
 
 impl AuditError {

@@ -60,7 +60,7 @@ use std::sync::Arc;
 use axum::extract::ConnectInfo;
 use http::request::Parts;
 
-pub use self::action::{Action, ActionError, ActionErrorKind};
+pub use self::action::{Action, ActionError};
 #[cfg(feature = "postgres")]
 pub(crate) use self::audit::POSTGRES_COMPONENT;
 pub use self::audit::{AuditAction, AuditError, AuditLog, AuditRecord};
@@ -69,6 +69,7 @@ pub use self::metrics::AdminMetrics;
 
 /// What the [`Authorize`] hook grants a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Access {
     /// Nothing: the request is refused (`401`).
     Denied,
@@ -279,9 +280,11 @@ impl AdminBuilder {
         self
     }
 
-    /// How long a record processes before the admin shows it as stuck.
+    /// How long a record processes before the admin shows it as stuck (5 minutes unless set).
+    /// At most [`MAX_DURATION`](crate::MAX_DURATION): a longer age is taken as ten years (a
+    /// store could not look that far back: PostgreSQL's timestamps end).
     pub fn stuck_after(mut self, age: std::time::Duration) -> Self {
-        self.stuck_after = age;
+        self.stuck_after = age.min(crate::MAX_DURATION);
         self
     }
 

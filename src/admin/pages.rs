@@ -15,7 +15,8 @@ use http::StatusCode;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
-use super::{Access, Action, ActionError, ActionErrorKind, Admin};
+use super::action::Kind;
+use super::{Access, Action, ActionError, Admin};
 use crate::ledger::{Entry, EntryId, EntryState, Filter, LedgerError, SettledBy, Verdict};
 use crate::outbox::{EventId, OutboxError, Quarantined};
 use crate::reconcile::{Item, ItemState, ReconcileError, RepairId};
@@ -533,11 +534,11 @@ struct AuditView {
 /// A store's failure, by the same kinds as an action's ([`ActionError`]).
 fn refused(op: &Operator, e: ActionError) -> Refusal {
     let status = match e.kind() {
-        ActionErrorKind::Invalid => StatusCode::BAD_REQUEST,
-        ActionErrorKind::NotFound => StatusCode::NOT_FOUND,
-        ActionErrorKind::Conflict => StatusCode::CONFLICT,
-        ActionErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
+        Kind::Invalid => StatusCode::BAD_REQUEST,
+        Kind::NotFound => StatusCode::NOT_FOUND,
+        Kind::Conflict => StatusCode::CONFLICT,
+        Kind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+        Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
     };
     Refusal::new(op, status, e.to_string())
 }

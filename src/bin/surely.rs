@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
-use surely::admin::{Action, ActionErrorKind, Admin, AuditLog};
+use surely::admin::{Action, Admin, AuditLog};
 use surely::ledger::{Entry, EntryId, EntryState, Filter, Ledger, PostgresLedger, Verdict};
 use surely::outbox::{EventId, OutboxStore, PostgresOutbox};
 use surely::server::store::{Fence, IdempotencyStore, PostgresStore, RecordKey};
@@ -292,11 +292,14 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
             .build();
         async move {
             admin.act(&why.who, action, &why.why).await.map_err(|e| {
-                let code = match e.kind() {
-                    ActionErrorKind::NotFound => 2,
-                    ActionErrorKind::Conflict => 3,
-                    ActionErrorKind::Unavailable => 4,
-                    _ => 1,
+                let code = if e.is_not_found() {
+                    2
+                } else if e.is_conflict() {
+                    3
+                } else if e.is_unavailable() {
+                    4
+                } else {
+                    1
                 };
                 Failure {
                     code,

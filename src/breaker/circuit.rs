@@ -35,6 +35,7 @@ const MAX_HALF_OPEN_PROBES: u32 = 1000;
 /// A count window costs two atomic operations per call; a time window one compare-and-swap
 /// and a clock read, which on some virtual machines costs more than the rest of the breaker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SlidingWindow {
     /// The last `n` calls, however old (the default: the last 100).
     Count(u32),

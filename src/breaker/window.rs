@@ -8,12 +8,31 @@ use tokio::time::Instant;
 use crate::sync::{now as clock, AtomicI64, AtomicU32, AtomicU64, AtomicU8};
 
 /// Calls and failures counted by a window.
+///
+/// Its fields may grow (`#[non_exhaustive]`): build one with [`new`](Self::new), as a test
+/// that compares a breaker's [`window`](crate::breaker::CircuitBreaker::window) does.
+///
+/// ```
+/// use surely::breaker::WindowCounts;
+///
+/// let counts = WindowCounts::new(10, 3);
+/// assert_eq!((counts.calls, counts.failures), (10, 3));
+/// assert_eq!(WindowCounts::default(), WindowCounts::new(0, 0));
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WindowCounts {
     /// Calls counted.
     pub calls: u32,
     /// Failures among them (slow calls included, when enabled).
     pub failures: u32,
+}
+
+impl WindowCounts {
+    /// `calls` counted, `failures` among them.
+    pub const fn new(calls: u32, failures: u32) -> Self {
+        WindowCounts { calls, failures }
+    }
 }
 
 pub(super) enum Window {

@@ -109,6 +109,7 @@ impl DeliveryPhase {
 
 /// What one attempt's result means. See the [module docs](self) for the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum AttemptClass {
     /// The server confirmed the effect (2xx, gRPC `OK`).
     Success,

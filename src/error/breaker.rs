@@ -141,6 +141,7 @@ impl crate::classify::ClassifyError for CircuitOpen {
 
 /// A breaker's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum BreakerState {
     /// Calls pass, and their results are counted.
     Closed,

@@ -40,13 +40,24 @@ impl JournalError {
         }
     }
 
-    /// An error caused by the journal's backend (its message is the error's).
+    /// An error caused by the journal's backend: its message says that the backend failed, and
+    /// the backend's error is its [`source`](std::error::Error::source), not repeated in the
+    /// message.
+    ///
+    /// ```
+    /// use std::error::Error as _;
+    /// use surely::journal::JournalError;
+    ///
+    /// let err = JournalError::backend("connection refused");
+    /// assert_eq!(err.message(), "the journal's backend failed");
+    /// assert!(!err.to_string().contains("connection refused"));
+    /// assert_eq!(err.source().unwrap().to_string(), "connection refused");
+    /// ```
     pub fn backend(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        let error = error.into();
         JournalError {
             inner: Box::new(Inner {
-                message: error.to_string(),
-                source: Some(error),
+                message: String::from("the journal's backend failed"),
+                source: Some(error.into()),
             }),
         }
     }

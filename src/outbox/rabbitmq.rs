@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::{Event, EventId, InvalidEvent};
+use crate::time::later;
 use crate::ConfigError;
 
 /// The aggregate the event is about.
@@ -186,7 +187,8 @@ impl RabbitPublisherBuilder {
     /// How long a publish waits for RabbitMQ (default 5 s): to open the connection or channel
     /// when it needs to, then for the confirm. A confirm that does not come in time fails the
     /// publish (the message may have been routed: it goes out again, a copy the consumer drops),
-    /// and the next publish opens a new channel.
+    /// and the next publish opens a new channel. At most [`MAX_DURATION`](crate::MAX_DURATION)
+    /// (ten years): [`connect`](Self::connect) refuses a longer one, and a zero one.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -206,8 +208,10 @@ impl RabbitPublisherBuilder {
     /// # Errors
     ///
     /// A URI that does not parse, an exchange name over 255 bytes or a routing prefix over
-    /// 254, a zero timeout ([`RabbitError::is_config`]); RabbitMQ not answering (within the
-    /// timeout), refusing the connection, or having no such exchange.
+    /// 254, a timeout that is zero or over [`MAX_DURATION`](crate::MAX_DURATION)
+    /// ([`RabbitError::is_config`], its [`ConfigError`] naming `"RabbitMQ publish timeout"`);
+    /// RabbitMQ not answering (within the timeout), refusing the connection, or having no such
+    /// exchange.
     pub async fn connect(self) -> Result<RabbitPublisher, RabbitError> {
         let uri: AMQPUri = self
             .uri
@@ -225,21 +229,17 @@ impl RabbitPublisherBuilder {
                 "must be at most 254 bytes",
             )));
         }
-        if self.timeout.is_zero() {
-            return Err(RabbitError::config(ConfigError::new(
-                "RabbitMQ publish timeout",
-                "must be greater than zero",
-            )));
-        }
+        let timeout = ConfigError::positive_at_most_max("RabbitMQ publish timeout", self.timeout)
+            .map_err(RabbitError::config)?;
         let shared = Shared {
             uri,
             properties: self.properties,
             exchange,
             prefix: self.prefix,
-            timeout: self.timeout,
+            timeout,
             link: Mutex::new(None),
         };
-        let deadline = Instant::now() + shared.timeout;
+        let deadline = later(Instant::now(), shared.timeout);
         let link = within(deadline, shared.timeout, false, shared.open(None)).await??;
         if !shared.exchange.as_str().is_empty() {
             // RabbitMQ closes the channel if there is none: the first publish opens another.
@@ -307,7 +307,7 @@ impl Shared {
 
     async fn publish(&self, event: Event) -> Result<(), RabbitError> {
         let message = Message::of(&event, self.prefix.as_deref())?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = later(Instant::now(), self.timeout);
         // Publishes go out one at a time, in call order; their confirms are awaited together.
         let mut current = within(deadline, self.timeout, false, self.link.lock()).await?;
         let link = match current.take() {
@@ -799,15 +799,19 @@ impl fmt::Debug for RabbitPublisherBuilder {
 }
 
 /// A RabbitMQ publish failed, or the publisher could not be built. See [`RabbitPublisher`].
+///
+/// Its message says what failed; lapin's error, when there is one, is its
+/// [`source`](std::error::Error::source) (and [`broker_error`](Self::broker_error)), not part
+/// of the message.
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
+#[error(transparent)]
 pub struct RabbitError {
     kind: Kind,
 }
 
 #[derive(Debug, thiserror::Error)]
 enum Kind {
-    #[error("{0}")]
+    #[error(transparent)]
     Config(ConfigError),
     #[error("invalid RabbitMQ URI: {0}")]
     Uri(String),
@@ -819,12 +823,12 @@ enum Kind {
     Nacked,
     #[error("event {} within {timeout:?}", timed_out(*.sent))]
     Timeout { timeout: Duration, sent: bool },
-    #[error("RabbitMQ connection or channel failed: {0}")]
-    Connect(lapin::Error),
-    #[error("event not sent to RabbitMQ: {0}")]
-    Send(lapin::Error),
-    #[error("event publish unknown: the channel failed before RabbitMQ confirmed it: {0}")]
-    Unconfirmed(lapin::Error),
+    #[error("RabbitMQ connection or channel failed")]
+    Connect(#[source] lapin::Error),
+    #[error("event not sent to RabbitMQ: the publish failed")]
+    Send(#[source] lapin::Error),
+    #[error("event publish unknown: the channel failed before RabbitMQ confirmed it")]
+    Unconfirmed(#[source] lapin::Error),
     #[error("event publish unknown: {0}")]
     Lost(&'static str),
 }

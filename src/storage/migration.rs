@@ -128,9 +128,10 @@ impl fmt::Display for Applied {
     }
 }
 
-/// A migration run failed; nothing of it was applied.
+/// A migration run failed; nothing of it was applied. Its message says what the run was doing;
+/// PostgreSQL's error is its [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
-#[error("PostgreSQL migration failed while {doing}: {source}")]
+#[error("PostgreSQL migration failed while {doing}")]
 pub struct MigrateError {
     doing: String,
     source: BoxError,

@@ -36,22 +36,37 @@ use tokio_postgres::NoTls;
 /// The URL does not parse, or the pool cannot be built. Nothing connects yet: the first
 /// connection is made when it is first needed.
 pub fn connect(url: &str) -> Result<Pool, ConnectError> {
-    let config: tokio_postgres::Config = url.parse().map_err(ConnectError::new)?;
+    let config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| ConnectError::new("the URL does not parse", e))?;
     Pool::builder(Manager::new(config, NoTls))
         .max_size(16)
         .build()
-        .map_err(ConnectError::new)
+        .map_err(|e| ConnectError::new("the pool's settings were refused", e))
 }
 
 /// [`connect`] could not make a pool: the URL does not parse, or the pool's settings were
-/// refused.
+/// refused. Its message says which; the error of tokio-postgres or deadpool that says why is
+/// its [`source`](std::error::Error::source).
+///
+/// ```
+/// let err = surely::postgres::connect("postgres://127.0.0.1:port/db").unwrap_err();
+/// assert_eq!(err.to_string(), "cannot make a PostgreSQL pool: the URL does not parse");
+/// assert!(std::error::Error::source(&err).is_some());
+/// ```
 #[derive(Debug, thiserror::Error)]
-#[error("cannot make a PostgreSQL pool: {0}")]
-pub struct ConnectError(crate::classify::BoxError);
+#[error("cannot make a PostgreSQL pool: {failed}")]
+pub struct ConnectError {
+    failed: &'static str,
+    source: crate::classify::BoxError,
+}
 
 impl ConnectError {
-    fn new(e: impl Into<crate::classify::BoxError>) -> Self {
-        ConnectError(e.into())
+    fn new(failed: &'static str, source: impl Into<crate::classify::BoxError>) -> Self {
+        ConnectError {
+            failed,
+            source: source.into(),
+        }
     }
 }
 

@@ -97,3 +97,31 @@ async fn pg_audit_keeps_every_action() {
     assert!(AuditLog::memory().with_table("Bad Name").is_err());
     postgres::forget(&pool, &[&table], &[&table]).await;
 }
+
+/// A log whose database does not answer fails the action's line with the backend's error as
+/// its source, said once: the message says the audit log failed, not why.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_backend_failure_says_its_cause_once() {
+    use std::error::Error as _;
+
+    let closed = crate::support::serve::closed_port();
+    let pool = surely::postgres::connect(&format!("postgres://postgres@{closed}/test")).unwrap();
+    let err = AuditLog::postgres(pool)
+        .begin("ana", AuditAction::Settle, "unk-1", "why")
+        .await
+        .unwrap_err();
+    assert!(!err.is_invalid(), "{err}");
+    assert_eq!(err.to_string(), "audit log failed: its backend failed");
+    let cause = err.source().expect("the pool's error").to_string();
+    assert!(
+        !cause.is_empty() && !err.to_string().contains(&cause),
+        "{err}: {cause}"
+    );
+    // A refused value has no cause: the message says what was refused.
+    let err = AuditLog::memory()
+        .begin("", AuditAction::Settle, "unk-1", "why")
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid() && err.source().is_none(), "{err}");
+}

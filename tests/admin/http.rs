@@ -698,3 +698,40 @@ async fn a_reconciliation_difference_is_inspected_and_resolved() {
     assert_eq!(lines[1].action, AuditAction::Resolve);
     assert_eq!(lines[1].outcome.as_deref(), Some("done"));
 }
+
+/// A stuck age past `MAX_DURATION` is taken as ten years: the PostgreSQL store can look that
+/// far back, where `Duration::MAX` made its query fail ("timestamp out of range") and the
+/// idempotency page answer 503.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_stuck_age_past_ten_years_is_clamped_and_the_store_answers() {
+    use crate::support::names::unique;
+    use crate::support::postgres::{self, did_not_answer};
+    use surely::server::store::PostgresStore;
+
+    let test = "a_stuck_age_past_ten_years_is_clamped_and_the_store_answers";
+    let table = unique("surely_admin_stuck");
+    let pool = postgres::pool();
+    let store = PostgresStore::new(pool.clone()).with_table(&table).unwrap();
+    store
+        .migrate()
+        .await
+        .unwrap_or_else(|e| did_not_answer(test, e));
+    let admin = Admin::builder()
+        .idempotency(store)
+        .stuck_after(Duration::MAX)
+        .authorize(by_header())
+        .build();
+    let addr = serve(Router::new().nest("/admin", admin.router())).await;
+    let answer = get(addr, "/admin/api/idempotency", Some("ro:bo")).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let ten_years = surely::MAX_DURATION.as_secs();
+    assert!(
+        answer
+            .body
+            .contains(&format!("\"stuck_after_secs\":{ten_years}")),
+        "{}",
+        answer.body
+    );
+    postgres::forget(&pool, &[&table], &[&table]).await;
+}

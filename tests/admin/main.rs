@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod action;
 mod audit;
 mod browser;
 #[cfg(feature = "cli")]

@@ -280,4 +280,28 @@ fn a_url_that_does_not_parse_is_an_error_not_a_panic() {
         err.to_string().starts_with("cannot make a PostgreSQL pool"),
         "{err}"
     );
+    // Why it does not parse is tokio-postgres's error, the source, said once.
+    let cause = std::error::Error::source(&err).expect("tokio-postgres's error");
+    assert!(
+        !err.to_string().contains(&cause.to_string()),
+        "{err}: {cause}"
+    );
+}
+
+/// A database that does not answer fails the run at its first step, which the message names;
+/// the pool's error is the source, not repeated in the message.
+#[tokio::test]
+async fn a_migration_that_cannot_connect_says_its_cause_once() {
+    let closed = crate::support::serve::closed_port();
+    let pool = surely::postgres::connect(&format!("postgres://postgres@{closed}/test")).unwrap();
+    let err = surely::postgres::migrate(&pool).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "PostgreSQL migration failed while connecting"
+    );
+    let cause = std::error::Error::source(&err).expect("the pool's error");
+    assert!(
+        !err.to_string().contains(&cause.to_string()),
+        "{err}: {cause}"
+    );
 }

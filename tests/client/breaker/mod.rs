@@ -192,13 +192,7 @@ async fn a_failure_burst_below_the_minimum_throughput_does_not_open() {
         assert_eq!(status(&mut svc).await, 503);
     }
     assert_eq!(breaker.state(), BreakerState::Closed);
-    assert_eq!(
-        breaker.window(),
-        WindowCounts {
-            calls: 9,
-            failures: 9
-        }
-    );
+    assert_eq!(breaker.window(), WindowCounts::new(9, 9));
     assert!(transitions(&rec).is_empty());
     // The tenth reaches the minimum throughput.
     assert_eq!(status(&mut svc).await, 503);
@@ -644,13 +638,7 @@ async fn a_time_window_forgets_old_failures() {
     advance(Duration::from_secs(5)).await;
     assert_eq!(breaker.window().calls, 0);
     assert_eq!(status(&mut svc).await, 503);
-    assert_eq!(
-        breaker.window(),
-        WindowCounts {
-            calls: 1,
-            failures: 1
-        }
-    );
+    assert_eq!(breaker.window(), WindowCounts::new(1, 1));
     assert_eq!(breaker.state(), BreakerState::Closed);
 }
 
@@ -668,13 +656,7 @@ async fn a_count_window_keeps_the_last_calls_only() {
     for _ in 0..10 {
         assert_eq!(status(&mut svc).await, 200);
     }
-    assert_eq!(
-        breaker.window(),
-        WindowCounts {
-            calls: 10,
-            failures: 0
-        }
-    );
+    assert_eq!(breaker.window(), WindowCounts::new(10, 0));
     backend.answer(503);
     for _ in 0..4 {
         assert_eq!(status(&mut svc).await, 503);
@@ -696,10 +678,7 @@ async fn after_a_long_run_of_successes_failures_count_and_age_out_after_the_wind
     for _ in 0..25 {
         assert_eq!(status(&mut svc).await, 200);
     }
-    let full = WindowCounts {
-        calls: 10,
-        failures: 0,
-    };
+    let full = WindowCounts::new(10, 0);
     assert_eq!(breaker.window(), full);
     backend.answer(503);
     for _ in 0..3 {
@@ -876,14 +855,7 @@ fn concurrent_records_are_all_counted() {
                 t.await.unwrap();
             }
         });
-        assert_eq!(
-            breaker.window(),
-            WindowCounts {
-                calls: 800,
-                failures: 400
-            },
-            "{window:?}"
-        );
+        assert_eq!(breaker.window(), WindowCounts::new(800, 400), "{window:?}");
         assert_eq!(breaker.state(), BreakerState::Closed);
     }
 }

@@ -294,12 +294,14 @@ fn table_columns_agree_with_design_rules() {
                 Success | Final | Conflict => false,
                 Rejected => true,
                 MaybeCommitted => semantics != Semantics::NonIdempotent,
+                other => panic!("no design rule for the class {other:?}"),
             };
             let outcome = match class {
                 Success => Succeeded,
                 Final | Conflict | Rejected => Failed,
                 MaybeCommitted if semantics == Semantics::Safe => Failed,
                 MaybeCommitted => Unknown,
+                other => panic!("no design rule for the class {other:?}"),
             };
             assert_eq!(row.retry[i], retry, "{} {semantics:?}", row.case);
             assert_eq!(row.outcome[i], outcome, "{} {semantics:?}", row.case);

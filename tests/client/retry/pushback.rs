@@ -196,6 +196,9 @@ fn no_retry_comes_sooner_than_asked_or_later_than_the_cap_or_the_deadline() {
                             absent += 1;
                             assert_eq!(waited, BACKOFF, "{what}: not read as absent");
                         }
+                        Some(other) => {
+                            panic!("{what}: a pushback this test does not know: {other:?}")
+                        }
                     }
                     assert_eq!(stop, Some(StopReason::Success), "{what}");
                 }
@@ -218,6 +221,9 @@ fn no_retry_comes_sooner_than_asked_or_later_than_the_cap_or_the_deadline() {
                             );
                         }
                         None => panic!("{what}: an absent pushback stopped a retryable read"),
+                        Some(other) => {
+                            panic!("{what}: a pushback this test does not know: {other:?}")
+                        }
                     }
                     assert_eq!(stop, Some(StopReason::PushbackStop), "{what}");
                 }

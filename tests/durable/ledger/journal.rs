@@ -220,9 +220,16 @@ async fn a_call_whose_intent_cannot_be_written_is_not_sent() {
     let err = super::call(&mut client, order("o-5")).await.unwrap_err();
     assert_eq!(sent.load(Ordering::SeqCst), 0, "nothing was sent");
     let failed = err.journal_failed().expect("the journal's error");
+    assert_eq!(failed.message(), "the journal's backend failed");
+    // The ledger's error is the source, said once: not in the message too.
+    let source = std::error::Error::source(failed).expect("the ledger's error");
     assert_eq!(
-        failed.message(),
+        source.to_string(),
         "ledger store failed: the database is down"
+    );
+    assert!(
+        !failed.to_string().contains("the database is down"),
+        "{failed}"
     );
     assert_eq!(err.outcome(), Outcome::Failed);
     assert_eq!(err.attempts(), 0);

@@ -369,7 +369,7 @@ async fn a_missing_exchange_fails_the_publish_and_the_next_one_opens_a_new_chann
     topology.delete_exchange().await;
     let err = publish(&mut publisher, event(2)).await.unwrap_err();
     assert!(err.broker_error().is_some(), "{err}");
-    assert!(err.to_string().contains("NOT_FOUND"), "{err}");
+    assert!(cause_once(&err).contains("NOT_FOUND"), "{err}");
     topology.redeclare("orders.#").await;
     publish(&mut publisher, event(3)).await.unwrap();
     assert_eq!(
@@ -380,8 +380,18 @@ async fn a_missing_exchange_fails_the_publish_and_the_next_one_opens_a_new_chann
         .connect()
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("NOT_FOUND"), "{err}");
+    assert!(cause_once(&err).contains("NOT_FOUND"), "{err}");
     topology.delete().await;
+}
+
+/// lapin's error, which `err` returns as its source and does not repeat in its message.
+fn cause_once(err: &RabbitError) -> String {
+    let source = std::error::Error::source(err).expect("lapin's error as the source");
+    let cause = source.to_string();
+    assert!(!err.to_string().contains(&cause), "{err}: {cause}");
+    let broker = err.broker_error().map(ToString::to_string);
+    assert_eq!(broker.as_deref(), Some(cause.as_str()));
+    cause
 }
 
 /// The network fails under the publisher while a confirm is on its way: the publish fails at
@@ -642,4 +652,41 @@ async fn a_connection_the_broker_closes_is_opened_again() {
         "one connection now, the new one"
     );
     topology.delete().await;
+}
+
+proptest::proptest! {
+    /// Every publish timeout past `MAX_DURATION` (`Duration::MAX` among them, whose deadline
+    /// once overflowed the clock and panicked) is refused at connect, naming the setting,
+    /// before anything is opened.
+    #[test]
+    fn a_timeout_past_ten_years_is_refused_not_a_panic(
+        secs in surely::MAX_DURATION.as_secs()..=u64::MAX,
+        nanos in 0u32..1_000_000_000,
+        max in proptest::bool::ANY,
+    ) {
+        let timeout = if max { Duration::MAX } else { Duration::new(secs, nanos) };
+        proptest::prop_assume!(timeout > surely::MAX_DURATION);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let err = runtime
+            .block_on(RabbitPublisher::builder(rabbitmq::url(), "orders").timeout(timeout).connect())
+            .unwrap_err();
+        proptest::prop_assert!(err.is_config(), "{}", err);
+        proptest::prop_assert_eq!(
+            err.to_string(),
+            "invalid RabbitMQ publish timeout: must be at most ten years"
+        );
+    }
+}
+
+/// The longest timeout accepted, ten years, sets its deadline without overflow: connecting to
+/// a broker that is not there fails as a connection, not as a setting, and not by a panic.
+#[tokio::test]
+async fn the_longest_timeout_accepted_is_no_panic() {
+    let closed = crate::support::serve::closed_port();
+    let err = RabbitPublisher::builder(rabbitmq::url_through(closed), "orders")
+        .timeout(surely::MAX_DURATION)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(!err.is_config() && !err.is_timeout(), "{err}");
 }
