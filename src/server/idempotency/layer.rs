@@ -14,7 +14,7 @@ use std::pin::Pin;
 use bytes::Bytes;
 
 use super::recovery::{RecoverFn, Recovery, SettleRound, Takeover};
-use super::service::IdempotencyService;
+use super::service::Idempotency;
 use super::stored::{ArchiveFn, RebuildFn, Seal, DEFAULT_MAX_STORED};
 use super::TicketStore;
 use crate::classify::BoxError;
@@ -297,10 +297,10 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
 }
 
 impl<S, St> Layer<S> for IdempotencyLayer<St> {
-    type Service = IdempotencyService<S, St>;
+    type Service = Idempotency<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::from_config(inner, self.config.clone())
+        Idempotency::from_config(inner, self.config.clone())
     }
 }
 
