@@ -103,6 +103,7 @@ impl fmt::Debug for ServerConfig {
 
 /// Builds a [`ServerDeadlineLayer`], validating its settings.
 #[derive(Clone, Debug)]
+#[must_use]
 pub struct ServerDeadlineLayerBuilder {
     config: ServerConfig,
 }

@@ -17,6 +17,7 @@ pub use self::service::ServerDeadline;
 
 /// What the [`ServerDeadlineLayer`] does with a malformed deadline header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 #[cfg_attr(
     feature = "serde",
     derive(serde::Deserialize),

@@ -31,6 +31,7 @@ type OperationFn = dyn Fn(&Parts) -> String + Send + Sync;
 type RetentionFn = dyn Fn(&Parts) -> Option<Duration> + Send + Sync;
 
 /// The settings shared by every service a layer makes.
+#[derive(Clone)]
 pub(super) struct Config<St> {
     pub(super) store: St,
     pub(super) lease: Duration,
@@ -359,8 +360,19 @@ impl<St> fmt::Debug for Config<St> {
 ///     .unwrap();
 /// # let _ = layer;
 /// ```
+#[must_use]
 pub struct IdempotencyLayerBuilder<St> {
     config: Config<St>,
+}
+
+/// A copy of the settings, sharing the store (a store is a handle: clones share its records)
+/// and the hooks.
+impl<St: Clone> Clone for IdempotencyLayerBuilder<St> {
+    fn clone(&self) -> Self {
+        IdempotencyLayerBuilder {
+            config: self.config.clone(),
+        }
+    }
 }
 
 impl<St> fmt::Debug for IdempotencyLayerBuilder<St> {

@@ -76,6 +76,7 @@ impl From<Gradient> for Algorithm {
 /// [`backoff`](Aimd::backoff) ratio, at most once for the requests admitted under the same
 /// limit (a burst of drops from one overload is one signal, not fifty).
 #[derive(Clone, Debug, PartialEq)]
+#[must_use]
 pub struct Aimd {
     pub(super) backoff: f64,
     pub(super) latency: Option<Duration>,
@@ -138,6 +139,7 @@ impl Default for Aimd {
 /// a lock, so a window's mean may count a sample that raced with its end in the next window
 /// instead: an estimate of a mean, not an exact one.
 #[derive(Clone, Debug, PartialEq)]
+#[must_use]
 pub struct Gradient {
     pub(super) tolerance: f64,
     pub(super) smoothing: f64,

@@ -126,6 +126,7 @@ impl<S> Layer<S> for AdaptiveLimitLayer {
 /// to `critical-plus`), no partitions, `Retry-After: 1` on refusals, no trusted callers, no
 /// recorder.
 #[derive(Clone)]
+#[must_use]
 pub struct AdaptiveLimitLayerBuilder {
     config: Config,
 }
