@@ -255,6 +255,11 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     }
 }
 
+/// The archive refused a batch (its error is the source).
+#[derive(Debug, thiserror::Error)]
+#[error("archive refused a batch")]
+struct ArchiveRefused(#[source] BoxError);
+
 /// How many expired records [`IdempotencyLayer::sweep`] reads, archives and deletes at a time.
 const SWEEP_BATCH: usize = 500;
 
@@ -285,7 +290,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
             let full = batch.len() == SWEEP_BATCH;
             archive(batch.clone())
                 .await
-                .map_err(|e| StoreError::backend(format!("archive refused a batch: {e}")))?;
+                .map_err(|e| StoreError::backend(ArchiveRefused(e)))?;
             let n = self.config.store.forget(&batch).await?;
             deleted += n;
             // A batch none of which could be deleted (all acquired again since) would come

@@ -177,7 +177,11 @@ impl<St: IdempotencyStore> Drop for ReleaseIfDropped<St> {
                             config.emit(ServerEventKind::Released { fence }, method, &key);
                         }
                     }
-                    Err(e) => tracing::warn!(?key, error = %e, "handler dropped: idempotency key not released"),
+                    Err(e) => tracing::warn!(
+                        ?key,
+                        error = &e as &dyn std::error::Error,
+                        "handler dropped: idempotency key not released"
+                    ),
                 }
             });
         }
@@ -355,7 +359,11 @@ where
             ));
         }
         Err(e) if e.is_rejected() => {
-            tracing::debug!(?key, error = %e, "idempotency store refused the request");
+            tracing::debug!(
+                ?key,
+                error = &e as &dyn std::error::Error,
+                "idempotency store refused the request"
+            );
             let mut res = error(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::RequestRejected,
@@ -367,7 +375,10 @@ where
             return Ok(res);
         }
         Err(e) => {
-            tracing::warn!(error = %e, "idempotency store unavailable");
+            tracing::warn!(
+                error = &e as &dyn std::error::Error,
+                "idempotency store unavailable"
+            );
             config.emit(ServerEventKind::StoreUnavailable, method, &key);
             return Ok(unavailable());
         }
@@ -436,7 +447,12 @@ where
             guard.disarm();
             if let Err(e) = stored {
                 // The record stays PROCESSING: after the lease, the next takeover asks again.
-                tracing::warn!(?key, fence = fence.get(), error = %e, "recovered idempotency record not stored");
+                tracing::warn!(
+                    ?key,
+                    fence = fence.get(),
+                    error = &e as &dyn std::error::Error,
+                    "recovered idempotency record not stored"
+                );
                 if let Some(method) = &method {
                     config.emit(ServerEventKind::NotStored { fence }, method, &key);
                 }
@@ -488,7 +504,12 @@ where
                 "idempotency record not updated: {e}"
             );
         } else {
-            tracing::warn!(?key, fence = fence.get(), error = %e, "idempotency record not updated");
+            tracing::warn!(
+                ?key,
+                fence = fence.get(),
+                error = &e as &dyn std::error::Error,
+                "idempotency record not updated"
+            );
             if let Some(method) = &method {
                 config.emit(ServerEventKind::NotStored { fence }, method, &key);
             }
@@ -557,7 +578,12 @@ where
         Err(CommitError::NotCommitted(e)) => (e, unavailable()),
         Err(CommitError::Unknown(e)) => (e, commit_unknown()),
     };
-    tracing::warn!(?key, fence = fence.get(), error = %error, "idempotency claim not committed");
+    tracing::warn!(
+        ?key,
+        fence = fence.get(),
+        error = &error as &dyn std::error::Error,
+        "idempotency claim not committed"
+    );
     if let Some(method) = &method {
         config.emit(ServerEventKind::NotStored { fence }, method, &key);
     }
@@ -567,7 +593,11 @@ where
 async fn roll_back(claim: Box<dyn Claim>, key: &RecordKey) {
     if let Err(e) = claim.rollback().await {
         // The connection was closed instead: the server rolls back all the same.
-        tracing::debug!(?key, error = %e, "idempotency claim: rollback failed");
+        tracing::debug!(
+            ?key,
+            error = &e as &dyn std::error::Error,
+            "idempotency claim: rollback failed"
+        );
     }
 }
 
@@ -613,7 +643,12 @@ async fn renewing<St: IdempotencyStore, T>(
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(?key, fence = fence.get(), error = %e, "idempotency lease not renewed");
+                    tracing::warn!(
+                        ?key,
+                        fence = fence.get(),
+                        error = &e as &dyn std::error::Error,
+                        "idempotency lease not renewed"
+                    );
                 }
             }
         }

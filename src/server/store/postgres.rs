@@ -382,6 +382,18 @@ impl Sql {
     }
 }
 
+/// A table made by an earlier version of the store and not migrated since: its acquire
+/// function is missing (the database's error is the source).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{table}_acquire does not exist: the table was not migrated since an earlier version of \
+     the store; run surely::postgres::migrate (or PostgresStore::migrate) before serving"
+)]
+struct Unmigrated {
+    table: String,
+    source: tokio_postgres::Error,
+}
+
 /// An owner's update changed its one record, or found it taken over (or no longer processing).
 fn one_record(updated: u64) -> Result<(), StoreError> {
     if updated == 1 {
@@ -598,12 +610,10 @@ impl PostgresStore {
     /// made by an earlier version and not migrated since, which the error says.
     fn unmigrated(&self, e: tokio_postgres::Error) -> StoreError {
         if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) {
-            StoreError::backend(format!(
-                "{}_acquire does not exist: the table was not migrated since an earlier version \
-                 of the store; run surely::postgres::migrate (or PostgresStore::migrate) before \
-                 serving ({e})",
-                self.sql.table
-            ))
+            StoreError::backend(Unmigrated {
+                table: self.sql.table.clone(),
+                source: e,
+            })
         } else {
             StoreError::backend(e)
         }

@@ -416,11 +416,13 @@ fn lease_millis(d: Duration) -> u64 {
     millis(d).max(1)
 }
 
-/// An error about one key of the store: Redis's, or a value there that does not decode.
+/// An error about one key of the store: Redis's, or a value there that does not decode (its
+/// source).
 #[derive(Debug, thiserror::Error)]
-#[error("redis key `{key}`: {why}")]
+#[error("redis key `{key}`")]
 struct AtKey {
     key: String,
+    #[source]
     why: BoxError,
 }
 

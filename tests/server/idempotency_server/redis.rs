@@ -20,7 +20,7 @@ use surely::server::store::{
 };
 use tower::{service_fn, Layer};
 
-use super::support::{handler, post, reply, send, Req, Seen};
+use super::support::{chain, handler, post, reply, send, Req, Seen};
 use super::{record, scenarios};
 use crate::support::names::suffix;
 use crate::support::redis::{connection, forget, keys, url};
@@ -508,12 +508,12 @@ async fn redis_garbage_under_the_prefix_is_a_backend_error_naming_the_key() {
     for (key, name) in [(&a, &ka), (&b, &kb), (&c, &kc)] {
         let err = db.store.acquire(key, &digest, lease).await.unwrap_err();
         assert!(err.is_backend(), "{err}");
-        assert!(err.to_string().contains(name.as_str()), "{err}");
+        assert!(chain(&err).contains(name.as_str()), "{err}");
     }
     // An owner's move on the string: a backend error too, not stale.
     let err = db.store.release(&a, Fence::new(1)).await.unwrap_err();
     assert!(
-        err.is_backend() && err.to_string().contains(ka.as_str()),
+        err.is_backend() && chain(&err).contains(ka.as_str()),
         "{err}"
     );
 
@@ -534,10 +534,7 @@ async fn redis_garbage_under_the_prefix_is_a_backend_error_naming_the_key() {
         .await
         .unwrap();
     let err = db.store.stuck(Duration::ZERO, 10).await.unwrap_err();
-    assert!(
-        err.is_backend() && err.to_string().contains(&stray),
-        "{err}"
-    );
+    assert!(err.is_backend() && chain(&err).contains(&stray), "{err}");
     // A checkpoint that does not decode.
     let _: () = db
         .conn
@@ -553,7 +550,7 @@ async fn redis_garbage_under_the_prefix_is_a_backend_error_naming_the_key() {
     let _: () = db.conn.hset(&kd, "cp", "no equals sign\n").await.unwrap();
     let err = db.store.unknowns(10).await.unwrap_err();
     assert!(
-        err.is_backend() && err.to_string().contains(kd.as_str()),
+        err.is_backend() && chain(&err).contains(kd.as_str()),
         "{err}"
     );
     db.forget().await;
