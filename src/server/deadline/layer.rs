@@ -146,14 +146,14 @@ impl ServerDeadlineLayerBuilder {
     }
 
     /// The server's own budget for a request: applies to requests without a header and caps
-    /// those with one. Must be greater than zero.
+    /// those with one. Greater than zero, at most [`MAX_DURATION`](crate::MAX_DURATION).
     pub fn max(mut self, max: Duration) -> Self {
         self.config.max = Some(max);
         self
     }
 
     /// Refuse requests that arrive with less budget than this (default zero: only a spent
-    /// budget is refused). Must be less than the maximum.
+    /// budget is refused). Less than the maximum, at most [`MAX_DURATION`](crate::MAX_DURATION).
     pub fn min(mut self, min: Duration) -> Self {
         self.config.min = min;
         self
@@ -200,12 +200,10 @@ impl ServerDeadlineLayerBuilder {
     /// Validates and builds.
     pub fn build(self) -> Result<ServerDeadlineLayer, ConfigError> {
         if let Some(max) = self.config.max {
-            if max.is_zero() {
-                return Err(ConfigError::new(
-                    "server deadline maximum",
-                    "must be greater than zero",
-                ));
-            }
+            ConfigError::positive_at_most_max("server deadline maximum", max)?;
+        }
+        ConfigError::at_most_max("server deadline minimum", self.config.min)?;
+        if let Some(max) = self.config.max {
             if self.config.min >= max {
                 return Err(ConfigError::new(
                     "server deadline minimum",

@@ -30,6 +30,7 @@ use crate::server::store::{
     Acquire, Claim, CommitError, Fence, IdempotencyStore, Opened, RecordKey, RequestDigest,
     StoreError,
 };
+use crate::time::later;
 
 /// The service made by [`IdempotencyLayer`]: see the [module docs](super) for what it does.
 ///
@@ -252,7 +253,7 @@ fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
         .retention_by
         .as_ref()
         .and_then(|by| by(parts))
-        .map_or(config.retention, |r| r.min(super::layer::MAX_PERIOD));
+        .map_or(config.retention, |r| r.min(crate::MAX_DURATION));
     Plan::Keyed(RecordKey::new(tenant, operation, key), retention)
 }
 
@@ -625,17 +626,21 @@ async fn renewing<St: IdempotencyStore, T>(
     work: impl Future<Output = T>,
 ) -> T {
     let started = tokio::time::Instant::now();
-    let every = (config.lease / 3).max(Duration::from_millis(1));
-    let until =
-        crate::deadline::current().map_or(started + max, |d| d.instant().min(started + max));
+    let every = config
+        .lease
+        .checked_div(3)
+        .unwrap_or_default()
+        .max(Duration::from_millis(1));
+    let last = later(started, max);
+    let until = crate::deadline::current().map_or(last, |d| d.instant().min(last));
     let renewals = async {
-        let mut next = started + every;
+        let mut next = later(started, every);
         while next < until {
             tokio::time::sleep_until(next).await;
             let renewed = config.store.renew(key, fence, config.lease).await;
             // Counted from when the store answered: a slow store delays the next renewal
             // rather than bunching them.
-            next = tokio::time::Instant::now() + every;
+            next = later(tokio::time::Instant::now(), every);
             match renewed {
                 Ok(()) => {}
                 Err(e) if e.is_stale() => {

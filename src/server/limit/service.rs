@@ -197,7 +197,10 @@ fn refusal<B: Default>(grpc: bool, retry_after: Duration) -> Response<B> {
         let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
         headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
     } else {
-        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        // Whole seconds, rounded up (the setting is at most an hour).
+        let secs = retry_after
+            .as_secs()
+            .saturating_add(u64::from(retry_after.subsec_nanos() > 0));
         headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
     }
     headers.insert(NOT_PROCESSED, HeaderValue::from_static(OVERLOAD_REFUSAL));

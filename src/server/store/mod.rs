@@ -547,8 +547,22 @@ impl StoreError {
     }
 }
 
+/// A duration a store of the crate was given, at most [`MAX_DURATION`](crate::MAX_DURATION):
+/// see [`IdempotencyStore`]'s "Durations".
+fn bounded(d: Duration) -> Duration {
+    d.min(crate::MAX_DURATION)
+}
+
 /// An idempotency store. See the [module docs](self) for the states and why every method is one
 /// atomic operation.
+///
+/// # Durations
+///
+/// The stores of this crate count a lease, a retention, a sweep's `keep_expired_for` or a
+/// `stuck` threshold over [`MAX_DURATION`](crate::MAX_DURATION) (ten years) as ten years: the
+/// [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer) never gives them more
+/// (its builder refuses it), and a caller of its own that does gets neither a panic nor a
+/// database's error for it.
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Becomes the owner of `key`'s record, atomically, or reports what is there.
     ///

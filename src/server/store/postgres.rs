@@ -403,8 +403,10 @@ fn one_record(updated: u64) -> Result<(), StoreError> {
     }
 }
 
+/// `d` in seconds for an interval, at most ten years (see [`IdempotencyStore`]'s durations): a
+/// longer one would be out of an interval's or a timestamp's range.
 fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
+    super::bounded(d).as_secs_f64()
 }
 
 impl PostgresStore {

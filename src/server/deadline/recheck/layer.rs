@@ -49,9 +49,13 @@ pub struct RecheckLayer {
 }
 
 impl RecheckLayer {
-    /// Refuses requests with less than `needs` left of their deadline.
+    /// Refuses requests with less than `needs` left of their deadline. A `needs` over
+    /// [`MAX_DURATION`](crate::MAX_DURATION) (ten years) counts as ten years.
     pub fn new(needs: Duration) -> Self {
-        RecheckLayer { needs, limit: None }
+        RecheckLayer {
+            needs: needs.min(crate::MAX_DURATION),
+            limit: None,
+        }
     }
 
     /// Counts the refusals in `limit`'s [`refused`](AdaptiveLimitLayer::refused) (reason
