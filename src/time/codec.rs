@@ -14,6 +14,17 @@
 //! such a request has already expired is the caller's job. Errors are typed: a
 //! [`ParseTimeoutError`] says what is wrong with its `is_*` predicates.
 //!
+//! # Bounds
+//!
+//! The parsers never panic and never overflow: the formats' digit limits bound every value
+//! (`99999999H` is about 11,415 years, eighteen digits of milliseconds about 31.7 million), and
+//! each parses exactly to a [`Duration`]. Such a budget outlives every caller; a reader that
+//! adds one to an instant bounds it where it reads it: the server's deadline layer
+//! (`server::deadline::ServerDeadlineLayer`, feature `server`) counts a budget over
+//! [`MAX_DURATION`](crate::MAX_DURATION) as ten years, and
+//! [`Deadline::after`](crate::deadline::Deadline::after) clamps any budget to about thirty
+//! years.
+//!
 //! # Truncation
 //!
 //! Encoders always round *down*. A budget that is forwarded must never be larger than the budget

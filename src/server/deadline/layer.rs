@@ -27,7 +27,9 @@ use crate::{ConfigError, Envelope};
 ///   handler calls inherits it.
 ///
 /// A handler served in-process inside a caller's call (same task) never gets more than the
-/// caller's current deadline.
+/// caller's current deadline. An inbound budget over [`MAX_DURATION`](crate::MAX_DURATION)
+/// (ten years; the formats can say millions) counts as ten years: no caller waits that long,
+/// and a budget read from a peer is only ever shortened, never lengthened.
 ///
 /// # Who retries: a trust boundary
 ///

@@ -126,13 +126,16 @@ const GRPC_PREVIOUS_RPC_ATTEMPTS_NAME: &str = "grpc-previous-rpc-attempts";
 const ENVOY_ATTEMPT_COUNT: &str = "x-envoy-attempt-count";
 
 impl<S> ServerDeadline<S> {
+    /// The budget the caller sent, at most [`MAX_DURATION`](crate::MAX_DURATION): a
+    /// `grpc-timeout` may say 11,415 years and the millisecond header 31.7 million, and a
+    /// deadline ten years away outlives every caller as well.
     fn inbound_budget<B>(
         &self,
         req: &Request<B>,
         grpc: bool,
     ) -> Result<Option<Duration>, ParseTimeoutError> {
         let headers = req.headers();
-        if grpc {
+        let budget = if grpc {
             headers
                 .get(GRPC_TIMEOUT)
                 .map(codec::parse_grpc_timeout_header)
@@ -142,7 +145,8 @@ impl<S> ServerDeadline<S> {
                 .get(&self.config.header)
                 .map(codec::parse_millis_header)
                 .transpose()
-        }
+        };
+        budget.map(|b| b.map(|b| b.min(crate::MAX_DURATION)))
     }
 }
 

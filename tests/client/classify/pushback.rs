@@ -13,6 +13,9 @@ use surely::Semantics;
 
 use super::support::{self, imf_fixdate, SEMANTICS};
 
+/// The longest wait a pushback header reads as: past every client's cap (`MAX_DURATION`).
+const THIRTY_YEARS: Duration = Duration::from_secs(30 * 365 * 86_400);
+
 /// Wed, 21 Oct 2015 07:28:00 GMT.
 fn now() -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_445_412_480)
@@ -28,11 +31,9 @@ fn retry_after_delay_seconds() {
     assert_eq!(retry_after("2"), Ok(Duration::from_secs(2)));
     assert_eq!(retry_after("120"), Ok(Duration::from_secs(120)));
     assert_eq!(retry_after("007"), Ok(Duration::from_secs(7)));
-    // Absurd delays saturate rather than fail: the retry layer's cap ignores them.
-    assert_eq!(
-        retry_after("99999999999999999999999999"),
-        Ok(Duration::from_secs(u64::MAX))
-    );
+    // Absurd delays are thirty years rather than an error: still past every client's cap
+    // (at most `MAX_DURATION`), so the retry layer stops rather than retry sooner.
+    assert_eq!(retry_after("99999999999999999999999999"), Ok(THIRTY_YEARS));
 }
 
 #[test]
@@ -93,7 +94,7 @@ fn grpc_pushback_valid_negative_garbage() {
     assert_eq!(parse("250"), Pushback::After(Duration::from_millis(250)));
     assert_eq!(
         parse("99999999999999999999999"),
-        Pushback::After(Duration::from_millis(u64::MAX))
+        Pushback::After(THIRTY_YEARS)
     );
     for stop in ["-1", "-250", "", "abc", "1.5", "250ms", " 1"] {
         assert_eq!(parse(stop), Pushback::Stop, "{stop:?}");
@@ -292,20 +293,23 @@ proptest! {
     #[test]
     fn delay_seconds_round_trip(secs in any::<u64>()) {
         let value = HeaderValue::from_str(&secs.to_string()).unwrap();
-        prop_assert_eq!(parse_retry_after(&value, now()), Ok(Duration::from_secs(secs)));
+        let expected = Duration::from_secs(secs).min(THIRTY_YEARS);
+        prop_assert_eq!(parse_retry_after(&value, now()), Ok(expected));
     }
 
     #[test]
     fn grpc_millis_round_trip(ms in any::<u64>()) {
         let value = HeaderValue::from_str(&ms.to_string()).unwrap();
-        prop_assert_eq!(parse_grpc_pushback(&value), Pushback::After(Duration::from_millis(ms)));
+        let expected = Duration::from_millis(ms).min(THIRTY_YEARS);
+        prop_assert_eq!(parse_grpc_pushback(&value), Pushback::After(expected));
     }
 
     #[test]
     fn http_date_is_relative_to_now(at in 0u64..=253_402_300_799, now_secs in 0u64..=253_402_300_799) {
         let value = HeaderValue::from_str(&imf_fixdate(at)).unwrap();
         let parsed = parse_retry_after(&value, UNIX_EPOCH + Duration::from_secs(now_secs));
-        prop_assert_eq!(parsed, Ok(Duration::from_secs(at.saturating_sub(now_secs))));
+        let expected = Duration::from_secs(at.saturating_sub(now_secs)).min(THIRTY_YEARS);
+        prop_assert_eq!(parsed, Ok(expected));
     }
 }
 
