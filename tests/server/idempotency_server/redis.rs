@@ -728,3 +728,42 @@ async fn redis_a_restart_without_persistence_forgets_and_the_store_reconnects() 
     assert_eq!(seen.calls(), 2);
     assert_eq!(seen.fences(), vec![Some(1), Some(1)]);
 }
+
+/// Any lease, renewal, retention, sweep age and stuck threshold, up to `Duration::MAX`, and any
+/// backstop: a backstop is refused past `MAX_DURATION`, and the store counts any other duration
+/// past it as ten years.
+#[test]
+fn redis_any_durations_are_answered() {
+    use proptest::test_runner::{Config, TestRunner};
+
+    use crate::durations::{duration, store_any_durations};
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let db = rt.block_on(store("redis_any_durations_are_answered"));
+    let mut runner = TestRunner::new(Config::with_cases(16));
+    let strategy = (
+        duration(),
+        (duration(), duration(), duration(), duration(), duration()),
+    );
+    let result = runner.run(
+        &strategy,
+        |(backstop, (lease, renewal, retention, keep, older))| {
+            let store = match db.store.clone().with_backstop(backstop) {
+                Ok(store) => store,
+                Err(e) => {
+                    assert_eq!(e.setting(), "redis backstop");
+                    assert!(
+                        backstop < Duration::from_secs(1) || backstop > surely::MAX_DURATION,
+                        "{e}"
+                    );
+                    db.store.clone()
+                }
+            };
+            rt.block_on(store_any_durations(
+                &store, lease, renewal, retention, keep, older,
+            ))
+        },
+    );
+    rt.block_on(db.forget());
+    result.unwrap();
+}
