@@ -419,3 +419,87 @@ pub(crate) async fn store_any_durations<St: IdempotencyStore>(
     store.stuck(older, 10).await.unwrap();
     Ok(())
 }
+
+/// Each duration setting of the server half refuses more than `MAX_DURATION`, naming itself,
+/// and takes `MAX_DURATION` itself.
+#[test]
+fn every_duration_setting_is_at_most_ten_years() {
+    let over = MAX_DURATION + Duration::from_nanos(1);
+    let store = MemoryStore::new;
+    let idem = || IdempotencyLayer::builder(store());
+    let checks: Vec<(&str, Result<(), ConfigError>, Result<(), ConfigError>)> = vec![
+        (
+            "server deadline maximum",
+            ServerDeadlineLayer::builder().max(over).build().map(drop),
+            ServerDeadlineLayer::builder()
+                .max(MAX_DURATION)
+                .build()
+                .map(drop),
+        ),
+        (
+            "server deadline minimum",
+            ServerDeadlineLayer::builder().min(over).build().map(drop),
+            ServerDeadlineLayer::builder()
+                .min(MAX_DURATION)
+                .build()
+                .map(drop),
+        ),
+        (
+            "aimd latency target",
+            AdaptiveLimitLayer::builder()
+                .algorithm(Aimd::new().latency_target(over))
+                .build()
+                .map(drop),
+            AdaptiveLimitLayer::builder()
+                .algorithm(Aimd::new().latency_target(MAX_DURATION))
+                .build()
+                .map(drop),
+        ),
+        (
+            "idempotency lease",
+            idem().lease(over).build().map(drop),
+            idem().lease(MAX_DURATION).build().map(drop),
+        ),
+        (
+            "idempotency lease renewal",
+            idem().renew_for(over).build().map(drop),
+            idem().renew_for(MAX_DURATION).build().map(drop),
+        ),
+        (
+            "idempotency in-flight retry-after",
+            idem().in_flight_retry_after(over).build().map(drop),
+            idem().in_flight_retry_after(MAX_DURATION).build().map(drop),
+        ),
+        (
+            "idempotency retention",
+            idem().retention(over).build().map(drop),
+            idem().retention(MAX_DURATION).build().map(drop),
+        ),
+    ];
+    for (setting, refused, taken) in checks {
+        let err = refused.unwrap_err();
+        assert_eq!(err.setting(), setting);
+        assert_eq!(
+            err.to_string(),
+            format!("invalid {setting}: must be at most ten years")
+        );
+        taken.unwrap_or_else(|e| panic!("{setting}: {e}"));
+    }
+    // The limit's refusals keep their own bound, an hour.
+    let err = AdaptiveLimitLayer::builder()
+        .retry_after(over)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "limit retry-after");
+    // The recheck's infallible `new` clamps: ten years left is enough for any `needs`.
+    paused(async {
+        let handler = service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        });
+        let mut svc = RecheckLayer::new(Duration::MAX).layer(handler);
+        let mut req = Request::new(());
+        req.extensions_mut().insert(Deadline::after(MAX_DURATION));
+        let res = svc.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    });
+}
