@@ -3,6 +3,29 @@
 //! [`RecheckLayer`] sits where the work starts, below whatever queues, and refuses a request
 //! whose deadline no longer leaves the time its work takes; [`can_finish`] is the same check
 //! for a worker pool of your own. Both are re-exported at [`server::deadline`](super).
+//!
+//! A request can wait after the [`ServerDeadlineLayer`](super::ServerDeadlineLayer) admitted
+//! it: in a buffer, behind a concurrency limit, in a pool. Work started for a caller who has
+//! gone is work for nobody, and it delays the callers still waiting.
+//!
+//! ```
+//! use std::time::Duration;
+//! use surely::server::deadline::{RecheckLayer, ServerDeadlineLayer};
+//! use surely::server::limit::AdaptiveLimitLayer;
+//! use tower::{service_fn, ServiceBuilder};
+//!
+//! let limit = AdaptiveLimitLayer::new();
+//! let svc = ServiceBuilder::new()
+//!     .layer(ServerDeadlineLayer::builder().max(Duration::from_secs(5)).build().unwrap())
+//!     .layer(limit.clone())
+//!     .concurrency_limit(64) // requests past it wait here
+//!     // Where the work starts: at least 200 ms left, or refused (and counted in the limit's).
+//!     .layer(RecheckLayer::new(Duration::from_millis(200)).count_in(&limit))
+//!     .service(service_fn(|_req: http::Request<()>| async {
+//!         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+//!     }));
+//! # let _ = svc;
+//! ```
 
 use std::time::Duration;
 
