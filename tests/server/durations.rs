@@ -427,7 +427,13 @@ fn every_duration_setting_is_at_most_ten_years() {
     let over = MAX_DURATION + Duration::from_nanos(1);
     let store = MemoryStore::new;
     let idem = || IdempotencyLayer::builder(store());
-    let checks: Vec<(&str, Result<(), ConfigError>, Result<(), ConfigError>)> = vec![
+    // Each setting: its name, a build with one nanosecond over, a build with the bound.
+    type Check = (
+        &'static str,
+        Result<(), ConfigError>,
+        Result<(), ConfigError>,
+    );
+    let checks: Vec<Check> = vec![
         (
             "server deadline maximum",
             ServerDeadlineLayer::builder().max(over).build().map(drop),
