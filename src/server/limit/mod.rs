@@ -25,8 +25,8 @@
 //!
 //! # Who is refused first
 //!
-//! * **[`Criticality`]**: a request says how critical it is (an extension
-//!   the host sets, or the [`CRITICALITY`] header). Each level may
+//! * **[`Criticality`](crate::Criticality)**: a request says how critical it is (an extension
+//!   the host sets, or the [`CRITICALITY`](crate::headers::CRITICALITY) header). Each level may
 //!   fill a share of the limit (by default `sheddable` 80 %, `sheddable-plus` 90 %, `critical`
 //!   100 %, `critical-plus` 110 %), so as the limit fills, batch work is refused first and
 //!   what users wait for still gets in. An untrusted caller's header can lower its request's
