@@ -414,6 +414,10 @@ impl IdempotencyConfig {
             ("idempotency lease", "idempotency.lease"),
             ("idempotency lease renewal", "idempotency.renew_for"),
             ("idempotency retention", "idempotency.retention"),
+            (
+                "idempotency in-flight retry-after",
+                "idempotency.in_flight_retry_after",
+            ),
             ("idempotency body limit", "idempotency.max_body_bytes"),
         ]))?;
         Ok(self.settle(builder, required))

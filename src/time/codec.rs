@@ -11,8 +11,19 @@
 //!
 //! Both parsers are strict: no sign, no whitespace, no decimal point, nothing but the digits (and
 //! the unit). Leading zeros are allowed. A zero value parses to [`Duration::ZERO`]; deciding that
-//! such a request has already expired is the caller's job. Errors are typed: see
-//! [`ParseTimeoutErrorKind`].
+//! such a request has already expired is the caller's job. Errors are typed: a
+//! [`ParseTimeoutError`] says what is wrong with its `is_*` predicates.
+//!
+//! # Bounds
+//!
+//! The parsers never panic and never overflow: the formats' digit limits bound every value
+//! (`99999999H` is about 11,415 years, eighteen digits of milliseconds about 31.7 million), and
+//! each parses exactly to a [`Duration`]. Such a budget outlives every caller; a reader that
+//! adds one to an instant bounds it where it reads it: the server's deadline layer
+//! (`server::deadline::ServerDeadlineLayer`, feature `server`) counts a budget over
+//! [`MAX_DURATION`](crate::MAX_DURATION) as ten years, and
+//! [`Deadline::after`](crate::deadline::Deadline::after) clamps any budget to about thirty
+//! years.
 //!
 //! # Truncation
 //!
@@ -80,20 +91,19 @@ pub fn encode_grpc_timeout(timeout: Duration) -> HeaderValue {
 ///
 /// # Errors
 ///
-/// Returns a [`ParseTimeoutError`] whose [`kind`](ParseTimeoutError::kind) says what is wrong.
+/// Returns a [`ParseTimeoutError`] whose `is_*` predicates say what is wrong.
 pub fn parse_grpc_timeout(value: &[u8]) -> Result<Duration, ParseTimeoutError> {
     let codec = Codec::Grpc;
-    let (&unit, digits) = value
-        .split_last()
-        .ok_or(codec.error(ParseTimeoutErrorKind::Empty))?;
+    let (&unit, digits) = value.split_last().ok_or(codec.error(Kind::Empty))?;
     if unit.is_ascii_digit() {
-        return Err(codec.error(ParseTimeoutErrorKind::MissingUnit));
+        return Err(codec.error(Kind::MissingUnit));
     }
     let &(_, unit_nanos) = GRPC_UNITS
         .iter()
         .find(|&&(u, _)| u == unit)
-        .ok_or(codec.error(ParseTimeoutErrorKind::UnknownUnit))?;
+        .ok_or(codec.error(Kind::UnknownUnit))?;
     let count = parse_digits(digits, codec)?;
+    // Cannot fail within eight digits: the longest value, `99999999H`, is about 11,415 years.
     u128::from(count)
         .checked_mul(unit_nanos)
         .and_then(|nanos| {
@@ -101,7 +111,8 @@ pub fn parse_grpc_timeout(value: &[u8]) -> Result<Duration, ParseTimeoutError> {
             let subsec = u32::try_from(nanos % NANOS_PER_SEC).ok()?;
             Some(Duration::new(secs, subsec))
         })
-        .ok_or(codec.error(ParseTimeoutErrorKind::Overflow))
+        // Cannot fail within the format's digits (18 nines fit a `u64`).
+        .ok_or(codec.error(Kind::TooManyDigits))
 }
 
 /// Parses a `grpc-timeout` [`HeaderValue`]; see [`parse_grpc_timeout`].
@@ -126,10 +137,10 @@ pub fn encode_millis(timeout: Duration) -> HeaderValue {
 ///
 /// # Errors
 ///
-/// Returns a [`ParseTimeoutError`] whose [`kind`](ParseTimeoutError::kind) says what is wrong.
+/// Returns a [`ParseTimeoutError`] whose `is_*` predicates say what is wrong.
 pub fn parse_millis(value: &[u8]) -> Result<Duration, ParseTimeoutError> {
     if value.is_empty() {
-        return Err(Codec::Millis.error(ParseTimeoutErrorKind::Empty));
+        return Err(Codec::Millis.error(Kind::Empty));
     }
     parse_digits(value, Codec::Millis).map(Duration::from_millis)
 }
@@ -145,45 +156,82 @@ pub fn parse_millis_header(value: &HeaderValue) -> Result<Duration, ParseTimeout
 
 /// The error returned when a timeout header value is malformed.
 ///
-/// Its [`kind`](Self::kind) says what is wrong; its `Display` also names the format.
+/// Its `is_*` predicates say what is wrong (one of them is true); its `Display` also names the
+/// format.
+///
+/// ```
+/// use surely::deadline::codec::{parse_grpc_timeout, parse_millis};
+///
+/// let err = parse_grpc_timeout(b"5s").unwrap_err();
+/// assert!(err.is_unknown_unit());
+/// assert_eq!(err.to_string(), "invalid grpc-timeout: unknown unit");
+/// assert!(parse_millis(b"1.5").unwrap_err().is_invalid_byte());
+/// assert!(parse_millis(&[b'1'; 19]).unwrap_err().is_too_long());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {}: {}", self.codec.name(), self.reason())]
 pub struct ParseTimeoutError {
-    kind: ParseTimeoutErrorKind,
+    kind: Kind,
     codec: Codec,
 }
 
 impl ParseTimeoutError {
-    /// What is wrong with the value.
-    pub fn kind(&self) -> ParseTimeoutErrorKind {
-        self.kind
+    /// Whether the value is empty.
+    pub fn is_empty(&self) -> bool {
+        self.kind == Kind::Empty
+    }
+
+    /// Whether a `grpc-timeout` unit has no digits before it.
+    pub fn is_missing_digits(&self) -> bool {
+        self.kind == Kind::NoDigits
+    }
+
+    /// Whether the value has more digits than the format allows (8 for `grpc-timeout`, 18 for
+    /// milliseconds).
+    pub fn is_too_long(&self) -> bool {
+        self.kind == Kind::TooManyDigits
+    }
+
+    /// Whether a byte stands where an ASCII digit must be: a sign, whitespace, a decimal
+    /// point, non-ASCII...
+    pub fn is_invalid_byte(&self) -> bool {
+        self.kind == Kind::InvalidByte
+    }
+
+    /// Whether a `grpc-timeout` value ends in a digit instead of a unit.
+    pub fn is_missing_unit(&self) -> bool {
+        self.kind == Kind::MissingUnit
+    }
+
+    /// Whether a `grpc-timeout` unit is other than `H`, `M`, `S`, `m`, `u` or `n`.
+    pub fn is_unknown_unit(&self) -> bool {
+        self.kind == Kind::UnknownUnit
     }
 
     fn reason(&self) -> &'static str {
         match self.kind {
-            ParseTimeoutErrorKind::Empty => "empty value",
-            ParseTimeoutErrorKind::NoDigits => "no digits",
-            ParseTimeoutErrorKind::TooManyDigits => match self.codec {
+            Kind::Empty => "empty value",
+            Kind::NoDigits => "no digits",
+            Kind::TooManyDigits => match self.codec {
                 Codec::Grpc => "more than 8 digits",
                 Codec::Millis => "more than 18 digits",
             },
-            ParseTimeoutErrorKind::InvalidByte => "not an ascii digit",
-            ParseTimeoutErrorKind::MissingUnit => "missing unit",
-            ParseTimeoutErrorKind::UnknownUnit => "unknown unit",
-            ParseTimeoutErrorKind::Overflow => "value overflows a duration",
+            Kind::InvalidByte => "not an ascii digit",
+            Kind::MissingUnit => "missing unit",
+            Kind::UnknownUnit => "unknown unit",
         }
     }
 }
 
 /// The ways a timeout header value can be malformed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ParseTimeoutErrorKind {
+enum Kind {
     /// The value is empty.
     Empty,
     /// A `grpc-timeout` unit with no digits before it.
     NoDigits,
-    /// More digits than the format allows (8 for `grpc-timeout`, 18 for milliseconds).
+    /// More digits than the format allows (8 for `grpc-timeout`, 18 for milliseconds): within
+    /// them, no value overflows a `u64` or a [`Duration`].
     TooManyDigits,
     /// A byte where an ASCII digit must be: a sign, whitespace, a decimal point, non-ASCII...
     InvalidByte,
@@ -191,8 +239,6 @@ pub enum ParseTimeoutErrorKind {
     MissingUnit,
     /// A `grpc-timeout` unit other than `H`, `M`, `S`, `m`, `u` or `n`.
     UnknownUnit,
-    /// The value does not fit a [`Duration`].
-    Overflow,
 }
 
 /// Which format an error came from.
@@ -221,7 +267,7 @@ impl Codec {
         10u64.pow(self.max_digits()) - 1
     }
 
-    const fn error(self, kind: ParseTimeoutErrorKind) -> ParseTimeoutError {
+    const fn error(self, kind: Kind) -> ParseTimeoutError {
         ParseTimeoutError { kind, codec: self }
     }
 }
@@ -229,20 +275,20 @@ impl Codec {
 /// Parses a run of ASCII digits, at most `codec.max_digits()` of them.
 fn parse_digits(digits: &[u8], codec: Codec) -> Result<u64, ParseTimeoutError> {
     if digits.is_empty() {
-        return Err(codec.error(ParseTimeoutErrorKind::NoDigits));
+        return Err(codec.error(Kind::NoDigits));
     }
     if !digits.iter().all(u8::is_ascii_digit) {
-        return Err(codec.error(ParseTimeoutErrorKind::InvalidByte));
+        return Err(codec.error(Kind::InvalidByte));
     }
     if digits.len() > codec.max_digits() as usize {
-        return Err(codec.error(ParseTimeoutErrorKind::TooManyDigits));
+        return Err(codec.error(Kind::TooManyDigits));
     }
     digits
         .iter()
         .try_fold(0u64, |acc, &digit| {
             acc.checked_mul(10)?.checked_add(u64::from(digit - b'0'))
         })
-        .ok_or(codec.error(ParseTimeoutErrorKind::Overflow))
+        .ok_or(codec.error(Kind::TooManyDigits))
 }
 
 /// Writes `value` in decimal, then `unit`, into a stack buffer, and copies it into a
@@ -270,16 +316,34 @@ fn header_value(mut value: u64, unit: Option<u8>) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ParseTimeoutErrorKind::*;
+    use Kind::*;
 
     const HOUR: u64 = 3_600;
 
-    fn grpc_kind(value: &[u8]) -> ParseTimeoutErrorKind {
-        parse_grpc_timeout(value).unwrap_err().kind()
+    /// The kind as a caller reads it, through the predicates: exactly one of them holds, and
+    /// it is the error's.
+    fn by_predicates(err: &ParseTimeoutError) -> Kind {
+        let holds: Vec<Kind> = [
+            (err.is_empty(), Empty),
+            (err.is_missing_digits(), NoDigits),
+            (err.is_too_long(), TooManyDigits),
+            (err.is_invalid_byte(), InvalidByte),
+            (err.is_missing_unit(), MissingUnit),
+            (err.is_unknown_unit(), UnknownUnit),
+        ]
+        .into_iter()
+        .filter_map(|(holds, kind)| holds.then_some(kind))
+        .collect();
+        assert_eq!(holds, [err.kind], "{err:?}");
+        err.kind
     }
 
-    fn millis_kind(value: &[u8]) -> ParseTimeoutErrorKind {
-        parse_millis(value).unwrap_err().kind()
+    fn grpc_kind(value: &[u8]) -> Kind {
+        by_predicates(&parse_grpc_timeout(value).unwrap_err())
+    }
+
+    fn millis_kind(value: &[u8]) -> Kind {
+        by_predicates(&parse_millis(value).unwrap_err())
     }
 
     #[test]
@@ -345,7 +409,7 @@ mod tests {
 
     #[test]
     fn parse_grpc_rejects() {
-        let cases: [(&[u8], ParseTimeoutErrorKind); 14] = [
+        let cases: [(&[u8], Kind); 14] = [
             (b"", Empty),
             (b"S", NoDigits),
             (b"5", MissingUnit),
@@ -387,7 +451,7 @@ mod tests {
 
     #[test]
     fn parse_millis_rejects() {
-        let cases: [(&[u8], ParseTimeoutErrorKind); 8] = [
+        let cases: [(&[u8], Kind); 8] = [
             (b"", Empty),
             (b"1000000000000000000", TooManyDigits),
             (b"-1", InvalidByte),

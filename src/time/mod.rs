@@ -9,8 +9,6 @@ use tokio::time::Instant;
 
 pub mod codec;
 
-/// About 30 years: what a deadline "infinitely far" away is clamped to, so that arithmetic on
-/// instants never overflows.
 /// The longest duration any setting of the crate accepts: ten years. A configured duration past
 /// it (a lease, a retention, a timeout, a cap on a server's pushback) is refused when the
 /// builder or the configuration file is read, with a [`ConfigError`](crate::ConfigError) that
@@ -29,6 +27,9 @@ pub mod codec;
 /// ```
 pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 86_400);
 
+/// About 30 years: what a deadline "infinitely far" away is clamped to, so that arithmetic on
+/// instants never overflows; also the longest wait a pushback header reads as (three times
+/// [`MAX_DURATION`], so that it is past every client's cap).
 pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
 
 /// `from + by`, without a panic whatever `by` is: a duration past [`FAR_FUTURE`] (about 30

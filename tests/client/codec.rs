@@ -82,3 +82,100 @@ proptest! {
         prop_assert_eq!(parse_millis(value.as_bytes()), Ok(expected));
     }
 }
+
+proptest! {
+    /// Decimal numbers of any length, 26 digits and more included: within the format's digits,
+    /// the exact budget; past them, an error that says so. Never a panic.
+    #[test]
+    fn any_decimal_is_its_budget_or_too_long(digits in "[0-9]{1,40}", unit in "[HMSmun]") {
+        match parse_millis(digits.as_bytes()) {
+            Ok(d) => {
+                prop_assert!(digits.len() <= 18);
+                prop_assert_eq!(d.as_millis(), digits.parse::<u128>().unwrap());
+            }
+            Err(e) => prop_assert!(digits.len() > 18 && e.is_too_long(), "{digits}: {e}"),
+        }
+        let value = format!("{digits}{unit}");
+        let unit_nanos = UNITS.iter().find(|&&(u, _)| u == unit.as_bytes()[0]).unwrap().1;
+        match parse_grpc_timeout(value.as_bytes()) {
+            Ok(d) => {
+                prop_assert!(digits.len() <= 8);
+                prop_assert_eq!(d.as_nanos(), digits.parse::<u128>().unwrap() * unit_nanos);
+            }
+            Err(e) => prop_assert!(digits.len() > 8 && e.is_too_long(), "{value}: {e}"),
+        }
+    }
+
+    /// Any deadline header (any bytes, numbers of any length, `grpc-timeout`s) on a request that
+    /// a real retry layer retries, with the longest pushback cap and no deadline: the layer reads
+    /// it again for the retry, never panics, and with no deadline of its own leaves it as sent.
+    #[test]
+    fn a_retry_layer_reads_any_deadline_header(
+        grpc in any::<bool>(),
+        bytes in prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..32),
+            "[0-9]{1,40}".prop_map(String::into_bytes),
+            ("[0-9]{1,40}", "[HMSmun]").prop_map(|(d, u)| format!("{d}{u}").into_bytes()),
+        ],
+    ) {
+        use std::sync::{Arc, Mutex};
+
+        use http::{HeaderValue, Request, Response};
+        use surely::retry::backoff::Backoff;
+        use surely::retry::RetryLayer;
+        use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+
+        let Ok(value) = HeaderValue::from_bytes(&bytes) else {
+            return Ok(());
+        };
+        let name = if grpc { "grpc-timeout" } else { "x-request-timeout-ms" };
+        let mut request = Request::post("/orders").body(()).unwrap();
+        if grpc {
+            request.headers_mut().insert("content-type", HeaderValue::from_static("application/grpc"));
+        }
+        request.headers_mut().insert(name, value.clone());
+        // Refused before processing the first time (retried whatever the method), then served.
+        let first = if grpc {
+            Response::builder()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", "14")
+                .header("grpc-retry-pushback-ms", "5")
+                .body(())
+                .unwrap()
+        } else {
+            Response::builder()
+                .status(503)
+                .header("surely-not-processed", "overload")
+                .header("retry-after", "1")
+                .body(())
+                .unwrap()
+        };
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let seen = sent.clone();
+        let transport = service_fn(move |req: Request<()>| {
+            let mut seen = seen.lock().unwrap();
+            seen.push(req.headers().get(name).cloned());
+            let res = if seen.len() == 1 { first.clone() } else { Response::new(()) };
+            async move { Ok::<_, std::io::Error>(res) }
+        });
+        let mut client = ServiceBuilder::new()
+            .layer(
+                RetryLayer::builder()
+                    .backoff(Backoff::none())
+                    .max_pushback(surely::MAX_DURATION)
+                    .max_attempts(2)
+                    .no_budget()
+                    .build()
+                    .unwrap(),
+            )
+            .service(transport);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async { client.ready().await.unwrap().call(request).await.unwrap() });
+        let sent = sent.lock().unwrap().clone();
+        prop_assert_eq!(sent, vec![Some(value.clone()), Some(value)]);
+    }
+}

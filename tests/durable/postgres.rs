@@ -185,7 +185,8 @@ async fn a_table_made_before_the_records_is_brought_up_to_date() {
         .await
         .unwrap_err();
     assert!(err.is_backend(), "{err}");
-    let message = format!("{err}");
+    // The message says what failed, its source why.
+    let message = format!("{err}: {}", std::error::Error::source(&err).unwrap());
     assert!(
         message.contains(&format!("{table}_acquire does not exist"))
             && message.contains("surely::postgres::migrate"),

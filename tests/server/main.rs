@@ -6,5 +6,7 @@
 mod support;
 
 mod config;
+mod durations;
 mod idempotency_server;
 mod limit;
+mod shape;

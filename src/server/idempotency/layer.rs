@@ -14,7 +14,7 @@ use std::pin::Pin;
 use bytes::Bytes;
 
 use super::recovery::{RecoverFn, Recovery, SettleRound, Takeover};
-use super::service::IdempotencyService;
+use super::service::Idempotency;
 use super::stored::{ArchiveFn, RebuildFn, Seal, DEFAULT_MAX_STORED};
 use super::TicketStore;
 use crate::classify::BoxError;
@@ -31,6 +31,7 @@ type OperationFn = dyn Fn(&Parts) -> String + Send + Sync;
 type RetentionFn = dyn Fn(&Parts) -> Option<Duration> + Send + Sync;
 
 /// The settings shared by every service a layer makes.
+#[derive(Clone)]
 pub(super) struct Config<St> {
     pub(super) store: St,
     pub(super) lease: Duration,
@@ -254,6 +255,11 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     }
 }
 
+/// The archive refused a batch (its error is the source).
+#[derive(Debug, thiserror::Error)]
+#[error("archive refused a batch")]
+struct ArchiveRefused(#[source] BoxError);
+
 /// How many expired records [`IdempotencyLayer::sweep`] reads, archives and deletes at a time.
 const SWEEP_BATCH: usize = 500;
 
@@ -284,7 +290,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
             let full = batch.len() == SWEEP_BATCH;
             archive(batch.clone())
                 .await
-                .map_err(|e| StoreError::backend(format!("archive refused a batch: {e}")))?;
+                .map_err(|e| StoreError::backend(ArchiveRefused(e)))?;
             let n = self.config.store.forget(&batch).await?;
             deleted += n;
             // A batch none of which could be deleted (all acquired again since) would come
@@ -297,10 +303,10 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
 }
 
 impl<S, St> Layer<S> for IdempotencyLayer<St> {
-    type Service = IdempotencyService<S, St>;
+    type Service = Idempotency<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::from_config(inner, self.config.clone())
+        Idempotency::from_config(inner, self.config.clone())
     }
 }
 
@@ -359,8 +365,19 @@ impl<St> fmt::Debug for Config<St> {
 ///     .unwrap();
 /// # let _ = layer;
 /// ```
+#[must_use]
 pub struct IdempotencyLayerBuilder<St> {
     config: Config<St>,
+}
+
+/// A copy of the settings, sharing the store (a store is a handle: clones share its records)
+/// and the hooks.
+impl<St: Clone> Clone for IdempotencyLayerBuilder<St> {
+    fn clone(&self) -> Self {
+        IdempotencyLayerBuilder {
+            config: self.config.clone(),
+        }
+    }
 }
 
 impl<St> fmt::Debug for IdempotencyLayerBuilder<St> {
@@ -368,9 +385,6 @@ impl<St> fmt::Debug for IdempotencyLayerBuilder<St> {
         self.config.fmt(f)
     }
 }
-
-/// A lease or retention longer than this is refused (a typo more likely than a wish).
-pub(super) const MAX_PERIOD: Duration = crate::MAX_DURATION;
 
 impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// Defaults: lease 30 s, in-flight `Retry-After` at most 1 s, retention 24 h, body limit 1 MiB, no method requires a key, 5xx
@@ -406,14 +420,16 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// How long an owner holds its record before another request may take over (default 30 s).
     /// Longer than the handler's worst latency, or a slow owner is taken over while it runs
     /// (its late completion is then refused, but the work was done twice), unless the owner
-    /// [renews](Self::renew_for) it.
+    /// [renews](Self::renew_for) it. Greater than zero, at most
+    /// [`MAX_DURATION`](crate::MAX_DURATION).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;
         self
     }
 
     /// Renews the owner's lease while its handler runs, every third of the lease, for at most
-    /// `max` after the handler started (by default the lease is not renewed).
+    /// `max` after the handler started (by default the lease is not renewed). `max` is greater
+    /// than zero, at most [`MAX_DURATION`](crate::MAX_DURATION).
     ///
     /// A handler slower than the lease then keeps its key: duplicates get `409` until it
     /// answers, instead of taking over and running it a second time. `max` bounds a handler
@@ -444,6 +460,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
 
     /// The longest `Retry-After` a duplicate gets while the key is in flight (default 1 s): the
     /// header says the lease's remaining time, capped by this, in whole seconds (at least 1).
+    /// At most [`MAX_DURATION`](crate::MAX_DURATION).
     /// The lease is sized for the slowest handler; most finish sooner, and a client told to
     /// wait for the whole lease would wait too long.
     pub fn in_flight_retry_after(mut self, max: Duration) -> Self {
@@ -453,6 +470,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
 
     /// How long a completed record is replayed (default 24 h). After that, the key gets
     /// [`ErrorCode::KeyExpired`](super::ErrorCode::KeyExpired) until the record is swept.
+    /// Greater than zero, at most [`MAX_DURATION`](crate::MAX_DURATION).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.config.retention = retention;
         self
@@ -460,7 +478,8 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
 
     /// The retention of the requests for which `by` says one, the default
     /// ([`retention`](Self::retention)) for the others: a payment's key may be kept for a month,
-    /// a search's for an hour. A retention over ten years is kept as ten years. The
+    /// a search's for an hour. A retention over ten years ([`MAX_DURATION`](crate::MAX_DURATION))
+    /// is kept as ten years. The
     /// [sweeper](crate::server::store::IdempotencyStore::sweep) deletes each record when
     /// its own retention has ended, and never one still `PROCESSING`.
     ///
@@ -761,7 +780,9 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     ///
     /// # Errors
     ///
-    /// A zero lease, renewal or retention, one over ten years, or a zero body limit; a renewal
+    /// A zero lease, renewal or retention, one over ten years
+    /// ([`MAX_DURATION`](crate::MAX_DURATION)), an in-flight `Retry-After` over ten years, or a
+    /// zero body limit; a renewal
     /// or a recovery hook with [`in_transaction`](Self::in_transaction).
     pub fn build(self) -> Result<IdempotencyLayer<St>, ConfigError> {
         let c = &self.config;
@@ -773,14 +794,10 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                     "must be greater than zero (leave it unset for no renewal)",
                 ));
             }
-            if max > MAX_PERIOD {
-                return Err(ConfigError::new(
-                    "idempotency lease renewal",
-                    "must be at most ten years",
-                ));
-            }
+            ConfigError::at_most_max("idempotency lease renewal", max)?;
         }
         ConfigError::positive_at_most_max("idempotency retention", c.retention)?;
+        ConfigError::at_most_max("idempotency in-flight retry-after", c.retry_after)?;
         if c.compress_over == Some(0) {
             return Err(ConfigError::new(
                 "idempotency compression threshold",

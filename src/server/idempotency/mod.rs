@@ -168,6 +168,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod code;
+pub mod future;
 mod layer;
 mod recovery;
 mod service;
@@ -176,7 +177,7 @@ mod stored;
 pub use self::code::{ErrorCode, UnknownErrorCode};
 pub use self::layer::{IdempotencyLayer, IdempotencyLayerBuilder};
 pub use self::recovery::{Recovery, SettleRound, Takeover};
-pub use self::service::IdempotencyService;
+pub use self::service::Idempotency;
 pub use self::stored::{Reference, Seal};
 
 use super::store::{Checkpoint, Fence, RecordKey, StoreError, StoredResponse};

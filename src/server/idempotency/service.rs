@@ -1,8 +1,7 @@
-//! The service and its future.
+//! The service.
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -14,11 +13,13 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use tower_service::Service;
 
+use super::future::ResponseFuture;
 use super::layer::Config;
 use super::recovery::{self, Recovery, Takeover};
+use super::IdempotencyLayer;
 use super::{ErrorCode, Ticket, IDEMPOTENCY_ERROR, IDEMPOTENT_REPLAYED};
 use crate::classify::BoxError;
-use crate::context::{Context as CallContext, InContext};
+use crate::context::Context as CallContext;
 use crate::headers::IDEMPOTENCY_KEY;
 use crate::headers::KEY_IN_FLIGHT;
 use crate::headers::NOT_PROCESSED;
@@ -29,8 +30,9 @@ use crate::server::store::{
     Acquire, Claim, CommitError, Fence, IdempotencyStore, Opened, RecordKey, RequestDigest,
     StoreError,
 };
+use crate::time::later;
 
-/// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
+/// The service made by [`IdempotencyLayer`]: see the [module docs](super) for what it does.
 ///
 /// # Readiness
 ///
@@ -38,100 +40,55 @@ use crate::server::store::{
 /// clone in its place (tower's usual pattern for services whose future calls the inner service
 /// later), so the handler must be `Clone`; requests the layer answers itself (invalid key,
 /// duplicate, replay) never use the readiness reserved for them.
-pub struct IdempotencyService<S, St> {
+pub struct Idempotency<S, St> {
     inner: S,
     config: Arc<Config<St>>,
 }
 
-impl<S, St> IdempotencyService<S, St> {
+impl<S, St> Idempotency<S, St> {
     pub(super) fn from_config(inner: S, config: Arc<Config<St>>) -> Self {
-        IdempotencyService { inner, config }
+        Idempotency { inner, config }
     }
 
-    /// Wraps `inner` with `layer`'s store and settings.
-    pub fn new(inner: S, layer: &super::IdempotencyLayer<St>) -> Self
+    /// Wraps `inner` with a layer of the default settings over `store`, as
+    /// [`IdempotencyLayer::new`] does.
+    pub fn new(inner: S, store: St) -> Self
     where
         St: IdempotencyStore,
     {
-        tower_layer::Layer::layer(layer, inner)
+        tower_layer::Layer::layer(&IdempotencyLayer::new(store), inner)
+    }
+
+    /// The layer with the default settings over `store`: [`IdempotencyLayer::new`].
+    pub fn layer(store: St) -> IdempotencyLayer<St>
+    where
+        St: IdempotencyStore,
+    {
+        IdempotencyLayer::new(store)
     }
 
     inner_accessors!();
 }
 
-impl<S: Clone, St> Clone for IdempotencyService<S, St> {
+impl<S: Clone, St> Clone for Idempotency<S, St> {
     fn clone(&self) -> Self {
-        IdempotencyService {
+        Idempotency {
             inner: self.inner.clone(),
             config: self.config.clone(),
         }
     }
 }
 
-impl<S: fmt::Debug, St> fmt::Debug for IdempotencyService<S, St> {
+impl<S: fmt::Debug, St> fmt::Debug for Idempotency<S, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyService")
+        f.debug_struct("Idempotency")
             .field("inner", &self.inner)
             .field("config", &self.config)
             .finish()
     }
 }
 
-/// The future of [`IdempotencyService`].
-///
-/// One boxed future per request: the work is a sequence of awaits on the store and on two
-/// bodies, whose store I/O dwarfs one allocation; a hand-written state machine over a generic
-/// store's `impl Future`s would gain little and be hard to read.
-///
-/// A keyed request's future, dropped before it answered (its caller went away), is not dropped
-/// with it: it moves onto a task of its own and runs to its end there, in the call context and
-/// `tracing` span it was called in (unless the layer was told to
-/// [`cancel_with_caller`](super::IdempotencyLayerBuilder::cancel_with_caller)). While its caller
-/// waits, it runs in the caller's task, at no extra cost.
-pub struct ResponseFuture<E: Send + 'static> {
-    // `None` once it answered.
-    inner: Option<BoxFuture<E>>,
-    // Where to finish the work if the caller goes away first; `None` to drop it with the caller.
-    orphan: Option<(CallContext, tracing::Span)>,
-}
-
-type BoxFuture<E> = Pin<Box<dyn Future<Output = Result<Response<Full<Bytes>>, E>> + Send>>;
-
-impl<E: Send + 'static> Future for ResponseFuture<E> {
-    type Output = Result<Response<Full<Bytes>>, E>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(inner) = self.inner.as_mut() else {
-            // Polled again after it answered.
-            return Poll::Pending;
-        };
-        let out = std::task::ready!(inner.as_mut().poll(cx));
-        self.inner = None;
-        Poll::Ready(out)
-    }
-}
-
-impl<E: Send + 'static> Drop for ResponseFuture<E> {
-    fn drop(&mut self) {
-        let (Some(work), Some((ctx, span))) = (self.inner.take(), self.orphan.take()) else {
-            return;
-        };
-        // The caller went away mid-request: the work goes on, on a task of its own, so that its
-        // result is stored for the retry. No runtime (or one shutting down, which drops the
-        // task): the owner's key waits out its lease.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(InContext::with(work, ctx, span));
-        }
-    }
-}
-
-impl<E: Send + 'static> fmt::Debug for ResponseFuture<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
-    }
-}
-
-impl<S, St, B, RB> Service<Request<B>> for IdempotencyService<S, St>
+impl<S, St, B, RB> Service<Request<B>> for Idempotency<S, St>
 where
     S: Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -157,7 +114,7 @@ where
         let config = self.config.clone();
         let plan = plan(&config, &parts);
         if let Plan::Answer(res) = plan {
-            return ready(res);
+            return ResponseFuture::ready(res);
         }
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
@@ -165,10 +122,7 @@ where
         // (deadline, span) it was called in: its key is not stranded.
         let orphan = (matches!(plan, Plan::Keyed(..)) && config.detach)
             .then(|| (CallContext::current(), tracing::Span::current()));
-        ResponseFuture {
-            inner: Some(Box::pin(run(config, inner, parts, body, plan))),
-            orphan,
-        }
+        ResponseFuture::new(Box::pin(run(config, inner, parts, body, plan)), orphan)
     }
 }
 
@@ -224,17 +178,14 @@ impl<St: IdempotencyStore> Drop for ReleaseIfDropped<St> {
                             config.emit(ServerEventKind::Released { fence }, method, &key);
                         }
                     }
-                    Err(e) => tracing::warn!(?key, error = %e, "handler dropped: idempotency key not released"),
+                    Err(e) => tracing::warn!(
+                        ?key,
+                        error = &e as &dyn std::error::Error,
+                        "handler dropped: idempotency key not released"
+                    ),
                 }
             });
         }
-    }
-}
-
-fn ready<E: Send + 'static>(res: Response<Full<Bytes>>) -> ResponseFuture<E> {
-    ResponseFuture {
-        inner: Some(Box::pin(std::future::ready(Ok(res)))),
-        orphan: None,
     }
 }
 
@@ -302,7 +253,7 @@ fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
         .retention_by
         .as_ref()
         .and_then(|by| by(parts))
-        .map_or(config.retention, |r| r.min(super::layer::MAX_PERIOD));
+        .map_or(config.retention, |r| r.min(crate::MAX_DURATION));
     Plan::Keyed(RecordKey::new(tenant, operation, key), retention)
 }
 
@@ -409,7 +360,11 @@ where
             ));
         }
         Err(e) if e.is_rejected() => {
-            tracing::debug!(?key, error = %e, "idempotency store refused the request");
+            tracing::debug!(
+                ?key,
+                error = &e as &dyn std::error::Error,
+                "idempotency store refused the request"
+            );
             let mut res = error(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::RequestRejected,
@@ -421,7 +376,10 @@ where
             return Ok(res);
         }
         Err(e) => {
-            tracing::warn!(error = %e, "idempotency store unavailable");
+            tracing::warn!(
+                error = &e as &dyn std::error::Error,
+                "idempotency store unavailable"
+            );
             config.emit(ServerEventKind::StoreUnavailable, method, &key);
             return Ok(unavailable());
         }
@@ -490,7 +448,12 @@ where
             guard.disarm();
             if let Err(e) = stored {
                 // The record stays PROCESSING: after the lease, the next takeover asks again.
-                tracing::warn!(?key, fence = fence.get(), error = %e, "recovered idempotency record not stored");
+                tracing::warn!(
+                    ?key,
+                    fence = fence.get(),
+                    error = &e as &dyn std::error::Error,
+                    "recovered idempotency record not stored"
+                );
                 if let Some(method) = &method {
                     config.emit(ServerEventKind::NotStored { fence }, method, &key);
                 }
@@ -542,7 +505,12 @@ where
                 "idempotency record not updated: {e}"
             );
         } else {
-            tracing::warn!(?key, fence = fence.get(), error = %e, "idempotency record not updated");
+            tracing::warn!(
+                ?key,
+                fence = fence.get(),
+                error = &e as &dyn std::error::Error,
+                "idempotency record not updated"
+            );
             if let Some(method) = &method {
                 config.emit(ServerEventKind::NotStored { fence }, method, &key);
             }
@@ -611,7 +579,12 @@ where
         Err(CommitError::NotCommitted(e)) => (e, unavailable()),
         Err(CommitError::Unknown(e)) => (e, commit_unknown()),
     };
-    tracing::warn!(?key, fence = fence.get(), error = %error, "idempotency claim not committed");
+    tracing::warn!(
+        ?key,
+        fence = fence.get(),
+        error = &error as &dyn std::error::Error,
+        "idempotency claim not committed"
+    );
     if let Some(method) = &method {
         config.emit(ServerEventKind::NotStored { fence }, method, &key);
     }
@@ -621,7 +594,11 @@ where
 async fn roll_back(claim: Box<dyn Claim>, key: &RecordKey) {
     if let Err(e) = claim.rollback().await {
         // The connection was closed instead: the server rolls back all the same.
-        tracing::debug!(?key, error = %e, "idempotency claim: rollback failed");
+        tracing::debug!(
+            ?key,
+            error = &e as &dyn std::error::Error,
+            "idempotency claim: rollback failed"
+        );
     }
 }
 
@@ -649,17 +626,21 @@ async fn renewing<St: IdempotencyStore, T>(
     work: impl Future<Output = T>,
 ) -> T {
     let started = tokio::time::Instant::now();
-    let every = (config.lease / 3).max(Duration::from_millis(1));
-    let until =
-        crate::deadline::current().map_or(started + max, |d| d.instant().min(started + max));
+    let every = config
+        .lease
+        .checked_div(3)
+        .unwrap_or_default()
+        .max(Duration::from_millis(1));
+    let last = later(started, max);
+    let until = crate::deadline::current().map_or(last, |d| d.instant().min(last));
     let renewals = async {
-        let mut next = started + every;
+        let mut next = later(started, every);
         while next < until {
             tokio::time::sleep_until(next).await;
             let renewed = config.store.renew(key, fence, config.lease).await;
             // Counted from when the store answered: a slow store delays the next renewal
             // rather than bunching them.
-            next = tokio::time::Instant::now() + every;
+            next = later(tokio::time::Instant::now(), every);
             match renewed {
                 Ok(()) => {}
                 Err(e) if e.is_stale() => {
@@ -667,7 +648,12 @@ async fn renewing<St: IdempotencyStore, T>(
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(?key, fence = fence.get(), error = %e, "idempotency lease not renewed");
+                    tracing::warn!(
+                        ?key,
+                        fence = fence.get(),
+                        error = &e as &dyn std::error::Error,
+                        "idempotency lease not renewed"
+                    );
                 }
             }
         }

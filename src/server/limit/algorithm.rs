@@ -76,6 +76,7 @@ impl From<Gradient> for Algorithm {
 /// [`backoff`](Aimd::backoff) ratio, at most once for the requests admitted under the same
 /// limit (a burst of drops from one overload is one signal, not fifty).
 #[derive(Clone, Debug, PartialEq)]
+#[must_use]
 pub struct Aimd {
     pub(super) backoff: f64,
     pub(super) latency: Option<Duration>,
@@ -96,8 +97,8 @@ impl Aimd {
         self
     }
 
-    /// A request whose handler took longer than this counts as a drop. Must be greater than
-    /// zero. Without one (the default), only the handler's `429`, `503` and `504` and a missed
+    /// A request whose handler took longer than this counts as a drop. Greater than zero, at
+    /// most [`MAX_DURATION`](crate::MAX_DURATION). Without one (the default), only the handler's `429`, `503` and `504` and a missed
     /// deadline are drops.
     pub fn latency_target(mut self, target: Duration) -> Self {
         self.latency = Some(target);
@@ -138,6 +139,7 @@ impl Default for Aimd {
 /// a lock, so a window's mean may count a sample that raced with its end in the next window
 /// instead: an estimate of a mean, not an exact one.
 #[derive(Clone, Debug, PartialEq)]
+#[must_use]
 pub struct Gradient {
     pub(super) tolerance: f64,
     pub(super) smoothing: f64,
@@ -277,8 +279,8 @@ impl Config {
                 if !(a.backoff >= 0.5 && a.backoff < 1.0) {
                     return bad("aimd backoff", "must be in [0.5, 1)");
                 }
-                if a.latency.is_some_and(|l| l.is_zero()) {
-                    return bad("aimd latency target", "must be greater than zero");
+                if let Some(target) = a.latency {
+                    ConfigError::positive_at_most_max("aimd latency target", target)?;
                 }
             }
             Algorithm::Gradient(g) => {
@@ -508,7 +510,7 @@ impl Shared {
             partition,
             timed: this.times(),
             // AIMD grows a limit in use: at least half of it in flight.
-            grows: this.grows_when_answered() && now * 2 + 2 >= cap,
+            grows: this.grows_when_answered() && now.saturating_mul(2).saturating_add(2) >= cap,
             in_flight: u32::try_from(now).unwrap_or(u32::MAX),
             epoch,
         };

@@ -46,11 +46,12 @@ pub struct AdaptiveLimitLayer {
 }
 
 impl AdaptiveLimitLayer {
-    /// A limit with the default settings (see [`AdaptiveLimitLayerBuilder`]).
+    /// A limit with the default settings (see [`AdaptiveLimitLayerBuilder`]), assembled as
+    /// they are: a test builds the same through [`build`](AdaptiveLimitLayerBuilder::build).
     pub fn new() -> Self {
-        Self::builder()
-            .build()
-            .unwrap_or_else(|_| unreachable!("the default settings are valid"))
+        AdaptiveLimitLayer {
+            shared: Handle::new(Self::builder().config),
+        }
     }
 
     /// A builder, starting from the default settings.
@@ -114,10 +115,7 @@ impl<S> Layer<S> for AdaptiveLimitLayer {
     type Service = AdaptiveLimit<S>;
 
     fn layer(&self, inner: S) -> AdaptiveLimit<S> {
-        AdaptiveLimit {
-            inner,
-            shared: self.shared.clone(),
-        }
+        AdaptiveLimit::from_handle(inner, self.shared.clone())
     }
 }
 
@@ -128,6 +126,7 @@ impl<S> Layer<S> for AdaptiveLimitLayer {
 /// to `critical-plus`), no partitions, `Retry-After: 1` on refusals, no trusted callers, no
 /// recorder.
 #[derive(Clone)]
+#[must_use]
 pub struct AdaptiveLimitLayerBuilder {
     config: Config,
 }

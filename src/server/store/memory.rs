@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RecordState,
+    bounded, Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RecordState,
     RecordView, RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 #[cfg(surely_loom)]
@@ -203,10 +203,13 @@ impl MemoryStore {
                         }
                         if *held > now {
                             return Acquire::InFlight {
-                                retry_after: *held - now,
+                                retry_after: held.saturating_duration_since(now),
                             };
                         }
-                        Some((now - *held, now.saturating_duration_since(*since)))
+                        Some((
+                            now.saturating_duration_since(*held),
+                            now.saturating_duration_since(*since),
+                        ))
                     }
                     State::Unknown { evidence, .. } => {
                         return if record.digest != *digest {
@@ -329,7 +332,7 @@ impl MemoryStore {
             for (key, record) in lock(shard).iter() {
                 if let State::Processing { since, .. } = record.state {
                     let age = now.saturating_duration_since(since);
-                    if age >= older_than {
+                    if age >= bounded(older_than) {
                         stuck.push(StuckRecord::new(key.clone(), Fence::new(record.fence), age));
                     }
                 }
@@ -407,11 +410,10 @@ impl MemoryStore {
     }
 }
 
-/// `at + d`, saturating some thirty years ahead instead of overflowing.
+/// `at + d`, with `d` at most [`MAX_DURATION`](crate::MAX_DURATION): the store's one sum of an
+/// instant and a duration, which never panics.
 fn later(at: Instant, d: Duration) -> Instant {
-    at.checked_add(d)
-        .or_else(|| at.checked_add(Duration::from_secs(30 * 365 * 86_400)))
-        .unwrap_or(at)
+    crate::time::later(at, bounded(d))
 }
 
 /// A poisoned shard still holds consistent records: every critical section above leaves a record

@@ -455,22 +455,55 @@ pub(crate) enum CommitError {
     Unknown(StoreError),
 }
 
-/// A store operation failed: the backend failed, or a completion or release came with a stale
-/// fence.
-#[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
+/// A store operation failed: the backend failed, refused what the request brought, or a
+/// completion or release came with a stale fence. [`is_stale`](Self::is_stale),
+/// [`is_backend`](Self::is_backend) and [`is_rejected`](Self::is_rejected) tell them apart.
+///
+/// Its message says what failed; the cause (the driver's error, the value that did not
+/// decode) is its [`source`](std::error::Error::source), once, so that an error-chain
+/// printer shows each cause once.
+///
+/// ```
+/// use std::error::Error as _;
+/// use surely::server::store::StoreError;
+///
+/// let err = StoreError::backend("connection refused");
+/// assert!(err.is_backend());
+/// assert_eq!(err.to_string(), "idempotency store failed");
+/// assert_eq!(err.source().unwrap().to_string(), "connection refused");
+/// assert!(StoreError::stale().source().is_none());
+/// ```
+#[derive(Debug)]
 pub struct StoreError {
     kind: StoreErrorKind,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 enum StoreErrorKind {
-    #[error("idempotency record not updated: the fence is stale or the record is not processing")]
     Stale,
-    #[error("idempotency store failed: {0}")]
     Backend(BoxError),
-    #[error("idempotency store refused the request's own content: {0}")]
     Rejected(BoxError),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.kind {
+            StoreErrorKind::Stale => {
+                "idempotency record not updated: the fence is stale or the record is not processing"
+            }
+            StoreErrorKind::Backend(_) => "idempotency store failed",
+            StoreErrorKind::Rejected(_) => "idempotency store refused the request's own content",
+        })
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            StoreErrorKind::Stale => None,
+            StoreErrorKind::Backend(e) | StoreErrorKind::Rejected(e) => Some(&**e),
+        }
+    }
 }
 
 impl StoreError {
@@ -514,8 +547,22 @@ impl StoreError {
     }
 }
 
+/// A duration a store of the crate was given, at most [`MAX_DURATION`](crate::MAX_DURATION):
+/// see [`IdempotencyStore`]'s "Durations".
+fn bounded(d: Duration) -> Duration {
+    d.min(crate::MAX_DURATION)
+}
+
 /// An idempotency store. See the [module docs](self) for the states and why every method is one
 /// atomic operation.
+///
+/// # Durations
+///
+/// The stores of this crate count a lease, a retention, a sweep's `keep_expired_for` or a
+/// `stuck` threshold over [`MAX_DURATION`](crate::MAX_DURATION) (ten years) as ten years: the
+/// [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer) never gives them more
+/// (its builder refuses it), and a caller of its own that does gets neither a panic nor a
+/// database's error for it.
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Becomes the owner of `key`'s record, atomically, or reports what is there.
     ///

@@ -382,6 +382,18 @@ impl Sql {
     }
 }
 
+/// A table made by an earlier version of the store and not migrated since: its acquire
+/// function is missing (the database's error is the source).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{table}_acquire does not exist: the table was not migrated since an earlier version of \
+     the store; run surely::postgres::migrate (or PostgresStore::migrate) before serving"
+)]
+struct Unmigrated {
+    table: String,
+    source: tokio_postgres::Error,
+}
+
 /// An owner's update changed its one record, or found it taken over (or no longer processing).
 fn one_record(updated: u64) -> Result<(), StoreError> {
     if updated == 1 {
@@ -391,8 +403,10 @@ fn one_record(updated: u64) -> Result<(), StoreError> {
     }
 }
 
+/// `d` in seconds for an interval, at most ten years (see [`IdempotencyStore`]'s durations): a
+/// longer one would be out of an interval's or a timestamp's range.
 fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
+    super::bounded(d).as_secs_f64()
 }
 
 impl PostgresStore {
@@ -598,12 +612,10 @@ impl PostgresStore {
     /// made by an earlier version and not migrated since, which the error says.
     fn unmigrated(&self, e: tokio_postgres::Error) -> StoreError {
         if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) {
-            StoreError::backend(format!(
-                "{}_acquire does not exist: the table was not migrated since an earlier version \
-                 of the store; run surely::postgres::migrate (or PostgresStore::migrate) before \
-                 serving ({e})",
-                self.sql.table
-            ))
+            StoreError::backend(Unmigrated {
+                table: self.sql.table.clone(),
+                source: e,
+            })
         } else {
             StoreError::backend(e)
         }

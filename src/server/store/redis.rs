@@ -164,8 +164,9 @@ const DEFAULT_BACKSTOP: Duration = Duration::from_secs(7 * 86_400);
 /// The most records one script of the sweep deletes.
 const SWEEP_BATCH: u64 = 1000;
 
-/// Thirty years, in milliseconds: the longest lease, retention or backstop sent to Redis.
-const MAX_MILLIS: u64 = 30 * 365 * 86_400 * 1000;
+/// Ten years ([`MAX_DURATION`](crate::MAX_DURATION)), in milliseconds: the longest lease,
+/// retention, sweep age or threshold sent to Redis (see [`IdempotencyStore`]'s durations).
+const MAX_MILLIS: u64 = crate::MAX_DURATION.as_millis() as u64;
 
 impl RedisStore {
     /// A store over `manager`, a connection you made and configured, under the prefix
@@ -254,7 +255,7 @@ impl RedisStore {
     ///
     /// # Errors
     ///
-    /// `backstop` is under a second.
+    /// `backstop` is under a second, or over ten years ([`MAX_DURATION`](crate::MAX_DURATION)).
     pub fn with_backstop(self, backstop: Duration) -> Result<Self, ConfigError> {
         if backstop < Duration::from_secs(1) {
             return Err(ConfigError::new(
@@ -262,6 +263,7 @@ impl RedisStore {
                 "must be a second or more",
             ));
         }
+        ConfigError::at_most_max("redis backstop", backstop)?;
         Ok(RedisStore {
             conn: self.conn,
             keys: Arc::new(Keys::new(&self.keys.prefix, backstop)),
@@ -406,7 +408,7 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-/// `d` in whole milliseconds for Redis, at most thirty years.
+/// `d` in whole milliseconds for Redis, at most ten years.
 fn millis(d: Duration) -> u64 {
     d.as_millis().min(u128::from(MAX_MILLIS)) as u64
 }
@@ -416,11 +418,13 @@ fn lease_millis(d: Duration) -> u64 {
     millis(d).max(1)
 }
 
-/// An error about one key of the store: Redis's, or a value there that does not decode.
+/// An error about one key of the store: Redis's, or a value there that does not decode (its
+/// source).
 #[derive(Debug, thiserror::Error)]
-#[error("redis key `{key}`: {why}")]
+#[error("redis key `{key}`")]
 struct AtKey {
     key: String,
+    #[source]
     why: BoxError,
 }
 
@@ -980,7 +984,9 @@ impl IdempotencyStore for RedisStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         let retention = millis(retention);
-        let ttl = (retention + millis(self.keys.backstop)).to_string();
+        let ttl = retention
+            .saturating_add(millis(self.keys.backstop))
+            .to_string();
         let retention = retention.to_string();
         let status = response.status().as_u16().to_string();
         let flags = response.flags().to_string();
@@ -1067,7 +1073,7 @@ impl IdempotencyStore for RedisStore {
                     fence,
                     evidence,
                     steps,
-                    duration(now - since),
+                    duration(now.saturating_sub(since)),
                 ))
             },
         )
@@ -1161,7 +1167,11 @@ impl IdempotencyStore for RedisStore {
             &["p"],
             |row, key, fence, now| {
                 let since = row.number(5)?;
-                Ok(StuckRecord::new(key, fence, duration(now - since)))
+                Ok(StuckRecord::new(
+                    key,
+                    fence,
+                    duration(now.saturating_sub(since)),
+                ))
             },
         )
         .await

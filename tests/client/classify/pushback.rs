@@ -13,6 +13,9 @@ use surely::Semantics;
 
 use super::support::{self, imf_fixdate, SEMANTICS};
 
+/// The longest wait a pushback header reads as: past every client's cap (`MAX_DURATION`).
+const THIRTY_YEARS: Duration = Duration::from_secs(30 * 365 * 86_400);
+
 /// Wed, 21 Oct 2015 07:28:00 GMT.
 fn now() -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_445_412_480)
@@ -28,11 +31,9 @@ fn retry_after_delay_seconds() {
     assert_eq!(retry_after("2"), Ok(Duration::from_secs(2)));
     assert_eq!(retry_after("120"), Ok(Duration::from_secs(120)));
     assert_eq!(retry_after("007"), Ok(Duration::from_secs(7)));
-    // Absurd delays saturate rather than fail: the retry layer's cap ignores them.
-    assert_eq!(
-        retry_after("99999999999999999999999999"),
-        Ok(Duration::from_secs(u64::MAX))
-    );
+    // Absurd delays are thirty years rather than an error: still past every client's cap
+    // (at most `MAX_DURATION`), so the retry layer stops rather than retry sooner.
+    assert_eq!(retry_after("99999999999999999999999999"), Ok(THIRTY_YEARS));
 }
 
 #[test]
@@ -93,7 +94,7 @@ fn grpc_pushback_valid_negative_garbage() {
     assert_eq!(parse("250"), Pushback::After(Duration::from_millis(250)));
     assert_eq!(
         parse("99999999999999999999999"),
-        Pushback::After(Duration::from_millis(u64::MAX))
+        Pushback::After(THIRTY_YEARS)
     );
     for stop in ["-1", "-250", "", "abc", "1.5", "250ms", " 1"] {
         assert_eq!(parse(stop), Pushback::Stop, "{stop:?}");
@@ -292,20 +293,23 @@ proptest! {
     #[test]
     fn delay_seconds_round_trip(secs in any::<u64>()) {
         let value = HeaderValue::from_str(&secs.to_string()).unwrap();
-        prop_assert_eq!(parse_retry_after(&value, now()), Ok(Duration::from_secs(secs)));
+        let expected = Duration::from_secs(secs).min(THIRTY_YEARS);
+        prop_assert_eq!(parse_retry_after(&value, now()), Ok(expected));
     }
 
     #[test]
     fn grpc_millis_round_trip(ms in any::<u64>()) {
         let value = HeaderValue::from_str(&ms.to_string()).unwrap();
-        prop_assert_eq!(parse_grpc_pushback(&value), Pushback::After(Duration::from_millis(ms)));
+        let expected = Duration::from_millis(ms).min(THIRTY_YEARS);
+        prop_assert_eq!(parse_grpc_pushback(&value), Pushback::After(expected));
     }
 
     #[test]
     fn http_date_is_relative_to_now(at in 0u64..=253_402_300_799, now_secs in 0u64..=253_402_300_799) {
         let value = HeaderValue::from_str(&imf_fixdate(at)).unwrap();
         let parsed = parse_retry_after(&value, UNIX_EPOCH + Duration::from_secs(now_secs));
-        prop_assert_eq!(parsed, Ok(Duration::from_secs(at.saturating_sub(now_secs))));
+        let expected = Duration::from_secs(at.saturating_sub(now_secs)).min(THIRTY_YEARS);
+        prop_assert_eq!(parsed, Ok(expected));
     }
 }
 
@@ -379,6 +383,171 @@ fn every_class_phase_and_refusal_reads_back() {
                     assert_eq!(c.pushback().is_some(), pushback.is_some(), "{case}");
                 }
             }
+        }
+    }
+}
+
+/// A header value of the shape `digits`, exactly as a number of `unit`s, or `None` past what a
+/// `u128` holds.
+fn exact(digits: &str, unit: Duration) -> Option<u128> {
+    digits.parse::<u128>().ok()?.checked_mul(unit.as_nanos())
+}
+
+proptest! {
+    /// Decimal numbers of any length, 26 digits and more included: the exact wait up to thirty
+    /// years, thirty years past it, never a panic and never a shorter wait.
+    #[test]
+    fn any_decimal_is_its_wait_up_to_thirty_years(digits in "[0-9]{1,40}") {
+        let value = HeaderValue::from_str(&digits).unwrap();
+        for (parsed, unit) in [
+            (parse_retry_after(&value, now()).unwrap(), Duration::from_secs(1)),
+            (
+                match parse_grpc_pushback(&value) {
+                    Pushback::After(d) => d,
+                    Pushback::Stop => panic!("{digits}: digits are a wait"),
+                },
+                Duration::from_millis(1),
+            ),
+        ] {
+            match exact(&digits, unit) {
+                Some(nanos) if nanos <= THIRTY_YEARS.as_nanos() => {
+                    prop_assert_eq!(parsed.as_nanos(), nanos, "{}", digits);
+                }
+                _ => prop_assert_eq!(parsed, THIRTY_YEARS, "{}", digits),
+            }
+        }
+    }
+}
+
+/// Which pushback header a generated value goes in.
+#[derive(Clone, Copy, Debug)]
+enum Carrier {
+    RetryAfter,
+    Grpc,
+}
+
+/// What a server may send as a pushback: any bytes, numbers up to 40 digits, HTTP-dates from
+/// 1970 to 9999, negative numbers.
+fn pushback_value() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..32),
+        "[0-9]{1,40}".prop_map(String::into_bytes),
+        (0u64..=253_402_300_799).prop_map(|at| imf_fixdate(at).into_bytes()),
+        (0u64..=315_360_000).prop_map(|ahead| {
+            let at = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+                + ahead;
+            imf_fixdate(at).into_bytes()
+        }),
+        "-[0-9]{1,30}".prop_map(String::into_bytes),
+    ]
+}
+
+proptest! {
+    /// Any pushback through a real retry layer that obeys up to `MAX_DURATION` and has no
+    /// deadline (under paused time): nothing panics, a retry never comes sooner than the server
+    /// asked, and a wait past the cap (the thirty years of an absurd value among them) stops
+    /// the call instead of being shortened.
+    #[test]
+    fn a_retry_layer_with_the_longest_cap_never_retries_sooner_than_asked(
+        grpc in any::<bool>(),
+        bytes in pushback_value(),
+    ) {
+        use std::sync::{Arc, Mutex};
+
+        use surely::retry::backoff::Backoff;
+        use surely::retry::RetryLayer;
+        use surely::{OutcomeExt, StopReason};
+        use tokio::time::Instant;
+        use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+
+        let Ok(value) = HeaderValue::from_bytes(&bytes) else {
+            return Ok(());
+        };
+        let carrier = if grpc { Carrier::Grpc } else { Carrier::RetryAfter };
+        let first = match carrier {
+            Carrier::RetryAfter => http::Response::builder()
+                .status(503)
+                .header(http::header::RETRY_AFTER, value.clone())
+                .body(())
+                .unwrap(),
+            Carrier::Grpc => http::Response::builder()
+                .header(http::header::CONTENT_TYPE, "application/grpc")
+                .header("grpc-status", "14")
+                .header(GRPC_RETRY_PUSHBACK_MS, value.clone())
+                .body(())
+                .unwrap(),
+        };
+        let request = match carrier {
+            Carrier::RetryAfter => http::Request::get("/stock/sku-42").body(()).unwrap(),
+            Carrier::Grpc => http::Request::post("/shop.Stock/Get")
+                .header(http::header::CONTENT_TYPE, "application/grpc")
+                .body(())
+                .unwrap(),
+        };
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let seen = attempts.clone();
+        let transport = service_fn(move |_req: http::Request<()>| {
+            let mut seen = seen.lock().unwrap();
+            seen.push(Instant::now());
+            let res = if seen.len() == 1 { first.clone() } else { http::Response::new(()) };
+            async move { Ok::<_, std::io::Error>(res) }
+        });
+        let mut client = ServiceBuilder::new()
+            .layer(
+                RetryLayer::builder()
+                    .backoff(Backoff::constant(Duration::from_millis(100)))
+                    .max_pushback(surely::MAX_DURATION)
+                    .max_attempts(2)
+                    .no_budget()
+                    .build()
+                    .unwrap(),
+            )
+            .service(transport);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let res = rt.block_on(async { client.ready().await.unwrap().call(request).await.unwrap() });
+        let stop = res.call_outcome().map(|o| o.stop_reason());
+        // Read after the call: a date's wait is then at most the one the layer read.
+        let asked = match carrier {
+            Carrier::RetryAfter => parse_retry_after(&value, SystemTime::now()).ok().map(Pushback::After),
+            Carrier::Grpc => Some(parse_grpc_pushback(&value)),
+        };
+        // What the header says, exactly, when it is a number (`None`: past a `u128` of
+        // nanoseconds).
+        let unit = match carrier {
+            Carrier::RetryAfter => Duration::from_secs(1),
+            Carrier::Grpc => Duration::from_millis(1),
+        };
+        let said = value
+            .to_str()
+            .ok()
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+            .map(|v| exact(v, unit));
+        let attempts = attempts.lock().unwrap().clone();
+        match (attempts.as_slice(), asked) {
+            ([first, second], Some(Pushback::After(d))) => {
+                let waited = *second - *first;
+                prop_assert!(waited >= d, "waited {:?}, asked {:?}", waited, d);
+                prop_assert!(d <= surely::MAX_DURATION);
+                if let Some(said) = said {
+                    prop_assert!(said.is_some_and(|n| waited.as_nanos() >= n), "waited {waited:?}, said {value:?}");
+                }
+            }
+            ([_, _], None) => {}
+            ([_, _], Some(Pushback::Stop)) => prop_assert!(false, "retried after a stop"),
+            ([_], Some(Pushback::After(d))) => {
+                // Only a wait past the cap stops it; a date's wait was read a little earlier.
+                prop_assert!(d.saturating_add(Duration::from_secs(1)) > surely::MAX_DURATION, "asked {d:?}");
+                prop_assert_eq!(stop, Some(StopReason::PushbackStop));
+            }
+            ([_], Some(Pushback::Stop)) => prop_assert_eq!(stop, Some(StopReason::PushbackStop)),
+            (other, asked) => prop_assert!(false, "{} attempts, asked {asked:?}", other.len()),
         }
     }
 }

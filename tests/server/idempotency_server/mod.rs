@@ -41,7 +41,7 @@ mod stored;
 mod support;
 mod takeover;
 
-use support::{handler, post, reply, send, Req, Seen};
+use support::{chain, handler, post, reply, send, Req, Seen};
 
 fn record(key: &str) -> RecordKey {
     RecordKey::new("", "POST /orders", IdempotencyKey::new(key).unwrap())
@@ -418,7 +418,7 @@ impl IdempotencyStore for Down {
 async fn a_store_without_inspect_says_so() {
     let err = Down.inspect(&record("k")).await.unwrap_err();
     assert!(err.is_backend());
-    assert!(err.to_string().contains("single records"), "{err}");
+    assert!(chain(&err).contains("single records"), "{err}");
 }
 
 #[tokio::test]

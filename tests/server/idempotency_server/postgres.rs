@@ -697,3 +697,26 @@ async fn pg_the_handlers_completion_is_the_only_one_and_a_replay_writes_nothing(
     drop(client);
     db.drop_tables().await;
 }
+
+/// Any lease, renewal, retention, sweep age and stuck threshold, up to `Duration::MAX`: the store
+/// counts one past `MAX_DURATION` as ten years, so that no interval or timestamp leaves the
+/// database's range, and answers each call (before, `Duration::MAX` was an error from the
+/// database).
+#[test]
+fn pg_any_durations_are_answered() {
+    use proptest::test_runner::{Config, TestRunner};
+
+    use crate::durations::{duration, store_any_durations};
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let db = rt.block_on(store("pg_any_durations_are_answered"));
+    let mut runner = TestRunner::new(Config::with_cases(16));
+    let strategy = (duration(), duration(), duration(), duration(), duration());
+    let result = runner.run(&strategy, |(lease, renewal, retention, keep, older)| {
+        rt.block_on(store_any_durations(
+            &db.store, lease, renewal, retention, keep, older,
+        ))
+    });
+    rt.block_on(db.drop_tables());
+    result.unwrap();
+}

@@ -20,7 +20,7 @@ use surely::server::store::{
 };
 use tower::{service_fn, Layer};
 
-use super::support::{handler, post, reply, send, Req, Seen};
+use super::support::{chain, handler, post, reply, send, Req, Seen};
 use super::{record, scenarios};
 use crate::support::names::suffix;
 use crate::support::redis::{connection, forget, keys, url};
@@ -508,12 +508,12 @@ async fn redis_garbage_under_the_prefix_is_a_backend_error_naming_the_key() {
     for (key, name) in [(&a, &ka), (&b, &kb), (&c, &kc)] {
         let err = db.store.acquire(key, &digest, lease).await.unwrap_err();
         assert!(err.is_backend(), "{err}");
-        assert!(err.to_string().contains(name.as_str()), "{err}");
+        assert!(chain(&err).contains(name.as_str()), "{err}");
     }
     // An owner's move on the string: a backend error too, not stale.
     let err = db.store.release(&a, Fence::new(1)).await.unwrap_err();
     assert!(
-        err.is_backend() && err.to_string().contains(ka.as_str()),
+        err.is_backend() && chain(&err).contains(ka.as_str()),
         "{err}"
     );
 
@@ -534,10 +534,7 @@ async fn redis_garbage_under_the_prefix_is_a_backend_error_naming_the_key() {
         .await
         .unwrap();
     let err = db.store.stuck(Duration::ZERO, 10).await.unwrap_err();
-    assert!(
-        err.is_backend() && err.to_string().contains(&stray),
-        "{err}"
-    );
+    assert!(err.is_backend() && chain(&err).contains(&stray), "{err}");
     // A checkpoint that does not decode.
     let _: () = db
         .conn
@@ -553,7 +550,7 @@ async fn redis_garbage_under_the_prefix_is_a_backend_error_naming_the_key() {
     let _: () = db.conn.hset(&kd, "cp", "no equals sign\n").await.unwrap();
     let err = db.store.unknowns(10).await.unwrap_err();
     assert!(
-        err.is_backend() && err.to_string().contains(kd.as_str()),
+        err.is_backend() && chain(&err).contains(kd.as_str()),
         "{err}"
     );
     db.forget().await;
@@ -730,4 +727,43 @@ async fn redis_a_restart_without_persistence_forgets_and_the_store_reconnects() 
     );
     assert_eq!(seen.calls(), 2);
     assert_eq!(seen.fences(), vec![Some(1), Some(1)]);
+}
+
+/// Any lease, renewal, retention, sweep age and stuck threshold, up to `Duration::MAX`, and any
+/// backstop: a backstop is refused past `MAX_DURATION`, and the store counts any other duration
+/// past it as ten years.
+#[test]
+fn redis_any_durations_are_answered() {
+    use proptest::test_runner::{Config, TestRunner};
+
+    use crate::durations::{duration, store_any_durations};
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let db = rt.block_on(store("redis_any_durations_are_answered"));
+    let mut runner = TestRunner::new(Config::with_cases(16));
+    let strategy = (
+        duration(),
+        (duration(), duration(), duration(), duration(), duration()),
+    );
+    let result = runner.run(
+        &strategy,
+        |(backstop, (lease, renewal, retention, keep, older))| {
+            let store = match db.store.clone().with_backstop(backstop) {
+                Ok(store) => store,
+                Err(e) => {
+                    assert_eq!(e.setting(), "redis backstop");
+                    assert!(
+                        backstop < Duration::from_secs(1) || backstop > surely::MAX_DURATION,
+                        "{e}"
+                    );
+                    db.store.clone()
+                }
+            };
+            rt.block_on(store_any_durations(
+                &store, lease, renewal, retention, keep, older,
+            ))
+        },
+    );
+    rt.block_on(db.forget());
+    result.unwrap();
 }

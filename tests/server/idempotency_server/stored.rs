@@ -21,6 +21,7 @@ use surely::server::store::{
 use tower::{service_fn, Layer, ServiceExt};
 
 use super::record;
+use super::support::chain;
 
 /// ChaCha20-Poly1305, a random nonce before each ciphertext, the record as associated data.
 pub(crate) struct AtRest(ChaCha20Poly1305);
@@ -353,7 +354,7 @@ pub(crate) async fn the_archive_sees_records_before_the_sweep<St, F, Fut>(
 
     wait(retention + retention / 2).await;
     let err = layer.sweep(Duration::ZERO).await.unwrap_err();
-    assert!(err.to_string().contains("the audit store is down"), "{err}");
+    assert!(chain(&err).contains("the audit store is down"), "{err}");
     assert!(
         matches!(
             store.acquire(&record("k-a"), &digest, long).await.unwrap(),

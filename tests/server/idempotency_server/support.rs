@@ -113,3 +113,12 @@ pub(crate) fn handler(
         }
     })
 }
+
+/// An error and its causes, as an error-chain printer shows them: each message once, joined by
+/// `: `.
+pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::successors(Some(err), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}

@@ -34,6 +34,7 @@ use tokio::sync::Notify;
 use tower::{service_fn, Layer, ServiceExt};
 
 use super::record;
+use super::support::chain;
 use crate::support::serve::serve;
 
 /// A payment channel that charges every request it gets (it is not idempotent), and answers
@@ -409,10 +410,7 @@ pub(crate) async fn checkpoints_and_unknowns_in_the_store<St, F, Fut>(
         .await;
     let full = full.unwrap_err();
     assert!(full.is_rejected(), "{full}");
-    assert!(
-        full.to_string().contains("at most 16 checkpoints"),
-        "{full}"
-    );
+    assert!(chain(&full).contains("at most 16 checkpoints"), "{full}");
 
     // Unknown: fenced, answered, listed, kept by the sweeper.
     let stale = store.mark_unknown(&key, first, "late").await;
@@ -508,9 +506,10 @@ async fn hostile_checkpoints_are_refused_with_a_clear_error() {
         let value = String::from_utf8_lossy(&body);
         Ok::<_, Infallible>(match ticket.checkpoint("reference", &value).await {
             Ok(()) => Response::new(Full::new(Bytes::from("recorded"))),
+            // What was wrong with the value is the error's source.
             Err(e) if e.is_rejected() => Response::builder()
                 .status(422)
-                .body(Full::new(Bytes::from(e.to_string())))
+                .body(Full::new(Bytes::from(chain(&e))))
                 .unwrap(),
             Err(e) => Response::builder()
                 .status(503)
