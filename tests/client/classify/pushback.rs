@@ -404,7 +404,7 @@ proptest! {
             (
                 match parse_grpc_pushback(&value) {
                     Pushback::After(d) => d,
-                    Pushback::Stop => panic!("{digits}: digits are a wait"),
+                    other => panic!("{digits}: digits are a wait, not {other:?}"),
                 },
                 Duration::from_millis(1),
             ),
