@@ -98,7 +98,6 @@ mod learn;
 mod replay;
 
 pub use self::layer::{Retry, RetryLayer, RetryLayerBuilder};
-pub use self::replay::{
-    BodyNotReplayable, NotReplayable, ReplayBodies, ReplayBody, ReplayBodyLayer,
-};
+pub use self::replay::{NotReplayable, ReplayBodies, ReplayBody, ReplayBodyLayer};
+pub use crate::error::BodyNotReplayable;
 pub use crate::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};

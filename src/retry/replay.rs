@@ -14,6 +14,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::classify::BoxError;
+use crate::error::BodyNotReplayable;
 
 /// The default buffering limit: 64 KiB.
 pub(crate) const DEFAULT_REPLAY_LIMIT: usize = 64 * 1024;
@@ -489,12 +490,6 @@ impl<B> fmt::Debug for ReplayBody<B> {
         }
     }
 }
-
-/// The error of a copy of a request whose body was not buffered.
-#[derive(Clone, Copy, Debug, thiserror::Error)]
-#[error("request body was not buffered (too large, or it failed while being read), so it cannot be sent again")]
-#[non_exhaustive]
-pub struct BodyNotReplayable;
 
 impl<B> Body for ReplayBody<B>
 where
