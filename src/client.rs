@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! call record        RecordCallLayer       one record per logical call (with a recorder)
-//!   deadline         DeadlineLayer         total budget (default 10 s), propagated on the wire
+//!   deadline         SetDeadlineLayer         total budget (default 10 s), propagated on the wire
 //!     key            IdempotencyKeyLayer   one key per call for POST and PATCH
 //!       replay       ReplayBodyLayer       bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
 //!         retry      RetryLayer            3 attempts, backoff, pushback, budget, owner marker
@@ -79,7 +79,7 @@ use tower_layer::{Identity, Layer};
 use crate::breaker::{CircuitBreaker, CircuitBreakerLayer};
 use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::HttpClassifier;
-use crate::deadline::{AttemptTimers, DeadlineLayer, DeadlineLayerBuilder, WithDeadline};
+use crate::deadline::{AttemptTimers, SetDeadline, SetDeadlineLayer, SetDeadlineLayerBuilder};
 use crate::hedge::{HedgeLayer, HedgeLayerBuilder};
 use crate::idempotency::IdempotencyKeyLayer;
 use crate::record::{RecordAttemptLayer, RecordCallLayer, Recorder, WatchTrailersLayer};
@@ -183,7 +183,7 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// `build` takes any transport: whether the stack can serve a request is known at the call,
 /// where a missing piece makes `client.ready()` fail with an E0599 ("the method `ready` exists
-/// for struct `WithDeadline<…>`, but its trait bounds were not satisfied") that names none.
+/// for struct `SetDeadline<…>`, but its trait bounds were not satisfied") that names none.
 /// Name the request, `ServiceExt::<GetPrice>::ready(&mut client)` (or pass the client where
 /// `S: Service<GetPrice>` is required), and the compiler names it:
 ///
@@ -430,7 +430,7 @@ pub struct ClientBuilder<
 /// The builder's settings that do not change its type.
 struct Shared {
     budget: Option<Arc<dyn RetryBudget>>,
-    deadline: DeadlineLayerBuilder<AttemptTimers>,
+    deadline: SetDeadlineLayerBuilder<AttemptTimers>,
     per_try: Option<Duration>,
     /// The body idle timeout, checked when the stack is built.
     body_idle: Option<Duration>,
@@ -450,7 +450,7 @@ impl ClientBuilder {
             classifier: HttpClassifier::new(),
             shared: Shared {
                 budget: Some(budget.clone()),
-                deadline: DeadlineLayer::builder()
+                deadline: SetDeadlineLayer::builder()
                     .timeout(DEFAULT_TIMEOUT)
                     .enforce_in_attempts(),
                 per_try: None,
@@ -483,7 +483,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     /// Configures the deadline layer beyond its budget: the wire header, the reserve, gRPC.
     pub fn deadline(
         mut self,
-        f: impl FnOnce(DeadlineLayerBuilder<AttemptTimers>) -> DeadlineLayerBuilder<AttemptTimers>,
+        f: impl FnOnce(SetDeadlineLayerBuilder<AttemptTimers>) -> SetDeadlineLayerBuilder<AttemptTimers>,
     ) -> Self {
         self.shared.deadline = f(self.shared.deadline);
         self
@@ -492,7 +492,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     /// No budget of the client's own: calls keep only a deadline they inherit (from the request
     /// or the current context), which is still enforced and propagated.
     pub fn inherit_deadline(mut self) -> Self {
-        self.shared.deadline = DeadlineLayer::builder().enforce_in_attempts();
+        self.shared.deadline = SetDeadlineLayer::builder().enforce_in_attempts();
         self
     }
 
@@ -1013,7 +1013,7 @@ pub struct ClientLayer<
 > {
     record_call: R::CallLayer,
     record_attempt: R::AttemptLayer,
-    deadline: DeadlineLayer<AttemptTimers>,
+    deadline: SetDeadlineLayer<AttemptTimers>,
     key: K,
     replay: P,
     retry: RetryLayer<M, Z>,
@@ -1044,9 +1044,9 @@ where
     H::Layer: Layer<<B::Layer as Layer<Attempts<W::Service, R, M>>>::Service>,
     P: Layer<Retry<LayeredHedge<W::Service, R, M, H, B>, M, Z>>,
     K: Layer<P::Service>,
-    R::CallLayer: Layer<WithDeadline<K::Service, AttemptTimers>>,
+    R::CallLayer: Layer<SetDeadline<K::Service, AttemptTimers>>,
 {
-    type Service = <R::CallLayer as Layer<WithDeadline<K::Service, AttemptTimers>>>::Service;
+    type Service = <R::CallLayer as Layer<SetDeadline<K::Service, AttemptTimers>>>::Service;
 
     fn layer(&self, transport: S) -> Self::Service {
         let watched = self.watch.layer(transport);

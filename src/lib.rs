@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! record::RecordCallLayer                  one record per logical call, its outcome and stop reason
-//!   deadline::DeadlineLayer                one total budget, propagated in-process and on the wire
+//!   deadline::SetDeadlineLayer                one total budget, propagated in-process and on the wire
 //!     idempotency::IdempotencyKeyLayer     one key per logical call, the same on every attempt
 //!       retry::ReplayBodyLayer             HTTP bodies buffered so that every attempt sends them
 //!         retry::RetryLayer                retry what may be retried: budget, backoff, pushback
@@ -46,7 +46,7 @@
 //! ```
 //! use std::time::Duration;
 //! use surely::Outcome;
-//! use surely::deadline::DeadlineLayer;
+//! use surely::deadline::SetDeadlineLayer;
 //! use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 //! use surely::timeout::AttemptTimeoutLayer;
 //! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
@@ -60,7 +60,7 @@
 //! let records = InMemoryRecorder::new();
 //! let mut client = ServiceBuilder::new()
 //!     .layer(RecordCallLayer::new(records.clone()))
-//!     .layer(DeadlineLayer::new(Duration::from_secs(2)).unwrap())
+//!     .layer(SetDeadlineLayer::new(Duration::from_secs(2)))
 //!     .layer(RecordAttemptLayer::new(records.clone()))
 //!     .layer(AttemptTimeoutLayer::new(Duration::from_millis(500)).unwrap())
 //!     .service(transport);

@@ -157,7 +157,7 @@ use crate::backoff::{Backoff, Jitter};
 use crate::breaker::{CircuitBreaker, CircuitBreakerBuilder, SlidingWindow};
 use crate::budget::{RatioBudget, RetryBudget, TokenBucket};
 use crate::client::ClientBuilder;
-use crate::deadline::DeadlineLayer;
+use crate::deadline::SetDeadlineLayer;
 use crate::hedge::{HedgeDelay, HedgeLayer, HedgeLayerBuilder};
 use crate::record::WatchTrailersLayer;
 use crate::retry::{RetryLayer, RetryLayerBuilder};
@@ -466,7 +466,10 @@ impl ClientConfig {
         mut builder: ClientBuilder<R, M, Z, K, P, H, CircuitBreaker, W>,
     ) -> Result<ClientBuilder<R, M, Z, K, P, H, CircuitBreaker, W>, ConfigError> {
         if let Some(timeout) = self.timeout {
-            DeadlineLayer::new(timeout).map_err(of_field(&[("deadline timeout", "timeout")]))?;
+            SetDeadlineLayer::builder()
+                .timeout(timeout)
+                .build()
+                .map_err(of_field(&[("deadline timeout", "timeout")]))?;
             builder = builder.timeout(timeout);
         }
         if let Some(per_try) = self.per_try_timeout {

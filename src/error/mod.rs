@@ -547,9 +547,9 @@ transport_errors!(
 ///
 /// ```
 /// use std::time::Duration;
-/// use surely::deadline::DeadlineLayer;
+/// use surely::deadline::SetDeadlineLayer;
 ///
-/// let err = DeadlineLayer::builder().timeout(Duration::ZERO).build().unwrap_err();
+/// let err = SetDeadlineLayer::builder().timeout(Duration::ZERO).build().unwrap_err();
 /// assert_eq!(err.to_string(), "invalid deadline timeout: must be greater than zero");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

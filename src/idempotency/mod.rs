@@ -35,7 +35,7 @@
 //!
 //! ```text
 //! record::RecordCallLayer
-//!   deadline::DeadlineLayer
+//!   deadline::SetDeadlineLayer
 //!     idempotency::IdempotencyKeyLayer     one key per call
 //!       retry                              every attempt sends the same key
 //!         ... attempt timeout, transport

@@ -47,7 +47,7 @@ pub struct NotReplayable;
 /// another one with `Box::pin` or `http_body_util::BodyExt::boxed` first.
 ///
 /// Reading happens before the inner service is called, inside the call's deadline when a
-/// [`DeadlineLayer`](crate::deadline::DeadlineLayer) is outside. Place the layer between the
+/// [`SetDeadlineLayer`](crate::deadline::SetDeadlineLayer) is outside. Place the layer between the
 /// idempotency-key layer and the retry layer
 /// ([layer order](crate::docs::architecture#layer-order)).
 ///

@@ -15,7 +15,7 @@
 //! # How this differs from `tower::timeout`
 //!
 //! tower's `Timeout` has one fixed duration and creates a timer on every call. This layer also
-//! obeys the call's deadline (from the [`DeadlineLayer`](crate::deadline::DeadlineLayer) or the
+//! obeys the call's deadline (from the [`SetDeadlineLayer`](crate::deadline::SetDeadlineLayer) or the
 //! request), says where it fired, and starts no timer, and reads no clock, for an inner future
 //! that answers on its first poll. The per-try clock starts at that first poll.
 //!

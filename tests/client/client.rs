@@ -383,7 +383,7 @@ fn answer(_: Request<String>) -> std::future::Ready<std::io::Result<Response<Str
 
 #[tokio::test(start_paused = true)]
 async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_the_outcome() {
-    use surely::deadline::{AttemptTimers, WithDeadline};
+    use surely::deadline::{AttemptTimers, SetDeadline};
     use surely::idempotency::IdempotencyKeyService;
     use surely::retry::Retry;
     use surely::timeout::AttemptTimeout;
@@ -393,7 +393,7 @@ async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_
     // compile if a record layer (even a pass-through one) comes back into the default. Its
     // breaker is kept by the retry layer: no breaker layer either.
     type Bare =
-        WithDeadline<IdempotencyKeyService<Retry<AttemptTimeout<FnTransport>>>, AttemptTimers>;
+        SetDeadline<IdempotencyKeyService<Retry<AttemptTimeout<FnTransport>>>, AttemptTimers>;
     let transport: FnTransport = service_fn(answer);
     let bare: Bare = surely::client().build(transport).unwrap();
     let named: surely::client::Client<FnTransport> = bare;
@@ -415,7 +415,7 @@ async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_
 #[tokio::test(start_paused = true)]
 async fn the_breaker_is_kept_by_the_retry_layer_and_goes_under_a_hedge_when_there_is_one() {
     use surely::breaker::{BreakerState, CircuitBreaker};
-    use surely::deadline::{AttemptTimers, WithDeadline};
+    use surely::deadline::{AttemptTimers, SetDeadline};
     use surely::hedge::HedgeLayer;
     use surely::idempotency::IdempotencyKeyService;
     use surely::retry::Retry;
@@ -424,7 +424,7 @@ async fn the_breaker_is_kept_by_the_retry_layer_and_goes_under_a_hedge_when_ther
     use surely::breaker::Breaker;
     use surely::hedge::Hedge;
 
-    type Hedged = WithDeadline<
+    type Hedged = SetDeadline<
         IdempotencyKeyService<Retry<Hedge<Breaker<AttemptTimeout<FnTransport>>>>>,
         AttemptTimers,
     >;

@@ -27,7 +27,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::deadline::DeadlineLayer;
+use surely::deadline::SetDeadlineLayer;
 use surely::fault::{Fault, FaultLayer, NoResponse, Reply, Schedule};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
@@ -166,7 +166,7 @@ fn client(
 > {
     ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
-        .layer(DeadlineLayer::new(Duration::from_secs(30)).unwrap())
+        .layer(SetDeadlineLayer::new(Duration::from_secs(30)))
         .layer(ReplayBodyLayer::new())
         .layer(
             RetryLayer::builder()

@@ -14,7 +14,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use surely::budget::{BudgetExhausted, RatioBudget, RetryBudget};
 use surely::classify::AttemptClass;
-use surely::deadline::{Deadline, DeadlineLayer};
+use surely::deadline::{Deadline, SetDeadlineLayer};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::hedge::{HedgeDelay, HedgeLayer, HedgeLayerBuilder};
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
@@ -549,7 +549,7 @@ async fn no_hedge_that_the_deadline_leaves_no_time_for() {
     // The call's deadline, from a deadline layer outside: the call ends at 55 ms, unhedged.
     let server = Server::new(&[(1000, 200), (1, 200)]);
     let mut svc = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(ms(55)).unwrap())
+        .layer(SetDeadlineLayer::new(ms(55)))
         .layer(hedge().build().unwrap())
         .service(server.service());
     let start = Instant::now();
@@ -672,7 +672,7 @@ async fn composes_with_retry_outside_and_the_attempt_record_inside() {
     let records = InMemoryRecorder::new();
     let mut svc = ServiceBuilder::new()
         .layer(RecordCallLayer::new(records.clone()))
-        .layer(DeadlineLayer::new(Duration::from_secs(2)).unwrap())
+        .layer(SetDeadlineLayer::new(Duration::from_secs(2)))
         .layer(
             RetryLayer::builder()
                 .backoff(Backoff::none())

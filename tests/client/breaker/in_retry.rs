@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::{Request, Response};
 use proptest::prelude::*;
 use surely::breaker::{BreakerState, CircuitBreaker, CircuitBreakerLayer, SlidingWindow};
-use surely::deadline::DeadlineLayer;
+use surely::deadline::SetDeadlineLayer;
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
 use surely::retry::{RetryLayer, RetryLayerBuilder};
@@ -104,7 +104,7 @@ fn retry(s: &Settings) -> RetryLayerBuilder {
 fn layered(s: &Settings, breaker: CircuitBreaker, dep: &Scripted) -> Svc {
     BoxCloneService::new(
         ServiceBuilder::new()
-            .layer(DeadlineLayer::new(s.deadline).unwrap())
+            .layer(SetDeadlineLayer::new(s.deadline))
             .layer(retry(s).build().unwrap())
             .layer(CircuitBreakerLayer::new(breaker))
             .layer(AttemptTimeoutLayer::new(s.per_try).unwrap())
@@ -116,7 +116,7 @@ fn layered(s: &Settings, breaker: CircuitBreaker, dep: &Scripted) -> Svc {
 fn kept(s: &Settings, breaker: CircuitBreaker, dep: &Scripted) -> Svc {
     BoxCloneService::new(
         ServiceBuilder::new()
-            .layer(DeadlineLayer::new(s.deadline).unwrap())
+            .layer(SetDeadlineLayer::new(s.deadline))
             .layer(retry(s).circuit_breaker(breaker).build().unwrap())
             .layer(AttemptTimeoutLayer::new(s.per_try).unwrap())
             .service(dep.service()),

@@ -12,7 +12,7 @@ use surely::breaker::{
     WindowCounts,
 };
 use surely::classify::{AttemptClass, BoxError, ClassifyError, DeliveryPhase};
-use surely::deadline::DeadlineLayer;
+use surely::deadline::SetDeadlineLayer;
 use surely::pushback::Pushback;
 use surely::record::BreakerEventKind;
 use surely::record::TransitionReason;
@@ -975,7 +975,7 @@ async fn probe_round(breaker: &CircuitBreaker, probes: u32, succeed: bool) {
     assert_eq!(breaker.state(), expected);
 }
 
-/// DeadlineLayer → RetryLayer → CircuitBreakerLayer → service, under a call record: a refusal
+/// SetDeadlineLayer → RetryLayer → CircuitBreakerLayer → service, under a call record: a refusal
 /// is retried after the remaining break when the deadline allows it, and otherwise the call
 /// stops at once, for the deadline.
 #[tokio::test(start_paused = true)]
@@ -996,7 +996,7 @@ async fn inside_a_retry_a_refusal_waits_out_the_break_only_if_the_deadline_allow
         backend.answer(200);
         let svc = ServiceBuilder::new()
             .layer(RecordCallLayer::new(rec.clone()))
-            .layer(DeadlineLayer::new(deadline).unwrap())
+            .layer(SetDeadlineLayer::new(deadline))
             .layer(
                 RetryLayer::builder()
                     .backoff(Backoff::none())
@@ -1144,7 +1144,7 @@ async fn a_timeout_with_too_little_budget_to_tell_is_not_counted() {
     let with_budget = |budget: Duration| -> Svc {
         BoxCloneService::new(
             ServiceBuilder::new()
-                .layer(DeadlineLayer::new(budget).unwrap())
+                .layer(SetDeadlineLayer::new(budget))
                 .layer(CircuitBreakerLayer::new(breaker.clone()))
                 .layer(AttemptTimeoutLayer::deadline_only())
                 .service(backend.service()),

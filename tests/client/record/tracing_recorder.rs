@@ -3,7 +3,7 @@
 use std::io;
 
 use http::{Request, Response};
-use surely::deadline::DeadlineLayer;
+use surely::deadline::SetDeadlineLayer;
 use surely::record::{BusinessKey, RecordAttemptLayer, RecordCallLayer, TracingRecorder};
 use surely::timeout::AttemptTimeoutLayer;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
@@ -19,7 +19,7 @@ where
 {
     ServiceBuilder::new()
         .layer(RecordCallLayer::new(TracingRecorder::new()))
-        .layer(DeadlineLayer::new(secs(2)).unwrap())
+        .layer(SetDeadlineLayer::new(secs(2)))
         .layer(RecordAttemptLayer::new(TracingRecorder::new()))
         .layer(AttemptTimeoutLayer::new(ms(500)).unwrap())
         .service(transport)

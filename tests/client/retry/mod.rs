@@ -1118,7 +1118,7 @@ async fn a_retry_carries_the_budget_that_is_left_not_the_one_the_call_started_wi
 
 #[tokio::test(start_paused = true)]
 async fn a_retry_lowers_the_budget_under_a_custom_header_name_too() {
-    use surely::deadline::DeadlineLayer;
+    use surely::deadline::SetDeadlineLayer;
     use surely::fault::FaultLayer;
     use surely::record::RecordAttemptLayer;
     use surely::timeout::AttemptTimeoutLayer;
@@ -1131,7 +1131,7 @@ async fn a_retry_lowers_the_budget_under_a_custom_header_name_too() {
     // whose first attempt hangs for its whole 1 s per-try timeout.
     let mut svc = ServiceBuilder::new()
         .layer(
-            DeadlineLayer::builder()
+            SetDeadlineLayer::builder()
                 .timeout(secs(3))
                 .http_header(Some(name.clone()))
                 .build()

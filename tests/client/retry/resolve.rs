@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use surely::classify::AttemptClass;
-use surely::deadline::DeadlineLayer;
+use surely::deadline::SetDeadlineLayer;
 use surely::fault::{Fault, FaultLayer, Schedule};
 use surely::record::{BusinessKey, InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
@@ -88,7 +88,7 @@ where
         .unwrap();
     let mut svc = ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
-        .layer(DeadlineLayer::new(Duration::from_secs(5)).unwrap())
+        .layer(SetDeadlineLayer::new(Duration::from_secs(5)))
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
         .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Request, Response};
-use surely::deadline::DeadlineLayer;
+use surely::deadline::SetDeadlineLayer;
 use surely::fault::{FaultLayer, FaultPolicy};
 use surely::idempotency::IdempotencyKeyLayer;
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
@@ -79,7 +79,7 @@ impl Probe {
     }
 }
 
-/// The canonical stack: `RecordCallLayer → DeadlineLayer → RetryLayer → RecordAttemptLayer →
+/// The canonical stack: `RecordCallLayer → SetDeadlineLayer → RetryLayer → RecordAttemptLayer →
 /// AttemptTimeoutLayer (1 s) → FaultLayer → probe`. `deadline` is the call's total budget
 /// (`None`: inherit only).
 pub(crate) fn canonical<P>(
@@ -115,7 +115,7 @@ where
 {
     ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
-        .layer(DeadlineLayer::inherit())
+        .layer(SetDeadlineLayer::inherit())
         .layer(IdempotencyKeyLayer::new().server_honours_keys())
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
@@ -124,10 +124,10 @@ where
         .service(probe.service())
 }
 
-fn deadline_layer(deadline: Option<Duration>) -> DeadlineLayer {
+fn deadline_layer(deadline: Option<Duration>) -> SetDeadlineLayer {
     match deadline {
-        Some(d) => DeadlineLayer::new(d).unwrap(),
-        None => DeadlineLayer::inherit(),
+        Some(d) => SetDeadlineLayer::new(d),
+        None => SetDeadlineLayer::inherit(),
     }
 }
 

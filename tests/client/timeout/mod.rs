@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
-use surely::deadline::{Deadline, DeadlineLayer};
+use surely::deadline::{Deadline, SetDeadlineLayer};
 use surely::delivery::Progress;
 use surely::timeout::AttemptTimeoutLayer;
 use surely::timeout::Elapsed;
@@ -100,7 +100,7 @@ async fn the_deadline_layer_outside_bounds_the_attempt() {
     // The canonical order: the deadline layer outside makes its deadline current; the attempt
     // timeout inside obeys it and says so (rather than the outer layer's in-flight error).
     let inner = per_try(secs(5)).layer(hanging());
-    let mut svc = DeadlineLayer::new(secs(2)).unwrap().layer(inner);
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(inner);
     let start = Instant::now();
     let err = call(&mut svc, req()).await.unwrap_err();
     assert_eq!(Instant::now() - start, secs(2));
