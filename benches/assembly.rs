@@ -532,7 +532,7 @@ macro_rules! deadline_group {
                         .enforce_in_attempts()
                         .build()
                         .expect("a valid deadline");
-                    let attempt = AttemptTimeoutLayer::new(LIMIT).expect("a valid timeout");
+                    let attempt = AttemptTimeoutLayer::new(LIMIT);
                     let svc = ServiceBuilder::new()
                         .layer(deadline)
                         .layer(attempt)

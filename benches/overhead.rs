@@ -719,7 +719,7 @@ fn stack_deadline() -> SetDeadlineLayer<AttemptTimers> {
 }
 
 fn attempt_timeout() -> AttemptTimeoutLayer {
-    AttemptTimeoutLayer::new(BUDGET).expect("a valid attempt timeout")
+    AttemptTimeoutLayer::new(BUDGET)
 }
 
 /// A tower retry policy as tower's budget docs write one: retry every error, up to

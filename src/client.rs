@@ -791,7 +791,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     ) -> ClientBuilder<R, M, Z, K, P, H, B, (W, BodyIdleTimeoutLayer)> {
         self.shared.body_idle = Some(idle);
         // A pair of layers applies its first outside its second.
-        let watch = (self.watch, BodyIdleTimeoutLayer::unchecked(idle));
+        let watch = (self.watch, BodyIdleTimeoutLayer::new(idle));
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
@@ -848,11 +848,11 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         B: BreakerPart<M, H>,
     {
         let timeout = match self.shared.per_try {
-            Some(per_try) => AttemptTimeoutLayer::new(per_try)?,
+            Some(per_try) => AttemptTimeoutLayer::builder().per_try(per_try).build()?,
             None => AttemptTimeoutLayer::deadline_only(),
         };
         if let Some(idle) = self.shared.body_idle {
-            BodyIdleTimeoutLayer::new(idle)?;
+            BodyIdleTimeoutLayer::builder().idle(idle).build()?;
         }
         let hedge = self
             .hedge
@@ -921,7 +921,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, (W, BodyIdleTime
     #[cfg(feature = "serde")]
     pub(crate) fn set_body_idle(mut self, idle: Duration) -> Self {
         self.shared.body_idle = Some(idle);
-        self.watch.1 = BodyIdleTimeoutLayer::unchecked(idle);
+        self.watch.1 = BodyIdleTimeoutLayer::new(idle);
         self
     }
 }

@@ -62,7 +62,7 @@
 //!     .layer(RecordCallLayer::new(records.clone()))
 //!     .layer(SetDeadlineLayer::new(Duration::from_secs(2)))
 //!     .layer(RecordAttemptLayer::new(records.clone()))
-//!     .layer(AttemptTimeoutLayer::new(Duration::from_millis(500)).unwrap())
+//!     .layer(AttemptTimeoutLayer::new(Duration::from_millis(500)))
 //!     .service(transport);
 //!
 //! let order = http::Request::post("/orders").body("o-1".to_owned()).unwrap();

@@ -473,12 +473,16 @@ impl ClientConfig {
             builder = builder.timeout(timeout);
         }
         if let Some(per_try) = self.per_try_timeout {
-            AttemptTimeoutLayer::new(per_try)
+            AttemptTimeoutLayer::builder()
+                .per_try(per_try)
+                .build()
                 .map_err(of_field(&[("attempt timeout", "per_try_timeout")]))?;
             builder = builder.per_try_timeout(per_try);
         }
         if let Some(idle) = self.body_idle_timeout {
-            BodyIdleTimeoutLayer::new(idle)
+            BodyIdleTimeoutLayer::builder()
+                .idle(idle)
+                .build()
                 .map_err(of_field(&[("body idle timeout", "body_idle_timeout")]))?;
             builder = W::body_idle_timeout(builder, idle)?;
         }

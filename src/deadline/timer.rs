@@ -47,7 +47,7 @@ pub struct OwnTimer;
 ///             .build()
 ///             .unwrap(),
 ///     )
-///     .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)).unwrap())
+///     .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)))
 ///     .service(hangs);
 ///
 /// let err = client.ready().await.unwrap().call(http::Request::new(())).await.unwrap_err();

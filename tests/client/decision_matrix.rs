@@ -176,7 +176,7 @@ fn client(
                 .unwrap(),
         )
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
+        .layer(AttemptTimeoutLayer::new(PER_TRY))
         .layer(FaultLayer::new(client_faults).responses(NoResponse))
         .service(Client::builder(TokioExecutor::new()).build_http())
 }

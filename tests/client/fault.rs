@@ -373,7 +373,7 @@ async fn attempt_timeouts_see_how_far_a_delayed_request_got() {
     ] {
         let backend = Backend::default();
         let mut svc = ServiceBuilder::new()
-            .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)).unwrap())
+            .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)))
             .layer(FaultLayer::new(()))
             .service(backend.service());
         let mut req = post_with(fault);

@@ -107,7 +107,7 @@ fn layered(s: &Settings, breaker: CircuitBreaker, dep: &Scripted) -> Svc {
             .layer(SetDeadlineLayer::new(s.deadline))
             .layer(retry(s).build().unwrap())
             .layer(CircuitBreakerLayer::new(breaker))
-            .layer(AttemptTimeoutLayer::new(s.per_try).unwrap())
+            .layer(AttemptTimeoutLayer::new(s.per_try))
             .service(dep.service()),
     )
 }
@@ -118,7 +118,7 @@ fn kept(s: &Settings, breaker: CircuitBreaker, dep: &Scripted) -> Svc {
         ServiceBuilder::new()
             .layer(SetDeadlineLayer::new(s.deadline))
             .layer(retry(s).circuit_breaker(breaker).build().unwrap())
-            .layer(AttemptTimeoutLayer::new(s.per_try).unwrap())
+            .layer(AttemptTimeoutLayer::new(s.per_try))
             .service(dep.service()),
     )
 }

@@ -610,13 +610,13 @@ async fn the_attempt_timeout_inside_ends_the_call_at_its_deadline() {
         let err = if enforce_in_attempts {
             let mut svc = ServiceBuilder::new()
                 .layer(builder.enforce_in_attempts().build().unwrap())
-                .layer(AttemptTimeoutLayer::new(secs(10)).unwrap())
+                .layer(AttemptTimeoutLayer::new(secs(10)))
                 .service(hanging(calls.clone()));
             call(&mut svc, req()).await.unwrap_err()
         } else {
             let mut svc = ServiceBuilder::new()
                 .layer(builder.build().unwrap())
-                .layer(AttemptTimeoutLayer::new(secs(10)).unwrap())
+                .layer(AttemptTimeoutLayer::new(secs(10)))
                 .service(hanging(calls.clone()));
             call(&mut svc, req()).await.unwrap_err()
         };

@@ -567,7 +567,7 @@ async fn the_unit_recorder_records_nothing_and_passes_responses_through() {
         .layer(RecordCallLayer::new(()))
         .layer(SetDeadlineLayer::new(secs(2)))
         .layer(RecordAttemptLayer::new(()))
-        .layer(AttemptTimeoutLayer::new(ms(500)).unwrap())
+        .layer(AttemptTimeoutLayer::new(ms(500)))
         .service(script.answer(201, &[("x-request-id", "r-1")], ms(0)));
     let res = call(&mut client, post("/orders")).await.unwrap();
     assert_eq!(res.status(), 201);
@@ -578,7 +578,7 @@ async fn the_unit_recorder_records_nothing_and_passes_responses_through() {
     let mut client = ServiceBuilder::new()
         .layer(RecordCallLayer::new(()))
         .layer(RecordAttemptLayer::new(()))
-        .layer(AttemptTimeoutLayer::new(ms(500)).unwrap())
+        .layer(AttemptTimeoutLayer::new(ms(500)))
         .service(script.hang());
     let err = call(&mut client, post("/orders")).await.unwrap_err();
     assert!(err.is_elapsed());
@@ -739,7 +739,7 @@ async fn the_canonical_order_composes_with_service_builder() {
         .layer(RecordCallLayer::new(records.clone()))
         .layer(SetDeadlineLayer::new(secs(2)))
         .layer(RecordAttemptLayer::new(records.clone()))
-        .layer(AttemptTimeoutLayer::new(ms(500)).unwrap())
+        .layer(AttemptTimeoutLayer::new(ms(500)))
         .service(transport);
     let start = Instant::now();
     let res: Res = call(&mut client, post("/orders")).await.unwrap();

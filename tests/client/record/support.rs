@@ -102,7 +102,7 @@ where
         .layer(RecordCallLayer::new(records.clone()))
         .layer(SetDeadlineLayer::new(budget))
         .layer(RecordAttemptLayer::new(records.clone()))
-        .layer(AttemptTimeoutLayer::new(per_try).unwrap())
+        .layer(AttemptTimeoutLayer::new(per_try))
         .service(transport)
 }
 

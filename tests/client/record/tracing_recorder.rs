@@ -21,7 +21,7 @@ where
         .layer(RecordCallLayer::new(TracingRecorder::new()))
         .layer(SetDeadlineLayer::new(secs(2)))
         .layer(RecordAttemptLayer::new(TracingRecorder::new()))
-        .layer(AttemptTimeoutLayer::new(ms(500)).unwrap())
+        .layer(AttemptTimeoutLayer::new(ms(500)))
         .service(transport)
 }
 

@@ -1139,7 +1139,7 @@ async fn a_retry_lowers_the_budget_under_a_custom_header_name_too() {
         )
         .layer(retry())
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
+        .layer(AttemptTimeoutLayer::new(PER_TRY))
         .layer(FaultLayer::new(log.policy(Fault::Delay(secs(5)))))
         .service(probe.service());
     let _ = timed(&mut svc, request(Kind::Get)).await;

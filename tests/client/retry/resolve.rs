@@ -91,7 +91,7 @@ where
         .layer(SetDeadlineLayer::new(Duration::from_secs(5)))
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
+        .layer(AttemptTimeoutLayer::new(PER_TRY))
         .layer(FaultLayer::new(faults))
         .service(probe.service());
     let out = svc.ready().await.unwrap().call(req).await;

@@ -97,7 +97,7 @@ where
         .layer(deadline_layer(deadline))
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
+        .layer(AttemptTimeoutLayer::new(PER_TRY))
         .layer(FaultLayer::new(policy))
         .service(probe.service())
 }
@@ -119,7 +119,7 @@ where
         .layer(IdempotencyKeyLayer::new().server_honours_keys())
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
+        .layer(AttemptTimeoutLayer::new(PER_TRY))
         .layer(FaultLayer::new(policy))
         .service(probe.service())
 }
