@@ -9,7 +9,7 @@
 //! call record        RecordCallLayer       one record per logical call (with a recorder)
 //!   deadline         SetDeadlineLayer         total budget (default 10 s), propagated on the wire
 //!     key            IdempotencyKeyLayer   one key per call for POST and PATCH
-//!       replay       ReplayBodyLayer       bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
+//!       replay       ReplayLayer       bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
 //!         retry      RetryLayer            3 attempts, backoff, pushback, budget, owner marker
 //!           hedge    HedgeLayer            off by default; safe reads only, same budget
 //!             breaker  CircuitBreaker      one breaker per client: fail fast while it is down
@@ -83,7 +83,7 @@ use crate::deadline::{AttemptTimers, SetDeadline, SetDeadlineLayer, SetDeadlineL
 use crate::hedge::{HedgeLayer, HedgeLayerBuilder};
 use crate::idempotency::IdempotencyKeyLayer;
 use crate::record::{RecordAttemptLayer, RecordCallLayer, Recorder, WatchTrailersLayer};
-use crate::retry::{NoResolver, ReplayBodyLayer, Retry, RetryLayer, RetryLayerBuilder};
+use crate::retry::{NoResolver, ReplayLayer, Retry, RetryLayer, RetryLayerBuilder};
 use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer, BodyIdleTimeoutLayer};
 use crate::ConfigError;
 
@@ -215,7 +215,7 @@ pub fn client() -> ClientBuilder {
 
 /// The preset for HTTP transports such as hyper-util's legacy `Client`: the defaults, with
 /// request bodies buffered up to 64 KiB so that retries send the same bytes
-/// ([`ReplayBodyLayer`]), and attempts recorded when their response body ends
+/// ([`ReplayLayer`]), and attempts recorded when their response body ends
 /// ([`settle_at_body_end`](ClientBuilder::settle_at_body_end)), so that a body cut off mid-way
 /// is recorded as maybe committed. Responses come back as
 /// [`WatchedBody`](crate::record::WatchedBody)s of the transport's, which pass every frame
@@ -244,7 +244,7 @@ pub fn client() -> ClientBuilder {
 /// ```
 pub fn http() -> HttpClientBuilder {
     ClientBuilder::new()
-        .replay_bodies(ReplayBodyLayer::new())
+        .replay_bodies(ReplayLayer::new())
         .settle_at_body_end()
 }
 
@@ -299,10 +299,10 @@ pub fn http() -> HttpClientBuilder {
 /// # main() }
 /// ```
 pub fn grpc(
-) -> ClientBuilder<NoRecords, HttpClassifier, NoResolver, Identity, ReplayBodyLayer, Identity> {
+) -> ClientBuilder<NoRecords, HttpClassifier, NoResolver, Identity, ReplayLayer, Identity> {
     ClientBuilder::new()
         .no_idempotency_keys()
-        .replay_bodies(ReplayBodyLayer::new())
+        .replay_bodies(ReplayLayer::new())
 }
 
 /// The layer [`client()`] builds with its defaults.
@@ -337,7 +337,7 @@ pub type HttpClientBuilder<R = NoRecords> = ClientBuilder<
     HttpClassifier,
     NoResolver,
     IdempotencyKeyLayer,
-    ReplayBodyLayer,
+    ReplayLayer,
     Identity,
     CircuitBreaker,
     WatchTrailersLayer,
@@ -349,7 +349,7 @@ pub type HttpClientLayer = ClientLayer<
     HttpClassifier,
     NoResolver,
     IdempotencyKeyLayer,
-    ReplayBodyLayer,
+    ReplayLayer,
     Identity,
     CircuitBreaker,
     WatchTrailersLayer,
@@ -361,7 +361,7 @@ pub type GrpcClientLayer = ClientLayer<
     HttpClassifier,
     NoResolver,
     Identity,
-    ReplayBodyLayer,
+    ReplayLayer,
     Identity,
     CircuitBreaker,
 >;

@@ -351,7 +351,7 @@ mod transport {
     /// [`ReplayBody`](crate::retry::ReplayBody) of the [`grpc()`](crate::client::grpc) preset.
     ///
     /// tonic's request body is not `Clone`, so a retried request must be buffered
-    /// ([`ReplayBodyLayer`](crate::retry::ReplayBodyLayer), in the preset) and turned back into
+    /// ([`ReplayLayer`](crate::retry::ReplayLayer), in the preset) and turned back into
     /// tonic's body for the channel, with no other copy. When an attempt record layer above asks
     /// (for a gRPC request, with a recorder enabled), it also watches the response body for its
     /// trailers, so that the records are settled from `grpc-status`, as

@@ -1,23 +1,21 @@
+//! The retry layer and its builder.
+
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue};
+use http::HeaderName;
 use tower_layer::Layer;
-use tower_service::Service;
 
-use super::future::ResponseFuture;
 use super::learn::AttemptTimes;
-use super::replay::NotReplayable;
+use super::Retry;
 use crate::backoff::{Backoff, Jitter};
 use crate::breaker::CircuitBreaker;
 use crate::budget::{RatioBudget, RetryBudget};
-use crate::classify::{Classify, HttpClassifier, MakeClassifier};
+use crate::classify::HttpClassifier;
 use crate::journal::{IntentJournal, JournalHook};
-use crate::record::key_of;
-use crate::resolve::{NoResolver, Resolve};
-use crate::{ConfigError, Criticality, Envelope, Error, IntoError, Semantics};
+use crate::resolve::NoResolver;
+use crate::ConfigError;
 
 /// The default attempt limit, the first attempt included.
 pub(crate) const DEFAULT_MAX_ATTEMPTS: u32 = 3;
@@ -28,8 +26,6 @@ pub(crate) const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(30);
 /// The default least time an attempt needs: a retry that would leave less of the call's budget
 /// is not started.
 pub(crate) const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
-
-use crate::headers::{CRITICALITY, RETRY_OWNER};
 
 /// Retries attempts that may be retried, within the attempt limit, the retry budget and the
 /// call's deadline. See the [module docs](super).
@@ -167,7 +163,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     }
 
     /// Settles calls that would end with an unknown outcome by asking the server (see
-    /// [`Resolve`]); by default ([`NoResolver`]) an unknown outcome stays unknown.
+    /// [`Resolve`](crate::retry::Resolve)); by default ([`NoResolver`]) an unknown outcome stays unknown.
     pub fn resolver<Z2>(self, resolver: Z2) -> RetryLayerBuilder<M, Z2> {
         RetryLayerBuilder {
             classifier: self.classifier,
@@ -200,9 +196,9 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         self
     }
 
-    /// Whether to tell the next hop that this layer owns retries, with [`RETRY_OWNER`] on every
-    /// attempt (default true). With it, a request's [`Criticality`] extension is written too, as
-    /// the [`CRITICALITY`] header the next hop's [adaptive limit](crate::server::limit) sheds
+    /// Whether to tell the next hop that this layer owns retries, with [`RETRY_OWNER`](crate::headers::RETRY_OWNER) on every
+    /// attempt (default true). With it, a request's [`Criticality`](crate::Criticality) extension is written too, as
+    /// the [`CRITICALITY`](crate::headers::CRITICALITY) header the next hop's [adaptive limit](crate::server::limit) sheds
     /// by (unless the request already has that header).
     pub fn mark_owner(mut self, mark: bool) -> Self {
         self.settings.mark_owner = mark;
@@ -240,7 +236,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         self
     }
 
-    /// Writes the intent of every call that is not [safe](Semantics::Safe) to `journal` before
+    /// Writes the intent of every call that is not [safe](crate::Semantics::Safe) to `journal` before
     /// its first attempt, and waits for the write; a [`Journaled`](crate::journal::Journaled)
     /// extension decides for one request. A call whose intent cannot be written is not sent
     /// (it fails with a [`JournalError`](crate::journal::JournalError)). See
@@ -366,118 +362,6 @@ impl<S, M, Z> Layer<S> for RetryLayer<M, Z> {
     }
 }
 
-/// The service made by [`RetryLayer`].
-///
-/// # Readiness
-///
-/// `poll_ready` is the inner service's, for the first attempt. The inner service is cloned for
-/// each call (as tower's `Retry` does); a retry waits for the clone's readiness, so a
-/// concurrency limit or a buffer below sees every attempt.
-pub struct Retry<S, M = HttpClassifier, Z = NoResolver> {
-    inner: S,
-    config: Arc<Config<M, Z>>,
-}
-
-impl<S: Clone, M, Z> Clone for Retry<S, M, Z> {
-    fn clone(&self) -> Self {
-        Retry {
-            inner: self.inner.clone(),
-            config: self.config.clone(),
-        }
-    }
-}
-
-impl<S, M, Z> Retry<S, M, Z> {
-    inner_accessors!();
-}
-
-impl<S, M, Z, Req, T> Service<Req> for Retry<S, M, Z>
-where
-    S: Service<Req> + Clone,
-    S::Error: IntoError<Transport = T>,
-    S::Response: Envelope,
-    Req: Envelope + Clone,
-    M: MakeClassifier<Req>,
-    M::Classifier: Classify<S::Response, Error<T>>,
-    Z: Resolve<S::Response>,
-{
-    type Response = S::Response;
-    type Error = Error<T>;
-    type Future = ResponseFuture<S, Req, M, Z>;
-
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(IntoError::into_error)
-    }
-
-    #[inline]
-    fn call(&mut self, mut req: Req) -> Self::Future {
-        if let Some(budget) = &self.config.budget {
-            budget.deposit();
-        }
-        if self.config.mark_owner {
-            let criticality = req
-                .extensions()
-                .and_then(|e| e.get::<Criticality>())
-                .copied();
-            if let Some(headers) = req.headers_mut() {
-                headers.insert(RETRY_OWNER, HeaderValue::from_static("1"));
-                // The caller's criticality for the next hop's limit, unless it set the header.
-                if let Some(c) = criticality {
-                    if !headers.contains_key(CRITICALITY) {
-                        headers.insert(CRITICALITY, HeaderValue::from_static(c.as_str()));
-                    }
-                }
-            }
-        }
-        let classifier = self.config.classifier.make_classifier(&req);
-        let semantics = req.semantics();
-        let replayable = self.config.max_attempts > 1
-            && req
-                .extensions()
-                .is_none_or(|e| e.get::<NotReplayable>().is_none());
-        let template = replayable.then(|| req.clone());
-        let (key, operation) = if self.config.resolver.enabled() {
-            (key_of(&req), req.operation())
-        } else {
-            (None, None)
-        };
-        // Reads never carry a key that matters; for the others, the call's outcome names it.
-        let idempotency_key = match semantics {
-            Semantics::Safe => None,
-            _ => req
-                .headers()
-                .and_then(|h| h.get(crate::headers::IDEMPOTENCY_KEY))
-                .cloned(),
-        };
-        // A journaled call is admitted by the breaker when its intent is written.
-        let journaled = match &self.config.journal {
-            None => None,
-            Some(journal) => journal.begin(&req),
-        };
-        let gate = match journaled {
-            None => self.config.breaker.as_ref().map(CircuitBreaker::admit),
-            Some(_) => None,
-        };
-        // The service that was made ready is the one called; the future keeps a clone of it
-        // for the retries, which it makes ready itself.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(
-            req,
-            classifier,
-            semantics,
-            template,
-            key,
-            operation,
-            idempotency_key,
-            ready,
-            self.config.clone(),
-            gate,
-            journaled,
-        )
-    }
-}
-
 impl<M, Z> fmt::Debug for RetryLayer<M, Z> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryLayer")
@@ -495,15 +379,6 @@ impl<M, Z> fmt::Debug for RetryLayerBuilder<M, Z> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryLayerBuilder")
             .field("max_attempts", &self.settings.max_attempts)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S: fmt::Debug, M, Z> fmt::Debug for Retry<S, M, Z> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Retry")
-            .field("inner", &self.inner)
-            .field("max_attempts", &self.config.max_attempts)
             .finish_non_exhaustive()
     }
 }

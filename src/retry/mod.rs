@@ -46,7 +46,7 @@
 //!
 //! Retries go out as copies of the first request (`Req: Clone`), with the same idempotency key
 //! when an [`IdempotencyKeyLayer`](crate::idempotency::IdempotencyKeyLayer) is outside. A
-//! streaming HTTP body cannot be copied: a [`ReplayBodyLayer`] outside buffers bodies up to
+//! streaming HTTP body cannot be copied: a [`ReplayLayer`] outside buffers bodies up to
 //! 64 KiB so that every attempt sends the same bytes, and marks larger ones [`NotReplayable`],
 //! which this layer sends once (the record says
 //! [`NotReplayable`](crate::StopReason::NotReplayable) when a retry was wanted). gRPC
@@ -92,12 +92,14 @@
 //! ```
 
 pub mod backoff;
-mod future;
+pub mod future;
 mod layer;
 mod learn;
-mod replay;
+pub mod replay;
+mod service;
 
-pub use self::layer::{Retry, RetryLayer, RetryLayerBuilder};
-pub use self::replay::{NotReplayable, ReplayBodies, ReplayBody, ReplayBodyLayer};
+pub use self::layer::{RetryLayer, RetryLayerBuilder};
+pub use self::replay::{NotReplayable, Replay, ReplayBody, ReplayLayer};
+pub use self::service::Retry;
 pub use crate::error::BodyNotReplayable;
 pub use crate::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};

@@ -9,7 +9,7 @@
 //! When it fires, the error ([`Elapsed`]) says where: before the request was
 //! sent or after. That is the difference between *rejected* (retry anything) and *maybe
 //! committed* (retry only what can be repeated). The phase comes from a
-//! [`Progress`] handle in the request's extensions when the transport
+//! [`Progress`](crate::delivery::Progress) handle in the request's extensions when the transport
 //! reports one; without it, a timeout after the inner service was called is *maybe committed*.
 //!
 //! # How this differs from `tower::timeout`

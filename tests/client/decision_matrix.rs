@@ -32,7 +32,7 @@ use surely::fault::{Fault, FaultLayer, NoResponse, Reply, Schedule};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
-use surely::retry::{ReplayBodyLayer, RetryLayer};
+use surely::retry::{ReplayLayer, RetryLayer};
 use surely::timeout::AttemptTimeoutLayer;
 use surely::Outcome;
 use surely::StopReason;
@@ -167,7 +167,7 @@ fn client(
     ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
         .layer(SetDeadlineLayer::new(Duration::from_secs(30)))
-        .layer(ReplayBodyLayer::new())
+        .layer(ReplayLayer::new())
         .layer(
             RetryLayer::builder()
                 .backoff(Backoff::constant(Duration::from_millis(50)))
