@@ -431,7 +431,7 @@ where
         let classifier = self.config.classifier.make_classifier(&req);
         let started = Instant::now();
         let service = &mut self.service;
-        let future = super::as_hedge(|| service.call(req));
+        let future = crate::context::as_hedge(|| service.call(req));
         self.hedges.push(Attempt {
             future: Box::pin(future),
             classifier: Some(classifier),
