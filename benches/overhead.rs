@@ -65,7 +65,7 @@
 //! family's `large` shape below) compares circuit breakers in the closed state on the success
 //! path, over the `plain` request and the `ready` service: `bare`; `failsafe`,
 //! failsafe's `StateMachine` at its default `Config` wrapping the inner future with its
-//! futures-aware `CircuitBreaker::call`; `surely_breaker`, `CircuitBreakerLayer` over
+//! futures-aware `CircuitBreaker::call`; `surely_breaker`, `BreakerLayer` over
 //! `CircuitBreaker::new()` (its default window, the last 100 calls) with the bench's
 //! classifier; `surely_breaker_time`, the same with a time window (10 s in 10 buckets),
 //! which reads the clock on every call; and `seatbelt_breaker`, seatbelt's `Breaker` at its
@@ -229,7 +229,7 @@ use criterion::Criterion;
 use http::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use seatbelt::{RecoveryInfo, ResilienceContext};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use surely::breaker::{CircuitBreaker, CircuitBreakerLayer, SlidingWindow};
+use surely::breaker::{BreakerLayer, CircuitBreaker, SlidingWindow};
 use surely::budget::{RatioBudget, RetryBudget};
 use surely::classify::{
     self, Attempted, Classification, ClassifyError, DeliveryPhase, HttpClassifier,
@@ -992,8 +992,8 @@ type ShapeClassifier<S> = fn(Attempted<'_, Res, ShapeError<S>>, Semantics) -> Cl
 /// surely's breaker with the classifier of the shape `S`, over `breaker`.
 fn surely_breaker<S: Shape>(
     breaker: CircuitBreaker,
-) -> CircuitBreakerLayer<classify::ClassifyFn<ShapeClassifier<S>>> {
-    CircuitBreakerLayer::new(breaker).classifier(classify::from_fn(
+) -> BreakerLayer<classify::ClassifyFn<ShapeClassifier<S>>> {
+    BreakerLayer::new(breaker).classifier(classify::from_fn(
         classify_shape::<ShapeError<S>> as ShapeClassifier<S>,
     ))
 }

@@ -20,8 +20,8 @@
 //!
 //! The breaker guards each attempt where it costs least: without a hedge the retry layer
 //! admits and counts the attempts itself ([`RetryLayerBuilder::circuit_breaker`]), with the
-//! same counts as a [`CircuitBreakerLayer`] in that place and no layer of its own; with a hedge
-//! it is a [`CircuitBreakerLayer`] under the hedge, which counts each copy (see
+//! same counts as a [`BreakerLayer`] in that place and no layer of its own; with a hedge
+//! it is a [`BreakerLayer`] under the hedge, which counts each copy (see
 //! `BreakerPart`).
 //!
 //! The two record layers are there only when [`recorder`](ClientBuilder::recorder) gives one:
@@ -76,7 +76,7 @@ use std::sync::Arc;
 
 use tower_layer::{Identity, Layer};
 
-use crate::breaker::{CircuitBreaker, CircuitBreakerLayer};
+use crate::breaker::{BreakerLayer, CircuitBreaker};
 use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::HttpClassifier;
 use crate::deadline::{AttemptTimers, SetDeadline, SetDeadlineLayer, SetDeadlineLayerBuilder};
@@ -1122,9 +1122,9 @@ mod parts {
     ///
     /// * Without a hedge, the retry layer guards each attempt itself
     ///   ([`RetryLayerBuilder::circuit_breaker`]): the same admissions and counts as a
-    ///   [`CircuitBreakerLayer`] right inside it, with no layer and no clone of the breaker per
+    ///   [`BreakerLayer`] right inside it, with no layer and no clone of the breaker per
     ///   call.
-    /// * With a hedge, a [`CircuitBreakerLayer`] under the hedge admits and counts each copy of a
+    /// * With a hedge, a [`BreakerLayer`] under the hedge admits and counts each copy of a
     ///   hedged attempt.
     pub trait BreakerPart<M, H> {
         /// The layer it puts under the hedge (`Identity` for none).
@@ -1164,14 +1164,14 @@ mod parts {
     }
 
     impl<M, M0> BreakerPart<M, HedgeLayerBuilder<M0>> for CircuitBreaker {
-        type Layer = CircuitBreakerLayer<M>;
+        type Layer = BreakerLayer<M>;
 
         fn into_part<Z>(
             self,
             classifier: M,
             retry: RetryLayerBuilder<M, Z>,
-        ) -> (CircuitBreakerLayer<M>, RetryLayerBuilder<M, Z>) {
-            (CircuitBreakerLayer::new(self).classifier(classifier), retry)
+        ) -> (BreakerLayer<M>, RetryLayerBuilder<M, Z>) {
+            (BreakerLayer::new(self).classifier(classifier), retry)
         }
     }
 

@@ -17,7 +17,7 @@
 //!       retry::ReplayLayer             HTTP bodies buffered so that every attempt sends them
 //!         retry::RetryLayer                retry what may be retried: budget, backoff, pushback
 //!           hedge::HedgeLayer              safe reads only: a copy after a delay, first answer wins
-//!             breaker::CircuitBreakerLayer stop calling a failing dependency; say when to come back
+//!             breaker::BreakerLayer stop calling a failing dependency; say when to come back
 //!               record::RecordAttemptLayer one record per attempt: phase, class, budget left
 //!                 timeout::AttemptTimeoutLayer  min(per-try timeout, remaining budget)
 //!                   transport              hyper-util, tonic, any tower::Service

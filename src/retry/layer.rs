@@ -206,7 +206,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     }
 
     /// Guards every attempt with `breaker`, as a
-    /// [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) right inside this layer
+    /// [`BreakerLayer`](crate::breaker::BreakerLayer) right inside this layer
     /// would, with this layer's classifier: an attempt the breaker refuses is not made and
     /// ends with its [`CircuitOpen`](crate::breaker::CircuitOpen), which is retried after the
     /// break when the call's deadline allows; an attempt made is counted when it ends, and
