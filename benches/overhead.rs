@@ -53,7 +53,7 @@
 //! every error, at most 2 retries, `TpsBudget`, default on `success`); `tower_retry_tps_timeout`,
 //! the same over tower's `Timeout` (1 s), the reference of the family; `surely_retry`,
 //! `RetryLayer` with the bench's classifier, `Backoff::none()` and its own `RatioBudget`; and
-//! `surely_full`, `SetDeadlineLayer` (`enforce_in_attempts`) → `IdempotencyKeyLayer` (a pass-through
+//! `surely_full`, `SetDeadlineLayer` (`enforce_in_attempts`) → `SetIdempotencyKeyLayer` (a pass-through
 //! for `plain`) → `RetryLayer` → `RecordAttemptLayer::new(())` → `AttemptTimeoutLayer`.
 //!
 //! The record family (`record_body/http`) measures what records cost over HTTP, with a
@@ -122,7 +122,7 @@
 //!   otherwise (the work per call is the same whatever the ratio);
 //! * `surely_client_no_records`: the stack `surely_client` builds, assembled by hand without its
 //!   record layers, in the order `ClientLayer` builds it: `SetDeadlineLayer` (the client's 10 s,
-//!   `enforce_in_attempts`) → `IdempotencyKeyLayer` → `RetryLayer` (the same classifier, backoff
+//!   `enforce_in_attempts`) → `SetIdempotencyKeyLayer` → `RetryLayer` (the same classifier, backoff
 //!   and budget) → `AttemptTimeoutLayer::deadline_only()`. `surely_client` less this case is
 //!   what the record layers cost with the default recorder.
 //!
@@ -236,7 +236,7 @@ use surely::classify::{
 };
 use surely::deadline::{AttemptTimers, SetDeadlineLayer};
 use surely::hedge::HedgeLayer;
-use surely::idempotency::IdempotencyKeyLayer;
+use surely::idempotency::SetIdempotencyKeyLayer;
 use surely::record::{Record, RecordAttemptLayer, RecordCallLayer, WatchTrailersLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::RetryLayer;
@@ -799,7 +799,7 @@ macro_rules! retry_http_group {
                 make: || {
                     let svc = ServiceBuilder::new()
                         .layer(stack_deadline())
-                        .layer(IdempotencyKeyLayer::new())
+                        .layer(SetIdempotencyKeyLayer::new())
                         .layer(retry(HttpClassifier::new(), ratio_default()))
                         .layer(RecordAttemptLayer::new(()))
                         .layer(attempt_timeout())
@@ -1241,7 +1241,7 @@ macro_rules! retry_group {
                     reset_inner_calls();
                     let svc = ServiceBuilder::new()
                         .layer(stack_deadline())
-                        .layer(IdempotencyKeyLayer::new())
+                        .layer(SetIdempotencyKeyLayer::new())
                         .layer(retry(classify::from_fn(classify_plain), $ratio))
                         .layer(
                             RecordAttemptLayer::new(())
@@ -1484,7 +1484,7 @@ macro_rules! client_group {
                     let classifier = classify::from_fn(classify_shape::<ShapeError<$shape>>);
                     let svc = ServiceBuilder::new()
                         .layer(client_deadline())
-                        .layer(IdempotencyKeyLayer::new())
+                        .layer(SetIdempotencyKeyLayer::new())
                         .layer(retry(classifier, Some($budget)))
                         .layer(AttemptTimeoutLayer::deadline_only())
                         .service(service_fn($svc::<$shape>));

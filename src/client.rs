@@ -8,7 +8,7 @@
 //! ```text
 //! call record        RecordCallLayer       one record per logical call (with a recorder)
 //!   deadline         SetDeadlineLayer         total budget (default 10 s), propagated on the wire
-//!     key            IdempotencyKeyLayer   one key per call for POST and PATCH
+//!     key            SetIdempotencyKeyLayer   one key per call for POST and PATCH
 //!       replay       ReplayLayer       bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
 //!         retry      RetryLayer            3 attempts, backoff, pushback, budget, owner marker
 //!           hedge    HedgeLayer            off by default; safe reads only, same budget
@@ -81,7 +81,7 @@ use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::HttpClassifier;
 use crate::deadline::{AttemptTimers, SetDeadline, SetDeadlineLayer, SetDeadlineLayerBuilder};
 use crate::hedge::{HedgeLayer, HedgeLayerBuilder};
-use crate::idempotency::IdempotencyKeyLayer;
+use crate::idempotency::SetIdempotencyKeyLayer;
 use crate::record::{RecordAttemptLayer, RecordCallLayer, Recorder, WatchTrailersLayer};
 use crate::retry::{NoResolver, ReplayLayer, Retry, RetryLayer, RetryLayerBuilder};
 use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer, BodyIdleTimeoutLayer};
@@ -310,7 +310,7 @@ pub type DefaultClientLayer = ClientLayer<
     NoRecords,
     HttpClassifier,
     NoResolver,
-    IdempotencyKeyLayer,
+    SetIdempotencyKeyLayer,
     Identity,
     Identity,
     CircuitBreaker,
@@ -336,7 +336,7 @@ pub type HttpClientBuilder<R = NoRecords> = ClientBuilder<
     R,
     HttpClassifier,
     NoResolver,
-    IdempotencyKeyLayer,
+    SetIdempotencyKeyLayer,
     ReplayLayer,
     Identity,
     CircuitBreaker,
@@ -348,7 +348,7 @@ pub type HttpClientLayer = ClientLayer<
     NoRecords,
     HttpClassifier,
     NoResolver,
-    IdempotencyKeyLayer,
+    SetIdempotencyKeyLayer,
     ReplayLayer,
     Identity,
     CircuitBreaker,
@@ -410,7 +410,7 @@ pub struct ClientBuilder<
     R = NoRecords,
     M = HttpClassifier,
     Z = NoResolver,
-    K = IdempotencyKeyLayer,
+    K = SetIdempotencyKeyLayer,
     P = Identity,
     H = Identity,
     B = CircuitBreaker,
@@ -457,7 +457,7 @@ impl ClientBuilder {
                 body_idle: None,
                 at_body_end: false,
             },
-            key: IdempotencyKeyLayer::new(),
+            key: SetIdempotencyKeyLayer::new(),
             replay: Identity::new(),
             retry: RetryLayer::builder().budget(budget),
             hedge: Identity::new(),
@@ -635,7 +635,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         }
     }
 
-    /// The idempotency-key layer (default [`IdempotencyKeyLayer::new`]: POST and PATCH).
+    /// The idempotency-key layer (default [`SetIdempotencyKeyLayer::new`]: POST and PATCH).
     pub fn idempotency_keys<K2>(self, key: K2) -> ClientBuilder<R, M, Z, K2, P, H, B, W> {
         ClientBuilder {
             recorder: self.recorder,
@@ -926,7 +926,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, (W, BodyIdleTime
     }
 }
 
-impl<R, M, Z, Q, P, H, B, W> ClientBuilder<R, M, Z, IdempotencyKeyLayer<Q>, P, H, B, W> {
+impl<R, M, Z, Q, P, H, B, W> ClientBuilder<R, M, Z, SetIdempotencyKeyLayer<Q>, P, H, B, W> {
     /// Declares that the server this client calls honours idempotency keys (it runs this
     /// crate's [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer), or documents
     /// the `Idempotency-Key` header): the keys the client generates then make POST and PATCH
@@ -939,7 +939,7 @@ impl<R, M, Z, Q, P, H, B, W> ClientBuilder<R, M, Z, IdempotencyKeyLayer<Q>, P, H
     /// `Idempotency-Key` header or an [`IdempotencyKey`](crate::idempotency::IdempotencyKey)
     /// extension) makes its request keyed either way, and a
     /// [`Semantics`](crate::Semantics) extension always wins. See
-    /// [`IdempotencyKeyLayer::server_honours_keys`].
+    /// [`SetIdempotencyKeyLayer::server_honours_keys`].
     ///
     /// ```
     /// use std::time::Duration;

@@ -13,7 +13,7 @@
 //! ```text
 //! record::RecordCallLayer                  one record per logical call, its outcome and stop reason
 //!   deadline::SetDeadlineLayer                one total budget, propagated in-process and on the wire
-//!     idempotency::IdempotencyKeyLayer     one key per logical call, the same on every attempt
+//!     idempotency::SetIdempotencyKeyLayer     one key per logical call, the same on every attempt
 //!       retry::ReplayLayer             HTTP bodies buffered so that every attempt sends them
 //!         retry::RetryLayer                retry what may be retried: budget, backoff, pushback
 //!           hedge::HedgeLayer              safe reads only: a copy after a delay, first answer wins

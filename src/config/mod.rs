@@ -511,11 +511,11 @@ impl ClientConfig {
 }
 
 /// The key slot and the watch slot of a [`ClientBuilder`] that a [`ClientConfig`] applies to:
-/// the presets' [`IdempotencyKeyLayer`] or none, and the layers around the transport. Public in
+/// the presets' [`SetIdempotencyKeyLayer`] or none, and the layers around the transport. Public in
 /// a private module, so that the bounds can name them and users cannot.
 mod slots {
     use super::*;
-    use crate::idempotency::IdempotencyKeyLayer;
+    use crate::idempotency::SetIdempotencyKeyLayer;
 
     /// What `server_honours_keys = true` does to a builder with this key slot.
     pub trait KeySlot: Sized {
@@ -526,7 +526,7 @@ mod slots {
         ) -> Result<ClientBuilder<R, M, Z, Self, P, H, B, W>, ConfigError>;
     }
 
-    impl<Q> KeySlot for IdempotencyKeyLayer<Q> {
+    impl<Q> KeySlot for SetIdempotencyKeyLayer<Q> {
         fn server_honours_keys<R, M, Z, P, H, B, W>(
             builder: ClientBuilder<R, M, Z, Self, P, H, B, W>,
         ) -> Result<ClientBuilder<R, M, Z, Self, P, H, B, W>, ConfigError> {

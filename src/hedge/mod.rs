@@ -9,7 +9,7 @@
 //! # What may be hedged
 //!
 //! A hedge runs **concurrently** with the attempt it hedges: both may reach the server. So only
-//! requests whose repetition is harmless are hedged, by their [`Semantics`]:
+//! requests whose repetition is harmless are hedged, by their [`Semantics`](crate::Semantics):
 //!
 //! | semantics | hedged |
 //! | --- | --- |

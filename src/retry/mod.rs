@@ -45,7 +45,7 @@
 //! is not yours.
 //!
 //! Retries go out as copies of the first request (`Req: Clone`), with the same idempotency key
-//! when an [`IdempotencyKeyLayer`](crate::idempotency::IdempotencyKeyLayer) is outside. A
+//! when an [`SetIdempotencyKeyLayer`](crate::idempotency::SetIdempotencyKeyLayer) is outside. A
 //! streaming HTTP body cannot be copied: a [`ReplayLayer`] outside buffers bodies up to
 //! 64 KiB so that every attempt sends the same bytes, and marks larger ones [`NotReplayable`],
 //! which this layer sends once (the record says

@@ -384,7 +384,7 @@ fn answer(_: Request<String>) -> std::future::Ready<std::io::Result<Response<Str
 #[tokio::test(start_paused = true)]
 async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_the_outcome() {
     use surely::deadline::{AttemptTimers, SetDeadline};
-    use surely::idempotency::IdempotencyKeyService;
+    use surely::idempotency::SetIdempotencyKey;
     use surely::retry::Retry;
     use surely::timeout::AttemptTimeout;
     use surely::OutcomeExt;
@@ -392,8 +392,7 @@ async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_
     // The default client is the stack with no record layer in it, as a type: this fails to
     // compile if a record layer (even a pass-through one) comes back into the default. Its
     // breaker is kept by the retry layer: no breaker layer either.
-    type Bare =
-        SetDeadline<IdempotencyKeyService<Retry<AttemptTimeout<FnTransport>>>, AttemptTimers>;
+    type Bare = SetDeadline<SetIdempotencyKey<Retry<AttemptTimeout<FnTransport>>>, AttemptTimers>;
     let transport: FnTransport = service_fn(answer);
     let bare: Bare = surely::client().build(transport).unwrap();
     let named: surely::client::Client<FnTransport> = bare;
@@ -417,7 +416,7 @@ async fn the_breaker_is_kept_by_the_retry_layer_and_goes_under_a_hedge_when_ther
     use surely::breaker::{BreakerState, CircuitBreaker};
     use surely::deadline::{AttemptTimers, SetDeadline};
     use surely::hedge::HedgeLayer;
-    use surely::idempotency::IdempotencyKeyService;
+    use surely::idempotency::SetIdempotencyKey;
     use surely::retry::Retry;
     use surely::timeout::AttemptTimeout;
 
@@ -425,7 +424,7 @@ async fn the_breaker_is_kept_by_the_retry_layer_and_goes_under_a_hedge_when_ther
     use surely::hedge::Hedge;
 
     type Hedged = SetDeadline<
-        IdempotencyKeyService<Retry<Hedge<Breaker<AttemptTimeout<FnTransport>>>>>,
+        SetIdempotencyKey<Retry<Hedge<Breaker<AttemptTimeout<FnTransport>>>>>,
         AttemptTimers,
     >;
     let breaker = CircuitBreaker::builder().min_throughput(1).build().unwrap();

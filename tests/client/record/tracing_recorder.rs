@@ -181,7 +181,7 @@ async fn the_call_span_has_the_http_fields_and_the_semantics_used() {
 
     let mut client = ServiceBuilder::new()
         .layer(RecordCallLayer::new(TracingRecorder::new()))
-        .layer(surely::idempotency::IdempotencyKeyLayer::new().server_honours_keys())
+        .layer(surely::idempotency::SetIdempotencyKeyLayer::new().server_honours_keys())
         .layer(RecordAttemptLayer::new(TracingRecorder::new()))
         .service(Script::new().answer(201, &[], ms(0)));
     let req = Request::post("https://ann:s3cret@orders.example.com:8443/orders?token=abc")

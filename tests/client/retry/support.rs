@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use surely::deadline::SetDeadlineLayer;
 use surely::fault::{FaultLayer, FaultPolicy};
-use surely::idempotency::IdempotencyKeyLayer;
+use surely::idempotency::SetIdempotencyKeyLayer;
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::RetryLayer;
 use surely::timeout::AttemptTimeoutLayer;
@@ -102,7 +102,7 @@ where
         .service(probe.service())
 }
 
-/// The canonical stack with an [`IdempotencyKeyLayer`] between the deadline and the retry
+/// The canonical stack with an [`SetIdempotencyKeyLayer`] between the deadline and the retry
 /// layers (`surely::docs::architecture`, layer order), told that the server honours its keys.
 pub(crate) fn canonical_keyed<P>(
     retry: RetryLayer,
@@ -116,7 +116,7 @@ where
     ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
         .layer(SetDeadlineLayer::inherit())
-        .layer(IdempotencyKeyLayer::new().server_honours_keys())
+        .layer(SetIdempotencyKeyLayer::new().server_honours_keys())
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
         .layer(AttemptTimeoutLayer::new(PER_TRY))
