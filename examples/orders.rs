@@ -47,7 +47,7 @@ use surely::breaker::{BreakerState, CircuitBreaker, SlidingWindow};
 use surely::budget::{RetryBudget, TokenBucket};
 use surely::classify::AttemptClass;
 use surely::client::HttpClientBuilder;
-use surely::fault::{Fault, FaultLayer, Reply};
+use surely::fault::{Fault, InjectFaultLayer, Reply};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::headers::IDEMPOTENT_REPLAYED;
 use surely::hedge::{HedgeDelay, HedgeLayer};
@@ -239,7 +239,7 @@ async fn serve(shop: Arc<Shop>) -> Result<SocketAddr, BoxError> {
     };
     let svc = ServiceBuilder::new()
         .layer(deadlines)
-        .layer(FaultLayer::new(policy))
+        .layer(InjectFaultLayer::new(policy))
         .map_response(|res: Response<Full<Bytes>>| {
             if res.headers().contains_key(IDEMPOTENT_REPLAYED) {
                 println!(

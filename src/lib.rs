@@ -31,7 +31,7 @@
 //! [`docs`]; every layer also works on its own in a `tower::ServiceBuilder`.
 //!
 //! On the server (feature `server`), [`server::deadline::ServerDeadlineLayer`] reads the caller's
-//! budget and makes it the current deadline for the handler, and [`fault::FaultLayer`] injects
+//! budget and makes it the current deadline for the handler, and [`fault::InjectFaultLayer`] injects
 //! the failures this crate exists to handle, for tests and chaos drills.
 //!
 //! [`server::idempotency::IdempotencyLayer`] honours the client's `Idempotency-Key`: the first

@@ -67,7 +67,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use surely::fault::{Fault, FaultLayer, Reply, Schedule};
+//! use surely::fault::{Fault, InjectFaultLayer, Reply, Schedule};
 //! use surely::retry::{backoff::Backoff, RetryLayer};
 //! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 //!
@@ -76,7 +76,7 @@
 //! let overloaded = Reply::new(http::StatusCode::SERVICE_UNAVAILABLE).retry_after(Duration::from_secs(2));
 //! let mut client = ServiceBuilder::new()
 //!     .layer(RetryLayer::builder().backoff(Backoff::none()).build().unwrap())
-//!     .layer(FaultLayer::new(Schedule::new().at(0, Fault::Respond(overloaded))))
+//!     .layer(InjectFaultLayer::new(Schedule::new().at(0, Fault::Respond(overloaded))))
 //!     .service(service_fn(|_req: http::Request<String>| async {
 //!         Ok::<_, std::io::Error>(http::Response::new(String::from("created")))
 //!     }));

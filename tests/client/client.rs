@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::fault::{Fault, FaultLayer, Reply, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, Reply, Schedule};
 use surely::headers::DEFAULT_HEADER;
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::headers::RETRY_OWNER;
@@ -40,7 +40,7 @@ async fn server(faults: Schedule) -> (String, Arc<Mutex<Vec<(HeaderMap, Bytes)>>
     });
     let addr = serve(
         ServiceBuilder::new()
-            .layer(FaultLayer::new(faults))
+            .layer(InjectFaultLayer::new(faults))
             .service(handler),
     )
     .await;

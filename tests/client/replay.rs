@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use surely::classify::BoxError;
-use surely::fault::{Fault, FaultLayer, Reply, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, Reply, Schedule};
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::{NotReplayable, ReplayBody, ReplayLayer, RetryLayer};
@@ -94,7 +94,7 @@ where
                 .unwrap(),
         )
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(FaultLayer::new(faults))
+        .layer(InjectFaultLayer::new(faults))
         .service(service_fn(move |req: Request<ReplayBody<B>>| {
             let log = log.clone();
             async move {

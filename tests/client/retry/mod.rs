@@ -748,7 +748,7 @@ async fn a_request_deadline_bounds_the_retry_layer_alone() {
     let probe = Probe::new();
     let mut svc = ServiceBuilder::new()
         .layer(retry())
-        .layer(surely::fault::FaultLayer::new(schedule.clone()))
+        .layer(surely::fault::InjectFaultLayer::new(schedule.clone()))
         .service(probe.service());
     let mut req = request(Kind::Get);
     req.extensions_mut().insert(Deadline::after(secs(1)));
@@ -1119,7 +1119,7 @@ async fn a_retry_carries_the_budget_that_is_left_not_the_one_the_call_started_wi
 #[tokio::test(start_paused = true)]
 async fn a_retry_lowers_the_budget_under_a_custom_header_name_too() {
     use surely::deadline::SetDeadlineLayer;
-    use surely::fault::FaultLayer;
+    use surely::fault::InjectFaultLayer;
     use surely::record::RecordAttemptLayer;
     use surely::timeout::AttemptTimeoutLayer;
 
@@ -1140,7 +1140,7 @@ async fn a_retry_lowers_the_budget_under_a_custom_header_name_too() {
         .layer(retry())
         .layer(RecordAttemptLayer::new(recorder.clone()))
         .layer(AttemptTimeoutLayer::new(PER_TRY))
-        .layer(FaultLayer::new(log.policy(Fault::Delay(secs(5)))))
+        .layer(InjectFaultLayer::new(log.policy(Fault::Delay(secs(5)))))
         .service(probe.service());
     let _ = timed(&mut svc, request(Kind::Get)).await;
     let budgets: Vec<u64> = log

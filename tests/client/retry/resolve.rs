@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use surely::classify::AttemptClass;
 use surely::deadline::SetDeadlineLayer;
-use surely::fault::{Fault, FaultLayer, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, Schedule};
 use surely::record::{BusinessKey, InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, Resolution, Resolve, RetryLayer};
@@ -92,7 +92,7 @@ where
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
         .layer(AttemptTimeoutLayer::new(PER_TRY))
-        .layer(FaultLayer::new(faults))
+        .layer(InjectFaultLayer::new(faults))
         .service(probe.service());
     let out = svc.ready().await.unwrap().call(req).await;
     (out, recorder)

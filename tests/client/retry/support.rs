@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Request, Response};
 use surely::deadline::SetDeadlineLayer;
-use surely::fault::{FaultLayer, FaultPolicy};
+use surely::fault::{FaultPolicy, InjectFaultLayer};
 use surely::idempotency::SetIdempotencyKeyLayer;
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::RetryLayer;
@@ -80,7 +80,7 @@ impl Probe {
 }
 
 /// The canonical stack: `RecordCallLayer → SetDeadlineLayer → RetryLayer → RecordAttemptLayer →
-/// AttemptTimeoutLayer (1 s) → FaultLayer → probe`. `deadline` is the call's total budget
+/// AttemptTimeoutLayer (1 s) → InjectFaultLayer → probe`. `deadline` is the call's total budget
 /// (`None`: inherit only).
 pub(crate) fn canonical<P>(
     retry: RetryLayer,
@@ -98,7 +98,7 @@ where
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
         .layer(AttemptTimeoutLayer::new(PER_TRY))
-        .layer(FaultLayer::new(policy))
+        .layer(InjectFaultLayer::new(policy))
         .service(probe.service())
 }
 
@@ -120,7 +120,7 @@ where
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
         .layer(AttemptTimeoutLayer::new(PER_TRY))
-        .layer(FaultLayer::new(policy))
+        .layer(InjectFaultLayer::new(policy))
         .service(probe.service())
 }
 
