@@ -31,4 +31,6 @@ mod watch;
 pub use self::body::WatchedBody;
 pub use self::layer::WatchTrailersLayer;
 pub use self::service::WatchTrailers;
-pub(crate) use self::watch::{watch_response, End, Settled, WantsTrailers, Watch};
+#[cfg(feature = "tonic")]
+pub(crate) use self::watch::watch_response;
+pub(crate) use self::watch::{End, Settled, WantsTrailers, Watch};
