@@ -755,7 +755,12 @@ async fn main() -> Result<(), BoxError> {
     println!(
         "   Expect: two failures drain it -> the call stops at once, long before its deadline."
     );
-    let bucket: Arc<dyn RetryBudget> = Arc::new(TokenBucket::new(4, 0.1)?);
+    let bucket: Arc<dyn RetryBudget> = Arc::new(
+        TokenBucket::builder()
+            .max_tokens(4)
+            .token_ratio(0.1)
+            .build()?,
+    );
     let mut budgeted = stack(&log)
         .budget(bucket)
         .retry(|r| r.max_attempts(5))

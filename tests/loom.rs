@@ -614,7 +614,13 @@ fn sequential(max: u64, ratio: u64, outcomes: &[AttemptClass]) -> u64 {
 /// withdraw. The default preemption bound.
 fn token_bucket_outcomes() {
     model(|| {
-        let bucket = Arc::new(TokenBucket::new(2, 1.0).unwrap());
+        let bucket = Arc::new(
+            TokenBucket::builder()
+                .max_tokens(2)
+                .token_ratio(1.0)
+                .build()
+                .unwrap(),
+        );
         let outcomes = [
             AttemptClass::Rejected,
             AttemptClass::MaybeCommitted,

@@ -127,7 +127,7 @@ mod ratio;
 mod token_bucket;
 
 pub use self::ratio::{RatioBudget, RatioBudgetBuilder};
-pub use self::token_bucket::TokenBucket;
+pub use self::token_bucket::{TokenBucket, TokenBucketBuilder};
 pub use crate::error::BudgetExhausted;
 
 /// Budgets keep amounts in thousandths of a retry (or a token).

@@ -702,10 +702,14 @@ impl BudgetConfig {
                     };
                     return Err(ConfigError::new(missing, "is needed for a token bucket"));
                 };
-                let bucket = TokenBucket::new(max_tokens, token_ratio).map_err(of_field(&[
-                    ("retry token bucket max_tokens", "budget.max_tokens"),
-                    ("retry token bucket token_ratio", "budget.token_ratio"),
-                ]))?;
+                let bucket = TokenBucket::builder()
+                    .max_tokens(max_tokens)
+                    .token_ratio(token_ratio)
+                    .build()
+                    .map_err(of_field(&[
+                        ("retry token bucket max_tokens", "budget.max_tokens"),
+                        ("retry token bucket token_ratio", "budget.token_ratio"),
+                    ]))?;
                 Ok(Budget::Given(Arc::new(bucket)))
             }
             BudgetKind::None => {

@@ -866,7 +866,13 @@ async fn a_retry_refused_for_another_reason_spends_no_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn a_drained_token_bucket_refuses_retries() {
-    let bucket = Arc::new(TokenBucket::new(10, 0.1).unwrap());
+    let bucket = Arc::new(
+        TokenBucket::builder()
+            .max_tokens(10)
+            .token_ratio(0.1)
+            .build()
+            .unwrap(),
+    );
     let layer = RetryLayer::builder()
         .backoff(Backoff::none())
         .budget(bucket.clone())
@@ -895,7 +901,13 @@ async fn a_drained_token_bucket_refuses_retries() {
 
 #[tokio::test(start_paused = true)]
 async fn final_answers_do_not_drain_the_token_bucket() {
-    let bucket = Arc::new(TokenBucket::new(2, 0.1).unwrap());
+    let bucket = Arc::new(
+        TokenBucket::builder()
+            .max_tokens(2)
+            .token_ratio(0.1)
+            .build()
+            .unwrap(),
+    );
     let layer = RetryLayer::builder()
         .backoff(Backoff::none())
         .budget(bucket.clone())

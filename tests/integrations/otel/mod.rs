@@ -379,7 +379,13 @@ async fn a_retry_the_budget_refused_is_counted() {
     let metrics = Metrics::new();
     // One token: the first failure spends it, and the budget refuses the retry.
     let mut client = surely::client()
-        .budget(Arc::new(TokenBucket::new(1, 0.1).unwrap()))
+        .budget(Arc::new(
+            TokenBucket::builder()
+                .max_tokens(1)
+                .token_ratio(0.1)
+                .build()
+                .unwrap(),
+        ))
         .no_breaker()
         .recorder(metrics.recorder())
         .build(
