@@ -262,8 +262,9 @@ impl BackoffBuilder {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] if the base delay is zero, the multiplier is not a finite number or is
-    /// less than 1.0, or the cap is less than the base delay.
+    /// A [`ConfigError`] if the base delay is zero or past [`MAX_DURATION`](crate::MAX_DURATION)
+    /// (ten years), the multiplier is not a finite number or is less than 1.0, or the cap is
+    /// less than the base delay or past `MAX_DURATION`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -276,12 +277,7 @@ impl BackoffBuilder {
     /// assert_eq!(err.to_string(), "invalid backoff multiplier: must be at least 1.0");
     /// ```
     pub fn build(self) -> Result<Backoff, ConfigError> {
-        if self.base.is_zero() {
-            return Err(ConfigError::new(
-                "backoff base delay",
-                "must be greater than zero",
-            ));
-        }
+        ConfigError::positive_at_most_max("backoff base delay", self.base)?;
         if !self.multiplier.is_finite() {
             return Err(ConfigError::new(
                 "backoff multiplier",
@@ -294,16 +290,21 @@ impl BackoffBuilder {
                 "must be at least 1.0",
             ));
         }
-        let cap = match self.cap {
-            Some(cap) if cap < self.base => {
+        if let Some(cap) = self.cap {
+            if cap < self.base {
                 return Err(ConfigError::new(
                     "backoff cap",
                     "must not be less than the base delay",
                 ));
             }
-            Some(cap) => cap,
-            None => DEFAULT_CAP.max(self.base),
-        };
+            ConfigError::at_most_max("backoff cap", cap)?;
+        }
+        Ok(self.assemble())
+    }
+
+    /// The schedule of these settings, which the caller has checked (the retry layer's
+    /// defaults, which a test builds through [`build`](Self::build)).
+    pub(crate) fn assemble(self) -> Backoff {
         let streams = match self.seed {
             Some(seed) => Streams::Fixed(seed),
             None => Streams::Entropy {
@@ -311,13 +312,13 @@ impl BackoffBuilder {
                 next: Arc::new(AtomicU64::new(0)),
             },
         };
-        Ok(Backoff {
+        Backoff {
             base: self.base,
             multiplier: self.multiplier,
-            cap,
+            cap: self.cap.unwrap_or(DEFAULT_CAP.max(self.base)),
             jitter: self.jitter,
             streams,
-        })
+        }
     }
 }
 

@@ -501,7 +501,11 @@ impl ClientConfig {
         self.retry
             .settle(RetryLayer::builder(), backoff.clone())
             .build()
-            .map_err(of_field(&[("retry attempt limit", "retry.max_attempts")]))?;
+            .map_err(of_field(&[
+                ("retry attempt limit", "retry.max_attempts"),
+                ("retry max pushback", "retry.max_pushback"),
+                ("retry minimum attempt time", "retry.min_attempt_time"),
+            ]))?;
         builder = builder.retry(|retry| self.retry.settle(retry, backoff));
         if let Some(breaker) = self.breaker.build()? {
             builder = builder.breaker(breaker);

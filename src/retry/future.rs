@@ -31,6 +31,7 @@ use crate::outcome::CallOutcome;
 use crate::pushback::Pushback;
 use crate::record::{BusinessKey, Operation, ResolutionRecord, RetryRecord};
 use crate::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};
+use crate::time::later;
 use crate::Outcome;
 use crate::StopReason;
 use crate::{Envelope, Error, IntoError, Semantics};
@@ -440,7 +441,7 @@ where
                         this.state.set(State::Readying { retry });
                         continue;
                     }
-                    let until = Instant::now() + wait;
+                    let until = later(Instant::now(), wait);
                     let cold = this.cold.get_or_insert_with(Cold::new);
                     match &mut cold.sleep {
                         Some(sleep) => sleep.as_mut().reset(until),

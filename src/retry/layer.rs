@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use super::learn::AttemptTimes;
 use super::Retry;
-use crate::backoff::{Backoff, Jitter};
+use crate::backoff::{Backoff, BackoffBuilder, Jitter};
 use crate::breaker::CircuitBreaker;
 use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::HttpClassifier;
@@ -81,7 +81,7 @@ impl RetryLayer {
     /// pushback obeyed up to 30 s, and no retry that would leave less than 10 ms of the call's
     /// budget.
     pub fn new() -> Self {
-        // The defaults are valid: nothing to check.
+        // Assembled without checking: a test builds the same defaults through `build`.
         Self::builder().assemble()
     }
 
@@ -173,7 +173,9 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     }
 
     /// Start no retry that would leave the call less than this (default 10 ms) after its wait.
-    /// With [`learn_min_attempt_time`](Self::learn_min_attempt_time), this is the floor.
+    /// With [`learn_min_attempt_time`](Self::learn_min_attempt_time), this is the floor. At
+    /// most [`MAX_DURATION`](crate::MAX_DURATION) (ten years): [`build`](Self::build) refuses
+    /// more.
     pub fn min_attempt_time(mut self, min_attempt: Duration) -> Self {
         self.settings.min_attempt = min_attempt;
         self
@@ -300,6 +302,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
             }
         }
         ConfigError::at_most_max("retry max pushback", self.settings.max_pushback)?;
+        ConfigError::at_most_max("retry minimum attempt time", self.settings.min_attempt)?;
         Ok(self.assemble())
     }
 
@@ -343,12 +346,14 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     }
 }
 
-/// 100 ms, doubling, full jitter, capped at 20 s.
+/// The default backoff's settings: 100 ms, doubling, full jitter, capped at 20 s.
+fn default_backoff_settings() -> BackoffBuilder {
+    Backoff::exponential(Duration::from_millis(100)).jitter(Jitter::Full)
+}
+
+/// The default backoff, assembled without checking: the test below builds the same settings.
 fn default_backoff() -> Backoff {
-    Backoff::exponential(Duration::from_millis(100))
-        .jitter(Jitter::Full)
-        .build()
-        .unwrap_or_else(|_| Backoff::constant(Duration::from_millis(100)))
+    default_backoff_settings().assemble()
 }
 
 impl<S, M, Z> Layer<S> for RetryLayer<M, Z> {
@@ -380,5 +385,50 @@ impl<M, Z> fmt::Debug for RetryLayerBuilder<M, Z> {
         f.debug_struct("RetryLayerBuilder")
             .field("max_attempts", &self.settings.max_attempts)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults `new` assembles without checking are the ones `build` accepts.
+    #[tokio::test(start_paused = true)]
+    async fn the_defaults_build() {
+        let built = RetryLayer::builder().build().unwrap();
+        // The backoff's entropy differs between two layers; its settings must not.
+        let settings = |layer: &RetryLayer| {
+            let c = &layer.config;
+            (
+                c.max_attempts,
+                c.backoff.base(),
+                c.backoff.multiplier(),
+                c.backoff.cap(),
+                c.backoff.jitter(),
+                c.budget.is_some(),
+                c.max_pushback,
+                c.min_attempt,
+                c.mark_owner,
+                c.breaker.is_none(),
+                c.timed,
+            )
+        };
+        assert_eq!(settings(&built), settings(&RetryLayer::new()));
+        let backoff = default_backoff_settings().build().unwrap();
+        let assembled = default_backoff();
+        assert_eq!(
+            (
+                backoff.base(),
+                backoff.multiplier(),
+                backoff.cap(),
+                backoff.jitter()
+            ),
+            (
+                assembled.base(),
+                assembled.multiplier(),
+                assembled.cap(),
+                assembled.jitter()
+            )
+        );
     }
 }
