@@ -455,6 +455,9 @@ impl ClientConfig {
                 ("hedge delay percentile", "hedge.percentile"),
                 ("hedge delay window", "hedge.window"),
                 ("hedge delay minimum samples", "hedge.min_samples"),
+                ("hedge delay", "hedge.delay"),
+                ("hedge delay fallback", "hedge.fallback"),
+                ("hedge minimum attempt time", "hedge.min_attempt_time"),
             ]))?;
         let builder = self.apply_layers(builder)?;
         Ok(builder.hedge(hedge.settle(HedgeLayer::builder())?))

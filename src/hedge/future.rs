@@ -20,6 +20,7 @@ use crate::context::CallTally;
 use crate::error::{lift, lift_poll};
 use crate::outcome::{CallOutcome, Outcome, StopReason};
 use crate::pushback::Pushback;
+use crate::time::later;
 use crate::{Envelope, Error, IntoError};
 
 type Output<S, Req> = Result<
@@ -220,14 +221,10 @@ where
                     Poll::Ready(true) => {
                         // The next hedge, after the delay.
                         if race.sent < race.config.max_attempts {
-                            // A delay beyond the clock's range never fires.
-                            if let Some(at) =
-                                Instant::now().checked_add(race.config.delay.current())
-                            {
-                                this.timer.set(Timer::Armed {
-                                    sleep: tokio::time::sleep_until(at),
-                                });
-                            }
+                            let at = later(Instant::now(), race.config.delay.current());
+                            this.timer.set(Timer::Armed {
+                                sleep: tokio::time::sleep_until(at),
+                            });
                         }
                         // Poll the new hedge once: it may answer at once, and it must
                         // register its waker.
@@ -266,7 +263,8 @@ where
                     let fits = race
                         .deadline_left(now)
                         .is_none_or(|left| left >= delay.saturating_add(race.need()));
-                    if let (true, Some(at)) = (fits, now.checked_add(delay)) {
+                    if fits {
+                        let at = later(now, delay);
                         this.timer.set(Timer::Armed {
                             sleep: tokio::time::sleep_until(at),
                         });
@@ -380,12 +378,7 @@ where
             }
             Some(Pushback::After(wait)) if !wait.is_zero() => {
                 self.due = false;
-                let Some(at) = Instant::now().checked_add(wait) else {
-                    // A pushback beyond the clock's range: no more hedges.
-                    self.stopped = true;
-                    timer.set(Timer::Idle);
-                    return;
-                };
+                let at = later(Instant::now(), wait);
                 let later = match timer.as_mut().project() {
                     TimerProj::Armed { sleep } => sleep.deadline() < at,
                     TimerProj::Idle => true,

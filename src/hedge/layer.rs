@@ -65,7 +65,8 @@ enum DelayRepr {
 }
 
 impl HedgeDelay {
-    /// Always this delay.
+    /// Always this delay. At most [`MAX_DURATION`](crate::MAX_DURATION) (ten years):
+    /// [`HedgeLayerBuilder::build`] refuses more.
     pub fn fixed(delay: Duration) -> Self {
         HedgeDelay {
             repr: DelayRepr::Fixed(delay),
@@ -86,8 +87,8 @@ impl HedgeDelay {
         }
     }
 
-    /// For a learned delay: the delay until `min_samples` were seen (default 100 ms).
-    /// No effect on a fixed delay.
+    /// For a learned delay: the delay until `min_samples` were seen (default 100 ms; at most
+    /// [`MAX_DURATION`](crate::MAX_DURATION)). No effect on a fixed delay.
     pub fn fallback(mut self, delay: Duration) -> Self {
         if let DelayRepr::Percentile { fallback, .. } = &mut self.repr {
             *fallback = delay;
@@ -203,11 +204,8 @@ enum BudgetChoice {
 impl HedgeLayer {
     /// A layer with the defaults (see [`builder`](Self::builder)).
     pub fn new() -> Self {
-        match Self::builder().build() {
-            Ok(layer) => layer,
-            // The defaults are valid; this arm is never taken.
-            Err(_) => unreachable_defaults(),
-        }
+        // Assembled without checking: a test builds the same defaults through `build`.
+        Self::builder().assemble()
     }
 
     /// A builder with the defaults: [`HttpClassifier`]; 2 attempts in total (one hedge); the
@@ -224,21 +222,6 @@ impl HedgeLayer {
             budget: BudgetChoice::Default,
             min_attempt: DEFAULT_MIN_ATTEMPT,
         }
-    }
-}
-
-#[cold]
-fn unreachable_defaults() -> HedgeLayer {
-    HedgeLayer {
-        config: Arc::new(Config {
-            classifier: HttpClassifier::new(),
-            max_attempts: 1,
-            delay: Delay::Fixed(DEFAULT_FALLBACK_DELAY),
-            hedge_idempotent: false,
-            budget: None,
-            owns_budget: false,
-            min_attempt: DEFAULT_MIN_ATTEMPT,
-        }),
     }
 }
 
@@ -308,24 +291,40 @@ impl<M> HedgeLayerBuilder<M> {
         self
     }
 
-    /// Send no hedge that would leave the call less than this of its deadline (default 10 ms).
-    /// With a learned delay, the median latency of recent successful attempts, when larger, is
-    /// used instead: a hedge that cannot finish is not sent.
+    /// Send no hedge that would leave the call less than this of its deadline (default 10 ms;
+    /// at most [`MAX_DURATION`](crate::MAX_DURATION)). With a learned delay, the median latency
+    /// of recent successful attempts, when larger, is used instead: a hedge that cannot finish
+    /// is not sent.
     pub fn min_attempt_time(mut self, min_attempt: Duration) -> Self {
         self.min_attempt = min_attempt;
         self
     }
 
     /// Validates and builds.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting: the attempt limit (`"hedge attempt limit"`), a
+    /// learned delay's percentile, window or minimum samples out of their ranges, or a
+    /// duration past [`MAX_DURATION`](crate::MAX_DURATION) (`"hedge delay"`, `"hedge delay
+    /// fallback"`, `"hedge minimum attempt time"`).
     pub fn build(self) -> Result<HedgeLayer<M>, ConfigError> {
+        self.validate()?;
+        Ok(self.assemble())
+    }
+
+    /// Checks the settings, as [`build`](Self::build) does.
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.max_attempts == 0 {
             return Err(ConfigError::new(
                 "hedge attempt limit",
                 "must be at least 1 (the first attempt)",
             ));
         }
-        let delay = match self.delay.repr {
-            DelayRepr::Fixed(d) => Delay::Fixed(d),
+        match self.delay.repr {
+            DelayRepr::Fixed(d) => {
+                ConfigError::at_most_max("hedge delay", d)?;
+            }
             DelayRepr::Percentile {
                 percentile,
                 fallback,
@@ -350,12 +349,23 @@ impl<M> HedgeLayerBuilder<M> {
                         "must be at least 1 and at most the window",
                     ));
                 }
-                let learned =
-                    Learned::new(percentile, fallback, min_samples, window).ok_or_else(|| {
-                        ConfigError::new("hedge delay histogram", "could not be created")
-                    })?;
-                Delay::Learned(learned)
+                ConfigError::at_most_max("hedge delay fallback", fallback)?;
             }
+        }
+        ConfigError::at_most_max("hedge minimum attempt time", self.min_attempt)?;
+        Ok(())
+    }
+
+    /// The layer of these settings, which the caller has checked (or which are the defaults).
+    fn assemble(self) -> HedgeLayer<M> {
+        let delay = match self.delay.repr {
+            DelayRepr::Fixed(d) => Delay::Fixed(d),
+            DelayRepr::Percentile {
+                percentile,
+                fallback,
+                min_samples,
+                window,
+            } => Delay::Learned(Learned::new(percentile, fallback, min_samples, window)),
         };
         let (budget, owns_budget) = match self.budget {
             BudgetChoice::Default => (
@@ -366,7 +376,7 @@ impl<M> HedgeLayerBuilder<M> {
             BudgetChoice::Own(b) => (Some(b), true),
             BudgetChoice::None => (None, false),
         };
-        Ok(HedgeLayer {
+        HedgeLayer {
             config: Arc::new(Config {
                 classifier: self.classifier,
                 max_attempts: self.max_attempts,
@@ -376,7 +386,7 @@ impl<M> HedgeLayerBuilder<M> {
                 owns_budget,
                 min_attempt: self.min_attempt,
             }),
-        })
+        }
     }
 }
 
@@ -434,5 +444,19 @@ impl<M> fmt::Debug for HedgeLayerBuilder<M> {
             .field("delay", &self.delay)
             .field("hedge_idempotent", &self.hedge_idempotent)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults `new` assembles without checking are the ones `build` accepts.
+    #[tokio::test(start_paused = true)]
+    async fn the_defaults_build() {
+        let built = HedgeLayer::builder().build().unwrap();
+        let new = HedgeLayer::new();
+        assert_eq!(format!("{built:?}"), format!("{new:?}"));
+        assert!(matches!(new.config.delay, Delay::Learned(_)));
     }
 }

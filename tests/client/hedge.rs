@@ -316,9 +316,15 @@ async fn dropping_the_call_drops_every_attempt_and_the_timer() {
 
 #[tokio::test(start_paused = true)]
 async fn a_delay_beyond_the_clocks_range_never_fires_and_does_not_panic() {
+    // Past ten years, the builder refuses it; ten years never fires within the call.
+    let err = HedgeLayer::builder()
+        .delay(HedgeDelay::fixed(Duration::MAX))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "hedge delay");
     let server = Server::new(&[(1000, 200), (1, 200)]);
     let layer = HedgeLayer::builder()
-        .delay(HedgeDelay::fixed(Duration::MAX))
+        .delay(HedgeDelay::fixed(surely::MAX_DURATION))
         .no_budget()
         .build()
         .unwrap();
