@@ -781,6 +781,10 @@ impl BreakerConfig {
             ("breaker count window", "breaker.window.calls"),
             ("breaker time window buckets", "breaker.window.buckets"),
             ("breaker time window", "breaker.window.length"),
+            (
+                "breaker minimum timeout evidence",
+                "breaker.min_timeout_evidence",
+            ),
         ]))
     }
 }
