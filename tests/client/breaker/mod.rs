@@ -747,9 +747,16 @@ async fn jitter_spreads_breaks_and_a_seed_repeats_them() {
 #[tokio::test(start_paused = true)]
 async fn a_break_longer_than_the_clock_can_hold_does_not_panic() {
     let rec = InMemoryRecorder::new();
-    let breaker = builder(&rec)
+    // Past ten years, the builder refuses it; ten years is the longest break.
+    let err = builder(&rec)
         .break_duration(Duration::MAX)
         .break_growth(2.0, Duration::MAX)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "breaker break duration");
+    let breaker = builder(&rec)
+        .break_duration(surely::MAX_DURATION)
+        .break_growth(2.0, surely::MAX_DURATION)
         .build()
         .unwrap();
     let backend = Backend::new();
