@@ -262,9 +262,10 @@ impl BackoffBuilder {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] if the base delay is zero or past [`MAX_DURATION`](crate::MAX_DURATION)
-    /// (ten years), the multiplier is not a finite number or is less than 1.0, or the cap is
-    /// less than the base delay or past `MAX_DURATION`.
+    /// A [`ConfigError`] if the base delay is zero, the multiplier is not a finite number or is
+    /// less than 1.0, or the cap is less than the base delay. Any duration is a schedule (its
+    /// arithmetic saturates); a [`RetryLayer`](crate::retry::RetryLayer) takes one whose base
+    /// and cap are at most [`MAX_DURATION`](crate::MAX_DURATION).
     ///
     /// ```
     /// use std::time::Duration;
@@ -277,7 +278,12 @@ impl BackoffBuilder {
     /// assert_eq!(err.to_string(), "invalid backoff multiplier: must be at least 1.0");
     /// ```
     pub fn build(self) -> Result<Backoff, ConfigError> {
-        ConfigError::positive_at_most_max("backoff base delay", self.base)?;
+        if self.base.is_zero() {
+            return Err(ConfigError::new(
+                "backoff base delay",
+                "must be greater than zero",
+            ));
+        }
         if !self.multiplier.is_finite() {
             return Err(ConfigError::new(
                 "backoff multiplier",
@@ -290,14 +296,11 @@ impl BackoffBuilder {
                 "must be at least 1.0",
             ));
         }
-        if let Some(cap) = self.cap {
-            if cap < self.base {
-                return Err(ConfigError::new(
-                    "backoff cap",
-                    "must not be less than the base delay",
-                ));
-            }
-            ConfigError::at_most_max("backoff cap", cap)?;
+        if self.cap.is_some_and(|cap| cap < self.base) {
+            return Err(ConfigError::new(
+                "backoff cap",
+                "must not be less than the base delay",
+            ));
         }
         Ok(self.assemble())
     }

@@ -508,6 +508,8 @@ impl ClientConfig {
                 ("retry attempt limit", "retry.max_attempts"),
                 ("retry max pushback", "retry.max_pushback"),
                 ("retry minimum attempt time", "retry.min_attempt_time"),
+                ("retry backoff base delay", "retry.backoff.base"),
+                ("retry backoff cap", "retry.backoff.max"),
             ]))?;
         builder = builder.retry(|retry| self.retry.settle(retry, backoff));
         if let Some(breaker) = self.breaker.build()? {

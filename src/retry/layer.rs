@@ -129,7 +129,9 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         self
     }
 
-    /// The wait before each retry when the server says nothing.
+    /// The wait before each retry when the server says nothing. Its base delay and cap are at
+    /// most [`MAX_DURATION`](crate::MAX_DURATION) (ten years): [`build`](Self::build) refuses
+    /// more.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.settings.backoff = Some(backoff);
         self
@@ -303,6 +305,10 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         }
         ConfigError::at_most_max("retry max pushback", self.settings.max_pushback)?;
         ConfigError::at_most_max("retry minimum attempt time", self.settings.min_attempt)?;
+        if let Some(backoff) = &self.settings.backoff {
+            ConfigError::at_most_max("retry backoff base delay", backoff.base())?;
+            ConfigError::at_most_max("retry backoff cap", backoff.cap())?;
+        }
         Ok(self.assemble())
     }
 
