@@ -847,32 +847,62 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         H: Part<M>,
         B: BreakerPart<M, H>,
     {
-        let timeout = match self.shared.per_try {
-            Some(per_try) => AttemptTimeoutLayer::builder().per_try(per_try).build()?,
-            None => AttemptTimeoutLayer::deadline_only(),
-        };
+        self.validate()?;
+        Ok(self.assemble())
+    }
+
+    /// Checks every setting, as [`into_layer`](Self::into_layer) does.
+    fn validate(&self) -> Result<(), ConfigError>
+    where
+        H: Part<M>,
+    {
+        if let Some(per_try) = self.shared.per_try {
+            AttemptTimeoutLayer::builder().per_try(per_try).build()?;
+        }
         if let Some(idle) = self.shared.body_idle {
             BodyIdleTimeoutLayer::builder().idle(idle).build()?;
         }
+        self.hedge.check()?;
+        self.shared.deadline.validate()?;
+        self.retry.validate()
+    }
+
+    /// The stack's layer of these settings, which the caller has checked (or which are a
+    /// preset's defaults, as [`SurelyMiddleware::new`] uses them: a test builds the same
+    /// through [`into_layer`](Self::into_layer)).
+    ///
+    /// [`SurelyMiddleware::new`]: crate::reqwest::middleware::SurelyMiddleware::new
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn assemble(self) -> ClientLayer<R, M, Z, K, P, H, B, W>
+    where
+        R: RecorderPart<M>,
+        M: Clone,
+        H: Part<M>,
+        B: BreakerPart<M, H>,
+    {
+        let timeout = match self.shared.per_try {
+            Some(per_try) => AttemptTimeoutLayer::new(per_try),
+            None => AttemptTimeoutLayer::deadline_only(),
+        };
         let hedge = self
             .hedge
-            .into_part(self.classifier.clone(), self.shared.budget.clone())?;
+            .assemble(self.classifier.clone(), self.shared.budget.clone());
         let (breaker, retry) = self.breaker.into_part(self.classifier.clone(), self.retry);
         let (record_call, record_attempt) = self
             .recorder
             .into_layers(self.classifier, self.shared.at_body_end);
-        Ok(ClientLayer {
+        ClientLayer {
             record_attempt,
             record_call,
-            deadline: self.shared.deadline.build()?,
+            deadline: self.shared.deadline.assemble(),
             key: self.key,
             replay: self.replay,
             hedge,
             breaker,
-            retry: retry.build()?,
+            retry: retry.assemble(),
             timeout,
             watch: self.watch,
-        })
+        }
     }
 
     /// Validates every setting and wraps a tonic `Channel` (or any service over
@@ -1083,36 +1113,40 @@ mod parts {
         /// The layer it becomes.
         type Layer;
 
-        /// Makes the layer, with the client's classifier and retry budget.
-        fn into_part(
-            self,
-            classifier: M,
-            budget: Option<Arc<dyn RetryBudget>>,
-        ) -> Result<Self::Layer, ConfigError>;
+        /// Checks its settings.
+        fn check(&self) -> Result<(), ConfigError>;
+
+        /// Makes the layer, with the client's classifier and retry budget, from settings
+        /// [`check`](Self::check) accepted.
+        fn assemble(self, classifier: M, budget: Option<Arc<dyn RetryBudget>>) -> Self::Layer;
     }
 
     impl<M> Part<M> for Identity {
         type Layer = Identity;
 
-        fn into_part(self, _: M, _: Option<Arc<dyn RetryBudget>>) -> Result<Identity, ConfigError> {
-            Ok(self)
+        fn check(&self) -> Result<(), ConfigError> {
+            Ok(())
+        }
+
+        fn assemble(self, _: M, _: Option<Arc<dyn RetryBudget>>) -> Identity {
+            self
         }
     }
 
     impl<M, M0> Part<M> for HedgeLayerBuilder<M0> {
         type Layer = HedgeLayer<M>;
 
-        fn into_part(
-            self,
-            classifier: M,
-            budget: Option<Arc<dyn RetryBudget>>,
-        ) -> Result<HedgeLayer<M>, ConfigError> {
+        fn check(&self) -> Result<(), ConfigError> {
+            self.validate()
+        }
+
+        fn assemble(self, classifier: M, budget: Option<Arc<dyn RetryBudget>>) -> HedgeLayer<M> {
             let hedge = self.classifier(classifier);
             match budget {
                 Some(budget) => hedge.budget(budget),
                 None => hedge.no_budget(),
             }
-            .build()
+            .assemble()
         }
     }
 
@@ -1225,3 +1259,21 @@ mod parts {
 }
 
 use self::parts::{BreakerPart, Part, RecorderPart};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The presets' defaults, which `SurelyMiddleware::new` assembles without checking, are
+    /// the ones `into_layer` accepts.
+    #[tokio::test(start_paused = true)]
+    async fn the_presets_defaults_build() {
+        assert!(client().validate().is_ok());
+        assert!(http().validate().is_ok());
+        assert!(http().no_replay().validate().is_ok());
+        assert!(grpc().validate().is_ok());
+        let built = http().no_replay().into_layer().unwrap();
+        let assembled = http().no_replay().assemble();
+        assert_eq!(format!("{built:?}"), format!("{assembled:?}"));
+    }
+}

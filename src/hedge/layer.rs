@@ -314,7 +314,7 @@ impl<M> HedgeLayerBuilder<M> {
     }
 
     /// Checks the settings, as [`build`](Self::build) does.
-    fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.max_attempts == 0 {
             return Err(ConfigError::new(
                 "hedge attempt limit",
@@ -357,7 +357,7 @@ impl<M> HedgeLayerBuilder<M> {
     }
 
     /// The layer of these settings, which the caller has checked (or which are the defaults).
-    fn assemble(self) -> HedgeLayer<M> {
+    pub(crate) fn assemble(self) -> HedgeLayer<M> {
         let delay = match self.delay.repr {
             DelayRepr::Fixed(d) => Delay::Fixed(d),
             DelayRepr::Percentile {

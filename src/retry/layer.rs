@@ -289,6 +289,12 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
 
     /// Validates and builds.
     pub fn build(self) -> Result<RetryLayer<M, Z>, ConfigError> {
+        self.validate()?;
+        Ok(self.assemble())
+    }
+
+    /// Checks the settings, as [`build`](Self::build) does.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.settings.max_attempts == 0 {
             return Err(ConfigError::new(
                 "retry attempt limit",
@@ -309,11 +315,11 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
             ConfigError::at_most_max("retry backoff base delay", backoff.base())?;
             ConfigError::at_most_max("retry backoff cap", backoff.cap())?;
         }
-        Ok(self.assemble())
+        Ok(())
     }
 
-    /// The layer of these settings, which the caller has checked.
-    fn assemble(self) -> RetryLayer<M, Z> {
+    /// The layer of these settings, which the caller has checked (or which are the defaults).
+    pub(crate) fn assemble(self) -> RetryLayer<M, Z> {
         let Settings {
             learn,
             max_attempts,

@@ -101,7 +101,7 @@ fn reqwest_client() -> reqwest::Client {
 fn client() -> (ClientWithMiddleware, Arc<AtomicUsize>) {
     let below = Arc::new(AtomicUsize::new(0));
     let client = ClientBuilder::new(reqwest_client())
-        .with(SurelyMiddleware::new().unwrap())
+        .with(SurelyMiddleware::new())
         .with(Count(below.clone()))
         .build();
     (client, below)
