@@ -406,6 +406,11 @@ pub type GrpcClient<S> = <GrpcClientLayer as Layer<S>>::Service;
 /// optional layers: key `K`, replay `P`, hedge `H`, breaker `B` (`Identity` when absent; the
 /// hedge and the breaker as a `Part`, which gets the shared classifier and budget), and the
 /// body watch `W` around the transport.
+///
+/// `Clone` when its parts are (every part the crate provides is): a clone shares the budget and
+/// the breaker of the builder it was cloned from, so the clients both build share them too.
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct ClientBuilder<
     R = NoRecords,
     M = HttpClassifier,
@@ -428,6 +433,7 @@ pub struct ClientBuilder<
 }
 
 /// The builder's settings that do not change its type.
+#[derive(Clone)]
 struct Shared {
     budget: Option<Arc<dyn RetryBudget>>,
     deadline: SetDeadlineLayerBuilder<AttemptTimers>,

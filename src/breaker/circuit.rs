@@ -539,6 +539,8 @@ impl Shared {
 
 /// Builds a [`CircuitBreaker`], validating its settings. The defaults and why they are what
 /// they are are in the [module docs](super#defaults).
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct CircuitBreakerBuilder {
     name: Option<Arc<str>>,
     failure_ratio: f64,

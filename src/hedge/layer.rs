@@ -185,6 +185,8 @@ pub(super) struct Config<M> {
 }
 
 /// Builds a [`HedgeLayer`], validating its settings.
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct HedgeLayerBuilder<M = HttpClassifier> {
     classifier: M,
     max_attempts: u32,
@@ -194,6 +196,7 @@ pub struct HedgeLayerBuilder<M = HttpClassifier> {
     min_attempt: Duration,
 }
 
+#[derive(Clone)]
 enum BudgetChoice {
     Default,
     Shared(Arc<dyn RetryBudget>),

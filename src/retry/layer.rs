@@ -53,6 +53,8 @@ pub(super) struct Config<M, Z = NoResolver> {
 }
 
 /// Builds a [`RetryLayer`], validating its settings.
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct RetryLayerBuilder<M = HttpClassifier, Z = NoResolver> {
     classifier: M,
     resolver: Z,
@@ -60,6 +62,7 @@ pub struct RetryLayerBuilder<M = HttpClassifier, Z = NoResolver> {
 }
 
 /// The builder's settings that do not change its type.
+#[derive(Clone)]
 struct Settings {
     learn: Option<f64>,
     max_attempts: u32,
