@@ -123,6 +123,7 @@ use std::sync::Arc;
 
 use crate::classify::AttemptClass;
 
+pub(crate) mod lend;
 mod ratio;
 mod token_bucket;
 

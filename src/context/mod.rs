@@ -529,6 +529,39 @@ pub(crate) fn as_hedge<R>(f: impl FnOnce() -> R) -> R {
 }
 
 thread_local! {
+    /// The lender of the attempt being made: the id of the retry budget of the retry layer
+    /// whose inner `call` runs now (0 for none), so that a hedge layer inside that was given no
+    /// budget of its own pays from the retry layer's. An id, not the budget, so that lending
+    /// costs a retry layer two stores and no reference count.
+    static LENDER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Lends the budget registered as `lender` to the inner `call`s made while the returned guard
+/// lives; the lender before is back when it is dropped.
+#[inline]
+pub(crate) fn lend(lender: u64) -> Lending {
+    Lending(LENDER.with(|c| c.replace(lender)))
+}
+
+/// The lender before a [`lend`], put back when dropped (also on unwind).
+pub(crate) struct Lending(u64);
+
+impl Drop for Lending {
+    #[inline]
+    fn drop(&mut self) {
+        let before = self.0;
+        LENDER.with(|c| c.set(before));
+    }
+}
+
+/// The id of the budget a retry layer around the `call` running now lends its attempts; 0 for
+/// none. Taken: a client nested inside the attempt does not see it.
+#[inline]
+pub(crate) fn take_lender() -> u64 {
+    LENDER.with(|c| c.replace(0))
+}
+
+thread_local! {
     /// The outcome of a call future dropped before it ended, left for the layer that dropped
     /// it (a deadline layer that cut the call short) to hand back with its own error. Set and
     /// taken around synchronous code only: the drop runs inside the dropping layer's poll.

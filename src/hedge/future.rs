@@ -12,6 +12,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::layer::Config;
+use crate::budget::RetryBudget;
 use crate::classify::{
     AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, OutcomeTally,
 };
@@ -84,6 +85,8 @@ where
     template: Req,
     service: S,
     config: Arc<Config<M>>,
+    /// The budget a retry layer outside lent this call, for a layer given none of its own.
+    lent: Option<Arc<dyn RetryBudget>>,
     /// When the first attempt was first seen pending; `None` while it never was.
     first_started: Option<Instant>,
     hedges: Vec<Attempt<S::Future, M::Classifier>>,
@@ -130,6 +133,7 @@ where
         template: Req,
         service: S,
         config: Arc<Config<M>>,
+        lent: Option<Arc<dyn RetryBudget>>,
     ) -> Self {
         ResponseFuture {
             first: Slot::Running { future },
@@ -139,6 +143,7 @@ where
                 template,
                 service,
                 config,
+                lent,
                 first_started: None,
                 hedges: Vec::new(),
                 sent: 1,
@@ -252,8 +257,8 @@ where
                 race.first_started = Some(now);
                 // A budget of its own counts the calls that could be hedged: a call answered
                 // on its first poll never could.
-                if race.config.owns_budget {
-                    if let Some(budget) = &race.config.budget {
+                if race.owns_budget() {
+                    if let Some(budget) = race.budget() {
                         budget.deposit_at(now);
                     }
                 }
@@ -316,12 +321,12 @@ where
         };
         let class = classification.class();
         self.tally.observe(class);
-        let config = &*self.config;
-        if config.owns_budget {
-            if let Some(budget) = &config.budget {
+        if self.owns_budget() {
+            if let Some(budget) = self.budget() {
                 budget.record_outcome(class);
             }
         }
+        let config = &*self.config;
         // An answer on the first poll is not learned from: the delay only ever applies to
         // attempts that did not answer at once, so it is their percentile that bounds the share
         // of them that get hedged (and the fast path reads no clock).
@@ -353,8 +358,8 @@ where
     /// hears of it here (the retry layer hears only of the result).
     fn forget_last(&mut self) {
         if let Some((_, class)) = self.last.take() {
-            if !self.config.owns_budget {
-                if let Some(budget) = &self.config.budget {
+            if !self.owns_budget() {
+                if let Some(budget) = self.budget() {
                     budget.record_outcome(class);
                 }
             }
@@ -445,12 +450,26 @@ where
                 return Err("too little of the deadline left");
             }
         }
-        if let Some(budget) = &config.budget {
+        if let Some(budget) = self.budget() {
             if budget.withdraw().is_err() {
                 return Err("the budget refused");
             }
         }
         Ok(())
+    }
+
+    /// The budget hedges are paid from: the one a retry layer outside lent the call, else the
+    /// layer's own.
+    #[inline]
+    fn budget(&self) -> Option<&Arc<dyn RetryBudget>> {
+        self.lent.as_ref().or(self.config.budget.as_ref())
+    }
+
+    /// Whether this layer deposits for the call and records every attempt's outcome (a budget
+    /// of its own), or only withdraws (a budget a retry layer outside keeps, given or lent).
+    #[inline]
+    fn owns_budget(&self) -> bool {
+        self.lent.is_none() && self.config.owns_budget
     }
 
     /// The least time a hedge needs: the configured minimum, or the learned median latency.

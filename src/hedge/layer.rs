@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tower_layer::Layer;
@@ -181,7 +181,35 @@ pub(super) struct Config<M> {
     /// Whether this layer deposits for its calls and records every attempt's outcome (its own
     /// budget), or only withdraws (a budget a retry layer outside keeps).
     pub(super) owns_budget: bool,
+    /// Whether the layer was given no budget, so that a retry layer outside may lend it its
+    /// own for a call.
+    pub(super) lendable: bool,
+    /// The budget last lent, by its id: most hedge layers have one retry layer outside, and
+    /// find its budget here without the registry's lock.
+    pub(super) lent: OnceLock<(u64, Arc<dyn RetryBudget>)>,
     pub(super) min_attempt: Duration,
+}
+
+impl<M> Config<M> {
+    /// The budget a retry layer around this call lends it (taken from the call context), for
+    /// a layer that was given no budget of its own.
+    pub(super) fn lent(&self) -> Option<Arc<dyn RetryBudget>> {
+        if !self.lendable {
+            return None;
+        }
+        let id = crate::context::take_lender();
+        if id == 0 {
+            return None;
+        }
+        if let Some((cached, budget)) = self.lent.get() {
+            if *cached == id {
+                return Some(budget.clone());
+            }
+        }
+        let budget = crate::budget::lend::lender(id)?;
+        let _ = self.lent.set((id, budget.clone()));
+        Some(budget)
+    }
 }
 
 /// Builds a [`HedgeLayer`], validating its settings.
@@ -213,9 +241,12 @@ impl HedgeLayer {
 
     /// A builder with the defaults: [`HttpClassifier`]; 2 attempts in total (one hedge); the
     /// delay learned as the 95th percentile of the last 1000 successful attempts (100 ms until
-    /// 100 were seen); `Safe` requests only; a [`RatioBudget`] of its own (hedges at most 10%
-    /// of hedgeable calls, plus 10 a second); no hedge that would leave less than 10 ms of the
-    /// call's deadline.
+    /// 100 were seen); `Safe` requests only; the budget of a [`RetryLayer`] outside, which lends
+    /// it to each call, else a [`RatioBudget`] of its own (hedges at most 10% of hedgeable
+    /// calls, plus 10 a second); no hedge that would leave less than 10 ms of the call's
+    /// deadline.
+    ///
+    /// [`RetryLayer`]: crate::retry::RetryLayer
     pub fn builder() -> HedgeLayerBuilder {
         HedgeLayerBuilder {
             classifier: HttpClassifier::new(),
@@ -370,6 +401,7 @@ impl<M> HedgeLayerBuilder<M> {
                 window,
             } => Delay::Learned(Learned::new(percentile, fallback, min_samples, window)),
         };
+        let lendable = matches!(self.budget, BudgetChoice::Default);
         let (budget, owns_budget) = match self.budget {
             BudgetChoice::Default => (
                 Some(Arc::new(RatioBudget::default()) as Arc<dyn RetryBudget>),
@@ -387,6 +419,8 @@ impl<M> HedgeLayerBuilder<M> {
                 hedge_idempotent: self.hedge_idempotent,
                 budget,
                 owns_budget,
+                lendable,
+                lent: OnceLock::new(),
                 min_attempt: self.min_attempt,
             }),
         }
@@ -427,6 +461,7 @@ impl<M> fmt::Debug for Config<M> {
             .field("hedge_idempotent", &self.hedge_idempotent)
             .field("budget", &self.budget)
             .field("owns_budget", &self.owns_budget)
+            .field("lendable", &self.lendable)
             .field("min_attempt", &self.min_attempt)
             .finish_non_exhaustive()
     }

@@ -50,10 +50,14 @@
 //!
 //! * the attempt limit (default 2 in total: one hedge);
 //! * a [retry budget](crate::budget): every hedge withdraws one unit, and no hedge is sent when
-//!   the budget refuses. Share the retry layer's budget with
-//!   [`budget`](HedgeLayerBuilder::budget) (the retry layer deposits for each call; this layer
-//!   only withdraws), or let the layer keep one of its own (the default, a
-//!   [`RatioBudget`](crate::budget::RatioBudget): it then deposits once per hedgeable call that did not answer at once);
+//!   the budget refuses. By default the layer pays from the budget of the
+//!   [`RetryLayer`](crate::retry::RetryLayer) outside it, which lends it to the attempts it sends
+//!   (the retry layer deposits for each call; this layer only withdraws), as it does when given
+//!   that budget with [`budget`](HedgeLayerBuilder::budget). Without a retry layer outside (or
+//!   one that calls it from another task, through a `Buffer`), it keeps one of its own, a
+//!   [`RatioBudget`](crate::budget::RatioBudget), and deposits once per hedgeable call that did
+//!   not answer at once; [`own_budget`](HedgeLayerBuilder::own_budget) gives it one of its own
+//!   always;
 //! * the call's deadline: no hedge is sent that would have less than the
 //!   [minimum attempt time](HedgeLayerBuilder::min_attempt_time) left (or the learned median
 //!   latency, when larger), and the hedge timer lives in the call's future: it ends with it.

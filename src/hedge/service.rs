@@ -85,6 +85,7 @@ where
             return ResponseFuture::passthrough(self.inner.call(req));
         }
         let classifier = config.classifier.make_classifier(&req);
+        let lent = config.lent();
         let template = req.clone();
         let future = self.inner.call(req);
         ResponseFuture::hedged(
@@ -94,6 +95,7 @@ where
             template,
             self.inner.clone(),
             self.config.clone(),
+            lent,
         )
     }
 }

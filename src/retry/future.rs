@@ -223,6 +223,8 @@ where
             Some(Err(open)) => (None, Some(open)),
             None => (None, None),
         };
+        // The attempt's `call` runs with the budget lent, for a hedge layer inside.
+        let _lent = crate::context::lend(config.lender);
         // The first attempt's future is made last, in its place, so that it is not copied.
         ResponseFuture {
             classifier: Some(classifier),
@@ -298,6 +300,7 @@ where
                         Some(Err(open)) => this.state.set(State::Refused { error: Some(open) }),
                         gate => {
                             *this.pass = gate.and_then(Result::ok);
+                            let _lent = crate::context::lend(this.config.lender);
                             this.state.set(State::Attempt {
                                 future: this.service.call(req),
                             });
@@ -356,6 +359,7 @@ where
                         Some(Err(open)) => this.state.set(State::Refused { error: Some(open) }),
                         gate => {
                             *this.pass = gate.and_then(Result::ok);
+                            let _lent = crate::context::lend(this.config.lender);
                             this.state.set(State::Attempt {
                                 future: this.service.call(req),
                             });

@@ -41,6 +41,9 @@ pub(super) struct Config<M, Z = NoResolver> {
     pub(super) max_attempts: u32,
     pub(super) backoff: Backoff,
     pub(super) budget: Option<Arc<dyn RetryBudget>>,
+    /// The budget's id as lent to the attempts (0 without a budget): a hedge layer inside that
+    /// was given no budget pays from this one.
+    pub(super) lender: u64,
     pub(super) max_pushback: Duration,
     pub(super) min_attempt: Duration,
     pub(super) attempt_header: Option<HeaderName>,
@@ -141,6 +144,10 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     }
 
     /// Spend retries from this budget, which may be shared with other services.
+    ///
+    /// Whichever budget the layer has (this one, or its own by default) it lends to the
+    /// attempts it sends: a [`HedgeLayer`](crate::hedge::HedgeLayer) inside that was given no
+    /// budget of its own pays its hedges from it ([`docs::retries`](crate::docs::retries)).
     pub fn budget(mut self, budget: Arc<dyn RetryBudget>) -> Self {
         self.settings.budget = Some(budget);
         self.settings.own_budget = false;
@@ -341,6 +348,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         } else {
             budget
         };
+        let lender = budget.as_ref().map_or(0, crate::budget::lend::register);
         RetryLayer {
             config: Arc::new(Config {
                 resolver: self.resolver,
@@ -350,6 +358,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
                 max_attempts,
                 backoff: backoff.unwrap_or_else(default_backoff),
                 budget,
+                lender,
                 max_pushback,
                 min_attempt,
                 attempt_header,
