@@ -426,7 +426,7 @@ impl RatioBudget {
                 (Some(now.max(last.epoch)), next)
             } else {
                 // `last.epoch < now_tag <= now`: it is the full epoch, not a saturated one.
-                let into = (now - last.epoch < RING).then_some(last.epoch);
+                let into = (now.saturating_sub(last.epoch) < RING).then_some(last.epoch);
                 let next = Pending {
                     epoch: now_tag,
                     batch: false,

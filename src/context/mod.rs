@@ -361,7 +361,10 @@ fn pack_instant(at: Instant) -> u64 {
 
 #[inline]
 fn unpack_instant(packed: u64) -> Instant {
-    Instant::from_std(epoch() + Duration::from_nanos(packed - 1))
+    crate::time::later(
+        Instant::from_std(epoch()),
+        Duration::from_nanos(packed.saturating_sub(1)),
+    )
 }
 
 #[inline]
