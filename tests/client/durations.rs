@@ -96,7 +96,7 @@ fn refusing_every_other() -> impl Service<
     service_fn(move |_req: Request<()>| {
         let n = calls.fetch_add(1, Ordering::SeqCst);
         async move {
-            if n % 2 == 0 {
+            if n.is_multiple_of(2) {
                 return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
             }
             Ok(Response::new(()))
@@ -400,8 +400,11 @@ mod config {
     use super::*;
     use surely::config::{ClientConfig, HedgeConfig, WindowConfig};
 
+    /// How to set one key of a configuration.
+    type Set = fn(&mut ClientConfig, Duration);
+
     /// Every duration key of the configuration, and how to set it.
-    fn keys() -> Vec<(&'static str, fn(&mut ClientConfig, Duration))> {
+    fn keys() -> Vec<(&'static str, Set)> {
         vec![
             ("timeout", |c, d| c.timeout = Some(d)),
             ("per_try_timeout", |c, d| c.per_try_timeout = Some(d)),
