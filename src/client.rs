@@ -6,13 +6,13 @@
 //! [layer order](crate::docs::architecture#layer-order)):
 //!
 //! ```text
-//! call record        RecordCallLayer       one record per logical call (with a recorder)
-//!   deadline         SetDeadlineLayer         total budget (default 10 s), propagated on the wire
-//!     key            SetIdempotencyKeyLayer   one key per call for POST and PATCH
-//!       replay       ReplayLayer       bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
-//!         retry      RetryLayer            3 attempts, backoff, pushback, budget, owner marker
-//!           hedge    HedgeLayer            off by default; safe reads only, same budget
-//!             breaker  CircuitBreaker      one breaker per client: fail fast while it is down
+//! call record        RecordCallLayer         one record per logical call (with a recorder)
+//!   deadline         SetDeadlineLayer        total budget (default 10 s), propagated on the wire
+//!     key            SetIdempotencyKeyLayer  one key per call for POST and PATCH
+//!       replay       ReplayLayer             bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
+//!         retry      RetryLayer              3 attempts, backoff, pushback, budget, owner marker
+//!           hedge    HedgeLayer              off by default; safe reads only, same budget
+//!             breaker  CircuitBreaker        one breaker per client: fail fast while it is down
 //!               attempt record  RecordAttemptLayer  (with a recorder)
 //!                 attempt timeout  AttemptTimeoutLayer  min(per-try, remaining)
 //!                   transport

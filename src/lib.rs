@@ -11,17 +11,22 @@
 //! The layers, outer to inner, for a client ([`client()`] builds them in one call):
 //!
 //! ```text
-//! record::RecordCallLayer                  one record per logical call, its outcome and stop reason
-//!   deadline::SetDeadlineLayer                one total budget, propagated in-process and on the wire
-//!     idempotency::SetIdempotencyKeyLayer     one key per logical call, the same on every attempt
-//!       retry::ReplayLayer             HTTP bodies buffered so that every attempt sends them
-//!         retry::RetryLayer                retry what may be retried: budget, backoff, pushback
-//!           hedge::HedgeLayer              safe reads only: a copy after a delay, first answer wins
-//!             breaker::BreakerLayer stop calling a failing dependency; say when to come back
-//!               record::RecordAttemptLayer one record per attempt: phase, class, budget left
+//! record::RecordCallLayer                   one record per logical call, its outcome and stop reason
+//!   deadline::SetDeadlineLayer              one total budget, propagated in-process and on the wire
+//!     idempotency::SetIdempotencyKeyLayer   one key per logical call, the same on every attempt
+//!       retry::ReplayLayer                  HTTP bodies buffered so that every attempt sends them
+//!         retry::RetryLayer                 retry what may be retried: budget, backoff, pushback
+//!           hedge::HedgeLayer               safe reads only: a copy after a delay, first answer wins
+//!             breaker::BreakerLayer         stop calling a failing dependency; say when to come back
+//!               record::RecordAttemptLayer  one record per attempt: phase, class, budget left
 //!                 timeout::AttemptTimeoutLayer  min(per-try timeout, remaining budget)
-//!                   transport              hyper-util, tonic, any tower::Service
+//!                   transport               hyper-util, tonic, any tower::Service
 //! ```
+//!
+//! Each layer has the same shape: `FooLayer`, its service `Foo`, and the service's future
+//! `foo::future::ResponseFuture`; `FooLayer::new(..)` never fails, and `FooLayer::builder()`
+//! checks settings that can be wrong ([one shape for every
+//! layer](docs::architecture#one-shape-for-every-layer)).
 //!
 //! Without a hedge, [`client()`] has the retry layer keep the breaker
 //! ([`RetryLayerBuilder::circuit_breaker`](retry::RetryLayerBuilder::circuit_breaker)): the
