@@ -231,6 +231,16 @@ impl TokenBucketBuilder {
     }
 }
 
+impl fmt::Debug for TokenBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenBucket")
+            .field("max_tokens", &self.max_tokens())
+            .field("token_ratio", &self.token_ratio())
+            .field("tokens", &self.tokens())
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,15 +254,5 @@ mod tests {
             (built.max_tokens(), built.token_ratio(), built.tokens()),
             (new.max_tokens(), new.token_ratio(), new.tokens())
         );
-    }
-}
-
-impl fmt::Debug for TokenBucket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TokenBucket")
-            .field("max_tokens", &self.max_tokens())
-            .field("token_ratio", &self.token_ratio())
-            .field("tokens", &self.tokens())
-            .finish()
     }
 }
