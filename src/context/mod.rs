@@ -361,10 +361,15 @@ fn pack_instant(at: Instant) -> u64 {
 
 #[inline]
 fn unpack_instant(packed: u64) -> Instant {
-    crate::time::later(
+    let (epoch, since) = (
         Instant::from_std(epoch()),
         Duration::from_nanos(packed.saturating_sub(1)),
-    )
+    );
+    // At most a century after the epoch (`pack_instant` clamps), which the clock holds; were
+    // it not to, the far future of `time::later` still lies ahead.
+    epoch
+        .checked_add(since)
+        .unwrap_or_else(|| crate::time::later(epoch, since))
 }
 
 #[inline]

@@ -6,7 +6,7 @@ use http::StatusCode;
 
 use crate::classify::DeliveryPhase;
 
-/// The error a [`InjectFault`](crate::fault::InjectFault) returns for an injected failure.
+/// The error an [`InjectFault`](crate::fault::InjectFault) returns for an injected failure.
 ///
 /// Its [`phase`](InjectedFault::phase) is what the classifiers read:
 /// [`RefuseBeforeSend`](crate::fault::Fault::RefuseBeforeSend) fails

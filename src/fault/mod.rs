@@ -15,7 +15,7 @@
 //! * **Answered, badly**: the server says no (503 with `Retry-After` from an overloaded
 //!   upstream, 429, a 502 or 504 from a gateway). The status and the pushback decide.
 //!
-//! A [`InjectFaultLayer`] wraps the real service (a transport, or a server's handler) and, for the
+//! An [`InjectFaultLayer`] wraps the real service (a transport, or a server's handler) and, for the
 //! requests its [`FaultPolicy`] picks, injects one [`Fault`]. The real service still runs
 //! where the fault says so, so "lost after commit" really commits, and a test can check that
 //! the order exists while the caller was told nothing:
@@ -61,14 +61,14 @@
 //! let post = http::Request::post("/orders").body(()).unwrap();
 //! let err = svc.ready().await.unwrap().call(post).await.unwrap_err();
 //! // The caller cannot know; the order exists.
-//! assert_eq!(err.classify_error(crate::classify::DeliveryPhase::Sent).class(), AttemptClass::MaybeCommitted);
+//! assert_eq!(err.classify_error(DeliveryPhase::Sent).class(), AttemptClass::MaybeCommitted);
 //! assert_eq!(orders.load(Ordering::SeqCst), 1);
 //!
 //! // One request of our choosing is refused, whatever the schedule says.
 //! let mut post = http::Request::post("/orders").body(()).unwrap();
 //! post.extensions_mut().insert(Fault::RefuseBeforeSend);
 //! let err = svc.ready().await.unwrap().call(post).await.unwrap_err();
-//! assert_eq!(err.classify_error(crate::classify::DeliveryPhase::Sent).class(), AttemptClass::Rejected);
+//! assert_eq!(err.classify_error(DeliveryPhase::Sent).class(), AttemptClass::Rejected);
 //! assert_eq!(orders.load(Ordering::SeqCst), 1);
 //!
 //! // Everything else passes.

@@ -85,7 +85,7 @@ impl From<StatusCode> for Reply {
 /// [`Respond`](super::Fault::Respond) and [`RespondAfterSend`](super::Fault::RespondAfterSend)
 /// faults.
 ///
-/// A [`InjectFaultLayer`](super::InjectFaultLayer) uses [`EmptyBody`] unless told otherwise, which builds
+/// An [`InjectFaultLayer`](super::InjectFaultLayer) uses [`EmptyBody`] unless told otherwise, which builds
 /// any `http::Response<B>` whose body has a `Default` (hyper's `Full` and `Empty`,
 /// http-body-util's boxed bodies, `String`, `Vec<u8>`, `()`). For other response
 /// types choose one with [`InjectFaultLayer::responses`](super::InjectFaultLayer::responses):
