@@ -356,7 +356,7 @@ const CENTURY_NANOS: u64 = 100 * 365 * 24 * 3600 * 1_000_000_000;
 #[inline]
 fn pack_instant(at: Instant) -> u64 {
     let since = at.into_std().saturating_duration_since(epoch());
-    1 + saturating_nanos(since).min(CENTURY_NANOS)
+    saturating_nanos(since).min(CENTURY_NANOS).saturating_add(1)
 }
 
 #[inline]
