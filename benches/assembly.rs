@@ -47,7 +47,7 @@
 //!
 //! Cases of `deadline`: `bare`; `tower_timeout` (1 s); `seatbelt_timeout` (1 s) through
 //! seatbelt's own API; `seatbelt_timeout_tower`, the same through its tower adapter (shown);
-//! `surely_deadline_attempt`: `DeadlineLayer` (1 s, `enforce_in_attempts`) →
+//! `surely_deadline_attempt`: `SetDeadlineLayer` (1 s, `enforce_in_attempts`) →
 //! `AttemptTimeoutLayer` (1 s).
 //!
 //! seatbelt's clock (tick's, on tokio) spawns the task that drives its timers, so the cases are
@@ -86,7 +86,7 @@ use seatbelt::{RecoveryInfo, ResilienceContext};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use surely::budget::{RatioBudget, RetryBudget};
 use surely::classify::{self, Attempted, Classification};
-use surely::deadline::DeadlineLayer;
+use surely::deadline::SetDeadlineLayer;
 use surely::retry::backoff::Backoff;
 use surely::timeout::AttemptTimeoutLayer;
 use surely::{Envelope, IntoError, Semantics};
@@ -527,12 +527,12 @@ macro_rules! deadline_group {
                 group: $group,
                 name: DEADLINE_ATTEMPT,
                 make: || {
-                    let deadline = DeadlineLayer::builder()
+                    let deadline = SetDeadlineLayer::builder()
                         .timeout(LIMIT)
                         .enforce_in_attempts()
                         .build()
                         .expect("a valid deadline");
-                    let attempt = AttemptTimeoutLayer::new(LIMIT).expect("a valid timeout");
+                    let attempt = AttemptTimeoutLayer::new(LIMIT);
                     let svc = ServiceBuilder::new()
                         .layer(deadline)
                         .layer(attempt)

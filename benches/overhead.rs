@@ -29,9 +29,9 @@
 //!   tokio timer (1 s) armed when the inner future first waits and nothing else: no deadline,
 //!   no record, no error of its own. On `pending_once` it is the floor of any layer built on
 //!   tokio's timer, as `bare` is the floor of all;
-//! * `surely_deadline`: `DeadlineLayer::new(1 s)`;
+//! * `surely_deadline`: `SetDeadlineLayer::new(1 s)`;
 //! * `surely_attempt_timeout`: `AttemptTimeoutLayer::new(1 s)`;
-//! * `surely_stack`: `DeadlineLayer` → `RecordAttemptLayer::new(())` → `AttemptTimeoutLayer`,
+//! * `surely_stack`: `SetDeadlineLayer` → `RecordAttemptLayer::new(())` → `AttemptTimeoutLayer`,
 //!   the client stack of the crate docs without a call record. Its deadline layer counts on the
 //!   attempt timeout inside to end attempts by the deadline (`enforce_in_attempts()`), as the
 //!   canonical stack does, so it keeps no timer of its own;
@@ -53,7 +53,7 @@
 //! every error, at most 2 retries, `TpsBudget`, default on `success`); `tower_retry_tps_timeout`,
 //! the same over tower's `Timeout` (1 s), the reference of the family; `surely_retry`,
 //! `RetryLayer` with the bench's classifier, `Backoff::none()` and its own `RatioBudget`; and
-//! `surely_full`, `DeadlineLayer` (`enforce_in_attempts`) → `IdempotencyKeyLayer` (a pass-through
+//! `surely_full`, `SetDeadlineLayer` (`enforce_in_attempts`) → `SetIdempotencyKeyLayer` (a pass-through
 //! for `plain`) → `RetryLayer` → `RecordAttemptLayer::new(())` → `AttemptTimeoutLayer`.
 //!
 //! The record family (`record_body/http`) measures what records cost over HTTP, with a
@@ -65,7 +65,7 @@
 //! family's `large` shape below) compares circuit breakers in the closed state on the success
 //! path, over the `plain` request and the `ready` service: `bare`; `failsafe`,
 //! failsafe's `StateMachine` at its default `Config` wrapping the inner future with its
-//! futures-aware `CircuitBreaker::call`; `surely_breaker`, `CircuitBreakerLayer` over
+//! futures-aware `CircuitBreaker::call`; `surely_breaker`, `BreakerLayer` over
 //! `CircuitBreaker::new()` (its default window, the last 100 calls) with the bench's
 //! classifier; `surely_breaker_time`, the same with a time window (10 s in 10 buckets),
 //! which reads the clock on every call; and `seatbelt_breaker`, seatbelt's `Breaker` at its
@@ -121,8 +121,8 @@
 //!   would open and make the calls wait out its break: there it opens at 0.75 and is the default
 //!   otherwise (the work per call is the same whatever the ratio);
 //! * `surely_client_no_records`: the stack `surely_client` builds, assembled by hand without its
-//!   record layers, in the order `ClientLayer` builds it: `DeadlineLayer` (the client's 10 s,
-//!   `enforce_in_attempts`) → `IdempotencyKeyLayer` → `RetryLayer` (the same classifier, backoff
+//!   record layers, in the order `ClientLayer` builds it: `SetDeadlineLayer` (the client's 10 s,
+//!   `enforce_in_attempts`) → `SetIdempotencyKeyLayer` → `RetryLayer` (the same classifier, backoff
 //!   and budget) → `AttemptTimeoutLayer::deadline_only()`. `surely_client` less this case is
 //!   what the record layers cost with the default recorder.
 //!
@@ -140,7 +140,7 @@
 //! for the next hop, the body watch, the replayable body), to show where its time goes.
 //!
 //! The cases of `deadline_ready/…`: `bare`; `tower_timeout` (1 s); `seatbelt_timeout`,
-//! seatbelt's `Timeout` (1 s) on tick's tokio clock; `surely_deadline_attempt`, `DeadlineLayer`
+//! seatbelt's `Timeout` (1 s) on tick's tokio clock; `surely_deadline_attempt`, `SetDeadlineLayer`
 //! (`enforce_in_attempts`) → `AttemptTimeoutLayer`, as in `surely_stack` but without a record.
 //!
 //! seatbelt's clock spawns a task on the runtime that drives its timers, so the cases are made
@@ -229,14 +229,14 @@ use criterion::Criterion;
 use http::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
 use seatbelt::{RecoveryInfo, ResilienceContext};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use surely::breaker::{CircuitBreaker, CircuitBreakerLayer, SlidingWindow};
+use surely::breaker::{BreakerLayer, CircuitBreaker, SlidingWindow};
 use surely::budget::{RatioBudget, RetryBudget};
 use surely::classify::{
     self, Attempted, Classification, ClassifyError, DeliveryPhase, HttpClassifier,
 };
-use surely::deadline::{AttemptTimers, DeadlineLayer};
+use surely::deadline::{AttemptTimers, SetDeadlineLayer};
 use surely::hedge::HedgeLayer;
-use surely::idempotency::IdempotencyKeyLayer;
+use surely::idempotency::SetIdempotencyKeyLayer;
 use surely::record::{Record, RecordAttemptLayer, RecordCallLayer, WatchTrailersLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::RetryLayer;
@@ -703,15 +703,15 @@ where
     }
 }
 
-fn deadline() -> DeadlineLayer {
-    DeadlineLayer::new(BUDGET).expect("a valid deadline")
+fn deadline() -> SetDeadlineLayer {
+    SetDeadlineLayer::new(BUDGET)
 }
 
 /// The deadline layer of a stack with an attempt timeout inside: that timeout ends each
 /// attempt by the deadline, so the deadline layer keeps no timer of its own
 /// (`surely::deadline::AttemptTimers`), as the canonical stack does.
-fn stack_deadline() -> DeadlineLayer<AttemptTimers> {
-    DeadlineLayer::builder()
+fn stack_deadline() -> SetDeadlineLayer<AttemptTimers> {
+    SetDeadlineLayer::builder()
         .timeout(BUDGET)
         .enforce_in_attempts()
         .build()
@@ -719,7 +719,7 @@ fn stack_deadline() -> DeadlineLayer<AttemptTimers> {
 }
 
 fn attempt_timeout() -> AttemptTimeoutLayer {
-    AttemptTimeoutLayer::new(BUDGET).expect("a valid attempt timeout")
+    AttemptTimeoutLayer::new(BUDGET)
 }
 
 /// A tower retry policy as tower's budget docs write one: retry every error, up to
@@ -799,7 +799,7 @@ macro_rules! retry_http_group {
                 make: || {
                     let svc = ServiceBuilder::new()
                         .layer(stack_deadline())
-                        .layer(IdempotencyKeyLayer::new())
+                        .layer(SetIdempotencyKeyLayer::new())
                         .layer(retry(HttpClassifier::new(), ratio_default()))
                         .layer(RecordAttemptLayer::new(()))
                         .layer(attempt_timeout())
@@ -932,8 +932,8 @@ fn breaker_above_half() -> CircuitBreaker {
 
 /// The deadline layer `surely::client()` builds by default: its 10 s budget, enforced by the
 /// attempt timeout inside.
-fn client_deadline() -> DeadlineLayer<AttemptTimers> {
-    DeadlineLayer::builder()
+fn client_deadline() -> SetDeadlineLayer<AttemptTimers> {
+    SetDeadlineLayer::builder()
         // `ClientBuilder::timeout`'s documented default.
         .timeout(Duration::from_secs(10))
         .enforce_in_attempts()
@@ -992,8 +992,8 @@ type ShapeClassifier<S> = fn(Attempted<'_, Res, ShapeError<S>>, Semantics) -> Cl
 /// surely's breaker with the classifier of the shape `S`, over `breaker`.
 fn surely_breaker<S: Shape>(
     breaker: CircuitBreaker,
-) -> CircuitBreakerLayer<classify::ClassifyFn<ShapeClassifier<S>>> {
-    CircuitBreakerLayer::new(breaker).classifier(classify::from_fn(
+) -> BreakerLayer<classify::ClassifyFn<ShapeClassifier<S>>> {
+    BreakerLayer::new(breaker).classifier(classify::from_fn(
         classify_shape::<ShapeError<S>> as ShapeClassifier<S>,
     ))
 }
@@ -1241,7 +1241,7 @@ macro_rules! retry_group {
                     reset_inner_calls();
                     let svc = ServiceBuilder::new()
                         .layer(stack_deadline())
-                        .layer(IdempotencyKeyLayer::new())
+                        .layer(SetIdempotencyKeyLayer::new())
                         .layer(retry(classify::from_fn(classify_plain), $ratio))
                         .layer(
                             RecordAttemptLayer::new(())
@@ -1484,7 +1484,7 @@ macro_rules! client_group {
                     let classifier = classify::from_fn(classify_shape::<ShapeError<$shape>>);
                     let svc = ServiceBuilder::new()
                         .layer(client_deadline())
-                        .layer(IdempotencyKeyLayer::new())
+                        .layer(SetIdempotencyKeyLayer::new())
                         .layer(retry(classifier, Some($budget)))
                         .layer(AttemptTimeoutLayer::deadline_only())
                         .service(service_fn($svc::<$shape>));

@@ -24,7 +24,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use surely::admin::{Admin, Authorize};
-use surely::fault::{Fault, FaultLayer, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, Schedule};
 use surely::idempotency::IdempotencyKey;
 use surely::ledger::{Ledger, LedgerRecorder, MemoryLedger, Reconciler};
 use surely::outbox::{Event, EventId, MemoryOutbox, Relay};
@@ -41,7 +41,7 @@ async fn lost_replies(ledger: &MemoryLedger) -> Result<(), BoxError> {
     let recorder = LedgerRecorder::new(ledger.clone());
     let mut client = surely::client().recorder(recorder.clone()).build(
         ServiceBuilder::new()
-            .layer(FaultLayer::new(
+            .layer(InjectFaultLayer::new(
                 Schedule::new()
                     .at(0, Fault::ResetAfterSend)
                     .at(1, Fault::ResetAfterSend),

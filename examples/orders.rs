@@ -47,7 +47,7 @@ use surely::breaker::{BreakerState, CircuitBreaker, SlidingWindow};
 use surely::budget::{RetryBudget, TokenBucket};
 use surely::classify::AttemptClass;
 use surely::client::HttpClientBuilder;
-use surely::fault::{Fault, FaultLayer, Reply};
+use surely::fault::{Fault, InjectFaultLayer, Reply};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::headers::IDEMPOTENT_REPLAYED;
 use surely::hedge::{HedgeDelay, HedgeLayer};
@@ -239,7 +239,7 @@ async fn serve(shop: Arc<Shop>) -> Result<SocketAddr, BoxError> {
     };
     let svc = ServiceBuilder::new()
         .layer(deadlines)
-        .layer(FaultLayer::new(policy))
+        .layer(InjectFaultLayer::new(policy))
         .map_response(|res: Response<Full<Bytes>>| {
             if res.headers().contains_key(IDEMPOTENT_REPLAYED) {
                 println!(
@@ -755,7 +755,12 @@ async fn main() -> Result<(), BoxError> {
     println!(
         "   Expect: two failures drain it -> the call stops at once, long before its deadline."
     );
-    let bucket: Arc<dyn RetryBudget> = Arc::new(TokenBucket::new(4, 0.1)?);
+    let bucket: Arc<dyn RetryBudget> = Arc::new(
+        TokenBucket::builder()
+            .max_tokens(4)
+            .token_ratio(0.1)
+            .build()?,
+    );
     let mut budgeted = stack(&log)
         .budget(bucket)
         .retry(|r| r.max_attempts(5))

@@ -78,7 +78,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use surely::fault::{Fault, FaultLayer};
+use surely::fault::{Fault, InjectFaultLayer};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::headers::NOT_PROCESSED;
 use surely::inbox::{InboxStats, Processed};
@@ -922,7 +922,7 @@ async fn serve_orders<W: World>(world: Arc<W>) -> Result<SocketAddr, BoxError> {
                 .max(Duration::from_secs(10))
                 .build()?,
         )
-        .layer(FaultLayer::new(move |req: &Request<Incoming>| {
+        .layer(InjectFaultLayer::new(move |req: &Request<Incoming>| {
             door.fault(req)
         }))
         .layer(IdempotencyLayer::builder(world.store()).build()?)

@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use surely::fault::{Fault, FaultLayer, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, Schedule};
 use surely::OutcomeExt;
 use tokio::net::TcpListener;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .at(1, Fault::ResetAfterSend)
         .at(3, Fault::ResetAfterSend);
     let server = ServiceBuilder::new()
-        .layer(FaultLayer::new(faults))
+        .layer(InjectFaultLayer::new(faults))
         .service(handler);
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);

@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
-use surely::fault::{Fault, FaultLayer, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, Schedule};
 use surely::reqwest::middleware::{surely_error, SurelyMiddleware};
 use surely::{Outcome, OutcomeExt};
 use tokio::net::TcpListener;
@@ -60,7 +60,7 @@ async fn main() -> Result<(), BoxError> {
         .at(3, Fault::ResetAfterSend)
         .at(4, Fault::ResetAfterSend);
     let server = ServiceBuilder::new()
-        .layer(FaultLayer::new(faults))
+        .layer(InjectFaultLayer::new(faults))
         .service(handler);
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);

@@ -263,7 +263,9 @@ impl BackoffBuilder {
     /// # Errors
     ///
     /// A [`ConfigError`] if the base delay is zero, the multiplier is not a finite number or is
-    /// less than 1.0, or the cap is less than the base delay.
+    /// less than 1.0, or the cap is less than the base delay. Any duration is a schedule (its
+    /// arithmetic saturates); a [`RetryLayer`](crate::retry::RetryLayer) takes one whose base
+    /// and cap are at most [`MAX_DURATION`](crate::MAX_DURATION).
     ///
     /// ```
     /// use std::time::Duration;
@@ -294,16 +296,18 @@ impl BackoffBuilder {
                 "must be at least 1.0",
             ));
         }
-        let cap = match self.cap {
-            Some(cap) if cap < self.base => {
-                return Err(ConfigError::new(
-                    "backoff cap",
-                    "must not be less than the base delay",
-                ));
-            }
-            Some(cap) => cap,
-            None => DEFAULT_CAP.max(self.base),
-        };
+        if self.cap.is_some_and(|cap| cap < self.base) {
+            return Err(ConfigError::new(
+                "backoff cap",
+                "must not be less than the base delay",
+            ));
+        }
+        Ok(self.assemble())
+    }
+
+    /// The schedule of these settings, which the caller has checked (the retry layer's
+    /// defaults, which a test builds through [`build`](Self::build)).
+    pub(crate) fn assemble(self) -> Backoff {
         let streams = match self.seed {
             Some(seed) => Streams::Fixed(seed),
             None => Streams::Entropy {
@@ -311,13 +315,13 @@ impl BackoffBuilder {
                 next: Arc::new(AtomicU64::new(0)),
             },
         };
-        Ok(Backoff {
+        Backoff {
             base: self.base,
             multiplier: self.multiplier,
-            cap,
+            cap: self.cap.unwrap_or(DEFAULT_CAP.max(self.base)),
             jitter: self.jitter,
             streams,
-        })
+        }
     }
 }
 

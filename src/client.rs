@@ -6,13 +6,13 @@
 //! [layer order](crate::docs::architecture#layer-order)):
 //!
 //! ```text
-//! call record        RecordCallLayer       one record per logical call (with a recorder)
-//!   deadline         DeadlineLayer         total budget (default 10 s), propagated on the wire
-//!     key            IdempotencyKeyLayer   one key per call for POST and PATCH
-//!       replay       ReplayBodyLayer       bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
-//!         retry      RetryLayer            3 attempts, backoff, pushback, budget, owner marker
-//!           hedge    HedgeLayer            off by default; safe reads only, same budget
-//!             breaker  CircuitBreaker      one breaker per client: fail fast while it is down
+//! call record        RecordCallLayer         one record per logical call (with a recorder)
+//!   deadline         SetDeadlineLayer        total budget (default 10 s), propagated on the wire
+//!     key            SetIdempotencyKeyLayer  one key per call for POST and PATCH
+//!       replay       ReplayLayer             bodies buffered up to 64 KiB (`http()`, `grpc()` presets)
+//!         retry      RetryLayer              3 attempts, backoff, pushback, budget, owner marker
+//!           hedge    HedgeLayer              off by default; safe reads only, same budget
+//!             breaker  CircuitBreaker        one breaker per client: fail fast while it is down
 //!               attempt record  RecordAttemptLayer  (with a recorder)
 //!                 attempt timeout  AttemptTimeoutLayer  min(per-try, remaining)
 //!                   transport
@@ -20,8 +20,8 @@
 //!
 //! The breaker guards each attempt where it costs least: without a hedge the retry layer
 //! admits and counts the attempts itself ([`RetryLayerBuilder::circuit_breaker`]), with the
-//! same counts as a [`CircuitBreakerLayer`] in that place and no layer of its own; with a hedge
-//! it is a [`CircuitBreakerLayer`] under the hedge, which counts each copy (see
+//! same counts as a [`BreakerLayer`] in that place and no layer of its own; with a hedge
+//! it is a [`BreakerLayer`] under the hedge, which counts each copy (see
 //! `BreakerPart`).
 //!
 //! The two record layers are there only when [`recorder`](ClientBuilder::recorder) gives one:
@@ -76,14 +76,14 @@ use std::sync::Arc;
 
 use tower_layer::{Identity, Layer};
 
-use crate::breaker::{CircuitBreaker, CircuitBreakerLayer};
+use crate::breaker::{BreakerLayer, CircuitBreaker};
 use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::HttpClassifier;
-use crate::deadline::{AttemptTimers, DeadlineLayer, DeadlineLayerBuilder, WithDeadline};
+use crate::deadline::{AttemptTimers, SetDeadline, SetDeadlineLayer, SetDeadlineLayerBuilder};
 use crate::hedge::{HedgeLayer, HedgeLayerBuilder};
-use crate::idempotency::IdempotencyKeyLayer;
+use crate::idempotency::SetIdempotencyKeyLayer;
 use crate::record::{RecordAttemptLayer, RecordCallLayer, Recorder, WatchTrailersLayer};
-use crate::retry::{NoResolver, ReplayBodyLayer, Retry, RetryLayer, RetryLayerBuilder};
+use crate::retry::{NoResolver, ReplayLayer, Retry, RetryLayer, RetryLayerBuilder};
 use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer, BodyIdleTimeoutLayer};
 use crate::ConfigError;
 
@@ -183,7 +183,7 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// `build` takes any transport: whether the stack can serve a request is known at the call,
 /// where a missing piece makes `client.ready()` fail with an E0599 ("the method `ready` exists
-/// for struct `WithDeadline<…>`, but its trait bounds were not satisfied") that names none.
+/// for struct `SetDeadline<…>`, but its trait bounds were not satisfied") that names none.
 /// Name the request, `ServiceExt::<GetPrice>::ready(&mut client)` (or pass the client where
 /// `S: Service<GetPrice>` is required), and the compiler names it:
 ///
@@ -215,7 +215,7 @@ pub fn client() -> ClientBuilder {
 
 /// The preset for HTTP transports such as hyper-util's legacy `Client`: the defaults, with
 /// request bodies buffered up to 64 KiB so that retries send the same bytes
-/// ([`ReplayBodyLayer`]), and attempts recorded when their response body ends
+/// ([`ReplayLayer`]), and attempts recorded when their response body ends
 /// ([`settle_at_body_end`](ClientBuilder::settle_at_body_end)), so that a body cut off mid-way
 /// is recorded as maybe committed. Responses come back as
 /// [`WatchedBody`](crate::record::WatchedBody)s of the transport's, which pass every frame
@@ -244,7 +244,7 @@ pub fn client() -> ClientBuilder {
 /// ```
 pub fn http() -> HttpClientBuilder {
     ClientBuilder::new()
-        .replay_bodies(ReplayBodyLayer::new())
+        .replay_bodies(ReplayLayer::new())
         .settle_at_body_end()
 }
 
@@ -299,10 +299,10 @@ pub fn http() -> HttpClientBuilder {
 /// # main() }
 /// ```
 pub fn grpc(
-) -> ClientBuilder<NoRecords, HttpClassifier, NoResolver, Identity, ReplayBodyLayer, Identity> {
+) -> ClientBuilder<NoRecords, HttpClassifier, NoResolver, Identity, ReplayLayer, Identity> {
     ClientBuilder::new()
         .no_idempotency_keys()
-        .replay_bodies(ReplayBodyLayer::new())
+        .replay_bodies(ReplayLayer::new())
 }
 
 /// The layer [`client()`] builds with its defaults.
@@ -310,7 +310,7 @@ pub type DefaultClientLayer = ClientLayer<
     NoRecords,
     HttpClassifier,
     NoResolver,
-    IdempotencyKeyLayer,
+    SetIdempotencyKeyLayer,
     Identity,
     Identity,
     CircuitBreaker,
@@ -336,8 +336,8 @@ pub type HttpClientBuilder<R = NoRecords> = ClientBuilder<
     R,
     HttpClassifier,
     NoResolver,
-    IdempotencyKeyLayer,
-    ReplayBodyLayer,
+    SetIdempotencyKeyLayer,
+    ReplayLayer,
     Identity,
     CircuitBreaker,
     WatchTrailersLayer,
@@ -348,8 +348,8 @@ pub type HttpClientLayer = ClientLayer<
     NoRecords,
     HttpClassifier,
     NoResolver,
-    IdempotencyKeyLayer,
-    ReplayBodyLayer,
+    SetIdempotencyKeyLayer,
+    ReplayLayer,
     Identity,
     CircuitBreaker,
     WatchTrailersLayer,
@@ -361,7 +361,7 @@ pub type GrpcClientLayer = ClientLayer<
     HttpClassifier,
     NoResolver,
     Identity,
-    ReplayBodyLayer,
+    ReplayLayer,
     Identity,
     CircuitBreaker,
 >;
@@ -406,11 +406,16 @@ pub type GrpcClient<S> = <GrpcClientLayer as Layer<S>>::Service;
 /// optional layers: key `K`, replay `P`, hedge `H`, breaker `B` (`Identity` when absent; the
 /// hedge and the breaker as a `Part`, which gets the shared classifier and budget), and the
 /// body watch `W` around the transport.
+///
+/// `Clone` when its parts are (every part the crate provides is): a clone shares the budget and
+/// the breaker of the builder it was cloned from, so the clients both build share them too.
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct ClientBuilder<
     R = NoRecords,
     M = HttpClassifier,
     Z = NoResolver,
-    K = IdempotencyKeyLayer,
+    K = SetIdempotencyKeyLayer,
     P = Identity,
     H = Identity,
     B = CircuitBreaker,
@@ -428,9 +433,10 @@ pub struct ClientBuilder<
 }
 
 /// The builder's settings that do not change its type.
+#[derive(Clone)]
 struct Shared {
     budget: Option<Arc<dyn RetryBudget>>,
-    deadline: DeadlineLayerBuilder<AttemptTimers>,
+    deadline: SetDeadlineLayerBuilder<AttemptTimers>,
     per_try: Option<Duration>,
     /// The body idle timeout, checked when the stack is built.
     body_idle: Option<Duration>,
@@ -450,14 +456,14 @@ impl ClientBuilder {
             classifier: HttpClassifier::new(),
             shared: Shared {
                 budget: Some(budget.clone()),
-                deadline: DeadlineLayer::builder()
+                deadline: SetDeadlineLayer::builder()
                     .timeout(DEFAULT_TIMEOUT)
                     .enforce_in_attempts(),
                 per_try: None,
                 body_idle: None,
                 at_body_end: false,
             },
-            key: IdempotencyKeyLayer::new(),
+            key: SetIdempotencyKeyLayer::new(),
             replay: Identity::new(),
             retry: RetryLayer::builder().budget(budget),
             hedge: Identity::new(),
@@ -483,7 +489,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     /// Configures the deadline layer beyond its budget: the wire header, the reserve, gRPC.
     pub fn deadline(
         mut self,
-        f: impl FnOnce(DeadlineLayerBuilder<AttemptTimers>) -> DeadlineLayerBuilder<AttemptTimers>,
+        f: impl FnOnce(SetDeadlineLayerBuilder<AttemptTimers>) -> SetDeadlineLayerBuilder<AttemptTimers>,
     ) -> Self {
         self.shared.deadline = f(self.shared.deadline);
         self
@@ -492,7 +498,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     /// No budget of the client's own: calls keep only a deadline they inherit (from the request
     /// or the current context), which is still enforced and propagated.
     pub fn inherit_deadline(mut self) -> Self {
-        self.shared.deadline = DeadlineLayer::builder().enforce_in_attempts();
+        self.shared.deadline = SetDeadlineLayer::builder().enforce_in_attempts();
         self
     }
 
@@ -635,7 +641,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         }
     }
 
-    /// The idempotency-key layer (default [`IdempotencyKeyLayer::new`]: POST and PATCH).
+    /// The idempotency-key layer (default [`SetIdempotencyKeyLayer::new`]: POST and PATCH).
     pub fn idempotency_keys<K2>(self, key: K2) -> ClientBuilder<R, M, Z, K2, P, H, B, W> {
         ClientBuilder {
             recorder: self.recorder,
@@ -791,7 +797,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
     ) -> ClientBuilder<R, M, Z, K, P, H, B, (W, BodyIdleTimeoutLayer)> {
         self.shared.body_idle = Some(idle);
         // A pair of layers applies its first outside its second.
-        let watch = (self.watch, BodyIdleTimeoutLayer::unchecked(idle));
+        let watch = (self.watch, BodyIdleTimeoutLayer::new(idle));
         ClientBuilder {
             recorder: self.recorder,
             classifier: self.classifier,
@@ -847,32 +853,62 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         H: Part<M>,
         B: BreakerPart<M, H>,
     {
+        self.validate()?;
+        Ok(self.assemble())
+    }
+
+    /// Checks every setting, as [`into_layer`](Self::into_layer) does.
+    fn validate(&self) -> Result<(), ConfigError>
+    where
+        H: Part<M>,
+    {
+        if let Some(per_try) = self.shared.per_try {
+            AttemptTimeoutLayer::builder().per_try(per_try).build()?;
+        }
+        if let Some(idle) = self.shared.body_idle {
+            BodyIdleTimeoutLayer::builder().idle(idle).build()?;
+        }
+        self.hedge.check()?;
+        self.shared.deadline.validate()?;
+        self.retry.validate()
+    }
+
+    /// The stack's layer of these settings, which the caller has checked (or which are a
+    /// preset's defaults, as [`SurelyMiddleware::new`] uses them: a test builds the same
+    /// through [`into_layer`](Self::into_layer)).
+    ///
+    /// [`SurelyMiddleware::new`]: crate::reqwest::middleware::SurelyMiddleware::new
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn assemble(self) -> ClientLayer<R, M, Z, K, P, H, B, W>
+    where
+        R: RecorderPart<M>,
+        M: Clone,
+        H: Part<M>,
+        B: BreakerPart<M, H>,
+    {
         let timeout = match self.shared.per_try {
-            Some(per_try) => AttemptTimeoutLayer::new(per_try)?,
+            Some(per_try) => AttemptTimeoutLayer::new(per_try),
             None => AttemptTimeoutLayer::deadline_only(),
         };
-        if let Some(idle) = self.shared.body_idle {
-            BodyIdleTimeoutLayer::new(idle)?;
-        }
         let hedge = self
             .hedge
-            .into_part(self.classifier.clone(), self.shared.budget.clone())?;
+            .assemble(self.classifier.clone(), self.shared.budget.clone());
         let (breaker, retry) = self.breaker.into_part(self.classifier.clone(), self.retry);
         let (record_call, record_attempt) = self
             .recorder
             .into_layers(self.classifier, self.shared.at_body_end);
-        Ok(ClientLayer {
+        ClientLayer {
             record_attempt,
             record_call,
-            deadline: self.shared.deadline.build()?,
+            deadline: self.shared.deadline.assemble(),
             key: self.key,
             replay: self.replay,
             hedge,
             breaker,
-            retry: retry.build()?,
+            retry: retry.assemble(),
             timeout,
             watch: self.watch,
-        })
+        }
     }
 
     /// Validates every setting and wraps a tonic `Channel` (or any service over
@@ -921,12 +957,12 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, (W, BodyIdleTime
     #[cfg(feature = "serde")]
     pub(crate) fn set_body_idle(mut self, idle: Duration) -> Self {
         self.shared.body_idle = Some(idle);
-        self.watch.1 = BodyIdleTimeoutLayer::unchecked(idle);
+        self.watch.1 = BodyIdleTimeoutLayer::new(idle);
         self
     }
 }
 
-impl<R, M, Z, Q, P, H, B, W> ClientBuilder<R, M, Z, IdempotencyKeyLayer<Q>, P, H, B, W> {
+impl<R, M, Z, Q, P, H, B, W> ClientBuilder<R, M, Z, SetIdempotencyKeyLayer<Q>, P, H, B, W> {
     /// Declares that the server this client calls honours idempotency keys (it runs this
     /// crate's [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer), or documents
     /// the `Idempotency-Key` header): the keys the client generates then make POST and PATCH
@@ -939,7 +975,7 @@ impl<R, M, Z, Q, P, H, B, W> ClientBuilder<R, M, Z, IdempotencyKeyLayer<Q>, P, H
     /// `Idempotency-Key` header or an [`IdempotencyKey`](crate::idempotency::IdempotencyKey)
     /// extension) makes its request keyed either way, and a
     /// [`Semantics`](crate::Semantics) extension always wins. See
-    /// [`IdempotencyKeyLayer::server_honours_keys`].
+    /// [`SetIdempotencyKeyLayer::server_honours_keys`].
     ///
     /// ```
     /// use std::time::Duration;
@@ -1013,7 +1049,7 @@ pub struct ClientLayer<
 > {
     record_call: R::CallLayer,
     record_attempt: R::AttemptLayer,
-    deadline: DeadlineLayer<AttemptTimers>,
+    deadline: SetDeadlineLayer<AttemptTimers>,
     key: K,
     replay: P,
     retry: RetryLayer<M, Z>,
@@ -1044,9 +1080,9 @@ where
     H::Layer: Layer<<B::Layer as Layer<Attempts<W::Service, R, M>>>::Service>,
     P: Layer<Retry<LayeredHedge<W::Service, R, M, H, B>, M, Z>>,
     K: Layer<P::Service>,
-    R::CallLayer: Layer<WithDeadline<K::Service, AttemptTimers>>,
+    R::CallLayer: Layer<SetDeadline<K::Service, AttemptTimers>>,
 {
-    type Service = <R::CallLayer as Layer<WithDeadline<K::Service, AttemptTimers>>>::Service;
+    type Service = <R::CallLayer as Layer<SetDeadline<K::Service, AttemptTimers>>>::Service;
 
     fn layer(&self, transport: S) -> Self::Service {
         let watched = self.watch.layer(transport);
@@ -1083,36 +1119,40 @@ mod parts {
         /// The layer it becomes.
         type Layer;
 
-        /// Makes the layer, with the client's classifier and retry budget.
-        fn into_part(
-            self,
-            classifier: M,
-            budget: Option<Arc<dyn RetryBudget>>,
-        ) -> Result<Self::Layer, ConfigError>;
+        /// Checks its settings.
+        fn check(&self) -> Result<(), ConfigError>;
+
+        /// Makes the layer, with the client's classifier and retry budget, from settings
+        /// [`check`](Self::check) accepted.
+        fn assemble(self, classifier: M, budget: Option<Arc<dyn RetryBudget>>) -> Self::Layer;
     }
 
     impl<M> Part<M> for Identity {
         type Layer = Identity;
 
-        fn into_part(self, _: M, _: Option<Arc<dyn RetryBudget>>) -> Result<Identity, ConfigError> {
-            Ok(self)
+        fn check(&self) -> Result<(), ConfigError> {
+            Ok(())
+        }
+
+        fn assemble(self, _: M, _: Option<Arc<dyn RetryBudget>>) -> Identity {
+            self
         }
     }
 
     impl<M, M0> Part<M> for HedgeLayerBuilder<M0> {
         type Layer = HedgeLayer<M>;
 
-        fn into_part(
-            self,
-            classifier: M,
-            budget: Option<Arc<dyn RetryBudget>>,
-        ) -> Result<HedgeLayer<M>, ConfigError> {
+        fn check(&self) -> Result<(), ConfigError> {
+            self.validate()
+        }
+
+        fn assemble(self, classifier: M, budget: Option<Arc<dyn RetryBudget>>) -> HedgeLayer<M> {
             let hedge = self.classifier(classifier);
             match budget {
                 Some(budget) => hedge.budget(budget),
                 None => hedge.no_budget(),
             }
-            .build()
+            .assemble()
         }
     }
 
@@ -1122,9 +1162,9 @@ mod parts {
     ///
     /// * Without a hedge, the retry layer guards each attempt itself
     ///   ([`RetryLayerBuilder::circuit_breaker`]): the same admissions and counts as a
-    ///   [`CircuitBreakerLayer`] right inside it, with no layer and no clone of the breaker per
+    ///   [`BreakerLayer`] right inside it, with no layer and no clone of the breaker per
     ///   call.
-    /// * With a hedge, a [`CircuitBreakerLayer`] under the hedge admits and counts each copy of a
+    /// * With a hedge, a [`BreakerLayer`] under the hedge admits and counts each copy of a
     ///   hedged attempt.
     pub trait BreakerPart<M, H> {
         /// The layer it puts under the hedge (`Identity` for none).
@@ -1164,14 +1204,14 @@ mod parts {
     }
 
     impl<M, M0> BreakerPart<M, HedgeLayerBuilder<M0>> for CircuitBreaker {
-        type Layer = CircuitBreakerLayer<M>;
+        type Layer = BreakerLayer<M>;
 
         fn into_part<Z>(
             self,
             classifier: M,
             retry: RetryLayerBuilder<M, Z>,
-        ) -> (CircuitBreakerLayer<M>, RetryLayerBuilder<M, Z>) {
-            (CircuitBreakerLayer::new(self).classifier(classifier), retry)
+        ) -> (BreakerLayer<M>, RetryLayerBuilder<M, Z>) {
+            (BreakerLayer::new(self).classifier(classifier), retry)
         }
     }
 
@@ -1225,3 +1265,21 @@ mod parts {
 }
 
 use self::parts::{BreakerPart, Part, RecorderPart};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The presets' defaults, which `SurelyMiddleware::new` assembles without checking, are
+    /// the ones `into_layer` accepts.
+    #[tokio::test(start_paused = true)]
+    async fn the_presets_defaults_build() {
+        assert!(client().validate().is_ok());
+        assert!(http().validate().is_ok());
+        assert!(http().no_replay().validate().is_ok());
+        assert!(grpc().validate().is_ok());
+        let built = http().no_replay().into_layer().unwrap();
+        let assembled = http().no_replay().assemble();
+        assert_eq!(format!("{built:?}"), format!("{assembled:?}"));
+    }
+}

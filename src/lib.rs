@@ -11,17 +11,22 @@
 //! The layers, outer to inner, for a client ([`client()`] builds them in one call):
 //!
 //! ```text
-//! record::RecordCallLayer                  one record per logical call, its outcome and stop reason
-//!   deadline::DeadlineLayer                one total budget, propagated in-process and on the wire
-//!     idempotency::IdempotencyKeyLayer     one key per logical call, the same on every attempt
-//!       retry::ReplayBodyLayer             HTTP bodies buffered so that every attempt sends them
-//!         retry::RetryLayer                retry what may be retried: budget, backoff, pushback
-//!           hedge::HedgeLayer              safe reads only: a copy after a delay, first answer wins
-//!             breaker::CircuitBreakerLayer stop calling a failing dependency; say when to come back
-//!               record::RecordAttemptLayer one record per attempt: phase, class, budget left
+//! record::RecordCallLayer                   one record per logical call, its outcome and stop reason
+//!   deadline::SetDeadlineLayer              one total budget, propagated in-process and on the wire
+//!     idempotency::SetIdempotencyKeyLayer   one key per logical call, the same on every attempt
+//!       retry::ReplayLayer                  HTTP bodies buffered so that every attempt sends them
+//!         retry::RetryLayer                 retry what may be retried: budget, backoff, pushback
+//!           hedge::HedgeLayer               safe reads only: a copy after a delay, first answer wins
+//!             breaker::BreakerLayer         stop calling a failing dependency; say when to come back
+//!               record::RecordAttemptLayer  one record per attempt: phase, class, budget left
 //!                 timeout::AttemptTimeoutLayer  min(per-try timeout, remaining budget)
-//!                   transport              hyper-util, tonic, any tower::Service
+//!                   transport               hyper-util, tonic, any tower::Service
 //! ```
+//!
+//! Each layer has the same shape: `FooLayer`, its service `Foo`, and the service's future
+//! `foo::future::ResponseFuture`; `FooLayer::new(..)` never fails, and `FooLayer::builder()`
+//! checks settings that can be wrong ([one shape for every
+//! layer](docs::architecture#one-shape-for-every-layer)).
 //!
 //! Without a hedge, [`client()`] has the retry layer keep the breaker
 //! ([`RetryLayerBuilder::circuit_breaker`](retry::RetryLayerBuilder::circuit_breaker)): the
@@ -31,7 +36,7 @@
 //! [`docs`]; every layer also works on its own in a `tower::ServiceBuilder`.
 //!
 //! On the server (feature `server`), [`server::deadline::ServerDeadlineLayer`] reads the caller's
-//! budget and makes it the current deadline for the handler, and [`fault::FaultLayer`] injects
+//! budget and makes it the current deadline for the handler, and [`fault::InjectFaultLayer`] injects
 //! the failures this crate exists to handle, for tests and chaos drills.
 //!
 //! [`server::idempotency::IdempotencyLayer`] honours the client's `Idempotency-Key`: the first
@@ -46,7 +51,7 @@
 //! ```
 //! use std::time::Duration;
 //! use surely::Outcome;
-//! use surely::deadline::DeadlineLayer;
+//! use surely::deadline::SetDeadlineLayer;
 //! use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 //! use surely::timeout::AttemptTimeoutLayer;
 //! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
@@ -60,9 +65,9 @@
 //! let records = InMemoryRecorder::new();
 //! let mut client = ServiceBuilder::new()
 //!     .layer(RecordCallLayer::new(records.clone()))
-//!     .layer(DeadlineLayer::new(Duration::from_secs(2)).unwrap())
+//!     .layer(SetDeadlineLayer::new(Duration::from_secs(2)))
 //!     .layer(RecordAttemptLayer::new(records.clone()))
-//!     .layer(AttemptTimeoutLayer::new(Duration::from_millis(500)).unwrap())
+//!     .layer(AttemptTimeoutLayer::new(Duration::from_millis(500)))
 //!     .service(transport);
 //!
 //! let order = http::Request::post("/orders").body("o-1".to_owned()).unwrap();

@@ -44,7 +44,7 @@
 //! Requests are `http::Request<B>`, not `reqwest::Request`, so that every layer of the crate
 //! reads them as it reads hyper's: the [`Semantics`](crate::Semantics) come from the method
 //! (and an `Idempotency-Key` header or a `Semantics` extension), keys and deadline headers are
-//! added as headers, and bodies are buffered by the [`ReplayBodyLayer`](crate::retry::ReplayBodyLayer) so that a retried PUT
+//! added as headers, and bodies are buffered by the [`ReplayLayer`](crate::retry::ReplayLayer) so that a retried PUT
 //! sends the same bytes. `B` is any `http_body::Body` that is `Send + Sync + 'static`: a `String`,
 //! `Full<Bytes>`, a `reqwest::Body`, a stream. The URI must be absolute (`http://host/path`).
 //!
@@ -155,7 +155,7 @@ pub fn transport(client: ::reqwest::Client) -> Transport {
 /// about to write the request.
 ///
 /// The transport does not buffer bodies: a retry needs a copy of the request, which
-/// [`ReplayBodyLayer`](crate::retry::ReplayBodyLayer) makes possible (the [`client()`] and
+/// [`ReplayLayer`](crate::retry::ReplayLayer) makes possible (the [`client()`] and
 /// [`client::http()`](crate::client::http) stacks have one).
 ///
 /// ```

@@ -80,7 +80,7 @@ pub struct Query {
 /// [`NoResolver`], the default.
 ///
 /// ```
-/// use surely::fault::{Fault, FaultLayer, Schedule};
+/// use surely::fault::{Fault, InjectFaultLayer, Schedule};
 /// use surely::record::BusinessKey;
 /// use surely::retry::{Query, Resolution, RetryLayer};
 /// use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
@@ -96,7 +96,7 @@ pub struct Query {
 /// let mut client = ServiceBuilder::new()
 ///     .layer(RetryLayer::builder().resolver(lookup).build().unwrap())
 ///     // The order is created, and the reply is lost.
-///     .layer(FaultLayer::new(Schedule::new().at(0, Fault::ResetAfterSend)))
+///     .layer(InjectFaultLayer::new(Schedule::new().at(0, Fault::ResetAfterSend)))
 ///     .service(service_fn(|_req: http::Request<String>| async {
 ///         Ok::<_, std::io::Error>(http::Response::new(String::from("created")))
 ///     }));

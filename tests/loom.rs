@@ -35,7 +35,7 @@ use loom::future::block_on;
 use loom::sync::atomic::AtomicUsize;
 use loom::sync::Arc;
 use loom::thread;
-use surely::breaker::{Breaker, BreakerState, CircuitBreaker, CircuitBreakerLayer, SlidingWindow};
+use surely::breaker::{Breaker, BreakerLayer, BreakerState, CircuitBreaker, SlidingWindow};
 use surely::budget::{RatioBudget, RetryBudget, TokenBucket};
 use surely::classify::AttemptClass;
 use surely::idempotency::IdempotencyKey;
@@ -243,7 +243,7 @@ fn breaker(
         limit,
         seen,
     };
-    let svc = CircuitBreakerLayer::new(cb.clone()).layer(dep.clone());
+    let svc = BreakerLayer::new(cb.clone()).layer(dep.clone());
     (svc, cb, notebook, dep)
 }
 
@@ -614,7 +614,13 @@ fn sequential(max: u64, ratio: u64, outcomes: &[AttemptClass]) -> u64 {
 /// withdraw. The default preemption bound.
 fn token_bucket_outcomes() {
     model(|| {
-        let bucket = Arc::new(TokenBucket::new(2, 1.0).unwrap());
+        let bucket = Arc::new(
+            TokenBucket::builder()
+                .max_tokens(2)
+                .token_ratio(1.0)
+                .build()
+                .unwrap(),
+        );
         let outcomes = [
             AttemptClass::Rejected,
             AttemptClass::MaybeCommitted,

@@ -25,6 +25,7 @@ use crate::record::{Recorder, TracingRecorder};
 #[cfg(surely_loom)]
 use crate::sync::mutation;
 use crate::sync::{now as clock, AtomicU64, Mutex, MutexGuard};
+use crate::time::later;
 use crate::{ConfigError, Error};
 
 /// The most half-open probes a breaker may allow.
@@ -43,7 +44,8 @@ pub enum SlidingWindow {
     /// window whole, so the window slides by `length / buckets`). Polly's sampling duration is
     /// such a window (30 s), Hystrix's too (10 s in 10 buckets).
     Time {
-        /// How far back the window reaches.
+        /// How far back the window reaches: at least 1 ms per bucket, at most
+        /// [`MAX_DURATION`](crate::MAX_DURATION).
         length: Duration,
         /// How many slices it is counted in.
         buckets: u32,
@@ -187,10 +189,8 @@ pub(crate) fn health(c: &Classification) -> Option<bool> {
 impl CircuitBreaker {
     /// A breaker with the defaults (see [`CircuitBreakerBuilder`]).
     pub fn new() -> Self {
-        // The defaults are valid.
-        Self::builder()
-            .build()
-            .expect("the default breaker configuration is valid")
+        // Assembled without checking: a test builds the same defaults through `build`.
+        Self::builder().assemble()
     }
 
     /// A builder, starting from the defaults.
@@ -394,9 +394,7 @@ impl Shared {
     fn open_until(&self) -> Instant {
         let since = Duration::from_nanos(self.open_until.load(Acquire));
         // Past what the clock can hold: far enough.
-        self.epoch
-            .checked_add(since)
-            .unwrap_or_else(|| self.epoch + Duration::from_secs(100 * 365 * 24 * 3600))
+        later(self.epoch, since)
     }
 
     fn lock(&self) -> MutexGuard<'_, Slow> {
@@ -488,11 +486,8 @@ impl Shared {
             }
             BreakerState::Open => {
                 let d = self.next_break(slow, from == BreakerState::HalfOpen);
-                // A break too long for the clock never ends (short of a reset).
-                let nanos = now.checked_add(d).map_or(u64::MAX, |until| {
-                    let since = until.saturating_duration_since(self.epoch);
-                    u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
-                });
+                let since = later(now, d).saturating_duration_since(self.epoch);
+                let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
                 self.open_until.store(nanos, Relaxed);
                 Some(d)
             }
@@ -545,6 +540,8 @@ impl Shared {
 
 /// Builds a [`CircuitBreaker`], validating its settings. The defaults and why they are what
 /// they are are in the [module docs](super#defaults).
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct CircuitBreakerBuilder {
     name: Option<Arc<str>>,
     failure_ratio: f64,
@@ -609,19 +606,22 @@ impl CircuitBreakerBuilder {
     }
 
     /// Count a call that took longer than this as a failure, whatever its answer (default off).
+    /// Greater than zero and at most [`MAX_DURATION`](crate::MAX_DURATION).
     pub fn slow_call_threshold(mut self, threshold: Option<Duration>) -> Self {
         self.slow_call = threshold;
         self
     }
 
-    /// The first break (default 5 s).
+    /// The first break (default 5 s). Greater than zero and at most
+    /// [`MAX_DURATION`](crate::MAX_DURATION).
     pub fn break_duration(mut self, duration: Duration) -> Self {
         self.break_duration = duration;
         self
     }
 
     /// Each break after a failed probe lasts `multiplier` times the one before (default 2.0;
-    /// 1.0 for a fixed break), up to `max` (default 60 s).
+    /// 1.0 for a fixed break), up to `max` (default 60 s; at least the first break, at most
+    /// [`MAX_DURATION`](crate::MAX_DURATION)).
     pub fn break_growth(mut self, multiplier: f64, max: Duration) -> Self {
         self.break_multiplier = multiplier;
         self.max_break = max;
@@ -654,6 +654,7 @@ impl CircuitBreakerBuilder {
     /// if its deadline allows, so calls wake together when it ends, some with almost no budget
     /// left; their attempts run out of time whatever the dependency's health, and counting them
     /// would open the breaker again on every probe. Timeouts of the per-try limit always count.
+    /// At most [`MAX_DURATION`](crate::MAX_DURATION).
     pub fn min_timeout_evidence(mut self, given: Duration) -> Self {
         self.min_timeout_evidence = given;
         self
@@ -667,7 +668,19 @@ impl CircuitBreakerBuilder {
     }
 
     /// Validates and builds.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting that is out of its range; a duration (the
+    /// slow-call threshold, the break, the longest break, a time window's length, the least
+    /// time of a timeout that counts) past [`MAX_DURATION`](crate::MAX_DURATION) among them.
     pub fn build(self) -> Result<CircuitBreaker, ConfigError> {
+        self.validate()?;
+        Ok(self.assemble())
+    }
+
+    /// Checks the settings, as [`build`](Self::build) does.
+    fn validate(&self) -> Result<(), ConfigError> {
         let ratio = self.failure_ratio;
         if !(ratio > 0.0 && ratio <= 1.0) {
             return Err(ConfigError::new(
@@ -681,18 +694,10 @@ impl CircuitBreakerBuilder {
                 "must be at least 1 call",
             ));
         }
-        if self.slow_call == Some(Duration::ZERO) {
-            return Err(ConfigError::new(
-                "breaker slow-call threshold",
-                "must be greater than zero",
-            ));
+        if let Some(slow_call) = self.slow_call {
+            ConfigError::positive_at_most_max("breaker slow-call threshold", slow_call)?;
         }
-        if self.break_duration.is_zero() {
-            return Err(ConfigError::new(
-                "breaker break duration",
-                "must be greater than zero",
-            ));
-        }
+        ConfigError::positive_at_most_max("breaker break duration", self.break_duration)?;
         if !(self.break_multiplier >= 1.0 && self.break_multiplier.is_finite()) {
             return Err(ConfigError::new(
                 "breaker break multiplier",
@@ -705,6 +710,7 @@ impl CircuitBreakerBuilder {
                 "must be at least the break duration",
             ));
         }
+        ConfigError::at_most_max("breaker maximum break", self.max_break)?;
         if !(self.jitter >= 0.0 && self.jitter < 1.0) {
             return Err(ConfigError::new(
                 "breaker jitter",
@@ -717,8 +723,11 @@ impl CircuitBreakerBuilder {
                 "must be from 1 to 1000",
             ));
         }
-        let epoch = clock();
-        let window = match self.window {
+        ConfigError::at_most_max(
+            "breaker minimum timeout evidence",
+            self.min_timeout_evidence,
+        )?;
+        match self.window {
             SlidingWindow::Count(0) => {
                 return Err(ConfigError::new(
                     "breaker count window",
@@ -731,7 +740,7 @@ impl CircuitBreakerBuilder {
                     "must not exceed the count window, or the breaker could never open",
                 ))
             }
-            SlidingWindow::Count(n) => Window::count(n),
+            SlidingWindow::Count(_) => {}
             SlidingWindow::Time { length, buckets } => {
                 if buckets == 0 || buckets > 1000 {
                     return Err(ConfigError::new(
@@ -739,20 +748,31 @@ impl CircuitBreakerBuilder {
                         "must be from 1 to 1000",
                     ));
                 }
-                if length < Duration::from_millis(1) * buckets {
+                if length < Duration::from_millis(u64::from(buckets)) {
                     return Err(ConfigError::new(
                         "breaker time window",
                         "must be at least 1 ms per bucket",
                     ));
                 }
-                Window::time(epoch, length, buckets)
+                ConfigError::at_most_max("breaker time window", length)?;
             }
+        }
+        Ok(())
+    }
+
+    /// The breaker of these settings, which the caller has checked (or which are the
+    /// defaults).
+    fn assemble(self) -> CircuitBreaker {
+        let epoch = clock();
+        let window = match self.window {
+            SlidingWindow::Count(n) => Window::count(n),
+            SlidingWindow::Time { length, buckets } => Window::time(epoch, length, buckets),
         };
         let rng = match self.seed {
             Some(seed) => SmallRng::seed_from_u64(seed),
             None => SmallRng::from_os_rng(),
         };
-        Ok(CircuitBreaker {
+        CircuitBreaker {
             shared: Arc::new(Shared {
                 word: AtomicU64::new(CLOSED),
                 open_until: AtomicU64::new(0),
@@ -760,7 +780,7 @@ impl CircuitBreakerBuilder {
                 window,
                 config: Config {
                     name: self.name,
-                    failure_ratio: ratio,
+                    failure_ratio: self.failure_ratio,
                     min_throughput: self.min_throughput,
                     slow_call: self.slow_call,
                     break_duration: self.break_duration,
@@ -773,7 +793,7 @@ impl CircuitBreakerBuilder {
                 slow: Mutex::new(Slow { reopens: 0, rng }),
                 recorder: self.recorder,
             }),
-        })
+        }
     }
 }
 
@@ -801,5 +821,24 @@ impl fmt::Debug for CircuitBreakerBuilder {
             .field("break_duration", &self.break_duration)
             .field("half_open_probes", &self.probes)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults `new` assembles without checking are the ones `build` accepts.
+    #[tokio::test(start_paused = true)]
+    async fn the_defaults_build() {
+        let built = CircuitBreaker::builder().build().unwrap();
+        let new = CircuitBreaker::new();
+        assert_eq!(format!("{built:?}"), format!("{new:?}"));
+        let (b, n) = (&built.shared.config, &new.shared.config);
+        assert_eq!(
+            (b.slow_call, b.max_break, b.jitter, b.min_timeout_evidence),
+            (n.slow_call, n.max_break, n.jitter, n.min_timeout_evidence)
+        );
+        assert_eq!(built.window(), new.window());
     }
 }

@@ -1,38 +1,36 @@
+//! The breaker layer.
+
 use std::fmt;
-use std::task::{Context, Poll};
 
 use tower_layer::Layer;
-use tower_service::Service;
 
 use super::circuit::CircuitBreaker;
-use super::future::ResponseFuture;
-use crate::classify::{Classify, HttpClassifier, MakeClassifier};
-use crate::sync::now as clock;
-use crate::{Error, IntoError};
+use super::Breaker;
+use crate::classify::HttpClassifier;
 
 /// Guards the services it wraps with one [`CircuitBreaker`]: every service the layer makes,
 /// and all their clones, share it. See the [module docs](super).
 #[derive(Clone)]
-pub struct CircuitBreakerLayer<M = HttpClassifier> {
+pub struct BreakerLayer<M = HttpClassifier> {
     breaker: CircuitBreaker,
     classifier: M,
 }
 
-impl CircuitBreakerLayer {
+impl BreakerLayer {
     /// A layer over `breaker`, classifying with [`HttpClassifier`].
     pub fn new(breaker: CircuitBreaker) -> Self {
-        CircuitBreakerLayer {
+        BreakerLayer {
             breaker,
             classifier: HttpClassifier::new(),
         }
     }
 }
 
-impl<M> CircuitBreakerLayer<M> {
+impl<M> BreakerLayer<M> {
     /// Classifies with `classifier` instead: the same classifier as the retry layer's, so that
     /// both agree on what a failure is.
-    pub fn classifier<M2>(self, classifier: M2) -> CircuitBreakerLayer<M2> {
-        CircuitBreakerLayer {
+    pub fn classifier<M2>(self, classifier: M2) -> BreakerLayer<M2> {
+        BreakerLayer {
             breaker: self.breaker,
             classifier,
         }
@@ -44,7 +42,7 @@ impl<M> CircuitBreakerLayer<M> {
     }
 }
 
-impl<S, M: Clone> Layer<S> for CircuitBreakerLayer<M> {
+impl<S, M: Clone> Layer<S> for BreakerLayer<M> {
     type Service = Breaker<S, M>;
 
     fn layer(&self, inner: S) -> Breaker<S, M> {
@@ -56,79 +54,9 @@ impl<S, M: Clone> Layer<S> for CircuitBreakerLayer<M> {
     }
 }
 
-/// The service made by [`CircuitBreakerLayer`].
-///
-/// # Readiness
-///
-/// `poll_ready` is the inner service's, whatever the breaker's state: an open breaker does
-/// not make it pend (a caller waiting for readiness would wait out the whole break, holding
-/// its request). It refuses in `call` instead, at once, without calling the inner service.
-/// A refused call leaves the inner service's readiness unused, for the next call.
-#[derive(Clone)]
-pub struct Breaker<S, M = HttpClassifier> {
-    inner: S,
-    breaker: CircuitBreaker,
-    classifier: M,
-}
-
-impl<S, M> Breaker<S, M> {
-    /// Guards `inner` with `breaker`, classifying with `classifier`.
-    pub fn new(inner: S, breaker: CircuitBreaker, classifier: M) -> Self {
-        Breaker {
-            inner,
-            breaker,
-            classifier,
-        }
-    }
-
-    /// The breaker.
-    pub fn breaker(&self) -> &CircuitBreaker {
-        &self.breaker
-    }
-
-    inner_accessors!();
-}
-
-impl<S, M, Req, T> Service<Req> for Breaker<S, M>
-where
-    S: Service<Req>,
-    S::Error: IntoError<Transport = T>,
-    M: MakeClassifier<Req>,
-    M::Classifier: Classify<S::Response, Error<T>>,
-{
-    type Response = S::Response;
-    type Error = Error<T>;
-    type Future = ResponseFuture<S::Future, M::Classifier>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(IntoError::into_error)
-    }
-
-    fn call(&mut self, req: Req) -> Self::Future {
-        match self.breaker.admit() {
-            Ok(pass) => {
-                let classifier = self.classifier.make_classifier(&req);
-                let started = self.breaker.times_calls().then(clock);
-                let future = self.inner.call(req);
-                ResponseFuture::called(future, classifier, self.breaker.clone(), pass, started)
-            }
-            Err(open) => ResponseFuture::rejected(open),
-        }
-    }
-}
-
-impl<M> fmt::Debug for CircuitBreakerLayer<M> {
+impl<M> fmt::Debug for BreakerLayer<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CircuitBreakerLayer")
-            .field("breaker", &self.breaker)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S: fmt::Debug, M> fmt::Debug for Breaker<S, M> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Breaker")
-            .field("inner", &self.inner)
+        f.debug_struct("BreakerLayer")
             .field("breaker", &self.breaker)
             .finish_non_exhaustive()
     }

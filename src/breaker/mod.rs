@@ -115,7 +115,7 @@
 //!
 //! Right inside a retry layer, the retry layer can keep the breaker itself
 //! ([`RetryLayerBuilder::circuit_breaker`](crate::retry::RetryLayerBuilder::circuit_breaker)):
-//! the same admissions, refusals and counts as a [`CircuitBreakerLayer`] in that place (a
+//! the same admissions, refusals and counts as a [`BreakerLayer`] in that place (a
 //! test drives both with generated scripts and compares them), without the layer, whose
 //! service the retry layer clones for each call and whose future holds a clone of the breaker
 //! until the answer comes. [`client()`](crate::client()) does this unless it hedges; with a
@@ -123,7 +123,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use surely::breaker::{BreakerState, CircuitBreaker, CircuitBreakerLayer, SlidingWindow};
+//! use surely::breaker::{BreakerState, CircuitBreaker, BreakerLayer, SlidingWindow};
 //! use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
 //! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 //!
@@ -137,7 +137,7 @@
 //!     .unwrap();
 //! // A dependency that answers 503 to everything.
 //! let mut client = ServiceBuilder::new()
-//!     .layer(CircuitBreakerLayer::new(breaker.clone()))
+//!     .layer(BreakerLayer::new(breaker.clone()))
 //!     .service(service_fn(|_req: http::Request<()>| async {
 //!         Ok::<_, std::io::Error>(http::Response::builder().status(503).body(()).unwrap())
 //!     }));
@@ -163,15 +163,17 @@
 //! path, and its refusal carries the time to come back, which the retry layer obeys.
 
 mod circuit;
-mod future;
+pub mod future;
 mod layer;
+mod service;
 mod window;
 
 use std::time::Duration;
 
 pub(crate) use self::circuit::{health, Pass};
 pub use self::circuit::{CircuitBreaker, CircuitBreakerBuilder, SlidingWindow};
-pub use self::layer::{Breaker, CircuitBreakerLayer};
+pub use self::layer::BreakerLayer;
+pub use self::service::Breaker;
 pub use self::window::WindowCounts;
 pub use crate::error::BreakerState;
 pub use crate::error::CircuitOpen;

@@ -123,13 +123,13 @@ use std::sync::Arc;
 
 use crate::classify::AttemptClass;
 
-mod error;
+pub(crate) mod lend;
 mod ratio;
 mod token_bucket;
 
-pub use self::error::BudgetExhausted;
 pub use self::ratio::{RatioBudget, RatioBudgetBuilder};
-pub use self::token_bucket::TokenBucket;
+pub use self::token_bucket::{TokenBucket, TokenBucketBuilder};
+pub use crate::error::BudgetExhausted;
 
 /// Budgets keep amounts in thousandths of a retry (or a token).
 const MILLI: i64 = 1000;

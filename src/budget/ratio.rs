@@ -187,8 +187,14 @@ pub struct RatioBudget {
 }
 
 impl RatioBudget {
-    /// Starts a budget with the defaults: ratio 0.1 (10% of first attempts), window 10 s,
-    /// reserve 10 retries a second (Finagle's and tower's window and reserve).
+    /// A budget with the defaults: 10% of first attempts over a 10 s window, plus a reserve of
+    /// 10 retries a second (Finagle's and tower's window and reserve).
+    pub fn new() -> Self {
+        RatioBudget::from_valid(DEFAULT_RATIO, DEFAULT_TTL, DEFAULT_MIN_PER_SEC)
+    }
+
+    /// Starts a budget with [`new`](Self::new)'s settings: ratio 0.1 (10% of first attempts),
+    /// window 10 s, reserve 10 retries a second.
     pub fn builder() -> RatioBudgetBuilder {
         RatioBudgetBuilder {
             ratio: DEFAULT_RATIO,
@@ -420,7 +426,7 @@ impl RatioBudget {
                 (Some(now.max(last.epoch)), next)
             } else {
                 // `last.epoch < now_tag <= now`: it is the full epoch, not a saturated one.
-                let into = (now - last.epoch < RING).then_some(last.epoch);
+                let into = (now.saturating_sub(last.epoch) < RING).then_some(last.epoch);
                 let next = Pending {
                     epoch: now_tag,
                     batch: false,
@@ -544,10 +550,9 @@ impl RetryBudget for RatioBudget {
 }
 
 impl Default for RatioBudget {
-    /// The defaults of [`RatioBudget::builder`]: 10% of first attempts over 10 s, plus 10
-    /// retries a second.
+    /// [`RatioBudget::new`]: 10% of first attempts over 10 s, plus 10 retries a second.
     fn default() -> Self {
-        RatioBudget::from_valid(DEFAULT_RATIO, DEFAULT_TTL, DEFAULT_MIN_PER_SEC)
+        RatioBudget::new()
     }
 }
 
@@ -667,6 +672,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The defaults `new` assembles without checking are the ones `build` accepts.
+    #[tokio::test(start_paused = true)]
+    async fn the_defaults_build() {
+        let built = RatioBudget::builder().build().unwrap();
+        let new = RatioBudget::new();
+        assert_eq!(
+            (
+                built.ratio(),
+                built.ttl(),
+                built.min_per_sec(),
+                built.available()
+            ),
+            (new.ratio(), new.ttl(), new.min_per_sec(), new.available())
+        );
     }
 
     #[test]

@@ -51,7 +51,7 @@ const DEFAULT_TOKEN_RATIO_MILLI: u64 = 100;
 /// use surely::budget::{RetryBudget, TokenBucket};
 /// use surely::classify::AttemptClass;
 ///
-/// let bucket = TokenBucket::new(10, 0.5)?;
+/// let bucket = TokenBucket::builder().max_tokens(10).token_ratio(0.5).build()?;
 /// assert!(bucket.withdraw().is_ok());
 /// // Five health failures take the bucket from 10 to 5 tokens: not more than half, so no retries.
 /// for _ in 0..5 {
@@ -78,41 +78,19 @@ pub struct TokenBucket {
 }
 
 impl TokenBucket {
-    /// A full bucket of `max_tokens` tokens, refilled by `token_ratio` tokens per success.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] if `max_tokens` is not from 1 to 1000 (gRPC's range), or
-    /// `token_ratio` is not a finite number from 0.001 to `max_tokens`. Like gRPC, the ratio is
-    /// kept to three decimal places (rounding down), so a ratio below 0.001 is rejected.
-    ///
-    /// ```
-    /// use surely::budget::TokenBucket;
-    ///
-    /// let err = TokenBucket::new(0, 0.1).unwrap_err();
-    /// assert_eq!(err.to_string(), "invalid retry token bucket max_tokens: must be between 1 and 1000");
-    /// assert!(TokenBucket::new(10, f64::INFINITY).is_err());
-    /// ```
-    pub fn new(max_tokens: u32, token_ratio: f64) -> Result<Self, ConfigError> {
-        const RATIO: &str = "retry token bucket token_ratio";
-        if !(1..=1000).contains(&max_tokens) {
-            return Err(ConfigError::new(
-                "retry token bucket max_tokens",
-                "must be between 1 and 1000",
-            ));
+    /// A full bucket with the defaults: 10 tokens, refilled by 0.1 per success, the example of
+    /// gRPC's retry design (A6). Five health failures more than successes can pay for stop
+    /// retries; ten successes pay for one failure.
+    pub fn new() -> Self {
+        TokenBucket::from_valid(DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_RATIO_MILLI)
+    }
+
+    /// A builder, starting from [`new`](Self::new)'s settings.
+    pub fn builder() -> TokenBucketBuilder {
+        TokenBucketBuilder {
+            max_tokens: DEFAULT_MAX_TOKENS,
+            token_ratio: DEFAULT_TOKEN_RATIO_MILLI as f64 / MILLI as f64,
         }
-        if !token_ratio.is_finite() {
-            return Err(ConfigError::new(RATIO, "must be a finite number"));
-        }
-        if token_ratio > f64::from(max_tokens) {
-            return Err(ConfigError::new(RATIO, "must not exceed max_tokens"));
-        }
-        // Finite and at most 1000, so at most 1_000_000 after scaling.
-        let ratio = to_milli(token_ratio.max(0.0)) as u64;
-        if ratio == 0 {
-            return Err(ConfigError::new(RATIO, "must be at least 0.001"));
-        }
-        Ok(TokenBucket::from_valid(max_tokens, ratio))
     }
 
     fn from_valid(max_tokens: u32, ratio: u64) -> Self {
@@ -184,11 +162,72 @@ impl RetryBudget for TokenBucket {
 }
 
 impl Default for TokenBucket {
-    /// 10 tokens, refilled by 0.1 per success: the example of gRPC's retry design (A6). Five
-    /// health failures more than successes can pay for stop retries; ten successes pay for one
-    /// failure.
+    /// [`TokenBucket::new`]: 10 tokens, refilled by 0.1 per success.
     fn default() -> Self {
-        TokenBucket::from_valid(DEFAULT_MAX_TOKENS, DEFAULT_TOKEN_RATIO_MILLI)
+        TokenBucket::new()
+    }
+}
+
+/// Builds a [`TokenBucket`]; made by [`TokenBucket::builder`]. Nothing is checked until
+/// [`build`](TokenBucketBuilder::build), which returns an error rather than panicking.
+#[derive(Clone, Copy, Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct TokenBucketBuilder {
+    max_tokens: u32,
+    token_ratio: f64,
+}
+
+impl TokenBucketBuilder {
+    /// The capacity of the bucket, which starts full: from 1 to 1000 (gRPC's range). Default:
+    /// 10.
+    pub fn max_tokens(mut self, max_tokens: u32) -> Self {
+        self.max_tokens = max_tokens;
+        self
+    }
+
+    /// The tokens each success puts back: a finite number from 0.001 to `max_tokens`. Default:
+    /// 0.1. Like gRPC, it is kept to three decimal places (rounding down), so a ratio below
+    /// 0.001 is refused.
+    pub fn token_ratio(mut self, token_ratio: f64) -> Self {
+        self.token_ratio = token_ratio;
+        self
+    }
+
+    /// Validates the configuration.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] if `max_tokens` is not from 1 to 1000, or `token_ratio` is not a
+    /// finite number from 0.001 to `max_tokens`.
+    ///
+    /// ```
+    /// use surely::budget::TokenBucket;
+    ///
+    /// let err = TokenBucket::builder().max_tokens(0).build().unwrap_err();
+    /// assert_eq!(err.to_string(), "invalid retry token bucket max_tokens: must be between 1 and 1000");
+    /// assert!(TokenBucket::builder().token_ratio(f64::INFINITY).build().is_err());
+    /// ```
+    pub fn build(self) -> Result<TokenBucket, ConfigError> {
+        const RATIO: &str = "retry token bucket token_ratio";
+        let (max_tokens, token_ratio) = (self.max_tokens, self.token_ratio);
+        if !(1..=1000).contains(&max_tokens) {
+            return Err(ConfigError::new(
+                "retry token bucket max_tokens",
+                "must be between 1 and 1000",
+            ));
+        }
+        if !token_ratio.is_finite() {
+            return Err(ConfigError::new(RATIO, "must be a finite number"));
+        }
+        if token_ratio > f64::from(max_tokens) {
+            return Err(ConfigError::new(RATIO, "must not exceed max_tokens"));
+        }
+        // Finite and at most 1000, so at most 1_000_000 after scaling.
+        let ratio = to_milli(token_ratio.max(0.0)) as u64;
+        if ratio == 0 {
+            return Err(ConfigError::new(RATIO, "must be at least 0.001"));
+        }
+        Ok(TokenBucket::from_valid(max_tokens, ratio))
     }
 }
 
@@ -199,5 +238,21 @@ impl fmt::Debug for TokenBucket {
             .field("token_ratio", &self.token_ratio())
             .field("tokens", &self.tokens())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults `new` assembles without checking are the ones `build` accepts.
+    #[test]
+    fn the_defaults_build() {
+        let built = TokenBucket::builder().build().unwrap();
+        let new = TokenBucket::new();
+        assert_eq!(
+            (built.max_tokens(), built.token_ratio(), built.tokens()),
+            (new.max_tokens(), new.token_ratio(), new.tokens())
+        );
     }
 }

@@ -157,7 +157,7 @@ use crate::backoff::{Backoff, Jitter};
 use crate::breaker::{CircuitBreaker, CircuitBreakerBuilder, SlidingWindow};
 use crate::budget::{RatioBudget, RetryBudget, TokenBucket};
 use crate::client::ClientBuilder;
-use crate::deadline::DeadlineLayer;
+use crate::deadline::SetDeadlineLayer;
 use crate::hedge::{HedgeDelay, HedgeLayer, HedgeLayerBuilder};
 use crate::record::WatchTrailersLayer;
 use crate::retry::{RetryLayer, RetryLayerBuilder};
@@ -455,6 +455,9 @@ impl ClientConfig {
                 ("hedge delay percentile", "hedge.percentile"),
                 ("hedge delay window", "hedge.window"),
                 ("hedge delay minimum samples", "hedge.min_samples"),
+                ("hedge delay", "hedge.delay"),
+                ("hedge delay fallback", "hedge.fallback"),
+                ("hedge minimum attempt time", "hedge.min_attempt_time"),
             ]))?;
         let builder = self.apply_layers(builder)?;
         Ok(builder.hedge(hedge.settle(HedgeLayer::builder())?))
@@ -466,16 +469,23 @@ impl ClientConfig {
         mut builder: ClientBuilder<R, M, Z, K, P, H, CircuitBreaker, W>,
     ) -> Result<ClientBuilder<R, M, Z, K, P, H, CircuitBreaker, W>, ConfigError> {
         if let Some(timeout) = self.timeout {
-            DeadlineLayer::new(timeout).map_err(of_field(&[("deadline timeout", "timeout")]))?;
+            SetDeadlineLayer::builder()
+                .timeout(timeout)
+                .build()
+                .map_err(of_field(&[("deadline timeout", "timeout")]))?;
             builder = builder.timeout(timeout);
         }
         if let Some(per_try) = self.per_try_timeout {
-            AttemptTimeoutLayer::new(per_try)
+            AttemptTimeoutLayer::builder()
+                .per_try(per_try)
+                .build()
                 .map_err(of_field(&[("attempt timeout", "per_try_timeout")]))?;
             builder = builder.per_try_timeout(per_try);
         }
         if let Some(idle) = self.body_idle_timeout {
-            BodyIdleTimeoutLayer::new(idle)
+            BodyIdleTimeoutLayer::builder()
+                .idle(idle)
+                .build()
                 .map_err(of_field(&[("body idle timeout", "body_idle_timeout")]))?;
             builder = W::body_idle_timeout(builder, idle)?;
         }
@@ -494,7 +504,13 @@ impl ClientConfig {
         self.retry
             .settle(RetryLayer::builder(), backoff.clone())
             .build()
-            .map_err(of_field(&[("retry attempt limit", "retry.max_attempts")]))?;
+            .map_err(of_field(&[
+                ("retry attempt limit", "retry.max_attempts"),
+                ("retry max pushback", "retry.max_pushback"),
+                ("retry minimum attempt time", "retry.min_attempt_time"),
+                ("retry backoff base delay", "retry.backoff.base"),
+                ("retry backoff cap", "retry.backoff.max"),
+            ]))?;
         builder = builder.retry(|retry| self.retry.settle(retry, backoff));
         if let Some(breaker) = self.breaker.build()? {
             builder = builder.breaker(breaker);
@@ -504,11 +520,11 @@ impl ClientConfig {
 }
 
 /// The key slot and the watch slot of a [`ClientBuilder`] that a [`ClientConfig`] applies to:
-/// the presets' [`IdempotencyKeyLayer`] or none, and the layers around the transport. Public in
+/// the presets' [`SetIdempotencyKeyLayer`] or none, and the layers around the transport. Public in
 /// a private module, so that the bounds can name them and users cannot.
 mod slots {
     use super::*;
-    use crate::idempotency::IdempotencyKeyLayer;
+    use crate::idempotency::SetIdempotencyKeyLayer;
 
     /// What `server_honours_keys = true` does to a builder with this key slot.
     pub trait KeySlot: Sized {
@@ -519,7 +535,7 @@ mod slots {
         ) -> Result<ClientBuilder<R, M, Z, Self, P, H, B, W>, ConfigError>;
     }
 
-    impl<Q> KeySlot for IdempotencyKeyLayer<Q> {
+    impl<Q> KeySlot for SetIdempotencyKeyLayer<Q> {
         fn server_honours_keys<R, M, Z, P, H, B, W>(
             builder: ClientBuilder<R, M, Z, Self, P, H, B, W>,
         ) -> Result<ClientBuilder<R, M, Z, Self, P, H, B, W>, ConfigError> {
@@ -695,10 +711,14 @@ impl BudgetConfig {
                     };
                     return Err(ConfigError::new(missing, "is needed for a token bucket"));
                 };
-                let bucket = TokenBucket::new(max_tokens, token_ratio).map_err(of_field(&[
-                    ("retry token bucket max_tokens", "budget.max_tokens"),
-                    ("retry token bucket token_ratio", "budget.token_ratio"),
-                ]))?;
+                let bucket = TokenBucket::builder()
+                    .max_tokens(max_tokens)
+                    .token_ratio(token_ratio)
+                    .build()
+                    .map_err(of_field(&[
+                        ("retry token bucket max_tokens", "budget.max_tokens"),
+                        ("retry token bucket token_ratio", "budget.token_ratio"),
+                    ]))?;
                 Ok(Budget::Given(Arc::new(bucket)))
             }
             BudgetKind::None => {
@@ -763,6 +783,10 @@ impl BreakerConfig {
             ("breaker count window", "breaker.window.calls"),
             ("breaker time window buckets", "breaker.window.buckets"),
             ("breaker time window", "breaker.window.length"),
+            (
+                "breaker minimum timeout evidence",
+                "breaker.min_timeout_evidence",
+            ),
         ]))
     }
 }

@@ -356,12 +356,20 @@ const CENTURY_NANOS: u64 = 100 * 365 * 24 * 3600 * 1_000_000_000;
 #[inline]
 fn pack_instant(at: Instant) -> u64 {
     let since = at.into_std().saturating_duration_since(epoch());
-    1 + saturating_nanos(since).min(CENTURY_NANOS)
+    saturating_nanos(since).min(CENTURY_NANOS).saturating_add(1)
 }
 
 #[inline]
 fn unpack_instant(packed: u64) -> Instant {
-    Instant::from_std(epoch() + Duration::from_nanos(packed - 1))
+    let (epoch, since) = (
+        Instant::from_std(epoch()),
+        Duration::from_nanos(packed.saturating_sub(1)),
+    );
+    // At most a century after the epoch (`pack_instant` clamps), which the clock holds; were
+    // it not to, the far future of `time::later` still lies ahead.
+    epoch
+        .checked_add(since)
+        .unwrap_or_else(|| crate::time::later(epoch, since))
 }
 
 #[inline]
@@ -526,6 +534,39 @@ pub(crate) fn as_hedge<R>(f: impl FnOnce() -> R) -> R {
     }
     let _restore = Restore(HEDGE_MARK.with(|m| m.replace(true)));
     f()
+}
+
+thread_local! {
+    /// The lender of the attempt being made: the id of the retry budget of the retry layer
+    /// whose inner `call` runs now (0 for none), so that a hedge layer inside that was given no
+    /// budget of its own pays from the retry layer's. An id, not the budget, so that lending
+    /// costs a retry layer two stores and no reference count.
+    static LENDER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Lends the budget registered as `lender` to the inner `call`s made while the returned guard
+/// lives; the lender before is back when it is dropped.
+#[inline]
+pub(crate) fn lend(lender: u64) -> Lending {
+    Lending(LENDER.with(|c| c.replace(lender)))
+}
+
+/// The lender before a [`lend`], put back when dropped (also on unwind).
+pub(crate) struct Lending(u64);
+
+impl Drop for Lending {
+    #[inline]
+    fn drop(&mut self) {
+        let before = self.0;
+        LENDER.with(|c| c.set(before));
+    }
+}
+
+/// The id of the budget a retry layer around the `call` running now lends its attempts; 0 for
+/// none. Taken: a client nested inside the attempt does not see it.
+#[inline]
+pub(crate) fn take_lender() -> u64 {
+    LENDER.with(|c| c.replace(0))
 }
 
 thread_local! {

@@ -4,7 +4,7 @@
 //! logical call, retries and all, stops being useful to the caller. `surely` keeps one absolute
 //! [`Deadline`] per call and hands it down:
 //!
-//! * **in the process**: the client [`DeadlineLayer`] makes the call's deadline the *current* one
+//! * **in the process**: the client [`SetDeadlineLayer`] makes the call's deadline the *current* one
 //!   while its inner service is called and polled, so inner layers (attempt timeout, retry) and
 //!   any client stack called further down see it with no plumbing. A caller may also put a
 //!   [`Deadline`] in an `http::Request`'s extensions; the earlier one always wins;
@@ -34,7 +34,7 @@
 //! [`DeadlineExceeded`]. When an
 //! [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer) is inside, as in the canonical
 //! stack, its timer ends the attempt by the deadline and the deadline layer arms none; see
-//! `DeadlineLayer`'s type parameter ([`OwnTimer`] or [`AttemptTimers`]) for where the deadline
+//! `SetDeadlineLayer`'s type parameter ([`OwnTimer`] or [`AttemptTimers`]) for where the deadline
 //! layer's own timer lives when it needs one.
 //!
 //! The current context is held per thread and set only while the layers' synchronous code runs
@@ -49,7 +49,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use surely::deadline::{Deadline, DeadlineLayer};
+//! use surely::deadline::{Deadline, SetDeadlineLayer};
 //! use tower::{service_fn, Layer, Service, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -60,7 +60,7 @@
 //!     assert!(surely::deadline::current().is_some());
 //!     Ok::<_, std::io::Error>(header)
 //! });
-//! let layer = DeadlineLayer::builder().timeout(Duration::from_secs(2)).build().unwrap();
+//! let layer = SetDeadlineLayer::builder().timeout(Duration::from_secs(2)).build().unwrap();
 //! let mut svc = layer.layer(inner);
 //! let header = svc.ready().await.unwrap().call(http::Request::new(())).await.unwrap();
 //! assert!(header.parse::<u64>().unwrap() <= 2_000);
@@ -72,21 +72,23 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-mod client;
-pub use crate::error::DeadlineExceeded;
-
-pub use crate::time::{codec, Deadline};
+pub mod future;
+mod layer;
+mod service;
 mod timer;
 
-pub use self::client::{DeadlineLayer, DeadlineLayerBuilder, WithDeadline};
+pub use self::layer::{SetDeadlineLayer, SetDeadlineLayerBuilder};
+pub use self::service::SetDeadline;
 pub use self::timer::{AttemptTimers, OwnTimer};
+pub use crate::error::DeadlineExceeded;
+pub use crate::time::{codec, Deadline};
 
 use crate::context::{CallDeadline, Context};
 
 use crate::headers::DEFAULT_HEADER;
 
 /// A request extension: the header, other than [`DEFAULT_HEADER`], into which a client
-/// [`DeadlineLayer`] wrote the call's budget, so that a retry layer inside can lower it on each
+/// [`SetDeadlineLayer`] wrote the call's budget, so that a retry layer inside can lower it on each
 /// retry as it does the default one.
 #[derive(Clone, Debug)]
 pub(crate) struct WireHeader(pub(crate) http::HeaderName);

@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 
 use tokio::time::{Instant, Sleep};
 
-/// How a [`DeadlineLayer`](super::DeadlineLayer) ends a call that is still waiting at its
+/// How a [`SetDeadlineLayer`](super::SetDeadlineLayer) ends a call that is still waiting at its
 /// deadline. Sealed: [`OwnTimer`] and [`AttemptTimers`] are the two ways.
 ///
 /// Both arm no timer for a call that answers on its first poll, and none while an
@@ -30,7 +30,7 @@ pub struct OwnTimer;
 ///
 /// ```
 /// use std::time::Duration;
-/// use surely::deadline::DeadlineLayer;
+/// use surely::deadline::SetDeadlineLayer;
 /// use surely::timeout::AttemptTimeoutLayer;
 /// use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 ///
@@ -41,13 +41,13 @@ pub struct OwnTimer;
 /// });
 /// let mut client = ServiceBuilder::new()
 ///     .layer(
-///         DeadlineLayer::builder()
+///         SetDeadlineLayer::builder()
 ///             .timeout(Duration::from_secs(2))
 ///             .enforce_in_attempts()
 ///             .build()
 ///             .unwrap(),
 ///     )
-///     .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)).unwrap())
+///     .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)))
 ///     .service(hangs);
 ///
 /// let err = client.ready().await.unwrap().call(http::Request::new(())).await.unwrap_err();

@@ -22,7 +22,7 @@ use crate::pushback::Pushback;
 /// [`Pushback::Stop`] (an isolated one) or none (half-open: the backoff decides).
 ///
 /// ```
-/// use surely::breaker::{BreakerState, CircuitBreaker, CircuitBreakerLayer};
+/// use surely::breaker::{BreakerState, CircuitBreaker, BreakerLayer};
 /// use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
 /// use surely::pushback::Pushback;
 /// use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
@@ -30,7 +30,7 @@ use crate::pushback::Pushback;
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 /// let breaker = CircuitBreaker::new();
 /// let mut client = ServiceBuilder::new()
-///     .layer(CircuitBreakerLayer::new(breaker.clone()))
+///     .layer(BreakerLayer::new(breaker.clone()))
 ///     .service(service_fn(|_req: http::Request<()>| async {
 ///         Ok::<_, std::io::Error>(http::Response::new(()))
 ///     }));

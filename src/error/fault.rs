@@ -6,7 +6,7 @@ use http::StatusCode;
 
 use crate::classify::DeliveryPhase;
 
-/// The error a [`FaultService`](crate::fault::FaultService) returns for an injected failure.
+/// The error an [`InjectFault`](crate::fault::InjectFault) returns for an injected failure.
 ///
 /// Its [`phase`](InjectedFault::phase) is what the classifiers read:
 /// [`RefuseBeforeSend`](crate::fault::Fault::RefuseBeforeSend) fails
@@ -25,13 +25,13 @@ use crate::classify::DeliveryPhase;
 /// ```
 /// use std::convert::Infallible;
 /// use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
-/// use surely::fault::{Fault, FaultLayer};
+/// use surely::fault::{Fault, InjectFaultLayer};
 /// use tower::{Service, ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let mut svc = ServiceBuilder::new()
-///     .layer(FaultLayer::new(|_: &http::Request<()>| Some(Fault::ResetAfterSend)))
+///     .layer(InjectFaultLayer::new(|_: &http::Request<()>| Some(Fault::ResetAfterSend)))
 ///     .service_fn(|_req| async { Ok::<_, Infallible>(http::Response::new(String::new())) });
 ///
 /// let req = http::Request::post("/orders").body(()).unwrap();

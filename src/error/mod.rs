@@ -1,18 +1,22 @@
 //! The crate's error type.
 
 mod breaker;
+mod budget;
 mod classify;
 mod deadline;
 mod fault;
 mod journal;
 mod outcome;
+mod replay;
 mod timeout;
 
 pub use self::breaker::{BreakerState, CircuitOpen};
+pub use self::budget::BudgetExhausted;
 pub(crate) use self::classify::classify_dyn as error_chain;
 pub use self::deadline::DeadlineExceeded;
 pub use self::fault::InjectedFault;
 pub use self::journal::JournalError;
+pub use self::replay::BodyNotReplayable;
 pub use self::timeout::{BodyIdle, Elapsed};
 
 use std::fmt;
@@ -543,9 +547,9 @@ transport_errors!(
 ///
 /// ```
 /// use std::time::Duration;
-/// use surely::deadline::DeadlineLayer;
+/// use surely::deadline::SetDeadlineLayer;
 ///
-/// let err = DeadlineLayer::builder().timeout(Duration::ZERO).build().unwrap_err();
+/// let err = SetDeadlineLayer::builder().timeout(Duration::ZERO).build().unwrap_err();
 /// assert_eq!(err.to_string(), "invalid deadline timeout: must be greater than zero");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

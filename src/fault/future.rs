@@ -1,4 +1,4 @@
-//! The [`FaultService`](super::FaultService)'s response future.
+//! The [`InjectFault`](super::InjectFault)'s response future.
 
 use std::fmt;
 use std::future::Future;
@@ -18,7 +18,7 @@ use crate::{Error, IntoError};
 const POLLED_AFTER_COMPLETION: &str = "fault::ResponseFuture polled after completion";
 
 pin_project! {
-    /// The response future of [`FaultService`](super::FaultService): the inner service's
+    /// The response future of [`InjectFault`](super::InjectFault): the inner service's
     /// future, delayed, replaced or thrown away as the request's fault says.
     ///
     /// # Panics

@@ -15,7 +15,7 @@
 //! * **Answered, badly**: the server says no (503 with `Retry-After` from an overloaded
 //!   upstream, 429, a 502 or 504 from a gateway). The status and the pushback decide.
 //!
-//! A [`FaultLayer`] wraps the real service (a transport, or a server's handler) and, for the
+//! An [`InjectFaultLayer`] wraps the real service (a transport, or a server's handler) and, for the
 //! requests its [`FaultPolicy`] picks, injects one [`Fault`]. The real service still runs
 //! where the fault says so, so "lost after commit" really commits, and a test can check that
 //! the order exists while the caller was told nothing:
@@ -40,7 +40,7 @@
 //! use std::sync::Arc;
 //!
 //! use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
-//! use surely::fault::{Fault, FaultLayer, Schedule};
+//! use surely::fault::{Fault, InjectFaultLayer, Schedule};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -49,7 +49,7 @@
 //! let store = orders.clone();
 //! // The first request commits, then loses its reply.
 //! let mut svc = ServiceBuilder::new()
-//!     .layer(FaultLayer::new(Schedule::new().at(0, Fault::ResetAfterSend)))
+//!     .layer(InjectFaultLayer::new(Schedule::new().at(0, Fault::ResetAfterSend)))
 //!     .service_fn(move |_req: http::Request<()>| {
 //!         let store = store.clone();
 //!         async move {
@@ -81,14 +81,14 @@
 //!
 //! # Requests and responses
 //!
-//! Requests are read through [`Envelope`], for the [`Fault`] extension: every
+//! Requests are read through [`Envelope`](crate::Envelope), for the [`Fault`] extension: every
 //! `http::Request` is one, and a request type of your own becomes one with
 //! `impl Envelope for MyRequest {}` (it then has no extensions, and only the policy decides).
 //!
 //! The [`Respond`](Fault::Respond) faults make up a response. By default ([`EmptyBody`]) that
 //! works for any `http::Response<B>` whose body type has a `Default`. For other response types
 //! (a non-HTTP service, or a hyper client's `Response<Incoming>`, which cannot be built outside
-//! hyper) choose [`NoResponse`] or a closure with [`FaultLayer::responses`]; every other fault
+//! hyper) choose [`NoResponse`] or a closure with [`InjectFaultLayer::responses`]; every other fault
 //! works the same.
 //!
 //! # On the server side
@@ -108,7 +108,7 @@
 //! use hyper::body::Incoming;
 //! use hyper_util::rt::TokioIo;
 //! use hyper_util::service::TowerToHyperService;
-//! use surely::fault::{Fault, FaultLayer, Schedule};
+//! use surely::fault::{Fault, InjectFaultLayer, Schedule};
 //! use tower::ServiceBuilder;
 //!
 //! async fn handler(_req: http::Request<Incoming>) -> Result<http::Response<Full<Bytes>>, Infallible> {
@@ -123,7 +123,7 @@
 //!     loop {
 //!         let (stream, _) = listener.accept().await?;
 //!         let svc = ServiceBuilder::new()
-//!             .layer(FaultLayer::new(faults.clone()))
+//!             .layer(InjectFaultLayer::new(faults.clone()))
 //!             .service_fn(handler);
 //!         tokio::spawn(
 //!             hyper::server::conn::http1::Builder::new()
@@ -143,26 +143,19 @@
 //! work was done, with [`ResetAfterSend`](Fault::ResetAfterSend) the work is done, and the test
 //! can look for its effect.
 
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tower_service::Service;
-
-use crate::classify::DeliveryPhase;
-use crate::delivery::Progress;
-use crate::{Envelope, Error, IntoError};
-
-mod future;
+pub mod future;
 mod layer;
 mod policy;
 mod reply;
+mod service;
 
-pub use self::layer::FaultLayer;
+pub use self::layer::InjectFaultLayer;
 pub use self::policy::{FaultPolicy, Schedule, Seeded};
 pub use self::reply::{EmptyBody, MakeResponse, NoResponse, Reply};
+pub use self::service::InjectFault;
 pub use crate::error::InjectedFault;
-
-use self::future::{ResponseFuture, Then};
 
 /// What to do to one request. No fault (`None` where an `Option<Fault>` is expected) passes the
 /// request through untouched.
@@ -174,12 +167,12 @@ use self::future::{ResponseFuture, Then};
 #[non_exhaustive]
 pub enum Fault {
     /// Fails at once with an [`InjectedFault`] whose phase is
-    /// [`NotSent`](DeliveryPhase::NotSent), without calling the inner service: a refused
+    /// [`NotSent`](crate::classify::DeliveryPhase::NotSent), without calling the inner service: a refused
     /// connection, classified [`Rejected`](crate::classify::AttemptClass::Rejected).
     RefuseBeforeSend,
     /// Calls the inner service and lets its future complete, so the side effect happens; then
     /// drops its response (or error) and fails with an [`InjectedFault`] whose phase is
-    /// [`Sent`](DeliveryPhase::Sent): the reply lost after commit, classified
+    /// [`Sent`](crate::classify::DeliveryPhase::Sent): the reply lost after commit, classified
     /// [`MaybeCommitted`](crate::classify::AttemptClass::MaybeCommitted).
     ResetAfterSend,
     /// Waits this long (`tokio::time::sleep`, so paused time in tests), then lets the inner
@@ -190,15 +183,15 @@ pub enum Fault {
     /// future waits. For the usual lazy futures (hyper-util's client, `async` handlers,
     /// `service_fn`) nothing is done before the wait ends; a service that starts work inside
     /// `call` itself (tower's `Buffer`, and so tonic's `Channel`) sends the request at once, and
-    /// only its answer is late. The request's [`Progress`] handle,
-    /// if it has one, is left alone: it still says [`NotSent`](DeliveryPhase::NotSent) during
+    /// only its answer is late. The request's [`Progress`](crate::delivery::Progress) handle,
+    /// if it has one, is left alone: it still says [`NotSent`](crate::classify::DeliveryPhase::NotSent) during
     /// the wait, so an attempt timeout that fires then is rightly classified as not sent.
     Delay(Duration),
     /// Lets the inner service's future run at once and complete, then holds its result back
     /// this long: a slow answer after the effect committed. A timeout that fires during the
     /// wait is a timeout after commit; so that an attempt timeout classifies it so even over a
-    /// fake transport that marks nothing, the request's [`Progress`]
-    /// handle, if it has one, is marked [`Sent`](DeliveryPhase::Sent) when the inner service
+    /// fake transport that marks nothing, the request's [`Progress`](crate::delivery::Progress)
+    /// handle, if it has one, is marked [`Sent`](crate::classify::DeliveryPhase::Sent) when the inner service
     /// answers.
     DelayReply(Duration),
     /// Answers with this reply without calling the inner service: an overloaded upstream's
@@ -211,116 +204,4 @@ pub enum Fault {
     /// committed. If the layer's [`MakeResponse`] cannot build the reply, the request fails as
     /// with [`ResetAfterSend`](Fault::ResetAfterSend).
     RespondAfterSend(Reply),
-}
-
-/// Injects the [`Fault`]s its [`FaultPolicy`] chooses into the requests of the service it
-/// wraps. Made by [`FaultLayer`]; see the [module docs](self).
-///
-/// Its error is the crate's [`Error`], over the inner service's transport error: the inner
-/// service's errors pass through as they are, and injected failures are
-/// [`Error::injected`](crate::Error::injected).
-///
-/// # Readiness
-///
-/// `poll_ready` is the inner service's, and every `call` is one `call` of the inner service
-/// except for the faults that do not reach it ([`RefuseBeforeSend`](Fault::RefuseBeforeSend)
-/// and [`Respond`](Fault::Respond)). Those still consumed the readiness the caller obtained:
-/// whatever the inner service reserved for that call (a concurrency permit, a buffer slot)
-/// stays reserved, unused, and serves the next request, as for any tower service that is
-/// polled ready and then not called. The inner service is not cloned, so it need not be
-/// `Clone`.
-#[derive(Clone, Debug)]
-pub struct FaultService<S, P, M = EmptyBody> {
-    inner: S,
-    policy: P,
-    make_response: M,
-}
-
-impl<S, P> FaultService<S, P> {
-    /// Wraps `inner`, asking `policy` which fault each request gets, and building the
-    /// responses of [`Respond`](Fault::Respond) faults with [`EmptyBody`].
-    pub fn new(inner: S, policy: P) -> Self {
-        FaultService {
-            inner,
-            policy,
-            make_response: EmptyBody,
-        }
-    }
-}
-
-impl<S, P, M> FaultService<S, P, M> {
-    /// This service, building the responses of [`Respond`](Fault::Respond) and
-    /// [`RespondAfterSend`](Fault::RespondAfterSend) faults with `make_response` instead.
-    pub fn responses<M2>(self, make_response: M2) -> FaultService<S, P, M2> {
-        FaultService {
-            inner: self.inner,
-            policy: self.policy,
-            make_response,
-        }
-    }
-
-    /// The policy.
-    pub fn policy(&self) -> &P {
-        &self.policy
-    }
-
-    inner_accessors!();
-}
-
-impl<S, P, M, Req> Service<Req> for FaultService<S, P, M>
-where
-    S: Service<Req>,
-    S::Error: IntoError,
-    P: FaultPolicy<Req>,
-    M: MakeResponse<S::Response>,
-    Req: Envelope,
-{
-    type Response = S::Response;
-    type Error = Error<<S::Error as IntoError>::Transport>;
-    type Future = ResponseFuture<S::Future, S::Response, <S::Error as IntoError>::Transport>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(IntoError::into_error)
-    }
-
-    fn call(&mut self, req: Req) -> Self::Future {
-        // The policy is asked for every request, so that its counters and draws follow the
-        // request order even when a request brings its own fault.
-        let chosen = self.policy.fault(&req);
-        let fault = match req.extensions().and_then(|e| e.get::<Fault>()) {
-            Some(own) => Some(own.clone()),
-            None => chosen,
-        };
-        let Some(fault) = fault else {
-            return ResponseFuture::call(self.inner.call(req), Then::Pass);
-        };
-        tracing::debug!(?fault, "injecting a fault");
-        match fault {
-            Fault::RefuseBeforeSend => ResponseFuture::ready(Err(InjectedFault::refused())),
-            Fault::ResetAfterSend => ResponseFuture::call(self.inner.call(req), Then::Reset),
-            Fault::Delay(delay) => ResponseFuture::delay(delay, self.inner.call(req)),
-            Fault::DelayReply(delay) => {
-                let progress = req.extensions().and_then(|e| e.get::<Progress>()).cloned();
-                ResponseFuture::call(self.inner.call(req), Then::Hold(delay, progress))
-            }
-            Fault::Respond(reply) => {
-                ResponseFuture::ready(self.reply(&reply, DeliveryPhase::NotSent))
-            }
-            Fault::RespondAfterSend(reply) => {
-                let replacement = self.reply(&reply, DeliveryPhase::Sent);
-                ResponseFuture::call(self.inner.call(req), Then::Replace(replacement))
-            }
-        }
-    }
-}
-
-impl<S, P, M> FaultService<S, P, M> {
-    fn reply<Res>(&self, reply: &Reply, phase: DeliveryPhase) -> Result<Res, InjectedFault>
-    where
-        M: MakeResponse<Res>,
-    {
-        self.make_response
-            .make_response(reply)
-            .ok_or_else(|| InjectedFault::no_response(reply.status(), phase))
-    }
 }

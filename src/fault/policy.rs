@@ -12,7 +12,7 @@ use crate::ConfigError;
 
 /// Chooses the fault, if any, for each request.
 ///
-/// A [`FaultService`](super::FaultService) asks its policy once for every request, in the order
+/// An [`InjectFault`](super::InjectFault) asks its policy once for every request, in the order
 /// of the `call`s, even when the request carries its own [`Fault`] extension (which then wins);
 /// so "the third request" always means the third request through the layer.
 ///

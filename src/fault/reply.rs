@@ -85,10 +85,10 @@ impl From<StatusCode> for Reply {
 /// [`Respond`](super::Fault::Respond) and [`RespondAfterSend`](super::Fault::RespondAfterSend)
 /// faults.
 ///
-/// A [`FaultLayer`](super::FaultLayer) uses [`EmptyBody`] unless told otherwise, which builds
+/// An [`InjectFaultLayer`](super::InjectFaultLayer) uses [`EmptyBody`] unless told otherwise, which builds
 /// any `http::Response<B>` whose body has a `Default` (hyper's `Full` and `Empty`,
 /// http-body-util's boxed bodies, `String`, `Vec<u8>`, `()`). For other response
-/// types choose one with [`FaultLayer::responses`](super::FaultLayer::responses):
+/// types choose one with [`InjectFaultLayer::responses`](super::InjectFaultLayer::responses):
 ///
 /// * [`NoResponse`] for a service whose responses cannot be made up (a non-HTTP service, or
 ///   hyper's `Response<Incoming>`): every other fault still works, and a `Respond` fault
@@ -101,7 +101,7 @@ impl From<StatusCode> for Reply {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot build a `{Res}` for a `Respond` fault",
     note = "`EmptyBody`, the default, builds `http::Response<B>` for `B: Default`; for another \
-            response type call `FaultLayer::responses` with `NoResponse` or a closure \
+            response type call `InjectFaultLayer::responses` with `NoResponse` or a closure \
             `Fn(&Reply) -> Option<Res>`"
 )]
 pub trait MakeResponse<Res> {

@@ -12,6 +12,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::layer::Config;
+use crate::budget::RetryBudget;
 use crate::classify::{
     AttemptClass, Classification, Classify, DeliveryPhase, MakeClassifier, OutcomeTally,
 };
@@ -20,6 +21,7 @@ use crate::context::CallTally;
 use crate::error::{lift, lift_poll};
 use crate::outcome::{CallOutcome, Outcome, StopReason};
 use crate::pushback::Pushback;
+use crate::time::later;
 use crate::{Envelope, Error, IntoError};
 
 type Output<S, Req> = Result<
@@ -83,6 +85,8 @@ where
     template: Req,
     service: S,
     config: Arc<Config<M>>,
+    /// The budget a retry layer outside lent this call, for a layer given none of its own.
+    lent: Option<Arc<dyn RetryBudget>>,
     /// When the first attempt was first seen pending; `None` while it never was.
     first_started: Option<Instant>,
     hedges: Vec<Attempt<S::Future, M::Classifier>>,
@@ -129,6 +133,7 @@ where
         template: Req,
         service: S,
         config: Arc<Config<M>>,
+        lent: Option<Arc<dyn RetryBudget>>,
     ) -> Self {
         ResponseFuture {
             first: Slot::Running { future },
@@ -138,6 +143,7 @@ where
                 template,
                 service,
                 config,
+                lent,
                 first_started: None,
                 hedges: Vec::new(),
                 sent: 1,
@@ -220,14 +226,10 @@ where
                     Poll::Ready(true) => {
                         // The next hedge, after the delay.
                         if race.sent < race.config.max_attempts {
-                            // A delay beyond the clock's range never fires.
-                            if let Some(at) =
-                                Instant::now().checked_add(race.config.delay.current())
-                            {
-                                this.timer.set(Timer::Armed {
-                                    sleep: tokio::time::sleep_until(at),
-                                });
-                            }
+                            let at = later(Instant::now(), race.config.delay.current());
+                            this.timer.set(Timer::Armed {
+                                sleep: tokio::time::sleep_until(at),
+                            });
                         }
                         // Poll the new hedge once: it may answer at once, and it must
                         // register its waker.
@@ -255,8 +257,8 @@ where
                 race.first_started = Some(now);
                 // A budget of its own counts the calls that could be hedged: a call answered
                 // on its first poll never could.
-                if race.config.owns_budget {
-                    if let Some(budget) = &race.config.budget {
+                if race.owns_budget() {
+                    if let Some(budget) = race.budget() {
                         budget.deposit_at(now);
                     }
                 }
@@ -266,7 +268,8 @@ where
                     let fits = race
                         .deadline_left(now)
                         .is_none_or(|left| left >= delay.saturating_add(race.need()));
-                    if let (true, Some(at)) = (fits, now.checked_add(delay)) {
+                    if fits {
+                        let at = later(now, delay);
                         this.timer.set(Timer::Armed {
                             sleep: tokio::time::sleep_until(at),
                         });
@@ -318,12 +321,12 @@ where
         };
         let class = classification.class();
         self.tally.observe(class);
-        let config = &*self.config;
-        if config.owns_budget {
-            if let Some(budget) = &config.budget {
+        if self.owns_budget() {
+            if let Some(budget) = self.budget() {
                 budget.record_outcome(class);
             }
         }
+        let config = &*self.config;
         // An answer on the first poll is not learned from: the delay only ever applies to
         // attempts that did not answer at once, so it is their percentile that bounds the share
         // of them that get hedged (and the fast path reads no clock).
@@ -355,8 +358,8 @@ where
     /// hears of it here (the retry layer hears only of the result).
     fn forget_last(&mut self) {
         if let Some((_, class)) = self.last.take() {
-            if !self.config.owns_budget {
-                if let Some(budget) = &self.config.budget {
+            if !self.owns_budget() {
+                if let Some(budget) = self.budget() {
                     budget.record_outcome(class);
                 }
             }
@@ -380,12 +383,7 @@ where
             }
             Some(Pushback::After(wait)) if !wait.is_zero() => {
                 self.due = false;
-                let Some(at) = Instant::now().checked_add(wait) else {
-                    // A pushback beyond the clock's range: no more hedges.
-                    self.stopped = true;
-                    timer.set(Timer::Idle);
-                    return;
-                };
+                let at = later(Instant::now(), wait);
                 let later = match timer.as_mut().project() {
                     TimerProj::Armed { sleep } => sleep.deadline() < at,
                     TimerProj::Idle => true,
@@ -431,7 +429,7 @@ where
         let classifier = self.config.classifier.make_classifier(&req);
         let started = Instant::now();
         let service = &mut self.service;
-        let future = super::as_hedge(|| service.call(req));
+        let future = crate::context::as_hedge(|| service.call(req));
         self.hedges.push(Attempt {
             future: Box::pin(future),
             classifier: Some(classifier),
@@ -452,12 +450,26 @@ where
                 return Err("too little of the deadline left");
             }
         }
-        if let Some(budget) = &config.budget {
+        if let Some(budget) = self.budget() {
             if budget.withdraw().is_err() {
                 return Err("the budget refused");
             }
         }
         Ok(())
+    }
+
+    /// The budget hedges are paid from: the one a retry layer outside lent the call, else the
+    /// layer's own.
+    #[inline]
+    fn budget(&self) -> Option<&Arc<dyn RetryBudget>> {
+        self.lent.as_ref().or(self.config.budget.as_ref())
+    }
+
+    /// Whether this layer deposits for the call and records every attempt's outcome (a budget
+    /// of its own), or only withdraws (a budget a retry layer outside keeps, given or lent).
+    #[inline]
+    fn owns_budget(&self) -> bool {
+        self.lent.is_none() && self.config.owns_budget
     }
 
     /// The least time a hedge needs: the configured minimum, or the learned median latency.

@@ -41,7 +41,9 @@ pub(super) struct Learned {
     delay: AtomicU64,
     /// The median latency, in microseconds, or [`UNKNOWN`].
     typical: AtomicU64,
-    histograms: Mutex<Histograms>,
+    /// `None` if the histograms could not be made (they always can with these bounds): the
+    /// delay then stays the fallback.
+    histograms: Mutex<Option<Histograms>>,
 }
 
 struct Histograms {
@@ -52,17 +54,18 @@ struct Histograms {
 }
 
 impl Learned {
-    pub(super) fn new(
-        percentile: f64,
-        fallback: Duration,
-        min_samples: u32,
-        window: u32,
-    ) -> Option<Self> {
-        let histogram = Histogram::new_with_max(MAX_MICROS, SIGFIG).ok()?;
+    pub(super) fn new(percentile: f64, fallback: Duration, min_samples: u32, window: u32) -> Self {
+        let histograms = Histogram::new_with_max(MAX_MICROS, SIGFIG)
+            .ok()
+            .map(|histogram| Histograms {
+                previous: histogram.clone(),
+                current: histogram,
+                folded: 0,
+            });
         let window = u64::from(window.max(1));
         let min_samples = u64::from(min_samples.max(1)).min(window);
         let batch = (window / 4).max(1);
-        Some(Learned {
+        Learned {
             quantile: percentile / 100.0,
             min_samples,
             window,
@@ -72,12 +75,8 @@ impl Learned {
             recorded: AtomicU64::new(0),
             delay: AtomicU64::new(micros(fallback)),
             typical: AtomicU64::new(UNKNOWN),
-            histograms: Mutex::new(Histograms {
-                previous: histogram.clone(),
-                current: histogram,
-                folded: 0,
-            }),
-        })
+            histograms: Mutex::new(histograms),
+        }
     }
 
     /// The delay before the next hedge.
@@ -118,9 +117,11 @@ impl Learned {
             // Another thread is folding: this batch is skipped.
             Err(TryLockError::WouldBlock) => return,
         };
+        let Some(h) = h.as_mut() else {
+            return;
+        };
         let len = self.ring.len() as u64;
         let from = h.folded.max(count.saturating_sub(len));
-        let h = &mut *h;
         for k in from..count {
             let v = self.ring[(k % len) as usize].load(Ordering::Relaxed);
             h.current.saturating_record(v);
@@ -157,7 +158,7 @@ mod tests {
 
     #[test]
     fn the_fallback_holds_until_enough_samples() {
-        let l = Learned::new(90.0, Duration::from_millis(50), 10, 100).unwrap();
+        let l = Learned::new(90.0, Duration::from_millis(50), 10, 100);
         for _ in 0..9 {
             l.record(Duration::from_millis(5));
         }
@@ -171,7 +172,7 @@ mod tests {
 
     #[test]
     fn the_window_forgets_old_samples() {
-        let l = Learned::new(50.0, Duration::from_millis(50), 1, 20).unwrap();
+        let l = Learned::new(50.0, Duration::from_millis(50), 1, 20);
         for _ in 0..20 {
             l.record(Duration::from_millis(100));
         }
@@ -184,7 +185,7 @@ mod tests {
 
     #[test]
     fn many_threads_record_at_once() {
-        let l = std::sync::Arc::new(Learned::new(50.0, Duration::from_secs(1), 100, 1000).unwrap());
+        let l = std::sync::Arc::new(Learned::new(50.0, Duration::from_secs(1), 100, 1000));
         let threads: Vec<_> = (0..4u64)
             .map(|t| {
                 let l = l.clone();
@@ -206,7 +207,7 @@ mod tests {
 
     #[test]
     fn huge_latencies_saturate() {
-        let l = Learned::new(99.0, Duration::from_millis(1), 1, 10).unwrap();
+        let l = Learned::new(99.0, Duration::from_millis(1), 1, 10);
         l.record(Duration::MAX);
         assert!(l.delay() >= Duration::from_secs(590));
     }

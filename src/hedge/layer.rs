@@ -1,5 +1,5 @@
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tower_layer::Layer;
@@ -65,7 +65,8 @@ enum DelayRepr {
 }
 
 impl HedgeDelay {
-    /// Always this delay.
+    /// Always this delay. At most [`MAX_DURATION`](crate::MAX_DURATION) (ten years):
+    /// [`HedgeLayerBuilder::build`] refuses more.
     pub fn fixed(delay: Duration) -> Self {
         HedgeDelay {
             repr: DelayRepr::Fixed(delay),
@@ -86,8 +87,8 @@ impl HedgeDelay {
         }
     }
 
-    /// For a learned delay: the delay until `min_samples` were seen (default 100 ms).
-    /// No effect on a fixed delay.
+    /// For a learned delay: the delay until `min_samples` were seen (default 100 ms; at most
+    /// [`MAX_DURATION`](crate::MAX_DURATION)). No effect on a fixed delay.
     pub fn fallback(mut self, delay: Duration) -> Self {
         if let DelayRepr::Percentile { fallback, .. } = &mut self.repr {
             *fallback = delay;
@@ -180,10 +181,40 @@ pub(super) struct Config<M> {
     /// Whether this layer deposits for its calls and records every attempt's outcome (its own
     /// budget), or only withdraws (a budget a retry layer outside keeps).
     pub(super) owns_budget: bool,
+    /// Whether the layer was given no budget, so that a retry layer outside may lend it its
+    /// own for a call.
+    pub(super) lendable: bool,
+    /// The budget last lent, by its id: most hedge layers have one retry layer outside, and
+    /// find its budget here without the registry's lock.
+    pub(super) lent: OnceLock<(u64, Arc<dyn RetryBudget>)>,
     pub(super) min_attempt: Duration,
 }
 
+impl<M> Config<M> {
+    /// The budget a retry layer around this call lends it (taken from the call context), for
+    /// a layer that was given no budget of its own.
+    pub(super) fn lent(&self) -> Option<Arc<dyn RetryBudget>> {
+        if !self.lendable {
+            return None;
+        }
+        let id = crate::context::take_lender();
+        if id == 0 {
+            return None;
+        }
+        if let Some((cached, budget)) = self.lent.get() {
+            if *cached == id {
+                return Some(budget.clone());
+            }
+        }
+        let budget = crate::budget::lend::lender(id)?;
+        let _ = self.lent.set((id, budget.clone()));
+        Some(budget)
+    }
+}
+
 /// Builds a [`HedgeLayer`], validating its settings.
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct HedgeLayerBuilder<M = HttpClassifier> {
     classifier: M,
     max_attempts: u32,
@@ -193,6 +224,7 @@ pub struct HedgeLayerBuilder<M = HttpClassifier> {
     min_attempt: Duration,
 }
 
+#[derive(Clone)]
 enum BudgetChoice {
     Default,
     Shared(Arc<dyn RetryBudget>),
@@ -203,18 +235,18 @@ enum BudgetChoice {
 impl HedgeLayer {
     /// A layer with the defaults (see [`builder`](Self::builder)).
     pub fn new() -> Self {
-        match Self::builder().build() {
-            Ok(layer) => layer,
-            // The defaults are valid; this arm is never taken.
-            Err(_) => unreachable_defaults(),
-        }
+        // Assembled without checking: a test builds the same defaults through `build`.
+        Self::builder().assemble()
     }
 
     /// A builder with the defaults: [`HttpClassifier`]; 2 attempts in total (one hedge); the
     /// delay learned as the 95th percentile of the last 1000 successful attempts (100 ms until
-    /// 100 were seen); `Safe` requests only; a [`RatioBudget`] of its own (hedges at most 10%
-    /// of hedgeable calls, plus 10 a second); no hedge that would leave less than 10 ms of the
-    /// call's deadline.
+    /// 100 were seen); `Safe` requests only; the budget of a [`RetryLayer`] outside, which lends
+    /// it to each call, else a [`RatioBudget`] of its own (hedges at most 10% of hedgeable
+    /// calls, plus 10 a second); no hedge that would leave less than 10 ms of the call's
+    /// deadline.
+    ///
+    /// [`RetryLayer`]: crate::retry::RetryLayer
     pub fn builder() -> HedgeLayerBuilder {
         HedgeLayerBuilder {
             classifier: HttpClassifier::new(),
@@ -224,21 +256,6 @@ impl HedgeLayer {
             budget: BudgetChoice::Default,
             min_attempt: DEFAULT_MIN_ATTEMPT,
         }
-    }
-}
-
-#[cold]
-fn unreachable_defaults() -> HedgeLayer {
-    HedgeLayer {
-        config: Arc::new(Config {
-            classifier: HttpClassifier::new(),
-            max_attempts: 1,
-            delay: Delay::Fixed(DEFAULT_FALLBACK_DELAY),
-            hedge_idempotent: false,
-            budget: None,
-            owns_budget: false,
-            min_attempt: DEFAULT_MIN_ATTEMPT,
-        }),
     }
 }
 
@@ -308,24 +325,40 @@ impl<M> HedgeLayerBuilder<M> {
         self
     }
 
-    /// Send no hedge that would leave the call less than this of its deadline (default 10 ms).
-    /// With a learned delay, the median latency of recent successful attempts, when larger, is
-    /// used instead: a hedge that cannot finish is not sent.
+    /// Send no hedge that would leave the call less than this of its deadline (default 10 ms;
+    /// at most [`MAX_DURATION`](crate::MAX_DURATION)). With a learned delay, the median latency
+    /// of recent successful attempts, when larger, is used instead: a hedge that cannot finish
+    /// is not sent.
     pub fn min_attempt_time(mut self, min_attempt: Duration) -> Self {
         self.min_attempt = min_attempt;
         self
     }
 
     /// Validates and builds.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting: the attempt limit (`"hedge attempt limit"`), a
+    /// learned delay's percentile, window or minimum samples out of their ranges, or a
+    /// duration past [`MAX_DURATION`](crate::MAX_DURATION) (`"hedge delay"`, `"hedge delay
+    /// fallback"`, `"hedge minimum attempt time"`).
     pub fn build(self) -> Result<HedgeLayer<M>, ConfigError> {
+        self.validate()?;
+        Ok(self.assemble())
+    }
+
+    /// Checks the settings, as [`build`](Self::build) does.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.max_attempts == 0 {
             return Err(ConfigError::new(
                 "hedge attempt limit",
                 "must be at least 1 (the first attempt)",
             ));
         }
-        let delay = match self.delay.repr {
-            DelayRepr::Fixed(d) => Delay::Fixed(d),
+        match self.delay.repr {
+            DelayRepr::Fixed(d) => {
+                ConfigError::at_most_max("hedge delay", d)?;
+            }
             DelayRepr::Percentile {
                 percentile,
                 fallback,
@@ -350,13 +383,25 @@ impl<M> HedgeLayerBuilder<M> {
                         "must be at least 1 and at most the window",
                     ));
                 }
-                let learned =
-                    Learned::new(percentile, fallback, min_samples, window).ok_or_else(|| {
-                        ConfigError::new("hedge delay histogram", "could not be created")
-                    })?;
-                Delay::Learned(learned)
+                ConfigError::at_most_max("hedge delay fallback", fallback)?;
             }
+        }
+        ConfigError::at_most_max("hedge minimum attempt time", self.min_attempt)?;
+        Ok(())
+    }
+
+    /// The layer of these settings, which the caller has checked (or which are the defaults).
+    pub(crate) fn assemble(self) -> HedgeLayer<M> {
+        let delay = match self.delay.repr {
+            DelayRepr::Fixed(d) => Delay::Fixed(d),
+            DelayRepr::Percentile {
+                percentile,
+                fallback,
+                min_samples,
+                window,
+            } => Delay::Learned(Learned::new(percentile, fallback, min_samples, window)),
         };
+        let lendable = matches!(self.budget, BudgetChoice::Default);
         let (budget, owns_budget) = match self.budget {
             BudgetChoice::Default => (
                 Some(Arc::new(RatioBudget::default()) as Arc<dyn RetryBudget>),
@@ -366,7 +411,7 @@ impl<M> HedgeLayerBuilder<M> {
             BudgetChoice::Own(b) => (Some(b), true),
             BudgetChoice::None => (None, false),
         };
-        Ok(HedgeLayer {
+        HedgeLayer {
             config: Arc::new(Config {
                 classifier: self.classifier,
                 max_attempts: self.max_attempts,
@@ -374,9 +419,11 @@ impl<M> HedgeLayerBuilder<M> {
                 hedge_idempotent: self.hedge_idempotent,
                 budget,
                 owns_budget,
+                lendable,
+                lent: OnceLock::new(),
                 min_attempt: self.min_attempt,
             }),
-        })
+        }
     }
 }
 
@@ -414,6 +461,7 @@ impl<M> fmt::Debug for Config<M> {
             .field("hedge_idempotent", &self.hedge_idempotent)
             .field("budget", &self.budget)
             .field("owns_budget", &self.owns_budget)
+            .field("lendable", &self.lendable)
             .field("min_attempt", &self.min_attempt)
             .finish_non_exhaustive()
     }
@@ -434,5 +482,19 @@ impl<M> fmt::Debug for HedgeLayerBuilder<M> {
             .field("delay", &self.delay)
             .field("hedge_idempotent", &self.hedge_idempotent)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults `new` assembles without checking are the ones `build` accepts.
+    #[tokio::test(start_paused = true)]
+    async fn the_defaults_build() {
+        let built = HedgeLayer::builder().build().unwrap();
+        let new = HedgeLayer::new();
+        assert_eq!(format!("{built:?}"), format!("{new:?}"));
+        assert!(matches!(new.config.delay, Delay::Learned(_)));
     }
 }

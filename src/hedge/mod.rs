@@ -9,7 +9,7 @@
 //! # What may be hedged
 //!
 //! A hedge runs **concurrently** with the attempt it hedges: both may reach the server. So only
-//! requests whose repetition is harmless are hedged, by their [`Semantics`]:
+//! requests whose repetition is harmless are hedged, by their [`Semantics`](crate::Semantics):
 //!
 //! | semantics | hedged |
 //! | --- | --- |
@@ -50,10 +50,14 @@
 //!
 //! * the attempt limit (default 2 in total: one hedge);
 //! * a [retry budget](crate::budget): every hedge withdraws one unit, and no hedge is sent when
-//!   the budget refuses. Share the retry layer's budget with
-//!   [`budget`](HedgeLayerBuilder::budget) (the retry layer deposits for each call; this layer
-//!   only withdraws), or let the layer keep one of its own (the default, a
-//!   [`RatioBudget`](crate::budget::RatioBudget): it then deposits once per hedgeable call that did not answer at once);
+//!   the budget refuses. By default the layer pays from the budget of the
+//!   [`RetryLayer`](crate::retry::RetryLayer) outside it, which lends it to the attempts it sends
+//!   (the retry layer deposits for each call; this layer only withdraws), as it does when given
+//!   that budget with [`budget`](HedgeLayerBuilder::budget). Without a retry layer outside (or
+//!   one that calls it from another task, through a `Buffer`), it keeps one of its own, a
+//!   [`RatioBudget`](crate::budget::RatioBudget), and deposits once per hedgeable call that did
+//!   not answer at once; [`own_budget`](HedgeLayerBuilder::own_budget) gives it one of its own
+//!   always;
 //! * the call's deadline: no hedge is sent that would have less than the
 //!   [minimum attempt time](HedgeLayerBuilder::min_attempt_time) left (or the learned median
 //!   latency, when larger), and the hedge timer lives in the call's future: it ends with it.
@@ -125,102 +129,10 @@
 //! hedged. This layer reads the request's semantics itself, classifies every answer, spends the
 //! retry budget, respects the deadline, and records losers as cancelled hedges.
 
-use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
-
-use tower_service::Service;
-
-use crate::classify::{Classify, HttpClassifier, MakeClassifier};
-use crate::{Envelope, Error, IntoError, Semantics};
-
-mod future;
+pub mod future;
 mod latency;
 mod layer;
+mod service;
 
-use self::future::ResponseFuture;
-use self::layer::Config;
 pub use self::layer::{HedgeDelay, HedgeLayer, HedgeLayerBuilder};
-
-use crate::context::as_hedge;
-
-/// The service made by [`HedgeLayer`].
-///
-/// # Readiness
-///
-/// `poll_ready` is the inner service's, for the first attempt. The inner service is cloned for
-/// each call that may be hedged; a hedge waits for the clone's readiness (the other attempts
-/// keep running meanwhile), so a concurrency limit below sees every hedge. A clone that fails
-/// its readiness sends no hedge; the call goes on with the attempts already sent.
-pub struct Hedge<S, M = HttpClassifier> {
-    inner: S,
-    config: Arc<Config<M>>,
-}
-
-impl<S, M> Hedge<S, M> {
-    fn from_config(inner: S, config: Arc<Config<M>>) -> Self {
-        Hedge { inner, config }
-    }
-
-    inner_accessors!();
-}
-
-impl<S: Clone, M> Clone for Hedge<S, M> {
-    fn clone(&self) -> Self {
-        Hedge {
-            inner: self.inner.clone(),
-            config: self.config.clone(),
-        }
-    }
-}
-
-impl<S, M, Req, T> Service<Req> for Hedge<S, M>
-where
-    S: Service<Req> + Clone,
-    S::Error: IntoError<Transport = T>,
-    S::Response: Envelope,
-    Req: Envelope + Clone,
-    M: MakeClassifier<Req>,
-    M::Classifier: Classify<S::Response, Error<T>>,
-{
-    type Response = S::Response;
-    type Error = Error<T>;
-    type Future = ResponseFuture<S, Req, M>;
-
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(IntoError::into_error)
-    }
-
-    fn call(&mut self, req: Req) -> Self::Future {
-        let config = &*self.config;
-        let semantics = req.semantics();
-        let hedgeable = config.max_attempts > 1
-            && match semantics {
-                Semantics::Safe => true,
-                Semantics::Idempotent => config.hedge_idempotent,
-                Semantics::Keyed | Semantics::NonIdempotent => false,
-            };
-        if !hedgeable {
-            return ResponseFuture::passthrough(self.inner.call(req));
-        }
-        let classifier = config.classifier.make_classifier(&req);
-        let template = req.clone();
-        let future = self.inner.call(req);
-        ResponseFuture::hedged(
-            future,
-            classifier,
-            semantics,
-            template,
-            self.inner.clone(),
-            self.config.clone(),
-        )
-    }
-}
-
-impl<S: std::fmt::Debug, M> std::fmt::Debug for Hedge<S, M> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hedge")
-            .field("inner", &self.inner)
-            .field("config", &self.config)
-            .finish()
-    }
-}
+pub use self::service::Hedge;

@@ -32,7 +32,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use surely::fault::{Fault, FaultLayer, Schedule};
+//! use surely::fault::{Fault, InjectFaultLayer, Schedule};
 //! use surely::ledger::{Ledger, LedgerRecorder, MemoryLedger, Reconciler, Verdict};
 //! use surely::record::BusinessKey;
 //! use surely::retry::{Query, Resolution};
@@ -47,7 +47,7 @@
 //!     .build(
 //!         ServiceBuilder::new()
 //!             // The order is placed, and the reply is lost.
-//!             .layer(FaultLayer::new(Schedule::new().at(0, Fault::ResetAfterSend)))
+//!             .layer(InjectFaultLayer::new(Schedule::new().at(0, Fault::ResetAfterSend)))
 //!             .service(service_fn(|_req: http::Request<String>| async {
 //!                 Ok::<_, std::io::Error>(http::Response::new(String::from("placed")))
 //!             })),

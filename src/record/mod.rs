@@ -49,9 +49,9 @@
 //! # }
 //! ```
 
-mod attempt;
-mod call;
-mod trailers;
+pub mod attempt;
+pub mod call;
+pub mod trailers;
 
 pub use self::attempt::{RecordAttempt, RecordAttemptLayer};
 pub use self::call::{RecordCall, RecordCallLayer};

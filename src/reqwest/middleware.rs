@@ -21,7 +21,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-//!     .with(SurelyMiddleware::new().unwrap())
+//!     .with(SurelyMiddleware::new())
 //!     .build();
 //!
 //! // Nothing listens there: every attempt is refused, so even a POST is tried again, and the
@@ -106,6 +106,7 @@ use http::{Extensions, Request, Response};
 use http_body::Body;
 use reqwest_middleware::{Middleware, Next};
 use tokio::sync::{mpsc, oneshot};
+use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::classify::{BoxError, Classification, ClassifyError, DeliveryPhase};
@@ -152,14 +153,18 @@ impl SurelyMiddleware {
     /// call, idempotency keys for POST and PATCH, 3 attempts with backoff and a retry budget,
     /// one circuit breaker, no records.
     ///
+    /// Never fails: the preset's defaults are assembled as they are (a test builds the same
+    /// stack through [`with_stack`](Self::with_stack), which checks it).
+    ///
     /// ```
     /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-    ///     .with(surely::reqwest::middleware::SurelyMiddleware::new().unwrap())
+    ///     .with(surely::reqwest::middleware::SurelyMiddleware::new())
     ///     .build();
     /// # drop(client);
     /// ```
-    pub fn new() -> Result<Self, ConfigError> {
-        Self::with_stack(|attempts| crate::client::http().no_replay().build(attempts))
+    pub fn new() -> Self {
+        let stack = crate::client::http().no_replay().assemble();
+        Self::from_stack(stack.layer(Attempts { _private: () }))
     }
 
     /// The stack `make` builds around the [`Attempts`] transport: any client stack whose
@@ -192,7 +197,22 @@ impl SurelyMiddleware {
         B::Data: Into<Bytes>,
         B::Error: Into<BoxError>,
     {
-        let stack = make(Attempts { _private: () })?;
+        Ok(Self::from_stack(make(Attempts { _private: () })?))
+    }
+
+    /// The middleware around `stack`.
+    fn from_stack<S, B>(stack: S) -> Self
+    where
+        S: Service<StackRequest, Response = Response<B>, Error = Error>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+        B: Body + Send + Sync + 'static,
+        B::Data: Into<Bytes>,
+        B::Error: Into<BoxError>,
+    {
         let stack = move |req: StackRequest| -> BoxFuture<'static, _> {
             let mut stack = stack.clone();
             Box::pin(async move {
@@ -201,9 +221,16 @@ impl SurelyMiddleware {
                 Ok(res.map(::reqwest::Body::wrap))
             })
         };
-        Ok(SurelyMiddleware {
+        SurelyMiddleware {
             stack: Arc::new(stack),
-        })
+        }
+    }
+}
+
+impl Default for SurelyMiddleware {
+    /// [`SurelyMiddleware::new`].
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -503,7 +530,7 @@ impl IntoError for reqwest_middleware::Error {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// # let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-/// #     .with(surely::reqwest::middleware::SurelyMiddleware::new().unwrap())
+/// #     .with(surely::reqwest::middleware::SurelyMiddleware::new())
 /// #     .build();
 /// // reqwest refuses this URL: final, nothing sent, not tried again.
 /// let err = client.get("ftp://127.0.0.1/orders").send().await.unwrap_err();

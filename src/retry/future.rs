@@ -31,6 +31,7 @@ use crate::outcome::CallOutcome;
 use crate::pushback::Pushback;
 use crate::record::{BusinessKey, Operation, ResolutionRecord, RetryRecord};
 use crate::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};
+use crate::time::later;
 use crate::Outcome;
 use crate::StopReason;
 use crate::{Envelope, Error, IntoError, Semantics};
@@ -222,6 +223,8 @@ where
             Some(Err(open)) => (None, Some(open)),
             None => (None, None),
         };
+        // The attempt's `call` runs with the budget lent, for a hedge layer inside.
+        let _lent = crate::context::lend(config.lender);
         // The first attempt's future is made last, in its place, so that it is not copied.
         ResponseFuture {
             classifier: Some(classifier),
@@ -297,6 +300,7 @@ where
                         Some(Err(open)) => this.state.set(State::Refused { error: Some(open) }),
                         gate => {
                             *this.pass = gate.and_then(Result::ok);
+                            let _lent = crate::context::lend(this.config.lender);
                             this.state.set(State::Attempt {
                                 future: this.service.call(req),
                             });
@@ -355,6 +359,7 @@ where
                         Some(Err(open)) => this.state.set(State::Refused { error: Some(open) }),
                         gate => {
                             *this.pass = gate.and_then(Result::ok);
+                            let _lent = crate::context::lend(this.config.lender);
                             this.state.set(State::Attempt {
                                 future: this.service.call(req),
                             });
@@ -440,7 +445,7 @@ where
                         this.state.set(State::Readying { retry });
                         continue;
                     }
-                    let until = Instant::now() + wait;
+                    let until = later(Instant::now(), wait);
                     let cold = this.cold.get_or_insert_with(Cold::new);
                     match &mut cold.sleep {
                         Some(sleep) => sleep.as_mut().reset(until),

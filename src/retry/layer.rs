@@ -1,23 +1,21 @@
+//! The retry layer and its builder.
+
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue};
+use http::HeaderName;
 use tower_layer::Layer;
-use tower_service::Service;
 
-use super::future::ResponseFuture;
 use super::learn::AttemptTimes;
-use super::replay::NotReplayable;
-use crate::backoff::{Backoff, Jitter};
+use super::Retry;
+use crate::backoff::{Backoff, BackoffBuilder, Jitter};
 use crate::breaker::CircuitBreaker;
 use crate::budget::{RatioBudget, RetryBudget};
-use crate::classify::{Classify, HttpClassifier, MakeClassifier};
+use crate::classify::HttpClassifier;
 use crate::journal::{IntentJournal, JournalHook};
-use crate::record::key_of;
-use crate::resolve::{NoResolver, Resolve};
-use crate::{ConfigError, Criticality, Envelope, Error, IntoError, Semantics};
+use crate::resolve::NoResolver;
+use crate::ConfigError;
 
 /// The default attempt limit, the first attempt included.
 pub(crate) const DEFAULT_MAX_ATTEMPTS: u32 = 3;
@@ -28,8 +26,6 @@ pub(crate) const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(30);
 /// The default least time an attempt needs: a retry that would leave less of the call's budget
 /// is not started.
 pub(crate) const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(10);
-
-use crate::headers::{CRITICALITY, RETRY_OWNER};
 
 /// Retries attempts that may be retried, within the attempt limit, the retry budget and the
 /// call's deadline. See the [module docs](super).
@@ -45,6 +41,9 @@ pub(super) struct Config<M, Z = NoResolver> {
     pub(super) max_attempts: u32,
     pub(super) backoff: Backoff,
     pub(super) budget: Option<Arc<dyn RetryBudget>>,
+    /// The budget's id as lent to the attempts (0 without a budget): a hedge layer inside that
+    /// was given no budget pays from this one.
+    pub(super) lender: u64,
     pub(super) max_pushback: Duration,
     pub(super) min_attempt: Duration,
     pub(super) attempt_header: Option<HeaderName>,
@@ -57,6 +56,8 @@ pub(super) struct Config<M, Z = NoResolver> {
 }
 
 /// Builds a [`RetryLayer`], validating its settings.
+#[derive(Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct RetryLayerBuilder<M = HttpClassifier, Z = NoResolver> {
     classifier: M,
     resolver: Z,
@@ -64,6 +65,7 @@ pub struct RetryLayerBuilder<M = HttpClassifier, Z = NoResolver> {
 }
 
 /// The builder's settings that do not change its type.
+#[derive(Clone)]
 struct Settings {
     learn: Option<f64>,
     max_attempts: u32,
@@ -85,7 +87,7 @@ impl RetryLayer {
     /// pushback obeyed up to 30 s, and no retry that would leave less than 10 ms of the call's
     /// budget.
     pub fn new() -> Self {
-        // The defaults are valid: nothing to check.
+        // Assembled without checking: a test builds the same defaults through `build`.
         Self::builder().assemble()
     }
 
@@ -133,13 +135,19 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         self
     }
 
-    /// The wait before each retry when the server says nothing.
+    /// The wait before each retry when the server says nothing. Its base delay and cap are at
+    /// most [`MAX_DURATION`](crate::MAX_DURATION) (ten years): [`build`](Self::build) refuses
+    /// more.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.settings.backoff = Some(backoff);
         self
     }
 
     /// Spend retries from this budget, which may be shared with other services.
+    ///
+    /// Whichever budget the layer has (this one, or its own by default) it lends to the
+    /// attempts it sends: a [`HedgeLayer`](crate::hedge::HedgeLayer) inside that was given no
+    /// budget of its own pays its hedges from it ([`docs::retries`](crate::docs::retries)).
     pub fn budget(mut self, budget: Arc<dyn RetryBudget>) -> Self {
         self.settings.budget = Some(budget);
         self.settings.own_budget = false;
@@ -167,7 +175,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     }
 
     /// Settles calls that would end with an unknown outcome by asking the server (see
-    /// [`Resolve`]); by default ([`NoResolver`]) an unknown outcome stays unknown.
+    /// [`Resolve`](crate::retry::Resolve)); by default ([`NoResolver`]) an unknown outcome stays unknown.
     pub fn resolver<Z2>(self, resolver: Z2) -> RetryLayerBuilder<M, Z2> {
         RetryLayerBuilder {
             classifier: self.classifier,
@@ -177,7 +185,9 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     }
 
     /// Start no retry that would leave the call less than this (default 10 ms) after its wait.
-    /// With [`learn_min_attempt_time`](Self::learn_min_attempt_time), this is the floor.
+    /// With [`learn_min_attempt_time`](Self::learn_min_attempt_time), this is the floor. At
+    /// most [`MAX_DURATION`](crate::MAX_DURATION) (ten years): [`build`](Self::build) refuses
+    /// more.
     pub fn min_attempt_time(mut self, min_attempt: Duration) -> Self {
         self.settings.min_attempt = min_attempt;
         self
@@ -200,9 +210,9 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         self
     }
 
-    /// Whether to tell the next hop that this layer owns retries, with [`RETRY_OWNER`] on every
-    /// attempt (default true). With it, a request's [`Criticality`] extension is written too, as
-    /// the [`CRITICALITY`] header the next hop's [adaptive limit](crate::server::limit) sheds
+    /// Whether to tell the next hop that this layer owns retries, with [`RETRY_OWNER`](crate::headers::RETRY_OWNER) on every
+    /// attempt (default true). With it, a request's [`Criticality`](crate::Criticality) extension is written too, as
+    /// the [`CRITICALITY`](crate::headers::CRITICALITY) header the next hop's [adaptive limit](crate::server::limit) sheds
     /// by (unless the request already has that header).
     pub fn mark_owner(mut self, mark: bool) -> Self {
         self.settings.mark_owner = mark;
@@ -210,7 +220,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     }
 
     /// Guards every attempt with `breaker`, as a
-    /// [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) right inside this layer
+    /// [`BreakerLayer`](crate::breaker::BreakerLayer) right inside this layer
     /// would, with this layer's classifier: an attempt the breaker refuses is not made and
     /// ends with its [`CircuitOpen`](crate::breaker::CircuitOpen), which is retried after the
     /// break when the call's deadline allows; an attempt made is counted when it ends, and
@@ -240,7 +250,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         self
     }
 
-    /// Writes the intent of every call that is not [safe](Semantics::Safe) to `journal` before
+    /// Writes the intent of every call that is not [safe](crate::Semantics::Safe) to `journal` before
     /// its first attempt, and waits for the write; a [`Journaled`](crate::journal::Journaled)
     /// extension decides for one request. A call whose intent cannot be written is not sent
     /// (it fails with a [`JournalError`](crate::journal::JournalError)). See
@@ -289,6 +299,12 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
 
     /// Validates and builds.
     pub fn build(self) -> Result<RetryLayer<M, Z>, ConfigError> {
+        self.validate()?;
+        Ok(self.assemble())
+    }
+
+    /// Checks the settings, as [`build`](Self::build) does.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.settings.max_attempts == 0 {
             return Err(ConfigError::new(
                 "retry attempt limit",
@@ -304,11 +320,16 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
             }
         }
         ConfigError::at_most_max("retry max pushback", self.settings.max_pushback)?;
-        Ok(self.assemble())
+        ConfigError::at_most_max("retry minimum attempt time", self.settings.min_attempt)?;
+        if let Some(backoff) = &self.settings.backoff {
+            ConfigError::at_most_max("retry backoff base delay", backoff.base())?;
+            ConfigError::at_most_max("retry backoff cap", backoff.cap())?;
+        }
+        Ok(())
     }
 
-    /// The layer of these settings, which the caller has checked.
-    fn assemble(self) -> RetryLayer<M, Z> {
+    /// The layer of these settings, which the caller has checked (or which are the defaults).
+    pub(crate) fn assemble(self) -> RetryLayer<M, Z> {
         let Settings {
             learn,
             max_attempts,
@@ -327,6 +348,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         } else {
             budget
         };
+        let lender = budget.as_ref().map_or(0, crate::budget::lend::register);
         RetryLayer {
             config: Arc::new(Config {
                 resolver: self.resolver,
@@ -336,6 +358,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
                 max_attempts,
                 backoff: backoff.unwrap_or_else(default_backoff),
                 budget,
+                lender,
                 max_pushback,
                 min_attempt,
                 attempt_header,
@@ -347,12 +370,14 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
     }
 }
 
-/// 100 ms, doubling, full jitter, capped at 20 s.
+/// The default backoff's settings: 100 ms, doubling, full jitter, capped at 20 s.
+fn default_backoff_settings() -> BackoffBuilder {
+    Backoff::exponential(Duration::from_millis(100)).jitter(Jitter::Full)
+}
+
+/// The default backoff, assembled without checking: the test below builds the same settings.
 fn default_backoff() -> Backoff {
-    Backoff::exponential(Duration::from_millis(100))
-        .jitter(Jitter::Full)
-        .build()
-        .unwrap_or_else(|_| Backoff::constant(Duration::from_millis(100)))
+    default_backoff_settings().assemble()
 }
 
 impl<S, M, Z> Layer<S> for RetryLayer<M, Z> {
@@ -363,118 +388,6 @@ impl<S, M, Z> Layer<S> for RetryLayer<M, Z> {
             inner,
             config: self.config.clone(),
         }
-    }
-}
-
-/// The service made by [`RetryLayer`].
-///
-/// # Readiness
-///
-/// `poll_ready` is the inner service's, for the first attempt. The inner service is cloned for
-/// each call (as tower's `Retry` does); a retry waits for the clone's readiness, so a
-/// concurrency limit or a buffer below sees every attempt.
-pub struct Retry<S, M = HttpClassifier, Z = NoResolver> {
-    inner: S,
-    config: Arc<Config<M, Z>>,
-}
-
-impl<S: Clone, M, Z> Clone for Retry<S, M, Z> {
-    fn clone(&self) -> Self {
-        Retry {
-            inner: self.inner.clone(),
-            config: self.config.clone(),
-        }
-    }
-}
-
-impl<S, M, Z> Retry<S, M, Z> {
-    inner_accessors!();
-}
-
-impl<S, M, Z, Req, T> Service<Req> for Retry<S, M, Z>
-where
-    S: Service<Req> + Clone,
-    S::Error: IntoError<Transport = T>,
-    S::Response: Envelope,
-    Req: Envelope + Clone,
-    M: MakeClassifier<Req>,
-    M::Classifier: Classify<S::Response, Error<T>>,
-    Z: Resolve<S::Response>,
-{
-    type Response = S::Response;
-    type Error = Error<T>;
-    type Future = ResponseFuture<S, Req, M, Z>;
-
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(IntoError::into_error)
-    }
-
-    #[inline]
-    fn call(&mut self, mut req: Req) -> Self::Future {
-        if let Some(budget) = &self.config.budget {
-            budget.deposit();
-        }
-        if self.config.mark_owner {
-            let criticality = req
-                .extensions()
-                .and_then(|e| e.get::<Criticality>())
-                .copied();
-            if let Some(headers) = req.headers_mut() {
-                headers.insert(RETRY_OWNER, HeaderValue::from_static("1"));
-                // The caller's criticality for the next hop's limit, unless it set the header.
-                if let Some(c) = criticality {
-                    if !headers.contains_key(CRITICALITY) {
-                        headers.insert(CRITICALITY, HeaderValue::from_static(c.as_str()));
-                    }
-                }
-            }
-        }
-        let classifier = self.config.classifier.make_classifier(&req);
-        let semantics = req.semantics();
-        let replayable = self.config.max_attempts > 1
-            && req
-                .extensions()
-                .is_none_or(|e| e.get::<NotReplayable>().is_none());
-        let template = replayable.then(|| req.clone());
-        let (key, operation) = if self.config.resolver.enabled() {
-            (key_of(&req), req.operation())
-        } else {
-            (None, None)
-        };
-        // Reads never carry a key that matters; for the others, the call's outcome names it.
-        let idempotency_key = match semantics {
-            Semantics::Safe => None,
-            _ => req
-                .headers()
-                .and_then(|h| h.get(crate::headers::IDEMPOTENCY_KEY))
-                .cloned(),
-        };
-        // A journaled call is admitted by the breaker when its intent is written.
-        let journaled = match &self.config.journal {
-            None => None,
-            Some(journal) => journal.begin(&req),
-        };
-        let gate = match journaled {
-            None => self.config.breaker.as_ref().map(CircuitBreaker::admit),
-            Some(_) => None,
-        };
-        // The service that was made ready is the one called; the future keeps a clone of it
-        // for the retries, which it makes ready itself.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(
-            req,
-            classifier,
-            semantics,
-            template,
-            key,
-            operation,
-            idempotency_key,
-            ready,
-            self.config.clone(),
-            gate,
-            journaled,
-        )
     }
 }
 
@@ -499,11 +412,47 @@ impl<M, Z> fmt::Debug for RetryLayerBuilder<M, Z> {
     }
 }
 
-impl<S: fmt::Debug, M, Z> fmt::Debug for Retry<S, M, Z> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Retry")
-            .field("inner", &self.inner)
-            .field("max_attempts", &self.config.max_attempts)
-            .finish_non_exhaustive()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The defaults `new` assembles without checking are the ones `build` accepts.
+    #[tokio::test(start_paused = true)]
+    async fn the_defaults_build() {
+        let built = RetryLayer::builder().build().unwrap();
+        // The backoff's entropy differs between two layers; its settings must not.
+        let settings = |layer: &RetryLayer| {
+            let c = &layer.config;
+            (
+                c.max_attempts,
+                c.backoff.base(),
+                c.backoff.multiplier(),
+                c.backoff.cap(),
+                c.backoff.jitter(),
+                c.budget.is_some(),
+                c.max_pushback,
+                c.min_attempt,
+                c.mark_owner,
+                c.breaker.is_none(),
+                c.timed,
+            )
+        };
+        assert_eq!(settings(&built), settings(&RetryLayer::new()));
+        let backoff = default_backoff_settings().build().unwrap();
+        let assembled = default_backoff();
+        assert_eq!(
+            (
+                backoff.base(),
+                backoff.multiplier(),
+                backoff.cap(),
+                backoff.jitter()
+            ),
+            (
+                assembled.base(),
+                assembled.multiplier(),
+                assembled.cap(),
+                assembled.jitter()
+            )
+        );
     }
 }

@@ -45,8 +45,8 @@
 //! is not yours.
 //!
 //! Retries go out as copies of the first request (`Req: Clone`), with the same idempotency key
-//! when an [`IdempotencyKeyLayer`](crate::idempotency::IdempotencyKeyLayer) is outside. A
-//! streaming HTTP body cannot be copied: a [`ReplayBodyLayer`] outside buffers bodies up to
+//! when an [`SetIdempotencyKeyLayer`](crate::idempotency::SetIdempotencyKeyLayer) is outside. A
+//! streaming HTTP body cannot be copied: a [`ReplayLayer`] outside buffers bodies up to
 //! 64 KiB so that every attempt sends the same bytes, and marks larger ones [`NotReplayable`],
 //! which this layer sends once (the record says
 //! [`NotReplayable`](crate::StopReason::NotReplayable) when a retry was wanted). gRPC
@@ -67,7 +67,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use surely::fault::{Fault, FaultLayer, Reply, Schedule};
+//! use surely::fault::{Fault, InjectFaultLayer, Reply, Schedule};
 //! use surely::retry::{backoff::Backoff, RetryLayer};
 //! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 //!
@@ -76,7 +76,7 @@
 //! let overloaded = Reply::new(http::StatusCode::SERVICE_UNAVAILABLE).retry_after(Duration::from_secs(2));
 //! let mut client = ServiceBuilder::new()
 //!     .layer(RetryLayer::builder().backoff(Backoff::none()).build().unwrap())
-//!     .layer(FaultLayer::new(Schedule::new().at(0, Fault::Respond(overloaded))))
+//!     .layer(InjectFaultLayer::new(Schedule::new().at(0, Fault::Respond(overloaded))))
 //!     .service(service_fn(|_req: http::Request<String>| async {
 //!         Ok::<_, std::io::Error>(http::Response::new(String::from("created")))
 //!     }));
@@ -92,13 +92,14 @@
 //! ```
 
 pub mod backoff;
-mod future;
+pub mod future;
 mod layer;
 mod learn;
-mod replay;
+pub mod replay;
+mod service;
 
-pub use self::layer::{Retry, RetryLayer, RetryLayerBuilder};
-pub use self::replay::{
-    BodyNotReplayable, NotReplayable, ReplayBodies, ReplayBody, ReplayBodyLayer,
-};
+pub use self::layer::{RetryLayer, RetryLayerBuilder};
+pub use self::replay::{NotReplayable, Replay, ReplayBody, ReplayLayer};
+pub use self::service::Retry;
+pub use crate::error::BodyNotReplayable;
 pub use crate::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};

@@ -7,6 +7,11 @@
 //! reads them from there. An import is any path the code names (`use` or not) that starts at
 //! `crate::`, at `super::` past the module's top, or at a name `lib.rs` re-exports; comments,
 //! doc comments and string literals are not code.
+//!
+//! It also checks the chapter's "One shape for every layer": every `impl Layer for FooLayer` in
+//! `src/` (the client's layers and the server's, but the documented exceptions) is in a
+//! `layer.rs`, beside a `service.rs` with the service `Foo` and a `future.rs` with its
+//! `ResponseFuture`, in a `pub mod future` that a user can name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -465,4 +470,342 @@ fn the_reader_reads_imports() {
         .map(str::to_owned)
         .collect();
     assert_eq!(found, want);
+}
+
+// ---- one shape for every layer ------------------------------------------------------------
+
+/// The types that implement `tower::Layer` and are not layers in the one-shape sense: the
+/// client stack as one layer, whose service is the assembled stack. The architecture chapter's
+/// section "One shape for every layer" names each; `the_exceptions_are_documented` checks it.
+const SHAPE_EXCEPTIONS: &[&str] = &["ClientLayer"];
+
+/// The text of the architecture chapter's section "One shape for every layer".
+fn shape_section() -> String {
+    let chapter = fs::read_to_string(root().join("src/docs/architecture.md"))
+        .expect("src/docs/architecture.md is readable");
+    let after = chapter
+        .split_once("## One shape for every layer")
+        .expect("the architecture chapter has a heading \"## One shape for every layer\"")
+        .1;
+    after.split("\n## ").next().unwrap_or(after).to_owned()
+}
+
+/// `s[at..]` past a balanced `<...>` that starts at `at` (a `->` inside is not a closer).
+fn skip_angles(s: &str, at: usize) -> usize {
+    let b = s.as_bytes();
+    let mut depth = 0;
+    let mut i = at;
+    while i < b.len() {
+        match b[i] {
+            b'<' => depth += 1,
+            b'>' if i > 0 && b[i - 1] == b'-' => {}
+            b'>' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    b.len()
+}
+
+/// `s[at..]` past a balanced `{...}` that starts at `at`.
+fn skip_braces(s: &str, at: usize) -> usize {
+    let b = s.as_bytes();
+    let mut depth = 0;
+    for (i, c) in b.iter().enumerate().skip(at) {
+        match c {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    b.len()
+}
+
+fn skip_ws(s: &str, at: usize) -> usize {
+    at + (s[at..].len() - s[at..].trim_start().len())
+}
+
+/// A path's segments from `at` (`tower_layer::Layer`, `Service`), and where it ends.
+fn read_path(s: &str, at: usize) -> (Vec<String>, usize) {
+    let mut segments = Vec::new();
+    let mut i = skip_ws(s, at);
+    loop {
+        let ident: String = s[i..].chars().take_while(|c| is_ident(*c)).collect();
+        if ident.is_empty() {
+            break;
+        }
+        i += ident.len();
+        segments.push(ident);
+        if s[i..].starts_with("::") {
+            i += 2;
+        } else {
+            break;
+        }
+    }
+    (segments, i)
+}
+
+/// An `impl<..> Trait<..> for Type<..> { .. }` of a trait whose last segment is `trait_name`:
+/// the type's name and the block's body.
+struct TraitImpl {
+    ty: String,
+    body: String,
+}
+
+fn impls_of(code: &str, trait_name: &str) -> Vec<TraitImpl> {
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(n) = code[from..].find("impl") {
+        let start = from + n;
+        from = start + 4;
+        let before_ok = start == 0 || !code[..start].chars().next_back().is_some_and(is_ident);
+        let after_ok = !code[start + 4..].chars().next().is_some_and(is_ident);
+        if !before_ok || !after_ok {
+            continue;
+        }
+        let mut i = skip_ws(code, start + 4);
+        if code[i..].starts_with('<') {
+            i = skip_angles(code, i);
+        }
+        let (path, end) = read_path(code, i);
+        if path.last().map(String::as_str) != Some(trait_name) {
+            continue;
+        }
+        let mut i = skip_ws(code, end);
+        if code[i..].starts_with('<') {
+            i = skip_angles(code, i);
+        }
+        i = skip_ws(code, i);
+        let Some(rest) = code[i..].strip_prefix("for") else {
+            continue;
+        };
+        let (ty, end) = read_path(code, code.len() - rest.len());
+        let Some(ty) = ty.last().cloned() else {
+            continue;
+        };
+        let Some(open) = code[end..].find('{').map(|n| end + n) else {
+            continue;
+        };
+        let close = skip_braces(code, open);
+        found.push(TraitImpl {
+            ty,
+            body: code[open..close].to_owned(),
+        });
+    }
+    found
+}
+
+/// The type an impl's body gives an associated type: `type Service = Foo<S>;` is `Foo`, and
+/// `type Future = future::ResponseFuture<..>` is `future::ResponseFuture`.
+fn associated(body: &str, name: &str) -> Option<Vec<String>> {
+    let at = body.find(&format!("type {name}"))?;
+    let eq = at + body[at..].find('=')?;
+    let (path, _) = read_path(body, eq + 1);
+    (!path.is_empty()).then_some(path)
+}
+
+/// Whether `code` has a struct named `name` that is public.
+fn has_pub_struct(code: &str, name: &str) -> bool {
+    code.match_indices(&format!("pub struct {name}"))
+        .any(|(i, m)| !code[i + m.len()..].chars().next().is_some_and(is_ident))
+}
+
+/// Whether `code` declares `pub mod name;`.
+fn has_pub_mod(code: &str, name: &str) -> bool {
+    code.split(';').any(|stmt| {
+        let words: Vec<&str> = stmt.split_whitespace().collect();
+        words.ends_with(&["pub", "mod", name])
+    })
+}
+
+/// What is wrong with the shape of the layer `imp` found in `file`, if anything.
+fn shape_faults(file: &Path, imp: &TraitImpl) -> Vec<String> {
+    let src = root().join("src");
+    let rel = file
+        .strip_prefix(&src)
+        .unwrap_or(file)
+        .display()
+        .to_string();
+    let layer = &imp.ty;
+    let mut faults = Vec::new();
+    let mut fault = |why: String| faults.push(format!("{layer} ({rel}): {why}"));
+    if file.file_name().is_none_or(|n| n != "layer.rs") {
+        fault("a layer lives in a `layer.rs`".into());
+    }
+    let Some(service) = layer.strip_suffix("Layer").filter(|s| !s.is_empty()) else {
+        fault("a layer's name ends in `Layer`".into());
+        return faults;
+    };
+    match associated(&imp.body, "Service").and_then(|p| p.last().cloned()) {
+        Some(s) if s == service => {}
+        Some(s) => fault(format!("its service is `{s}`, not `{service}`")),
+        None => fault("no `type Service` found".into()),
+    }
+    let dir = file.parent().expect("a file has a folder");
+    let service_rs = code_only(&fs::read_to_string(dir.join("service.rs")).unwrap_or_default());
+    if !has_pub_struct(&service_rs, service) {
+        fault(format!(
+            "`pub struct {service}` is not in the sibling `service.rs`"
+        ));
+    }
+    let services: Vec<TraitImpl> = impls_of(&service_rs, "Service")
+        .into_iter()
+        .filter(|i| i.ty == service)
+        .collect();
+    if services.is_empty() {
+        fault(format!(
+            "no `impl Service for {service}` in the sibling `service.rs`"
+        ));
+    }
+    let imports_future = service_rs.contains("super::future::");
+    for s in &services {
+        match associated(&s.body, "Future") {
+            Some(p) if p.last().map(String::as_str) == Some("ResponseFuture") => {
+                let qualified = p.len() >= 2 && p[p.len() - 2] == "future";
+                if !qualified && !imports_future {
+                    fault("its service's `ResponseFuture` is not the sibling `future.rs`'s".into());
+                }
+            }
+            Some(p) => fault(format!(
+                "its service's future is `{}`, not `future::ResponseFuture`",
+                p.join("::")
+            )),
+            None => fault("its service has no `type Future`".into()),
+        }
+    }
+    let future_rs = code_only(&fs::read_to_string(dir.join("future.rs")).unwrap_or_default());
+    if !has_pub_struct(&future_rs, "ResponseFuture") {
+        fault("`pub struct ResponseFuture` is not in the sibling `future.rs`".into());
+    }
+    let mod_rs = code_only(&fs::read_to_string(dir.join("mod.rs")).unwrap_or_default());
+    if !has_pub_mod(&mod_rs, "future") {
+        fault("its folder's `mod.rs` does not declare `pub mod future;`".into());
+    }
+    // The future is nameable: every folder from `src/` down to the layer's is a `pub mod`.
+    let mut parent = src.clone();
+    for part in dir
+        .strip_prefix(&src)
+        .map(|p| p.to_path_buf())
+        .unwrap_or_default()
+        .iter()
+    {
+        let name = part.to_string_lossy();
+        let parent_file = if parent == src {
+            parent.join("lib.rs")
+        } else {
+            parent.join("mod.rs")
+        };
+        let code = code_only(&fs::read_to_string(&parent_file).unwrap_or_default());
+        if !has_pub_mod(&code, &name) {
+            fault(format!(
+                "`{name}` is not a `pub mod` of {}",
+                parent_file.display()
+            ));
+        }
+        parent = parent.join(part);
+    }
+    faults
+}
+
+/// Every type in `src/` that implements `tower::Layer`, with its file.
+fn layers_in_src() -> Vec<(PathBuf, TraitImpl)> {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    files.sort();
+    let mut found = Vec::new();
+    for file in files {
+        let code = code_only(&fs::read_to_string(&file).expect("a source file is readable"));
+        for imp in impls_of(&code, "Layer") {
+            found.push((file.clone(), imp));
+        }
+    }
+    found
+}
+
+/// The one-shape rule of the architecture chapter, for every layer in `src/` (the client's and
+/// the server's): `FooLayer` in a `layer.rs`, its service `Foo` in the sibling `service.rs`,
+/// whose future is the `ResponseFuture` of the sibling `future.rs`, a `pub mod future` nameable
+/// from the crate's root.
+#[test]
+fn every_layer_has_the_one_shape() {
+    let layers = layers_in_src();
+    let names: BTreeSet<&str> = layers.iter().map(|(_, i)| i.ty.as_str()).collect();
+    // The reader found the layers (a reader that finds none would pass anything).
+    for known in [
+        "RetryLayer",
+        "SetDeadlineLayer",
+        "HedgeLayer",
+        "ClientLayer",
+    ] {
+        assert!(
+            names.contains(known),
+            "no `impl Layer for {known}` found in src/"
+        );
+    }
+    let faults: Vec<String> = layers
+        .iter()
+        .filter(|(_, imp)| !SHAPE_EXCEPTIONS.contains(&imp.ty.as_str()))
+        .flat_map(|(file, imp)| shape_faults(file, imp))
+        .collect();
+    assert!(
+        faults.is_empty(),
+        "layers out of shape (docs::architecture, \"One shape for every layer\"):\n{}",
+        faults.join("\n")
+    );
+}
+
+#[test]
+fn the_exceptions_are_documented() {
+    let section = shape_section();
+    for name in SHAPE_EXCEPTIONS {
+        assert!(
+            section.contains(name),
+            "{name} is an exception to the one shape, but the chapter's section does not name it"
+        );
+    }
+}
+
+/// The reader of the shape: impls with generics, paths, `->` in bounds, and a layer out of
+/// shape said so.
+#[test]
+fn the_reader_reads_layers() {
+    let code = code_only(
+        "impl<S, F: Fn(&u8) -> Option<u8>> tower_layer::Layer<S> for FooLayer<F> {\n\
+         type Service = Foo<S, F>; fn layer(&self, s: S) -> Foo<S, F> { todo!() } }\n\
+         impl<S> Service<Req> for Foo<S> { type Future = future::ResponseFuture<S::Future>; }\n\
+         // impl Layer<S> for CommentLayer {}\n",
+    );
+    let layers = impls_of(&code, "Layer");
+    assert_eq!(layers.len(), 1);
+    assert_eq!(layers[0].ty, "FooLayer");
+    assert_eq!(
+        associated(&layers[0].body, "Service"),
+        Some(vec!["Foo".to_owned()])
+    );
+    let services = impls_of(&code, "Service");
+    assert_eq!(services[0].ty, "Foo");
+    assert_eq!(
+        associated(&services[0].body, "Future"),
+        Some(vec!["future".to_owned(), "ResponseFuture".to_owned()])
+    );
+    // A layer in a file that is not `layer.rs`, beside no service or future, is out of shape.
+    let faults = shape_faults(&root().join("src/nowhere/mod.rs"), &layers[0]);
+    assert!(
+        faults.iter().any(|f| f.contains("`layer.rs`")),
+        "{faults:?}"
+    );
+    assert!(
+        faults.iter().any(|f| f.contains("service.rs")),
+        "{faults:?}"
+    );
 }

@@ -554,7 +554,11 @@ fn bucket_defaults() {
 
 #[test]
 fn bucket_first_attempts_are_never_blocked() {
-    let bucket = TokenBucket::new(2, 0.5).unwrap();
+    let bucket = TokenBucket::builder()
+        .max_tokens(2)
+        .token_ratio(0.5)
+        .build()
+        .unwrap();
     for _ in 0..10 {
         bucket.record_outcome(AttemptClass::Rejected);
     }
@@ -565,7 +569,11 @@ fn bucket_first_attempts_are_never_blocked() {
 
 #[test]
 fn bucket_threshold_is_more_than_half() {
-    let bucket = TokenBucket::new(10, 0.1).unwrap();
+    let bucket = TokenBucket::builder()
+        .max_tokens(10)
+        .token_ratio(0.1)
+        .build()
+        .unwrap();
     for n in 0..4 {
         bucket.record_outcome(AttemptClass::Rejected);
         assert!(bucket.withdraw().is_ok(), "after {} failures", n + 1);
@@ -585,7 +593,11 @@ fn bucket_threshold_is_more_than_half() {
 
 #[test]
 fn bucket_odd_max_threshold() {
-    let bucket = TokenBucket::new(3, 1.0).unwrap();
+    let bucket = TokenBucket::builder()
+        .max_tokens(3)
+        .token_ratio(1.0)
+        .build()
+        .unwrap();
     bucket.record_outcome(AttemptClass::Rejected);
     // 2 > 1.5
     assert!(bucket.withdraw().is_ok());
@@ -596,7 +608,11 @@ fn bucket_odd_max_threshold() {
 
 #[test]
 fn bucket_final_and_conflict_do_not_drain() {
-    let bucket = TokenBucket::new(4, 1.0).unwrap();
+    let bucket = TokenBucket::builder()
+        .max_tokens(4)
+        .token_ratio(1.0)
+        .build()
+        .unwrap();
     for _ in 0..1000 {
         bucket.record_outcome(AttemptClass::Final);
         bucket.record_outcome(AttemptClass::Conflict);
@@ -607,7 +623,11 @@ fn bucket_final_and_conflict_do_not_drain() {
 
 #[test]
 fn bucket_stays_within_zero_and_max() {
-    let bucket = TokenBucket::new(5, 2.0).unwrap();
+    let bucket = TokenBucket::builder()
+        .max_tokens(5)
+        .token_ratio(2.0)
+        .build()
+        .unwrap();
     for _ in 0..100 {
         bucket.record_outcome(AttemptClass::Success);
     }
@@ -625,7 +645,13 @@ fn bucket_stays_within_zero_and_max() {
 
 #[test]
 fn bucket_concurrent_updates_stay_in_bounds_and_add_up() {
-    let bucket = Arc::new(TokenBucket::new(1000, 1.0).unwrap());
+    let bucket = Arc::new(
+        TokenBucket::builder()
+            .max_tokens(1000)
+            .token_ratio(1.0)
+            .build()
+            .unwrap(),
+    );
     // Drain to 500, then 8 threads each do 50 failures and 50 successes: net zero, never
     // touching a bound.
     for _ in 0..500 {
@@ -654,7 +680,11 @@ fn bucket_concurrent_updates_stay_in_bounds_and_add_up() {
 #[test]
 fn bucket_validation_never_panics() {
     for max in [0, 1001, u32::MAX] {
-        let err = TokenBucket::new(max, 0.1).unwrap_err();
+        let err = TokenBucket::builder()
+            .max_tokens(max)
+            .token_ratio(0.1)
+            .build()
+            .unwrap_err();
         assert_eq!(err.setting(), "retry token bucket max_tokens");
     }
     for r in [
@@ -667,18 +697,59 @@ fn bucket_validation_never_panics() {
         10.5,
         1e300,
     ] {
-        let err = TokenBucket::new(10, r).unwrap_err();
+        let err = TokenBucket::builder()
+            .max_tokens(10)
+            .token_ratio(r)
+            .build()
+            .unwrap_err();
         assert_eq!(err.setting(), "retry token bucket token_ratio", "{r}");
     }
     // The edges are fine, and a ratio is kept to three decimals.
-    assert_eq!(TokenBucket::new(1, 1.0).unwrap().token_ratio(), 1.0);
     assert_eq!(
-        TokenBucket::new(1000, 1000.0).unwrap().token_ratio(),
+        TokenBucket::builder()
+            .max_tokens(1)
+            .token_ratio(1.0)
+            .build()
+            .unwrap()
+            .token_ratio(),
+        1.0
+    );
+    assert_eq!(
+        TokenBucket::builder()
+            .max_tokens(1000)
+            .token_ratio(1000.0)
+            .build()
+            .unwrap()
+            .token_ratio(),
         1000.0
     );
-    assert_eq!(TokenBucket::new(10, 0.001).unwrap().token_ratio(), 0.001);
-    assert_eq!(TokenBucket::new(10, 0.1239).unwrap().token_ratio(), 0.123);
-    assert_eq!(TokenBucket::new(10, 0.57).unwrap().token_ratio(), 0.57);
+    assert_eq!(
+        TokenBucket::builder()
+            .max_tokens(10)
+            .token_ratio(0.001)
+            .build()
+            .unwrap()
+            .token_ratio(),
+        0.001
+    );
+    assert_eq!(
+        TokenBucket::builder()
+            .max_tokens(10)
+            .token_ratio(0.1239)
+            .build()
+            .unwrap()
+            .token_ratio(),
+        0.123
+    );
+    assert_eq!(
+        TokenBucket::builder()
+            .max_tokens(10)
+            .token_ratio(0.57)
+            .build()
+            .unwrap()
+            .token_ratio(),
+        0.57
+    );
 }
 
 // ---- properties --------------------------------------------------------------------------
@@ -811,7 +882,7 @@ proptest! {
         classes in prop::collection::vec(0u8..6, 0..500),
     ) {
         let token_ratio = (ratio_milli as f64 / 1000.0).min(f64::from(max));
-        let bucket = TokenBucket::new(max, token_ratio).unwrap();
+        let bucket = TokenBucket::builder().max_tokens(max).token_ratio(token_ratio).build().unwrap();
         let half = f64::from(max) / 2.0;
         for c in classes {
             let class = match c {

@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::fault::{Fault, FaultLayer, Reply, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, Reply, Schedule};
 use surely::headers::DEFAULT_HEADER;
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::headers::RETRY_OWNER;
@@ -40,7 +40,7 @@ async fn server(faults: Schedule) -> (String, Arc<Mutex<Vec<(HeaderMap, Bytes)>>
     });
     let addr = serve(
         ServiceBuilder::new()
-            .layer(FaultLayer::new(faults))
+            .layer(InjectFaultLayer::new(faults))
             .service(handler),
     )
     .await;
@@ -383,8 +383,8 @@ fn answer(_: Request<String>) -> std::future::Ready<std::io::Result<Response<Str
 
 #[tokio::test(start_paused = true)]
 async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_the_outcome() {
-    use surely::deadline::{AttemptTimers, WithDeadline};
-    use surely::idempotency::IdempotencyKeyService;
+    use surely::deadline::{AttemptTimers, SetDeadline};
+    use surely::idempotency::SetIdempotencyKey;
     use surely::retry::Retry;
     use surely::timeout::AttemptTimeout;
     use surely::OutcomeExt;
@@ -392,8 +392,7 @@ async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_
     // The default client is the stack with no record layer in it, as a type: this fails to
     // compile if a record layer (even a pass-through one) comes back into the default. Its
     // breaker is kept by the retry layer: no breaker layer either.
-    type Bare =
-        WithDeadline<IdempotencyKeyService<Retry<AttemptTimeout<FnTransport>>>, AttemptTimers>;
+    type Bare = SetDeadline<SetIdempotencyKey<Retry<AttemptTimeout<FnTransport>>>, AttemptTimers>;
     let transport: FnTransport = service_fn(answer);
     let bare: Bare = surely::client().build(transport).unwrap();
     let named: surely::client::Client<FnTransport> = bare;
@@ -415,17 +414,17 @@ async fn without_a_recorder_the_stack_has_no_record_layers_and_still_hands_back_
 #[tokio::test(start_paused = true)]
 async fn the_breaker_is_kept_by_the_retry_layer_and_goes_under_a_hedge_when_there_is_one() {
     use surely::breaker::{BreakerState, CircuitBreaker};
-    use surely::deadline::{AttemptTimers, WithDeadline};
+    use surely::deadline::{AttemptTimers, SetDeadline};
     use surely::hedge::HedgeLayer;
-    use surely::idempotency::IdempotencyKeyService;
+    use surely::idempotency::SetIdempotencyKey;
     use surely::retry::Retry;
     use surely::timeout::AttemptTimeout;
 
     use surely::breaker::Breaker;
     use surely::hedge::Hedge;
 
-    type Hedged = WithDeadline<
-        IdempotencyKeyService<Retry<Hedge<Breaker<AttemptTimeout<FnTransport>>>>>,
+    type Hedged = SetDeadline<
+        SetIdempotencyKey<Retry<Hedge<Breaker<AttemptTimeout<FnTransport>>>>>,
         AttemptTimers,
     >;
     let breaker = CircuitBreaker::builder().min_throughput(1).build().unwrap();

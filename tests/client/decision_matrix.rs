@@ -27,12 +27,12 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::deadline::DeadlineLayer;
-use surely::fault::{Fault, FaultLayer, NoResponse, Reply, Schedule};
+use surely::deadline::SetDeadlineLayer;
+use surely::fault::{Fault, InjectFaultLayer, NoResponse, Reply, Schedule};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
-use surely::retry::{ReplayBodyLayer, RetryLayer};
+use surely::retry::{ReplayLayer, RetryLayer};
 use surely::timeout::AttemptTimeoutLayer;
 use surely::Outcome;
 use surely::StopReason;
@@ -166,8 +166,8 @@ fn client(
 > {
     ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
-        .layer(DeadlineLayer::new(Duration::from_secs(30)).unwrap())
-        .layer(ReplayBodyLayer::new())
+        .layer(SetDeadlineLayer::new(Duration::from_secs(30)))
+        .layer(ReplayLayer::new())
         .layer(
             RetryLayer::builder()
                 .backoff(Backoff::constant(Duration::from_millis(50)))
@@ -176,8 +176,8 @@ fn client(
                 .unwrap(),
         )
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
-        .layer(FaultLayer::new(client_faults).responses(NoResponse))
+        .layer(AttemptTimeoutLayer::new(PER_TRY))
+        .layer(InjectFaultLayer::new(client_faults).responses(NoResponse))
         .service(Client::builder(TokioExecutor::new()).build_http())
 }
 
@@ -214,7 +214,7 @@ async fn run(failure: Failure, kind: Kind) -> Run {
         }
     });
     let server = ServiceBuilder::new()
-        .layer(FaultLayer::new(server_faults))
+        .layer(InjectFaultLayer::new(server_faults))
         .service(handler);
     let addr = serve(server).await;
 
@@ -337,7 +337,7 @@ async fn keyed_against_an_idempotent_server(failure: Failure) -> (Outcome, u32, 
         async { Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from_static(b"o-1")))) }
     });
     let server = ServiceBuilder::new()
-        .layer(FaultLayer::new(server_faults))
+        .layer(InjectFaultLayer::new(server_faults))
         .layer(IdempotencyLayer::new(MemoryStore::new()))
         .service(handler);
     let addr = serve(server).await;

@@ -10,7 +10,7 @@ use http::{HeaderValue, StatusCode};
 use proptest::prelude::*;
 use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
 use surely::fault::{
-    EmptyBody, Fault, FaultLayer, FaultPolicy, FaultService, MakeResponse, NoResponse, Reply,
+    EmptyBody, Fault, FaultPolicy, InjectFault, InjectFaultLayer, MakeResponse, NoResponse, Reply,
     Schedule, Seeded,
 };
 use surely::{Envelope, Error};
@@ -83,7 +83,7 @@ fn always(fault: Fault) -> impl Fn(&Req) -> Option<Fault> + Clone {
 #[tokio::test(start_paused = true)]
 async fn no_fault_passes_through() {
     let backend = Backend::default();
-    let mut svc = FaultLayer::new(()).layer(backend.service());
+    let mut svc = InjectFaultLayer::new(()).layer(backend.service());
     let res = send(&mut svc, post()).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.body(), "committed");
@@ -93,7 +93,7 @@ async fn no_fault_passes_through() {
 #[tokio::test(start_paused = true)]
 async fn refuse_before_send_never_calls_inner() {
     let backend = Backend::default();
-    let mut svc = FaultLayer::new(always(Fault::RefuseBeforeSend)).layer(backend.service());
+    let mut svc = InjectFaultLayer::new(always(Fault::RefuseBeforeSend)).layer(backend.service());
 
     let err = send(&mut svc, post()).await.unwrap_err();
     let fault = err.injected().expect("an injected fault");
@@ -113,7 +113,7 @@ async fn refuse_before_send_never_calls_inner() {
 #[tokio::test(start_paused = true)]
 async fn reset_after_send_runs_inner_once_and_loses_the_reply() {
     let backend = Backend::default();
-    let mut svc = FaultLayer::new(always(Fault::ResetAfterSend)).layer(backend.service());
+    let mut svc = InjectFaultLayer::new(always(Fault::ResetAfterSend)).layer(backend.service());
 
     let err = send(&mut svc, post()).await.unwrap_err();
     assert_eq!(backend.runs(), 1, "the side effect happened exactly once");
@@ -141,7 +141,7 @@ async fn reset_after_send_drops_an_inner_error_too() {
             Err::<Res, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
         }
     });
-    let mut svc = FaultLayer::new(always(Fault::ResetAfterSend)).layer(inner);
+    let mut svc = InjectFaultLayer::new(always(Fault::ResetAfterSend)).layer(inner);
     let err = svc.ready().await.unwrap().call(post()).await.unwrap_err();
     assert!(!err.is_transport());
     assert_eq!(err.injected().unwrap().phase(), DeliveryPhase::Sent);
@@ -152,7 +152,7 @@ async fn reset_after_send_drops_an_inner_error_too() {
 async fn delay_waits_exactly_before_calling_inner() {
     let backend = Backend::default();
     let delay = Duration::from_millis(1500);
-    let mut svc = FaultLayer::new(always(Fault::Delay(delay))).layer(backend.service());
+    let mut svc = InjectFaultLayer::new(always(Fault::Delay(delay))).layer(backend.service());
 
     let start = Instant::now();
     let res = send(&mut svc, post()).await.unwrap();
@@ -169,8 +169,8 @@ async fn delay_waits_exactly_before_calling_inner() {
 #[tokio::test(start_paused = true)]
 async fn delay_cut_short_by_a_timeout_never_runs_inner() {
     let backend = Backend::default();
-    let mut svc =
-        FaultLayer::new(always(Fault::Delay(Duration::from_secs(10)))).layer(backend.service());
+    let mut svc = InjectFaultLayer::new(always(Fault::Delay(Duration::from_secs(10))))
+        .layer(backend.service());
 
     let call = svc.ready().await.unwrap().call(post());
     let timed_out = tokio::time::timeout(Duration::from_secs(1), call).await;
@@ -182,7 +182,7 @@ async fn delay_cut_short_by_a_timeout_never_runs_inner() {
 async fn delay_reply_runs_inner_at_once_and_answers_late() {
     let backend = Backend::default();
     let delay = Duration::from_secs(3);
-    let mut svc = FaultLayer::new(always(Fault::DelayReply(delay))).layer(backend.service());
+    let mut svc = InjectFaultLayer::new(always(Fault::DelayReply(delay))).layer(backend.service());
 
     let start = Instant::now();
     let res = send(&mut svc, post()).await.unwrap();
@@ -194,7 +194,7 @@ async fn delay_reply_runs_inner_at_once_and_answers_late() {
 #[tokio::test(start_paused = true)]
 async fn delay_reply_cut_short_by_a_timeout_has_committed() {
     let backend = Backend::default();
-    let mut svc = FaultLayer::new(always(Fault::DelayReply(Duration::from_secs(10))))
+    let mut svc = InjectFaultLayer::new(always(Fault::DelayReply(Duration::from_secs(10))))
         .layer(backend.service());
 
     let call = svc.ready().await.unwrap().call(post());
@@ -212,7 +212,7 @@ async fn respond_answers_without_calling_inner() {
             http::HeaderName::from_static("x-upstream"),
             HeaderValue::from_static("overloaded"),
         );
-    let mut svc = FaultLayer::new(always(Fault::Respond(reply))).layer(backend.service());
+    let mut svc = InjectFaultLayer::new(always(Fault::Respond(reply))).layer(backend.service());
 
     let res = send(&mut svc, post()).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -226,7 +226,7 @@ async fn respond_answers_without_calling_inner() {
 async fn respond_after_send_runs_inner_and_replaces_its_answer() {
     let backend = Backend::default();
     let fault = Fault::RespondAfterSend(StatusCode::GATEWAY_TIMEOUT.into());
-    let mut svc = FaultLayer::new(always(fault)).layer(backend.service());
+    let mut svc = InjectFaultLayer::new(always(fault)).layer(backend.service());
 
     let res = send(&mut svc, post()).await.unwrap();
     assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
@@ -244,7 +244,7 @@ async fn respond_without_a_response_maker_fails_with_the_matching_phase() {
             Fault::RespondAfterSend(StatusCode::BAD_GATEWAY.into())
         })
     };
-    let mut svc = FaultLayer::new(policy)
+    let mut svc = InjectFaultLayer::new(policy)
         .responses(NoResponse)
         .layer(backend.service());
 
@@ -274,7 +274,7 @@ async fn a_closure_builds_responses_of_its_own_type() {
     impl Envelope for Command {}
 
     let inner = service_fn(|_: Command| async { Ok::<_, std::io::Error>(Answer::Stored) });
-    let mut svc = FaultLayer::new(
+    let mut svc = InjectFaultLayer::new(
         Schedule::new().at(1, Fault::Respond(StatusCode::TOO_MANY_REQUESTS.into())),
     )
     .responses(|reply: &Reply| Some(Answer::Status(reply.status().as_u16())))
@@ -304,7 +304,7 @@ async fn inner_errors_pass_through_as_transport_errors() {
     let inner = service_fn(|_req: Req| async {
         Err::<Res, _>(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
     });
-    let mut svc = FaultLayer::new(()).layer(inner);
+    let mut svc = InjectFaultLayer::new(()).layer(inner);
     let err = svc.ready().await.unwrap().call(post()).await.unwrap_err();
     assert!(err.is_transport());
     assert_eq!(
@@ -329,7 +329,7 @@ async fn readiness_is_the_inner_services() {
         }
     }
 
-    let mut svc = FaultService::new(Broken, always(Fault::RefuseBeforeSend));
+    let mut svc = InjectFault::new(Broken, always(Fault::RefuseBeforeSend));
     let Err(err) = svc.ready().await else {
         panic!("the inner service is never ready")
     };
@@ -343,8 +343,8 @@ async fn readiness_is_the_inner_services() {
 #[tokio::test(start_paused = true)]
 async fn layers_over_a_surely_error_without_nesting() {
     let backend = Backend::default();
-    let inner = FaultLayer::new(()).layer(backend.service());
-    let mut svc = FaultLayer::new(always(Fault::ResetAfterSend)).layer(inner);
+    let inner = InjectFaultLayer::new(()).layer(backend.service());
+    let mut svc = InjectFaultLayer::new(always(Fault::ResetAfterSend)).layer(inner);
     let err: Error<Infallible> = send(&mut svc, post()).await.unwrap_err();
     assert!(err.injected().is_some());
     assert_eq!(backend.runs(), 1);
@@ -373,8 +373,8 @@ async fn attempt_timeouts_see_how_far_a_delayed_request_got() {
     ] {
         let backend = Backend::default();
         let mut svc = ServiceBuilder::new()
-            .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)).unwrap())
-            .layer(FaultLayer::new(()))
+            .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)))
+            .layer(InjectFaultLayer::new(()))
             .service(backend.service());
         let mut req = post_with(fault);
         req.extensions_mut().insert(Progress::new());
@@ -393,7 +393,7 @@ async fn attempt_timeouts_see_how_far_a_delayed_request_got() {
 async fn schedule_scripts_by_request_index_across_clones() {
     let backend = Backend::default();
     let schedule = Schedule::new().at(1, Fault::ResetAfterSend);
-    let layer = FaultLayer::new(schedule.clone());
+    let layer = InjectFaultLayer::new(schedule.clone());
     let mut a = layer.layer(backend.service());
     let mut b = a.clone();
 
@@ -585,7 +585,7 @@ async fn a_requests_own_fault_overrides_the_policy() {
     let backend = Backend::default();
     // Every request is reset, except the one that asks to be refused.
     let schedule = Schedule::new().otherwise(Fault::ResetAfterSend);
-    let mut svc = FaultLayer::new(schedule.clone()).layer(backend.service());
+    let mut svc = InjectFaultLayer::new(schedule.clone()).layer(backend.service());
 
     let err = send(&mut svc, post_with(Fault::RefuseBeforeSend))
         .await
@@ -602,7 +602,7 @@ async fn a_requests_own_fault_overrides_the_policy() {
 #[tokio::test(start_paused = true)]
 async fn with_no_policy_only_marked_requests_get_faults() {
     let backend = Backend::default();
-    let mut svc = FaultLayer::new(()).layer(backend.service());
+    let mut svc = InjectFaultLayer::new(()).layer(backend.service());
 
     assert!(send(&mut svc, post()).await.is_ok());
     let start = Instant::now();
@@ -627,7 +627,7 @@ async fn a_closure_policy_sees_the_request() {
     let policy =
         |req: &Req| (req.method() == http::Method::POST).then_some(Fault::RefuseBeforeSend);
     let mut svc = ServiceBuilder::new()
-        .layer(FaultLayer::new(policy))
+        .layer(InjectFaultLayer::new(policy))
         .service(backend.service());
 
     let get = http::Request::get("/orders").body(()).unwrap();
@@ -648,7 +648,7 @@ fn composes_with_service_builder() {
     }
 
     let svc = ServiceBuilder::new()
-        .layer(FaultLayer::new(
+        .layer(InjectFaultLayer::new(
             Seeded::new(1, [(0.5, Fault::ResetAfterSend)]).unwrap(),
         ))
         .map_err(|e: Infallible| -> tower::BoxError { match e {} })
@@ -680,7 +680,7 @@ async fn server_side_reset_after_send_closes_the_connection() {
             ))))
         }
     });
-    let svc = FaultLayer::new(Schedule::new().at(1, Fault::ResetAfterSend)).layer(handler);
+    let svc = InjectFaultLayer::new(Schedule::new().at(1, Fault::ResetAfterSend)).layer(handler);
 
     // Every connection gets a clone: the schedule counts requests across them.
     let addr = serve(svc).await;

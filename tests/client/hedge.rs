@@ -14,7 +14,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use surely::budget::{BudgetExhausted, RatioBudget, RetryBudget};
 use surely::classify::AttemptClass;
-use surely::deadline::{Deadline, DeadlineLayer};
+use surely::deadline::{Deadline, SetDeadlineLayer};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::hedge::{HedgeDelay, HedgeLayer, HedgeLayerBuilder};
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
@@ -316,9 +316,15 @@ async fn dropping_the_call_drops_every_attempt_and_the_timer() {
 
 #[tokio::test(start_paused = true)]
 async fn a_delay_beyond_the_clocks_range_never_fires_and_does_not_panic() {
+    // Past ten years, the builder refuses it; ten years never fires within the call.
+    let err = HedgeLayer::builder()
+        .delay(HedgeDelay::fixed(Duration::MAX))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "hedge delay");
     let server = Server::new(&[(1000, 200), (1, 200)]);
     let layer = HedgeLayer::builder()
-        .delay(HedgeDelay::fixed(Duration::MAX))
+        .delay(HedgeDelay::fixed(surely::MAX_DURATION))
         .no_budget()
         .build()
         .unwrap();
@@ -525,6 +531,78 @@ async fn the_default_budget_bounds_hedges_to_a_share_of_calls() {
     assert!((100..=200).contains(&hedges), "{hedges}");
 }
 
+/// A hand-built retry layer over a hedge layer given no budget: the retry layer lends the call
+/// its budget, and hedges and retries drain that one budget.
+#[tokio::test(start_paused = true)]
+async fn a_retry_layer_outside_lends_its_budget_to_a_hedge_given_none() {
+    // Attempt 1 is slow, its hedge (attempt 2) fails at once with a 502, so the hedge layer
+    // returns that failure when attempt 1 fails too; the retry layer then retries (attempt 3).
+    let server = Server::new(&[(100, 502), (10, 502), (10, 200)]);
+    let budget = Arc::new(Counting::default());
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::builder()
+                .backoff(Backoff::none())
+                .budget(budget.clone())
+                .build()
+                .unwrap(),
+        )
+        .layer(
+            HedgeLayer::builder()
+                .delay(HedgeDelay::fixed(ms(50)))
+                .build()
+                .unwrap(),
+        )
+        .service(server.service());
+    let res = svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(server.calls(), 3);
+    // One deposit (the retry layer's, for the call), two withdrawals from the one budget: the
+    // hedge and the retry. The hedge layer kept no budget of its own for this call.
+    let (deposits, withdrawals, _) = budget.counts();
+    assert_eq!((deposits, withdrawals), (1, 2));
+
+    // A lent budget that refuses stops the hedges too: the hedge layer's own default budget
+    // would have let this one through.
+    let refusing = Arc::new(Counting {
+        refuse: true,
+        ..Counting::default()
+    });
+    let server = Server::new(&[(1000, 200), (10, 200)]);
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::builder()
+                .budget(refusing.clone())
+                .build()
+                .unwrap(),
+        )
+        .layer(
+            HedgeLayer::builder()
+                .delay(HedgeDelay::fixed(ms(50)))
+                .build()
+                .unwrap(),
+        )
+        .service(server.service());
+    let start = Instant::now();
+    svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(start.elapsed(), ms(1000));
+    assert_eq!(server.calls(), 1, "no hedge: the lent budget refused");
+    assert_eq!(refusing.counts().1, 1);
+
+    // A hedge given a budget of its own keeps it.
+    let own = Arc::new(Counting::default());
+    let outer = Arc::new(Counting::default());
+    let server = Server::new(&[(1000, 200), (10, 200)]);
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::builder().budget(outer.clone()).build().unwrap())
+        .layer(hedge().own_budget(own.clone()).build().unwrap())
+        .service(server.service());
+    svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(server.calls(), 2);
+    assert_eq!(own.counts().1, 1);
+    assert_eq!(outer.counts().1, 0);
+}
+
 // ---- the deadline -----------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
@@ -549,7 +627,7 @@ async fn no_hedge_that_the_deadline_leaves_no_time_for() {
     // The call's deadline, from a deadline layer outside: the call ends at 55 ms, unhedged.
     let server = Server::new(&[(1000, 200), (1, 200)]);
     let mut svc = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(ms(55)).unwrap())
+        .layer(SetDeadlineLayer::new(ms(55)))
         .layer(hedge().build().unwrap())
         .service(server.service());
     let start = Instant::now();
@@ -672,7 +750,7 @@ async fn composes_with_retry_outside_and_the_attempt_record_inside() {
     let records = InMemoryRecorder::new();
     let mut svc = ServiceBuilder::new()
         .layer(RecordCallLayer::new(records.clone()))
-        .layer(DeadlineLayer::new(Duration::from_secs(2)).unwrap())
+        .layer(SetDeadlineLayer::new(Duration::from_secs(2)))
         .layer(
             RetryLayer::builder()
                 .backoff(Backoff::none())

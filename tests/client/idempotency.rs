@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::idempotency::InvalidKey;
-use surely::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
+use surely::idempotency::{IdempotencyKey, SetIdempotencyKeyLayer};
 use surely::{Envelope, Error, Semantics};
 use tower::{Layer, Service, ServiceExt};
 
@@ -235,7 +235,7 @@ proptest! {
 #[tokio::test]
 async fn non_idempotent_methods_get_a_key_by_default() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::new().layer(transport.clone());
+    let mut svc = SetIdempotencyKeyLayer::new().layer(transport.clone());
     for method in [
         Method::POST,
         Method::PATCH,
@@ -255,7 +255,7 @@ async fn non_idempotent_methods_get_a_key_by_default() {
 #[tokio::test]
 async fn a_generated_key_makes_the_request_keyed_only_for_a_server_that_honours_keys() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::new()
+    let mut svc = SetIdempotencyKeyLayer::new()
         .server_honours_keys()
         .layer(transport.clone());
     send(&mut svc, request(Method::POST)).await.unwrap();
@@ -267,7 +267,7 @@ async fn a_generated_key_makes_the_request_keyed_only_for_a_server_that_honours_
 #[tokio::test]
 async fn a_caller_key_makes_the_request_keyed_without_the_declaration() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::new().layer(transport.clone());
+    let mut svc = SetIdempotencyKeyLayer::new().layer(transport.clone());
     let mut by_header = request(Method::POST);
     by_header
         .headers_mut()
@@ -286,7 +286,7 @@ async fn a_caller_key_makes_the_request_keyed_without_the_declaration() {
 #[tokio::test]
 async fn an_explicit_semantics_wins_over_any_key() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::new()
+    let mut svc = SetIdempotencyKeyLayer::new()
         .server_honours_keys()
         .layer(transport.clone());
     // The caller says this POST must never be repeated: the key still goes out (it helps a
@@ -295,7 +295,7 @@ async fn an_explicit_semantics_wins_over_any_key() {
     once.extensions_mut().insert(Semantics::NonIdempotent);
     send(&mut svc, once).await.unwrap();
     // And a read stays a read under a policy that keys everything.
-    let mut always = IdempotencyKeyLayer::always().layer(transport.clone());
+    let mut always = SetIdempotencyKeyLayer::always().layer(transport.clone());
     send(&mut always, request(Method::GET)).await.unwrap();
     let seen = transport.seen();
     assert!(seen[0].header.is_some());
@@ -307,7 +307,7 @@ async fn an_explicit_semantics_wins_over_any_key() {
 #[tokio::test]
 async fn safe_and_idempotent_methods_get_no_key_by_default() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::new().layer(transport.clone());
+    let mut svc = SetIdempotencyKeyLayer::new().layer(transport.clone());
     for method in [Method::GET, Method::HEAD, Method::PUT, Method::DELETE] {
         send(&mut svc, request(method)).await.unwrap();
     }
@@ -321,7 +321,7 @@ async fn safe_and_idempotent_methods_get_no_key_by_default() {
 #[tokio::test]
 async fn a_semantics_extension_overrides_the_method() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::new().layer(transport.clone());
+    let mut svc = SetIdempotencyKeyLayer::new().layer(transport.clone());
     let mut search = request(Method::POST);
     search.extensions_mut().insert(Semantics::Safe);
     send(&mut svc, search).await.unwrap();
@@ -331,7 +331,7 @@ async fn a_semantics_extension_overrides_the_method() {
 #[tokio::test]
 async fn always_keys_reads_too() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::always().layer(transport.clone());
+    let mut svc = SetIdempotencyKeyLayer::always().layer(transport.clone());
     send(&mut svc, request(Method::GET)).await.unwrap();
     let seen = &transport.seen()[0];
     assert!(seen.header.is_some());
@@ -343,7 +343,7 @@ async fn always_keys_reads_too() {
 #[tokio::test]
 async fn for_methods_keys_the_listed_methods_only() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::for_methods([Method::PUT]).layer(transport.clone());
+    let mut svc = SetIdempotencyKeyLayer::for_methods([Method::PUT]).layer(transport.clone());
     send(&mut svc, request(Method::PUT)).await.unwrap();
     send(&mut svc, request(Method::POST)).await.unwrap();
     let seen = transport.seen();
@@ -354,7 +354,7 @@ async fn for_methods_keys_the_listed_methods_only() {
 #[tokio::test]
 async fn a_predicate_decides() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::when(|req: &dyn Envelope| {
+    let mut svc = SetIdempotencyKeyLayer::when(|req: &dyn Envelope| {
         req.headers().is_some_and(|h| h.contains_key("x-pay"))
     })
     .layer(transport.clone());
@@ -373,7 +373,7 @@ async fn a_predicate_decides() {
 #[tokio::test]
 async fn every_attempt_of_a_call_sends_the_same_key() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::new()
+    let mut svc = SetIdempotencyKeyLayer::new()
         .server_honours_keys()
         .layer(TwoAttempts(transport.clone()));
     send(&mut svc, request(Method::POST)).await.unwrap();
@@ -395,7 +395,7 @@ async fn every_attempt_of_a_call_sends_the_same_key() {
 #[tokio::test]
 async fn a_caller_header_is_kept_as_it_is() {
     let transport = Recorder::default();
-    let mut svc = IdempotencyKeyLayer::always().layer(transport.clone());
+    let mut svc = SetIdempotencyKeyLayer::always().layer(transport.clone());
     let mut req = request(Method::POST);
     req.headers_mut()
         .insert(IDEMPOTENCY_KEY, HeaderValue::from_static("\"order-o-1\""));
@@ -410,7 +410,7 @@ async fn a_caller_header_is_kept_as_it_is() {
 async fn a_caller_extension_key_is_used() {
     let transport = Recorder::default();
     // Even for a method the policy would not key.
-    let mut svc = IdempotencyKeyLayer::new().layer(transport.clone());
+    let mut svc = SetIdempotencyKeyLayer::new().layer(transport.clone());
     let mut req = request(Method::GET);
     req.extensions_mut()
         .insert(IdempotencyKey::new("order-o-1").unwrap());
@@ -433,7 +433,7 @@ async fn invalid_caller_keys_fail_the_call_without_sending_it() {
     ];
     for (values, expected) in cases {
         let transport = Recorder::default();
-        let mut svc = IdempotencyKeyLayer::new().layer(transport.clone());
+        let mut svc = SetIdempotencyKeyLayer::new().layer(transport.clone());
         let mut req = request(Method::POST);
         for v in &values {
             req.headers_mut()
@@ -460,7 +460,7 @@ impl Envelope for CreateUser {}
 #[tokio::test]
 async fn a_request_without_headers_passes_through() {
     let mut svc =
-        IdempotencyKeyLayer::always().layer(tower::service_fn(|req: CreateUser| async move {
+        SetIdempotencyKeyLayer::always().layer(tower::service_fn(|req: CreateUser| async move {
             Ok::<_, io::Error>(req)
         }));
     let back = send(&mut svc, CreateUser("ann")).await.unwrap();
@@ -475,7 +475,7 @@ async fn layers_stack_without_nesting_errors() {
         Err::<Response<()>, _>(io::Error::from(io::ErrorKind::ConnectionReset))
     });
     let mut svc = tower::ServiceBuilder::new()
-        .layer(IdempotencyKeyLayer::new())
+        .layer(SetIdempotencyKeyLayer::new())
         .layer(surely::timeout::AttemptTimeoutLayer::deadline_only())
         .service(transport);
     let err: Error<io::Error> = send(&mut svc, request(Method::POST)).await.unwrap_err();

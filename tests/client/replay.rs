@@ -13,10 +13,10 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use surely::classify::BoxError;
-use surely::fault::{Fault, FaultLayer, Reply, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, Reply, Schedule};
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
-use surely::retry::{NotReplayable, ReplayBody, ReplayBodyLayer, RetryLayer};
+use surely::retry::{NotReplayable, ReplayBody, ReplayLayer, RetryLayer};
 use surely::Outcome;
 use surely::StopReason;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
@@ -85,7 +85,7 @@ where
     let recorder = InMemoryRecorder::new();
     let mut client = ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
-        .layer(ReplayBodyLayer::new().limit(limit))
+        .layer(ReplayLayer::new().limit(limit))
         .layer(
             RetryLayer::builder()
                 .backoff(Backoff::none())
@@ -94,7 +94,7 @@ where
                 .unwrap(),
         )
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(FaultLayer::new(faults))
+        .layer(InjectFaultLayer::new(faults))
         .service(service_fn(move |req: Request<ReplayBody<B>>| {
             let log = log.clone();
             async move {
@@ -235,7 +235,7 @@ async fn an_empty_body_is_replayable() {
     assert_eq!(recorder.calls()[0].attempts, 2);
 }
 
-/// A request as the transport under a `ReplayBodyLayer` gets it.
+/// A request as the transport under a `ReplayLayer` gets it.
 type Replayed = Request<ReplayBody<Full<Bytes>>>;
 
 #[tokio::test(start_paused = true)]
@@ -244,7 +244,7 @@ async fn an_ended_body_goes_on_with_its_request_and_every_copy_sends_nothing() {
     // as it came, with a body that replays as nothing, however often it is copied or read.
     let seen: Arc<Mutex<Option<Replayed>>> = Arc::default();
     let keep = seen.clone();
-    let mut svc = ReplayBodyLayer::new()
+    let mut svc = ReplayLayer::new()
         .limit(0)
         .layer(service_fn(move |req: Replayed| {
             let keep = keep.clone();
@@ -303,15 +303,16 @@ async fn an_ended_body_is_sent_again_on_every_retry() {
 async fn a_copy_of_a_body_sent_once_fails_instead_of_sending_nothing() {
     let seen: Arc<Mutex<Option<Request<ReplayBody<Chunks>>>>> = Arc::default();
     let keep = seen.clone();
-    let mut svc = ReplayBodyLayer::new().limit(2).layer(service_fn(
-        move |req: Request<ReplayBody<Chunks>>| {
-            let keep = keep.clone();
-            async move {
-                *keep.lock().unwrap() = Some(req);
-                Ok::<_, Infallible>(())
-            }
-        },
-    ));
+    let mut svc =
+        ReplayLayer::new()
+            .limit(2)
+            .layer(service_fn(move |req: Request<ReplayBody<Chunks>>| {
+                let keep = keep.clone();
+                async move {
+                    *keep.lock().unwrap() = Some(req);
+                    Ok::<_, Infallible>(())
+                }
+            }));
     let req = Request::post("/x").body(Chunks::new(&["abc"])).unwrap();
     svc.ready().await.unwrap().call(req).await.unwrap();
 

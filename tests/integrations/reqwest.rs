@@ -33,7 +33,7 @@ use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
 use surely::classify::{AttemptClass, BoxError, ClassifyError, DeliveryPhase};
-use surely::fault::{Fault, FaultLayer, NoResponse, Reply, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, NoResponse, Reply, Schedule};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
@@ -178,7 +178,7 @@ macro_rules! stack {
             Some(per_try) => builder.per_try_timeout(per_try),
             None => builder,
         };
-        let transport = FaultLayer::new($faults)
+        let transport = InjectFaultLayer::new($faults)
             .responses(NoResponse)
             .layer(surely::reqwest::transport($reqwest));
         builder.build(transport).unwrap()
@@ -209,7 +209,7 @@ impl Server {
             }
         });
         let server = ServiceBuilder::new()
-            .layer(FaultLayer::new(faults))
+            .layer(InjectFaultLayer::new(faults))
             .service(handler);
         format!("http://{}", serve(server).await)
     }

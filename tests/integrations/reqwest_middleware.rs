@@ -19,7 +19,7 @@ use http::{Extensions, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
-use surely::fault::{Fault, FaultLayer, Reply, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, Reply, Schedule};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::hedge::{HedgeDelay, HedgeLayer};
 use surely::reqwest::middleware::{surely_error, SurelyMiddleware};
@@ -63,7 +63,7 @@ impl Server {
             }
         });
         let server = ServiceBuilder::new()
-            .layer(FaultLayer::new(faults))
+            .layer(InjectFaultLayer::new(faults))
             .service(handler);
         format!("http://{}", serve(server).await)
     }
@@ -101,7 +101,7 @@ fn reqwest_client() -> reqwest::Client {
 fn client() -> (ClientWithMiddleware, Arc<AtomicUsize>) {
     let below = Arc::new(AtomicUsize::new(0));
     let client = ClientBuilder::new(reqwest_client())
-        .with(SurelyMiddleware::new().unwrap())
+        .with(SurelyMiddleware::new())
         .with(Count(below.clone()))
         .build();
     (client, below)

@@ -2,7 +2,7 @@
 //! before any handler runs, and make it current for the handler.
 //!
 //! The budget arrives as a *relative* value (`grpc-timeout`, or a millisecond header written by
-//! the client's [`DeadlineLayer`](crate::deadline::DeadlineLayer)); an inbound header can shorten
+//! the client's [`SetDeadlineLayer`](crate::deadline::SetDeadlineLayer)); an inbound header can shorten
 //! the server's own budget, never lengthen it. See [`ServerDeadlineLayer`] and the
 //! [deadlines chapter](crate::docs::deadlines).
 

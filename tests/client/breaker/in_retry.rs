@@ -1,5 +1,5 @@
 //! The breaker kept by a retry layer (`RetryLayerBuilder::circuit_breaker`) against the same
-//! breaker as a `CircuitBreakerLayer` right inside the retry layer: the two must admit, refuse
+//! breaker as a `BreakerLayer` right inside the retry layer: the two must admit, refuse
 //! and count exactly alike. Generated scripts drive both stacks in lockstep under paused time
 //! (same calls, same answers, same instants) and compare everything they show.
 
@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use proptest::prelude::*;
-use surely::breaker::{BreakerState, CircuitBreaker, CircuitBreakerLayer, SlidingWindow};
-use surely::deadline::DeadlineLayer;
+use surely::breaker::{BreakerLayer, BreakerState, CircuitBreaker, SlidingWindow};
+use surely::deadline::SetDeadlineLayer;
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
 use surely::retry::{RetryLayer, RetryLayerBuilder};
@@ -104,10 +104,10 @@ fn retry(s: &Settings) -> RetryLayerBuilder {
 fn layered(s: &Settings, breaker: CircuitBreaker, dep: &Scripted) -> Svc {
     BoxCloneService::new(
         ServiceBuilder::new()
-            .layer(DeadlineLayer::new(s.deadline).unwrap())
+            .layer(SetDeadlineLayer::new(s.deadline))
             .layer(retry(s).build().unwrap())
-            .layer(CircuitBreakerLayer::new(breaker))
-            .layer(AttemptTimeoutLayer::new(s.per_try).unwrap())
+            .layer(BreakerLayer::new(breaker))
+            .layer(AttemptTimeoutLayer::new(s.per_try))
             .service(dep.service()),
     )
 }
@@ -116,9 +116,9 @@ fn layered(s: &Settings, breaker: CircuitBreaker, dep: &Scripted) -> Svc {
 fn kept(s: &Settings, breaker: CircuitBreaker, dep: &Scripted) -> Svc {
     BoxCloneService::new(
         ServiceBuilder::new()
-            .layer(DeadlineLayer::new(s.deadline).unwrap())
+            .layer(SetDeadlineLayer::new(s.deadline))
             .layer(retry(s).circuit_breaker(breaker).build().unwrap())
-            .layer(AttemptTimeoutLayer::new(s.per_try).unwrap())
+            .layer(AttemptTimeoutLayer::new(s.per_try))
             .service(dep.service()),
     )
 }

@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use surely::breaker::{
-    BreakerState, CircuitBreaker, CircuitBreakerBuilder, CircuitBreakerLayer, SlidingWindow,
-    WindowCounts,
+    BreakerLayer, BreakerState, CircuitBreaker, CircuitBreakerBuilder, SlidingWindow, WindowCounts,
 };
 use surely::classify::{AttemptClass, BoxError, ClassifyError, DeliveryPhase};
-use surely::deadline::DeadlineLayer;
+use surely::deadline::SetDeadlineLayer;
 use surely::pushback::Pushback;
 use surely::record::BreakerEventKind;
 use surely::record::TransitionReason;
@@ -85,7 +84,7 @@ impl Backend {
 
     /// The backend behind a breaker.
     fn guarded(&self, breaker: &CircuitBreaker) -> Svc {
-        BoxCloneService::new(CircuitBreakerLayer::new(breaker.clone()).layer(self.service()))
+        BoxCloneService::new(BreakerLayer::new(breaker.clone()).layer(self.service()))
     }
 }
 
@@ -227,14 +226,13 @@ async fn transport_errors_are_classified_too() {
     let breaker = builder(&rec).build().unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
-    let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(tower::service_fn(
-        move |_req: Request<()>| {
+    let mut svc =
+        BreakerLayer::new(breaker.clone()).layer(tower::service_fn(move |_req: Request<()>| {
             counted.fetch_add(1, SeqCst);
             async {
                 Err::<Response<()>, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
             }
-        },
-    ));
+        }));
     for _ in 0..4 {
         let err = svc
             .ready()
@@ -584,7 +582,7 @@ async fn clones_and_other_services_share_the_breaker() {
     let breaker = builder(&rec).build().unwrap();
     let orders = Backend::new();
     let invoices = Backend::new();
-    let layer = CircuitBreakerLayer::new(breaker.clone());
+    let layer = BreakerLayer::new(breaker.clone());
     let mut a = BoxCloneService::new(layer.layer(orders.service()));
     let mut a2 = a.clone();
     let mut b = invoices.guarded(&breaker.clone());
@@ -728,9 +726,16 @@ async fn jitter_spreads_breaks_and_a_seed_repeats_them() {
 #[tokio::test(start_paused = true)]
 async fn a_break_longer_than_the_clock_can_hold_does_not_panic() {
     let rec = InMemoryRecorder::new();
-    let breaker = builder(&rec)
+    // Past ten years, the builder refuses it; ten years is the longest break.
+    let err = builder(&rec)
         .break_duration(Duration::MAX)
         .break_growth(2.0, Duration::MAX)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "breaker break duration");
+    let breaker = builder(&rec)
+        .break_duration(surely::MAX_DURATION)
+        .break_growth(2.0, surely::MAX_DURATION)
         .build()
         .unwrap();
     let backend = Backend::new();
@@ -838,7 +843,7 @@ fn concurrent_records_are_all_counted() {
                     let status = if t % 2 == 0 { 200 } else { 503 };
                     Ok::<_, Infallible>(Response::builder().status(status).body(()).unwrap())
                 });
-                let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(svc);
+                let mut svc = BreakerLayer::new(breaker.clone()).layer(svc);
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..100 {
                         svc.ready()
@@ -894,7 +899,7 @@ async fn probe_round(breaker: &CircuitBreaker, probes: u32, succeed: bool) {
     let svc = tower::service_fn(|_req: Request<()>| async {
         Ok::<_, Infallible>(Response::builder().status(503).body(()).unwrap())
     });
-    let mut once = CircuitBreakerLayer::new(breaker.clone()).layer(svc);
+    let mut once = BreakerLayer::new(breaker.clone()).layer(svc);
     once.ready()
         .await
         .unwrap()
@@ -918,7 +923,7 @@ async fn probe_round(breaker: &CircuitBreaker, probes: u32, succeed: bool) {
                 Ok::<_, Infallible>(Response::builder().status(status).body(()).unwrap())
             }
         });
-        let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(svc);
+        let mut svc = BreakerLayer::new(breaker.clone()).layer(svc);
         tasks.push(tokio::spawn(async move {
             match svc.ready().await.unwrap().call(Request::new(())).await {
                 Ok(_) => {}
@@ -947,7 +952,7 @@ async fn probe_round(breaker: &CircuitBreaker, probes: u32, succeed: bool) {
     assert_eq!(breaker.state(), expected);
 }
 
-/// DeadlineLayer → RetryLayer → CircuitBreakerLayer → service, under a call record: a refusal
+/// SetDeadlineLayer → RetryLayer → BreakerLayer → service, under a call record: a refusal
 /// is retried after the remaining break when the deadline allows it, and otherwise the call
 /// stops at once, for the deadline.
 #[tokio::test(start_paused = true)]
@@ -968,7 +973,7 @@ async fn inside_a_retry_a_refusal_waits_out_the_break_only_if_the_deadline_allow
         backend.answer(200);
         let svc = ServiceBuilder::new()
             .layer(RecordCallLayer::new(rec.clone()))
-            .layer(DeadlineLayer::new(deadline).unwrap())
+            .layer(SetDeadlineLayer::new(deadline))
             .layer(
                 RetryLayer::builder()
                     .backoff(Backoff::none())
@@ -976,7 +981,7 @@ async fn inside_a_retry_a_refusal_waits_out_the_break_only_if_the_deadline_allow
                     .build()
                     .unwrap(),
             )
-            .layer(CircuitBreakerLayer::new(breaker))
+            .layer(BreakerLayer::new(breaker))
             .service(backend.service());
         (svc, backend, rec)
     }
@@ -1062,8 +1067,8 @@ async fn another_breakers_refusal_counts_for_nothing() {
     let inner = builder(&rec).build().unwrap();
     let backend = Backend::new();
     let mut svc = ServiceBuilder::new()
-        .layer(CircuitBreakerLayer::new(outer.clone()))
-        .layer(CircuitBreakerLayer::new(inner.clone()))
+        .layer(BreakerLayer::new(outer.clone()))
+        .layer(BreakerLayer::new(inner.clone()))
         .service(backend.service());
     inner.isolate();
     for _ in 0..10 {
@@ -1116,8 +1121,8 @@ async fn a_timeout_with_too_little_budget_to_tell_is_not_counted() {
     let with_budget = |budget: Duration| -> Svc {
         BoxCloneService::new(
             ServiceBuilder::new()
-                .layer(DeadlineLayer::new(budget).unwrap())
-                .layer(CircuitBreakerLayer::new(breaker.clone()))
+                .layer(SetDeadlineLayer::new(budget))
+                .layer(BreakerLayer::new(breaker.clone()))
                 .layer(AttemptTimeoutLayer::deadline_only())
                 .service(backend.service()),
         )
@@ -1156,21 +1161,20 @@ async fn a_timeout_with_too_little_budget_to_tell_is_not_counted() {
 async fn a_refusal_for_a_spent_deadline_is_not_counted() {
     let rec = InMemoryRecorder::new();
     let breaker = builder(&rec).build().unwrap();
-    let answer =
-        |marked: bool| -> Svc {
-            BoxCloneService::new(CircuitBreakerLayer::new(breaker.clone()).layer(
-                tower::service_fn(move |_req: Request<()>| async move {
-                    let mut res = Response::builder().status(504).body(()).unwrap();
-                    if marked {
-                        res.headers_mut().insert(
-                            surely::headers::NOT_PROCESSED,
-                            http::HeaderValue::from_static("deadline"),
-                        );
-                    }
-                    Ok::<_, std::io::Error>(res)
-                }),
-            ))
-        };
+    let answer = |marked: bool| -> Svc {
+        BoxCloneService::new(BreakerLayer::new(breaker.clone()).layer(tower::service_fn(
+            move |_req: Request<()>| async move {
+                let mut res = Response::builder().status(504).body(()).unwrap();
+                if marked {
+                    res.headers_mut().insert(
+                        surely::headers::NOT_PROCESSED,
+                        http::HeaderValue::from_static("deadline"),
+                    );
+                }
+                Ok::<_, std::io::Error>(res)
+            },
+        )))
+    };
     let mut refused = answer(true);
     for _ in 0..10 {
         assert_eq!(status(&mut refused).await, 504);

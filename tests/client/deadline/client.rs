@@ -1,11 +1,11 @@
-//! The client `DeadlineLayer`, under paused time.
+//! The client `SetDeadlineLayer`, under paused time.
 
 use std::io;
 use std::time::Duration;
 
 use http::{HeaderName, Request, Response};
 use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
-use surely::deadline::{Deadline, DeadlineLayer};
+use surely::deadline::{Deadline, SetDeadlineLayer};
 use surely::headers::DEFAULT_HEADER;
 use surely::headers::GRPC_TIMEOUT;
 use surely::Envelope;
@@ -55,9 +55,7 @@ fn assert_refused<E: ClassifyError + std::fmt::Display>(err: &surely::Error<E>) 
 #[tokio::test(start_paused = true)]
 async fn refuses_a_request_whose_extension_deadline_has_passed() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(secs(2))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(recording(log.clone()));
     let deadline = Deadline::after(ms(100));
     tokio::time::advance(ms(150)).await;
 
@@ -69,7 +67,7 @@ async fn refuses_a_request_whose_extension_deadline_has_passed() {
 #[tokio::test(start_paused = true)]
 async fn refuses_a_request_exactly_at_its_deadline() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::inherit().layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::inherit().layer(recording(log.clone()));
     let deadline = Deadline::after(ms(100));
     tokio::time::advance(ms(100)).await;
     assert!(deadline.is_expired());
@@ -82,9 +80,7 @@ async fn refuses_a_request_exactly_at_its_deadline() {
 #[tokio::test(start_paused = true)]
 async fn refuses_inside_a_spent_scope() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(secs(2))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(recording(log.clone()));
     let spent = Deadline::after(ms(10));
     tokio::time::advance(ms(10)).await;
 
@@ -98,7 +94,7 @@ async fn refuses_inside_a_spent_scope() {
 #[tokio::test(start_paused = true)]
 async fn refuses_when_no_more_than_the_reserve_is_left() {
     let log = Log::default();
-    let layer = DeadlineLayer::builder().reserve(ms(5)).build().unwrap();
+    let layer = SetDeadlineLayer::builder().reserve(ms(5)).build().unwrap();
     let mut svc = layer.layer(recording(log.clone()));
 
     let err = call(&mut svc, with_deadline(Deadline::after(ms(5))))
@@ -117,9 +113,7 @@ async fn refuses_when_no_more_than_the_reserve_is_left() {
 #[tokio::test(start_paused = true)]
 async fn a_refused_call_keeps_the_service_usable() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(secs(1))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(1)).layer(recording(log.clone()));
     let spent = Deadline::after(ms(1));
     tokio::time::advance(ms(1)).await;
     call(&mut svc, with_deadline(spent)).await.unwrap_err();
@@ -132,7 +126,7 @@ async fn a_refused_call_keeps_the_service_usable() {
 #[tokio::test(start_paused = true)]
 async fn writes_the_remaining_budget_less_the_reserve() {
     let log = Log::default();
-    let layer = DeadlineLayer::builder()
+    let layer = SetDeadlineLayer::builder()
         .timeout(secs(2))
         .reserve(ms(5))
         .build()
@@ -146,9 +140,7 @@ async fn writes_the_remaining_budget_less_the_reserve() {
 #[tokio::test(start_paused = true)]
 async fn the_default_reserve_is_one_millisecond() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(secs(2))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(recording(log.clone()));
     call(&mut svc, req()).await.unwrap();
     assert_eq!(log.header(DEFAULT_HEADER.as_str()).as_deref(), Some("1999"));
 }
@@ -156,9 +148,7 @@ async fn the_default_reserve_is_one_millisecond() {
 #[tokio::test(start_paused = true)]
 async fn replaces_a_budget_header_the_caller_set() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(secs(2))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(recording(log.clone()));
     let r = Request::get("/")
         .header("x-request-timeout-ms", "999999")
         .body(())
@@ -176,7 +166,7 @@ async fn replaces_a_budget_header_the_caller_set() {
 #[tokio::test(start_paused = true)]
 async fn writes_grpc_timeout_for_grpc_requests_and_not_the_ms_header() {
     let log = Log::default();
-    let layer = DeadlineLayer::builder()
+    let layer = SetDeadlineLayer::builder()
         .timeout(secs(2))
         .reserve(ms(5))
         .build()
@@ -191,9 +181,7 @@ async fn writes_grpc_timeout_for_grpc_requests_and_not_the_ms_header() {
 #[tokio::test(start_paused = true)]
 async fn grpc_with_a_subtype_content_type_is_grpc_too() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(ms(500))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(ms(500)).layer(recording(log.clone()));
     let r = Request::post("/pkg.Svc/Method")
         .header("content-type", "application/grpc+proto")
         .body(())
@@ -209,7 +197,7 @@ async fn grpc_with_a_subtype_content_type_is_grpc_too() {
 #[tokio::test(start_paused = true)]
 async fn grpc_timeout_can_be_turned_off() {
     let log = Log::default();
-    let layer = DeadlineLayer::builder()
+    let layer = SetDeadlineLayer::builder()
         .timeout(secs(2))
         .grpc_timeout(false)
         .build()
@@ -224,7 +212,7 @@ async fn grpc_timeout_can_be_turned_off() {
 #[tokio::test(start_paused = true)]
 async fn writes_a_custom_header() {
     let log = Log::default();
-    let layer = DeadlineLayer::builder()
+    let layer = SetDeadlineLayer::builder()
         .timeout(secs(2))
         .reserve(ms(5))
         .http_header(Some(HeaderName::from_static("x-budget-ms")))
@@ -240,7 +228,7 @@ async fn writes_a_custom_header() {
 #[tokio::test(start_paused = true)]
 async fn http_header_none_writes_nothing_but_still_enforces() {
     let log = Log::default();
-    let layer = DeadlineLayer::builder()
+    let layer = SetDeadlineLayer::builder()
         .timeout(secs(2))
         .http_header(None)
         .build()
@@ -265,9 +253,7 @@ async fn http_header_none_writes_nothing_but_still_enforces() {
 #[tokio::test(start_paused = true)]
 async fn own_timeout_wins_when_earliest() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(secs(1))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(1)).layer(recording(log.clone()));
     let start = Instant::now();
     let r = with_deadline(Deadline::after(secs(2)));
     surely::deadline::scope(Deadline::after(secs(3)), call(&mut svc, r))
@@ -283,9 +269,7 @@ async fn own_timeout_wins_when_earliest() {
 #[tokio::test(start_paused = true)]
 async fn request_extension_wins_when_earliest() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(secs(2))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(recording(log.clone()));
     let start = Instant::now();
     let r = with_deadline(Deadline::after(ms(700)));
     surely::deadline::scope(Deadline::after(secs(3)), call(&mut svc, r))
@@ -301,9 +285,7 @@ async fn request_extension_wins_when_earliest() {
 #[tokio::test(start_paused = true)]
 async fn current_deadline_wins_when_earliest() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(secs(2))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(recording(log.clone()));
     let start = Instant::now();
     let r = with_deadline(Deadline::after(secs(3)));
     surely::deadline::scope(Deadline::after(ms(400)), call(&mut svc, r))
@@ -319,9 +301,7 @@ async fn current_deadline_wins_when_earliest() {
 #[tokio::test(start_paused = true)]
 async fn an_inherited_deadline_counts_from_when_it_was_set() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(secs(10))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(10)).layer(recording(log.clone()));
     let parent = Deadline::after(secs(3));
     surely::deadline::scope(parent, async {
         tokio::time::advance(ms(1250)).await;
@@ -346,9 +326,7 @@ async fn a_nested_scope_never_lengthens_the_outer_one() {
 
     // And a layer inside both writes the earliest.
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(secs(10))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(10)).layer(recording(log.clone()));
     scope(
         outer,
         scope(Deadline::after(secs(5)), call(&mut svc, req())),
@@ -363,19 +341,15 @@ async fn a_nested_scope_never_lengthens_the_outer_one() {
 async fn nested_layers_never_lengthen_the_outer_budget() {
     // Outer 1 s, inner 5 s: the inner layer inherits the outer deadline and writes it again.
     let log = Log::default();
-    let inner = DeadlineLayer::new(secs(5))
-        .unwrap()
-        .layer(recording(log.clone()));
-    let mut svc = DeadlineLayer::new(secs(1)).unwrap().layer(inner);
+    let inner = SetDeadlineLayer::new(secs(5)).layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(1)).layer(inner);
     call(&mut svc, req()).await.unwrap();
     assert_eq!(log.header("x-request-timeout-ms").as_deref(), Some("999"));
 
     // Outer 1 s, inner 300 ms: the inner one is shorter and wins.
     let log = Log::default();
-    let inner = DeadlineLayer::new(ms(300))
-        .unwrap()
-        .layer(recording(log.clone()));
-    let mut svc = DeadlineLayer::new(secs(1)).unwrap().layer(inner);
+    let inner = SetDeadlineLayer::new(ms(300)).layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(1)).layer(inner);
     call(&mut svc, req()).await.unwrap();
     assert_eq!(log.header("x-request-timeout-ms").as_deref(), Some("299"));
 }
@@ -383,7 +357,7 @@ async fn nested_layers_never_lengthen_the_outer_budget() {
 #[tokio::test(start_paused = true)]
 async fn inherit_without_any_deadline_does_nothing() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::inherit().layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::inherit().layer(recording(log.clone()));
     call(&mut svc, req()).await.unwrap();
     let seen = log.only();
     assert!(seen.headers.is_empty());
@@ -392,7 +366,7 @@ async fn inherit_without_any_deadline_does_nothing() {
 
     // And a slow call is not cut short.
     let calls = counter();
-    let mut svc = DeadlineLayer::inherit().layer(hanging(calls.clone()));
+    let mut svc = SetDeadlineLayer::inherit().layer(hanging(calls.clone()));
     let out = tokio::time::timeout(secs(3600), call(&mut svc, req())).await;
     assert!(out.is_err(), "the call must still be pending after an hour");
     assert_eq!(get(&calls), 1);
@@ -403,9 +377,7 @@ async fn inherit_without_any_deadline_does_nothing() {
 #[tokio::test(start_paused = true)]
 async fn inner_layers_see_the_current_deadline() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::new(secs(2))
-        .unwrap()
-        .layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(recording(log.clone()));
     let start = Instant::now();
     assert_eq!(surely::deadline::current(), None);
     call(&mut svc, req()).await.unwrap();
@@ -428,7 +400,7 @@ async fn the_current_deadline_holds_across_polls() {
         let after = surely::deadline::current();
         Ok::<_, io::Error>((before, after))
     });
-    let mut svc = DeadlineLayer::new(secs(1)).unwrap().layer(inner);
+    let mut svc = SetDeadlineLayer::new(secs(1)).layer(inner);
     let (before, after) = call(&mut svc, req()).await.unwrap();
     assert_eq!(before, Some(Deadline::at(start + secs(1))));
     assert_eq!(after, before);
@@ -437,9 +409,7 @@ async fn the_current_deadline_holds_across_polls() {
 #[tokio::test(start_paused = true)]
 async fn a_call_pending_at_the_deadline_ends_in_flight() {
     let calls = counter();
-    let mut svc = DeadlineLayer::new(secs(2))
-        .unwrap()
-        .layer(hanging(calls.clone()));
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(hanging(calls.clone()));
     let start = Instant::now();
     let err = call(&mut svc, req()).await.unwrap_err();
     assert_eq!(Instant::now() - start, secs(2));
@@ -465,7 +435,7 @@ async fn a_call_answering_before_the_deadline_passes_through() {
         tokio::time::sleep(ms(1999)).await;
         Ok::<_, io::Error>(Response::builder().status(201).body("made").unwrap())
     });
-    let mut svc = DeadlineLayer::new(secs(2)).unwrap().layer(inner);
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(inner);
     let res = call(&mut svc, req()).await.unwrap();
     assert_eq!(res.status(), 201);
     assert_eq!(*res.body(), "made");
@@ -476,7 +446,7 @@ async fn transport_errors_are_kept_as_they_are() {
     let inner = service_fn(|_req: Request<()>| async {
         Err::<(), _>(io::Error::new(io::ErrorKind::ConnectionRefused, "nope"))
     });
-    let mut svc = DeadlineLayer::new(secs(2)).unwrap().layer(inner);
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(inner);
     let err = call(&mut svc, req()).await.unwrap_err();
     assert!(err.is_transport());
     assert!(!err.is_deadline_exceeded());
@@ -490,23 +460,44 @@ async fn transport_errors_are_kept_as_they_are() {
 
 #[test]
 fn zero_timeout_is_a_config_error() {
-    let err = DeadlineLayer::new(Duration::ZERO).unwrap_err();
+    let err = SetDeadlineLayer::builder()
+        .timeout(Duration::ZERO)
+        .build()
+        .unwrap_err();
     assert_eq!(err.setting(), "deadline timeout");
     assert_eq!(
         err.to_string(),
         "invalid deadline timeout: must be greater than zero"
     );
-    let err = DeadlineLayer::builder()
-        .timeout(Duration::ZERO)
+}
+
+/// `new` never fails: a zero timeout counts as the shortest the builder accepts (the 1 ms
+/// reserve and a millisecond on the wire), one past ten years as ten years.
+#[tokio::test(start_paused = true)]
+async fn new_clamps_its_timeout_into_what_the_builder_accepts() {
+    let layer = SetDeadlineLayer::new(Duration::ZERO);
+    assert_eq!(layer.timeout(), Some(ms(2)));
+    let log = Log::default();
+    let mut svc = layer.layer(recording(log.clone()));
+    call(&mut svc, req()).await.unwrap();
+    assert_eq!(log.header(DEFAULT_HEADER.as_str()).as_deref(), Some("1"));
+
+    let layer = SetDeadlineLayer::new(Duration::MAX);
+    assert_eq!(layer.timeout(), Some(surely::MAX_DURATION));
+    let log = Log::default();
+    let mut svc = layer.layer(recording(log.clone()));
+    call(&mut svc, req()).await.unwrap();
+    assert_eq!(log.count(), 1);
+    assert!(SetDeadlineLayer::builder()
+        .timeout(Duration::MAX)
         .build()
-        .unwrap_err();
-    assert_eq!(err.setting(), "deadline timeout");
+        .is_err());
 }
 
 #[test]
 fn reserve_not_below_timeout_is_a_config_error() {
     for reserve in [ms(100), ms(101), secs(5)] {
-        let err = DeadlineLayer::builder()
+        let err = SetDeadlineLayer::builder()
             .timeout(ms(100))
             .reserve(reserve)
             .build()
@@ -517,7 +508,7 @@ fn reserve_not_below_timeout_is_a_config_error() {
             "invalid deadline reserve: must be less than the timeout, or every call would be refused"
         );
     }
-    assert!(DeadlineLayer::builder()
+    assert!(SetDeadlineLayer::builder()
         .timeout(ms(100))
         .reserve(ms(99))
         .build()
@@ -534,7 +525,7 @@ impl Envelope for Rpc {}
 #[tokio::test(start_paused = true)]
 async fn a_non_http_request_gets_the_deadline_without_headers() {
     let inner = service_fn(|_req: Rpc| async { Ok::<_, io::Error>(surely::deadline::current()) });
-    let mut svc = DeadlineLayer::new(secs(2)).unwrap().layer(inner);
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(inner);
     let start = Instant::now();
     let seen = call(&mut svc, Rpc).await.unwrap();
     assert_eq!(seen, Some(Deadline::at(start + secs(2))));
@@ -551,7 +542,7 @@ async fn a_non_http_request_is_refused_and_timed_out() {
             Ok::<(), io::Error>(())
         }
     });
-    let mut svc = DeadlineLayer::new(secs(2)).unwrap().layer(inner);
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(inner);
 
     let spent = Deadline::after(ms(3));
     tokio::time::advance(ms(3)).await;
@@ -576,7 +567,7 @@ async fn a_non_http_request_is_refused_and_timed_out() {
 #[tokio::test(start_paused = true)]
 async fn a_budget_that_would_be_written_as_zero_is_refused_locally() {
     let log = Log::default();
-    let mut svc = DeadlineLayer::inherit().layer(recording(log.clone()));
+    let mut svc = SetDeadlineLayer::inherit().layer(recording(log.clone()));
     // 1.5 ms left, 1 ms reserve: 0.5 ms to send, which truncates to "0" on the wire.
     let deadline = Deadline::at(Instant::now() + Duration::from_micros(1500));
     let err = call(&mut svc, with_deadline(deadline)).await.unwrap_err();
@@ -591,7 +582,7 @@ async fn a_budget_that_would_be_written_as_zero_is_refused_locally() {
 #[tokio::test(start_paused = true)]
 async fn attempt_timers_enforcement_falls_back_to_its_own_timer() {
     let calls = counter();
-    let layer = DeadlineLayer::builder()
+    let layer = SetDeadlineLayer::builder()
         .timeout(secs(2))
         .enforce_in_attempts()
         .build()
@@ -614,18 +605,18 @@ async fn the_attempt_timeout_inside_ends_the_call_at_its_deadline() {
 
     for enforce_in_attempts in [false, true] {
         let calls = counter();
-        let builder = DeadlineLayer::builder().timeout(secs(2));
+        let builder = SetDeadlineLayer::builder().timeout(secs(2));
         let start = Instant::now();
         let err = if enforce_in_attempts {
             let mut svc = ServiceBuilder::new()
                 .layer(builder.enforce_in_attempts().build().unwrap())
-                .layer(AttemptTimeoutLayer::new(secs(10)).unwrap())
+                .layer(AttemptTimeoutLayer::new(secs(10)))
                 .service(hanging(calls.clone()));
             call(&mut svc, req()).await.unwrap_err()
         } else {
             let mut svc = ServiceBuilder::new()
                 .layer(builder.build().unwrap())
-                .layer(AttemptTimeoutLayer::new(secs(10)).unwrap())
+                .layer(AttemptTimeoutLayer::new(secs(10)))
                 .service(hanging(calls.clone()));
             call(&mut svc, req()).await.unwrap_err()
         };
@@ -641,12 +632,12 @@ async fn the_attempt_timeout_inside_ends_the_call_at_its_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_nested_layer_inherits_the_outer_budget() {
     let log = Log::default();
-    let outer = DeadlineLayer::builder()
+    let outer = SetDeadlineLayer::builder()
         .timeout(secs(1))
         .reserve(ms(5))
         .build()
         .unwrap();
-    let inner = DeadlineLayer::builder()
+    let inner = SetDeadlineLayer::builder()
         .timeout(secs(30))
         .reserve(ms(10))
         .build()
@@ -664,14 +655,14 @@ async fn a_nested_layer_inherits_the_outer_budget() {
 
 #[test]
 fn a_reserve_that_leaves_less_than_a_millisecond_on_the_wire_is_a_config_error() {
-    let err = DeadlineLayer::builder()
+    let err = SetDeadlineLayer::builder()
         .timeout(Duration::from_micros(1500))
         .reserve(ms(1))
         .build()
         .unwrap_err();
     assert_eq!(err.setting(), "deadline reserve");
     // Without the millisecond header there is nothing to write, and the budget is fine.
-    DeadlineLayer::builder()
+    SetDeadlineLayer::builder()
         .timeout(Duration::from_micros(1500))
         .reserve(ms(1))
         .http_header(None)

@@ -1,4 +1,4 @@
-//! End to end over a real hyper server on 127.0.0.1: a client `DeadlineLayer` around hyper-util's
+//! End to end over a real hyper server on 127.0.0.1: a client `SetDeadlineLayer` around hyper-util's
 //! legacy client, a `ServerDeadlineLayer` around the handler.
 //!
 //! These run on real time (paused time would auto-advance while the runtime waits for the
@@ -16,7 +16,7 @@ use http_body_util::{Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::deadline::{Deadline, DeadlineLayer};
+use surely::deadline::{Deadline, SetDeadlineLayer};
 use surely::server::deadline::ServerDeadlineLayer;
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -43,7 +43,7 @@ async fn the_budget_crosses_the_wire_and_the_handler_inherits_it() {
             let header = r.headers()["x-request-timeout-ms"].to_str().unwrap();
             Ok::<_, io::Error>(header.parse::<u64>().unwrap())
         });
-        let mut client = DeadlineLayer::new(secs(60)).unwrap().layer(downstream);
+        let mut client = SetDeadlineLayer::new(secs(60)).layer(downstream);
         let outgoing = client
             .ready()
             .await
@@ -72,7 +72,7 @@ async fn the_budget_crosses_the_wire_and_the_handler_inherits_it() {
     let addr = serve(server).await;
 
     let transport = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut client = DeadlineLayer::new(secs(10)).unwrap().layer(transport);
+    let mut client = SetDeadlineLayer::new(secs(10)).layer(transport);
     let req = Request::get(format!("http://{addr}/"))
         .body(Empty::new())
         .unwrap();
@@ -117,7 +117,7 @@ async fn a_budget_below_the_server_minimum_is_refused_over_the_wire() {
     let addr = serve(server).await;
 
     let transport = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut client = DeadlineLayer::new(secs(10)).unwrap().layer(transport);
+    let mut client = SetDeadlineLayer::new(secs(10)).layer(transport);
     let req = Request::get(format!("http://{addr}/"))
         .body(Empty::new())
         .unwrap();
@@ -126,9 +126,7 @@ async fn a_budget_below_the_server_minimum_is_refused_over_the_wire() {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 
     // The same server runs a request with enough budget.
-    let mut client = DeadlineLayer::new(secs(30))
-        .unwrap()
-        .layer(client.into_inner());
+    let mut client = SetDeadlineLayer::new(secs(30)).layer(client.into_inner());
     let req = Request::get(format!("http://{addr}/"))
         .body(Empty::new())
         .unwrap();

@@ -1,4 +1,4 @@
-//! The deadline layers through the public API: the client `DeadlineLayer`, the
+//! The deadline layers through the public API: the client `SetDeadlineLayer`, the
 //! `ServerDeadlineLayer`, both together over a real hyper server, and property tests for the
 //! deadline arithmetic.
 

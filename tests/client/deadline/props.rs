@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::Request;
 use proptest::prelude::*;
-use surely::deadline::{Deadline, DeadlineLayer};
+use surely::deadline::{Deadline, SetDeadlineLayer};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -112,7 +112,7 @@ proptest! {
                 let h = r.headers().get("x-request-timeout-ms").map(|v| v.to_str().unwrap().to_owned());
                 Ok::<_, io::Error>(h)
             });
-            let layer = DeadlineLayer::builder()
+            let layer = SetDeadlineLayer::builder()
                 .timeout(Duration::from_millis(own_ms))
                 .reserve(Duration::from_millis(reserve_ms))
                 .build()

@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use surely::fault::{Fault, FaultLayer, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, Schedule};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
@@ -60,7 +60,7 @@ fn orders<B: Send + 'static>(
 /// A server that ignores idempotency keys, and drops the connection after its first commit.
 async fn ignoring_keys(commits: &Arc<AtomicU32>) -> String {
     let app = ServiceBuilder::new()
-        .layer(FaultLayer::new(
+        .layer(InjectFaultLayer::new(
             Schedule::new().at(0, Fault::ResetAfterSend),
         ))
         .service(orders::<Incoming>(commits));
@@ -75,7 +75,7 @@ async fn honouring_keys(commits: &Arc<AtomicU32>) -> String {
         .unwrap()
         .layer(orders::<Full<Bytes>>(commits));
     let app = ServiceBuilder::new()
-        .layer(FaultLayer::new(
+        .layer(InjectFaultLayer::new(
             Schedule::new().at(0, Fault::ResetAfterSend),
         ))
         .service(idem);

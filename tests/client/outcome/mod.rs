@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use http::{HeaderValue, Request, Response, StatusCode};
 use surely::breaker::CircuitBreaker;
-use surely::deadline::{Deadline, DeadlineLayer};
+use surely::deadline::{Deadline, SetDeadlineLayer};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::headers::KEY_IN_FLIGHT;
 use surely::hedge::{HedgeDelay, HedgeLayer};
@@ -328,7 +328,7 @@ async fn a_deadline_that_cuts_a_retrying_call_short_hands_back_what_its_attempts
         let records = InMemoryRecorder::new();
         let mut client = ServiceBuilder::new()
             .layer(RecordCallLayer::new(records.clone()))
-            .layer(DeadlineLayer::new(Duration::from_secs(1)).unwrap())
+            .layer(SetDeadlineLayer::new(Duration::from_secs(1)))
             .layer(
                 RetryLayer::builder()
                     .backoff(Backoff::none())

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Request, Response};
 use surely::classify::{AttemptClass, Classification, DeliveryPhase};
-use surely::deadline::{Deadline, DeadlineLayer};
+use surely::deadline::{Deadline, SetDeadlineLayer};
 use surely::record::{
     BusinessKey, InMemoryRecorder, Record, RecordAttemptLayer, RecordCallLayer, Recorder,
 };
@@ -565,9 +565,9 @@ async fn the_unit_recorder_records_nothing_and_passes_responses_through() {
     let script = Script::new();
     let mut client = ServiceBuilder::new()
         .layer(RecordCallLayer::new(()))
-        .layer(DeadlineLayer::new(secs(2)).unwrap())
+        .layer(SetDeadlineLayer::new(secs(2)))
         .layer(RecordAttemptLayer::new(()))
-        .layer(AttemptTimeoutLayer::new(ms(500)).unwrap())
+        .layer(AttemptTimeoutLayer::new(ms(500)))
         .service(script.answer(201, &[("x-request-id", "r-1")], ms(0)));
     let res = call(&mut client, post("/orders")).await.unwrap();
     assert_eq!(res.status(), 201);
@@ -578,7 +578,7 @@ async fn the_unit_recorder_records_nothing_and_passes_responses_through() {
     let mut client = ServiceBuilder::new()
         .layer(RecordCallLayer::new(()))
         .layer(RecordAttemptLayer::new(()))
-        .layer(AttemptTimeoutLayer::new(ms(500)).unwrap())
+        .layer(AttemptTimeoutLayer::new(ms(500)))
         .service(script.hang());
     let err = call(&mut client, post("/orders")).await.unwrap_err();
     assert!(err.is_elapsed());
@@ -614,7 +614,7 @@ async fn a_closure_recorder_gets_every_record_in_order() {
     };
     let mut client = ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
-        .layer(DeadlineLayer::new(secs(2)).unwrap())
+        .layer(SetDeadlineLayer::new(secs(2)))
         .layer(RecordAttemptLayer::new(recorder))
         .service(Script::new().answer(503, &[], ms(0)));
     call(&mut client, post("/orders")).await.unwrap();
@@ -737,9 +737,9 @@ async fn the_canonical_order_composes_with_service_builder() {
     });
     let mut client = ServiceBuilder::new()
         .layer(RecordCallLayer::new(records.clone()))
-        .layer(DeadlineLayer::new(secs(2)).unwrap())
+        .layer(SetDeadlineLayer::new(secs(2)))
         .layer(RecordAttemptLayer::new(records.clone()))
-        .layer(AttemptTimeoutLayer::new(ms(500)).unwrap())
+        .layer(AttemptTimeoutLayer::new(ms(500)))
         .service(transport);
     let start = Instant::now();
     let res: Res = call(&mut client, post("/orders")).await.unwrap();
@@ -787,7 +787,7 @@ async fn the_deadline_layers_timer_ends_the_attempt_before_the_call_record() {
     };
     let mut svc = ServiceBuilder::new()
         .layer(RecordCallLayer::new(both.clone()))
-        .layer(DeadlineLayer::new(secs(1)).unwrap())
+        .layer(SetDeadlineLayer::new(secs(1)))
         .layer(RecordAttemptLayer::new(both))
         .service(script.hang());
 
@@ -853,7 +853,7 @@ async fn the_call_record_lists_each_retry_and_its_wait() {
     });
     let mut client = ServiceBuilder::new()
         .layer(RecordCallLayer::new(records.clone()))
-        .layer(DeadlineLayer::new(secs(30)).unwrap())
+        .layer(SetDeadlineLayer::new(secs(30)))
         .layer(
             RetryLayer::builder()
                 .backoff(Backoff::constant(ms(300)))

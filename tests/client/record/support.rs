@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response};
-use surely::deadline::DeadlineLayer;
+use surely::deadline::SetDeadlineLayer;
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::timeout::AttemptTimeoutLayer;
 use tower::{service_fn, Service, ServiceBuilder};
@@ -100,9 +100,9 @@ where
 {
     ServiceBuilder::new()
         .layer(RecordCallLayer::new(records.clone()))
-        .layer(DeadlineLayer::new(budget).unwrap())
+        .layer(SetDeadlineLayer::new(budget))
         .layer(RecordAttemptLayer::new(records.clone()))
-        .layer(AttemptTimeoutLayer::new(per_try).unwrap())
+        .layer(AttemptTimeoutLayer::new(per_try))
         .service(transport)
 }
 

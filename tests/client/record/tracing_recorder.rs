@@ -3,7 +3,7 @@
 use std::io;
 
 use http::{Request, Response};
-use surely::deadline::DeadlineLayer;
+use surely::deadline::SetDeadlineLayer;
 use surely::record::{BusinessKey, RecordAttemptLayer, RecordCallLayer, TracingRecorder};
 use surely::timeout::AttemptTimeoutLayer;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
@@ -19,9 +19,9 @@ where
 {
     ServiceBuilder::new()
         .layer(RecordCallLayer::new(TracingRecorder::new()))
-        .layer(DeadlineLayer::new(secs(2)).unwrap())
+        .layer(SetDeadlineLayer::new(secs(2)))
         .layer(RecordAttemptLayer::new(TracingRecorder::new()))
-        .layer(AttemptTimeoutLayer::new(ms(500)).unwrap())
+        .layer(AttemptTimeoutLayer::new(ms(500)))
         .service(transport)
 }
 
@@ -181,7 +181,7 @@ async fn the_call_span_has_the_http_fields_and_the_semantics_used() {
 
     let mut client = ServiceBuilder::new()
         .layer(RecordCallLayer::new(TracingRecorder::new()))
-        .layer(surely::idempotency::IdempotencyKeyLayer::new().server_honours_keys())
+        .layer(surely::idempotency::SetIdempotencyKeyLayer::new().server_honours_keys())
         .layer(RecordAttemptLayer::new(TracingRecorder::new()))
         .service(Script::new().answer(201, &[], ms(0)));
     let req = Request::post("https://ann:s3cret@orders.example.com:8443/orders?token=abc")

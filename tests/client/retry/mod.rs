@@ -748,7 +748,7 @@ async fn a_request_deadline_bounds_the_retry_layer_alone() {
     let probe = Probe::new();
     let mut svc = ServiceBuilder::new()
         .layer(retry())
-        .layer(surely::fault::FaultLayer::new(schedule.clone()))
+        .layer(surely::fault::InjectFaultLayer::new(schedule.clone()))
         .service(probe.service());
     let mut req = request(Kind::Get);
     req.extensions_mut().insert(Deadline::after(secs(1)));
@@ -866,7 +866,13 @@ async fn a_retry_refused_for_another_reason_spends_no_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn a_drained_token_bucket_refuses_retries() {
-    let bucket = Arc::new(TokenBucket::new(10, 0.1).unwrap());
+    let bucket = Arc::new(
+        TokenBucket::builder()
+            .max_tokens(10)
+            .token_ratio(0.1)
+            .build()
+            .unwrap(),
+    );
     let layer = RetryLayer::builder()
         .backoff(Backoff::none())
         .budget(bucket.clone())
@@ -895,7 +901,13 @@ async fn a_drained_token_bucket_refuses_retries() {
 
 #[tokio::test(start_paused = true)]
 async fn final_answers_do_not_drain_the_token_bucket() {
-    let bucket = Arc::new(TokenBucket::new(2, 0.1).unwrap());
+    let bucket = Arc::new(
+        TokenBucket::builder()
+            .max_tokens(2)
+            .token_ratio(0.1)
+            .build()
+            .unwrap(),
+    );
     let layer = RetryLayer::builder()
         .backoff(Backoff::none())
         .budget(bucket.clone())
@@ -1118,8 +1130,8 @@ async fn a_retry_carries_the_budget_that_is_left_not_the_one_the_call_started_wi
 
 #[tokio::test(start_paused = true)]
 async fn a_retry_lowers_the_budget_under_a_custom_header_name_too() {
-    use surely::deadline::DeadlineLayer;
-    use surely::fault::FaultLayer;
+    use surely::deadline::SetDeadlineLayer;
+    use surely::fault::InjectFaultLayer;
     use surely::record::RecordAttemptLayer;
     use surely::timeout::AttemptTimeoutLayer;
 
@@ -1131,7 +1143,7 @@ async fn a_retry_lowers_the_budget_under_a_custom_header_name_too() {
     // whose first attempt hangs for its whole 1 s per-try timeout.
     let mut svc = ServiceBuilder::new()
         .layer(
-            DeadlineLayer::builder()
+            SetDeadlineLayer::builder()
                 .timeout(secs(3))
                 .http_header(Some(name.clone()))
                 .build()
@@ -1139,8 +1151,8 @@ async fn a_retry_lowers_the_budget_under_a_custom_header_name_too() {
         )
         .layer(retry())
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
-        .layer(FaultLayer::new(log.policy(Fault::Delay(secs(5)))))
+        .layer(AttemptTimeoutLayer::new(PER_TRY))
+        .layer(InjectFaultLayer::new(log.policy(Fault::Delay(secs(5)))))
         .service(probe.service());
     let _ = timed(&mut svc, request(Kind::Get)).await;
     let budgets: Vec<u64> = log

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderValue, Request, Response};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use surely::deadline::DeadlineLayer;
+use surely::deadline::SetDeadlineLayer;
 use surely::pushback::Pushback;
 use surely::pushback::{parse_grpc_pushback, parse_retry_after};
 use surely::retry::backoff::Backoff;
@@ -148,7 +148,7 @@ fn no_retry_comes_sooner_than_asked_or_later_than_the_cap_or_the_deadline() {
                 async move { Ok::<_, std::io::Error>(res) }
             });
             let mut client = ServiceBuilder::new()
-                .layer(DeadlineLayer::new(deadline).unwrap())
+                .layer(SetDeadlineLayer::new(deadline))
                 .layer(
                     RetryLayer::builder()
                         .backoff(Backoff::constant(BACKOFF))

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use surely::classify::AttemptClass;
-use surely::deadline::DeadlineLayer;
-use surely::fault::{Fault, FaultLayer, Schedule};
+use surely::deadline::SetDeadlineLayer;
+use surely::fault::{Fault, InjectFaultLayer, Schedule};
 use surely::record::{BusinessKey, InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, Resolution, Resolve, RetryLayer};
@@ -88,11 +88,11 @@ where
         .unwrap();
     let mut svc = ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
-        .layer(DeadlineLayer::new(Duration::from_secs(5)).unwrap())
+        .layer(SetDeadlineLayer::new(Duration::from_secs(5)))
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
-        .layer(FaultLayer::new(faults))
+        .layer(AttemptTimeoutLayer::new(PER_TRY))
+        .layer(InjectFaultLayer::new(faults))
         .service(probe.service());
     let out = svc.ready().await.unwrap().call(req).await;
     (out, recorder)

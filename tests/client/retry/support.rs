@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Request, Response};
-use surely::deadline::DeadlineLayer;
-use surely::fault::{FaultLayer, FaultPolicy};
-use surely::idempotency::IdempotencyKeyLayer;
+use surely::deadline::SetDeadlineLayer;
+use surely::fault::{FaultPolicy, InjectFaultLayer};
+use surely::idempotency::SetIdempotencyKeyLayer;
 use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::RetryLayer;
 use surely::timeout::AttemptTimeoutLayer;
@@ -79,8 +79,8 @@ impl Probe {
     }
 }
 
-/// The canonical stack: `RecordCallLayer → DeadlineLayer → RetryLayer → RecordAttemptLayer →
-/// AttemptTimeoutLayer (1 s) → FaultLayer → probe`. `deadline` is the call's total budget
+/// The canonical stack: `RecordCallLayer → SetDeadlineLayer → RetryLayer → RecordAttemptLayer →
+/// AttemptTimeoutLayer (1 s) → InjectFaultLayer → probe`. `deadline` is the call's total budget
 /// (`None`: inherit only).
 pub(crate) fn canonical<P>(
     retry: RetryLayer,
@@ -97,12 +97,12 @@ where
         .layer(deadline_layer(deadline))
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
-        .layer(FaultLayer::new(policy))
+        .layer(AttemptTimeoutLayer::new(PER_TRY))
+        .layer(InjectFaultLayer::new(policy))
         .service(probe.service())
 }
 
-/// The canonical stack with an [`IdempotencyKeyLayer`] between the deadline and the retry
+/// The canonical stack with an [`SetIdempotencyKeyLayer`] between the deadline and the retry
 /// layers (`surely::docs::architecture`, layer order), told that the server honours its keys.
 pub(crate) fn canonical_keyed<P>(
     retry: RetryLayer,
@@ -115,19 +115,19 @@ where
 {
     ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
-        .layer(DeadlineLayer::inherit())
-        .layer(IdempotencyKeyLayer::new().server_honours_keys())
+        .layer(SetDeadlineLayer::inherit())
+        .layer(SetIdempotencyKeyLayer::new().server_honours_keys())
         .layer(retry)
         .layer(RecordAttemptLayer::new(recorder.clone()))
-        .layer(AttemptTimeoutLayer::new(PER_TRY).unwrap())
-        .layer(FaultLayer::new(policy))
+        .layer(AttemptTimeoutLayer::new(PER_TRY))
+        .layer(InjectFaultLayer::new(policy))
         .service(probe.service())
 }
 
-fn deadline_layer(deadline: Option<Duration>) -> DeadlineLayer {
+fn deadline_layer(deadline: Option<Duration>) -> SetDeadlineLayer {
     match deadline {
-        Some(d) => DeadlineLayer::new(d).unwrap(),
-        None => DeadlineLayer::inherit(),
+        Some(d) => SetDeadlineLayer::new(d),
+        None => SetDeadlineLayer::inherit(),
     }
 }
 

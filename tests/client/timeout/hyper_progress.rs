@@ -37,7 +37,7 @@ async fn a_tracked_body_is_marked_sent_when_hyper_sends_it() {
     let addr = serve(handler).await;
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
-    let mut svc = AttemptTimeoutLayer::new(secs(60)).unwrap().layer(client);
+    let mut svc = AttemptTimeoutLayer::new(secs(60)).layer(client);
     let progress = Progress::new();
     let req = tracked(format!("http://{addr}/orders"), &progress);
     assert_eq!(progress.phase(), DeliveryPhase::NotSent);
@@ -53,7 +53,7 @@ async fn a_tracked_body_is_marked_sent_when_hyper_sends_it() {
 async fn a_refused_connection_leaves_the_body_untouched() {
     let addr = closed_port();
     let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
-    let mut svc = AttemptTimeoutLayer::new(secs(60)).unwrap().layer(client);
+    let mut svc = AttemptTimeoutLayer::new(secs(60)).layer(client);
     let progress = Progress::new();
 
     let err = call(
@@ -75,7 +75,7 @@ async fn a_connection_that_never_opens_times_out_as_not_sent() {
     let connector =
         service_fn(|_uri: Uri| std::future::pending::<io::Result<TokioIo<TcpStream>>>());
     let client = Client::builder(TokioExecutor::new()).build::<_, Body>(connector);
-    let mut svc = AttemptTimeoutLayer::new(ms(250)).unwrap().layer(client);
+    let mut svc = AttemptTimeoutLayer::new(ms(250)).layer(client);
     let progress = Progress::new();
 
     let start = Instant::now();
@@ -111,7 +111,7 @@ async fn a_server_that_never_answers_times_out_as_maybe_committed() {
     let addr = serve(handler).await;
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
-    let mut svc = AttemptTimeoutLayer::new(secs(3600)).unwrap().layer(client);
+    let mut svc = AttemptTimeoutLayer::new(secs(3600)).layer(client);
     let progress = Progress::new();
     let req = tracked(format!("http://{addr}/orders"), &progress);
     let attempt = tokio::spawn(async move { call(&mut svc, req).await });

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
-use surely::deadline::{Deadline, DeadlineLayer};
+use surely::deadline::{Deadline, SetDeadlineLayer};
 use surely::delivery::Progress;
 use surely::timeout::AttemptTimeoutLayer;
 use surely::timeout::Elapsed;
@@ -24,7 +24,7 @@ fn req() -> Request<()> {
 }
 
 fn per_try(d: Duration) -> AttemptTimeoutLayer {
-    AttemptTimeoutLayer::new(d).unwrap()
+    AttemptTimeoutLayer::new(d)
 }
 
 // ---- which limit fires --------------------------------------------------------------------
@@ -100,7 +100,7 @@ async fn the_deadline_layer_outside_bounds_the_attempt() {
     // The canonical order: the deadline layer outside makes its deadline current; the attempt
     // timeout inside obeys it and says so (rather than the outer layer's in-flight error).
     let inner = per_try(secs(5)).layer(hanging());
-    let mut svc = DeadlineLayer::new(secs(2)).unwrap().layer(inner);
+    let mut svc = SetDeadlineLayer::new(secs(2)).layer(inner);
     let start = Instant::now();
     let err = call(&mut svc, req()).await.unwrap_err();
     assert_eq!(Instant::now() - start, secs(2));
@@ -293,11 +293,40 @@ async fn layers_stack_without_nesting_errors() {
 
 #[test]
 fn zero_per_try_is_a_config_error() {
-    let err = AttemptTimeoutLayer::new(Duration::ZERO).unwrap_err();
+    let err = AttemptTimeoutLayer::builder()
+        .per_try(Duration::ZERO)
+        .build()
+        .unwrap_err();
     assert_eq!(err.setting(), "attempt timeout");
     assert_eq!(
         err.to_string(),
         "invalid attempt timeout: must be greater than zero"
     );
-    assert!(AttemptTimeoutLayer::new(Duration::from_nanos(1)).is_ok());
+    assert!(AttemptTimeoutLayer::builder()
+        .per_try(Duration::from_nanos(1))
+        .build()
+        .is_ok());
+    let err = AttemptTimeoutLayer::builder()
+        .per_try(Duration::MAX)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "attempt timeout");
+}
+
+/// `new` never fails: zero counts as a nanosecond, the shortest the builder accepts, and one
+/// past ten years as ten years.
+#[tokio::test(start_paused = true)]
+async fn new_clamps_its_per_try_timeout_into_what_the_builder_accepts() {
+    let layer = AttemptTimeoutLayer::new(Duration::ZERO);
+    assert_eq!(layer.per_try(), Some(Duration::from_nanos(1)));
+    let mut svc = layer.layer(hanging());
+    let err: surely::Error<io::Error> = call(&mut svc, req()).await.unwrap_err();
+    assert!(err.is_elapsed());
+
+    let layer = AttemptTimeoutLayer::new(Duration::MAX);
+    assert_eq!(layer.per_try(), Some(surely::MAX_DURATION));
+    let mut svc = SetDeadlineLayer::new(secs(1)).layer(layer.layer(hanging()));
+    let err: surely::Error<io::Error> = call(&mut svc, req()).await.unwrap_err();
+    // The deadline, not the ten years, ended the attempt.
+    assert!(err.elapsed().is_some_and(|e| e.is_deadline()));
 }

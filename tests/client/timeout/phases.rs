@@ -225,8 +225,25 @@ async fn the_idle_clock_runs_only_while_the_caller_waits_for_a_frame() {
 
 #[tokio::test(start_paused = true)]
 async fn a_zero_idle_timeout_is_refused() {
-    let err = BodyIdleTimeoutLayer::new(Duration::ZERO).unwrap_err();
+    let err = BodyIdleTimeoutLayer::builder()
+        .idle(Duration::ZERO)
+        .build()
+        .unwrap_err();
     assert!(err.to_string().contains("body idle timeout"), "{err}");
+    let err = BodyIdleTimeoutLayer::builder()
+        .idle(Duration::MAX)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "body idle timeout");
+    // `new` never fails: zero counts as a nanosecond, past ten years as ten years.
+    assert_eq!(
+        BodyIdleTimeoutLayer::new(Duration::ZERO).idle(),
+        Duration::from_nanos(1)
+    );
+    assert_eq!(
+        BodyIdleTimeoutLayer::new(Duration::MAX).idle(),
+        surely::MAX_DURATION
+    );
     let transport = service_fn(|_req: Sent| async { Ok::<_, io::Error>(Response::new(stalls())) });
     let built = surely::client::http()
         .body_idle_timeout(Duration::ZERO)

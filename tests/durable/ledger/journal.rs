@@ -116,7 +116,7 @@ async fn a_call_that_ends_unknown_makes_its_intent_the_one_entry_with_its_attemp
         .journal(recorder.clone())
         .build(
             tower::ServiceBuilder::new()
-                .layer(surely::fault::FaultLayer::new(
+                .layer(surely::fault::InjectFaultLayer::new(
                     surely::fault::Schedule::new().at(0, surely::fault::Fault::ResetAfterSend),
                 ))
                 .service(tower::service_fn(|_req: Request<String>| async {

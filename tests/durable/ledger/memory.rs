@@ -559,7 +559,7 @@ async fn a_replay_of_the_same_key_settles_its_entry() {
         .retry(|r| r.max_attempts(1))
         .build(
             tower::ServiceBuilder::new()
-                .layer(surely::fault::FaultLayer::new(
+                .layer(surely::fault::InjectFaultLayer::new(
                     surely::fault::Schedule::new().at(0, surely::fault::Fault::ResetAfterSend),
                 ))
                 .service(service),

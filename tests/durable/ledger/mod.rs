@@ -33,7 +33,7 @@ macro_rules! unknown_client {
             .retry(|r| r.resolver($resolver))
             .build(
                 tower::ServiceBuilder::new()
-                    .layer(surely::fault::FaultLayer::new(
+                    .layer(surely::fault::InjectFaultLayer::new(
                         surely::fault::Schedule::new().at(0, surely::fault::Fault::ResetAfterSend),
                     ))
                     .service(tower::service_fn(|_req: http::Request<String>| async {

@@ -684,7 +684,7 @@ async fn pg_journaled_calls_leave_one_entry_per_unknown_and_an_intent_per_dead_c
         .journal(recorder.clone())
         .build(
             tower::ServiceBuilder::new()
-                .layer(surely::fault::FaultLayer::new(
+                .layer(surely::fault::InjectFaultLayer::new(
                     surely::fault::Schedule::new().at(0, surely::fault::Fault::ResetAfterSend),
                 ))
                 .service(tower::service_fn(|_req: Request<String>| async {

@@ -28,7 +28,7 @@ use surely::grpc::MethodSemanticsLayer;
 use surely::headers::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use surely::headers::GRPC_TIMEOUT;
 use surely::headers::IDEMPOTENCY_KEY;
-use surely::idempotency::IdempotencyKeyLayer;
+use surely::idempotency::SetIdempotencyKeyLayer;
 use surely::record::InMemoryRecorder;
 use surely::retry::backoff::Backoff;
 use surely::server::deadline::ServerDeadlineLayer;
@@ -794,7 +794,7 @@ async fn with_keys_opted_in_a_maybe_committed_call_is_retried_with_the_same_key(
     let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
     let recorder = InMemoryRecorder::new();
     let stack = surely::client::grpc()
-        .idempotency_keys(IdempotencyKeyLayer::new().server_honours_keys())
+        .idempotency_keys(SetIdempotencyKeyLayer::new().server_honours_keys())
         .retry(|r| r.backoff(Backoff::none()))
         .recorder(recorder.clone())
         .build_channel(channel(base).await)

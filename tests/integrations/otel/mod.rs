@@ -15,7 +15,7 @@ use opentelemetry_sdk::metrics::data::{AggregatedMetrics, Metric, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, SdkMeterProvider};
 use surely::breaker::CircuitBreaker;
 use surely::budget::TokenBucket;
-use surely::fault::{Fault, FaultLayer, Schedule};
+use surely::fault::{Fault, InjectFaultLayer, Schedule};
 use surely::hedge::{HedgeDelay, HedgeLayer};
 use surely::record::{InMemoryRecorder, OtelRecorder, TracingRecorder};
 use surely::Outcome;
@@ -164,7 +164,7 @@ async fn an_unknown_post_is_counted_as_unknown() {
         .recorder((records.clone(), metrics.recorder()))
         .build(
             ServiceBuilder::new()
-                .layer(FaultLayer::new(
+                .layer(InjectFaultLayer::new(
                     Schedule::new().at(0, Fault::ResetAfterSend),
                 ))
                 .service(ok_transport()),
@@ -222,7 +222,7 @@ async fn a_retried_get_counts_two_attempts_and_one_retry() {
         .recorder((TracingRecorder::new(), metrics.recorder()))
         .build(
             ServiceBuilder::new()
-                .layer(FaultLayer::new(
+                .layer(InjectFaultLayer::new(
                     Schedule::new().at(0, Fault::RefuseBeforeSend),
                 ))
                 .service(ok_transport()),
@@ -285,7 +285,7 @@ async fn a_breaker_opening_and_its_refusals_are_counted() {
         .recorder(metrics.recorder())
         .build(
             ServiceBuilder::new()
-                .layer(FaultLayer::new(
+                .layer(InjectFaultLayer::new(
                     Schedule::new().otherwise(Fault::RefuseBeforeSend),
                 ))
                 .service(ok_transport()),
@@ -379,12 +379,18 @@ async fn a_retry_the_budget_refused_is_counted() {
     let metrics = Metrics::new();
     // One token: the first failure spends it, and the budget refuses the retry.
     let mut client = surely::client()
-        .budget(Arc::new(TokenBucket::new(1, 0.1).unwrap()))
+        .budget(Arc::new(
+            TokenBucket::builder()
+                .max_tokens(1)
+                .token_ratio(0.1)
+                .build()
+                .unwrap(),
+        ))
         .no_breaker()
         .recorder(metrics.recorder())
         .build(
             ServiceBuilder::new()
-                .layer(FaultLayer::new(
+                .layer(InjectFaultLayer::new(
                     Schedule::new().otherwise(Fault::RefuseBeforeSend),
                 ))
                 .service(ok_transport()),

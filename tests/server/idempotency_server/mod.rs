@@ -713,14 +713,14 @@ async fn the_memory_store_renews_only_its_owners_lease() {
 }
 
 /// The two halves over a real hyper server on 127.0.0.1: a client with `RetryLayer` and
-/// `IdempotencyKeyLayer` sends a POST whose key is in flight (another connection's first
+/// `SetIdempotencyKeyLayer` sends a POST whose key is in flight (another connection's first
 /// request); it gets 409 in flight, retries with the same key, and gets the replay. The handler
 /// ran once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_retries_with_the_same_key_get_the_replay_over_hyper() {
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
-    use surely::idempotency::IdempotencyKeyLayer;
+    use surely::idempotency::SetIdempotencyKeyLayer;
     use surely::record::{InMemoryRecorder, RecordAttemptLayer};
     use surely::retry::backoff::Backoff;
     use surely::retry::RetryLayer;
@@ -787,7 +787,7 @@ async fn client_retries_with_the_same_key_get_the_replay_over_hyper() {
     // header's least), and it is never sooner: one real second.
     let records = InMemoryRecorder::new();
     let mut client = tower::ServiceBuilder::new()
-        .layer(IdempotencyKeyLayer::new())
+        .layer(SetIdempotencyKeyLayer::new())
         .layer(
             RetryLayer::builder()
                 .backoff(Backoff::constant(Duration::from_millis(20)))

@@ -1,183 +1,33 @@
+//! The call record layer's future, and the state of a recorded call.
+
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{ready, Context as TaskContext, Poll};
 
+use http::HeaderValue;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
-use tower_layer::Layer;
-use tower_service::Service;
 
-use super::trailers::{Settled, Watch};
-use super::{key_of, BusinessKey, CallId, CallRecord, Operation, Recorder};
+use crate::classify::{Classification, Classify, DeliveryPhase, OutcomeTally};
 use crate::context::CallTally;
-use crate::StopReason;
-use http::HeaderValue;
-
-use crate::classify::{
-    Classification, Classify, DeliveryPhase, HttpClassifier, MakeClassifier, OutcomeTally,
-};
 use crate::context::Context;
 use crate::error::{lift, lift_poll};
 use crate::outcome::CallOutcome;
+use crate::record::trailers::{Settled, Watch};
+use crate::record::{BusinessKey, CallId, CallRecord, Operation, Recorder};
 use crate::time::Deadline;
 use crate::Outcome;
+use crate::StopReason;
 use crate::{Envelope, Error, IntoError, Semantics};
 
-/// Records every logical call that passes through it. See the [module docs](super).
-///
-/// The call's outcome is folded from the attempts that [`RecordAttemptLayer`](super::RecordAttemptLayer)s
-/// inside it reported; without one, the layer classifies the call's result as a single attempt.
-#[derive(Clone, Debug)]
-pub struct RecordCallLayer<R, M = HttpClassifier> {
-    recorder: R,
-    classifier: M,
-    // A retry layer inside hands every call's outcome back: with no recorder, nothing is left
-    // to do here (the client stack).
-    inner_reports: bool,
-}
-
-impl<R> RecordCallLayer<R> {
-    /// Records to `recorder`, classifying with [`HttpClassifier`].
-    pub fn new(recorder: R) -> Self {
-        RecordCallLayer {
-            recorder,
-            classifier: HttpClassifier::new(),
-            inner_reports: false,
-        }
-    }
-}
-
-impl<R, M> RecordCallLayer<R, M> {
-    /// Classifies with `classifier` instead.
-    pub fn with_classifier<M2>(self, classifier: M2) -> RecordCallLayer<R, M2> {
-        RecordCallLayer {
-            recorder: self.recorder,
-            classifier,
-            inner_reports: self.inner_reports,
-        }
-    }
-
-    /// Counts on a retry layer inside to hand every call's outcome back (the client stack,
-    /// whose retry layer is always there), so that without a recorder the layer does nothing.
-    pub(crate) fn inner_reports(mut self) -> Self {
-        self.inner_reports = true;
-        self
-    }
-}
-
-impl<S, R: Clone, M: Clone> Layer<S> for RecordCallLayer<R, M> {
-    type Service = RecordCall<S, R, M>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RecordCall {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-/// The service made by [`RecordCallLayer`].
-///
-/// # Readiness
-///
-/// `poll_ready` is the inner service's.
-#[derive(Clone, Debug)]
-pub struct RecordCall<S, R, M = HttpClassifier> {
-    inner: S,
-    layer: RecordCallLayer<R, M>,
-}
-
-impl<S, R, M> RecordCall<S, R, M> {
-    inner_accessors!();
-}
-
-impl<S, R, M, Req, T> Service<Req> for RecordCall<S, R, M>
-where
-    S: Service<Req>,
-    S::Error: IntoError<Transport = T>,
-    S::Response: Envelope,
-    Req: Envelope,
-    R: Recorder + Clone + Send + 'static,
-    M: MakeClassifier<Req>,
-    M::Classifier: Classify<S::Response, Error<T>> + Send + 'static,
-{
-    type Response = S::Response;
-    type Error = Error<T>;
-    type Future = CallFuture<S::Future, R, M::Classifier, Error<T>>;
-
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(IntoError::into_error)
-    }
-
-    // Inlined, so that the inner future is made in its place in the caller's, not made and
-    // then copied there (the whole stack's future, for the outermost layer).
-    #[inline]
-    fn call(&mut self, req: Req) -> Self::Future {
-        if !self.layer.recorder.enabled() {
-            // Nothing to record: only the call's outcome to hand back, if no layer inside does.
-            let light = (!self.layer.inner_reports).then(|| Light {
-                semantics: req.semantics(),
-                classifier: self.layer.classifier.make_classifier(&req),
-                key: idempotency_key(&req).map(Box::new),
-            });
-            return CallFuture {
-                inner: self.inner.call(req),
-                state: None,
-                light,
-                _error: PhantomData,
-            };
-        }
-        let mut ctx = Context::current();
-        let call = CallId::next();
-        ctx.call = Some(call);
-        let started = Instant::now();
-        let semantics = req.semantics();
-        let key = key_of(&req);
-        let span = self.layer.recorder.call_span(call, key.as_ref(), semantics);
-        let mut state = CallState {
-            recorder: self.layer.recorder.clone(),
-            classifier: Some(self.layer.classifier.make_classifier(&req)),
-            call,
-            key,
-            operation: req.operation(),
-            replayed: false,
-            semantics,
-            started,
-            deadline_left: Deadline::earliest(
-                req.deadline(),
-                ctx.deadline().map(|d| d.anchor(started)),
-            )
-            .map(|d| d.remaining_at(started)),
-            span,
-            ctx,
-            tally: CallTally::new(semantics),
-        };
-        if let Some(key) = idempotency_key(&req) {
-            state.tally.cold().idempotency_key = Some(key);
-        }
-        let inner = state.run(|| self.inner.call(req));
-        CallFuture {
-            inner,
-            state: Some(Box::new(state)),
-            light: None,
-            _error: PhantomData,
-        }
-    }
-}
-
-/// The `Idempotency-Key` a request carries.
-fn idempotency_key<Req: Envelope>(req: &Req) -> Option<HeaderValue> {
-    req.headers()?.get(crate::headers::IDEMPOTENCY_KEY).cloned()
-}
-
 /// What a call without a recorder needs to hand its outcome back when no layer inside does.
-struct Light<C> {
-    semantics: Semantics,
-    classifier: C,
+pub(super) struct Light<C> {
+    pub(super) semantics: Semantics,
+    pub(super) classifier: C,
     // Boxed: most calls have no key, and every layer outside moves this future.
-    key: Option<Box<HeaderValue>>,
+    pub(super) key: Option<Box<HeaderValue>>,
 }
 
 impl<C> Light<C> {
@@ -246,25 +96,25 @@ fn refusal_stop<Res, T>(out: &Result<Res, Error<T>>) -> StopReason {
     }
 }
 
-struct CallState<R, C> {
-    recorder: R,
-    classifier: Option<C>,
-    call: CallId,
-    key: Option<BusinessKey>,
-    operation: Option<Operation>,
+pub(super) struct CallState<R, C> {
+    pub(super) recorder: R,
+    pub(super) classifier: Option<C>,
+    pub(super) call: CallId,
+    pub(super) key: Option<BusinessKey>,
+    pub(super) operation: Option<Operation>,
     /// Whether the server answered with a stored result (`idempotent-replayed: true`).
-    replayed: bool,
-    semantics: Semantics,
-    started: Instant,
-    deadline_left: Option<std::time::Duration>,
-    span: tracing::Span,
-    ctx: Context,
-    tally: CallTally,
+    pub(super) replayed: bool,
+    pub(super) semantics: Semantics,
+    pub(super) started: Instant,
+    pub(super) deadline_left: Option<std::time::Duration>,
+    pub(super) span: tracing::Span,
+    pub(super) ctx: Context,
+    pub(super) tally: CallTally,
 }
 
 impl<R: Recorder, C> CallState<R, C> {
     /// Runs `f` inside the call's span, context and tally.
-    fn run<O>(&mut self, f: impl FnOnce() -> O) -> O {
+    pub(super) fn run<O>(&mut self, f: impl FnOnce() -> O) -> O {
         let (span, ctx) = (&self.span, self.ctx);
         self.tally.scope(|| span.in_scope(|| ctx.scope(f)))
     }
@@ -390,18 +240,19 @@ impl<R: Recorder, C> CallState<R, C> {
 }
 
 pin_project! {
-    /// The future of [`RecordCall`].
-    pub struct CallFuture<F, R: Recorder, C, E> {
+    /// The future of [`RecordCall`](super::RecordCall): the call, recorded (or only its
+    /// outcome handed back, without a recorder) when it ends or is dropped.
+    pub struct ResponseFuture<F, R: Recorder, C, E> {
         #[pin]
-        inner: F,
+        pub(super) inner: F,
         // Boxed: a disabled recorder (`()`) keeps the future small.
-        state: Option<Box<CallState<R, C>>>,
+        pub(super) state: Option<Box<CallState<R, C>>>,
         // Without a recorder, what hands the outcome back if no layer inside does.
-        light: Option<Light<C>>,
-        _error: PhantomData<fn() -> E>,
+        pub(super) light: Option<Light<C>>,
+        pub(super) _error: PhantomData<fn() -> E>,
     }
 
-    impl<F, R: Recorder, C, E> PinnedDrop for CallFuture<F, R, C, E> {
+    impl<F, R: Recorder, C, E> PinnedDrop for ResponseFuture<F, R, C, E> {
         fn drop(this: Pin<&mut Self>) {
             if let Some(state) = this.project().state {
                 // The response whose body is watched is dropped with this future, after this
@@ -420,7 +271,7 @@ pin_project! {
     }
 }
 
-impl<F, R, C, Res, T, E0> Future for CallFuture<F, R, C, Error<T>>
+impl<F, R, C, Res, T, E0> Future for ResponseFuture<F, R, C, Error<T>>
 where
     F: Future<Output = Result<Res, E0>>,
     E0: IntoError<Transport = T>,
@@ -495,8 +346,8 @@ impl<R: Recorder, C> CallState<R, C> {
     }
 }
 
-impl<F, R: Recorder, C, E> fmt::Debug for CallFuture<F, R, C, E> {
+impl<F, R: Recorder, C, E> fmt::Debug for ResponseFuture<F, R, C, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CallFuture").finish_non_exhaustive()
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }

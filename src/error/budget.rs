@@ -1,14 +1,14 @@
-//! Retry budget errors.
+//! The retry budget's error.
 
 use std::fmt;
 use std::time::Duration;
 
-/// A [`RetryBudget`](super::RetryBudget) refused a retry (or a hedge): too many recent attempts
+/// A [`RetryBudget`](crate::budget::RetryBudget) refused a retry (or a hedge): too many recent attempts
 /// were retries already.
 ///
 /// It may carry a hint, like governor's `NotUntil`: how long until the budget would allow a
-/// retry again if nothing else happened meanwhile. [`RatioBudget`](super::RatioBudget) computes
-/// one (when the retries it counts leave its window); [`TokenBucket`](super::TokenBucket)
+/// retry again if nothing else happened meanwhile. [`RatioBudget`](crate::budget::RatioBudget) computes
+/// one (when the retries it counts leave its window); [`TokenBucket`](crate::budget::TokenBucket)
 /// cannot, because only successes refill it, and says `None`.
 ///
 /// ```
