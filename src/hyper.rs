@@ -20,7 +20,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! # let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-//! let shop = Shop { http: surely::hyper::client().unwrap() };
+//! let shop = Shop { http: surely::hyper::client() };
 //! # drop(shop);
 //! // Or configured: the same types, other settings.
 //! let shop = Shop {
@@ -77,7 +77,6 @@ use tower_layer::Layer;
 use crate::classify::BoxError;
 use crate::client::HttpClientLayer;
 use crate::retry::ReplayBody;
-use crate::ConfigError;
 
 /// hyper-util's legacy client over connector `C` (default: plain HTTP), sending the
 /// [`ReplayBody`]s of request bodies `B`: what the [`client::http()`](crate::client::http)
@@ -116,10 +115,12 @@ where
 /// The [`client::http()`](crate::client::http) stack with its defaults (a 10 s budget per
 /// call, keys for POST and PATCH, bodies buffered up to 64 KiB, 3 attempts with backoff and a
 /// retry budget, one circuit breaker, no records) around [`transport()`].
-pub fn client<B>() -> Result<Client<B>, ConfigError>
+pub fn client<B>() -> Client<B>
 where
     B: http_body::Body + Unpin + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    crate::client::http().build(transport())
+    // The preset's defaults, assembled without a check: a test builds the same through
+    // `build`, which checks (the architecture chapter: defaults are valid by construction).
+    crate::client::http().assemble().layer(transport())
 }

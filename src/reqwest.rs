@@ -15,7 +15,7 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! # let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
 //! // The defaults, in one call:
-//! let defaults = surely::reqwest::client(reqwest::Client::new()).unwrap();
+//! let defaults = surely::reqwest::client(reqwest::Client::new());
 //! # drop(defaults);
 //!
 //! // Or configured, around a reqwest client of your own:
@@ -111,12 +111,13 @@ use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 
+use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::classify::{AttemptClass, BoxError, Classification, ClassifyError, DeliveryPhase};
 use crate::delivery::{Progress, TrackBody};
 
-use crate::{ConfigError, Error, IntoError};
+use crate::{Error, IntoError};
 
 #[cfg(feature = "reqwest-middleware")]
 pub mod middleware;
@@ -136,8 +137,10 @@ pub type Client = crate::client::HttpClient<Transport>;
 /// To change any of it, build the stack yourself:
 /// `surely::client::http().timeout(..).build(surely::reqwest::transport(client))`. See the
 /// [module docs](self) for an example.
-pub fn client(client: ::reqwest::Client) -> Result<Client, ConfigError> {
-    crate::client::http().build(Transport::new(client))
+pub fn client(client: ::reqwest::Client) -> Client {
+    // The preset's defaults, assembled without a check: a test builds the same through
+    // `build`, which checks (the architecture chapter: defaults are valid by construction).
+    crate::client::http().assemble().layer(Transport::new(client))
 }
 
 /// The bare adapter around `client`, for [`ClientBuilder::build`](crate::client::ClientBuilder::build)

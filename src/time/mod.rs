@@ -36,6 +36,7 @@ pub(crate) const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600
 /// years) counts as 30 years. Every sum of an instant and a duration that a caller, a
 /// configuration file or a peer supplied goes through here (the architecture chapter of the
 /// docs, "Durations").
+#[inline]
 pub(crate) fn later(from: Instant, by: Duration) -> Instant {
     // `Instant` is the clock's reading since an arbitrary start (boot, on Linux): 30 years more
     // fits it. Should it not, the sum is the instant itself (already due), not a panic.

@@ -469,7 +469,7 @@ async fn the_hyper_presets_are_named_and_send_the_replayable_body() {
         configured: surely::client::HttpClient<surely::hyper::Transport<Full<Bytes>>>,
     }
     let shop = Shop {
-        defaults: surely::hyper::client().unwrap(),
+        defaults: surely::hyper::client(),
         configured: surely::client::http()
             .timeout(Duration::from_secs(2))
             .build(surely::hyper::transport())

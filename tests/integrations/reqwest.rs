@@ -397,7 +397,7 @@ async fn bad_request() {
 async fn the_preset_answers_with_the_outcome_and_a_body_reqwest_can_read() {
     let server = Server::default();
     let base = server.start(Schedule::new()).await;
-    let client = surely::reqwest::client(reqwest_client()).unwrap();
+    let client = surely::reqwest::client(reqwest_client());
 
     let req = request(Kind::Post, &base, String::from(BODY));
     let res = client.clone().oneshot(req).await.unwrap();
@@ -658,7 +658,7 @@ struct OrdersSdk {
 fn the_stack_is_nameable_send_sync_and_boxes() {
     fn send_sync<T: Clone + Send + Sync + 'static>(_: &T) {}
     let sdk = OrdersSdk {
-        http: surely::reqwest::client(reqwest_client()).unwrap(),
+        http: surely::reqwest::client(reqwest_client()),
     };
     send_sync(&sdk.http);
     let boxed: tower::util::BoxCloneService<
