@@ -418,6 +418,31 @@ impl EntryState {
     }
 }
 
+/// An entry is an item of the leased work queue: in doubt and open ones are due when their
+/// hold or backoff has passed, claimed ones when their lease has; the manual queue is never
+/// claimed; settled ones are swept after their retention.
+impl crate::queue::States for EntryState {
+    const ALL: &'static [Self] = &[
+        EntryState::InDoubt,
+        EntryState::Open,
+        EntryState::Claimed,
+        EntryState::Manual,
+        EntryState::Settled,
+    ];
+    const CLAIMED: Self = EntryState::Claimed;
+
+    fn claimable(self) -> bool {
+        matches!(
+            self,
+            EntryState::InDoubt | EntryState::Open | EntryState::Claimed
+        )
+    }
+
+    fn settled(self) -> bool {
+        self == EntryState::Settled
+    }
+}
+
 /// What became of an unknown call, once somebody found out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Verdict {
