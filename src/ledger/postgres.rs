@@ -12,6 +12,7 @@ use super::{
     LedgerStats, Settled, SettledBy, Settlement, Verdict,
 };
 use crate::classify::{AttemptClass, DeliveryPhase};
+use crate::queue::{self, micros};
 use crate::storage::{Component, Migration, Pool};
 use crate::{ConfigError, Semantics, StopReason};
 
@@ -138,7 +139,7 @@ pub struct PostgresLedger {
 }
 
 struct Sql {
-    table: String,
+    queue: queue::Table<EntryState>,
     record: String,
     claim: String,
     settle: String,
@@ -158,18 +159,43 @@ struct Sql {
     sweep: String,
 }
 
+/// Where the ledger's table keeps the queue's part of an entry: claimed oldest first, by the
+/// database's clock.
+static QUEUE: queue::Columns = queue::Columns {
+    key: "id",
+    state: "state",
+    fence: "fence",
+    until: "until",
+    tries: "tries",
+    order: &["created_at", "seq"],
+    settled_at: Some("settled_at"),
+};
+
+impl queue::SqlStates for EntryState {
+    fn sql(self) -> &'static str {
+        match self {
+            EntryState::InDoubt => "'in_doubt'",
+            EntryState::Open => "'open'",
+            EntryState::Claimed => "'claimed'",
+            EntryState::Manual => "'manual'",
+            EntryState::Settled => "'settled'",
+        }
+    }
+}
+
 /// The columns an entry is read from, `e` being the entry's row.
-fn columns(t: &str) -> String {
+const COLUMNS: &str = "e.id, e.call_id, e.key, e.operation, e.semantics, e.stop, e.recorded_at,
+     e.state, e.digest, e.deadline,
+     e.fence, e.tries, e.note, e.verdict, e.evidence, e.settled_by, e.settled_who,
+     e.verdict_at,
+     floor(EXTRACT(EPOCH FROM now() - e.created_at) * 1000000)::int8 AS age_us,
+     a.attempt, a.started_at, a.took_ns, a.class, a.phase, a.timeout, a.hedge, a.cancelled,
+     a.downstream_id";
+
+/// The attempts of the entry `e`, as arrays in their order, for [`COLUMNS`].
+fn attempts_join(t: &str) -> String {
     format!(
-        "e.id, e.call_id, e.key, e.operation, e.semantics, e.stop, e.recorded_at, e.state,
-         e.digest, e.deadline,
-         e.fence, e.tries, e.note, e.verdict, e.evidence, e.settled_by, e.settled_who,
-         e.verdict_at,
-         floor(EXTRACT(EPOCH FROM now() - e.created_at) * 1000000)::int8 AS age_us,
-         a.attempt, a.started_at, a.took_ns, a.class, a.phase, a.timeout, a.hedge, a.cancelled,
-         a.downstream_id
-         FROM {{entries}} AS e
-         LEFT JOIN LATERAL (
+        "LEFT JOIN LATERAL (
              SELECT array_agg(x.attempt ORDER BY x.pos) AS attempt,
                     array_agg(x.started_at ORDER BY x.pos) AS started_at,
                     array_agg(x.took_ns ORDER BY x.pos) AS took_ns,
@@ -184,24 +210,40 @@ fn columns(t: &str) -> String {
     )
 }
 
-/// How a settlement is written: `$1` to `$4` the settlement, `$5` when it was given (`$6` is
-/// the entry's id, `$7` the claim's fence).
-const SETTLE_SET: &str = "state = 'settled', until = NULL, verdict = $1, evidence = $2,
-     settled_by = $3, settled_who = $4, verdict_at = $5, settled_at = now()";
+/// A settlement's columns, from `$n` on: the verdict, the evidence, by whom, who, and when
+/// it was given.
+fn settlement_set(n: usize) -> String {
+    format!(
+        "verdict = ${n}, evidence = ${}, settled_by = ${}, settled_who = ${}, verdict_at = ${}",
+        n + 1,
+        n + 2,
+        n + 3,
+        n + 4
+    )
+}
 
 impl Sql {
     fn new(t: &str) -> Self {
-        let select = |entries: &str| columns(t).replace("{entries}", entries);
+        let queue = queue::Table::new(t, &QUEUE);
+        let attempts = attempts_join(t);
+        let settle = format!(
+            "{}, {}",
+            queue.settle(EntryState::Settled),
+            settlement_set(3)
+        );
+        let settle_by_hand = format!(
+            "{}, {}",
+            queue.settle(EntryState::Settled),
+            settlement_set(2)
+        );
         Sql {
-            table: t.to_owned(),
             // `$17` is the state recorded: `open`, or `in_doubt` for `$18` microseconds. An open
             // record of an intent in doubt makes it open, with the call's evidence.
             record: format!(
                 "WITH entry AS (
                      INSERT INTO {t} (id, call_id, key, operation, semantics, stop, recorded_at,
                          digest, deadline, state, until)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $19, $20, $17,
-                         now() + $18::int8 * interval '1 microsecond')
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $19, $20, $17, {hold})
                      ON CONFLICT (id) DO UPDATE
                      SET call_id = EXCLUDED.call_id, key = EXCLUDED.key,
                          operation = EXCLUDED.operation, semantics = EXCLUDED.semantics,
@@ -221,14 +263,15 @@ impl Sql {
                          WITH ORDINALITY AS a(attempt, started_at, took_ns, class, phase, timeout,
                              hedge, cancelled, downstream_id, pos)
                  )
-                 SELECT count(*) FROM entry"
+                 SELECT count(*) FROM entry",
+                hold = queue::later(18),
             ),
             hold: format!(
                 "INSERT INTO {t} (id, call_id, key, operation, semantics, stop, recorded_at,
                      digest, deadline, state, until)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'in_doubt',
-                     now() + $10::int8 * interval '1 microsecond')
-                 ON CONFLICT (id) DO NOTHING"
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'in_doubt', {hold})
+                 ON CONFLICT (id) DO NOTHING",
+                hold = queue::later(10),
             ),
             // Committed without waiting for the disk: a forgetting lost to a database crash
             // leaves an intent in doubt, which a reconciler settles by asking (one query);
@@ -237,48 +280,26 @@ impl Sql {
                 "DELETE FROM {t} WHERE id = ANY($1) AND state = 'in_doubt'
                      AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
             ),
-            claim: format!(
-                "WITH due AS (
-                     SELECT id FROM {t}
-                     WHERE state IN ('in_doubt', 'open', 'claimed') AND (until IS NULL OR until <= now())
-                     ORDER BY created_at, seq
-                     LIMIT $1
-                     FOR UPDATE SKIP LOCKED
-                 ), claimed AS (
-                     UPDATE {t} AS c
-                     SET state = 'claimed', fence = c.fence + 1,
-                         until = now() + $2::int8 * interval '1 microsecond'
-                     FROM due WHERE c.id = due.id
-                     RETURNING c.*
-                 )
-                 SELECT {} ORDER BY e.created_at, e.seq",
-                select("claimed")
+            claim: queue.claim(COLUMNS, &attempts),
+            // `$1` the id, `$2` the claim's fence, `$3` to `$7` the settlement.
+            settle: queue.fenced(&settle),
+            // `$1` the id, `$2` to `$6` the settlement.
+            settle_manually: queue.unsettled(&settle_by_hand, 1),
+            look: queue.look("state, verdict, evidence, settled_by, settled_who, verdict_at"),
+            // `$1` the id, `$2` the fence, `$3` the note, `$4` the wait.
+            retry_later: queue.fenced(&format!(
+                "{}, note = $3",
+                queue.retry_later(EntryState::Open, 4)
+            )),
+            to_manual: queue.fenced(&format!("{}, note = $3", queue.park(EntryState::Manual))),
+            retry_now: queue.reopen(
+                &[EntryState::Open, EntryState::Manual],
+                EntryState::Open,
+                "note = $2",
+                "",
             ),
-            settle: format!(
-                "UPDATE {t} SET {SETTLE_SET} WHERE id = $6 AND state = 'claimed' AND fence = $7"
-            ),
-            settle_manually: format!(
-                "UPDATE {t} SET {SETTLE_SET} WHERE id = $6 AND state <> 'settled'"
-            ),
-            look: format!(
-                "SELECT state, verdict, evidence, settled_by, settled_who, verdict_at
-                 FROM {t} WHERE id = $1"
-            ),
-            retry_later: format!(
-                "UPDATE {t} SET state = 'open', tries = tries + 1, note = $3,
-                     until = now() + $4::int8 * interval '1 microsecond'
-                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
-            ),
-            to_manual: format!(
-                "UPDATE {t} SET state = 'manual', tries = tries + 1, note = $3, until = NULL
-                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
-            ),
-            retry_now: format!(
-                "UPDATE {t} SET state = 'open', fence = fence + 1, note = $2, until = NULL
-                 WHERE id = $1 AND state IN ('open', 'manual')"
-            ),
-            get: format!("SELECT {} WHERE e.id = $1", select(t)),
-            list: format!("SELECT {}", select(t)),
+            get: format!("SELECT {COLUMNS} FROM {t} AS e {attempts} WHERE e.id = $1"),
+            list: format!("SELECT {COLUMNS} FROM {t} AS e {attempts}"),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE state = 'open'),
                         count(*) FILTER (WHERE state = 'claimed'),
@@ -288,10 +309,8 @@ impl Sql {
                         count(*) FILTER (WHERE state = 'in_doubt')
                  FROM {t} WHERE state <> 'settled'"
             ),
-            sweep: format!(
-                "DELETE FROM {t}
-                 WHERE state = 'settled' AND settled_at <= now() - $1::int8 * interval '1 microsecond'"
-            ),
+            sweep: queue.sweep(),
+            queue,
         }
     }
 }
@@ -327,7 +346,7 @@ impl PostgresLedger {
 
     /// The entries' table's name (the attempts' is this with `_attempts`).
     pub fn table(&self) -> &str {
-        &self.sql.table
+        self.sql.queue.name()
     }
 
     /// Applies this ledger's tables' migrations that the database has not recorded yet.
@@ -360,20 +379,17 @@ impl PostgresLedger {
             SettledBy::Manual { who } => ("manual", Some(who.as_str())),
         };
         let id_str = id.as_str();
-        let params: [&(dyn ToSql + Sync); 7] = [
-            &settlement.verdict.as_str(),
+        let (verdict, evidence, at) = (
+            settlement.verdict.as_str(),
             &settlement.evidence,
-            &by,
-            &who,
             &settlement.at,
-            &id_str,
-            &fence,
-        ];
-        let params = if fence.is_some() {
-            &params[..]
-        } else {
-            &params[..6]
+        );
+        // `$1` the id, then the fence if there is one, then the settlement.
+        let params: Vec<&(dyn ToSql + Sync)> = match &fence {
+            Some(fence) => vec![&id_str, fence, &verdict, evidence, &by, &who, at],
+            None => vec![&id_str, &verdict, evidence, &by, &who, at],
         };
+        let params = &params[..];
         // An unfenced (manual) settlement that found nothing may have raced the entry's
         // recording: once it is there, it is tried again.
         for _ in 0..3 {
@@ -411,7 +427,7 @@ impl PostgresLedger {
     ) -> Result<(), LedgerError> {
         let client = self.client().await?;
         let id = &claim.entry.evidence.id;
-        let fence = fence(claim);
+        let fence = queue::fence(claim.fence());
         let note = super::truncate(note, super::MAX_TEXT);
         let n = match after {
             Some(after) => {
@@ -434,23 +450,6 @@ impl PostgresLedger {
             None => Err(LedgerError::not_found(id)),
         }
     }
-}
-
-/// A claim's fence as the table keeps it (one too large to be there matches nothing).
-fn fence(claim: &Claim) -> i64 {
-    i64::try_from(claim.fence()).unwrap_or(i64::MAX)
-}
-
-/// The longest duration written to the database: a century, far beyond any lease, backoff or
-/// retention, and far within a timestamp's range.
-const LONGEST: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
-
-/// A duration in microseconds, rounded up (a lease or backoff is never shortened) and capped
-/// at [`LONGEST`].
-fn micros(d: Duration) -> i64 {
-    let d = d.min(LONGEST);
-    let us = d.as_nanos().div_ceil(1000);
-    i64::try_from(us).unwrap_or(i64::MAX)
 }
 
 /// A failed statement that wrote the caller's values: a value PostgreSQL refuses (a NUL byte in
@@ -659,7 +658,7 @@ fn entry_of(row: &Row) -> Result<(Entry, u64), LedgerError> {
         settlement,
         age: Duration::from_micros(age.map_or(0, |a| u64::try_from(a).unwrap_or(0))),
     };
-    Ok((entry, u64::try_from(fence).unwrap_or(0)))
+    Ok((entry, queue::fence_of(fence)))
 }
 
 impl PostgresLedger {
@@ -800,7 +799,7 @@ impl Ledger for PostgresLedger {
         self.settle_with(
             &self.sql.settle,
             &claim.entry.evidence.id,
-            Some(fence(claim)),
+            Some(queue::fence(claim.fence())),
             settlement,
         )
         .await
@@ -934,7 +933,7 @@ impl Ledger for PostgresLedger {
 impl fmt::Debug for PostgresLedger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresLedger")
-            .field("table", &self.sql.table)
+            .field("table", &self.sql.queue.name())
             .finish()
     }
 }
@@ -989,10 +988,7 @@ mod tests {
     }
 
     #[test]
-    fn durations_round_up_to_the_microsecond_and_stop_at_a_century() {
-        assert_eq!(micros(Duration::from_nanos(1)), 1);
-        assert_eq!(micros(Duration::from_micros(7)), 7);
-        assert_eq!(micros(Duration::MAX), micros(LONGEST));
+    fn a_table_name_without_its_schema() {
         assert_eq!(bare("orders.unknown"), "unknown");
         assert_eq!(bare("unknown"), "unknown");
     }

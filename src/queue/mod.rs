@@ -71,7 +71,7 @@ pub(crate) mod worker;
 
 pub(crate) use self::memory::{Item, Items, MemoryQueue};
 #[cfg(feature = "postgres")]
-pub(crate) use self::postgres::{micros, Columns, Table};
+pub(crate) use self::postgres::{fence, fence_of, later, micros, Columns, SqlStates, Table};
 
 /// A component's states, as the queue sees them.
 ///

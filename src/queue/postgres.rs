@@ -62,6 +62,16 @@ pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(us).unwrap_or(i64::MAX)
 }
 
+/// A fence as a table keeps it (`bigint`): one too large to be there matches nothing.
+pub(crate) fn fence(fence: u64) -> i64 {
+    i64::try_from(fence).unwrap_or(i64::MAX)
+}
+
+/// A fence read back from a table (never below zero there).
+pub(crate) fn fence_of(fence: i64) -> u64 {
+    u64::try_from(fence).unwrap_or(0)
+}
+
 impl<S: SqlStates> Table<S> {
     /// The table `name` (already checked, optionally schema-qualified), its queue's part in
     /// `columns`.
@@ -239,7 +249,7 @@ impl<S: SqlStates> Table<S> {
 
     /// A person sends the row whose key is `$1` back to be claimed, at once, from one of the
     /// states `from` (to `to`, a claimable state), with `set` besides: its fence moves on, so
-    /// that no claim from before counts. `RETURNING {returning}`.
+    /// that no claim from before counts; `RETURNING {returning}` unless it is empty.
     pub(crate) fn reopen(&self, from: &[S], to: S, set: &str, returning: &str) -> String {
         debug_assert!(to.claimable());
         let Columns {
@@ -252,14 +262,18 @@ impl<S: SqlStates> Table<S> {
         let from = Self::states(|s| from.contains(&s));
         format!(
             "UPDATE {t} SET {state} = {to}, {fence} = {fence} + 1, {until} = NULL{set}
-             WHERE {key} = $1 AND {state} IN ({from})
-             RETURNING {returning}",
+             WHERE {key} = $1 AND {state} IN ({from}){returning}",
             t = self.name,
             to = to.sql(),
             set = if set.is_empty() {
                 String::new()
             } else {
                 format!(", {set}")
+            },
+            returning = if returning.is_empty() {
+                String::new()
+            } else {
+                format!(" RETURNING {returning}")
             },
         )
     }
