@@ -397,6 +397,28 @@ impl ItemState {
     }
 }
 
+/// A difference is an item of the leased work queue: open ones are due when their backoff has
+/// passed, claimed ones when their lease has; the manual queue is never claimed; repaired and
+/// resolved ones are done (and kept: the store has no sweep).
+impl crate::queue::States for ItemState {
+    const ALL: &'static [Self] = &[
+        ItemState::Open,
+        ItemState::Claimed,
+        ItemState::Repaired,
+        ItemState::Manual,
+        ItemState::Resolved,
+    ];
+    const CLAIMED: Self = ItemState::Claimed;
+
+    fn claimable(self) -> bool {
+        matches!(self, ItemState::Open | ItemState::Claimed)
+    }
+
+    fn settled(self) -> bool {
+        matches!(self, ItemState::Repaired | ItemState::Resolved)
+    }
+}
+
 /// A difference as a store keeps it: where it stands, its tries, and who did what.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

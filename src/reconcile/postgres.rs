@@ -15,6 +15,7 @@ use super::{
     PageRequest, ReconcileError, RepairClaim, RepairId, Seen, SeenFact, Source, MAX_TEXT, MAX_WHO,
 };
 use crate::classify::BoxError;
+use crate::queue::{self, micros};
 use crate::storage::{bare, Component, Migration, Pool};
 use crate::ConfigError;
 
@@ -88,7 +89,7 @@ pub struct PostgresDifferences {
 }
 
 struct Sql {
-    table: String,
+    queue: queue::Table<ItemState>,
     record: String,
     claim: String,
     mark: String,
@@ -104,6 +105,30 @@ struct Sql {
     known: String,
 }
 
+/// Where the differences' table keeps the queue's part of an item: claimed in the order they
+/// were recorded; never swept.
+static QUEUE: queue::Columns = queue::Columns {
+    key: "id",
+    state: "state",
+    fence: "fence",
+    until: "until",
+    tries: "tries",
+    order: &["seq"],
+    settled_at: None,
+};
+
+impl queue::SqlStates for ItemState {
+    fn sql(self) -> &'static str {
+        match self {
+            ItemState::Open => "'open'",
+            ItemState::Claimed => "'claimed'",
+            ItemState::Repaired => "'repaired'",
+            ItemState::Manual => "'manual'",
+            ItemState::Resolved => "'resolved'",
+        }
+    }
+}
+
 /// The columns an item is read from, each prefixed with `p` (a table's alias and a dot, or
 /// nothing).
 fn columns(p: &str) -> String {
@@ -116,47 +141,32 @@ fn columns(p: &str) -> String {
 
 impl Sql {
     fn new(t: &str) -> Self {
+        let queue = queue::Table::new(t, &QUEUE);
         Sql {
-            table: t.to_owned(),
             record: format!(
                 "INSERT INTO {t} (id, rule, key, action, sources, present, vals, versions, ats_us,
                      state, note, who)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
                  ON CONFLICT (id) DO NOTHING"
             ),
-            claim: format!(
-                "WITH due AS (
-                     SELECT id FROM {t}
-                     WHERE state IN ('open', 'claimed') AND (until IS NULL OR until <= now())
-                     ORDER BY seq
-                     LIMIT $1
-                     FOR UPDATE SKIP LOCKED
-                 )
-                 UPDATE {t} AS c
-                 SET state = 'claimed', fence = c.fence + 1,
-                     until = now() + $2::int8 * interval '1 microsecond'
-                 FROM due WHERE c.id = due.id
-                 RETURNING c.fence, c.seq, {}",
-                columns("c.")
-            ),
-            mark: format!(
-                "UPDATE {t} SET state = 'repaired', until = NULL, note = $3
-                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
-            ),
-            look: format!("SELECT state FROM {t} WHERE id = $1"),
-            retry_later: format!(
-                "UPDATE {t} SET state = 'open', tries = tries + 1, note = $3,
-                     until = now() + $4::int8 * interval '1 microsecond'
-                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
-            ),
-            to_manual: format!(
-                "UPDATE {t} SET state = 'manual', tries = tries + 1, note = $3, who = $4,
-                     until = NULL
-                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
-            ),
-            resolve: format!(
-                "UPDATE {t} SET state = 'resolved', until = NULL, who = $2, note = $3
-                 WHERE id = $1 AND state NOT IN ('repaired', 'resolved')"
+            claim: queue.claim(&format!("e.fence, {}", columns("e.")), ""),
+            // `$1` the id, `$2` the fence, `$3` the note.
+            mark: queue.fenced(&format!("{}, note = $3", queue.settle(ItemState::Repaired))),
+            look: queue.look("state"),
+            // `$3` the note, `$4` the wait.
+            retry_later: queue.fenced(&format!(
+                "{}, note = $3",
+                queue.retry_later(ItemState::Open, 4)
+            )),
+            // `$3` the note, `$4` who.
+            to_manual: queue.fenced(&format!(
+                "{}, note = $3, who = $4",
+                queue.park(ItemState::Manual)
+            )),
+            // `$1` the id, `$2` who, `$3` how.
+            resolve: queue.unsettled(
+                &format!("{}, who = $2, note = $3", queue.settle(ItemState::Resolved)),
+                1,
             ),
             get: format!("SELECT {} FROM {t} WHERE id = $1", columns("")),
             list: format!("SELECT {} FROM {t} ORDER BY seq LIMIT $1", columns("")),
@@ -176,15 +186,9 @@ impl Sql {
                         count(*) FILTER (WHERE state = 'resolved')
                  FROM {t} WHERE state IN ('repaired', 'resolved')"
             ),
+            queue,
         }
     }
-}
-
-/// The longest lease or backoff written, so that a duration never overflows an interval.
-const LONGEST: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
-
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.min(LONGEST).as_micros()).unwrap_or(i64::MAX)
 }
 
 /// A time as microseconds since the Unix epoch (saturating).
@@ -320,7 +324,7 @@ impl PostgresDifferences {
 
     /// The table's name.
     pub fn table(&self) -> &str {
-        &self.sql.table
+        self.sql.queue.name()
     }
 
     /// Applies this store's table's migrations that the database has not recorded yet.
@@ -415,7 +419,7 @@ impl PostgresDifferences {
     ) -> Result<(), ReconcileError> {
         let client = self.client().await?;
         let id = claim.item.difference.id.as_str();
-        let fence = i64::try_from(claim.fence()).unwrap_or(i64::MAX);
+        let fence = queue::fence(claim.fence());
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&id, &fence];
         params.extend_from_slice(extra);
         let n = client.execute(sql, &params).await.map_err(by_content)?;
@@ -432,7 +436,7 @@ impl PostgresDifferences {
 impl fmt::Debug for PostgresDifferences {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresDifferences")
-            .field("table", &self.sql.table)
+            .field("table", &self.sql.queue.name())
             .finish_non_exhaustive()
     }
 }
@@ -469,14 +473,12 @@ impl DifferenceStore for PostgresDifferences {
             .query(&self.sql.claim, &[&max, &micros(lease)])
             .await
             .map_err(ReconcileError::backend)?;
-        let mut claims = Vec::with_capacity(rows.len());
-        let mut sorted: Vec<&Row> = rows.iter().collect();
-        sorted.sort_by_key(|r| r.try_get::<_, i64>("seq").unwrap_or(0));
-        for row in sorted {
-            let fence: i64 = get(row, "fence")?;
-            claims.push(RepairClaim::new(item_of(row)?, fence as u64));
-        }
-        Ok(claims)
+        rows.iter()
+            .map(|row| {
+                let fence = queue::fence_of(get(row, "fence")?);
+                Ok(RepairClaim::new(item_of(row)?, fence))
+            })
+            .collect()
     }
 
     async fn mark_repaired(
@@ -486,7 +488,7 @@ impl DifferenceStore for PostgresDifferences {
     ) -> Result<Marked, ReconcileError> {
         let client = self.client().await?;
         let id = &claim.item.difference.id;
-        let fence = i64::try_from(claim.fence()).unwrap_or(i64::MAX);
+        let fence = queue::fence(claim.fence());
         let note = kept(note, MAX_TEXT);
         let n = client
             .execute(&self.sql.mark, &[&id.as_str(), &fence, &note.as_str()])
