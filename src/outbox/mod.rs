@@ -129,6 +129,31 @@ impl Claimed {
     }
 }
 
+/// Where an event stands in its store's queue: pending (waiting, or claimed by a relay whose
+/// lease runs), quarantined (its publishes failed their limit: a person requeues or discards
+/// it), or published (swept after the retention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    Pending,
+    Quarantined,
+    Published,
+}
+
+/// An event is an item of the leased work queue: a pending one is claimed when its wait or its
+/// claim's lease has passed (its state stays pending: a claim only sets the lease).
+impl crate::queue::States for State {
+    const ALL: &'static [Self] = &[State::Pending, State::Quarantined, State::Published];
+    const CLAIMED: Self = State::Pending;
+
+    fn claimable(self) -> bool {
+        self == State::Pending
+    }
+
+    fn settled(self) -> bool {
+        self == State::Published
+    }
+}
+
 /// What a failed publish did to its event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failed {

@@ -10,8 +10,11 @@ use bytes::Bytes;
 use tokio_postgres::Row;
 
 use super::wakeup::WeakWakeup;
-use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Quarantined, Wakeup};
+use super::{
+    Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Quarantined, State, Wakeup,
+};
 use crate::classify::BoxError;
+use crate::queue::{self, micros};
 use crate::record::OutboxStats;
 use crate::storage::{Component, Migration, Pool};
 use crate::ConfigError;
@@ -101,7 +104,7 @@ pub struct PostgresOutbox {
 }
 
 struct Sql {
-    table: String,
+    queue: queue::Table<State>,
     /// The `NOTIFY` channel of the table's enqueues.
     channel: String,
     enqueue: String,
@@ -119,15 +122,38 @@ struct Sql {
     discard: String,
 }
 
+/// Where the outbox's table keeps the queue's part of an event: its claim number is the fence,
+/// its failures the tries; claimed in the order enqueued; swept by when it was published.
+static QUEUE: queue::Columns = queue::Columns {
+    key: "id",
+    state: "state",
+    fence: "claim",
+    until: "claimed_until",
+    tries: "failures",
+    order: &["seq"],
+    settled_at: Some("published_at"),
+};
+
+impl queue::SqlStates for State {
+    fn sql(self) -> &'static str {
+        match self {
+            State::Pending => "0",
+            State::Published => "1",
+            State::Quarantined => "2",
+        }
+    }
+}
+
 /// The columns an event is read from by [`claimed`], in its order.
 const EVENT_COLUMNS: &str =
     "seq, id, aggregate, version, kind, header_names, header_values, payload, failures, claim";
 
 impl Sql {
     fn new(t: &str) -> Self {
+        let queue = queue::Table::new(t, &QUEUE);
         let channel = channel(t);
+        let published = queue.settle(State::Published);
         Sql {
-            table: t.to_owned(),
             channel: channel.clone(),
             // The notification goes out when the caller's transaction commits (none if it rolls
             // back), once per transaction however many events it enqueued.
@@ -140,42 +166,18 @@ impl Sql {
                  )
                  SELECT (SELECT count(*) FROM added), pg_notify('{channel}', '')"
             ),
-            claim: format!(
-                // The ids as an array, found by the primary key: a join with the locked rows
-                // can be planned as a scan of the whole table, published rows included.
-                "UPDATE {t} AS o
-                 SET claim = o.claim + 1, claimed_until = now() + make_interval(secs => $2)
-                 WHERE o.id = ANY(ARRAY(
-                     SELECT id FROM {t}
-                     WHERE state = {PENDING} AND (claimed_until IS NULL OR claimed_until <= now())
-                     ORDER BY seq
-                     LIMIT $1
-                     FOR UPDATE SKIP LOCKED
-                 ))
-                 RETURNING o.seq, o.id, o.aggregate, o.version, o.kind, o.header_names,
-                           o.header_values, o.payload, o.failures, o.claim"
-            ),
-            published: format!(
-                "UPDATE {t} SET state = {PUBLISHED}, published_at = now(), claimed_until = NULL
-                 WHERE id = $1 AND claim = $2 AND state = {PENDING}"
-            ),
-            published_all: format!(
-                "UPDATE {t} AS o SET state = {PUBLISHED}, published_at = now(), claimed_until = NULL
-                 FROM unnest($1::text[], $2::bigint[]) AS m(id, claim)
-                 WHERE o.id = m.id AND o.claim = m.claim AND o.state = {PENDING}"
-            ),
+            claim: queue.claim(EVENT_COLUMNS, ""),
+            published: queue.fenced(&published),
+            published_all: queue.fenced_all(&published),
+            // `$3` the error, `$4` the wait, `$5` the failures that quarantine.
             failed: format!(
-                "UPDATE {t} SET failures = failures + 1, last_error = $3,
-                     state = CASE WHEN failures + 1 >= $5 THEN {QUARANTINED} ELSE {PENDING} END,
-                     claimed_until = CASE WHEN failures + 1 >= $5 THEN NULL
-                                          ELSE now() + make_interval(secs => $4) END
-                 WHERE id = $1 AND claim = $2 AND state = {PENDING}
-                 RETURNING state"
+                "{} RETURNING state",
+                queue.fenced(&format!(
+                    "{}, last_error = $3",
+                    queue.retry_or_park(State::Pending, State::Quarantined, 4, 5)
+                ))
             ),
-            sweep: format!(
-                "DELETE FROM {t}
-                 WHERE state = {PUBLISHED} AND published_at <= now() - make_interval(secs => $1)"
-            ),
+            sweep: queue.sweep(),
             stats: format!(
                 "SELECT count(*), EXTRACT(EPOCH FROM (now() - min(enqueued_at)))::float8,
                         (SELECT count(*) FROM {t} WHERE state = {QUARANTINED})
@@ -193,17 +195,14 @@ impl Sql {
             ),
             // A new claim number fences a mark of any older claim; the relays are woken.
             requeue: format!(
-                "WITH back AS (
-                     UPDATE {t} SET state = {PENDING}, failures = 0, claim = claim + 1,
-                         claimed_until = NULL
-                     WHERE id = $1 AND state = {QUARANTINED}
-                     RETURNING 1
-                 )
-                 SELECT (SELECT count(*) FROM back), pg_notify('{channel}', '')"
+                "WITH back AS ({})
+                 SELECT (SELECT count(*) FROM back), pg_notify('{channel}', '')",
+                queue.reopen(&[State::Quarantined], State::Pending, "failures = 0", "1")
             ),
             discard: format!(
                 "DELETE FROM {t} WHERE id = $1 AND state = {QUARANTINED} RETURNING {EVENT_COLUMNS}"
             ),
+            queue,
         }
     }
 }
@@ -238,7 +237,7 @@ impl PostgresOutbox {
 
     /// The table's name.
     pub fn table(&self) -> &str {
-        &self.sql.table
+        self.sql.queue.name()
     }
 
     /// Applies this outbox's table's migrations that the database has not recorded yet.
@@ -349,10 +348,7 @@ impl PostgresOutbox {
     pub async fn last_error(&self, id: &EventId) -> Result<Option<String>, OutboxError> {
         let client = self.pool.get().await.map_err(OutboxError::backend)?;
         let row = client
-            .query_opt(
-                &format!("SELECT last_error FROM {} WHERE id = $1", self.sql.table),
-                &[&id.as_str()],
-            )
+            .query_opt(&self.sql.queue.look("last_error"), &[&id.as_str()])
             .await
             .map_err(OutboxError::backend)?;
         Ok(row.and_then(|r| r.get(0)))
@@ -360,7 +356,7 @@ impl PostgresOutbox {
 
     async fn mark(&self, sql: &str, claimed: &Claimed) -> Result<(), OutboxError> {
         let client = self.pool.get().await.map_err(OutboxError::backend)?;
-        let claim = i64::try_from(claimed.claim()).unwrap_or(i64::MAX);
+        let claim = queue::fence(claimed.claim());
         let n = client
             .execute(sql, &[&claimed.event.id().as_str(), &claim])
             .await
@@ -374,9 +370,8 @@ impl PostgresOutbox {
 }
 
 /// An event read back from a claimed row.
-fn claimed(row: &Row) -> Result<(i64, Claimed), OutboxError> {
+fn claimed(row: &Row) -> Result<Claimed, OutboxError> {
     let e = OutboxError::backend;
-    let seq: i64 = row.try_get(0).map_err(e)?;
     let id: String = row.try_get(1).map_err(e)?;
     let names: Vec<String> = row.try_get(5).map_err(e)?;
     let values: Vec<String> = row.try_get(6).map_err(e)?;
@@ -391,15 +386,16 @@ fn claimed(row: &Row) -> Result<(i64, Claimed), OutboxError> {
         names.into_iter().zip(values).collect(),
         Bytes::from(payload),
     );
-    Ok((
-        seq,
-        Claimed::new(event, failures.max(0) as u32, claim.max(0) as u64),
+    Ok(Claimed::new(
+        event,
+        u32::try_from(failures).unwrap_or(0),
+        queue::fence_of(claim),
     ))
 }
 
 /// A quarantined event read back from a row of `quarantined`'s columns.
 fn quarantined(row: &Row) -> Result<Quarantined, OutboxError> {
-    let (_, c) = claimed(row)?;
+    let c = claimed(row)?;
     let e = OutboxError::backend;
     let last_error: Option<String> = row.try_get(10).map_err(e)?;
     let age: Option<f64> = row.try_get(11).map_err(e)?;
@@ -449,12 +445,10 @@ impl OutboxStore for PostgresOutbox {
             .prepare_cached(&self.sql.claim)
             .await
             .map_err(OutboxError::backend)?;
-        let lease = lease.as_secs_f64();
+        let lease = micros(lease);
         let rows = unflushed(&client, client.query(&claim, &[&max, &lease])).await?;
-        let mut batch = rows.iter().map(claimed).collect::<Result<Vec<_>, _>>()?;
-        // RETURNING keeps no order: publish in the order of enqueueing.
-        batch.sort_by_key(|(seq, _)| *seq);
-        Ok(batch.into_iter().map(|(_, c)| c).collect())
+        // In the order of enqueueing.
+        rows.iter().map(claimed).collect()
     }
 
     async fn published(&self, claimed: &Claimed) -> Result<(), OutboxError> {
@@ -466,10 +460,7 @@ impl OutboxStore for PostgresOutbox {
             return Ok(0);
         }
         let ids: Vec<&str> = claimed.iter().map(|c| c.event.id().as_str()).collect();
-        let claims: Vec<i64> = claimed
-            .iter()
-            .map(|c| i64::try_from(c.claim()).unwrap_or(i64::MAX))
-            .collect();
+        let claims: Vec<i64> = claimed.iter().map(|c| queue::fence(c.claim())).collect();
         let client = self.pool.get().await.map_err(OutboxError::backend)?;
         let mark = client
             .prepare_cached(&self.sql.published_all)
@@ -487,7 +478,7 @@ impl OutboxStore for PostgresOutbox {
         quarantine_after: u32,
     ) -> Result<Failed, OutboxError> {
         let client = self.pool.get().await.map_err(OutboxError::backend)?;
-        let claim = i64::try_from(claimed.claim()).unwrap_or(i64::MAX);
+        let claim = queue::fence(claimed.claim());
         let limit = i32::try_from(quarantine_after).unwrap_or(i32::MAX);
         let row = client
             .query_opt(
@@ -496,7 +487,7 @@ impl OutboxStore for PostgresOutbox {
                     &claimed.event.id().as_str(),
                     &claim,
                     &error,
-                    &retry_after.as_secs_f64(),
+                    &micros(retry_after),
                     &limit,
                 ],
             )
@@ -514,7 +505,7 @@ impl OutboxStore for PostgresOutbox {
     async fn sweep(&self, retention: Duration) -> Result<u64, OutboxError> {
         let client = self.pool.get().await.map_err(OutboxError::backend)?;
         client
-            .execute(&self.sql.sweep, &[&retention.as_secs_f64()])
+            .execute(&self.sql.sweep, &[&micros(retention)])
             .await
             .map_err(OutboxError::backend)
     }
@@ -576,14 +567,14 @@ impl OutboxStore for PostgresOutbox {
             .await
             .map_err(OutboxError::backend)?
             .ok_or_else(|| OutboxError::not_found(id))?;
-        claimed(&row).map(|(_, c)| c.event)
+        claimed(&row).map(|c| c.event)
     }
 }
 
 impl fmt::Debug for PostgresOutbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresOutbox")
-            .field("table", &self.sql.table)
+            .field("table", &self.sql.queue.name())
             .finish()
     }
 }
@@ -686,5 +677,18 @@ async fn keep_listening(
         if !waker.wake() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::SqlStates;
+
+    #[test]
+    fn the_queue_writes_the_states_the_table_keeps() {
+        assert_eq!(State::Pending.sql(), PENDING.to_string());
+        assert_eq!(State::Published.sql(), PUBLISHED.to_string());
+        assert_eq!(State::Quarantined.sql(), QUARANTINED.to_string());
     }
 }
