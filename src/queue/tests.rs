@@ -379,3 +379,340 @@ proptest! {
         })?;
     }
 }
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    //! The statements against the machine's PostgreSQL, in a table of each test's own with the
+    //! queue's columns and nothing else. Leases and waits of zero make an item due at once, and
+    //! of an hour keep it waiting: no test waits on the database's clock.
+
+    use std::time::Duration;
+
+    use deadpool_postgres::Object;
+
+    use super::S;
+    use crate::queue::{fence, later, micros, Columns, SqlStates, Table};
+
+    impl SqlStates for S {
+        fn sql(self) -> &'static str {
+            match self {
+                S::Waiting => "'waiting'",
+                S::Claimed => "'claimed'",
+                S::Manual => "'manual'",
+                S::Done => "'done'",
+            }
+        }
+    }
+
+    static COLUMNS: Columns = Columns {
+        key: "id",
+        state: "state",
+        fence: "fence",
+        until: "until",
+        tries: "tries",
+        order: &["seq"],
+        settled_at: Some("settled_at"),
+    };
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    /// A test's table, dropped when the test ends (or at the next run, if it fails).
+    struct Fixture {
+        client: Object,
+        table: Table<S>,
+    }
+
+    impl Fixture {
+        async fn new() -> Self {
+            let url = std::env::var("SURELY_TEST_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+            let pool = crate::postgres::connect(&url).unwrap();
+            let client = pool.get().await.unwrap_or_else(|e| {
+                panic!("PostgreSQL at {url} (SURELY_TEST_POSTGRES_URL) did not answer: {e}")
+            });
+            let name = format!("surely_queue_{:x}", crate::ids::random_u128() as u64);
+            client
+                .batch_execute(&format!(
+                    "CREATE TABLE {name} (
+                         id text PRIMARY KEY,
+                         seq bigserial NOT NULL,
+                         state text NOT NULL,
+                         fence bigint NOT NULL DEFAULT 0,
+                         until timestamptz,
+                         tries integer NOT NULL DEFAULT 0,
+                         settled_at timestamptz
+                     )"
+                ))
+                .await
+                .unwrap();
+            Fixture {
+                client,
+                table: Table::new(&name, &COLUMNS),
+            }
+        }
+
+        async fn drop_table(self) {
+            self.client
+                .batch_execute(&format!("DROP TABLE {}", self.table.name()))
+                .await
+                .unwrap();
+        }
+
+        /// Inserts `id`, waiting for `hold` (none: due at once).
+        async fn insert(&self, id: &str, hold: Option<Duration>) {
+            let sql = format!(
+                "INSERT INTO {} (id, state, until) VALUES ($1, 'waiting', {})",
+                self.table.name(),
+                later(2)
+            );
+            let hold = hold.map(micros);
+            self.client.execute(&sql, &[&id, &hold]).await.unwrap();
+        }
+
+        /// Claims up to `max` for `lease`: each key with its fence, in the queue's order.
+        async fn claim(&self, max: i64, lease: Duration) -> Vec<(String, i64)> {
+            self.claim_on(&self.client, max, lease).await
+        }
+
+        async fn claim_on(
+            &self,
+            client: &tokio_postgres::Client,
+            max: i64,
+            lease: Duration,
+        ) -> Vec<(String, i64)> {
+            let sql = self.table.claim("e.id, e.fence", "");
+            let rows = client.query(&sql, &[&max, &micros(lease)]).await.unwrap();
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+        }
+
+        /// A holder's write `set` with `fence`: whether it changed the row.
+        async fn write(&self, set: &str, id: &str, fence: i64, extra: Option<i64>) -> bool {
+            let sql = self.table.fenced(set);
+            let n = match extra {
+                Some(x) => self.client.execute(&sql, &[&id, &fence, &x]).await,
+                None => self.client.execute(&sql, &[&id, &fence]).await,
+            };
+            n.unwrap() == 1
+        }
+
+        async fn state(&self, id: &str) -> Option<(String, i64, i32)> {
+            let sql = self.table.look("state, fence, tries");
+            let row = self.client.query_opt(&sql, &[&id]).await.unwrap();
+            row.map(|r| (r.get(0), r.get(1), r.get(2)))
+        }
+    }
+
+    fn owned(claims: &[(&str, i64)]) -> Vec<(String, i64)> {
+        claims.iter().map(|(k, f)| ((*k).to_owned(), *f)).collect()
+    }
+
+    #[tokio::test]
+    async fn pg_claims_take_the_oldest_due_rows_and_skip_the_locked_ones() {
+        let f = Fixture::new().await;
+        for id in ["a", "b", "c", "d"] {
+            f.insert(id, None).await;
+        }
+        assert_eq!(f.claim(1, HOUR).await, owned(&[("a", 1)]));
+        assert_eq!(f.claim(0, HOUR).await, owned(&[]));
+
+        // A claim still in its transaction holds its rows locked: another claim skips them,
+        // without waiting for it.
+        let url = std::env::var("SURELY_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = crate::postgres::connect(&url).unwrap();
+        let mut other = pool.get().await.unwrap();
+        let txn = other.transaction().await.unwrap();
+        let sql = f.table.claim("e.id, e.fence", "");
+        let held = txn.query(&sql, &[&1_i64, &micros(HOUR)]).await.unwrap();
+        assert_eq!(held[0].get::<_, String>(0), "b");
+        let next = tokio::time::timeout(Duration::from_secs(30), f.claim(5, HOUR))
+            .await
+            .expect("a claim waited for another's locked rows");
+        assert_eq!(next, owned(&[("c", 1), ("d", 1)]));
+        txn.commit().await.unwrap();
+        assert_eq!(f.claim(5, HOUR).await, owned(&[]), "every row is held");
+        f.drop_table().await;
+    }
+
+    #[tokio::test]
+    async fn pg_a_passed_lease_is_taken_over_and_the_late_holder_refused() {
+        let f = Fixture::new().await;
+        f.insert("a", None).await;
+        assert_eq!(f.claim(5, Duration::ZERO).await, owned(&[("a", 1)]));
+        assert_eq!(f.claim(5, HOUR).await, owned(&[("a", 2)]), "taken over");
+        assert_eq!(f.claim(5, HOUR).await, owned(&[]), "held for an hour");
+        let settle = f.table.settle(S::Done);
+        assert!(!f.write(&settle, "a", 1, None).await, "the late holder");
+        assert!(!f.write(&settle, "b", 2, None).await, "no such row");
+        assert!(f.write(&settle, "a", 2, None).await);
+        assert!(
+            !f.write(&settle, "a", 2, None).await,
+            "settled: not held any more"
+        );
+        assert_eq!(f.state("a").await.unwrap().0, "done");
+        assert_eq!(f.claim(5, Duration::ZERO).await, owned(&[]), "never again");
+        f.drop_table().await;
+    }
+
+    #[tokio::test]
+    async fn pg_retry_later_and_a_hold_wait_for_their_time_and_count_tries() {
+        let f = Fixture::new().await;
+        f.insert("a", None).await;
+        f.insert("b", Some(HOUR)).await;
+        f.insert("c", Some(Duration::ZERO)).await;
+        assert_eq!(
+            f.claim(5, HOUR).await,
+            owned(&[("a", 1), ("c", 1)]),
+            "b is held"
+        );
+        let later = f.table.retry_later(S::Waiting, 3);
+        assert!(f.write(&later, "a", 1, Some(micros(HOUR))).await);
+        assert!(
+            !f.write(&later, "a", 1, Some(0)).await,
+            "released: not held"
+        );
+        assert!(f.write(&later, "c", 1, Some(0)).await);
+        assert_eq!(
+            f.claim(5, HOUR).await,
+            owned(&[("c", 2)]),
+            "a waits an hour"
+        );
+        assert_eq!(f.state("a").await.unwrap(), ("waiting".to_owned(), 1, 1));
+        assert_eq!(f.state("c").await.unwrap(), ("claimed".to_owned(), 2, 1));
+        assert_eq!(f.state("b").await.unwrap(), ("waiting".to_owned(), 0, 0));
+
+        // Put back, or parked once this try makes the limit.
+        let sql = format!(
+            "{} RETURNING state",
+            f.table
+                .fenced(&f.table.retry_or_park(S::Waiting, S::Manual, 3, 4))
+        );
+        let state = |row: tokio_postgres::Row| row.get::<_, String>(0);
+        let back = f
+            .client
+            .query_one(&sql, &[&"c", &2_i64, &0_i64, &3_i32])
+            .await;
+        assert_eq!(state(back.unwrap()), "waiting");
+        assert_eq!(f.claim(5, HOUR).await, owned(&[("c", 3)]));
+        let parked = f
+            .client
+            .query_one(&sql, &[&"c", &3_i64, &0_i64, &3_i32])
+            .await;
+        assert_eq!(state(parked.unwrap()), "manual");
+        assert_eq!(f.state("c").await.unwrap(), ("manual".to_owned(), 3, 3));
+        f.drop_table().await;
+    }
+
+    #[tokio::test]
+    async fn pg_the_manual_state_is_never_claimed_until_a_person_reopens_it() {
+        let f = Fixture::new().await;
+        f.insert("a", None).await;
+        assert_eq!(f.claim(5, Duration::ZERO).await, owned(&[("a", 1)]));
+        assert!(f.write(&f.table.park(S::Manual), "a", 1, None).await);
+        assert_eq!(f.claim(5, Duration::ZERO).await, owned(&[]));
+        let reopen = f.table.reopen(&[S::Manual], S::Waiting, "", "");
+        assert_eq!(f.client.execute(&reopen, &[&"a"]).await.unwrap(), 1);
+        assert_eq!(
+            f.client.execute(&reopen, &[&"a"]).await.unwrap(),
+            0,
+            "not manual"
+        );
+        assert_eq!(f.state("a").await.unwrap(), ("waiting".to_owned(), 2, 1));
+        assert_eq!(f.claim(5, HOUR).await, owned(&[("a", 3)]));
+        assert!(!f.write(&f.table.settle(S::Done), "a", 1, None).await);
+
+        // A person's write, not fenced: anything unsettled.
+        let by_hand = f.table.unsettled(&f.table.settle(S::Done), 1);
+        assert_eq!(f.client.execute(&by_hand, &[&"a"]).await.unwrap(), 1);
+        assert_eq!(
+            f.client.execute(&by_hand, &[&"a"]).await.unwrap(),
+            0,
+            "settled"
+        );
+        f.drop_table().await;
+    }
+
+    #[tokio::test]
+    async fn pg_the_sweep_deletes_only_settled_rows_past_the_retention() {
+        let f = Fixture::new().await;
+        for id in ["open", "claimed", "manual", "settled"] {
+            f.insert(id, None).await;
+        }
+        assert_eq!(f.claim(5, HOUR).await.len(), 4);
+        let later = f.table.retry_later(S::Waiting, 3);
+        assert!(f.write(&later, "open", 1, Some(0)).await);
+        assert!(f.write(&f.table.park(S::Manual), "manual", 1, None).await);
+        assert!(f.write(&f.table.settle(S::Done), "settled", 1, None).await);
+        let sweep = f.table.sweep();
+        let swept = |retention: Duration| {
+            let (client, sweep) = (&f.client, &sweep);
+            async move { client.execute(sweep, &[&micros(retention)]).await.unwrap() }
+        };
+        assert_eq!(swept(HOUR).await, 0, "settled just now");
+        assert_eq!(swept(Duration::MAX).await, 0);
+        assert_eq!(swept(Duration::ZERO).await, 1);
+        assert!(f.state("settled").await.is_none());
+        for id in ["open", "claimed", "manual"] {
+            assert!(f.state(id).await.is_some(), "{id} kept");
+        }
+        f.drop_table().await;
+    }
+
+    #[tokio::test]
+    async fn pg_many_holders_write_at_once_each_under_its_own_fence() {
+        let f = Fixture::new().await;
+        for id in ["a", "b", "c"] {
+            f.insert(id, None).await;
+        }
+        assert_eq!(f.claim(5, Duration::ZERO).await.len(), 3);
+        assert_eq!(f.claim(1, HOUR).await, owned(&[("a", 2)]));
+        let sql = f.table.fenced_all(&f.table.settle(S::Done));
+        let ids = vec!["a", "b", "c"];
+        let fences = vec![1_i64, 1, 2];
+        let n = f.client.execute(&sql, &[&ids, &fences]).await.unwrap();
+        assert_eq!(
+            n, 1,
+            "a was taken over, c's fence is not its claim's: b alone"
+        );
+        assert_eq!(f.state("b").await.unwrap().0, "done");
+        f.drop_table().await;
+    }
+
+    /// `Duration::MAX` as a hold, a lease, a wait and a retention: no error from the database
+    /// (PostgreSQL refuses `now()` moved past its timestamps' range), and the longest counts as
+    /// ten years.
+    #[tokio::test]
+    async fn pg_no_duration_takes_the_database_out_of_range() {
+        let f = Fixture::new().await;
+        for (i, d) in [
+            Duration::MAX,
+            crate::MAX_DURATION,
+            Duration::new(u64::MAX / 2, 7),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            f.insert(&format!("held-{i}"), Some(d)).await;
+        }
+        f.insert("a", None).await;
+        assert_eq!(f.claim(5, Duration::MAX).await, owned(&[("a", 1)]));
+        let later = f.table.retry_later(S::Waiting, 3);
+        assert!(f.write(&later, "a", 1, Some(micros(Duration::MAX))).await);
+        let sql = format!(
+            "SELECT until BETWEEN now() + interval '3649 days' AND now() + interval '3651 days'
+             FROM {} WHERE id = 'a'",
+            f.table.name()
+        );
+        let ten_years: bool = f.client.query_one(&sql, &[]).await.unwrap().get(0);
+        assert!(ten_years, "Duration::MAX counts as ten years");
+        let sweep = f.table.sweep();
+        f.client
+            .execute(&sweep, &[&micros(Duration::MAX)])
+            .await
+            .unwrap();
+        assert_eq!(micros(Duration::MAX), micros(crate::MAX_DURATION));
+        assert_eq!(micros(Duration::from_nanos(1)), 1, "rounded up");
+        assert_eq!(fence(u64::MAX), i64::MAX);
+        f.drop_table().await;
+    }
+}
