@@ -1,7 +1,6 @@
 //! The PostgreSQL ledger.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio_postgres::types::ToSql;
@@ -13,7 +12,7 @@ use super::{
 };
 use crate::classify::{AttemptClass, DeliveryPhase};
 use crate::queue::{self, micros};
-use crate::storage::{Component, Migration, Pool};
+use crate::storage::{Component, Migration, Pool, Statements, Store};
 use crate::{ConfigError, Semantics, StopReason};
 
 /// The ledger's tables (`name` and `name_attempts`), and their migrations in version order.
@@ -134,12 +133,10 @@ use crate::storage::bare;
 /// ```
 #[derive(Clone)]
 pub struct PostgresLedger {
-    pool: Pool,
-    sql: Arc<Sql>,
+    store: Store<Sql>,
 }
 
 struct Sql {
-    queue: queue::Table<EntryState>,
     record: String,
     claim: String,
     settle: String,
@@ -222,7 +219,10 @@ fn settlement_set(n: usize) -> String {
     )
 }
 
-impl Sql {
+impl Statements for Sql {
+    const COMPONENT: &'static Component = &POSTGRES_COMPONENT;
+    const TABLE_SETTING: &'static str = "ledger table name";
+
     fn new(t: &str) -> Self {
         let queue = queue::Table::new(t, &QUEUE);
         let attempts = attempts_join(t);
@@ -310,7 +310,6 @@ impl Sql {
                  FROM {t} WHERE state <> 'settled'"
             ),
             sweep: queue.sweep(),
-            queue,
         }
     }
 }
@@ -319,8 +318,7 @@ impl PostgresLedger {
     /// A ledger over `pool`, in the tables `surely_ledger` and `surely_ledger_attempts`.
     pub fn new(pool: Pool) -> Self {
         PostgresLedger {
-            pool,
-            sql: Arc::new(Sql::new(POSTGRES_COMPONENT.default_table)),
+            store: Store::new(pool),
         }
     }
 
@@ -332,21 +330,19 @@ impl PostgresLedger {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        crate::storage::check_table("ledger table name", table)?;
         Ok(PostgresLedger {
-            pool: self.pool,
-            sql: Arc::new(Sql::new(table)),
+            store: self.store.with_table(table)?,
         })
     }
 
     /// The pool.
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        self.store.pool()
     }
 
     /// The entries' table's name (the attempts' is this with `_attempts`).
     pub fn table(&self) -> &str {
-        self.sql.queue.name()
+        self.store.table()
     }
 
     /// Applies this ledger's tables' migrations that the database has not recorded yet.
@@ -355,14 +351,11 @@ impl PostgresLedger {
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), LedgerError> {
-        crate::storage::apply(&self.pool, &[(&POSTGRES_COMPONENT, self.table())])
-            .await
-            .map(drop)
-            .map_err(LedgerError::backend)
+        self.store.migrate().await.map_err(LedgerError::backend)
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, LedgerError> {
-        self.pool.get().await.map_err(LedgerError::backend)
+        self.store.client().await.map_err(LedgerError::backend)
     }
 
     /// Settles `id` with `sql` (fenced by `fence`, or not), or says why it did not.
@@ -398,7 +391,7 @@ impl PostgresLedger {
                 return Ok(Settled::Now(settlement.clone()));
             }
             let row = client
-                .query_opt(&self.sql.look, &[&id.as_str()])
+                .query_opt(&self.store.sql().look, &[&id.as_str()])
                 .await
                 .map_err(LedgerError::backend)?
                 .ok_or_else(|| LedgerError::not_found(id))?;
@@ -442,7 +435,7 @@ impl PostgresLedger {
             return Ok(());
         }
         let found = client
-            .query_opt(&self.sql.look, &[&id.as_str()])
+            .query_opt(&self.store.sql().look, &[&id.as_str()])
             .await
             .map_err(LedgerError::backend)?;
         match found {
@@ -691,7 +684,7 @@ impl PostgresLedger {
         let client = self.client().await?;
         let row = client
             .query_one(
-                &self.sql.record,
+                &self.store.sql().record,
                 &[
                     &evidence.id.as_str(),
                     &call,
@@ -739,7 +732,7 @@ impl Ledger for PostgresLedger {
         // Every journaled call waits for this one: a statement prepared once per connection.
         let client = self.client().await?;
         let statement = client
-            .prepare_cached(&self.sql.hold)
+            .prepare_cached(&self.store.sql().hold)
             .await
             .map_err(LedgerError::backend)?;
         let call = evidence.call.map(|c| c as i64);
@@ -771,7 +764,7 @@ impl Ledger for PostgresLedger {
         let ids: Vec<&str> = ids.iter().map(EntryId::as_str).collect();
         let client = self.client().await?;
         let statement = client
-            .prepare_cached(&self.sql.forget)
+            .prepare_cached(&self.store.sql().forget)
             .await
             .map_err(LedgerError::backend)?;
         client
@@ -787,7 +780,7 @@ impl Ledger for PostgresLedger {
         let client = self.client().await?;
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         let rows = client
-            .query(&self.sql.claim, &[&max, &micros(lease)])
+            .query(&self.store.sql().claim, &[&max, &micros(lease)])
             .await
             .map_err(LedgerError::backend)?;
         rows.iter()
@@ -797,7 +790,7 @@ impl Ledger for PostgresLedger {
 
     async fn settle(&self, claim: &Claim, settlement: &Settlement) -> Result<Settled, LedgerError> {
         self.settle_with(
-            &self.sql.settle,
+            &self.store.sql().settle,
             &claim.entry.evidence.id,
             Some(queue::fence(claim.fence())),
             settlement,
@@ -811,12 +804,13 @@ impl Ledger for PostgresLedger {
         note: &str,
         after: Duration,
     ) -> Result<(), LedgerError> {
-        self.release(&self.sql.retry_later, claim, note, Some(after))
+        self.release(&self.store.sql().retry_later, claim, note, Some(after))
             .await
     }
 
     async fn to_manual(&self, claim: &Claim, reason: &str) -> Result<(), LedgerError> {
-        self.release(&self.sql.to_manual, claim, reason, None).await
+        self.release(&self.store.sql().to_manual, claim, reason, None)
+            .await
     }
 
     async fn settle_manually(
@@ -824,7 +818,7 @@ impl Ledger for PostgresLedger {
         id: &EntryId,
         settlement: &Settlement,
     ) -> Result<Settled, LedgerError> {
-        self.settle_with(&self.sql.settle_manually, id, None, settlement)
+        self.settle_with(&self.store.sql().settle_manually, id, None, settlement)
             .await
     }
 
@@ -832,14 +826,14 @@ impl Ledger for PostgresLedger {
         let client = self.client().await?;
         let note = super::truncate(note, super::MAX_TEXT);
         let n = client
-            .execute(&self.sql.retry_now, &[&id.as_str(), &note])
+            .execute(&self.store.sql().retry_now, &[&id.as_str(), &note])
             .await
             .map_err(by_content)?;
         if n == 1 {
             return Ok(());
         }
         let found = client
-            .query_opt(&self.sql.look, &[&id.as_str()])
+            .query_opt(&self.store.sql().look, &[&id.as_str()])
             .await
             .map_err(LedgerError::backend)?;
         match found {
@@ -855,7 +849,7 @@ impl Ledger for PostgresLedger {
     async fn get(&self, id: &EntryId) -> Result<Option<Entry>, LedgerError> {
         let client = self.client().await?;
         let row = client
-            .query_opt(&self.sql.get, &[&id.as_str()])
+            .query_opt(&self.store.sql().get, &[&id.as_str()])
             .await
             .map_err(LedgerError::backend)?;
         row.map(|row| entry_of(&row).map(|(entry, _)| entry))
@@ -886,7 +880,7 @@ impl Ledger for PostgresLedger {
                 params.len()
             ));
         }
-        let mut sql = self.sql.list.clone();
+        let mut sql = self.store.sql().list.clone();
         if !conditions.is_empty() {
             sql.push_str(" WHERE ");
             sql.push_str(&conditions.join(" AND "));
@@ -902,7 +896,7 @@ impl Ledger for PostgresLedger {
     async fn stats(&self) -> Result<LedgerStats, LedgerError> {
         let client = self.client().await?;
         let row = client
-            .query_one(&self.sql.stats, &[])
+            .query_one(&self.store.sql().stats, &[])
             .await
             .map_err(LedgerError::backend)?;
         let count = |i: usize| -> Result<u64, LedgerError> {
@@ -924,7 +918,7 @@ impl Ledger for PostgresLedger {
     async fn sweep(&self, retention: Duration) -> Result<u64, LedgerError> {
         let client = self.client().await?;
         client
-            .execute(&self.sql.sweep, &[&micros(retention)])
+            .execute(&self.store.sql().sweep, &[&micros(retention)])
             .await
             .map_err(LedgerError::backend)
     }
@@ -933,7 +927,7 @@ impl Ledger for PostgresLedger {
 impl fmt::Debug for PostgresLedger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresLedger")
-            .field("table", &self.sql.queue.name())
+            .field("table", &self.store.table())
             .finish()
     }
 }

@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -16,7 +15,7 @@ use super::{
 use crate::classify::BoxError;
 use crate::queue::{self, micros};
 use crate::record::OutboxStats;
-use crate::storage::{Component, Migration, Pool};
+use crate::storage::{Component, Migration, Pool, Statements, Store};
 use crate::ConfigError;
 
 const PENDING: i16 = 0;
@@ -99,12 +98,10 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
 /// ```
 #[derive(Clone)]
 pub struct PostgresOutbox {
-    pool: Pool,
-    sql: Arc<Sql>,
+    store: Store<Sql>,
 }
 
 struct Sql {
-    queue: queue::Table<State>,
     /// The `NOTIFY` channel of the table's enqueues.
     channel: String,
     enqueue: String,
@@ -120,6 +117,7 @@ struct Sql {
     quarantined_event: String,
     requeue: String,
     discard: String,
+    last_error: String,
 }
 
 /// Where the outbox's table keeps the queue's part of an event: its claim number is the fence,
@@ -148,7 +146,10 @@ impl queue::SqlStates for State {
 const EVENT_COLUMNS: &str =
     "seq, id, aggregate, version, kind, header_names, header_values, payload, failures, claim";
 
-impl Sql {
+impl Statements for Sql {
+    const COMPONENT: &'static Component = &POSTGRES_COMPONENT;
+    const TABLE_SETTING: &'static str = "outbox table name";
+
     fn new(t: &str) -> Self {
         let queue = queue::Table::new(t, &QUEUE);
         let channel = channel(t);
@@ -202,7 +203,7 @@ impl Sql {
             discard: format!(
                 "DELETE FROM {t} WHERE id = $1 AND state = {QUARANTINED} RETURNING {EVENT_COLUMNS}"
             ),
-            queue,
+            last_error: queue.look("last_error"),
         }
     }
 }
@@ -211,8 +212,7 @@ impl PostgresOutbox {
     /// An outbox over `pool`, in the table `surely_outbox`.
     pub fn new(pool: Pool) -> Self {
         PostgresOutbox {
-            pool,
-            sql: Arc::new(Sql::new(POSTGRES_COMPONENT.default_table)),
+            store: Store::new(pool),
         }
     }
 
@@ -223,21 +223,19 @@ impl PostgresOutbox {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        crate::storage::check_table("outbox table name", table)?;
         Ok(PostgresOutbox {
-            pool: self.pool,
-            sql: Arc::new(Sql::new(table)),
+            store: self.store.with_table(table)?,
         })
     }
 
     /// The pool.
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        self.store.pool()
     }
 
     /// The table's name.
     pub fn table(&self) -> &str {
-        self.sql.queue.name()
+        self.store.table()
     }
 
     /// Applies this outbox's table's migrations that the database has not recorded yet.
@@ -246,10 +244,11 @@ impl PostgresOutbox {
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), OutboxError> {
-        crate::storage::apply(&self.pool, &[(&POSTGRES_COMPONENT, self.table())])
-            .await
-            .map(drop)
-            .map_err(OutboxError::backend)
+        self.store.migrate().await.map_err(OutboxError::backend)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, OutboxError> {
+        self.store.client().await.map_err(OutboxError::backend)
     }
 
     /// Adds `event` in the caller's transaction `txn`: it commits with the caller's business
@@ -273,7 +272,7 @@ impl PostgresOutbox {
         let payload: &[u8] = event.payload();
         let row = txn
             .query_one(
-                &self.sql.enqueue,
+                &self.store.sql().enqueue,
                 &[
                     &event.id().as_str(),
                     &event.aggregate(),
@@ -331,7 +330,7 @@ impl PostgresOutbox {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
-        let channel = self.sql.channel.clone();
+        let channel = self.store.sql().channel.clone();
         let listening = Listening::open(&config, &channel)
             .await
             .map_err(|e| OutboxError::backend(format!("cannot listen for outbox events: {e}")))?;
@@ -346,16 +345,16 @@ impl PostgresOutbox {
     ///
     /// The database could not be reached.
     pub async fn last_error(&self, id: &EventId) -> Result<Option<String>, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let row = client
-            .query_opt(&self.sql.queue.look("last_error"), &[&id.as_str()])
+            .query_opt(&self.store.sql().last_error, &[&id.as_str()])
             .await
             .map_err(OutboxError::backend)?;
         Ok(row.and_then(|r| r.get(0)))
     }
 
     async fn mark(&self, sql: &str, claimed: &Claimed) -> Result<(), OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let claim = queue::fence(claimed.claim());
         let n = client
             .execute(sql, &[&claimed.event.id().as_str(), &claim])
@@ -438,11 +437,11 @@ fn seconds(s: f64) -> Duration {
 
 impl OutboxStore for PostgresOutbox {
     async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         // Prepared once per pooled connection: one round trip, no planning.
         let claim = client
-            .prepare_cached(&self.sql.claim)
+            .prepare_cached(&self.store.sql().claim)
             .await
             .map_err(OutboxError::backend)?;
         let lease = micros(lease);
@@ -452,7 +451,7 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn published(&self, claimed: &Claimed) -> Result<(), OutboxError> {
-        self.mark(&self.sql.published, claimed).await
+        self.mark(&self.store.sql().published, claimed).await
     }
 
     async fn published_all(&self, claimed: &[Claimed]) -> Result<usize, OutboxError> {
@@ -461,9 +460,9 @@ impl OutboxStore for PostgresOutbox {
         }
         let ids: Vec<&str> = claimed.iter().map(|c| c.event.id().as_str()).collect();
         let claims: Vec<i64> = claimed.iter().map(|c| queue::fence(c.claim())).collect();
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let mark = client
-            .prepare_cached(&self.sql.published_all)
+            .prepare_cached(&self.store.sql().published_all)
             .await
             .map_err(OutboxError::backend)?;
         let n = unflushed(&client, client.execute(&mark, &[&ids, &claims])).await?;
@@ -477,12 +476,12 @@ impl OutboxStore for PostgresOutbox {
         retry_after: Duration,
         quarantine_after: u32,
     ) -> Result<Failed, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let claim = queue::fence(claimed.claim());
         let limit = i32::try_from(quarantine_after).unwrap_or(i32::MAX);
         let row = client
             .query_opt(
-                &self.sql.failed,
+                &self.store.sql().failed,
                 &[
                     &claimed.event.id().as_str(),
                     &claim,
@@ -503,17 +502,17 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn sweep(&self, retention: Duration) -> Result<u64, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         client
-            .execute(&self.sql.sweep, &[&micros(retention)])
+            .execute(&self.store.sql().sweep, &[&micros(retention)])
             .await
             .map_err(OutboxError::backend)
     }
 
     async fn stats(&self) -> Result<OutboxStats, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let row = client
-            .query_one(&self.sql.stats, &[])
+            .query_one(&self.store.sql().stats, &[])
             .await
             .map_err(OutboxError::backend)?;
         let e = OutboxError::backend;
@@ -528,28 +527,28 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn quarantined(&self, limit: usize) -> Result<Vec<Quarantined>, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = client
-            .query(&self.sql.quarantined, &[&limit])
+            .query(&self.store.sql().quarantined, &[&limit])
             .await
             .map_err(OutboxError::backend)?;
         rows.iter().map(quarantined).collect()
     }
 
     async fn quarantined_event(&self, id: &EventId) -> Result<Option<Quarantined>, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let row = client
-            .query_opt(&self.sql.quarantined_event, &[&id.as_str()])
+            .query_opt(&self.store.sql().quarantined_event, &[&id.as_str()])
             .await
             .map_err(OutboxError::backend)?;
         row.as_ref().map(quarantined).transpose()
     }
 
     async fn requeue(&self, id: &EventId) -> Result<(), OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let row = client
-            .query_one(&self.sql.requeue, &[&id.as_str()])
+            .query_one(&self.store.sql().requeue, &[&id.as_str()])
             .await
             .map_err(OutboxError::backend)?;
         let back: i64 = row.try_get(0).map_err(OutboxError::backend)?;
@@ -561,9 +560,9 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn discard(&self, id: &EventId) -> Result<Event, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let row = client
-            .query_opt(&self.sql.discard, &[&id.as_str()])
+            .query_opt(&self.store.sql().discard, &[&id.as_str()])
             .await
             .map_err(OutboxError::backend)?
             .ok_or_else(|| OutboxError::not_found(id))?;
@@ -574,7 +573,7 @@ impl OutboxStore for PostgresOutbox {
 impl fmt::Debug for PostgresOutbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresOutbox")
-            .field("table", &self.sql.queue.name())
+            .field("table", &self.store.table())
             .finish()
     }
 }

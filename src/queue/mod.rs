@@ -69,7 +69,7 @@ mod postgres;
 mod tests;
 pub(crate) mod worker;
 
-pub(crate) use self::memory::{Item, Items, MemoryQueue};
+pub(crate) use self::memory::{Item, MemoryQueue};
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::{fence, fence_of, later, micros, Columns, SqlStates, Table};
 
@@ -80,6 +80,7 @@ pub(crate) use self::postgres::{fence, fence_of, later, micros, Columns, SqlStat
 /// a manual state: never claimed, never swept.
 pub(crate) trait States: Copy + Eq + fmt::Debug + Send + Sync + 'static {
     /// Every state, for the statements that name a set of them.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     const ALL: &'static [Self];
     /// The state a claim moves an item to, and the one a holder's write needs the item in
     /// (with the holder's fence). It must be [claimable](Self::claimable): a claimed item

@@ -83,11 +83,6 @@ impl<S: SqlStates> Table<S> {
         }
     }
 
-    /// The table's name.
-    pub(crate) fn name(&self) -> &str {
-        &self.name
-    }
-
     /// The states that `which` picks, as a list of literals.
     fn states(which: impl Fn(S) -> bool) -> String {
         let picked: Vec<&str> = S::ALL

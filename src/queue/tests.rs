@@ -419,6 +419,7 @@ mod postgres {
     /// A test's table, dropped when the test ends (or at the next run, if it fails).
     struct Fixture {
         client: Object,
+        name: String,
         table: Table<S>,
     }
 
@@ -448,12 +449,13 @@ mod postgres {
             Fixture {
                 client,
                 table: Table::new(&name, &COLUMNS),
+                name,
             }
         }
 
         async fn drop_table(self) {
             self.client
-                .batch_execute(&format!("DROP TABLE {}", self.table.name()))
+                .batch_execute(&format!("DROP TABLE {}", self.name))
                 .await
                 .unwrap();
         }
@@ -462,7 +464,7 @@ mod postgres {
         async fn insert(&self, id: &str, hold: Option<Duration>) {
             let sql = format!(
                 "INSERT INTO {} (id, state, until) VALUES ($1, 'waiting', {})",
-                self.table.name(),
+                self.name,
                 later(2)
             );
             let hold = hold.map(micros);
@@ -701,7 +703,7 @@ mod postgres {
         let sql = format!(
             "SELECT until BETWEEN now() + interval '3649 days' AND now() + interval '3651 days'
              FROM {} WHERE id = 'a'",
-            f.table.name()
+            f.name
         );
         let ten_years: bool = f.client.query_one(&sql, &[]).await.unwrap().get(0);
         assert!(ten_years, "Duration::MAX counts as ten years");

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::classify::BoxError;
 use crate::queue::{self, micros};
-use crate::storage::{bare, Component, Migration, Pool};
+use crate::storage::{bare, Component, Migration, Pool, Store};
 use crate::ConfigError;
 
 /// The differences' table, and its migrations in version order.
@@ -84,12 +84,10 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
 /// ```
 #[derive(Clone)]
 pub struct PostgresDifferences {
-    pool: Pool,
-    sql: Arc<Sql>,
+    store: Store<Sql>,
 }
 
 struct Sql {
-    queue: queue::Table<ItemState>,
     record: String,
     claim: String,
     mark: String,
@@ -139,7 +137,10 @@ fn columns(p: &str) -> String {
     )
 }
 
-impl Sql {
+impl crate::storage::Statements for Sql {
+    const COMPONENT: &'static Component = &POSTGRES_COMPONENT;
+    const TABLE_SETTING: &'static str = "reconcile table name";
+
     fn new(t: &str) -> Self {
         let queue = queue::Table::new(t, &QUEUE);
         Sql {
@@ -186,7 +187,6 @@ impl Sql {
                         count(*) FILTER (WHERE state = 'resolved')
                  FROM {t} WHERE state IN ('repaired', 'resolved')"
             ),
-            queue,
         }
     }
 }
@@ -298,8 +298,7 @@ impl PostgresDifferences {
     /// A store over `pool`, in the table `surely_reconcile`.
     pub fn new(pool: Pool) -> Self {
         PostgresDifferences {
-            pool,
-            sql: Arc::new(Sql::new(POSTGRES_COMPONENT.default_table)),
+            store: Store::new(pool),
         }
     }
 
@@ -310,21 +309,19 @@ impl PostgresDifferences {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        crate::storage::check_table("reconcile table name", table)?;
         Ok(PostgresDifferences {
-            pool: self.pool,
-            sql: Arc::new(Sql::new(table)),
+            store: self.store.with_table(table)?,
         })
     }
 
     /// The pool.
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        self.store.pool()
     }
 
     /// The table's name.
     pub fn table(&self) -> &str {
-        self.sql.queue.name()
+        self.store.table()
     }
 
     /// Applies this store's table's migrations that the database has not recorded yet.
@@ -333,14 +330,11 @@ impl PostgresDifferences {
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), ReconcileError> {
-        crate::storage::apply(&self.pool, &[(&POSTGRES_COMPONENT, self.table())])
-            .await
-            .map(drop)
-            .map_err(ReconcileError::backend)
+        self.store.migrate().await.map_err(ReconcileError::backend)
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, ReconcileError> {
-        self.pool.get().await.map_err(ReconcileError::backend)
+        self.store.client().await.map_err(ReconcileError::backend)
     }
 
     /// Why a fenced or manual change of `id` changed nothing.
@@ -350,7 +344,7 @@ impl PostgresDifferences {
         id: &RepairId,
     ) -> Result<Marked, ReconcileError> {
         let row = client
-            .query_opt(&self.sql.look, &[&id.as_str()])
+            .query_opt(&self.store.sql().look, &[&id.as_str()])
             .await
             .map_err(ReconcileError::backend)?
             .ok_or_else(|| ReconcileError::not_found(id))?;
@@ -390,7 +384,7 @@ impl PostgresDifferences {
         let key: &[u8] = &d.key;
         let n = client
             .execute(
-                &self.sql.record,
+                &self.store.sql().record,
                 &[
                     &d.id.as_str(),
                     &d.rule.as_str(),
@@ -436,7 +430,7 @@ impl PostgresDifferences {
 impl fmt::Debug for PostgresDifferences {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresDifferences")
-            .field("table", &self.sql.queue.name())
+            .field("table", &self.store.table())
             .finish_non_exhaustive()
     }
 }
@@ -451,7 +445,7 @@ impl DifferenceStore for PostgresDifferences {
         let client = self.client().await?;
         let ids: Vec<&str> = differences.iter().map(|d| d.id.as_str()).collect();
         let rows = client
-            .query(&self.sql.known, &[&ids])
+            .query(&self.store.sql().known, &[&ids])
             .await
             .map_err(ReconcileError::backend)?;
         let known: std::collections::HashSet<String> = rows
@@ -470,7 +464,7 @@ impl DifferenceStore for PostgresDifferences {
         let client = self.client().await?;
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         let rows = client
-            .query(&self.sql.claim, &[&max, &micros(lease)])
+            .query(&self.store.sql().claim, &[&max, &micros(lease)])
             .await
             .map_err(ReconcileError::backend)?;
         rows.iter()
@@ -491,7 +485,10 @@ impl DifferenceStore for PostgresDifferences {
         let fence = queue::fence(claim.fence());
         let note = kept(note, MAX_TEXT);
         let n = client
-            .execute(&self.sql.mark, &[&id.as_str(), &fence, &note.as_str()])
+            .execute(
+                &self.store.sql().mark,
+                &[&id.as_str(), &fence, &note.as_str()],
+            )
             .await
             .map_err(by_content)?;
         if n == 1 {
@@ -507,8 +504,12 @@ impl DifferenceStore for PostgresDifferences {
         after: Duration,
     ) -> Result<(), ReconcileError> {
         let note = kept(note, MAX_TEXT);
-        self.release(&self.sql.retry_later, claim, &[&note, &micros(after)])
-            .await
+        self.release(
+            &self.store.sql().retry_later,
+            claim,
+            &[&note, &micros(after)],
+        )
+        .await
     }
 
     async fn to_manual(
@@ -519,7 +520,7 @@ impl DifferenceStore for PostgresDifferences {
     ) -> Result<(), ReconcileError> {
         let note = kept(why, MAX_TEXT);
         let who = kept(who, MAX_WHO);
-        self.release(&self.sql.to_manual, claim, &[&note, &who])
+        self.release(&self.store.sql().to_manual, claim, &[&note, &who])
             .await
     }
 
@@ -532,7 +533,7 @@ impl DifferenceStore for PostgresDifferences {
         check_person(who, why)?;
         let client = self.client().await?;
         let n = client
-            .execute(&self.sql.resolve, &[&id.as_str(), &who, &why])
+            .execute(&self.store.sql().resolve, &[&id.as_str(), &who, &why])
             .await
             .map_err(by_content)?;
         if n == 1 {
@@ -544,7 +545,7 @@ impl DifferenceStore for PostgresDifferences {
     async fn get(&self, id: &RepairId) -> Result<Option<Item>, ReconcileError> {
         let client = self.client().await?;
         let row = client
-            .query_opt(&self.sql.get, &[&id.as_str()])
+            .query_opt(&self.store.sql().get, &[&id.as_str()])
             .await
             .map_err(ReconcileError::backend)?;
         row.as_ref().map(item_of).transpose()
@@ -560,10 +561,10 @@ impl DifferenceStore for PostgresDifferences {
         let rows = match state {
             Some(s) => {
                 client
-                    .query(&self.sql.list_state, &[&limit, &s.as_str()])
+                    .query(&self.store.sql().list_state, &[&limit, &s.as_str()])
                     .await
             }
-            None => client.query(&self.sql.list, &[&limit]).await,
+            None => client.query(&self.store.sql().list, &[&limit]).await,
         }
         .map_err(ReconcileError::backend)?;
         rows.iter().map(item_of).collect()
@@ -572,7 +573,7 @@ impl DifferenceStore for PostgresDifferences {
     async fn stats(&self) -> Result<DifferenceStats, ReconcileError> {
         let client = self.client().await?;
         let rows = client
-            .query(&self.sql.stats, &[])
+            .query(&self.store.sql().stats, &[])
             .await
             .map_err(ReconcileError::backend)?;
         let mut stats = DifferenceStats::default();
@@ -587,7 +588,7 @@ impl DifferenceStore for PostgresDifferences {
             stats.oldest_open = stats.oldest_open.max(Some(age));
         }
         let done = client
-            .query_one(&self.sql.done, &[])
+            .query_one(&self.store.sql().done, &[])
             .await
             .map_err(ReconcileError::backend)?;
         let repaired: i64 = done.try_get(0).map_err(ReconcileError::backend)?;
