@@ -14,6 +14,7 @@ use tower_service::Service;
 
 use super::{Claimed, Event, Failed, OutboxError, OutboxStore, Wakeup};
 use crate::classify::BoxError;
+use crate::queue::worker;
 use crate::record::{Recorder, RelayReport, RelayRound};
 use crate::ConfigError;
 
@@ -100,7 +101,9 @@ struct Config {
     depth: usize,
 }
 
-/// Builds a [`Relay`].
+/// Builds a [`Relay`]; made by [`Relay::builder`].
+#[must_use = "a builder does nothing until `build` is called"]
+#[derive(Clone)]
 pub struct RelayBuilder<St, P> {
     store: St,
     publisher: P,
@@ -240,27 +243,22 @@ impl<St, P> RelayBuilder<St, P> {
     ///
     /// # Errors
     ///
-    /// A zero batch, lease, poll interval, stats interval, quarantine limit or pipeline
-    /// depth.
+    /// A [`ConfigError`] naming the setting (`relay batch`, ...): a zero batch, lease, poll
+    /// interval, stats interval, quarantine limit or pipeline depth, or a duration longer than
+    /// [`MAX_DURATION`](crate::MAX_DURATION) (ten years).
     pub fn build(self) -> Result<Relay<St, P>, ConfigError> {
         let c = &self.config;
-        if c.batch == 0 {
-            return Err(ConfigError::new("relay batch", "must be at least 1"));
+        worker::Claiming {
+            batch: ("relay batch", c.batch),
+            lease: ("relay lease", c.lease),
+            timeout: None,
         }
-        if c.lease.is_zero() {
-            return Err(ConfigError::new("relay lease", "must be greater than zero"));
-        }
-        if c.poll.is_zero() {
-            return Err(ConfigError::new(
-                "relay poll interval",
-                "must be greater than zero",
-            ));
-        }
-        if c.stats_every.is_zero() {
-            return Err(ConfigError::new(
-                "relay stats interval",
-                "must be greater than zero",
-            ));
+        .check()?;
+        ConfigError::at_most_max("relay retry wait", c.retry_after)?;
+        ConfigError::positive_at_most_max("relay poll interval", c.poll)?;
+        ConfigError::positive_at_most_max("relay stats interval", c.stats_every)?;
+        if let Some(retention) = c.retention {
+            ConfigError::at_most_max("relay retention", retention)?;
         }
         if c.depth == 0 {
             return Err(ConfigError::new(
