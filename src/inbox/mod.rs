@@ -157,24 +157,41 @@ impl Counters {
 
 /// Processing a delivery failed: the handler did (its error, as it gave it), the store did, or
 /// the delivery was not an event. Nothing was recorded: the delivery may be tried again (but
-/// for a malformed one).
+/// for a malformed one). Each says which in its message; the handler's, the store's or the
+/// event's own error is its [`source`](std::error::Error::source) (an `InboxError` is a
+/// `std::error::Error` when the handler's error is one).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InboxError<E = Infallible> {
     /// The handler failed.
-    #[error("the event's handler failed: {0}")]
-    Handler(E),
+    #[error("the event's handler failed")]
+    Handler(#[source] E),
     /// The store failed.
-    #[error("inbox store failed: {0}")]
-    Store(BoxError),
+    #[error("inbox store failed")]
+    Store(#[source] BoxError),
     /// The delivery is not an event: it lacks what a relay writes.
-    #[error("not an event: {0}")]
-    Malformed(crate::outbox::InvalidEvent),
+    #[error("not an event")]
+    Malformed(#[source] crate::outbox::InvalidEvent),
 }
 
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 impl<E> InboxError<E> {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn store(e: impl Into<BoxError>) -> Self {
         InboxError::Store(e.into())
+    }
+
+    /// Whether the handler failed.
+    pub fn is_handler(&self) -> bool {
+        matches!(self, InboxError::Handler(_))
+    }
+
+    /// Whether the store failed.
+    pub fn is_store(&self) -> bool {
+        matches!(self, InboxError::Store(_))
+    }
+
+    /// Whether the delivery was not an event.
+    pub fn is_malformed(&self) -> bool {
+        matches!(self, InboxError::Malformed(_))
     }
 }

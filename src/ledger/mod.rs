@@ -872,9 +872,10 @@ pub trait Ledger: Send + Sync + 'static {
 
 /// A ledger operation failed: the backend failed, a change came with a stale claim, the entry
 /// does not exist or is not in a state for the change, a value was refused, or the store
-/// cannot do what was asked.
+/// cannot do what was asked. Tell them apart with the `is_*` methods; a failure of the backend,
+/// or the database's refusal of a value, is its [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
+#[error(transparent)]
 pub struct LedgerError {
     kind: ErrorKind,
 }
@@ -885,14 +886,18 @@ enum ErrorKind {
     Stale,
     #[error("no ledger entry {0}")]
     NotFound(EntryId),
-    #[error("refused by the ledger: {0}")]
-    Invalid(String),
+    #[error("refused by the ledger: {why}")]
+    Invalid {
+        why: String,
+        #[source]
+        source: Option<BoxError>,
+    },
     #[error("ledger entry {0} is {state}, not open or manual", state = .1.as_str())]
     Conflict(EntryId, EntryState),
     #[error("this ledger store cannot {0}")]
     Unsupported(&'static str),
-    #[error("ledger store failed: {0}")]
-    Backend(BoxError),
+    #[error("ledger store failed")]
+    Backend(#[source] BoxError),
 }
 
 impl LedgerError {
@@ -910,14 +915,27 @@ impl LedgerError {
         }
     }
 
-    /// A value the ledger does not take.
+    /// A value the ledger does not take, and why.
     pub fn invalid(why: impl Into<String>) -> Self {
         LedgerError {
-            kind: ErrorKind::Invalid(why.into()),
+            kind: ErrorKind::Invalid {
+                why: why.into(),
+                source: None,
+            },
         }
     }
 
-    /// The backend failed.
+    /// A value the store refused (`why`), its refusal the source (the database's error).
+    pub(crate) fn refused(why: &str, source: impl Into<BoxError>) -> Self {
+        LedgerError {
+            kind: ErrorKind::Invalid {
+                why: why.to_owned(),
+                source: Some(source.into()),
+            },
+        }
+    }
+
+    /// The backend failed, with this error (the source).
     pub fn backend(error: impl Into<BoxError>) -> Self {
         LedgerError {
             kind: ErrorKind::Backend(error.into()),
@@ -937,6 +955,11 @@ impl LedgerError {
         LedgerError {
             kind: ErrorKind::Unsupported(what),
         }
+    }
+
+    /// Whether the backend failed.
+    pub fn is_backend(&self) -> bool {
+        matches!(self.kind, ErrorKind::Backend(_))
     }
 
     /// Whether the entry is not in a state for the change.
@@ -961,6 +984,6 @@ impl LedgerError {
 
     /// Whether a value was refused.
     pub fn is_invalid(&self) -> bool {
-        matches!(self.kind, ErrorKind::Invalid(_))
+        matches!(self.kind, ErrorKind::Invalid { .. })
     }
 }

@@ -450,7 +450,7 @@ impl PostgresLedger {
 /// anything else is the backend's.
 fn by_content(e: tokio_postgres::Error) -> LedgerError {
     if crate::storage::is_input_error(&e) {
-        LedgerError::invalid(e.to_string())
+        LedgerError::refused("the database refused a value of the entry", e)
     } else {
         LedgerError::backend(e)
     }

@@ -309,9 +309,10 @@ impl Quarantined {
 }
 
 /// An outbox operation failed: the backend failed, a mark came with a stale claim, no
-/// quarantined event has the id, or the store cannot do what was asked.
+/// quarantined event has the id, or the store cannot do what was asked. Tell them apart with
+/// the `is_*` methods; a failure of the backend is its [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
+#[error(transparent)]
 pub struct OutboxError {
     kind: ErrorKind,
 }
@@ -324,8 +325,8 @@ enum ErrorKind {
     NotFound(EventId),
     #[error("this outbox store cannot {0}")]
     Unsupported(&'static str),
-    #[error("outbox store failed: {0}")]
-    Backend(BoxError),
+    #[error("outbox store failed")]
+    Backend(#[source] BoxError),
 }
 
 impl OutboxError {
@@ -336,11 +337,16 @@ impl OutboxError {
         }
     }
 
-    /// The backend failed.
+    /// The backend failed, with this error (the source).
     pub fn backend(error: impl Into<BoxError>) -> Self {
         OutboxError {
             kind: ErrorKind::Backend(error.into()),
         }
+    }
+
+    /// Whether the backend failed.
+    pub fn is_backend(&self) -> bool {
+        matches!(self.kind, ErrorKind::Backend(_))
     }
 
     /// No quarantined event has this id.

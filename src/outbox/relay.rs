@@ -558,17 +558,15 @@ impl<'a, St: OutboxStore> Stages<'a, St> {
             match outcome {
                 Ok(()) => published.push(claimed),
                 Err(error) => {
-                    round.failed += 1;
+                    round.failed = round.failed.saturating_add(1);
                     let id = claimed.event.id().clone();
-                    tracing::info!(event = %id, failures = claimed.failures + 1, %error, "outbox publish failed");
+                    // Kept with its sources: the publisher's error says each cause once.
+                    let error = with_sources(&*error);
+                    let failures = claimed.failures.saturating_add(1);
+                    tracing::info!(event = %id, failures, %error, "outbox publish failed");
                     match self
                         .store
-                        .failed(
-                            &claimed,
-                            &error.to_string(),
-                            c.retry_after,
-                            c.quarantine_after,
-                        )
+                        .failed(&claimed, &error, c.retry_after, c.quarantine_after)
                         .await
                     {
                         Ok(Failed::Retry) => {}
@@ -618,6 +616,25 @@ impl<'a, St: OutboxStore> Stages<'a, St> {
     }
 }
 
+/// An error and its sources, `: `-separated: what a failed publish is kept as (the event's
+/// last error) and logged as. An error that says its cause once, in its source (the crate's,
+/// hyper-util's: `client error (SendRequest)` is only what failed), would otherwise lose it; a
+/// source that the message already ends with (an error that also prints its source, as
+/// async-nats's do) is not said twice.
+fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let said = e.to_string();
+        if !out.ends_with(&said) {
+            out.push_str(": ");
+            out.push_str(&said);
+        }
+        source = e.source();
+    }
+    out
+}
+
 /// A batch after its publish: its events and their outcomes, in the batch's order.
 #[derive(Default)]
 struct Published {
@@ -658,7 +675,7 @@ impl<F> Publishing<F> {
                 }
                 Poll::Ready(Err(e)) => {
                     // The publisher is broken: the rest of the batch fails the same way.
-                    let why = e.into().to_string();
+                    let why = with_sources(&*e.into());
                     while sending.len() < batch.len() {
                         sending.push(Sending::Done(Err(why.clone().into())));
                     }
@@ -722,5 +739,31 @@ impl<St, P> fmt::Debug for RelayBuilder<St, P> {
         f.debug_struct("RelayBuilder")
             .field("config", &self.config)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_sources;
+
+    #[derive(Debug, thiserror::Error)]
+    enum E {
+        #[error("webhook call failed")]
+        Once(#[source] std::io::Error),
+        #[error("publish failed: {0}")]
+        Twice(#[source] std::io::Error),
+    }
+
+    #[test]
+    fn a_failed_publish_is_kept_with_each_cause_once() {
+        let refused = || std::io::Error::other("connection refused");
+        assert_eq!(
+            with_sources(&E::Once(refused())),
+            "webhook call failed: connection refused"
+        );
+        assert_eq!(
+            with_sources(&E::Twice(refused())),
+            "publish failed: connection refused"
+        );
     }
 }

@@ -653,9 +653,11 @@ pub(crate) fn check_person(who: &str, why: &str) -> Result<(), ReconcileError> {
 }
 
 /// Reconciliation failed: a source or the store failed, a source broke the key order, a
-/// change came with a stale claim, an item does not exist, or a value was refused.
+/// change came with a stale claim, an item does not exist, or a value was refused. Tell them
+/// apart with the `is_*` methods; a failure of a source or of the store, or the database's
+/// refusal of a value, is its [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
+#[error(transparent)]
 pub struct ReconcileError {
     kind: ErrorKind,
 }
@@ -666,17 +668,22 @@ enum ErrorKind {
     Stale,
     #[error("no difference {0}")]
     NotFound(RepairId),
-    #[error("refused: {0}")]
-    Invalid(String),
-    #[error("source {source_name} failed: {error}")]
+    #[error("refused: {why}")]
+    Invalid {
+        why: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+    #[error("source {source_name} failed")]
     Source {
         source_name: String,
+        #[source]
         error: BoxError,
     },
     #[error("source {source_name} broke the key order: {why}")]
     Order { source_name: String, why: String },
-    #[error("difference store failed: {0}")]
-    Backend(BoxError),
+    #[error("difference store failed")]
+    Backend(#[source] BoxError),
 }
 
 impl ReconcileError {
@@ -694,21 +701,34 @@ impl ReconcileError {
         }
     }
 
-    /// A value refused.
+    /// A value refused, and why.
     pub fn invalid(why: impl Into<String>) -> Self {
         ReconcileError {
-            kind: ErrorKind::Invalid(why.into()),
+            kind: ErrorKind::Invalid {
+                why: why.into(),
+                source: None,
+            },
         }
     }
 
-    /// The store failed.
+    /// A value the store refused (`why`), its refusal the source (the database's error).
+    pub(crate) fn refused(why: &str, source: impl Into<BoxError>) -> Self {
+        ReconcileError {
+            kind: ErrorKind::Invalid {
+                why: why.to_owned(),
+                source: Some(source.into()),
+            },
+        }
+    }
+
+    /// The store failed, with this error (the source).
     pub fn backend(error: impl Into<BoxError>) -> Self {
         ReconcileError {
             kind: ErrorKind::Backend(error.into()),
         }
     }
 
-    /// A source failed.
+    /// A source failed, with this error (the source).
     pub fn source_failed(source: &str, error: impl Into<BoxError>) -> Self {
         ReconcileError {
             kind: ErrorKind::Source {
@@ -727,6 +747,11 @@ impl ReconcileError {
         }
     }
 
+    /// Whether the store failed.
+    pub fn is_backend(&self) -> bool {
+        matches!(self.kind, ErrorKind::Backend(_))
+    }
+
     /// Whether a change was refused for a stale claim.
     pub fn is_stale(&self) -> bool {
         matches!(self.kind, ErrorKind::Stale)
@@ -739,7 +764,7 @@ impl ReconcileError {
 
     /// Whether a value was refused.
     pub fn is_invalid(&self) -> bool {
-        matches!(self.kind, ErrorKind::Invalid(_))
+        matches!(self.kind, ErrorKind::Invalid { .. })
     }
 
     /// Whether a source failed, or broke the key order (its keys were not strictly

@@ -228,7 +228,7 @@ fn kept(text: &str, max: usize) -> String {
 /// the backend's.
 fn by_content(e: tokio_postgres::Error) -> ReconcileError {
     if crate::storage::is_input_error(&e) {
-        ReconcileError::invalid(e.to_string())
+        ReconcileError::refused("the database refused a value of the difference", e)
     } else {
         ReconcileError::backend(e)
     }
