@@ -68,6 +68,7 @@ pub use self::postgres::{Begin, Handler, InboxTransaction, PostgresInbox, Ticket
 
 /// How a consumer treats the versions of an aggregate's events. See the [module docs](self).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Versions {
     /// No version check.
     Any,
@@ -157,15 +158,19 @@ impl Counters {
 
 /// Processing a delivery failed: the handler did (its error, as it gave it), the store did, or
 /// the delivery was not an event. Nothing was recorded: the delivery may be tried again (but
-/// for a malformed one). Each says which in its message; the handler's, the store's or the
-/// event's own error is its [`source`](std::error::Error::source) (an `InboxError` is a
-/// `std::error::Error` when the handler's error is one).
+/// for a malformed one).
+///
+/// The store's error, and what a malformed delivery lacks, are its
+/// [`source`](std::error::Error::source), said once. The handler's error is said in the
+/// message instead (`the event's handler failed: database down`), and is not a source: it is
+/// the handler's own type, which need not be a `std::error::Error` (tower's `BoxError` and
+/// anyhow's error are not), and an `InboxError` is an error whatever it is.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InboxError<E = Infallible> {
     /// The handler failed.
-    #[error("the event's handler failed")]
-    Handler(#[source] E),
+    #[error("the event's handler failed: {0}")]
+    Handler(E),
     /// The store failed.
     #[error("inbox store failed")]
     Store(#[source] BoxError),

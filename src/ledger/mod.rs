@@ -371,6 +371,7 @@ impl Evidence {
 
 /// Where an entry stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum EntryState {
     /// A journaled call's intent ([`journal`](crate::journal)): the call may still be running,
     /// or its process died. A reconciler leaves it alone until its hold passes, then takes it
@@ -473,6 +474,7 @@ impl Verdict {
 
 /// Who settled an entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SettledBy {
     /// A [`Reconciler`], from the downstream's answer.
     Reconciler,
@@ -657,6 +659,7 @@ impl Settled {
 /// Which entries to [list](Ledger::list): oldest first, at most `limit` (100 unless set).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "a filter does nothing until a ledger lists with it"]
 pub struct Filter {
     /// Only entries with this key.
     pub key: Option<String>,

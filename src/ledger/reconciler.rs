@@ -459,6 +459,18 @@ impl<L, R, Res> fmt::Debug for Reconciler<L, R, Res> {
     }
 }
 
+impl<L: Clone, R: Clone, Res> Clone for ReconcilerBuilder<L, R, Res> {
+    fn clone(&self) -> Self {
+        ReconcilerBuilder {
+            ledger: self.ledger.clone(),
+            resolver: self.resolver.clone(),
+            config: self.config.clone(),
+            backoff: self.backoff.clone(),
+            _res: PhantomData,
+        }
+    }
+}
+
 impl<L, R, Res> fmt::Debug for ReconcilerBuilder<L, R, Res> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReconcilerBuilder")

@@ -156,6 +156,7 @@ impl crate::queue::States for State {
 
 /// What a failed publish did to its event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Failed {
     /// It will be claimed again after the wait.
     Retry,

@@ -350,6 +350,7 @@ pub(crate) fn key_display(key: &[u8]) -> String {
 
 /// Where a difference stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum ItemState {
     /// Waiting for a repairer (now, or after its backoff).
     Open,

@@ -422,6 +422,17 @@ impl<St, S> fmt::Debug for Repairer<St, S> {
     }
 }
 
+impl<St: Clone, S: Clone> Clone for RepairerBuilder<St, S> {
+    fn clone(&self) -> Self {
+        RepairerBuilder {
+            store: self.store.clone(),
+            service: self.service.clone(),
+            config: self.config.clone(),
+            backoff: self.backoff.clone(),
+        }
+    }
+}
+
 impl<St, S> fmt::Debug for RepairerBuilder<St, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RepairerBuilder")

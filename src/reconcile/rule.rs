@@ -86,6 +86,7 @@ pub(crate) struct Case {
 /// A rule is checked when the [`Reconciler`](super::Reconciler) that holds it is built: see
 /// [`RuleError`].
 #[derive(Clone, Debug)]
+#[must_use = "a rule does nothing until a reconciler is built with it"]
 pub struct Rule {
     pub(crate) name: String,
     pub(crate) sources: Vec<String>,
