@@ -990,3 +990,11 @@ impl LedgerError {
         matches!(self.kind, ErrorKind::Invalid { .. })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_states_are_what_the_queue_needs() {
+        crate::queue::check_states::<super::EntryState>();
+    }
+}

@@ -379,3 +379,11 @@ impl OutboxError {
         matches!(self.kind, ErrorKind::Unsupported(_))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_states_are_what_the_queue_needs() {
+        crate::queue::check_states::<super::State>();
+    }
+}

@@ -115,3 +115,15 @@ pub(crate) enum Refused {
 pub(crate) fn bounded(d: Duration) -> Duration {
     d.min(crate::MAX_DURATION)
 }
+
+/// Asserts what the queue needs of a component's states: its claimed state is claimable, no
+/// state is both claimable and settled, and there is a manual state. Each component's tests
+/// call it with its own.
+#[cfg(test)]
+pub(crate) fn check_states<T: States>() {
+    assert!(T::CLAIMED.claimable(), "{:?}", T::CLAIMED);
+    for s in T::ALL {
+        assert!(!(s.claimable() && s.settled()), "{s:?}");
+    }
+    assert!(T::ALL.iter().any(|s| s.manual()));
+}

@@ -244,16 +244,8 @@ async fn one_state_that_waits_and_is_claimed() {
 
 #[test]
 fn every_claimed_state_is_claimable_and_no_state_is_two_things() {
-    fn check<T: States>() {
-        assert!(T::CLAIMED.claimable());
-        for s in T::ALL {
-            assert!(!(s.claimable() && s.settled()), "{s:?}");
-        }
-        assert!(T::ALL.iter().any(|s| s.manual()));
-    }
-    check::<S>();
-    check::<P>();
-    check::<crate::ledger::EntryState>();
+    super::check_states::<S>();
+    super::check_states::<P>();
 }
 
 fn duration() -> impl Strategy<Value = Duration> {
@@ -427,7 +419,7 @@ mod postgres {
         async fn new() -> Self {
             let url = std::env::var("SURELY_TEST_POSTGRES_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-            let pool = crate::postgres::connect(&url).unwrap();
+            let pool = crate::storage::connect(&url).unwrap();
             let client = pool.get().await.unwrap_or_else(|e| {
                 panic!("PostgreSQL at {url} (SURELY_TEST_POSTGRES_URL) did not answer: {e}")
             });
@@ -521,7 +513,7 @@ mod postgres {
         // without waiting for it.
         let url = std::env::var("SURELY_TEST_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-        let pool = crate::postgres::connect(&url).unwrap();
+        let pool = crate::storage::connect(&url).unwrap();
         let mut other = pool.get().await.unwrap();
         let txn = other.transaction().await.unwrap();
         let sql = f.table.claim("e.id, e.fence", "");

@@ -777,3 +777,11 @@ impl ReconcileError {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_states_are_what_the_queue_needs() {
+        crate::queue::check_states::<super::ItemState>();
+    }
+}
