@@ -184,36 +184,29 @@ impl<S: SqlStates> Table<S> {
         }
     }
 
+    /// What releases a row (to the state `to`, due at `until`: SQL expressions), for a `SET`;
+    /// it counts a try.
+    fn release(&self, to: &str, until: &str) -> String {
+        let c = self.columns;
+        format!(
+            "{state} = {to}, {tries} = {tries} + 1, {col} = {until}",
+            state = c.state,
+            tries = c.tries,
+            col = c.until,
+        )
+    }
+
     /// What puts a row back to wait (in `to`, a claimable state) for the microseconds in `$n`,
     /// for a `SET`; it counts a try.
     pub(crate) fn retry_later(&self, to: S, n: usize) -> String {
         debug_assert!(to.claimable());
-        let Columns {
-            state,
-            until,
-            tries,
-            ..
-        } = self.columns;
-        format!(
-            "{state} = {}, {tries} = {tries} + 1, {until} = {}",
-            to.sql(),
-            later(n)
-        )
+        self.release(to.sql(), &later(n))
     }
 
     /// What parks a row in a manual state (`to`), for a `SET`; it counts a try.
     pub(crate) fn park(&self, to: S) -> String {
         debug_assert!(to.manual());
-        let Columns {
-            state,
-            until,
-            tries,
-            ..
-        } = self.columns;
-        format!(
-            "{state} = {}, {tries} = {tries} + 1, {until} = NULL",
-            to.sql()
-        )
+        self.release(to.sql(), "NULL")
     }
 
     /// What puts a row back to wait (`waiting`) for the microseconds in `$after`, or parks it
@@ -226,20 +219,14 @@ impl<S: SqlStates> Table<S> {
         limit: usize,
     ) -> String {
         debug_assert!(waiting.claimable() && manual.manual());
-        let Columns {
-            state,
-            until,
-            tries,
-            ..
-        } = self.columns;
-        format!(
-            "{tries} = {tries} + 1,
-             {state} = CASE WHEN {tries} + 1 >= ${limit} THEN {manual} ELSE {waiting} END,
-             {until} = CASE WHEN {tries} + 1 >= ${limit} THEN NULL ELSE {wait} END",
+        let last = format!("{tries} + 1 >= ${limit}", tries = self.columns.tries);
+        let to = format!(
+            "CASE WHEN {last} THEN {manual} ELSE {waiting} END",
             manual = manual.sql(),
-            waiting = waiting.sql(),
-            wait = later(after)
-        )
+            waiting = waiting.sql()
+        );
+        let until = format!("CASE WHEN {last} THEN NULL ELSE {} END", later(after));
+        self.release(&to, &until)
     }
 
     /// A person sends the row whose key is `$1` back to be claimed, at once, from one of the
