@@ -589,24 +589,37 @@ fn attempts_of(row: &Row) -> Result<Vec<AttemptEvidence>, LedgerError> {
             "the ledger's attempts were read back with columns of different lengths",
         ));
     }
+    let mut started = started.into_iter();
+    let mut took = took.into_iter();
+    let mut class = class.into_iter();
+    let mut phase = phase.into_iter();
     let mut timeout = timeout.into_iter();
+    let mut hedge = hedge.into_iter();
+    let mut cancelled = cancelled.into_iter();
     let mut downstream = downstream.into_iter();
-    (0..n)
-        .map(|i| {
+    // Every column has one value per attempt (checked above).
+    attempt
+        .into_iter()
+        .map(|number| {
             Ok(AttemptEvidence {
-                attempt: u32::try_from(attempt[i]).map_err(|_| {
-                    LedgerError::backend(format!(
-                        "the ledger table holds attempt number {}",
-                        attempt[i]
-                    ))
+                attempt: u32::try_from(number).map_err(|_| {
+                    LedgerError::backend(format!("the ledger table holds attempt number {number}"))
                 })?,
-                started_at: started[i],
-                took: Duration::from_nanos(u64::try_from(took[i]).unwrap_or(0)),
-                class: parsed("the attempt class", class[i], parse_class)?,
-                phase: parsed("the delivery phase", phase[i], parse_phase)?,
+                started_at: started.next().unwrap_or(SystemTime::UNIX_EPOCH),
+                took: Duration::from_nanos(
+                    took.next()
+                        .and_then(|ns| u64::try_from(ns).ok())
+                        .unwrap_or(0),
+                ),
+                class: parsed("the attempt class", class.next().unwrap_or(""), parse_class)?,
+                phase: parsed(
+                    "the delivery phase",
+                    phase.next().unwrap_or(""),
+                    parse_phase,
+                )?,
                 timeout: timeout.next().flatten(),
-                hedge: hedge[i],
-                cancelled: cancelled[i],
+                hedge: hedge.next().unwrap_or(false),
+                cancelled: cancelled.next().unwrap_or(false),
                 downstream_id: downstream.next().flatten(),
             })
         })

@@ -195,7 +195,7 @@ pub trait OutboxStore: Send + Sync + 'static {
             let mut marked = 0;
             for c in claimed {
                 match self.published(c).await {
-                    Ok(()) => marked += 1,
+                    Ok(()) => marked = usize::saturating_add(marked, 1),
                     Err(e) if e.is_stale() => {}
                     Err(e) => return Err(e),
                 }

@@ -668,7 +668,7 @@ async fn keep_listening(
                 Ok(l) => break l,
                 Err(e) => {
                     tracing::warn!(error = %e, channel = %channel, "outbox listener cannot reconnect");
-                    wait = (wait * 2).min(LONGEST_WAIT);
+                    wait = wait.saturating_mul(2).min(LONGEST_WAIT);
                 }
             }
         };

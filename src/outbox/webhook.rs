@@ -238,7 +238,7 @@ fn request(uri: &Uri, event: &Event) -> Result<Request<Full<Bytes>>, WebhookErro
             None,
         )
     })?;
-    let mut headers = HeaderMap::with_capacity(event.headers().len() + 5);
+    let mut headers = HeaderMap::with_capacity(event.headers().len().saturating_add(5));
     for (name, value) in event.headers() {
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
             WebhookError::invalid(format!("its header name `{name}` is not an HTTP one"))

@@ -236,7 +236,7 @@ impl RepairId {
         let digest = h.finalize();
         let mut id = String::with_capacity(36);
         id.push_str("rep-");
-        for b in &digest[..16] {
+        for b in digest.iter().take(16) {
             id.push_str(&format!("{b:02x}"));
         }
         RepairId(id.into())

@@ -195,7 +195,7 @@ impl crate::storage::Statements for Sql {
 fn time_us(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
-        Err(e) => i64::try_from(e.duration().as_micros()).map_or(i64::MIN, |us| -us),
+        Err(e) => i64::try_from(e.duration().as_micros()).map_or(i64::MIN, i64::saturating_neg),
     }
 }
 
@@ -257,15 +257,22 @@ fn item_of(row: &Row) -> Result<Item, ReconcileError> {
             "difference {id}: its facts' arrays differ in length"
         )));
     }
-    let seen = (0..n)
-        .map(|i| {
+    // As many of each as of sources (checked above).
+    let facts = present
+        .into_iter()
+        .zip(vals)
+        .zip(versions.into_iter().zip(ats));
+    let seen = sources
+        .into_iter()
+        .zip(facts)
+        .map(|(source, ((present, val), (version, at)))| {
             Seen::new(
-                sources[i].clone(),
-                present[i].then(|| {
+                source,
+                present.then(|| {
                     SeenFact::new(
-                        String::from_utf8_lossy(&vals[i]).into_owned(),
-                        versions[i] as u64,
-                        us_time(ats[i]),
+                        String::from_utf8_lossy(&val).into_owned(),
+                        version as u64,
+                        us_time(at),
                     )
                 }),
             )
@@ -583,7 +590,7 @@ impl DifferenceStore for PostgresDifferences {
             let manual: i64 = row.try_get(2).map_err(ReconcileError::backend)?;
             let age: i64 = row.try_get(3).map_err(ReconcileError::backend)?;
             stats.open_by_rule.push((rule, open as u64));
-            stats.manual += manual as u64;
+            stats.manual = stats.manual.saturating_add(manual as u64);
             let age = Duration::from_micros(u64::try_from(age).unwrap_or(0));
             stats.oldest_open = stats.oldest_open.max(Some(age));
         }
