@@ -700,7 +700,8 @@ impl Filter {
         self
     }
 
-    /// Only those at least this old.
+    /// Only those at least this old (at most [`MAX_DURATION`](crate::MAX_DURATION), ten years,
+    /// counted: a longer age is taken as ten years).
     pub fn older_than(mut self, age: Duration) -> Self {
         self.older_than = Some(age);
         self
@@ -718,7 +719,9 @@ impl Filter {
             .as_deref()
             .is_none_or(|k| entry.evidence.key.as_deref() == Some(k))
             && self.state.is_none_or(|s| entry.state == s)
-            && self.older_than.is_none_or(|d| entry.age >= d)
+            && self
+                .older_than
+                .is_none_or(|d| entry.age >= d.min(crate::MAX_DURATION))
     }
 }
 
@@ -749,6 +752,10 @@ impl LedgerStats {
 
 /// Where unknown calls wait for their answer. [`MemoryLedger`] and [`PostgresLedger`] implement
 /// it; every method is one atomic operation of the store.
+///
+/// Every duration a method takes (a lease, a wait, a hold, a retention) counts as at most
+/// [`MAX_DURATION`](crate::MAX_DURATION), ten years: a longer one, `Duration::MAX` included, is
+/// taken as ten years, never a panic nor a database's refusal.
 pub trait Ledger: Send + Sync + 'static {
     /// Records an entry, open; returns false (and changes nothing) if an entry with its id is
     /// already here: recording is idempotent. An [in-doubt](EntryState::InDoubt) entry with

@@ -166,6 +166,10 @@ pub enum Failed {
 
 /// Where a relay finds the events to publish. [`MemoryOutbox`] and [`PostgresOutbox`]
 /// implement it; every method is one atomic operation of the store.
+///
+/// Every duration a method takes (a lease, a wait, a hold, a retention) counts as at most
+/// [`MAX_DURATION`](crate::MAX_DURATION), ten years: a longer one, `Duration::MAX` included, is
+/// taken as ten years, never a panic nor a database's refusal.
 pub trait OutboxStore: Send + Sync + 'static {
     /// Claims up to `max` unpublished events that no live claim holds, oldest first, for
     /// `lease`.

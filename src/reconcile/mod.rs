@@ -526,6 +526,10 @@ impl DifferenceStats {
 /// Where differences wait for their repair. [`MemoryDifferences`] and `PostgresDifferences`
 /// implement it; every method is one atomic operation of the store.
 ///
+/// Every duration a method takes (a lease, a wait, a hold, a retention) counts as at most
+/// [`MAX_DURATION`](crate::MAX_DURATION), ten years: a longer one, `Duration::MAX` included, is
+/// taken as ten years, never a panic nor a database's refusal.
+///
 /// A person works the manual queue through it:
 ///
 /// ```
