@@ -936,6 +936,7 @@ impl LedgerError {
     }
 
     /// A value the store refused (`why`), its refusal the source (the database's error).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn refused(why: &str, source: impl Into<BoxError>) -> Self {
         LedgerError {
             kind: ErrorKind::Invalid {

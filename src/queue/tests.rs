@@ -105,15 +105,16 @@ async fn one_holder_at_a_time_until_the_lease_passes_then_a_higher_fence() {
     advance(Duration::from_millis(1)).await;
     assert_eq!(claim(&q, &keys, 1, LEASE), [("a", 2)], "taken over");
 
-    // The first holder, late: refused, whatever it writes.
-    let mut items = q.lock();
-    assert_eq!(items.held("a", 1).err(), Some(Refused::Stale));
-    assert_eq!(items.held("b", 1).err(), Some(Refused::Missing));
-    // The second holder settles; then neither may write.
-    items.held("a", 2).unwrap().settle(S::Done);
-    assert_eq!(items.held("a", 2).err(), Some(Refused::Stale));
-    assert_eq!(items.held("a", 1).err(), Some(Refused::Stale));
-    drop(items);
+    {
+        // The first holder, late: refused, whatever it writes.
+        let mut items = q.lock();
+        assert_eq!(items.held("a", 1).err(), Some(Refused::Stale));
+        assert_eq!(items.held("b", 1).err(), Some(Refused::Missing));
+        // The second holder settles; then neither may write.
+        items.held("a", 2).unwrap().settle(S::Done);
+        assert_eq!(items.held("a", 2).err(), Some(Refused::Stale));
+        assert_eq!(items.held("a", 1).err(), Some(Refused::Stale));
+    }
     advance(LEASE * 10).await;
     assert_eq!(
         claim(&q, &keys, 1, LEASE),
@@ -296,7 +297,7 @@ proptest! {
         rt.block_on(async {
             let q = MemoryQueue::<usize, S, ()>::default();
             // The fence each key's latest claim gave, as its holder knows it.
-            let mut fences = vec![0_u64; 8];
+            let mut fences = [0_u64; 8];
             let mut inserted = 0_usize;
             for op in ops {
                 match op {
@@ -315,12 +316,12 @@ proptest! {
                         let claimed = items.claim(max, lease, |i| i.fence());
                         prop_assert!(claimed.len() <= max);
                         drop(items);
-                        for k in 0..inserted {
+                        for (k, fence) in fences.iter_mut().enumerate().take(inserted) {
                             if let Some(item) = q.lock().get(&k) {
-                                if item.fence() > fences[k] {
-                                    prop_assert_eq!(item.fence(), fences[k] + 1);
+                                if item.fence() > *fence {
+                                    prop_assert_eq!(item.fence(), *fence + 1);
                                     got.push((k as u64, item.fence()));
-                                    fences[k] = item.fence();
+                                    *fence = item.fence();
                                 }
                             }
                         }
