@@ -280,7 +280,7 @@ impl Statements for Sql {
                 "DELETE FROM {t} WHERE id = ANY($1) AND state = 'in_doubt'
                      AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
             ),
-            claim: queue.claim(COLUMNS, &attempts),
+            claim: queue.claim_joined(COLUMNS, &attempts),
             // `$1` the id, `$2` the claim's fence, `$3` to `$7` the settlement.
             settle: queue.fenced(&settle),
             // `$1` the id, `$2` to `$6` the settlement.

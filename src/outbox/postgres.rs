@@ -167,7 +167,7 @@ impl Statements for Sql {
                  )
                  SELECT (SELECT count(*) FROM added), pg_notify('{channel}', '')"
             ),
-            claim: queue.claim(EVENT_COLUMNS, ""),
+            claim: queue.claim(EVENT_COLUMNS),
             published: queue.fenced(&published),
             published_all: queue.fenced_all(&published),
             // `$3` the error, `$4` the wait, `$5` the failures that quarantine.
@@ -446,8 +446,18 @@ impl OutboxStore for PostgresOutbox {
             .map_err(OutboxError::backend)?;
         let lease = micros(lease);
         let rows = unflushed(&client, client.query(&claim, &[&max, &lease])).await?;
-        // In the order of enqueueing.
-        rows.iter().map(claimed).collect()
+        let mut batch = rows
+            .iter()
+            .map(|row| {
+                Ok((
+                    row.try_get::<_, i64>(0).map_err(OutboxError::backend)?,
+                    claimed(row)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, OutboxError>>()?;
+        // RETURNING keeps no order: publish in the order of enqueueing.
+        batch.sort_by_key(|(seq, _)| *seq);
+        Ok(batch.into_iter().map(|(_, c)| c).collect())
     }
 
     async fn published(&self, claimed: &Claimed) -> Result<(), OutboxError> {

@@ -475,7 +475,7 @@ mod postgres {
             max: i64,
             lease: Duration,
         ) -> Vec<(String, i64)> {
-            let sql = self.table.claim("e.id, e.fence", "");
+            let sql = self.table.claim_joined("e.id, e.fence", "");
             let rows = client.query(&sql, &[&max, &micros(lease)]).await.unwrap();
             rows.iter().map(|r| (r.get(0), r.get(1))).collect()
         }
@@ -517,7 +517,7 @@ mod postgres {
         let pool = crate::storage::connect(&url).unwrap();
         let mut other = pool.get().await.unwrap();
         let txn = other.transaction().await.unwrap();
-        let sql = f.table.claim("e.id, e.fence", "");
+        let sql = f.table.claim("c.id, c.fence");
         let held = txn.query(&sql, &[&1_i64, &micros(HOUR)]).await.unwrap();
         assert_eq!(held[0].get::<_, String>(0), "b");
         let next = tokio::time::timeout(Duration::from_secs(30), f.claim(5, HOUR))

@@ -150,7 +150,7 @@ impl crate::storage::Statements for Sql {
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
                  ON CONFLICT (id) DO NOTHING"
             ),
-            claim: queue.claim(&format!("e.fence, {}", columns("e.")), ""),
+            claim: queue.claim(&format!("c.fence, c.seq, {}", columns("c."))),
             // `$1` the id, `$2` the fence, `$3` the note.
             mark: queue.fenced(&format!("{}, note = $3", queue.settle(ItemState::Repaired))),
             look: queue.look("state"),
@@ -474,12 +474,17 @@ impl DifferenceStore for PostgresDifferences {
             .query(&self.store.sql().claim, &[&max, &micros(lease)])
             .await
             .map_err(ReconcileError::backend)?;
-        rows.iter()
+        // In the order they were recorded.
+        let mut claims = rows
+            .iter()
             .map(|row| {
                 let fence = queue::fence_of(get(row, "fence")?);
-                Ok(RepairClaim::new(item_of(row)?, fence))
+                let seq: i64 = get(row, "seq")?;
+                Ok((seq, RepairClaim::new(item_of(row)?, fence)))
             })
-            .collect()
+            .collect::<Result<Vec<_>, ReconcileError>>()?;
+        claims.sort_by_key(|(seq, _)| *seq);
+        Ok(claims.into_iter().map(|(_, c)| c).collect())
     }
 
     async fn mark_repaired(
