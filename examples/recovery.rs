@@ -1696,6 +1696,7 @@ fn who(s: &Settlement) -> String {
     match &s.by {
         SettledBy::Reconciler => "the reconciler".to_owned(),
         SettledBy::Manual { who } => who.clone(),
+        other => format!("{other:?}"),
     }
 }
 

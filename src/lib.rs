@@ -136,6 +136,8 @@ mod outcome;
 pub mod postgres;
 pub mod pushback;
 #[cfg(feature = "durable")]
+mod queue;
+#[cfg(feature = "durable")]
 pub mod reconcile;
 pub mod record;
 #[cfg(feature = "reqwest")]

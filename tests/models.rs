@@ -1,4 +1,4 @@
-//! Exhaustive models of two of the crate's protocols, checked with `stateright`:
+//! Exhaustive models of three of the crate's protocols, checked with `stateright`:
 //!
 //! * [`key`]: the server's key protocol (the idempotency layer and its store: leases on the
 //!   store's clock, fences, checkpoints, takeover, the recovery hook or its rule, the settler of
@@ -6,7 +6,11 @@
 //!   over a network that loses and duplicates;
 //! * [`relay`]: the outbox's relay (claim with a lease, publish, mark) and the consumer's inbox
 //!   (the effect and the event id in one transaction, then the acknowledgement), with crashes at
-//!   every step.
+//!   every step;
+//! * [`queue`]: the leased work queue under the ledger, the reconciliation differences and the
+//!   outbox (claims with a lease and a fence, holders' fenced writes, waits, the manual state, a
+//!   person's reopenings and settlements, the sweep), with holders that pause past their lease,
+//!   crash, and whose writes arrive twice.
 //!
 //! Each model is checked breadth first over **every** state it can reach within its bounds (its
 //! own counters: how many crashes, losses, duplicates, pauses; the models have no cycles, so the
@@ -1524,6 +1528,512 @@ pub(crate) mod relay {
     }
 }
 
+pub(crate) mod queue {
+    //! The leased work queue that the UNKNOWN ledger, the reconciliation differences and the
+    //! outbox share (`src/queue`): claims with a lease and a fence, holders' fenced writes, the
+    //! waits, the manual state, a person's writes, and the sweep.
+    //!
+    //! **What it abstracts.** `items` rows of one store, each with its state (waiting, claimed,
+    //! manual, settled, or swept away), its fence, whether a claim's lease on it still holds,
+    //! and whether a waiting row's time has come; `holders` workers (a reconciler, a repairer,
+    //! a relay), each claiming every due row when it is idle and then writing each one it holds
+    //! (settle it, put it back to wait, or park it in the manual state); a person who settles
+    //! any unsettled row by hand and reopens a manual one. Each store operation is one atomic
+    //! step, as the queue's contract says: a claim takes the waiting rows whose time has come
+    //! and the claimed rows whose lease has passed, and raises each one's fence; a holder's
+    //! write applies only while the row is in the claimed state with the holder's fence; a
+    //! reopening raises the fence; the sweep deletes settled rows. With `one_state`, the
+    //! claimed state is the waiting one (the outbox's pending events: a claim only sets the
+    //! lease).
+    //!
+    //! * **Time** is the queue's clock only: a lease holds or has passed, a wait has passed or
+    //!   not. A live holder's lease passes up to `lease_passes` times (a worker that paused
+    //!   past its lease and resumes with its old fence); a dead holder's always passes
+    //!   eventually; a wait always passes eventually.
+    //! * **Faults**: a holder crashes with what it holds (`crashes`); a holder's write is
+    //!   delivered a second time later (`resends`: its reply was lost and it sent it again, or
+    //!   the network kept a copy), fenced like the first.
+    //! * **Budgets**: puts back to wait (`retries`), a person's reopenings (`reopens`) and
+    //!   settlements by hand (`by_hand`), so that every path ends.
+    //!
+    //! A ghost counts each row's claims and reopenings (its epoch): a write that applies is
+    //! *late* if a claim or a reopening came after the one it was made under.
+    //!
+    //! **What it checks.** Always: no late write applies; a row is settled at most once; a
+    //! claim never takes a row whose lease still holds (one holder at a time); the manual state
+    //! is never claimed; the sweep deletes only settled rows. Eventually (once nothing more can
+    //! happen): every row is settled (or swept) or in the manual state, nothing left waiting or
+    //! held. Sometimes: a late write is refused, a row is taken over after its lease passed, a
+    //! reopened row is claimed again, the sweep deletes a settled row.
+    //!
+    //! **Bounds** ([`Queue::default`]): 2 rows, 2 holders; a crash, a live holder's lease
+    //! passing, a resent write, a put back, a reopening and a settlement by hand, once each.
+    //! Run with the claimed state apart (the ledger's and the differences' shape) and with it
+    //! the waiting one (the outbox's).
+    //!
+    //! **Mutations**, each caught by a test: a write not fenced (a late write applies: the row
+    //! is not settled twice, its settled state refuses a second write, but a holder that is no
+    //! longer its holder decides it); a claim that takes rows whose lease holds (two holders); a claim
+    //! that takes the manual state; a sweep that deletes manual rows; and, in the outbox's
+    //! shape, a reopening that keeps the fence (a resent write from before it applies: with a
+    //! claimed state apart, the state alone keeps it out, which is why the mutation is checked
+    //! in the one-state shape).
+
+    use stateright::{Model, Property};
+
+    /// The model's bounds and knobs. [`Queue::default`] is the protocol as the queue
+    /// implements it, with the bounds the tests check.
+    #[derive(Clone, Debug)]
+    pub(crate) struct Queue {
+        pub(crate) items: usize,
+        pub(crate) holders: usize,
+        /// The claimed state is the waiting one (the outbox's shape).
+        pub(crate) one_state: bool,
+        pub(crate) crashes: u8,
+        pub(crate) lease_passes: u8,
+        pub(crate) resends: u8,
+        pub(crate) retries: u8,
+        pub(crate) reopens: u8,
+        pub(crate) by_hand: u8,
+        /// A holder's write needs the holder's fence. Mutation: `false` (the state alone).
+        pub(crate) fence_check: bool,
+        /// A claim leaves alone the rows whose lease holds. Mutation: `false`.
+        pub(crate) claim_respects_leases: bool,
+        /// A claim leaves alone the manual state. Mutation: `false`.
+        pub(crate) claim_skips_manual: bool,
+        /// The sweep deletes settled rows only. Mutation: `false` (manual ones too).
+        pub(crate) sweep_settled_only: bool,
+        /// A reopening raises the fence. Mutation: `false`.
+        pub(crate) reopen_raises_fence: bool,
+    }
+
+    impl Default for Queue {
+        fn default() -> Self {
+            Queue {
+                items: 2,
+                holders: 2,
+                one_state: false,
+                crashes: 1,
+                lease_passes: 1,
+                resends: 1,
+                retries: 1,
+                reopens: 1,
+                by_hand: 1,
+                fence_check: true,
+                claim_respects_leases: true,
+                claim_skips_manual: true,
+                sweep_settled_only: true,
+                reopen_raises_fence: true,
+            }
+        }
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub(crate) enum St {
+        Waiting,
+        Claimed,
+        Manual,
+        Settled,
+        Swept,
+    }
+
+    /// A row of the store.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub(crate) struct Row {
+        pub(crate) state: St,
+        pub(crate) fence: u8,
+        /// Claimed: the lease holds.
+        pub(crate) held: bool,
+        /// Waiting: its time has not come yet.
+        pub(crate) later: bool,
+        /// Ghost: claims and reopenings so far.
+        pub(crate) epoch: u8,
+        /// Ghost: settlements applied.
+        pub(crate) settled: u8,
+    }
+
+    /// What a holder writes.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub(crate) enum Write {
+        Settle,
+        RetryLater,
+        Park,
+    }
+
+    /// A row a holder claimed: the fence it was given, and the epoch it was claimed in.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub(crate) struct Held {
+        pub(crate) item: u8,
+        pub(crate) fence: u8,
+        pub(crate) epoch: u8,
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub(crate) struct Budget {
+        crashes: u8,
+        lease_passes: u8,
+        resends: u8,
+        retries: u8,
+        reopens: u8,
+        by_hand: u8,
+    }
+
+    /// Things seen on the way.
+    pub(crate) mod seen {
+        pub(crate) const LATE_REFUSED: u8 = 1;
+        pub(crate) const TAKEN_OVER: u8 = 2;
+        pub(crate) const REOPENED_CLAIMED: u8 = 4;
+        pub(crate) const SWEPT: u8 = 8;
+    }
+
+    /// Broken promises, for the `always` properties.
+    pub(crate) mod broken {
+        pub(crate) const LATE_WRITE: u8 = 1;
+        pub(crate) const LIVE_LEASE_CLAIMED: u8 = 2;
+        pub(crate) const MANUAL_CLAIMED: u8 = 4;
+        pub(crate) const UNSETTLED_SWEPT: u8 = 8;
+    }
+
+    #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+    pub(crate) struct State {
+        pub(crate) rows: Vec<Row>,
+        /// What each holder holds, not yet written.
+        pub(crate) holders: Vec<Vec<Held>>,
+        /// Writes sent a second time, not yet delivered.
+        pub(crate) resent: Vec<(Held, Write)>,
+        /// Rows reopened and not claimed since (bit per row).
+        pub(crate) reopened: u8,
+        pub(crate) budget: Budget,
+        pub(crate) seen: u8,
+        pub(crate) broken: u8,
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub(crate) enum Action {
+        /// Holder `h` claims every due row.
+        Claim(usize),
+        /// Holder `h` writes its `n`th row; `resend`: a second copy is sent later.
+        Write(usize, usize, Write, bool),
+        /// The `k`th resent write arrives.
+        Resent(usize),
+        /// Holder `h` crashes.
+        Crash(usize),
+        /// The lease on row `i` passes.
+        LeasePasses(u8),
+        /// Row `i`'s wait passes.
+        WaitPasses(u8),
+        /// A person reopens row `i` (manual).
+        Reopen(u8),
+        /// A person settles row `i` by hand.
+        SettleByHand(u8),
+        /// The sweep.
+        Sweep,
+    }
+
+    impl Queue {
+        /// The state a claimed row is in.
+        fn claimed(&self) -> St {
+            if self.one_state {
+                St::Waiting
+            } else {
+                St::Claimed
+            }
+        }
+
+        /// Whether a claim takes `row`, and whether that breaks a promise.
+        fn due(&self, row: &Row) -> bool {
+            let claimed = row.state == self.claimed() && row.held;
+            let waiting = row.state == St::Waiting && !row.held && !row.later;
+            waiting
+                || (row.state == St::Claimed && !row.held)
+                || (claimed && !self.claim_respects_leases)
+                || (row.state == St::Manual && !self.claim_skips_manual)
+        }
+
+        /// Applies `write`, made under `held`, to its row if the store takes it.
+        fn apply(&self, s: &mut State, held: Held, write: Write) {
+            let row = &mut s.rows[held.item as usize];
+            // The lease is not checked: a holder whose lease passed writes until another claim
+            // (or a person) moves the fence on.
+            let fenced = !self.fence_check || row.fence == held.fence;
+            if row.state != self.claimed() || !fenced {
+                s.seen |= seen::LATE_REFUSED;
+                return;
+            }
+            if row.epoch != held.epoch {
+                s.broken |= broken::LATE_WRITE;
+            }
+            row.held = false;
+            match write {
+                Write::Settle => {
+                    row.state = St::Settled;
+                    row.settled += 1;
+                }
+                Write::RetryLater => {
+                    row.state = St::Waiting;
+                    row.later = true;
+                }
+                Write::Park => row.state = St::Manual,
+            }
+        }
+    }
+
+    impl Model for Queue {
+        type State = State;
+        type Action = Action;
+
+        fn init_states(&self) -> Vec<State> {
+            assert!(self.items <= 8, "rows are a u8 bit set");
+            vec![State {
+                rows: vec![
+                    Row {
+                        state: St::Waiting,
+                        fence: 0,
+                        held: false,
+                        later: false,
+                        epoch: 0,
+                        settled: 0,
+                    };
+                    self.items
+                ],
+                holders: vec![Vec::new(); self.holders],
+                resent: Vec::new(),
+                reopened: 0,
+                budget: Budget {
+                    crashes: self.crashes,
+                    lease_passes: self.lease_passes,
+                    resends: self.resends,
+                    retries: self.retries,
+                    reopens: self.reopens,
+                    by_hand: self.by_hand,
+                },
+                seen: 0,
+                broken: 0,
+            }]
+        }
+
+        fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+            let b = &s.budget;
+            let claimable = s.rows.iter().any(|row| self.due(row));
+            let mut idle = false;
+            for (h, held) in s.holders.iter().enumerate() {
+                if held.is_empty() {
+                    // Idle holders are alike: the first one claims.
+                    if claimable && !idle {
+                        actions.push(Action::Claim(h));
+                    }
+                    idle = true;
+                    continue;
+                }
+                for n in 0..held.len() {
+                    for write in [Write::Settle, Write::RetryLater, Write::Park] {
+                        if write == Write::RetryLater && b.retries == 0 {
+                            continue;
+                        }
+                        actions.push(Action::Write(h, n, write, false));
+                        if b.resends > 0 {
+                            actions.push(Action::Write(h, n, write, true));
+                        }
+                    }
+                }
+                if b.crashes > 0 {
+                    actions.push(Action::Crash(h));
+                }
+            }
+            for k in 0..s.resent.len() {
+                actions.push(Action::Resent(k));
+            }
+            for (i, row) in s.rows.iter().enumerate() {
+                let i = i as u8;
+                let holds = row.held && row.state == self.claimed();
+                if holds {
+                    let alive = s
+                        .holders
+                        .iter()
+                        .flatten()
+                        .any(|h| h.item == i && h.fence == row.fence);
+                    if !alive || b.lease_passes > 0 {
+                        actions.push(Action::LeasePasses(i));
+                    }
+                }
+                if row.state == St::Waiting && row.later {
+                    actions.push(Action::WaitPasses(i));
+                }
+                if row.state == St::Manual && b.reopens > 0 {
+                    actions.push(Action::Reopen(i));
+                }
+                if !matches!(row.state, St::Settled | St::Swept) && b.by_hand > 0 {
+                    actions.push(Action::SettleByHand(i));
+                }
+            }
+            let sweeps = |row: &Row| {
+                row.state == St::Settled || (!self.sweep_settled_only && row.state == St::Manual)
+            };
+            if s.rows.iter().any(sweeps) {
+                actions.push(Action::Sweep);
+            }
+        }
+
+        fn next_state(&self, last: &State, action: Action) -> Option<State> {
+            let mut s = last.clone();
+            match action {
+                Action::Claim(h) => {
+                    let mut batch = Vec::new();
+                    for (i, row) in s.rows.iter_mut().enumerate() {
+                        if !self.due(row) {
+                            continue;
+                        }
+                        if row.state == self.claimed() && row.held {
+                            s.broken |= broken::LIVE_LEASE_CLAIMED;
+                        }
+                        if row.state == St::Manual {
+                            s.broken |= broken::MANUAL_CLAIMED;
+                        }
+                        if row.state == St::Claimed
+                            || (row.state == self.claimed() && row.fence > 0)
+                        {
+                            s.seen |= seen::TAKEN_OVER;
+                        }
+                        if s.reopened & (1 << i) != 0 {
+                            s.seen |= seen::REOPENED_CLAIMED;
+                            s.reopened &= !(1 << i);
+                        }
+                        row.state = self.claimed();
+                        row.held = true;
+                        row.later = false;
+                        row.fence += 1;
+                        row.epoch += 1;
+                        batch.push(Held {
+                            item: i as u8,
+                            fence: row.fence,
+                            epoch: row.epoch,
+                        });
+                    }
+                    s.holders[h] = batch;
+                }
+                Action::Write(h, n, write, resend) => {
+                    let held = s.holders[h].remove(n);
+                    if write == Write::RetryLater {
+                        s.budget.retries -= 1;
+                    }
+                    if resend {
+                        s.budget.resends -= 1;
+                        s.resent.push((held, write));
+                    }
+                    self.apply(&mut s, held, write);
+                }
+                Action::Resent(k) => {
+                    let (held, write) = s.resent.remove(k);
+                    self.apply(&mut s, held, write);
+                }
+                Action::Crash(h) => {
+                    s.holders[h].clear();
+                    s.budget.crashes -= 1;
+                }
+                Action::LeasePasses(i) => {
+                    let fence = s.rows[i as usize].fence;
+                    if s.holders
+                        .iter()
+                        .flatten()
+                        .any(|h| h.item == i && h.fence == fence)
+                    {
+                        s.budget.lease_passes -= 1;
+                    }
+                    s.rows[i as usize].held = false;
+                }
+                Action::WaitPasses(i) => s.rows[i as usize].later = false,
+                Action::Reopen(i) => {
+                    let row = &mut s.rows[i as usize];
+                    row.state = St::Waiting;
+                    row.later = false;
+                    row.held = false;
+                    row.epoch += 1;
+                    if self.reopen_raises_fence {
+                        row.fence += 1;
+                    }
+                    s.reopened |= 1 << i;
+                    s.budget.reopens -= 1;
+                }
+                Action::SettleByHand(i) => {
+                    let row = &mut s.rows[i as usize];
+                    row.state = St::Settled;
+                    row.held = false;
+                    row.later = false;
+                    row.epoch += 1;
+                    row.settled += 1;
+                    s.budget.by_hand -= 1;
+                }
+                Action::Sweep => {
+                    for row in &mut s.rows {
+                        match row.state {
+                            St::Settled => {
+                                row.state = St::Swept;
+                                s.seen |= seen::SWEPT;
+                            }
+                            St::Manual if !self.sweep_settled_only => {
+                                row.state = St::Swept;
+                                s.broken |= broken::UNSETTLED_SWEPT;
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            // Holders are alike: one order of them stands for all (symmetry reduction).
+            for held in &mut s.holders {
+                held.sort();
+            }
+            s.holders.sort();
+            s.resent.sort();
+            Some(s)
+        }
+
+        fn properties(&self) -> Vec<Property<Self>> {
+            let mut properties = vec![
+                Property::always("no late write applies", |_, s: &State| {
+                    s.broken & broken::LATE_WRITE == 0
+                }),
+                Property::always("a row is settled at most once", |_, s: &State| {
+                    s.rows.iter().all(|row| row.settled <= 1)
+                }),
+                Property::always("a live lease has one holder", |_, s: &State| {
+                    s.broken & broken::LIVE_LEASE_CLAIMED == 0
+                }),
+                Property::always("the manual state is never claimed", |_, s: &State| {
+                    s.broken & broken::MANUAL_CLAIMED == 0
+                }),
+                Property::always("the sweep deletes only settled rows", |_, s: &State| {
+                    s.broken & broken::UNSETTLED_SWEPT == 0
+                }),
+                Property::eventually(
+                    "once quiet, every row is settled or in the manual state",
+                    |_, s: &State| {
+                        s.rows
+                            .iter()
+                            .all(|row| matches!(row.state, St::Settled | St::Swept | St::Manual))
+                    },
+                ),
+                Property::sometimes("a late write is refused", |_, s: &State| {
+                    s.seen & seen::LATE_REFUSED != 0
+                }),
+                Property::sometimes("a row is taken over", |_, s: &State| {
+                    s.seen & seen::TAKEN_OVER != 0
+                }),
+                Property::sometimes("the sweep deletes a settled row", |_, s: &State| {
+                    s.seen & seen::SWEPT != 0
+                }),
+            ];
+            if self.reopens > 0 {
+                properties.push(Property::sometimes(
+                    "a reopened row is claimed again",
+                    |_, s: &State| s.seen & seen::REOPENED_CLAIMED != 0,
+                ));
+            }
+            properties
+        }
+    }
+}
+
 /// Checks `model` exhaustively, asserts that every `always` and `eventually` property holds and
 /// every `sometimes` one is reached, and that the search visited `states` distinct states: the
 /// number changes when the model or its bounds do (update it then, and the docs that quote it).
@@ -1719,6 +2229,92 @@ fn relay_mutant_marking_before_publishing() {
     caught("mutant: mark, then publish", model, QUIESCENT);
 }
 
+// The leased work queue as implemented: its claimed state apart (the ledger's, the
+// differences'), and the waiting state claimed (the outbox's).
+
+const LATE_WRITE: &str = "no late write applies";
+
+#[test]
+fn queue_protocol_holds() {
+    holds(
+        "queue, claimed state apart",
+        queue::Queue::default(),
+        190_507,
+    );
+}
+
+#[test]
+fn queue_protocol_holds_in_the_outboxs_shape() {
+    let model = queue::Queue {
+        one_state: true,
+        ..queue::Queue::default()
+    };
+    holds("queue, one state", model, 197_457);
+}
+
+// Its mutations, each caught.
+
+#[test]
+fn queue_mutant_without_the_fence_check() {
+    for one_state in [false, true] {
+        let model = queue::Queue {
+            fence_check: false,
+            one_state,
+            ..queue::Queue::default()
+        };
+        caught("mutant: no fence check", model, LATE_WRITE);
+    }
+}
+
+#[test]
+fn queue_mutant_claiming_a_held_lease() {
+    let model = queue::Queue {
+        claim_respects_leases: false,
+        ..queue::Queue::default()
+    };
+    caught(
+        "mutant: claims held leases",
+        model,
+        "a live lease has one holder",
+    );
+}
+
+#[test]
+fn queue_mutant_claiming_the_manual_state() {
+    let model = queue::Queue {
+        claim_skips_manual: false,
+        ..queue::Queue::default()
+    };
+    caught(
+        "mutant: claims the manual state",
+        model,
+        "the manual state is never claimed",
+    );
+}
+
+#[test]
+fn queue_mutant_sweeping_manual_rows() {
+    let model = queue::Queue {
+        sweep_settled_only: false,
+        ..queue::Queue::default()
+    };
+    caught(
+        "mutant: sweeps manual rows",
+        model,
+        "the sweep deletes only settled rows",
+    );
+}
+
+#[test]
+fn queue_mutant_reopening_without_a_new_fence() {
+    let model = queue::Queue {
+        reopen_raises_fence: false,
+        one_state: true,
+        ..queue::Queue::default()
+    };
+    caught("mutant: reopens under the old fence", model, LATE_WRITE);
+}
+
 #[test]
 fn the_models_have_no_cycles() {
     let key = key::KeyProtocol {
@@ -1735,4 +2331,10 @@ fn the_models_have_no_cycles() {
         ..relay::RelayInbox::default()
     };
     assert_acyclic("relay and inbox, lighter bounds", &relay);
+    assert_acyclic("queue", &queue::Queue::default());
+    let outbox_shape = queue::Queue {
+        one_state: true,
+        ..queue::Queue::default()
+    };
+    assert_acyclic("queue, one state", &outbox_shape);
 }

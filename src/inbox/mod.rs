@@ -68,6 +68,7 @@ pub use self::postgres::{Begin, Handler, InboxTransaction, PostgresInbox, Ticket
 
 /// How a consumer treats the versions of an aggregate's events. See the [module docs](self).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Versions {
     /// No version check.
     Any,
@@ -158,6 +159,12 @@ impl Counters {
 /// Processing a delivery failed: the handler did (its error, as it gave it), the store did, or
 /// the delivery was not an event. Nothing was recorded: the delivery may be tried again (but
 /// for a malformed one).
+///
+/// The store's error, and what a malformed delivery lacks, are its
+/// [`source`](std::error::Error::source), said once. The handler's error is said in the
+/// message instead (`the event's handler failed: database down`), and is not a source: it is
+/// the handler's own type, which need not be a `std::error::Error` (tower's `BoxError` and
+/// anyhow's error are not), and an `InboxError` is an error whatever it is.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InboxError<E = Infallible> {
@@ -165,16 +172,31 @@ pub enum InboxError<E = Infallible> {
     #[error("the event's handler failed: {0}")]
     Handler(E),
     /// The store failed.
-    #[error("inbox store failed: {0}")]
-    Store(BoxError),
+    #[error("inbox store failed")]
+    Store(#[source] BoxError),
     /// The delivery is not an event: it lacks what a relay writes.
-    #[error("not an event: {0}")]
-    Malformed(crate::outbox::InvalidEvent),
+    #[error("not an event")]
+    Malformed(#[source] crate::outbox::InvalidEvent),
 }
 
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 impl<E> InboxError<E> {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn store(e: impl Into<BoxError>) -> Self {
         InboxError::Store(e.into())
+    }
+
+    /// Whether the handler failed.
+    pub fn is_handler(&self) -> bool {
+        matches!(self, InboxError::Handler(_))
+    }
+
+    /// Whether the store failed.
+    pub fn is_store(&self) -> bool {
+        matches!(self, InboxError::Store(_))
+    }
+
+    /// Whether the delivery was not an event.
+    pub fn is_malformed(&self) -> bool {
+        matches!(self, InboxError::Malformed(_))
     }
 }

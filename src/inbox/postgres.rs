@@ -14,7 +14,7 @@ use tokio_postgres::{Statement, Transaction};
 use super::memory::judge;
 use super::{Counters, InboxError, InboxStats, Processed, Versions};
 use crate::outbox::Event;
-use crate::storage::{Component, Migration, Pool};
+use crate::storage::{Component, Migration, Pool, Statements, Store};
 use crate::ConfigError;
 
 const APPLIED: i16 = 1;
@@ -92,13 +92,11 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
 /// ```
 #[derive(Clone)]
 pub struct PostgresInbox {
-    pool: Pool,
-    sql: Arc<Sql>,
+    store: Store<Sql>,
     counters: Arc<Counters>,
 }
 
 struct Sql {
-    table: String,
     lock: String,
     read: String,
     stale: String,
@@ -106,12 +104,14 @@ struct Sql {
     applied_at_version: String,
 }
 
-impl Sql {
+impl Statements for Sql {
+    const COMPONENT: &'static Component = &POSTGRES_COMPONENT;
+    const TABLE_SETTING: &'static str = "inbox table name";
+
     fn new(t: &str) -> Self {
         let insert =
             format!("INSERT INTO {t} (consumer, event_id, aggregate, version, outcome, result)");
         Sql {
-            table: t.to_owned(),
             // Waits for any other transaction holding the name: another delivery of the event,
             // or another event of the aggregate.
             lock: "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))".to_owned(),
@@ -253,8 +253,7 @@ impl PostgresInbox {
     /// An inbox over `pool`, in the tables `surely_inbox` and `surely_inbox_versions`.
     pub fn new(pool: Pool) -> Self {
         PostgresInbox {
-            pool,
-            sql: Arc::new(Sql::new(POSTGRES_COMPONENT.default_table)),
+            store: Store::new(pool),
             counters: Arc::default(),
         }
     }
@@ -266,22 +265,20 @@ impl PostgresInbox {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        crate::storage::check_table("inbox table name", table)?;
         Ok(PostgresInbox {
-            pool: self.pool,
-            sql: Arc::new(Sql::new(table)),
+            store: self.store.with_table(table)?,
             counters: self.counters,
         })
     }
 
     /// The pool.
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        self.store.pool()
     }
 
     /// The table's name.
     pub fn table(&self) -> &str {
-        &self.sql.table
+        self.store.table()
     }
 
     /// The counts since this inbox (and its clones) was made.
@@ -295,10 +292,7 @@ impl PostgresInbox {
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), InboxError> {
-        crate::storage::apply(&self.pool, &[(&POSTGRES_COMPONENT, self.table())])
-            .await
-            .map(drop)
-            .map_err(InboxError::store)
+        self.store.migrate().await.map_err(InboxError::store)
     }
 
     /// Starts processing a delivery of `event` for `consumer` in `txn`: finds it processed
@@ -346,13 +340,13 @@ impl PostgresInbox {
             query(
                 client,
                 prepared.map(|p| &p.lock),
-                &self.sql.lock,
+                &self.store.sql().lock,
                 &lock_params
             ),
             query(
                 client,
                 prepared.map(|p| &p.read),
-                &self.sql.read,
+                &self.store.sql().read,
                 &read_params
             ),
         );
@@ -372,7 +366,7 @@ impl PostgresInbox {
                 Some(stale @ Processed::Stale { .. }) => {
                     client
                         .execute_typed(
-                            &self.sql.stale,
+                            &self.store.sql().stale,
                             &record_params(&consumer, &id, &aggregate, &version),
                         )
                         .await
@@ -410,7 +404,7 @@ impl PostgresInbox {
         };
         format!(
             "{} {}:{consumer} {kind} {name}",
-            self.sql.table,
+            self.store.table(),
             consumer.len()
         )
     }
@@ -456,9 +450,9 @@ impl PostgresInbox {
         .to_vec();
         params.push((&result, Type::BYTEA));
         let sql = if ticket.versions == Versions::Any {
-            &self.sql.applied
+            &self.store.sql().applied
         } else {
-            &self.sql.applied_at_version
+            &self.store.sql().applied_at_version
         };
         query(client, prepared.map(|p| &p.record), sql, &params).await
     }
@@ -559,16 +553,16 @@ impl PostgresInbox {
     where
         F: for<'t> FnOnce(&'t InboxTransaction) -> Handler<'t, E>,
     {
-        let client = self.pool().get().await.map_err(InboxError::store)?;
+        let client = self.store.client().await.map_err(InboxError::store)?;
         // Prepared once per connection (deadpool-postgres's statement cache).
         let record = if versions == Versions::Any {
-            &self.sql.applied
+            &self.store.sql().applied
         } else {
-            &self.sql.applied_at_version
+            &self.store.sql().applied_at_version
         };
         let (lock, read, record) = tokio::join!(
-            client.prepare_cached(&self.sql.lock),
-            client.prepare_cached(&self.sql.read),
+            client.prepare_cached(&self.store.sql().lock),
+            client.prepare_cached(&self.store.sql().read),
             client.prepare_cached(record),
         );
         let prepared = Prepared {
@@ -682,7 +676,7 @@ fn retype<E>(e: InboxError) -> InboxError<E> {
 impl fmt::Debug for PostgresInbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresInbox")
-            .field("table", &self.sql.table)
+            .field("table", &self.store.table())
             .field("stats", &self.stats())
             .finish()
     }

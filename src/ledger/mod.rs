@@ -371,6 +371,7 @@ impl Evidence {
 
 /// Where an entry stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum EntryState {
     /// A journaled call's intent ([`journal`](crate::journal)): the call may still be running,
     /// or its process died. A reconciler leaves it alone until its hold passes, then takes it
@@ -418,6 +419,31 @@ impl EntryState {
     }
 }
 
+/// An entry is an item of the leased work queue: in doubt and open ones are due when their
+/// hold or backoff has passed, claimed ones when their lease has; the manual queue is never
+/// claimed; settled ones are swept after their retention.
+impl crate::queue::States for EntryState {
+    const ALL: &'static [Self] = &[
+        EntryState::InDoubt,
+        EntryState::Open,
+        EntryState::Claimed,
+        EntryState::Manual,
+        EntryState::Settled,
+    ];
+    const CLAIMED: Self = EntryState::Claimed;
+
+    fn claimable(self) -> bool {
+        matches!(
+            self,
+            EntryState::InDoubt | EntryState::Open | EntryState::Claimed
+        )
+    }
+
+    fn settled(self) -> bool {
+        self == EntryState::Settled
+    }
+}
+
 /// What became of an unknown call, once somebody found out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Verdict {
@@ -448,6 +474,7 @@ impl Verdict {
 
 /// Who settled an entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SettledBy {
     /// A [`Reconciler`], from the downstream's answer.
     Reconciler,
@@ -632,6 +659,7 @@ impl Settled {
 /// Which entries to [list](Ledger::list): oldest first, at most `limit` (100 unless set).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "a filter does nothing until a ledger lists with it"]
 pub struct Filter {
     /// Only entries with this key.
     pub key: Option<String>,
@@ -672,7 +700,8 @@ impl Filter {
         self
     }
 
-    /// Only those at least this old.
+    /// Only those at least this old (at most [`MAX_DURATION`](crate::MAX_DURATION), ten years,
+    /// counted: a longer age is taken as ten years).
     pub fn older_than(mut self, age: Duration) -> Self {
         self.older_than = Some(age);
         self
@@ -690,7 +719,9 @@ impl Filter {
             .as_deref()
             .is_none_or(|k| entry.evidence.key.as_deref() == Some(k))
             && self.state.is_none_or(|s| entry.state == s)
-            && self.older_than.is_none_or(|d| entry.age >= d)
+            && self
+                .older_than
+                .is_none_or(|d| entry.age >= d.min(crate::MAX_DURATION))
     }
 }
 
@@ -721,6 +752,10 @@ impl LedgerStats {
 
 /// Where unknown calls wait for their answer. [`MemoryLedger`] and [`PostgresLedger`] implement
 /// it; every method is one atomic operation of the store.
+///
+/// Every duration a method takes (a lease, a wait, a hold, a retention) counts as at most
+/// [`MAX_DURATION`](crate::MAX_DURATION), ten years: a longer one, `Duration::MAX` included, is
+/// taken as ten years, never a panic nor a database's refusal.
 pub trait Ledger: Send + Sync + 'static {
     /// Records an entry, open; returns false (and changes nothing) if an entry with its id is
     /// already here: recording is idempotent. An [in-doubt](EntryState::InDoubt) entry with
@@ -847,9 +882,10 @@ pub trait Ledger: Send + Sync + 'static {
 
 /// A ledger operation failed: the backend failed, a change came with a stale claim, the entry
 /// does not exist or is not in a state for the change, a value was refused, or the store
-/// cannot do what was asked.
+/// cannot do what was asked. Tell them apart with the `is_*` methods; a failure of the backend,
+/// or the database's refusal of a value, is its [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
+#[error(transparent)]
 pub struct LedgerError {
     kind: ErrorKind,
 }
@@ -860,14 +896,18 @@ enum ErrorKind {
     Stale,
     #[error("no ledger entry {0}")]
     NotFound(EntryId),
-    #[error("refused by the ledger: {0}")]
-    Invalid(String),
+    #[error("refused by the ledger: {why}")]
+    Invalid {
+        why: String,
+        #[source]
+        source: Option<BoxError>,
+    },
     #[error("ledger entry {0} is {state}, not open or manual", state = .1.as_str())]
     Conflict(EntryId, EntryState),
     #[error("this ledger store cannot {0}")]
     Unsupported(&'static str),
-    #[error("ledger store failed: {0}")]
-    Backend(BoxError),
+    #[error("ledger store failed")]
+    Backend(#[source] BoxError),
 }
 
 impl LedgerError {
@@ -885,14 +925,28 @@ impl LedgerError {
         }
     }
 
-    /// A value the ledger does not take.
+    /// A value the ledger does not take, and why.
     pub fn invalid(why: impl Into<String>) -> Self {
         LedgerError {
-            kind: ErrorKind::Invalid(why.into()),
+            kind: ErrorKind::Invalid {
+                why: why.into(),
+                source: None,
+            },
         }
     }
 
-    /// The backend failed.
+    /// A value the store refused (`why`), its refusal the source (the database's error).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn refused(why: &str, source: impl Into<BoxError>) -> Self {
+        LedgerError {
+            kind: ErrorKind::Invalid {
+                why: why.to_owned(),
+                source: Some(source.into()),
+            },
+        }
+    }
+
+    /// The backend failed, with this error (the source).
     pub fn backend(error: impl Into<BoxError>) -> Self {
         LedgerError {
             kind: ErrorKind::Backend(error.into()),
@@ -912,6 +966,11 @@ impl LedgerError {
         LedgerError {
             kind: ErrorKind::Unsupported(what),
         }
+    }
+
+    /// Whether the backend failed.
+    pub fn is_backend(&self) -> bool {
+        matches!(self.kind, ErrorKind::Backend(_))
     }
 
     /// Whether the entry is not in a state for the change.
@@ -936,6 +995,14 @@ impl LedgerError {
 
     /// Whether a value was refused.
     pub fn is_invalid(&self) -> bool {
-        matches!(self.kind, ErrorKind::Invalid(_))
+        matches!(self.kind, ErrorKind::Invalid { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_states_are_what_the_queue_needs() {
+        crate::queue::check_states::<super::EntryState>();
     }
 }

@@ -1,7 +1,6 @@
 //! The PostgreSQL ledger.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio_postgres::types::ToSql;
@@ -12,7 +11,8 @@ use super::{
     LedgerStats, Settled, SettledBy, Settlement, Verdict,
 };
 use crate::classify::{AttemptClass, DeliveryPhase};
-use crate::storage::{Component, Migration, Pool};
+use crate::queue::{self, micros};
+use crate::storage::{Component, Migration, Pool, Statements, Store};
 use crate::{ConfigError, Semantics, StopReason};
 
 /// The ledger's tables (`name` and `name_attempts`), and their migrations in version order.
@@ -133,12 +133,10 @@ use crate::storage::bare;
 /// ```
 #[derive(Clone)]
 pub struct PostgresLedger {
-    pool: Pool,
-    sql: Arc<Sql>,
+    store: Store<Sql>,
 }
 
 struct Sql {
-    table: String,
     record: String,
     claim: String,
     settle: String,
@@ -158,18 +156,43 @@ struct Sql {
     sweep: String,
 }
 
+/// Where the ledger's table keeps the queue's part of an entry: claimed oldest first, by the
+/// database's clock.
+static QUEUE: queue::Columns = queue::Columns {
+    key: "id",
+    state: "state",
+    fence: "fence",
+    until: "until",
+    tries: "tries",
+    order: &["created_at", "seq"],
+    settled_at: Some("settled_at"),
+};
+
+impl queue::SqlStates for EntryState {
+    fn sql(self) -> &'static str {
+        match self {
+            EntryState::InDoubt => "'in_doubt'",
+            EntryState::Open => "'open'",
+            EntryState::Claimed => "'claimed'",
+            EntryState::Manual => "'manual'",
+            EntryState::Settled => "'settled'",
+        }
+    }
+}
+
 /// The columns an entry is read from, `e` being the entry's row.
-fn columns(t: &str) -> String {
+const COLUMNS: &str = "e.id, e.call_id, e.key, e.operation, e.semantics, e.stop, e.recorded_at,
+     e.state, e.digest, e.deadline,
+     e.fence, e.tries, e.note, e.verdict, e.evidence, e.settled_by, e.settled_who,
+     e.verdict_at,
+     floor(EXTRACT(EPOCH FROM now() - e.created_at) * 1000000)::int8 AS age_us,
+     a.attempt, a.started_at, a.took_ns, a.class, a.phase, a.timeout, a.hedge, a.cancelled,
+     a.downstream_id";
+
+/// The attempts of the entry `e`, as arrays in their order, for [`COLUMNS`].
+fn attempts_join(t: &str) -> String {
     format!(
-        "e.id, e.call_id, e.key, e.operation, e.semantics, e.stop, e.recorded_at, e.state,
-         e.digest, e.deadline,
-         e.fence, e.tries, e.note, e.verdict, e.evidence, e.settled_by, e.settled_who,
-         e.verdict_at,
-         floor(EXTRACT(EPOCH FROM now() - e.created_at) * 1000000)::int8 AS age_us,
-         a.attempt, a.started_at, a.took_ns, a.class, a.phase, a.timeout, a.hedge, a.cancelled,
-         a.downstream_id
-         FROM {{entries}} AS e
-         LEFT JOIN LATERAL (
+        "LEFT JOIN LATERAL (
              SELECT array_agg(x.attempt ORDER BY x.pos) AS attempt,
                     array_agg(x.started_at ORDER BY x.pos) AS started_at,
                     array_agg(x.took_ns ORDER BY x.pos) AS took_ns,
@@ -184,24 +207,43 @@ fn columns(t: &str) -> String {
     )
 }
 
-/// How a settlement is written: `$1` to `$4` the settlement, `$5` when it was given (`$6` is
-/// the entry's id, `$7` the claim's fence).
-const SETTLE_SET: &str = "state = 'settled', until = NULL, verdict = $1, evidence = $2,
-     settled_by = $3, settled_who = $4, verdict_at = $5, settled_at = now()";
+/// A settlement's columns, from `$n` on: the verdict, the evidence, by whom, who, and when
+/// it was given.
+fn settlement_set(n: usize) -> String {
+    format!(
+        "verdict = ${n}, evidence = ${}, settled_by = ${}, settled_who = ${}, verdict_at = ${}",
+        n + 1,
+        n + 2,
+        n + 3,
+        n + 4
+    )
+}
 
-impl Sql {
+impl Statements for Sql {
+    const COMPONENT: &'static Component = &POSTGRES_COMPONENT;
+    const TABLE_SETTING: &'static str = "ledger table name";
+
     fn new(t: &str) -> Self {
-        let select = |entries: &str| columns(t).replace("{entries}", entries);
+        let queue = queue::Table::new(t, &QUEUE);
+        let attempts = attempts_join(t);
+        let settle = format!(
+            "{}, {}",
+            queue.settle(EntryState::Settled),
+            settlement_set(3)
+        );
+        let settle_by_hand = format!(
+            "{}, {}",
+            queue.settle(EntryState::Settled),
+            settlement_set(2)
+        );
         Sql {
-            table: t.to_owned(),
             // `$17` is the state recorded: `open`, or `in_doubt` for `$18` microseconds. An open
             // record of an intent in doubt makes it open, with the call's evidence.
             record: format!(
                 "WITH entry AS (
                      INSERT INTO {t} (id, call_id, key, operation, semantics, stop, recorded_at,
                          digest, deadline, state, until)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $19, $20, $17,
-                         now() + $18::int8 * interval '1 microsecond')
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $19, $20, $17, {hold})
                      ON CONFLICT (id) DO UPDATE
                      SET call_id = EXCLUDED.call_id, key = EXCLUDED.key,
                          operation = EXCLUDED.operation, semantics = EXCLUDED.semantics,
@@ -221,14 +263,15 @@ impl Sql {
                          WITH ORDINALITY AS a(attempt, started_at, took_ns, class, phase, timeout,
                              hedge, cancelled, downstream_id, pos)
                  )
-                 SELECT count(*) FROM entry"
+                 SELECT count(*) FROM entry",
+                hold = queue::later(18),
             ),
             hold: format!(
                 "INSERT INTO {t} (id, call_id, key, operation, semantics, stop, recorded_at,
                      digest, deadline, state, until)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'in_doubt',
-                     now() + $10::int8 * interval '1 microsecond')
-                 ON CONFLICT (id) DO NOTHING"
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'in_doubt', {hold})
+                 ON CONFLICT (id) DO NOTHING",
+                hold = queue::later(10),
             ),
             // Committed without waiting for the disk: a forgetting lost to a database crash
             // leaves an intent in doubt, which a reconciler settles by asking (one query);
@@ -237,48 +280,26 @@ impl Sql {
                 "DELETE FROM {t} WHERE id = ANY($1) AND state = 'in_doubt'
                      AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
             ),
-            claim: format!(
-                "WITH due AS (
-                     SELECT id FROM {t}
-                     WHERE state IN ('in_doubt', 'open', 'claimed') AND (until IS NULL OR until <= now())
-                     ORDER BY created_at, seq
-                     LIMIT $1
-                     FOR UPDATE SKIP LOCKED
-                 ), claimed AS (
-                     UPDATE {t} AS c
-                     SET state = 'claimed', fence = c.fence + 1,
-                         until = now() + $2::int8 * interval '1 microsecond'
-                     FROM due WHERE c.id = due.id
-                     RETURNING c.*
-                 )
-                 SELECT {} ORDER BY e.created_at, e.seq",
-                select("claimed")
+            claim: queue.claim_joined(COLUMNS, &attempts),
+            // `$1` the id, `$2` the claim's fence, `$3` to `$7` the settlement.
+            settle: queue.fenced(&settle),
+            // `$1` the id, `$2` to `$6` the settlement.
+            settle_manually: queue.unsettled(&settle_by_hand, 1),
+            look: queue.look("state, verdict, evidence, settled_by, settled_who, verdict_at"),
+            // `$1` the id, `$2` the fence, `$3` the note, `$4` the wait.
+            retry_later: queue.fenced(&format!(
+                "{}, note = $3",
+                queue.retry_later(EntryState::Open, 4)
+            )),
+            to_manual: queue.fenced(&format!("{}, note = $3", queue.park(EntryState::Manual))),
+            retry_now: queue.reopen(
+                &[EntryState::Open, EntryState::Manual],
+                EntryState::Open,
+                "note = $2",
+                "",
             ),
-            settle: format!(
-                "UPDATE {t} SET {SETTLE_SET} WHERE id = $6 AND state = 'claimed' AND fence = $7"
-            ),
-            settle_manually: format!(
-                "UPDATE {t} SET {SETTLE_SET} WHERE id = $6 AND state <> 'settled'"
-            ),
-            look: format!(
-                "SELECT state, verdict, evidence, settled_by, settled_who, verdict_at
-                 FROM {t} WHERE id = $1"
-            ),
-            retry_later: format!(
-                "UPDATE {t} SET state = 'open', tries = tries + 1, note = $3,
-                     until = now() + $4::int8 * interval '1 microsecond'
-                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
-            ),
-            to_manual: format!(
-                "UPDATE {t} SET state = 'manual', tries = tries + 1, note = $3, until = NULL
-                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
-            ),
-            retry_now: format!(
-                "UPDATE {t} SET state = 'open', fence = fence + 1, note = $2, until = NULL
-                 WHERE id = $1 AND state IN ('open', 'manual')"
-            ),
-            get: format!("SELECT {} WHERE e.id = $1", select(t)),
-            list: format!("SELECT {}", select(t)),
+            get: format!("SELECT {COLUMNS} FROM {t} AS e {attempts} WHERE e.id = $1"),
+            list: format!("SELECT {COLUMNS} FROM {t} AS e {attempts}"),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE state = 'open'),
                         count(*) FILTER (WHERE state = 'claimed'),
@@ -288,10 +309,7 @@ impl Sql {
                         count(*) FILTER (WHERE state = 'in_doubt')
                  FROM {t} WHERE state <> 'settled'"
             ),
-            sweep: format!(
-                "DELETE FROM {t}
-                 WHERE state = 'settled' AND settled_at <= now() - $1::int8 * interval '1 microsecond'"
-            ),
+            sweep: queue.sweep(),
         }
     }
 }
@@ -300,8 +318,7 @@ impl PostgresLedger {
     /// A ledger over `pool`, in the tables `surely_ledger` and `surely_ledger_attempts`.
     pub fn new(pool: Pool) -> Self {
         PostgresLedger {
-            pool,
-            sql: Arc::new(Sql::new(POSTGRES_COMPONENT.default_table)),
+            store: Store::new(pool),
         }
     }
 
@@ -313,21 +330,19 @@ impl PostgresLedger {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        crate::storage::check_table("ledger table name", table)?;
         Ok(PostgresLedger {
-            pool: self.pool,
-            sql: Arc::new(Sql::new(table)),
+            store: self.store.with_table(table)?,
         })
     }
 
     /// The pool.
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        self.store.pool()
     }
 
     /// The entries' table's name (the attempts' is this with `_attempts`).
     pub fn table(&self) -> &str {
-        &self.sql.table
+        self.store.table()
     }
 
     /// Applies this ledger's tables' migrations that the database has not recorded yet.
@@ -336,14 +351,11 @@ impl PostgresLedger {
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), LedgerError> {
-        crate::storage::apply(&self.pool, &[(&POSTGRES_COMPONENT, self.table())])
-            .await
-            .map(drop)
-            .map_err(LedgerError::backend)
+        self.store.migrate().await.map_err(LedgerError::backend)
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, LedgerError> {
-        self.pool.get().await.map_err(LedgerError::backend)
+        self.store.client().await.map_err(LedgerError::backend)
     }
 
     /// Settles `id` with `sql` (fenced by `fence`, or not), or says why it did not.
@@ -360,20 +372,17 @@ impl PostgresLedger {
             SettledBy::Manual { who } => ("manual", Some(who.as_str())),
         };
         let id_str = id.as_str();
-        let params: [&(dyn ToSql + Sync); 7] = [
-            &settlement.verdict.as_str(),
+        let (verdict, evidence, at) = (
+            settlement.verdict.as_str(),
             &settlement.evidence,
-            &by,
-            &who,
             &settlement.at,
-            &id_str,
-            &fence,
-        ];
-        let params = if fence.is_some() {
-            &params[..]
-        } else {
-            &params[..6]
+        );
+        // `$1` the id, then the fence if there is one, then the settlement.
+        let params: Vec<&(dyn ToSql + Sync)> = match &fence {
+            Some(fence) => vec![&id_str, fence, &verdict, evidence, &by, &who, at],
+            None => vec![&id_str, &verdict, evidence, &by, &who, at],
         };
+        let params = &params[..];
         // An unfenced (manual) settlement that found nothing may have raced the entry's
         // recording: once it is there, it is tried again.
         for _ in 0..3 {
@@ -382,7 +391,7 @@ impl PostgresLedger {
                 return Ok(Settled::Now(settlement.clone()));
             }
             let row = client
-                .query_opt(&self.sql.look, &[&id.as_str()])
+                .query_opt(&self.store.sql().look, &[&id.as_str()])
                 .await
                 .map_err(LedgerError::backend)?
                 .ok_or_else(|| LedgerError::not_found(id))?;
@@ -411,7 +420,7 @@ impl PostgresLedger {
     ) -> Result<(), LedgerError> {
         let client = self.client().await?;
         let id = &claim.entry.evidence.id;
-        let fence = fence(claim);
+        let fence = queue::fence(claim.fence());
         let note = super::truncate(note, super::MAX_TEXT);
         let n = match after {
             Some(after) => {
@@ -426,7 +435,7 @@ impl PostgresLedger {
             return Ok(());
         }
         let found = client
-            .query_opt(&self.sql.look, &[&id.as_str()])
+            .query_opt(&self.store.sql().look, &[&id.as_str()])
             .await
             .map_err(LedgerError::backend)?;
         match found {
@@ -436,29 +445,12 @@ impl PostgresLedger {
     }
 }
 
-/// A claim's fence as the table keeps it (one too large to be there matches nothing).
-fn fence(claim: &Claim) -> i64 {
-    i64::try_from(claim.fence()).unwrap_or(i64::MAX)
-}
-
-/// The longest duration written to the database: a century, far beyond any lease, backoff or
-/// retention, and far within a timestamp's range.
-const LONGEST: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
-
-/// A duration in microseconds, rounded up (a lease or backoff is never shortened) and capped
-/// at [`LONGEST`].
-fn micros(d: Duration) -> i64 {
-    let d = d.min(LONGEST);
-    let us = d.as_nanos().div_ceil(1000);
-    i64::try_from(us).unwrap_or(i64::MAX)
-}
-
 /// A failed statement that wrote the caller's values: a value PostgreSQL refuses (a NUL byte in
 /// a text, a time out of range) is the caller's doing, and writing it again would fail again;
 /// anything else is the backend's.
 fn by_content(e: tokio_postgres::Error) -> LedgerError {
     if crate::storage::is_input_error(&e) {
-        LedgerError::invalid(e.to_string())
+        LedgerError::refused("the database refused a value of the entry", e)
     } else {
         LedgerError::backend(e)
     }
@@ -597,24 +589,37 @@ fn attempts_of(row: &Row) -> Result<Vec<AttemptEvidence>, LedgerError> {
             "the ledger's attempts were read back with columns of different lengths",
         ));
     }
+    let mut started = started.into_iter();
+    let mut took = took.into_iter();
+    let mut class = class.into_iter();
+    let mut phase = phase.into_iter();
     let mut timeout = timeout.into_iter();
+    let mut hedge = hedge.into_iter();
+    let mut cancelled = cancelled.into_iter();
     let mut downstream = downstream.into_iter();
-    (0..n)
-        .map(|i| {
+    // Every column has one value per attempt (checked above).
+    attempt
+        .into_iter()
+        .map(|number| {
             Ok(AttemptEvidence {
-                attempt: u32::try_from(attempt[i]).map_err(|_| {
-                    LedgerError::backend(format!(
-                        "the ledger table holds attempt number {}",
-                        attempt[i]
-                    ))
+                attempt: u32::try_from(number).map_err(|_| {
+                    LedgerError::backend(format!("the ledger table holds attempt number {number}"))
                 })?,
-                started_at: started[i],
-                took: Duration::from_nanos(u64::try_from(took[i]).unwrap_or(0)),
-                class: parsed("the attempt class", class[i], parse_class)?,
-                phase: parsed("the delivery phase", phase[i], parse_phase)?,
+                started_at: started.next().unwrap_or(SystemTime::UNIX_EPOCH),
+                took: Duration::from_nanos(
+                    took.next()
+                        .and_then(|ns| u64::try_from(ns).ok())
+                        .unwrap_or(0),
+                ),
+                class: parsed("the attempt class", class.next().unwrap_or(""), parse_class)?,
+                phase: parsed(
+                    "the delivery phase",
+                    phase.next().unwrap_or(""),
+                    parse_phase,
+                )?,
                 timeout: timeout.next().flatten(),
-                hedge: hedge[i],
-                cancelled: cancelled[i],
+                hedge: hedge.next().unwrap_or(false),
+                cancelled: cancelled.next().unwrap_or(false),
                 downstream_id: downstream.next().flatten(),
             })
         })
@@ -659,7 +664,7 @@ fn entry_of(row: &Row) -> Result<(Entry, u64), LedgerError> {
         settlement,
         age: Duration::from_micros(age.map_or(0, |a| u64::try_from(a).unwrap_or(0))),
     };
-    Ok((entry, u64::try_from(fence).unwrap_or(0)))
+    Ok((entry, queue::fence_of(fence)))
 }
 
 impl PostgresLedger {
@@ -692,7 +697,7 @@ impl PostgresLedger {
         let client = self.client().await?;
         let row = client
             .query_one(
-                &self.sql.record,
+                &self.store.sql().record,
                 &[
                     &evidence.id.as_str(),
                     &call,
@@ -740,7 +745,7 @@ impl Ledger for PostgresLedger {
         // Every journaled call waits for this one: a statement prepared once per connection.
         let client = self.client().await?;
         let statement = client
-            .prepare_cached(&self.sql.hold)
+            .prepare_cached(&self.store.sql().hold)
             .await
             .map_err(LedgerError::backend)?;
         let call = evidence.call.map(|c| c as i64);
@@ -772,7 +777,7 @@ impl Ledger for PostgresLedger {
         let ids: Vec<&str> = ids.iter().map(EntryId::as_str).collect();
         let client = self.client().await?;
         let statement = client
-            .prepare_cached(&self.sql.forget)
+            .prepare_cached(&self.store.sql().forget)
             .await
             .map_err(LedgerError::backend)?;
         client
@@ -788,7 +793,7 @@ impl Ledger for PostgresLedger {
         let client = self.client().await?;
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         let rows = client
-            .query(&self.sql.claim, &[&max, &micros(lease)])
+            .query(&self.store.sql().claim, &[&max, &micros(lease)])
             .await
             .map_err(LedgerError::backend)?;
         rows.iter()
@@ -798,9 +803,9 @@ impl Ledger for PostgresLedger {
 
     async fn settle(&self, claim: &Claim, settlement: &Settlement) -> Result<Settled, LedgerError> {
         self.settle_with(
-            &self.sql.settle,
+            &self.store.sql().settle,
             &claim.entry.evidence.id,
-            Some(fence(claim)),
+            Some(queue::fence(claim.fence())),
             settlement,
         )
         .await
@@ -812,12 +817,13 @@ impl Ledger for PostgresLedger {
         note: &str,
         after: Duration,
     ) -> Result<(), LedgerError> {
-        self.release(&self.sql.retry_later, claim, note, Some(after))
+        self.release(&self.store.sql().retry_later, claim, note, Some(after))
             .await
     }
 
     async fn to_manual(&self, claim: &Claim, reason: &str) -> Result<(), LedgerError> {
-        self.release(&self.sql.to_manual, claim, reason, None).await
+        self.release(&self.store.sql().to_manual, claim, reason, None)
+            .await
     }
 
     async fn settle_manually(
@@ -825,7 +831,7 @@ impl Ledger for PostgresLedger {
         id: &EntryId,
         settlement: &Settlement,
     ) -> Result<Settled, LedgerError> {
-        self.settle_with(&self.sql.settle_manually, id, None, settlement)
+        self.settle_with(&self.store.sql().settle_manually, id, None, settlement)
             .await
     }
 
@@ -833,14 +839,14 @@ impl Ledger for PostgresLedger {
         let client = self.client().await?;
         let note = super::truncate(note, super::MAX_TEXT);
         let n = client
-            .execute(&self.sql.retry_now, &[&id.as_str(), &note])
+            .execute(&self.store.sql().retry_now, &[&id.as_str(), &note])
             .await
             .map_err(by_content)?;
         if n == 1 {
             return Ok(());
         }
         let found = client
-            .query_opt(&self.sql.look, &[&id.as_str()])
+            .query_opt(&self.store.sql().look, &[&id.as_str()])
             .await
             .map_err(LedgerError::backend)?;
         match found {
@@ -856,7 +862,7 @@ impl Ledger for PostgresLedger {
     async fn get(&self, id: &EntryId) -> Result<Option<Entry>, LedgerError> {
         let client = self.client().await?;
         let row = client
-            .query_opt(&self.sql.get, &[&id.as_str()])
+            .query_opt(&self.store.sql().get, &[&id.as_str()])
             .await
             .map_err(LedgerError::backend)?;
         row.map(|row| entry_of(&row).map(|(entry, _)| entry))
@@ -887,7 +893,7 @@ impl Ledger for PostgresLedger {
                 params.len()
             ));
         }
-        let mut sql = self.sql.list.clone();
+        let mut sql = self.store.sql().list.clone();
         if !conditions.is_empty() {
             sql.push_str(" WHERE ");
             sql.push_str(&conditions.join(" AND "));
@@ -903,7 +909,7 @@ impl Ledger for PostgresLedger {
     async fn stats(&self) -> Result<LedgerStats, LedgerError> {
         let client = self.client().await?;
         let row = client
-            .query_one(&self.sql.stats, &[])
+            .query_one(&self.store.sql().stats, &[])
             .await
             .map_err(LedgerError::backend)?;
         let count = |i: usize| -> Result<u64, LedgerError> {
@@ -925,7 +931,7 @@ impl Ledger for PostgresLedger {
     async fn sweep(&self, retention: Duration) -> Result<u64, LedgerError> {
         let client = self.client().await?;
         client
-            .execute(&self.sql.sweep, &[&micros(retention)])
+            .execute(&self.store.sql().sweep, &[&micros(retention)])
             .await
             .map_err(LedgerError::backend)
     }
@@ -934,7 +940,7 @@ impl Ledger for PostgresLedger {
 impl fmt::Debug for PostgresLedger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresLedger")
-            .field("table", &self.sql.table)
+            .field("table", &self.store.table())
             .finish()
     }
 }
@@ -989,10 +995,7 @@ mod tests {
     }
 
     #[test]
-    fn durations_round_up_to_the_microsecond_and_stop_at_a_century() {
-        assert_eq!(micros(Duration::from_nanos(1)), 1);
-        assert_eq!(micros(Duration::from_micros(7)), 7);
-        assert_eq!(micros(Duration::MAX), micros(LONGEST));
+    fn a_table_name_without_its_schema() {
         assert_eq!(bare("orders.unknown"), "unknown");
         assert_eq!(bare("unknown"), "unknown");
     }

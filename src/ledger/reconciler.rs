@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::{Claim, EntryId, Filter, Ledger, LedgerError, Settled, Settlement, Verdict};
 use crate::backoff::{Backoff, Jitter};
+use crate::queue::worker;
 use crate::resolve::{Resolution, Resolve};
 use crate::ConfigError;
 
@@ -157,8 +158,7 @@ where
             ..ReconcileRound::default()
         };
         for claim in claims {
-            // A query that could outlast the lease would race the next claimer.
-            if claimed_at.elapsed() + self.config.query_timeout >= self.config.lease {
+            if !worker::time_left(claimed_at, self.config.query_timeout, self.config.lease) {
                 round.skipped += 1;
                 continue;
             }
@@ -202,12 +202,7 @@ where
                         round.to_manual += 1;
                     })
                 } else {
-                    let wait = self
-                        .config
-                        .backoff
-                        .iter()
-                        .nth(entry.tries as usize)
-                        .unwrap_or(Duration::ZERO);
+                    let wait = worker::backoff_wait(&self.config.backoff, entry.tries);
                     self.ledger
                         .retry_later(claim, "the query left it unknown", wait)
                         .await
@@ -328,14 +323,8 @@ where
                     }
                 }
             }
-            let wait = if busy {
-                Duration::ZERO
-            } else {
-                self.config.poll
-            };
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = tokio::time::sleep(wait) => {}
+            if !worker::pause(stop.as_mut(), busy, self.config.poll).await {
+                return;
             }
         }
     }
@@ -414,30 +403,32 @@ where
     ///
     /// # Errors
     ///
-    /// A zero batch, tries, lease or query timeout, or a lease no longer than the query
-    /// timeout.
+    /// A [`ConfigError`] naming the setting (`reconciler batch`, ...): a zero batch, tries,
+    /// lease or query timeout, a lease no longer than the query timeout, or a duration longer
+    /// than [`MAX_DURATION`](crate::MAX_DURATION) (ten years).
     pub fn build(self) -> Result<Reconciler<L, R, Res>, ConfigError> {
         let c = &self.config;
-        if c.batch == 0 {
-            return Err(ConfigError::new("reconciler batch", "must be at least 1"));
+        worker::Claiming {
+            batch: ("reconciler batch", c.batch),
+            lease: ("reconciler lease", c.lease),
+            timeout: Some((
+                "reconciler query_timeout",
+                c.query_timeout,
+                "must be longer than the query timeout, or a query could outlast its claim",
+            )),
         }
+        .check()?;
         if c.max_tries == 0 {
             return Err(ConfigError::new(
                 "reconciler max_tries",
                 "must be at least 1",
             ));
         }
-        if c.query_timeout.is_zero() {
-            return Err(ConfigError::new(
-                "reconciler query_timeout",
-                "must be greater than zero",
-            ));
-        }
-        if c.lease <= c.query_timeout {
-            return Err(ConfigError::new(
-                "reconciler lease",
-                "must be longer than the query timeout, or a query could outlast its claim",
-            ));
+        ConfigError::at_most_max("reconciler max_age", c.max_age)?;
+        ConfigError::at_most_max("reconciler alert_after", c.alert_after)?;
+        ConfigError::at_most_max("reconciler poll", c.poll)?;
+        if let Some(retention) = c.retention {
+            ConfigError::at_most_max("reconciler retention", retention)?;
         }
         let backoff = match self.backoff {
             Some(b) => b,
@@ -465,6 +456,18 @@ impl<L, R, Res> fmt::Debug for Reconciler<L, R, Res> {
         f.debug_struct("Reconciler")
             .field("config", &self.config)
             .finish_non_exhaustive()
+    }
+}
+
+impl<L: Clone, R: Clone, Res> Clone for ReconcilerBuilder<L, R, Res> {
+    fn clone(&self) -> Self {
+        ReconcilerBuilder {
+            ledger: self.ledger.clone(),
+            resolver: self.resolver.clone(),
+            config: self.config.clone(),
+            backoff: self.backoff.clone(),
+            _res: PhantomData,
+        }
     }
 }
 

@@ -371,7 +371,7 @@ async fn write<L: Ledger>(
                         "ledger write failed; trying again"
                     );
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(MAX_WAIT);
+                    wait = wait.saturating_mul(2).min(MAX_WAIT);
                 }
                 Err(e) => {
                     tracing::error!(

@@ -53,7 +53,7 @@ impl EventId {
         let digest = hash.finalize();
         let mut id = String::with_capacity(36);
         id.push_str("evt-");
-        for b in &digest[..16] {
+        for b in digest.iter().take(16) {
             use std::fmt::Write as _;
             let _ = write!(id, "{b:02x}");
         }

@@ -1,16 +1,15 @@
 //! The in-memory outbox.
 
-use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::{ready, Future};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
+use crate::queue::{self, MemoryQueue};
 use crate::record::OutboxStats;
 
-use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Quarantined, Wakeup};
+use super::{
+    Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Quarantined, State, Wakeup,
+};
 
 /// The embedded outbox: events in memory, for one process, and for tests.
 ///
@@ -22,43 +21,32 @@ use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Quarantin
 /// events.
 #[derive(Clone, Default)]
 pub struct MemoryOutbox {
-    inner: Arc<Mutex<Rows>>,
+    queue: MemoryQueue<EventId, State, Row>,
     wakeup: Wakeup,
 }
 
-#[derive(Default)]
-struct Rows {
-    next: u64,
-    by_seq: BTreeMap<u64, Row>,
-    by_id: HashMap<EventId, u64>,
-}
-
+/// What the outbox keeps of an event beside the queue's part (its failures are the queue's
+/// tries).
 struct Row {
     event: Event,
-    state: State,
-    claim: u64,
-    claimed_until: Option<Instant>,
-    failures: u32,
     last_error: Option<String>,
-    enqueued_at: Instant,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum State {
-    Pending,
-    Published(Instant),
-    Quarantined,
+type Item = queue::Item<State, Row>;
+
+fn quarantined(item: &Item) -> Quarantined {
+    Quarantined::new(
+        item.value.event.clone(),
+        item.tries(),
+        item.value.last_error.clone(),
+        item.age(),
+    )
 }
 
 impl MemoryOutbox {
     /// An empty outbox.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    fn rows(&self) -> MutexGuard<'_, Rows> {
-        // Every critical section leaves the rows whole before anything that could panic.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The [`Wakeup`] this outbox's enqueues wake: give it to
@@ -71,51 +59,32 @@ impl MemoryOutbox {
     /// Adds `event`; returns false (and changes nothing) if an event with its id is already
     /// here, published or not: one id, one event.
     pub fn enqueue(&self, event: Event) -> bool {
-        let added = self.add(event);
+        let id = event.id().clone();
+        let row = Row {
+            event,
+            last_error: None,
+        };
+        let added = self.queue.lock().insert(id, State::Pending, None, row);
         if added {
             self.wakeup.wake();
         }
         added
     }
 
-    fn add(&self, event: Event) -> bool {
-        let mut rows = self.rows();
-        if rows.by_id.contains_key(event.id()) {
-            return false;
-        }
-        let seq = rows.next;
-        rows.next += 1;
-        rows.by_id.insert(event.id().clone(), seq);
-        rows.by_seq.insert(
-            seq,
-            Row {
-                event,
-                state: State::Pending,
-                claim: 0,
-                claimed_until: None,
-                failures: 0,
-                last_error: None,
-                enqueued_at: Instant::now(),
-            },
-        );
-        true
-    }
-
     /// The stats now ([`OutboxStore::stats`] without the future).
     pub fn stats_now(&self) -> OutboxStats {
-        let now = Instant::now();
-        let rows = self.rows();
+        let items = self.queue.lock();
         let mut stats = OutboxStats::default();
-        for row in rows.by_seq.values() {
-            match row.state {
+        for item in items.iter() {
+            match item.state() {
                 State::Pending => {
-                    stats.backlog += 1;
+                    stats.backlog = stats.backlog.saturating_add(1);
                     if stats.oldest.is_none() {
-                        stats.oldest = Some(now.saturating_duration_since(row.enqueued_at));
+                        stats.oldest = Some(item.age());
                     }
                 }
-                State::Quarantined => stats.quarantined += 1,
-                State::Published(_) => {}
+                State::Quarantined => stats.quarantined = stats.quarantined.saturating_add(1),
+                State::Published => {}
             }
         }
         stats
@@ -123,85 +92,26 @@ impl MemoryOutbox {
 
     /// The last error of a quarantined or failing event.
     pub fn last_error(&self, id: &EventId) -> Option<String> {
-        let rows = self.rows();
-        let seq = rows.by_id.get(id)?;
-        rows.by_seq.get(seq)?.last_error.clone()
-    }
-
-    fn claim_now(&self, max: usize, lease: Duration) -> Vec<Claimed> {
-        let now = Instant::now();
-        let mut rows = self.rows();
-        let mut claimed = Vec::new();
-        for row in rows.by_seq.values_mut() {
-            if claimed.len() >= max {
-                break;
-            }
-            let free = row.claimed_until.is_none_or(|until| until <= now);
-            if row.state == State::Pending && free {
-                row.claim += 1;
-                row.claimed_until = Some(now + lease);
-                claimed.push(Claimed::new(row.event.clone(), row.failures, row.claim));
-            }
-        }
-        claimed
+        self.queue.lock().get(id)?.value.last_error.clone()
     }
 
     /// The quarantined events, oldest first, at most `limit` ([`OutboxStore::quarantined`]
     /// without the future).
     pub fn quarantined_now(&self, limit: usize) -> Vec<Quarantined> {
-        let now = Instant::now();
-        self.rows()
-            .by_seq
-            .values()
-            .filter(|row| row.state == State::Quarantined)
+        self.queue
+            .lock()
+            .iter()
+            .filter(|item| item.state() == State::Quarantined)
             .take(limit)
-            .map(|row| row.quarantined(now))
+            .map(quarantined)
             .collect()
-    }
-
-    /// The quarantined row with this id.
-    fn quarantined_row<'a>(
-        rows: &'a mut Rows,
-        id: &EventId,
-    ) -> Result<(u64, &'a mut Row), OutboxError> {
-        let seq = *rows
-            .by_id
-            .get(id)
-            .ok_or_else(|| OutboxError::not_found(id))?;
-        match rows.by_seq.get_mut(&seq) {
-            Some(row) if row.state == State::Quarantined => Ok((seq, row)),
-            _ => Err(OutboxError::not_found(id)),
-        }
-    }
-
-    /// The row of a claim still held, or stale.
-    fn held<'a>(rows: &'a mut Rows, claimed: &Claimed) -> Result<&'a mut Row, OutboxError> {
-        let seq = *rows
-            .by_id
-            .get(claimed.event.id())
-            .ok_or_else(OutboxError::stale)?;
-        match rows.by_seq.get_mut(&seq) {
-            Some(row) if row.claim == claimed.claim() && row.state == State::Pending => Ok(row),
-            _ => Err(OutboxError::stale()),
-        }
-    }
-}
-
-impl Row {
-    fn quarantined(&self, now: Instant) -> Quarantined {
-        Quarantined::new(
-            self.event.clone(),
-            self.failures,
-            self.last_error.clone(),
-            now.saturating_duration_since(self.enqueued_at),
-        )
     }
 }
 
 impl fmt::Debug for MemoryOutbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryOutbox")
-            .field("events", &self.rows().by_seq.len())
+            .field("events", &self.queue.lock().len())
             .finish()
     }
 }
@@ -212,15 +122,19 @@ impl OutboxStore for MemoryOutbox {
         max: usize,
         lease: Duration,
     ) -> impl Future<Output = Result<Vec<Claimed>, OutboxError>> + Send {
-        ready(Ok(self.claim_now(max, lease)))
+        let claims = self.queue.lock().claim(max, lease, |item| {
+            Claimed::new(item.value.event.clone(), item.tries(), item.fence())
+        });
+        ready(Ok(claims))
     }
 
     fn published(&self, claimed: &Claimed) -> impl Future<Output = Result<(), OutboxError>> + Send {
-        let mut rows = self.rows();
-        let out = Self::held(&mut rows, claimed).map(|row| {
-            row.state = State::Published(Instant::now());
-            row.claimed_until = None;
-        });
+        let mut items = self.queue.lock();
+        let out = items
+            .held(claimed.event.id(), claimed.claim())
+            .map(|item| item.settle(State::Published))
+            // An event no longer here (discarded, swept) is no longer this claim's either.
+            .map_err(|_| OutboxError::stale());
         ready(out)
     }
 
@@ -231,40 +145,25 @@ impl OutboxStore for MemoryOutbox {
         retry_after: Duration,
         quarantine_after: u32,
     ) -> impl Future<Output = Result<Failed, OutboxError>> + Send {
-        let mut rows = self.rows();
-        let out = Self::held(&mut rows, claimed).map(|row| {
-            row.failures += 1;
-            row.last_error = Some(error.to_owned());
-            if row.failures >= quarantine_after {
-                row.state = State::Quarantined;
-                row.claimed_until = None;
-                Failed::Quarantined
-            } else {
-                row.claimed_until = Some(Instant::now() + retry_after);
-                Failed::Retry
-            }
-        });
+        let mut items = self.queue.lock();
+        let out = items
+            .held(claimed.event.id(), claimed.claim())
+            .map(|item| {
+                item.value.last_error = Some(error.to_owned());
+                if item.tries().saturating_add(1) >= quarantine_after {
+                    item.park(State::Quarantined);
+                    Failed::Quarantined
+                } else {
+                    item.retry_later(State::Pending, retry_after);
+                    Failed::Retry
+                }
+            })
+            .map_err(|_| OutboxError::stale());
         ready(out)
     }
 
     fn sweep(&self, retention: Duration) -> impl Future<Output = Result<u64, OutboxError>> + Send {
-        let now = Instant::now();
-        let mut rows = self.rows();
-        let gone: Vec<(u64, EventId)> = rows
-            .by_seq
-            .iter()
-            .filter_map(|(seq, row)| match row.state {
-                State::Published(at) if now.saturating_duration_since(at) >= retention => {
-                    Some((*seq, row.event.id().clone()))
-                }
-                _ => None,
-            })
-            .collect();
-        for (seq, id) in &gone {
-            rows.by_seq.remove(seq);
-            rows.by_id.remove(id);
-        }
-        ready(Ok(gone.len() as u64))
+        ready(Ok(self.queue.lock().sweep(retention)))
     }
 
     fn stats(&self) -> impl Future<Output = Result<OutboxStats, OutboxError>> + Send {
@@ -282,23 +181,23 @@ impl OutboxStore for MemoryOutbox {
         &self,
         id: &EventId,
     ) -> impl Future<Output = Result<Option<Quarantined>, OutboxError>> + Send {
-        let now = Instant::now();
-        let mut rows = self.rows();
-        let found = Self::quarantined_row(&mut rows, id)
-            .ok()
-            .map(|(_, row)| row.quarantined(now));
+        let found = self
+            .queue
+            .lock()
+            .get(id)
+            .filter(|item| item.state() == State::Quarantined)
+            .map(quarantined);
         ready(Ok(found))
     }
 
     fn requeue(&self, id: &EventId) -> impl Future<Output = Result<(), OutboxError>> + Send {
-        let out = {
-            let mut rows = self.rows();
-            Self::quarantined_row(&mut rows, id).map(|(_, row)| {
-                row.state = State::Pending;
-                row.failures = 0;
-                row.claim += 1;
-                row.claimed_until = None;
-            })
+        let out = match self.queue.lock().get_mut(id) {
+            Some(item) if item.state() == State::Quarantined => {
+                item.reopen(State::Pending);
+                item.reset_tries();
+                Ok(())
+            }
+            _ => Err(OutboxError::not_found(id)),
         };
         if out.is_ok() {
             self.wakeup.wake();
@@ -307,13 +206,12 @@ impl OutboxStore for MemoryOutbox {
     }
 
     fn discard(&self, id: &EventId) -> impl Future<Output = Result<Event, OutboxError>> + Send {
-        let mut rows = self.rows();
-        let out = Self::quarantined_row(&mut rows, id)
-            .map(|(seq, _)| seq)
-            .map(|seq| {
-                rows.by_id.remove(id);
-                rows.by_seq.remove(&seq).map(|row| row.event)
-            });
-        ready(out.and_then(|e| e.ok_or_else(|| OutboxError::not_found(id))))
+        let out = self
+            .queue
+            .lock()
+            .remove_if(id, |item| item.state() == State::Quarantined)
+            .map(|item| item.value.event)
+            .ok_or_else(|| OutboxError::not_found(id));
+        ready(out)
     }
 }

@@ -129,8 +129,34 @@ impl Claimed {
     }
 }
 
+/// Where an event stands in its store's queue: pending (waiting, or claimed by a relay whose
+/// lease runs), quarantined (its publishes failed their limit: a person requeues or discards
+/// it), or published (swept after the retention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    Pending,
+    Quarantined,
+    Published,
+}
+
+/// An event is an item of the leased work queue: a pending one is claimed when its wait or its
+/// claim's lease has passed (its state stays pending: a claim only sets the lease).
+impl crate::queue::States for State {
+    const ALL: &'static [Self] = &[State::Pending, State::Quarantined, State::Published];
+    const CLAIMED: Self = State::Pending;
+
+    fn claimable(self) -> bool {
+        self == State::Pending
+    }
+
+    fn settled(self) -> bool {
+        self == State::Published
+    }
+}
+
 /// What a failed publish did to its event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Failed {
     /// It will be claimed again after the wait.
     Retry,
@@ -140,6 +166,10 @@ pub enum Failed {
 
 /// Where a relay finds the events to publish. [`MemoryOutbox`] and [`PostgresOutbox`]
 /// implement it; every method is one atomic operation of the store.
+///
+/// Every duration a method takes (a lease, a wait, a hold, a retention) counts as at most
+/// [`MAX_DURATION`](crate::MAX_DURATION), ten years: a longer one, `Duration::MAX` included, is
+/// taken as ten years, never a panic nor a database's refusal.
 pub trait OutboxStore: Send + Sync + 'static {
     /// Claims up to `max` unpublished events that no live claim holds, oldest first, for
     /// `lease`.
@@ -169,7 +199,7 @@ pub trait OutboxStore: Send + Sync + 'static {
             let mut marked = 0;
             for c in claimed {
                 match self.published(c).await {
-                    Ok(()) => marked += 1,
+                    Ok(()) => marked = usize::saturating_add(marked, 1),
                     Err(e) if e.is_stale() => {}
                     Err(e) => return Err(e),
                 }
@@ -284,9 +314,10 @@ impl Quarantined {
 }
 
 /// An outbox operation failed: the backend failed, a mark came with a stale claim, no
-/// quarantined event has the id, or the store cannot do what was asked.
+/// quarantined event has the id, or the store cannot do what was asked. Tell them apart with
+/// the `is_*` methods; a failure of the backend is its [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
+#[error(transparent)]
 pub struct OutboxError {
     kind: ErrorKind,
 }
@@ -299,8 +330,8 @@ enum ErrorKind {
     NotFound(EventId),
     #[error("this outbox store cannot {0}")]
     Unsupported(&'static str),
-    #[error("outbox store failed: {0}")]
-    Backend(BoxError),
+    #[error("outbox store failed")]
+    Backend(#[source] BoxError),
 }
 
 impl OutboxError {
@@ -311,11 +342,16 @@ impl OutboxError {
         }
     }
 
-    /// The backend failed.
+    /// The backend failed, with this error (the source).
     pub fn backend(error: impl Into<BoxError>) -> Self {
         OutboxError {
             kind: ErrorKind::Backend(error.into()),
         }
+    }
+
+    /// Whether the backend failed.
+    pub fn is_backend(&self) -> bool {
+        matches!(self.kind, ErrorKind::Backend(_))
     }
 
     /// No quarantined event has this id.
@@ -345,5 +381,13 @@ impl OutboxError {
     /// Whether the store does not implement the operation.
     pub fn is_unsupported(&self) -> bool {
         matches!(self.kind, ErrorKind::Unsupported(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_states_are_what_the_queue_needs() {
+        crate::queue::check_states::<super::State>();
     }
 }

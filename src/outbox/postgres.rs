@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -10,10 +9,13 @@ use bytes::Bytes;
 use tokio_postgres::Row;
 
 use super::wakeup::WeakWakeup;
-use super::{Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Quarantined, Wakeup};
+use super::{
+    Claimed, Event, EventId, Failed, OutboxError, OutboxStore, Quarantined, State, Wakeup,
+};
 use crate::classify::BoxError;
+use crate::queue::{self, micros};
 use crate::record::OutboxStats;
-use crate::storage::{Component, Migration, Pool};
+use crate::storage::{Component, Migration, Pool, Statements, Store};
 use crate::ConfigError;
 
 const PENDING: i16 = 0;
@@ -96,12 +98,10 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
 /// ```
 #[derive(Clone)]
 pub struct PostgresOutbox {
-    pool: Pool,
-    sql: Arc<Sql>,
+    store: Store<Sql>,
 }
 
 struct Sql {
-    table: String,
     /// The `NOTIFY` channel of the table's enqueues.
     channel: String,
     enqueue: String,
@@ -117,17 +117,44 @@ struct Sql {
     quarantined_event: String,
     requeue: String,
     discard: String,
+    last_error: String,
+}
+
+/// Where the outbox's table keeps the queue's part of an event: its claim number is the fence,
+/// its failures the tries; claimed in the order enqueued; swept by when it was published.
+static QUEUE: queue::Columns = queue::Columns {
+    key: "id",
+    state: "state",
+    fence: "claim",
+    until: "claimed_until",
+    tries: "failures",
+    order: &["seq"],
+    settled_at: Some("published_at"),
+};
+
+impl queue::SqlStates for State {
+    fn sql(self) -> &'static str {
+        match self {
+            State::Pending => "0",
+            State::Published => "1",
+            State::Quarantined => "2",
+        }
+    }
 }
 
 /// The columns an event is read from by [`claimed`], in its order.
 const EVENT_COLUMNS: &str =
     "seq, id, aggregate, version, kind, header_names, header_values, payload, failures, claim";
 
-impl Sql {
+impl Statements for Sql {
+    const COMPONENT: &'static Component = &POSTGRES_COMPONENT;
+    const TABLE_SETTING: &'static str = "outbox table name";
+
     fn new(t: &str) -> Self {
+        let queue = queue::Table::new(t, &QUEUE);
         let channel = channel(t);
+        let published = queue.settle(State::Published);
         Sql {
-            table: t.to_owned(),
             channel: channel.clone(),
             // The notification goes out when the caller's transaction commits (none if it rolls
             // back), once per transaction however many events it enqueued.
@@ -140,42 +167,18 @@ impl Sql {
                  )
                  SELECT (SELECT count(*) FROM added), pg_notify('{channel}', '')"
             ),
-            claim: format!(
-                // The ids as an array, found by the primary key: a join with the locked rows
-                // can be planned as a scan of the whole table, published rows included.
-                "UPDATE {t} AS o
-                 SET claim = o.claim + 1, claimed_until = now() + make_interval(secs => $2)
-                 WHERE o.id = ANY(ARRAY(
-                     SELECT id FROM {t}
-                     WHERE state = {PENDING} AND (claimed_until IS NULL OR claimed_until <= now())
-                     ORDER BY seq
-                     LIMIT $1
-                     FOR UPDATE SKIP LOCKED
-                 ))
-                 RETURNING o.seq, o.id, o.aggregate, o.version, o.kind, o.header_names,
-                           o.header_values, o.payload, o.failures, o.claim"
-            ),
-            published: format!(
-                "UPDATE {t} SET state = {PUBLISHED}, published_at = now(), claimed_until = NULL
-                 WHERE id = $1 AND claim = $2 AND state = {PENDING}"
-            ),
-            published_all: format!(
-                "UPDATE {t} AS o SET state = {PUBLISHED}, published_at = now(), claimed_until = NULL
-                 FROM unnest($1::text[], $2::bigint[]) AS m(id, claim)
-                 WHERE o.id = m.id AND o.claim = m.claim AND o.state = {PENDING}"
-            ),
+            claim: queue.claim(EVENT_COLUMNS),
+            published: queue.fenced(&published),
+            published_all: queue.fenced_all(&published),
+            // `$3` the error, `$4` the wait, `$5` the failures that quarantine.
             failed: format!(
-                "UPDATE {t} SET failures = failures + 1, last_error = $3,
-                     state = CASE WHEN failures + 1 >= $5 THEN {QUARANTINED} ELSE {PENDING} END,
-                     claimed_until = CASE WHEN failures + 1 >= $5 THEN NULL
-                                          ELSE now() + make_interval(secs => $4) END
-                 WHERE id = $1 AND claim = $2 AND state = {PENDING}
-                 RETURNING state"
+                "{} RETURNING state",
+                queue.fenced(&format!(
+                    "{}, last_error = $3",
+                    queue.retry_or_park(State::Pending, State::Quarantined, 4, 5)
+                ))
             ),
-            sweep: format!(
-                "DELETE FROM {t}
-                 WHERE state = {PUBLISHED} AND published_at <= now() - make_interval(secs => $1)"
-            ),
+            sweep: queue.sweep(),
             stats: format!(
                 "SELECT count(*), EXTRACT(EPOCH FROM (now() - min(enqueued_at)))::float8,
                         (SELECT count(*) FROM {t} WHERE state = {QUARANTINED})
@@ -193,17 +196,14 @@ impl Sql {
             ),
             // A new claim number fences a mark of any older claim; the relays are woken.
             requeue: format!(
-                "WITH back AS (
-                     UPDATE {t} SET state = {PENDING}, failures = 0, claim = claim + 1,
-                         claimed_until = NULL
-                     WHERE id = $1 AND state = {QUARANTINED}
-                     RETURNING 1
-                 )
-                 SELECT (SELECT count(*) FROM back), pg_notify('{channel}', '')"
+                "WITH back AS ({})
+                 SELECT (SELECT count(*) FROM back), pg_notify('{channel}', '')",
+                queue.reopen(&[State::Quarantined], State::Pending, "failures = 0", "1")
             ),
             discard: format!(
                 "DELETE FROM {t} WHERE id = $1 AND state = {QUARANTINED} RETURNING {EVENT_COLUMNS}"
             ),
+            last_error: queue.look("last_error"),
         }
     }
 }
@@ -212,8 +212,7 @@ impl PostgresOutbox {
     /// An outbox over `pool`, in the table `surely_outbox`.
     pub fn new(pool: Pool) -> Self {
         PostgresOutbox {
-            pool,
-            sql: Arc::new(Sql::new(POSTGRES_COMPONENT.default_table)),
+            store: Store::new(pool),
         }
     }
 
@@ -224,21 +223,19 @@ impl PostgresOutbox {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        crate::storage::check_table("outbox table name", table)?;
         Ok(PostgresOutbox {
-            pool: self.pool,
-            sql: Arc::new(Sql::new(table)),
+            store: self.store.with_table(table)?,
         })
     }
 
     /// The pool.
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        self.store.pool()
     }
 
     /// The table's name.
     pub fn table(&self) -> &str {
-        &self.sql.table
+        self.store.table()
     }
 
     /// Applies this outbox's table's migrations that the database has not recorded yet.
@@ -247,10 +244,11 @@ impl PostgresOutbox {
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), OutboxError> {
-        crate::storage::apply(&self.pool, &[(&POSTGRES_COMPONENT, self.table())])
-            .await
-            .map(drop)
-            .map_err(OutboxError::backend)
+        self.store.migrate().await.map_err(OutboxError::backend)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, OutboxError> {
+        self.store.client().await.map_err(OutboxError::backend)
     }
 
     /// Adds `event` in the caller's transaction `txn`: it commits with the caller's business
@@ -274,7 +272,7 @@ impl PostgresOutbox {
         let payload: &[u8] = event.payload();
         let row = txn
             .query_one(
-                &self.sql.enqueue,
+                &self.store.sql().enqueue,
                 &[
                     &event.id().as_str(),
                     &event.aggregate(),
@@ -332,7 +330,7 @@ impl PostgresOutbox {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
-        let channel = self.sql.channel.clone();
+        let channel = self.store.sql().channel.clone();
         let listening = Listening::open(&config, &channel)
             .await
             .map_err(|e| OutboxError::backend(format!("cannot listen for outbox events: {e}")))?;
@@ -347,20 +345,17 @@ impl PostgresOutbox {
     ///
     /// The database could not be reached.
     pub async fn last_error(&self, id: &EventId) -> Result<Option<String>, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let row = client
-            .query_opt(
-                &format!("SELECT last_error FROM {} WHERE id = $1", self.sql.table),
-                &[&id.as_str()],
-            )
+            .query_opt(&self.store.sql().last_error, &[&id.as_str()])
             .await
             .map_err(OutboxError::backend)?;
         Ok(row.and_then(|r| r.get(0)))
     }
 
     async fn mark(&self, sql: &str, claimed: &Claimed) -> Result<(), OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
-        let claim = i64::try_from(claimed.claim()).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let claim = queue::fence(claimed.claim());
         let n = client
             .execute(sql, &[&claimed.event.id().as_str(), &claim])
             .await
@@ -374,9 +369,8 @@ impl PostgresOutbox {
 }
 
 /// An event read back from a claimed row.
-fn claimed(row: &Row) -> Result<(i64, Claimed), OutboxError> {
+fn claimed(row: &Row) -> Result<Claimed, OutboxError> {
     let e = OutboxError::backend;
-    let seq: i64 = row.try_get(0).map_err(e)?;
     let id: String = row.try_get(1).map_err(e)?;
     let names: Vec<String> = row.try_get(5).map_err(e)?;
     let values: Vec<String> = row.try_get(6).map_err(e)?;
@@ -391,15 +385,16 @@ fn claimed(row: &Row) -> Result<(i64, Claimed), OutboxError> {
         names.into_iter().zip(values).collect(),
         Bytes::from(payload),
     );
-    Ok((
-        seq,
-        Claimed::new(event, failures.max(0) as u32, claim.max(0) as u64),
+    Ok(Claimed::new(
+        event,
+        u32::try_from(failures).unwrap_or(0),
+        queue::fence_of(claim),
     ))
 }
 
 /// A quarantined event read back from a row of `quarantined`'s columns.
 fn quarantined(row: &Row) -> Result<Quarantined, OutboxError> {
-    let (_, c) = claimed(row)?;
+    let c = claimed(row)?;
     let e = OutboxError::backend;
     let last_error: Option<String> = row.try_get(10).map_err(e)?;
     let age: Option<f64> = row.try_get(11).map_err(e)?;
@@ -442,23 +437,31 @@ fn seconds(s: f64) -> Duration {
 
 impl OutboxStore for PostgresOutbox {
     async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Claimed>, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         // Prepared once per pooled connection: one round trip, no planning.
         let claim = client
-            .prepare_cached(&self.sql.claim)
+            .prepare_cached(&self.store.sql().claim)
             .await
             .map_err(OutboxError::backend)?;
-        let lease = lease.as_secs_f64();
+        let lease = micros(lease);
         let rows = unflushed(&client, client.query(&claim, &[&max, &lease])).await?;
-        let mut batch = rows.iter().map(claimed).collect::<Result<Vec<_>, _>>()?;
+        let mut batch = rows
+            .iter()
+            .map(|row| {
+                Ok((
+                    row.try_get::<_, i64>(0).map_err(OutboxError::backend)?,
+                    claimed(row)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, OutboxError>>()?;
         // RETURNING keeps no order: publish in the order of enqueueing.
         batch.sort_by_key(|(seq, _)| *seq);
         Ok(batch.into_iter().map(|(_, c)| c).collect())
     }
 
     async fn published(&self, claimed: &Claimed) -> Result<(), OutboxError> {
-        self.mark(&self.sql.published, claimed).await
+        self.mark(&self.store.sql().published, claimed).await
     }
 
     async fn published_all(&self, claimed: &[Claimed]) -> Result<usize, OutboxError> {
@@ -466,13 +469,10 @@ impl OutboxStore for PostgresOutbox {
             return Ok(0);
         }
         let ids: Vec<&str> = claimed.iter().map(|c| c.event.id().as_str()).collect();
-        let claims: Vec<i64> = claimed
-            .iter()
-            .map(|c| i64::try_from(c.claim()).unwrap_or(i64::MAX))
-            .collect();
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let claims: Vec<i64> = claimed.iter().map(|c| queue::fence(c.claim())).collect();
+        let client = self.client().await?;
         let mark = client
-            .prepare_cached(&self.sql.published_all)
+            .prepare_cached(&self.store.sql().published_all)
             .await
             .map_err(OutboxError::backend)?;
         let n = unflushed(&client, client.execute(&mark, &[&ids, &claims])).await?;
@@ -486,17 +486,17 @@ impl OutboxStore for PostgresOutbox {
         retry_after: Duration,
         quarantine_after: u32,
     ) -> Result<Failed, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
-        let claim = i64::try_from(claimed.claim()).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let claim = queue::fence(claimed.claim());
         let limit = i32::try_from(quarantine_after).unwrap_or(i32::MAX);
         let row = client
             .query_opt(
-                &self.sql.failed,
+                &self.store.sql().failed,
                 &[
                     &claimed.event.id().as_str(),
                     &claim,
                     &error,
-                    &retry_after.as_secs_f64(),
+                    &micros(retry_after),
                     &limit,
                 ],
             )
@@ -512,17 +512,17 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn sweep(&self, retention: Duration) -> Result<u64, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         client
-            .execute(&self.sql.sweep, &[&retention.as_secs_f64()])
+            .execute(&self.store.sql().sweep, &[&micros(retention)])
             .await
             .map_err(OutboxError::backend)
     }
 
     async fn stats(&self) -> Result<OutboxStats, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let row = client
-            .query_one(&self.sql.stats, &[])
+            .query_one(&self.store.sql().stats, &[])
             .await
             .map_err(OutboxError::backend)?;
         let e = OutboxError::backend;
@@ -537,28 +537,28 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn quarantined(&self, limit: usize) -> Result<Vec<Quarantined>, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = client
-            .query(&self.sql.quarantined, &[&limit])
+            .query(&self.store.sql().quarantined, &[&limit])
             .await
             .map_err(OutboxError::backend)?;
         rows.iter().map(quarantined).collect()
     }
 
     async fn quarantined_event(&self, id: &EventId) -> Result<Option<Quarantined>, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let row = client
-            .query_opt(&self.sql.quarantined_event, &[&id.as_str()])
+            .query_opt(&self.store.sql().quarantined_event, &[&id.as_str()])
             .await
             .map_err(OutboxError::backend)?;
         row.as_ref().map(quarantined).transpose()
     }
 
     async fn requeue(&self, id: &EventId) -> Result<(), OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let row = client
-            .query_one(&self.sql.requeue, &[&id.as_str()])
+            .query_one(&self.store.sql().requeue, &[&id.as_str()])
             .await
             .map_err(OutboxError::backend)?;
         let back: i64 = row.try_get(0).map_err(OutboxError::backend)?;
@@ -570,20 +570,20 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn discard(&self, id: &EventId) -> Result<Event, OutboxError> {
-        let client = self.pool.get().await.map_err(OutboxError::backend)?;
+        let client = self.client().await?;
         let row = client
-            .query_opt(&self.sql.discard, &[&id.as_str()])
+            .query_opt(&self.store.sql().discard, &[&id.as_str()])
             .await
             .map_err(OutboxError::backend)?
             .ok_or_else(|| OutboxError::not_found(id))?;
-        claimed(&row).map(|(_, c)| c.event)
+        claimed(&row).map(|c| c.event)
     }
 }
 
 impl fmt::Debug for PostgresOutbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresOutbox")
-            .field("table", &self.sql.table)
+            .field("table", &self.store.table())
             .finish()
     }
 }
@@ -678,7 +678,7 @@ async fn keep_listening(
                 Ok(l) => break l,
                 Err(e) => {
                     tracing::warn!(error = %e, channel = %channel, "outbox listener cannot reconnect");
-                    wait = (wait * 2).min(LONGEST_WAIT);
+                    wait = wait.saturating_mul(2).min(LONGEST_WAIT);
                 }
             }
         };
@@ -686,5 +686,18 @@ async fn keep_listening(
         if !waker.wake() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::SqlStates;
+
+    #[test]
+    fn the_queue_writes_the_states_the_table_keeps() {
+        assert_eq!(State::Pending.sql(), PENDING.to_string());
+        assert_eq!(State::Published.sql(), PUBLISHED.to_string());
+        assert_eq!(State::Quarantined.sql(), QUARANTINED.to_string());
     }
 }

@@ -14,6 +14,7 @@ use tower_service::Service;
 
 use super::{Claimed, Event, Failed, OutboxError, OutboxStore, Wakeup};
 use crate::classify::BoxError;
+use crate::queue::worker;
 use crate::record::{Recorder, RelayReport, RelayRound};
 use crate::ConfigError;
 
@@ -100,7 +101,9 @@ struct Config {
     depth: usize,
 }
 
-/// Builds a [`Relay`].
+/// Builds a [`Relay`]; made by [`Relay::builder`].
+#[must_use = "a builder does nothing until `build` is called"]
+#[derive(Clone)]
 pub struct RelayBuilder<St, P> {
     store: St,
     publisher: P,
@@ -240,27 +243,22 @@ impl<St, P> RelayBuilder<St, P> {
     ///
     /// # Errors
     ///
-    /// A zero batch, lease, poll interval, stats interval, quarantine limit or pipeline
-    /// depth.
+    /// A [`ConfigError`] naming the setting (`relay batch`, ...): a zero batch, lease, poll
+    /// interval, stats interval, quarantine limit or pipeline depth, or a duration longer than
+    /// [`MAX_DURATION`](crate::MAX_DURATION) (ten years).
     pub fn build(self) -> Result<Relay<St, P>, ConfigError> {
         let c = &self.config;
-        if c.batch == 0 {
-            return Err(ConfigError::new("relay batch", "must be at least 1"));
+        worker::Claiming {
+            batch: ("relay batch", c.batch),
+            lease: ("relay lease", c.lease),
+            timeout: None,
         }
-        if c.lease.is_zero() {
-            return Err(ConfigError::new("relay lease", "must be greater than zero"));
-        }
-        if c.poll.is_zero() {
-            return Err(ConfigError::new(
-                "relay poll interval",
-                "must be greater than zero",
-            ));
-        }
-        if c.stats_every.is_zero() {
-            return Err(ConfigError::new(
-                "relay stats interval",
-                "must be greater than zero",
-            ));
+        .check()?;
+        ConfigError::at_most_max("relay retry wait", c.retry_after)?;
+        ConfigError::positive_at_most_max("relay poll interval", c.poll)?;
+        ConfigError::positive_at_most_max("relay stats interval", c.stats_every)?;
+        if let Some(retention) = c.retention {
+            ConfigError::at_most_max("relay retention", retention)?;
         }
         if c.depth == 0 {
             return Err(ConfigError::new(
@@ -560,17 +558,15 @@ impl<'a, St: OutboxStore> Stages<'a, St> {
             match outcome {
                 Ok(()) => published.push(claimed),
                 Err(error) => {
-                    round.failed += 1;
+                    round.failed = round.failed.saturating_add(1);
                     let id = claimed.event.id().clone();
-                    tracing::info!(event = %id, failures = claimed.failures + 1, %error, "outbox publish failed");
+                    // Kept with its sources: the publisher's error says each cause once.
+                    let error = with_sources(&*error);
+                    let failures = claimed.failures.saturating_add(1);
+                    tracing::info!(event = %id, failures, %error, "outbox publish failed");
                     match self
                         .store
-                        .failed(
-                            &claimed,
-                            &error.to_string(),
-                            c.retry_after,
-                            c.quarantine_after,
-                        )
+                        .failed(&claimed, &error, c.retry_after, c.quarantine_after)
                         .await
                     {
                         Ok(Failed::Retry) => {}
@@ -620,6 +616,25 @@ impl<'a, St: OutboxStore> Stages<'a, St> {
     }
 }
 
+/// An error and its sources, `: `-separated: what a failed publish is kept as (the event's
+/// last error) and logged as. An error that says its cause once, in its source (the crate's,
+/// hyper-util's: `client error (SendRequest)` is only what failed), would otherwise lose it; a
+/// source that the message already ends with (an error that also prints its source, as
+/// async-nats's do) is not said twice.
+fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let said = e.to_string();
+        if !out.ends_with(&said) {
+            out.push_str(": ");
+            out.push_str(&said);
+        }
+        source = e.source();
+    }
+    out
+}
+
 /// A batch after its publish: its events and their outcomes, in the batch's order.
 #[derive(Default)]
 struct Published {
@@ -660,7 +675,7 @@ impl<F> Publishing<F> {
                 }
                 Poll::Ready(Err(e)) => {
                     // The publisher is broken: the rest of the batch fails the same way.
-                    let why = e.into().to_string();
+                    let why = with_sources(&*e.into());
                     while sending.len() < batch.len() {
                         sending.push(Sending::Done(Err(why.clone().into())));
                     }
@@ -724,5 +739,31 @@ impl<St, P> fmt::Debug for RelayBuilder<St, P> {
         f.debug_struct("RelayBuilder")
             .field("config", &self.config)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_sources;
+
+    #[derive(Debug, thiserror::Error)]
+    enum E {
+        #[error("webhook call failed")]
+        Once(#[source] std::io::Error),
+        #[error("publish failed: {0}")]
+        Twice(#[source] std::io::Error),
+    }
+
+    #[test]
+    fn a_failed_publish_is_kept_with_each_cause_once() {
+        let refused = || std::io::Error::other("connection refused");
+        assert_eq!(
+            with_sources(&E::Once(refused())),
+            "webhook call failed: connection refused"
+        );
+        assert_eq!(
+            with_sources(&E::Twice(refused())),
+            "publish failed: connection refused"
+        );
     }
 }

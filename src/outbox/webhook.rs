@@ -229,9 +229,16 @@ where
 
 /// The request that publishes `event`.
 fn request(uri: &Uri, event: &Event) -> Result<Request<Full<Bytes>>, WebhookError> {
-    let key = IdempotencyKey::new(event.id().as_str())
-        .map_err(|e| WebhookError::invalid(format!("its id is not an idempotency key: {e}")))?;
-    let mut headers = HeaderMap::with_capacity(event.headers().len() + 5);
+    let key = IdempotencyKey::new(event.id().as_str()).map_err(|e| {
+        WebhookError::of(
+            Kind::Invalid {
+                why: "its id is not an idempotency key".to_owned(),
+                source: Some(e.into()),
+            },
+            None,
+        )
+    })?;
+    let mut headers = HeaderMap::with_capacity(event.headers().len().saturating_add(5));
     for (name, value) in event.headers() {
         let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
             WebhookError::invalid(format!("its header name `{name}` is not an HTTP one"))
@@ -251,13 +258,12 @@ fn request(uri: &Uri, event: &Event) -> Result<Request<Full<Bytes>>, WebhookErro
     }
     headers.insert(IDEMPOTENCY_KEY, key.to_header_value());
     // UTF-8 beyond ASCII is sent as it is (HTTP's obs-text).
-    let aggregate = HeaderValue::from_bytes(event.aggregate().as_bytes()).map_err(|_| {
-        WebhookError::invalid("its aggregate is not a valid header value".to_owned())
-    })?;
+    let aggregate = HeaderValue::from_bytes(event.aggregate().as_bytes())
+        .map_err(|_| WebhookError::invalid("its aggregate is not a valid header value"))?;
     headers.insert(AGGREGATE, aggregate);
     headers.insert(VERSION, HeaderValue::from(event.version()));
     let kind = HeaderValue::from_str(event.kind())
-        .map_err(|_| WebhookError::invalid("its kind is not a valid header value".to_owned()))?;
+        .map_err(|_| WebhookError::invalid("its kind is not a valid header value"))?;
     headers.insert(KIND, kind);
 
     let mut req = Request::new(Full::new(event.payload().clone()));
@@ -292,59 +298,59 @@ async fn drain<B: Body>(body: B) {
 /// or ended with an unknown outcome, or the event could not be written as a request. See
 /// [`WebhookPublisher`].
 ///
-/// Its message says which, with the call's outcome when the client handed one back, and the
-/// error's sources: `webhook answered 400 Bad Request (failed after 1 attempt)`, `webhook call
-/// failed: unknown after 2 attempts: client error (SendRequest): connection closed before
-/// message completed`.
-#[derive(Debug, thiserror::Error)]
-#[error("{kind}{}", self.verdict())]
+/// Its message says which, with the call's outcome when the client handed one back
+/// (`webhook answered 400 Bad Request (failed after 1 attempt)`); the call's error, or what
+/// refused the event, is its [`source`](std::error::Error::source), once. The
+/// [`Relay`](super::Relay) keeps a failed publish's error with its sources
+/// (`webhook call failed: unknown after 2 attempts: client error (SendRequest): connection
+/// closed before message completed`), which is what an operator reads in a quarantined
+/// event's last error.
+#[derive(Debug)]
 pub struct WebhookError {
     kind: Kind,
     call: Option<CallOutcome>,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 enum Kind {
-    #[error("webhook answered {0}")]
     Status(StatusCode),
-    #[error("webhook answered {0}, but the client could not vouch for the call")]
     Unknown(StatusCode),
-    // The crate's `Error` says the call's outcome itself.
-    #[error("webhook call failed: {}", Chain(&**.0))]
+    // The crate's `Error` (the source) says the call's outcome itself.
     Transport(BoxError),
-    #[error("event not sent to the webhook: {0}")]
-    Invalid(String),
+    Invalid {
+        why: String,
+        source: Option<BoxError>,
+    },
 }
 
-/// An error and its sources, `: `-separated: hyper-util's errors say what failed only in their
-/// sources (`client error (SendRequest): connection closed before message completed`), and the
-/// relay keeps the message alone.
-struct Chain<'a>(&'a (dyn std::error::Error + 'static));
-
-impl fmt::Display for Chain<'_> {
+impl fmt::Display for WebhookError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(error) = source {
-            write!(f, ": {error}")?;
-            source = error.source();
+        match &self.kind {
+            Kind::Status(status) => write!(f, "webhook answered {status}")?,
+            Kind::Unknown(status) => write!(
+                f,
+                "webhook answered {status}, but the client could not vouch for the call"
+            )?,
+            Kind::Transport(_) => return f.write_str("webhook call failed"),
+            Kind::Invalid { why, .. } => write!(f, "event not sent to the webhook: {why}")?,
+        }
+        if let Some(call) = &self.call {
+            f.write_str(" (")?;
+            fmt_verdict(f, call.outcome(), call.attempts())?;
+            f.write_str(")")?;
         }
         Ok(())
     }
 }
 
-/// ` (unknown after 2 attempts)`, or nothing.
-struct Verdict<'a>(Option<&'a CallOutcome>);
-
-impl fmt::Display for Verdict<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(call) => {
-                f.write_str(" (")?;
-                fmt_verdict(f, call.outcome(), call.attempts())?;
-                f.write_str(")")
-            }
-            None => Ok(()),
+impl std::error::Error for WebhookError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            Kind::Transport(e) => Some(&**e),
+            Kind::Invalid {
+                source: Some(e), ..
+            } => Some(&**e),
+            _ => None,
         }
     }
 }
@@ -362,17 +368,14 @@ impl WebhookError {
         WebhookError::of(Kind::Transport(Box::new(error)), call)
     }
 
-    fn invalid(why: String) -> Self {
-        WebhookError::of(Kind::Invalid(why), None)
-    }
-
-    /// The call's outcome after the message; a transport error (the crate's `Error`) says it
-    /// already.
-    fn verdict(&self) -> Verdict<'_> {
-        match self.kind {
-            Kind::Transport(_) => Verdict(None),
-            _ => Verdict(self.call.as_ref()),
-        }
+    fn invalid(why: impl Into<String>) -> Self {
+        WebhookError::of(
+            Kind::Invalid {
+                why: why.into(),
+                source: None,
+            },
+            None,
+        )
     }
 
     /// The status the receiver answered, when it answered one that is not a publish (or a `2xx`
@@ -410,6 +413,6 @@ impl WebhookError {
     /// `http` crate refuses, a header the publisher writes itself): nothing was sent, and
     /// publishing it again fails the same way, so the relay quarantines it after its limit.
     pub fn is_invalid_event(&self) -> bool {
-        matches!(self.kind, Kind::Invalid(_))
+        matches!(self.kind, Kind::Invalid { .. })
     }
 }

@@ -1,17 +1,15 @@
 //! The differences in memory.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::{ready, Future};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 use super::{
     check_person, cut, Difference, DifferenceStats, DifferenceStore, Item, ItemState, Marked,
     ReconcileError, RepairClaim, RepairId, MAX_TEXT,
 };
+use crate::queue::{self, MemoryQueue};
 
 /// The embedded store of differences: in memory, for one process and for tests. Its items do
 /// not outlive the process; a service with more than one instance uses `PostgresDifferences`
@@ -20,39 +18,40 @@ use super::{
 /// Time is [`tokio::time::Instant`], so tests can pause and advance it. Clones share the items.
 #[derive(Clone, Default)]
 pub struct MemoryDifferences {
-    inner: Arc<Mutex<Rows>>,
+    queue: MemoryQueue<RepairId, ItemState, Row>,
 }
 
-#[derive(Default)]
-struct Rows {
-    next: u64,
-    by_id: HashMap<RepairId, Row>,
-}
-
+/// What the store keeps of a difference beside the queue's part.
 struct Row {
-    seq: u64,
     difference: Difference,
-    state: ItemState,
-    fence: u64,
-    /// Open: claimable from then; claimed: the lease's end.
-    until: Option<Instant>,
-    tries: u32,
     note: Option<String>,
     who: Option<String>,
-    recorded: Instant,
 }
 
-impl Row {
-    fn item(&self, now: Instant) -> Item {
-        Item::new(
-            self.difference.clone(),
-            self.state,
-            self.tries,
-            self.note.clone(),
-            self.who.clone(),
-            now.saturating_duration_since(self.recorded),
-        )
+type Queued = queue::Item<ItemState, Row>;
+
+fn item(queued: &Queued) -> Item {
+    let row = &queued.value;
+    Item::new(
+        row.difference.clone(),
+        queued.state(),
+        queued.tries(),
+        row.note.clone(),
+        row.who.clone(),
+        queued.age(),
+    )
+}
+
+/// Why a claim's change was refused.
+fn refused(why: queue::Refused, id: &RepairId) -> ReconcileError {
+    match why {
+        queue::Refused::Missing => ReconcileError::not_found(id),
+        queue::Refused::Stale => ReconcileError::stale(),
     }
+}
+
+fn done(state: ItemState) -> bool {
+    matches!(state, ItemState::Repaired | ItemState::Resolved)
 }
 
 impl MemoryDifferences {
@@ -61,163 +60,103 @@ impl MemoryDifferences {
         Self::default()
     }
 
-    fn rows(&self) -> MutexGuard<'_, Rows> {
-        // Every critical section leaves the rows whole before anything that could panic.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn record_now(&self, d: &Difference) -> bool {
-        let mut rows = self.rows();
-        if rows.by_id.contains_key(&d.id) {
-            return false;
-        }
-        rows.next += 1;
-        let seq = rows.next;
         let manual = d.action.is_none();
-        rows.by_id.insert(
-            d.id.clone(),
-            Row {
-                seq,
-                difference: d.clone(),
-                state: if manual {
-                    ItemState::Manual
-                } else {
-                    ItemState::Open
-                },
-                fence: 0,
-                until: None,
-                tries: 0,
-                note: manual.then(|| super::NO_REPAIR.to_owned()),
-                who: manual.then(|| super::RULES.to_owned()),
-                recorded: Instant::now(),
-            },
-        );
-        true
-    }
-
-    fn claim_now(&self, max: usize, lease: Duration) -> Vec<RepairClaim> {
-        let now = Instant::now();
-        let mut rows = self.rows();
-        let mut due: Vec<(u64, RepairId)> = rows
-            .by_id
-            .values()
-            .filter(|r| {
-                matches!(r.state, ItemState::Open | ItemState::Claimed)
-                    && r.until.is_none_or(|t| t <= now)
-            })
-            .map(|r| (r.seq, r.difference.id.clone()))
-            .collect();
-        due.sort_unstable();
-        due.truncate(max);
-        due.into_iter()
-            .filter_map(|(_, id)| {
-                let row = rows.by_id.get_mut(&id)?;
-                row.state = ItemState::Claimed;
-                row.fence += 1;
-                row.until = Some(now + lease);
-                Some(RepairClaim::new(row.item(now), row.fence))
-            })
-            .collect()
-    }
-
-    fn held<'a>(rows: &'a mut Rows, claim: &RepairClaim) -> Result<&'a mut Row, ReconcileError> {
-        let id = &claim.item.difference.id;
-        let row = rows
-            .by_id
-            .get_mut(id)
-            .ok_or_else(|| ReconcileError::not_found(id))?;
-        if row.state != ItemState::Claimed || row.fence != claim.fence() {
-            return Err(ReconcileError::stale());
-        }
-        Ok(row)
+        let (state, note, who) = if manual {
+            (
+                ItemState::Manual,
+                Some(super::NO_REPAIR.to_owned()),
+                Some(super::RULES.to_owned()),
+            )
+        } else {
+            (ItemState::Open, None, None)
+        };
+        let row = Row {
+            difference: d.clone(),
+            note,
+            who,
+        };
+        self.queue.lock().insert(d.id.clone(), state, None, row)
     }
 
     fn mark_now(&self, claim: &RepairClaim, note: &str) -> Result<Marked, ReconcileError> {
-        let mut rows = self.rows();
+        let mut items = self.queue.lock();
         let id = &claim.item.difference.id;
-        if rows
-            .by_id
-            .get(id)
-            .is_some_and(|r| matches!(r.state, ItemState::Repaired | ItemState::Resolved))
-        {
+        if items.get(id).is_some_and(|i| done(i.state())) {
             return Ok(Marked::Already);
         }
-        let row = Self::held(&mut rows, claim)?;
-        row.state = ItemState::Repaired;
-        row.until = None;
-        row.note = Some(cut(note, MAX_TEXT).to_owned());
+        let queued = items.held(id, claim.fence()).map_err(|r| refused(r, id))?;
+        queued.settle(ItemState::Repaired);
+        queued.value.note = Some(cut(note, MAX_TEXT).to_owned());
         Ok(Marked::Now)
     }
 
     fn release_now(
         &self,
         claim: &RepairClaim,
-        state: ItemState,
+        after: Option<Duration>,
         who: Option<&str>,
         note: &str,
-        after: Duration,
     ) -> Result<(), ReconcileError> {
-        let mut rows = self.rows();
-        let row = Self::held(&mut rows, claim)?;
-        row.state = state;
-        row.tries += 1;
+        let mut items = self.queue.lock();
+        let id = &claim.item.difference.id;
+        let queued = items.held(id, claim.fence()).map_err(|r| refused(r, id))?;
+        match after {
+            Some(after) => queued.retry_later(ItemState::Open, after),
+            None => queued.park(ItemState::Manual),
+        }
+        let row = &mut queued.value;
         row.note = Some(cut(note, MAX_TEXT).to_owned());
         if let Some(who) = who {
             row.who = Some(cut(who, super::MAX_WHO).to_owned());
         }
-        row.until = (state == ItemState::Open).then(|| Instant::now() + after);
         Ok(())
     }
 
     fn resolve_now(&self, id: &RepairId, who: &str, why: &str) -> Result<Marked, ReconcileError> {
         check_person(who, why)?;
-        let mut rows = self.rows();
-        let row = rows
-            .by_id
+        let mut items = self.queue.lock();
+        let queued = items
             .get_mut(id)
             .ok_or_else(|| ReconcileError::not_found(id))?;
-        if matches!(row.state, ItemState::Repaired | ItemState::Resolved) {
+        if done(queued.state()) {
             return Ok(Marked::Already);
         }
-        row.state = ItemState::Resolved;
-        row.until = None;
-        row.who = Some(who.to_owned());
-        row.note = Some(why.to_owned());
+        queued.settle(ItemState::Resolved);
+        queued.value.who = Some(who.to_owned());
+        queued.value.note = Some(why.to_owned());
         Ok(Marked::Now)
     }
 
     fn list_now(&self, state: Option<ItemState>, limit: usize) -> Vec<Item> {
-        let now = Instant::now();
-        let rows = self.rows();
-        let mut found: Vec<&Row> = rows
-            .by_id
-            .values()
-            .filter(|r| state.is_none_or(|s| r.state == s))
-            .collect();
-        found.sort_unstable_by_key(|r| r.seq);
-        found.into_iter().take(limit).map(|r| r.item(now)).collect()
+        self.queue
+            .lock()
+            .iter()
+            .filter(|q| state.is_none_or(|s| q.state() == s))
+            .take(limit)
+            .map(item)
+            .collect()
     }
 
     /// The store's counts, at once (the [`DifferenceStore::stats`] of a store that cannot
     /// fail).
     pub fn stats_now(&self) -> DifferenceStats {
-        let now = Instant::now();
-        let rows = self.rows();
+        let items = self.queue.lock();
         let mut by_rule: BTreeMap<&str, u64> = BTreeMap::new();
         let mut stats = DifferenceStats::default();
-        for row in rows.by_id.values() {
-            match row.state {
-                ItemState::Repaired => stats.repaired += 1,
-                ItemState::Resolved => stats.resolved += 1,
+        for queued in items.iter() {
+            let count = match queued.state() {
+                ItemState::Repaired => &mut stats.repaired,
+                ItemState::Resolved => &mut stats.resolved,
                 open => {
                     if open == ItemState::Manual {
-                        stats.manual += 1;
+                        stats.manual = stats.manual.saturating_add(1);
                     }
-                    *by_rule.entry(&row.difference.rule).or_default() += 1;
-                    let age = now.saturating_duration_since(row.recorded);
-                    stats.oldest_open = stats.oldest_open.max(Some(age));
+                    stats.oldest_open = stats.oldest_open.max(Some(queued.age()));
+                    by_rule.entry(&queued.value.difference.rule).or_default()
                 }
-            }
+            };
+            *count = count.saturating_add(1);
         }
         stats.open_by_rule = by_rule
             .into_iter()
@@ -248,7 +187,11 @@ impl DifferenceStore for MemoryDifferences {
         max: usize,
         lease: Duration,
     ) -> impl Future<Output = Result<Vec<RepairClaim>, ReconcileError>> + Send {
-        ready(Ok(self.claim_now(max, lease)))
+        let claims = self
+            .queue
+            .lock()
+            .claim(max, lease, |q| RepairClaim::new(item(q), q.fence()));
+        ready(Ok(claims))
     }
 
     fn mark_repaired(
@@ -265,7 +208,7 @@ impl DifferenceStore for MemoryDifferences {
         note: &str,
         after: Duration,
     ) -> impl Future<Output = Result<(), ReconcileError>> + Send {
-        ready(self.release_now(claim, ItemState::Open, None, note, after))
+        ready(self.release_now(claim, Some(after), None, note))
     }
 
     fn to_manual(
@@ -274,7 +217,7 @@ impl DifferenceStore for MemoryDifferences {
         who: &str,
         why: &str,
     ) -> impl Future<Output = Result<(), ReconcileError>> + Send {
-        ready(self.release_now(claim, ItemState::Manual, Some(who), why, Duration::ZERO))
+        ready(self.release_now(claim, None, Some(who), why))
     }
 
     fn resolve_manually(
@@ -290,8 +233,7 @@ impl DifferenceStore for MemoryDifferences {
         &self,
         id: &RepairId,
     ) -> impl Future<Output = Result<Option<Item>, ReconcileError>> + Send {
-        let now = Instant::now();
-        ready(Ok(self.rows().by_id.get(id).map(|r| r.item(now))))
+        ready(Ok(self.queue.lock().get(id).map(item)))
     }
 
     fn list(

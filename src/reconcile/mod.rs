@@ -236,7 +236,7 @@ impl RepairId {
         let digest = h.finalize();
         let mut id = String::with_capacity(36);
         id.push_str("rep-");
-        for b in &digest[..16] {
+        for b in digest.iter().take(16) {
             id.push_str(&format!("{b:02x}"));
         }
         RepairId(id.into())
@@ -350,6 +350,7 @@ pub(crate) fn key_display(key: &[u8]) -> String {
 
 /// Where a difference stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum ItemState {
     /// Waiting for a repairer (now, or after its backoff).
     Open,
@@ -394,6 +395,28 @@ impl ItemState {
             self,
             ItemState::Open | ItemState::Claimed | ItemState::Manual
         )
+    }
+}
+
+/// A difference is an item of the leased work queue: open ones are due when their backoff has
+/// passed, claimed ones when their lease has; the manual queue is never claimed; repaired and
+/// resolved ones are done (and kept: the store has no sweep).
+impl crate::queue::States for ItemState {
+    const ALL: &'static [Self] = &[
+        ItemState::Open,
+        ItemState::Claimed,
+        ItemState::Repaired,
+        ItemState::Manual,
+        ItemState::Resolved,
+    ];
+    const CLAIMED: Self = ItemState::Claimed;
+
+    fn claimable(self) -> bool {
+        matches!(self, ItemState::Open | ItemState::Claimed)
+    }
+
+    fn settled(self) -> bool {
+        matches!(self, ItemState::Repaired | ItemState::Resolved)
     }
 }
 
@@ -502,6 +525,10 @@ impl DifferenceStats {
 
 /// Where differences wait for their repair. [`MemoryDifferences`] and `PostgresDifferences`
 /// implement it; every method is one atomic operation of the store.
+///
+/// Every duration a method takes (a lease, a wait, a hold, a retention) counts as at most
+/// [`MAX_DURATION`](crate::MAX_DURATION), ten years: a longer one, `Duration::MAX` included, is
+/// taken as ten years, never a panic nor a database's refusal.
 ///
 /// A person works the manual queue through it:
 ///
@@ -631,9 +658,11 @@ pub(crate) fn check_person(who: &str, why: &str) -> Result<(), ReconcileError> {
 }
 
 /// Reconciliation failed: a source or the store failed, a source broke the key order, a
-/// change came with a stale claim, an item does not exist, or a value was refused.
+/// change came with a stale claim, an item does not exist, or a value was refused. Tell them
+/// apart with the `is_*` methods; a failure of a source or of the store, or the database's
+/// refusal of a value, is its [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
+#[error(transparent)]
 pub struct ReconcileError {
     kind: ErrorKind,
 }
@@ -644,17 +673,22 @@ enum ErrorKind {
     Stale,
     #[error("no difference {0}")]
     NotFound(RepairId),
-    #[error("refused: {0}")]
-    Invalid(String),
-    #[error("source {source_name} failed: {error}")]
+    #[error("refused: {why}")]
+    Invalid {
+        why: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+    #[error("source {source_name} failed")]
     Source {
         source_name: String,
+        #[source]
         error: BoxError,
     },
     #[error("source {source_name} broke the key order: {why}")]
     Order { source_name: String, why: String },
-    #[error("difference store failed: {0}")]
-    Backend(BoxError),
+    #[error("difference store failed")]
+    Backend(#[source] BoxError),
 }
 
 impl ReconcileError {
@@ -672,21 +706,35 @@ impl ReconcileError {
         }
     }
 
-    /// A value refused.
+    /// A value refused, and why.
     pub fn invalid(why: impl Into<String>) -> Self {
         ReconcileError {
-            kind: ErrorKind::Invalid(why.into()),
+            kind: ErrorKind::Invalid {
+                why: why.into(),
+                source: None,
+            },
         }
     }
 
-    /// The store failed.
+    /// A value the store refused (`why`), its refusal the source (the database's error).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn refused(why: &str, source: impl Into<BoxError>) -> Self {
+        ReconcileError {
+            kind: ErrorKind::Invalid {
+                why: why.to_owned(),
+                source: Some(source.into()),
+            },
+        }
+    }
+
+    /// The store failed, with this error (the source).
     pub fn backend(error: impl Into<BoxError>) -> Self {
         ReconcileError {
             kind: ErrorKind::Backend(error.into()),
         }
     }
 
-    /// A source failed.
+    /// A source failed, with this error (the source).
     pub fn source_failed(source: &str, error: impl Into<BoxError>) -> Self {
         ReconcileError {
             kind: ErrorKind::Source {
@@ -705,6 +753,11 @@ impl ReconcileError {
         }
     }
 
+    /// Whether the store failed.
+    pub fn is_backend(&self) -> bool {
+        matches!(self.kind, ErrorKind::Backend(_))
+    }
+
     /// Whether a change was refused for a stale claim.
     pub fn is_stale(&self) -> bool {
         matches!(self.kind, ErrorKind::Stale)
@@ -717,7 +770,7 @@ impl ReconcileError {
 
     /// Whether a value was refused.
     pub fn is_invalid(&self) -> bool {
-        matches!(self.kind, ErrorKind::Invalid(_))
+        matches!(self.kind, ErrorKind::Invalid { .. })
     }
 
     /// Whether a source failed, or broke the key order (its keys were not strictly
@@ -727,5 +780,13 @@ impl ReconcileError {
             self.kind,
             ErrorKind::Source { .. } | ErrorKind::Order { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_states_are_what_the_queue_needs() {
+        crate::queue::check_states::<super::ItemState>();
     }
 }

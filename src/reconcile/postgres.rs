@@ -15,7 +15,8 @@ use super::{
     PageRequest, ReconcileError, RepairClaim, RepairId, Seen, SeenFact, Source, MAX_TEXT, MAX_WHO,
 };
 use crate::classify::BoxError;
-use crate::storage::{bare, Component, Migration, Pool};
+use crate::queue::{self, micros};
+use crate::storage::{bare, Component, Migration, Pool, Store};
 use crate::ConfigError;
 
 /// The differences' table, and its migrations in version order.
@@ -83,12 +84,10 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
 /// ```
 #[derive(Clone)]
 pub struct PostgresDifferences {
-    pool: Pool,
-    sql: Arc<Sql>,
+    store: Store<Sql>,
 }
 
 struct Sql {
-    table: String,
     record: String,
     claim: String,
     mark: String,
@@ -104,6 +103,30 @@ struct Sql {
     known: String,
 }
 
+/// Where the differences' table keeps the queue's part of an item: claimed in the order they
+/// were recorded; never swept.
+static QUEUE: queue::Columns = queue::Columns {
+    key: "id",
+    state: "state",
+    fence: "fence",
+    until: "until",
+    tries: "tries",
+    order: &["seq"],
+    settled_at: None,
+};
+
+impl queue::SqlStates for ItemState {
+    fn sql(self) -> &'static str {
+        match self {
+            ItemState::Open => "'open'",
+            ItemState::Claimed => "'claimed'",
+            ItemState::Repaired => "'repaired'",
+            ItemState::Manual => "'manual'",
+            ItemState::Resolved => "'resolved'",
+        }
+    }
+}
+
 /// The columns an item is read from, each prefixed with `p` (a table's alias and a dot, or
 /// nothing).
 fn columns(p: &str) -> String {
@@ -114,49 +137,37 @@ fn columns(p: &str) -> String {
     )
 }
 
-impl Sql {
+impl crate::storage::Statements for Sql {
+    const COMPONENT: &'static Component = &POSTGRES_COMPONENT;
+    const TABLE_SETTING: &'static str = "reconcile table name";
+
     fn new(t: &str) -> Self {
+        let queue = queue::Table::new(t, &QUEUE);
         Sql {
-            table: t.to_owned(),
             record: format!(
                 "INSERT INTO {t} (id, rule, key, action, sources, present, vals, versions, ats_us,
                      state, note, who)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
                  ON CONFLICT (id) DO NOTHING"
             ),
-            claim: format!(
-                "WITH due AS (
-                     SELECT id FROM {t}
-                     WHERE state IN ('open', 'claimed') AND (until IS NULL OR until <= now())
-                     ORDER BY seq
-                     LIMIT $1
-                     FOR UPDATE SKIP LOCKED
-                 )
-                 UPDATE {t} AS c
-                 SET state = 'claimed', fence = c.fence + 1,
-                     until = now() + $2::int8 * interval '1 microsecond'
-                 FROM due WHERE c.id = due.id
-                 RETURNING c.fence, c.seq, {}",
-                columns("c.")
-            ),
-            mark: format!(
-                "UPDATE {t} SET state = 'repaired', until = NULL, note = $3
-                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
-            ),
-            look: format!("SELECT state FROM {t} WHERE id = $1"),
-            retry_later: format!(
-                "UPDATE {t} SET state = 'open', tries = tries + 1, note = $3,
-                     until = now() + $4::int8 * interval '1 microsecond'
-                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
-            ),
-            to_manual: format!(
-                "UPDATE {t} SET state = 'manual', tries = tries + 1, note = $3, who = $4,
-                     until = NULL
-                 WHERE id = $1 AND state = 'claimed' AND fence = $2"
-            ),
-            resolve: format!(
-                "UPDATE {t} SET state = 'resolved', until = NULL, who = $2, note = $3
-                 WHERE id = $1 AND state NOT IN ('repaired', 'resolved')"
+            claim: queue.claim(&format!("c.fence, c.seq, {}", columns("c."))),
+            // `$1` the id, `$2` the fence, `$3` the note.
+            mark: queue.fenced(&format!("{}, note = $3", queue.settle(ItemState::Repaired))),
+            look: queue.look("state"),
+            // `$3` the note, `$4` the wait.
+            retry_later: queue.fenced(&format!(
+                "{}, note = $3",
+                queue.retry_later(ItemState::Open, 4)
+            )),
+            // `$3` the note, `$4` who.
+            to_manual: queue.fenced(&format!(
+                "{}, note = $3, who = $4",
+                queue.park(ItemState::Manual)
+            )),
+            // `$1` the id, `$2` who, `$3` how.
+            resolve: queue.unsettled(
+                &format!("{}, who = $2, note = $3", queue.settle(ItemState::Resolved)),
+                1,
             ),
             get: format!("SELECT {} FROM {t} WHERE id = $1", columns("")),
             list: format!("SELECT {} FROM {t} ORDER BY seq LIMIT $1", columns("")),
@@ -180,18 +191,11 @@ impl Sql {
     }
 }
 
-/// The longest lease or backoff written, so that a duration never overflows an interval.
-const LONGEST: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
-
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.min(LONGEST).as_micros()).unwrap_or(i64::MAX)
-}
-
 /// A time as microseconds since the Unix epoch (saturating).
 fn time_us(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
-        Err(e) => i64::try_from(e.duration().as_micros()).map_or(i64::MIN, |us| -us),
+        Err(e) => i64::try_from(e.duration().as_micros()).map_or(i64::MIN, i64::saturating_neg),
     }
 }
 
@@ -224,7 +228,7 @@ fn kept(text: &str, max: usize) -> String {
 /// the backend's.
 fn by_content(e: tokio_postgres::Error) -> ReconcileError {
     if crate::storage::is_input_error(&e) {
-        ReconcileError::invalid(e.to_string())
+        ReconcileError::refused("the database refused a value of the difference", e)
     } else {
         ReconcileError::backend(e)
     }
@@ -253,15 +257,22 @@ fn item_of(row: &Row) -> Result<Item, ReconcileError> {
             "difference {id}: its facts' arrays differ in length"
         )));
     }
-    let seen = (0..n)
-        .map(|i| {
+    // As many of each as of sources (checked above).
+    let facts = present
+        .into_iter()
+        .zip(vals)
+        .zip(versions.into_iter().zip(ats));
+    let seen = sources
+        .into_iter()
+        .zip(facts)
+        .map(|(source, ((present, val), (version, at)))| {
             Seen::new(
-                sources[i].clone(),
-                present[i].then(|| {
+                source,
+                present.then(|| {
                     SeenFact::new(
-                        String::from_utf8_lossy(&vals[i]).into_owned(),
-                        versions[i] as u64,
-                        us_time(ats[i]),
+                        String::from_utf8_lossy(&val).into_owned(),
+                        version as u64,
+                        us_time(at),
                     )
                 }),
             )
@@ -294,8 +305,7 @@ impl PostgresDifferences {
     /// A store over `pool`, in the table `surely_reconcile`.
     pub fn new(pool: Pool) -> Self {
         PostgresDifferences {
-            pool,
-            sql: Arc::new(Sql::new(POSTGRES_COMPONENT.default_table)),
+            store: Store::new(pool),
         }
     }
 
@@ -306,21 +316,19 @@ impl PostgresDifferences {
     /// The name is not a lower-case identifier (letters, digits, `_`, at most 50 bytes),
     /// optionally schema-qualified.
     pub fn with_table(self, table: &str) -> Result<Self, ConfigError> {
-        crate::storage::check_table("reconcile table name", table)?;
         Ok(PostgresDifferences {
-            pool: self.pool,
-            sql: Arc::new(Sql::new(table)),
+            store: self.store.with_table(table)?,
         })
     }
 
     /// The pool.
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        self.store.pool()
     }
 
     /// The table's name.
     pub fn table(&self) -> &str {
-        &self.sql.table
+        self.store.table()
     }
 
     /// Applies this store's table's migrations that the database has not recorded yet.
@@ -329,14 +337,11 @@ impl PostgresDifferences {
     ///
     /// The database refused, or could not be reached.
     pub async fn migrate(&self) -> Result<(), ReconcileError> {
-        crate::storage::apply(&self.pool, &[(&POSTGRES_COMPONENT, self.table())])
-            .await
-            .map(drop)
-            .map_err(ReconcileError::backend)
+        self.store.migrate().await.map_err(ReconcileError::backend)
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, ReconcileError> {
-        self.pool.get().await.map_err(ReconcileError::backend)
+        self.store.client().await.map_err(ReconcileError::backend)
     }
 
     /// Why a fenced or manual change of `id` changed nothing.
@@ -346,7 +351,7 @@ impl PostgresDifferences {
         id: &RepairId,
     ) -> Result<Marked, ReconcileError> {
         let row = client
-            .query_opt(&self.sql.look, &[&id.as_str()])
+            .query_opt(&self.store.sql().look, &[&id.as_str()])
             .await
             .map_err(ReconcileError::backend)?
             .ok_or_else(|| ReconcileError::not_found(id))?;
@@ -386,7 +391,7 @@ impl PostgresDifferences {
         let key: &[u8] = &d.key;
         let n = client
             .execute(
-                &self.sql.record,
+                &self.store.sql().record,
                 &[
                     &d.id.as_str(),
                     &d.rule.as_str(),
@@ -415,7 +420,7 @@ impl PostgresDifferences {
     ) -> Result<(), ReconcileError> {
         let client = self.client().await?;
         let id = claim.item.difference.id.as_str();
-        let fence = i64::try_from(claim.fence()).unwrap_or(i64::MAX);
+        let fence = queue::fence(claim.fence());
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&id, &fence];
         params.extend_from_slice(extra);
         let n = client.execute(sql, &params).await.map_err(by_content)?;
@@ -432,7 +437,7 @@ impl PostgresDifferences {
 impl fmt::Debug for PostgresDifferences {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresDifferences")
-            .field("table", &self.sql.table)
+            .field("table", &self.store.table())
             .finish_non_exhaustive()
     }
 }
@@ -447,7 +452,7 @@ impl DifferenceStore for PostgresDifferences {
         let client = self.client().await?;
         let ids: Vec<&str> = differences.iter().map(|d| d.id.as_str()).collect();
         let rows = client
-            .query(&self.sql.known, &[&ids])
+            .query(&self.store.sql().known, &[&ids])
             .await
             .map_err(ReconcileError::backend)?;
         let known: std::collections::HashSet<String> = rows
@@ -466,17 +471,20 @@ impl DifferenceStore for PostgresDifferences {
         let client = self.client().await?;
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         let rows = client
-            .query(&self.sql.claim, &[&max, &micros(lease)])
+            .query(&self.store.sql().claim, &[&max, &micros(lease)])
             .await
             .map_err(ReconcileError::backend)?;
-        let mut claims = Vec::with_capacity(rows.len());
-        let mut sorted: Vec<&Row> = rows.iter().collect();
-        sorted.sort_by_key(|r| r.try_get::<_, i64>("seq").unwrap_or(0));
-        for row in sorted {
-            let fence: i64 = get(row, "fence")?;
-            claims.push(RepairClaim::new(item_of(row)?, fence as u64));
-        }
-        Ok(claims)
+        // In the order they were recorded.
+        let mut claims = rows
+            .iter()
+            .map(|row| {
+                let fence = queue::fence_of(get(row, "fence")?);
+                let seq: i64 = get(row, "seq")?;
+                Ok((seq, RepairClaim::new(item_of(row)?, fence)))
+            })
+            .collect::<Result<Vec<_>, ReconcileError>>()?;
+        claims.sort_by_key(|(seq, _)| *seq);
+        Ok(claims.into_iter().map(|(_, c)| c).collect())
     }
 
     async fn mark_repaired(
@@ -486,10 +494,13 @@ impl DifferenceStore for PostgresDifferences {
     ) -> Result<Marked, ReconcileError> {
         let client = self.client().await?;
         let id = &claim.item.difference.id;
-        let fence = i64::try_from(claim.fence()).unwrap_or(i64::MAX);
+        let fence = queue::fence(claim.fence());
         let note = kept(note, MAX_TEXT);
         let n = client
-            .execute(&self.sql.mark, &[&id.as_str(), &fence, &note.as_str()])
+            .execute(
+                &self.store.sql().mark,
+                &[&id.as_str(), &fence, &note.as_str()],
+            )
             .await
             .map_err(by_content)?;
         if n == 1 {
@@ -505,8 +516,12 @@ impl DifferenceStore for PostgresDifferences {
         after: Duration,
     ) -> Result<(), ReconcileError> {
         let note = kept(note, MAX_TEXT);
-        self.release(&self.sql.retry_later, claim, &[&note, &micros(after)])
-            .await
+        self.release(
+            &self.store.sql().retry_later,
+            claim,
+            &[&note, &micros(after)],
+        )
+        .await
     }
 
     async fn to_manual(
@@ -517,7 +532,7 @@ impl DifferenceStore for PostgresDifferences {
     ) -> Result<(), ReconcileError> {
         let note = kept(why, MAX_TEXT);
         let who = kept(who, MAX_WHO);
-        self.release(&self.sql.to_manual, claim, &[&note, &who])
+        self.release(&self.store.sql().to_manual, claim, &[&note, &who])
             .await
     }
 
@@ -530,7 +545,7 @@ impl DifferenceStore for PostgresDifferences {
         check_person(who, why)?;
         let client = self.client().await?;
         let n = client
-            .execute(&self.sql.resolve, &[&id.as_str(), &who, &why])
+            .execute(&self.store.sql().resolve, &[&id.as_str(), &who, &why])
             .await
             .map_err(by_content)?;
         if n == 1 {
@@ -542,7 +557,7 @@ impl DifferenceStore for PostgresDifferences {
     async fn get(&self, id: &RepairId) -> Result<Option<Item>, ReconcileError> {
         let client = self.client().await?;
         let row = client
-            .query_opt(&self.sql.get, &[&id.as_str()])
+            .query_opt(&self.store.sql().get, &[&id.as_str()])
             .await
             .map_err(ReconcileError::backend)?;
         row.as_ref().map(item_of).transpose()
@@ -558,10 +573,10 @@ impl DifferenceStore for PostgresDifferences {
         let rows = match state {
             Some(s) => {
                 client
-                    .query(&self.sql.list_state, &[&limit, &s.as_str()])
+                    .query(&self.store.sql().list_state, &[&limit, &s.as_str()])
                     .await
             }
-            None => client.query(&self.sql.list, &[&limit]).await,
+            None => client.query(&self.store.sql().list, &[&limit]).await,
         }
         .map_err(ReconcileError::backend)?;
         rows.iter().map(item_of).collect()
@@ -570,7 +585,7 @@ impl DifferenceStore for PostgresDifferences {
     async fn stats(&self) -> Result<DifferenceStats, ReconcileError> {
         let client = self.client().await?;
         let rows = client
-            .query(&self.sql.stats, &[])
+            .query(&self.store.sql().stats, &[])
             .await
             .map_err(ReconcileError::backend)?;
         let mut stats = DifferenceStats::default();
@@ -580,12 +595,12 @@ impl DifferenceStore for PostgresDifferences {
             let manual: i64 = row.try_get(2).map_err(ReconcileError::backend)?;
             let age: i64 = row.try_get(3).map_err(ReconcileError::backend)?;
             stats.open_by_rule.push((rule, open as u64));
-            stats.manual += manual as u64;
+            stats.manual = stats.manual.saturating_add(manual as u64);
             let age = Duration::from_micros(u64::try_from(age).unwrap_or(0));
             stats.oldest_open = stats.oldest_open.max(Some(age));
         }
         let done = client
-            .query_one(&self.sql.done, &[])
+            .query_one(&self.store.sql().done, &[])
             .await
             .map_err(ReconcileError::backend)?;
         let repaired: i64 = done.try_get(0).map_err(ReconcileError::backend)?;

@@ -138,7 +138,8 @@ impl<St: DifferenceStore> Reconciler<St> {
     }
 
     /// Passes until `stop` completes, one every `every` (the first at once; at least 1 ms
-    /// apart), each as of the time it starts. A failed pass is logged (`tracing` warning), and the next one comes on
+    /// apart, and any duration: one past the timer's range waits until `stop`), each as of the
+    /// time it starts. A failed pass is logged (`tracing` warning), and the next one comes on
     /// schedule: the differences it recorded stay.
     pub async fn run(
         mut self,
@@ -162,7 +163,7 @@ impl<St: DifferenceStore> Reconciler<St> {
             }
             // A pass longer than the interval is followed by the next at once, not by a
             // burst of the ones it overran.
-            next = (next + every).max(tokio::time::Instant::now());
+            next = crate::time::later(next, every).max(tokio::time::Instant::now());
             tokio::select! {
                 _ = &mut stop => return,
                 _ = tokio::time::sleep_until(next) => {}
@@ -301,8 +302,8 @@ impl<St> ReconcilerBuilder<St> {
     /// A [`RuleError`]: no source or no rule, a name that is not 1 to 64 characters of
     /// `[A-Za-z0-9_.:-]`, two sources or two rules with one name, a rule over fewer than two
     /// sources, over a source the reconciler lacks or over one source twice, a rule without
-    /// combinations, a combination without one want per source or wanting every fact
-    /// missing, or a zero page size.
+    /// combinations or with a grace window longer than ten years, a combination without one
+    /// want per source or wanting every fact missing, or a zero page size.
     pub fn build(self) -> Result<Reconciler<St>, RuleError> {
         if self.page_size == 0 {
             return Err(RuleError::Setting {

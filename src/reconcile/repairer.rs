@@ -11,6 +11,7 @@ use tower_service::Service;
 use super::{DifferenceStore, Marked, ReconcileError, RepairClaim, RepairId, Seen};
 use crate::backoff::{Backoff, Jitter};
 use crate::classify::BoxError;
+use crate::queue::worker;
 use crate::ConfigError;
 
 /// What a repair service is asked to do: the action its rule names, for this key, given what
@@ -203,8 +204,7 @@ where
             ..RepairRound::default()
         };
         for claim in claims {
-            // A repair that could outlast the lease would race the next claimer.
-            if claimed_at.elapsed() + self.config.timeout >= self.config.lease {
+            if !worker::time_left(claimed_at, self.config.timeout, self.config.lease) {
                 round.skipped += 1;
                 continue;
             }
@@ -213,7 +213,8 @@ where
         Ok(round)
     }
 
-    /// Rounds until `stop` completes: at once after a full batch, else after `poll`.
+    /// Rounds until `stop` completes: at once after a full batch, else after `poll` (any
+    /// duration: one past the timer's range waits until `stop`).
     pub async fn run(mut self, poll: Duration, stop: impl std::future::Future<Output = ()>) {
         let mut stop = std::pin::pin!(stop);
         loop {
@@ -224,10 +225,8 @@ where
                     false
                 }
             };
-            let wait = if busy { Duration::ZERO } else { poll };
-            tokio::select! {
-                _ = &mut stop => return,
-                _ = tokio::time::sleep(wait) => {}
+            if !worker::pause(stop.as_mut(), busy, poll).await {
+                return;
             }
         }
     }
@@ -291,12 +290,7 @@ where
                         .await
                         .map(|()| round.to_manual += 1)
                 } else {
-                    let wait = self
-                        .config
-                        .backoff
-                        .iter()
-                        .nth(item.tries as usize)
-                        .unwrap_or(Duration::ZERO);
+                    let wait = worker::backoff_wait(&self.config.backoff, item.tries);
                     self.store
                         .retry_later(claim, &format!("the repair failed: {e}"), wait)
                         .await
@@ -374,28 +368,24 @@ where
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming the setting (`repairer batch`, ...): a zero batch, tries or
-    /// timeout, a lease no longer than the timeout, or a name that is empty, over 256 bytes or
-    /// holds a control character.
+    /// A [`ConfigError`] naming the setting (`repairer batch`, ...): a zero batch, tries,
+    /// lease or timeout, a lease no longer than the timeout, a lease or timeout longer than
+    /// [`MAX_DURATION`](crate::MAX_DURATION) (ten years), or a name that is empty, over 256
+    /// bytes or holds a control character.
     pub fn build(self) -> Result<Repairer<St, S>, ConfigError> {
         let c = &self.config;
-        if c.batch == 0 {
-            return Err(ConfigError::new("repairer batch", "must be at least 1"));
+        worker::Claiming {
+            batch: ("repairer batch", c.batch),
+            lease: ("repairer lease", c.lease),
+            timeout: Some((
+                "repairer timeout",
+                c.timeout,
+                "must be longer than the timeout, or a repair could outlast its claim",
+            )),
         }
+        .check()?;
         if c.max_tries == 0 {
             return Err(ConfigError::new("repairer max_tries", "must be at least 1"));
-        }
-        if c.timeout.is_zero() {
-            return Err(ConfigError::new(
-                "repairer timeout",
-                "must be greater than zero",
-            ));
-        }
-        if c.lease <= c.timeout {
-            return Err(ConfigError::new(
-                "repairer lease",
-                "must be longer than the timeout, or a repair could outlast its claim",
-            ));
         }
         if c.name.trim().is_empty()
             || c.name.len() > super::MAX_WHO
@@ -429,6 +419,17 @@ impl<St, S> fmt::Debug for Repairer<St, S> {
         f.debug_struct("Repairer")
             .field("config", &self.config)
             .finish_non_exhaustive()
+    }
+}
+
+impl<St: Clone, S: Clone> Clone for RepairerBuilder<St, S> {
+    fn clone(&self) -> Self {
+        RepairerBuilder {
+            store: self.store.clone(),
+            service: self.service.clone(),
+            config: self.config.clone(),
+            backoff: self.backoff.clone(),
+        }
     }
 }
 

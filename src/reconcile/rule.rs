@@ -86,6 +86,7 @@ pub(crate) struct Case {
 /// A rule is checked when the [`Reconciler`](super::Reconciler) that holds it is built: see
 /// [`RuleError`].
 #[derive(Clone, Debug)]
+#[must_use = "a rule does nothing until a reconciler is built with it"]
 pub struct Rule {
     pub(crate) name: String,
     pub(crate) sources: Vec<String>,
@@ -111,7 +112,9 @@ impl Rule {
     }
 
     /// Keys whose facts changed less than `grace` before the comparison are in flight, and not
-    /// compared (no grace window unless set).
+    /// compared (no grace window unless set). At most [`MAX_DURATION`](crate::MAX_DURATION)
+    /// (ten years): a longer one is refused when the reconciler is built
+    /// ([`RuleError::GraceTooLong`]).
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
@@ -236,6 +239,10 @@ pub enum RuleError {
         /// The combination's position, from 0.
         index: usize,
     },
+    /// A rule's grace window is longer than [`MAX_DURATION`](crate::MAX_DURATION) (ten
+    /// years).
+    #[error("rule {0}'s grace window is longer than ten years")]
+    GraceTooLong(String),
     /// A setting is out of range.
     #[error("reconciler {setting} {why}")]
     Setting {
@@ -302,6 +309,9 @@ pub(crate) fn check(sources: &[String], rules: &[Rule]) -> Result<Vec<Vec<usize>
         }
         if rule.cases.is_empty() {
             return Err(RuleError::NoCombinations(rule.name.clone()));
+        }
+        if rule.grace > crate::MAX_DURATION {
+            return Err(RuleError::GraceTooLong(rule.name.clone()));
         }
         for (index, case) in rule.cases.iter().enumerate() {
             if case.wants.len() != rule.sources.len() {

@@ -7,6 +7,8 @@
 #![cfg_attr(not(any(feature = "server", feature = "durable")), allow(dead_code))]
 
 mod migration;
+#[cfg(feature = "durable")]
+mod store;
 mod transaction;
 
 /// A table's name without its schema: the prefix of its indexes' names, which PostgreSQL takes
@@ -19,6 +21,8 @@ pub(crate) fn bare(table: &str) -> &str {
 pub(crate) use self::migration::Migration;
 pub(crate) use self::migration::{apply, Component};
 pub use self::migration::{Applied, MigrateError};
+#[cfg(feature = "durable")]
+pub(crate) use self::store::{Statements, Store};
 #[cfg(any(feature = "server", feature = "durable"))]
 pub(crate) use self::transaction::sealed as in_transaction;
 pub use self::transaction::InTransaction;

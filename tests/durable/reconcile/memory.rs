@@ -611,10 +611,13 @@ async fn a_source_out_of_order_is_an_error() {
         .build()
         .unwrap();
     let err = r.run_once(now()).await.unwrap_err();
+    // The source's failure is the error's source, said once.
+    let cause = std::error::Error::source(&err).map(ToString::to_string);
     assert!(
-        err.is_source() && err.to_string().contains("connection refused"),
-        "{err}"
+        err.is_source() && cause.as_deref() == Some("connection refused"),
+        "{err}: {cause:?}"
     );
+    assert!(!err.to_string().contains("connection refused"), "{err}");
 }
 
 /// The merge streams: with pages of one fact, three sources of interleaved keys give the same
