@@ -140,7 +140,9 @@ pub type Client = crate::client::HttpClient<Transport>;
 pub fn client(client: ::reqwest::Client) -> Client {
     // The preset's defaults, assembled without a check: a test builds the same through
     // `build`, which checks (the architecture chapter: defaults are valid by construction).
-    crate::client::http().assemble().layer(Transport::new(client))
+    crate::client::http()
+        .assemble()
+        .layer(Transport::new(client))
 }
 
 /// The bare adapter around `client`, for [`ClientBuilder::build`](crate::client::ClientBuilder::build)

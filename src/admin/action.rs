@@ -57,11 +57,53 @@ impl Action {
 /// assert!(err.is_not_found() && !err.is_unavailable());
 /// # }
 /// ```
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
+///
+/// An error of a store or of the audit log that refused the action is kept whole: the action's
+/// error says what it says, and its [`source`](std::error::Error::source) is that error's
+/// cause, so that a chain printer shows each cause once.
+#[derive(Debug)]
 pub struct ActionError {
     kind: Kind,
-    message: String,
+    repr: Repr,
+}
+
+#[derive(Debug)]
+enum Repr {
+    /// Said by the admin itself.
+    Said(String),
+    /// A store's or the audit log's error, whose message and cause are the action's.
+    Wrapped(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl fmt::Display for ActionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.repr {
+            Repr::Said(message) => f.write_str(message),
+            Repr::Wrapped(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ActionError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.repr {
+            Repr::Said(_) => None,
+            Repr::Wrapped(e) => e.source(),
+        }
+    }
+}
+
+/// An error and its causes in one line, for an operator (a page, the audit log's outcome): each
+/// message along [`source`](std::error::Error::source), joined by `": "`.
+pub(super) fn said(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// Why an action was not taken: the kinds the predicates of [`ActionError`] tell apart, kept
@@ -92,7 +134,15 @@ impl ActionError {
     pub(super) fn new(kind: Kind, message: impl fmt::Display) -> Self {
         ActionError {
             kind,
-            message: message.to_string(),
+            repr: Repr::Said(message.to_string()),
+        }
+    }
+
+    /// `error`, refusing the action as `kind`.
+    pub(super) fn wrap(kind: Kind, error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ActionError {
+            kind,
+            repr: Repr::Wrapped(Box::new(error)),
         }
     }
 
@@ -138,7 +188,7 @@ impl ActionError {
         } else {
             Kind::Unavailable
         };
-        ActionError::new(kind, e)
+        ActionError::wrap(kind, e)
     }
 
     pub(super) fn of_reconcile(e: ReconcileError) -> Self {
@@ -151,7 +201,7 @@ impl ActionError {
         } else {
             Kind::Unavailable
         };
-        ActionError::new(kind, e)
+        ActionError::wrap(kind, e)
     }
 
     pub(super) fn of_outbox(e: OutboxError) -> Self {
@@ -164,7 +214,7 @@ impl ActionError {
         } else {
             Kind::Unavailable
         };
-        ActionError::new(kind, e)
+        ActionError::wrap(kind, e)
     }
 }
 
@@ -218,7 +268,7 @@ impl Admin {
                 } else {
                     Kind::Unavailable
                 };
-                ActionError::new(kind, e)
+                ActionError::wrap(kind, e)
             })?;
         let done = match (&action, settlement) {
             (Action::Settle { entry, .. }, Some(s)) => match ledger()?.settle(entry, &s).await {
@@ -260,10 +310,10 @@ impl Admin {
         };
         let outcome = match &done {
             Ok(()) => "done".to_owned(),
-            Err(e) => format!("refused ({}): {e}", e.kind().as_str()),
+            Err(e) => format!("refused ({}): {}", e.kind().as_str(), said(e)),
         };
         if let Err(e) = inner.audit.finish(line, &outcome).await {
-            tracing::error!(error = %e, line, %outcome, "admin action taken, its outcome not written to the audit log");
+            tracing::error!(error = &e as &dyn std::error::Error, line, %outcome, "admin action taken, its outcome not written to the audit log");
         }
         done
     }

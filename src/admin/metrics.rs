@@ -146,20 +146,29 @@ impl AdminMetrics {
                     next.manual = Some(s.manual);
                     next.oldest = Some(s.oldest_unsettled.unwrap_or_default().as_secs_f64());
                 }
-                Err(e) => tracing::warn!(error = %e, "admin metrics: the ledger did not answer"),
+                Err(e) => tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "admin metrics: the ledger did not answer"
+                ),
             }
         }
         if let Some(outbox) = &inner.outbox {
             match outbox.stats().await {
                 Ok(s) => next.quarantine = Some(s.quarantined),
-                Err(e) => tracing::warn!(error = %e, "admin metrics: the outbox did not answer"),
+                Err(e) => tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "admin metrics: the outbox did not answer"
+                ),
             }
         }
         if let Some(store) = &inner.idempotency {
             match store.unknowns(super::pages::MAX_LIMIT).await {
                 Ok(u) => next.unknown = Some(u.len() as u64),
                 Err(e) => {
-                    tracing::warn!(error = %e, "admin metrics: the idempotency store did not answer")
+                    tracing::warn!(
+                        error = &e as &dyn std::error::Error,
+                        "admin metrics: the idempotency store did not answer"
+                    )
                 }
             }
             match store
@@ -168,7 +177,10 @@ impl AdminMetrics {
             {
                 Ok(s) => next.stuck = Some(s.len() as u64),
                 Err(e) => {
-                    tracing::warn!(error = %e, "admin metrics: the idempotency store did not answer")
+                    tracing::warn!(
+                        error = &e as &dyn std::error::Error,
+                        "admin metrics: the idempotency store did not answer"
+                    )
                 }
             }
         }

@@ -237,6 +237,7 @@ pub fn router(admin: Admin) -> axum::Router {
 }
 
 /// Builds an [`Admin`]: any subset of the stores, the authorization hook, the audit log.
+#[must_use]
 pub struct AdminBuilder {
     ledger: Option<Box<dyn stores::DynLedger>>,
     outbox: Option<Box<dyn stores::DynOutbox>>,

@@ -15,7 +15,7 @@ use http::StatusCode;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
-use super::action::Kind;
+use super::action::{said, Kind};
 use super::{Access, Action, ActionError, Admin};
 use crate::ledger::{Entry, EntryId, EntryState, Filter, LedgerError, SettledBy, Verdict};
 use crate::outbox::{EventId, OutboxError, Quarantined};
@@ -163,7 +163,10 @@ fn render(page: &impl Template) -> Response {
     match page.render() {
         Ok(html) => Html(html).into_response(),
         Err(e) => {
-            tracing::error!(error = %e, "admin page failed to render");
+            tracing::error!(
+                error = &e as &dyn std::error::Error,
+                "admin page failed to render"
+            );
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "the page failed to render",
@@ -540,7 +543,7 @@ fn refused(op: &Operator, e: ActionError) -> Refusal {
         Kind::Unsupported => StatusCode::NOT_IMPLEMENTED,
         Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
     };
-    Refusal::new(op, status, e.to_string())
+    Refusal::new(op, status, said(&e))
 }
 
 fn ledger_error(op: &Operator, e: LedgerError) -> Refusal {
@@ -770,7 +773,7 @@ async fn idempotency(admin: &Admin, op: &Operator) -> Result<Option<IdempotencyV
         return Ok(None);
     };
     let failed = |e: crate::server::store::StoreError| {
-        Refusal::new(op, StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        Refusal::new(op, StatusCode::SERVICE_UNAVAILABLE, said(&e))
     };
     let view =
         |key: &crate::server::store::RecordKey, fence: u64, evidence: String, d: Duration| {
@@ -808,7 +811,7 @@ async fn audit_lines(admin: &Admin, op: &Operator, n: usize) -> Result<Vec<Audit
         .audit
         .list(n)
         .await
-        .map_err(|e| Refusal::new(op, StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+        .map_err(|e| Refusal::new(op, StatusCode::SERVICE_UNAVAILABLE, said(&e)))?;
     Ok(lines
         .into_iter()
         .map(|l| AuditView {

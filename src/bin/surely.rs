@@ -206,6 +206,19 @@ impl Failure {
     }
 }
 
+/// An error and its causes in one line: each message along `source()`, joined by `": "` (the
+/// crate's errors say their cause once, in `source()`, not in their message).
+fn said(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// Text as a terminal may show it: control characters escaped (an entry's evidence comes from
 /// elsewhere, and an escape sequence in it must not reach the terminal).
 fn plain(text: &str) -> String {
@@ -269,20 +282,20 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
     let url = cli.database_url.ok_or_else(|| {
         Failure::usage("no database: give --database-url or set SURELY_DATABASE_URL")
     })?;
-    let pool = surely::postgres::connect(&url).map_err(Failure::usage)?;
+    let pool = surely::postgres::connect(&url).map_err(|e| Failure::usage(said(&e)))?;
     let t = &cli.tables;
     let ledger = PostgresLedger::new(pool.clone())
         .with_table(&t.ledger_table)
-        .map_err(Failure::usage)?;
+        .map_err(|e| Failure::usage(said(&e)))?;
     let outbox = PostgresOutbox::new(pool.clone())
         .with_table(&t.outbox_table)
-        .map_err(Failure::usage)?;
+        .map_err(|e| Failure::usage(said(&e)))?;
     let store = PostgresStore::new(pool.clone())
         .with_table(&t.idempotency_table)
-        .map_err(Failure::usage)?;
+        .map_err(|e| Failure::usage(said(&e)))?;
     let audit = AuditLog::postgres(pool)
         .with_table(&t.audit_table)
-        .map_err(Failure::usage)?;
+        .map_err(|e| Failure::usage(said(&e)))?;
     let json = cli.json;
     let act = |action: Action, why: Why| {
         let admin = Admin::builder()
@@ -303,19 +316,19 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
                 };
                 Failure {
                     code,
-                    message: e.to_string(),
+                    message: said(&e),
                 }
             })?;
             Ok::<_, Failure>(())
         }
     };
-    let entry_id = |id: &str| EntryId::new(id).map_err(Failure::usage);
-    let event_id = |id: &str| EventId::new(id).map_err(Failure::usage);
+    let entry_id = |id: &str| EntryId::new(id).map_err(|e| Failure::usage(said(&e)));
+    let event_id = |id: &str| EventId::new(id).map_err(|e| Failure::usage(said(&e)));
     let ledger_failed = |e: surely::ledger::LedgerError| {
         if e.is_invalid() {
-            Failure::usage(e)
+            Failure::usage(said(&e))
         } else {
-            Failure::backend(e)
+            Failure::backend(said(&e))
         }
     };
     match cli.command {
@@ -391,7 +404,10 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
             done(json, "sent back", &id)
         }
         Command::Outbox(OutboxCommand::Quarantine { limit }) => {
-            let events = outbox.quarantined(limit).await.map_err(Failure::backend)?;
+            let events = outbox
+                .quarantined(limit)
+                .await
+                .map_err(|e| Failure::backend(said(&e)))?;
             if json {
                 return Ok(Some(Value::Array(
                     events
@@ -447,14 +463,14 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
                 IdempotencyCommand::Unknown { limit } => store
                     .unknowns(limit)
                     .await
-                    .map_err(Failure::backend)?
+                    .map_err(|e| Failure::backend(said(&e)))?
                     .into_iter()
                     .map(|r| row(&r.key, r.fence, r.evidence, r.age))
                     .collect(),
                 IdempotencyCommand::Stuck { older_than, limit } => store
                     .stuck(Duration::from_secs(older_than), limit)
                     .await
-                    .map_err(Failure::backend)?
+                    .map_err(|e| Failure::backend(said(&e)))?
                     .into_iter()
                     .map(|r| row(&r.key, r.fence, String::new(), r.age))
                     .collect(),
@@ -481,7 +497,10 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
             Ok(None)
         }
         Command::Audit { limit } => {
-            let lines = audit.list(limit).await.map_err(Failure::backend)?;
+            let lines = audit
+                .list(limit)
+                .await
+                .map_err(|e| Failure::backend(said(&e)))?;
             if json {
                 return Ok(Some(Value::Array(
                     lines

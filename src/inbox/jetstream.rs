@@ -79,7 +79,7 @@ impl PostgresInbox {
             Ok(processed) if processed.is_settled() => {
                 if let Err(e) = message.double_ack().await {
                     // Committed: the redelivery will find the record.
-                    tracing::warn!(event = %event.id(), error = %e, "inbox: acknowledgement not confirmed");
+                    tracing::warn!(event = %event.id(), error = &*e as &dyn std::error::Error, "inbox: acknowledgement not confirmed");
                 }
             }
             Ok(_) => ack(message, AckKind::Nak(Some(PARKED_REDELIVERY))).await,
@@ -92,6 +92,9 @@ impl PostgresInbox {
 /// Acknowledges `message` as `kind`; a failure only delays the redelivery to the ack wait.
 async fn ack(message: &jetstream::Message, kind: AckKind) {
     if let Err(e) = message.ack_with(kind).await {
-        tracing::warn!(error = %e, "inbox: acknowledgement not sent");
+        tracing::warn!(
+            error = &*e as &dyn std::error::Error,
+            "inbox: acknowledgement not sent"
+        );
     }
 }

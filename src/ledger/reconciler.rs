@@ -223,7 +223,7 @@ where
             Err(e) if e.is_stale() => round.stale += 1,
             Err(e) => {
                 round.errors += 1;
-                tracing::warn!(entry = %id, error = %e, "ledger change failed; the entry comes back after its lease");
+                tracing::warn!(entry = %id, error = &e as &dyn std::error::Error, "ledger change failed; the entry comes back after its lease");
             }
         }
     }
@@ -297,7 +297,10 @@ where
             let busy = match self.round().await {
                 Ok(round) => round.claimed >= self.config.batch && round.skipped == 0,
                 Err(e) => {
-                    tracing::warn!(error = %e, "ledger reconciler round failed");
+                    tracing::warn!(
+                        error = &e as &dyn std::error::Error,
+                        "ledger reconciler round failed"
+                    );
                     false
                 }
             };
@@ -306,7 +309,10 @@ where
                 .is_none_or(|t| t.elapsed() >= self.config.alert_every);
             if due {
                 if let Err(e) = self.alert().await {
-                    tracing::warn!(error = %e, "ledger reconciler could not read the ledger's stats");
+                    tracing::warn!(
+                        error = &e as &dyn std::error::Error,
+                        "ledger reconciler could not read the ledger's stats"
+                    );
                 }
             }
             if let Some(retention) = self.config.retention {
@@ -319,7 +325,10 @@ where
                     match self.ledger.sweep(retention).await {
                         Ok(0) => {}
                         Ok(n) => tracing::debug!(swept = n, "ledger: settled entries swept"),
-                        Err(e) => tracing::warn!(error = %e, "ledger sweep failed"),
+                        Err(e) => tracing::warn!(
+                            error = &e as &dyn std::error::Error,
+                            "ledger sweep failed"
+                        ),
                     }
                 }
             }

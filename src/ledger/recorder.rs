@@ -366,7 +366,7 @@ async fn write<L: Ledger>(
                 Err(e) if tries < TRIES && !e.is_invalid() => {
                     tracing::warn!(
                         entry = %evidence.id,
-                        error = %e,
+                        error = &e as &dyn std::error::Error,
                         tries,
                         "ledger write failed; trying again"
                     );
@@ -378,7 +378,7 @@ async fn write<L: Ledger>(
                         entry = %evidence.id,
                         key = evidence.key.as_deref().unwrap_or("-"),
                         operation = evidence.operation.as_deref().unwrap_or("-"),
-                        error = %e,
+                        error = &e as &dyn std::error::Error,
                         tries,
                         "an unknown call could not be written to the ledger"
                     );
@@ -400,7 +400,7 @@ async fn forget(ledger: &impl Ledger, ids: &[EntryId], shared: &Shared) {
         Err(e) => {
             tracing::warn!(
                 intents = ids.len(),
-                error = %e,
+                error = &e as &dyn std::error::Error,
                 "ledger: could not forget the intents of finished calls; a reconciler will settle them"
             );
         }
@@ -416,7 +416,11 @@ async fn settle_replayed(ledger: &impl Ledger, key: &str, call: u64, shared: &Sh
     let entries = match ledger.by_key(key).await {
         Ok(entries) => entries,
         Err(e) => {
-            tracing::warn!(key, error = %e, "ledger: could not look up the entries of a replayed key");
+            tracing::warn!(
+                key,
+                error = &e as &dyn std::error::Error,
+                "ledger: could not look up the entries of a replayed key"
+            );
             return;
         }
     };
@@ -438,7 +442,7 @@ async fn settle_replayed(ledger: &impl Ledger, key: &str, call: u64, shared: &Sh
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(entry = %entry.evidence.id, key, error = %e, "ledger: could not settle an entry by its replay");
+                tracing::warn!(entry = %entry.evidence.id, key, error = &e as &dyn std::error::Error, "ledger: could not settle an entry by its replay");
             }
         }
     }

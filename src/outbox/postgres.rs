@@ -677,7 +677,7 @@ async fn keep_listening(
             match Listening::open(&config, &channel).await {
                 Ok(l) => break l,
                 Err(e) => {
-                    tracing::warn!(error = %e, channel = %channel, "outbox listener cannot reconnect");
+                    tracing::warn!(error = &*e as &dyn std::error::Error, channel = %channel, "outbox listener cannot reconnect");
                     wait = wait.saturating_mul(2).min(LONGEST_WAIT);
                 }
             }

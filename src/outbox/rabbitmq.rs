@@ -115,6 +115,8 @@ pub struct RabbitPublisher {
 }
 
 /// Builds a [`RabbitPublisher`].
+#[derive(Clone)]
+#[must_use]
 pub struct RabbitPublisherBuilder {
     uri: String,
     exchange: String,

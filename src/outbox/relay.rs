@@ -406,7 +406,10 @@ where
                         held -= 1;
                         moved = true;
                         if let Err(e) = round {
-                            tracing::warn!(error = %e, "outbox relay round failed");
+                            tracing::warn!(
+                                error = &e as &dyn std::error::Error,
+                                "outbox relay round failed"
+                            );
                             // The store is failing: nothing more is claimed or published. A
                             // batch already published is still marked, if the store answers.
                             claim_more = false;
@@ -534,7 +537,9 @@ impl<'a, St: OutboxStore> Stages<'a, St> {
                 match self.store.sweep(retention).await {
                     Ok(swept) => round.swept = swept,
                     // Published events wait for the next sweep: nothing is lost.
-                    Err(e) => tracing::warn!(error = %e, "outbox sweep failed"),
+                    Err(e) => {
+                        tracing::warn!(error = &e as &dyn std::error::Error, "outbox sweep failed")
+                    }
                 }
             }
         }
@@ -602,7 +607,10 @@ impl<'a, St: OutboxStore> Stages<'a, St> {
             match self.store.stats().await {
                 Ok(stats) => Some(stats),
                 Err(e) => {
-                    tracing::warn!(error = %e, "outbox stats could not be read");
+                    tracing::warn!(
+                        error = &e as &dyn std::error::Error,
+                        "outbox stats could not be read"
+                    );
                     None
                 }
             }

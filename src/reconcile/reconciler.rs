@@ -159,7 +159,10 @@ impl<St: DifferenceStore> Reconciler<St> {
                     new = pass.new,
                     "reconciliation pass"
                 ),
-                Err(e) => tracing::warn!(error = %e, "reconciliation pass failed"),
+                Err(e) => tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "reconciliation pass failed"
+                ),
             }
             // A pass longer than the interval is followed by the next at once, not by a
             // burst of the ones it overran.

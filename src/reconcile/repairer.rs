@@ -221,7 +221,10 @@ where
             let busy = match self.run_once().await {
                 Ok(round) => round.claimed >= self.config.batch && round.skipped == 0,
                 Err(e) => {
-                    tracing::warn!(error = %e, "repairer round failed");
+                    tracing::warn!(
+                        error = &e as &dyn std::error::Error,
+                        "repairer round failed"
+                    );
                     false
                 }
             };
@@ -312,7 +315,7 @@ where
             Err(e) if e.is_stale() => round.stale += 1,
             Err(e) => {
                 round.errors += 1;
-                tracing::warn!(repair = %claim.item.difference.id, error = %e, "difference store change failed; the difference comes back after its lease");
+                tracing::warn!(repair = %claim.item.difference.id, error = &e as &dyn std::error::Error, "difference store change failed; the difference comes back after its lease");
             }
         }
     }

@@ -75,3 +75,30 @@ async fn action_errors_say_their_kind_by_predicate() {
         "{no_outbox}"
     );
 }
+
+/// A store that did not answer: the action's error is the store's, its cause one `source()`
+/// away and not in the message, and the audit log's outcome says the whole chain.
+#[tokio::test]
+async fn a_failed_store_is_kept_whole_with_its_cause() {
+    use std::error::Error as _;
+
+    // Nothing listens on port 1: every connection is refused.
+    let pool = surely::postgres::connect("postgres://postgres@127.0.0.1:1/test").unwrap();
+    let ledger = surely::ledger::PostgresLedger::new(pool);
+    let audit = AuditLog::memory();
+    let admin = Admin::builder().ledger(ledger).audit(audit.clone()).build();
+    let entry = EntryId::new("unk-1").unwrap();
+
+    let err = admin
+        .act("ana", Action::RetryNow(entry), "the order is in")
+        .await
+        .unwrap_err();
+    assert_eq!(kinds(&err), [false, false, false, false, true], "{err}");
+    let cause = err.source().expect("the store's cause").to_string();
+    assert!(!err.to_string().contains(&cause), "{err} repeats {cause}");
+    let outcome = audit.list(1).await.unwrap().remove(0).outcome.unwrap();
+    assert!(
+        outcome.starts_with("refused (unavailable): ") && outcome.contains(&cause),
+        "{outcome}"
+    );
+}

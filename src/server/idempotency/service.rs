@@ -568,7 +568,11 @@ where
         Err(e) => {
             // Committing the handler's writes without the record would let a retry run them
             // again: nothing commits.
-            tracing::warn!(?key, error = %e, "idempotency record not stored: the handler's transaction is rolled back");
+            tracing::warn!(
+                ?key,
+                error = &*e as &dyn std::error::Error,
+                "idempotency record not stored: the handler's transaction is rolled back"
+            );
             roll_back(claim, &key).await;
             return Ok(unavailable());
         }

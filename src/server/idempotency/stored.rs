@@ -193,7 +193,11 @@ impl<St> Config<St> {
         let mut res = match self.read_back(key, stored).await {
             Ok(res) => res,
             Err(e) => {
-                tracing::error!(?key, error = %e, "stored idempotency response not replayed");
+                tracing::error!(
+                    ?key,
+                    error = &*e as &dyn std::error::Error,
+                    "stored idempotency response not replayed"
+                );
                 return super::service::error(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     ErrorCode::ReplayFailed,

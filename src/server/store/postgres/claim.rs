@@ -163,7 +163,10 @@ fn roll_back_behind(conn: Object) {
         Ok(runtime) => {
             runtime.spawn(async move {
                 if let Err(e) = roll_back(conn).await {
-                    tracing::debug!(error = %e, "idempotency claim: rollback failed, connection closed");
+                    tracing::debug!(
+                        error = &e as &dyn std::error::Error,
+                        "idempotency claim: rollback failed, connection closed"
+                    );
                 }
             });
         }
