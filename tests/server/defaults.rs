@@ -1,5 +1,5 @@
-//! The defaults the guide states about the server half (`docs::server_states`,
-//! `docs::records`), checked through what a request gets.
+//! The defaults the guide states about the server half (`docs::server_states`), checked
+//! through what a request gets.
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -40,17 +40,4 @@ async fn a_body_up_to_one_mebibyte_is_stored_by_default() {
         let replayed = again.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(replayed.len(), if kept { len } else { 0 }, "{len} bytes");
     }
-}
-
-/// `docs::records`: the idempotency layer records to no recorder unless it is given one.
-#[test]
-fn the_idempotency_layer_has_no_recorder_by_default() {
-    let layer = IdempotencyLayer::new(MemoryStore::new());
-    let shown = format!("{layer:?}");
-    assert!(shown.contains("recorder: false"), "{shown}");
-    let given = IdempotencyLayer::builder(MemoryStore::new())
-        .recorder(surely::record::TracingRecorder::new())
-        .build()
-        .unwrap();
-    assert!(format!("{given:?}").contains("recorder: true"));
 }
