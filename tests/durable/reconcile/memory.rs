@@ -99,6 +99,9 @@ fn the_repair_id_is_deterministic() {
     // No two inputs share an encoding: moving a byte from the rule to the key changes it.
     assert_ne!(RepairId::of("ab", b"c", &[]), RepairId::of("a", b"bc", &[]));
     assert!(id.as_str().starts_with("rep-") && id.as_str().len() == 36);
+    // `docs::reconciliation`: the first 16 bytes of the SHA-256 of the length-prefixed fields
+    // (a version, a missing fact), in hex.
+    assert_eq!(id.as_str(), "rep-95d651cedc4a111d8b76a802b3fdc44a");
     assert_eq!(RepairId::parse(id.as_str()).unwrap(), id);
     assert!(RepairId::parse("rep-xyz").unwrap_err().is_invalid());
     let d = Difference::new("r", Bytes::from_static(b"k"), seen(1), None);
