@@ -324,3 +324,38 @@ async fn without_internal_headers_grpcs_own_stay() {
         );
     }
 }
+
+/// The presets' replayable bodies (`client`'s module docs, `ReplayLayer`): buffered up to
+/// 64 KiB. A body of 64 KiB is sent again after a refusal; one byte more is sent once.
+#[tokio::test(start_paused = true)]
+async fn the_http_preset_replays_bodies_up_to_64_kib() {
+    for (len, attempts) in [(64 * 1024, 2), (64 * 1024 + 1, 1)] {
+        let sent = Arc::new(AtomicU32::new(0));
+        let count = sent.clone();
+        // Refused first, with the server's word that it did nothing: any request may go again.
+        let transport = service_fn(move |_: Request<ReplayBody<Full<Bytes>>>| {
+            let first = count.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                let status = if first { 503 } else { 200 };
+                Ok::<_, std::io::Error>(
+                    Response::builder()
+                        .status(status)
+                        .header(http::header::RETRY_AFTER, "0")
+                        .body(Full::new(Bytes::new()))
+                        .unwrap(),
+                )
+            }
+        });
+        let client = surely::client::http().build(transport).unwrap();
+        let order = Request::post("/orders")
+            .body(Full::new(Bytes::from(vec![b'o'; len])))
+            .unwrap();
+        let res = client.oneshot(order).await.unwrap();
+        let call = res.call_outcome().unwrap();
+        assert_eq!(call.attempts(), attempts, "{len} bytes");
+        assert_eq!(sent.load(Ordering::SeqCst), attempts, "{len} bytes");
+        if attempts == 1 {
+            assert_eq!(call.stop_reason(), StopReason::NotReplayable);
+        }
+    }
+}
