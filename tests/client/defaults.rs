@@ -24,6 +24,7 @@ use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 use crate::support::time::{ms, secs};
 
 /// A transport that answers every request with `status` and keeps each request's headers.
+#[allow(clippy::type_complexity)]
 fn answering(
     status: u16,
 ) -> (
@@ -59,6 +60,7 @@ fn get() -> Request<String> {
 /// call record, deadline, key, replayable bodies, retry, hedge, breaker, attempt record,
 /// attempt timeout. The types say it: this fails to compile if a layer moves.
 #[tokio::test(start_paused = true)]
+#[allow(clippy::type_complexity)] // the nested types are what the test checks
 async fn the_stack_is_in_the_documented_layer_order() {
     let transport = || {
         service_fn(|_: Request<ReplayBody<Full<Bytes>>>| async {
@@ -245,7 +247,7 @@ async fn the_default_breaker_counts_a_deadlines_timeout_only_after_100_ms() {
             .layer(SetDeadlineLayer::new(budget))
             .layer(BreakerLayer::new(breaker.clone()))
             .layer(AttemptTimeoutLayer::deadline_only())
-            .service(slow.clone());
+            .service(slow);
         let err = svc.oneshot(get()).await.unwrap_err();
         assert!(err.elapsed().is_some_and(|e| e.is_deadline()), "{err:?}");
         assert_eq!(breaker.window().calls, counted, "given {budget:?}");
