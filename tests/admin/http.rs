@@ -499,6 +499,46 @@ async fn hostile_input_is_refused_or_inert() {
     assert_eq!(a.status, StatusCode::FORBIDDEN);
 }
 
+/// `docs::operators`' limits, at their edges: a body of 64 KiB is read and one byte more is
+/// `413`; a why of 16 KiB is taken (one byte more is `400`, above); an operator's name of 256
+/// bytes is kept and one of 257 is `403`.
+#[tokio::test]
+async fn the_limits_are_where_the_chapter_puts_them() {
+    let f = fixture().await;
+    manual_entry(&f.ledger, "unk-4", "o-4").await;
+    let csrf = token(&get(f.addr, "/admin/ledger/unk-4", Some("ana")).await.body);
+    let path = "/admin/ledger/unk-4/settle";
+    let form = |len: usize| {
+        let head = format!("csrf={csrf}&verdict=failed&why=");
+        format!("{head}{}", "y".repeat(len - head.len()))
+    };
+    // Read, and refused for its why, too long; not read.
+    let a = post_form(f.addr, path, "ana", &form(64 * 1024)).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
+    let a = post_form(f.addr, path, "ana", &form(64 * 1024 + 1)).await;
+    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let why = "y".repeat(16 * 1024);
+    let a = post_form(
+        f.addr,
+        path,
+        "ana",
+        &format!("csrf={csrf}&verdict=failed&why={why}"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+
+    let name = "o".repeat(256);
+    assert_eq!(
+        get(f.addr, "/admin", Some(&name)).await.status,
+        StatusCode::OK
+    );
+    let name = "o".repeat(257);
+    assert_eq!(
+        get(f.addr, "/admin", Some(&name)).await.status,
+        StatusCode::FORBIDDEN
+    );
+}
+
 #[tokio::test]
 async fn the_quarantine_is_inspected_requeued_and_discarded() {
     let f = fixture().await;

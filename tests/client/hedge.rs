@@ -603,6 +603,42 @@ async fn a_retry_layer_outside_lends_its_budget_to_a_hedge_given_none() {
     assert_eq!(outer.counts().1, 0);
 }
 
+/// `docs::retries`: a hedge layer called from another task (behind a `tower::buffer::Buffer`)
+/// is lent nothing, and pays from a `RatioBudget` of its own, whose reserve lets this hedge
+/// through where the retry layer's refusing budget would not have.
+#[tokio::test(start_paused = true)]
+async fn behind_a_buffer_a_hedge_given_no_budget_keeps_its_own() {
+    let refusing = Arc::new(Counting {
+        refuse: true,
+        ..Counting::default()
+    });
+    let server = Server::new(&[(1000, 200), (10, 200)]);
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::builder()
+                .budget(refusing.clone())
+                .build()
+                .unwrap(),
+        )
+        .buffer(8)
+        .layer(
+            HedgeLayer::builder()
+                .delay(HedgeDelay::fixed(ms(50)))
+                .build()
+                .unwrap(),
+        )
+        .service(server.service());
+    let start = Instant::now();
+    svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(start.elapsed(), ms(60), "the hedge answered");
+    assert_eq!(server.calls(), 2);
+    assert_eq!(
+        refusing.counts().1,
+        0,
+        "the retry layer's budget was not asked"
+    );
+}
+
 // ---- the deadline -----------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]

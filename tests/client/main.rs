@@ -18,6 +18,7 @@ mod codec;
 mod config;
 mod deadline;
 mod decision_matrix;
+mod defaults;
 mod durations;
 mod fault;
 mod hedge;

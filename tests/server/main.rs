@@ -6,6 +6,7 @@
 mod support;
 
 mod config;
+mod defaults;
 mod durations;
 mod idempotency_server;
 mod limit;

@@ -40,6 +40,9 @@ use crate::{ConfigError, Criticality, Envelope};
 /// let gradient = Algorithm::from(Gradient::new().tolerance(2.0));
 /// let aimd = Algorithm::from(Aimd::new().backoff(0.8).latency_target(Duration::from_millis(250)));
 /// # let _ = (gradient, aimd);
+/// // The default: the gradient, a tolerance of 2, windows of 16 timed answers, one answer in 8
+/// // timed.
+/// assert_eq!(Algorithm::default(), Gradient::new().tolerance(2.0).window(16).sample_every(8).into());
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]

@@ -8,9 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response};
-use surely::journal::{
-    Intent, IntentDigest, IntentId, IntentJournal, JournalError, Journaled, GRACE,
-};
+use surely::journal::{Intent, IntentDigest, IntentId, IntentJournal, JournalError, Journaled};
 use surely::ledger::{
     EntryId, EntryState, Evidence, Ledger, LedgerRecorder, MemoryLedger, Reconciler, Verdict,
 };
@@ -178,8 +176,12 @@ async fn a_call_whose_process_dies_leaves_its_intent_for_the_reconciler_after_it
     tokio::time::advance(secs(10)).await;
     let round = reconciler.run_once().await.unwrap();
     assert_eq!((round.claimed, lookups.load(Ordering::SeqCst)), (0, 0));
+    // `docs::unknowns`: held until the call's deadline and a grace of 5 s have passed.
+    tokio::time::advance(Duration::from_millis(4_900)).await;
+    let round = reconciler.run_once().await.unwrap();
+    assert_eq!((round.claimed, lookups.load(Ordering::SeqCst)), (0, 0));
     // Past its deadline and the grace, it is an unknown like any other.
-    tokio::time::advance(GRACE).await;
+    tokio::time::advance(Duration::from_millis(100)).await;
     let round = reconciler.run_once().await.unwrap();
     assert_eq!((round.claimed, round.succeeded), (1, 1));
     let entry = ledger.get(&found[0].evidence.id).await.unwrap().unwrap();

@@ -89,11 +89,18 @@ async fn a_ledger_write_that_fails_is_retried_then_reported() {
     down.fail_records(u32::MAX);
     let recorder = LedgerRecorder::new(down.clone());
     let mut client = unknown_client!(recorder.clone(), NoResolver::default());
+    let start = tokio::time::Instant::now();
     let _ = super::call(&mut client, order("o-6")).await;
     recorder.flush().await;
     let writes = recorder.writes();
     assert_eq!((writes.queued, writes.written, writes.failed), (1, 0, 1));
     assert_eq!(down.records_tried(), 8, "every try was made");
+    // `docs::unknowns`: 8 tries over about 11 seconds (100 ms doubling to 5 s apart: 11.3 s).
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(11_300) && took < secs(12),
+        "{took:?}"
+    );
     let failed = recorder.take_failed();
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].key.as_deref(), Some("o-6"));
@@ -429,6 +436,58 @@ async fn old_entries_are_reported_and_listed() {
     assert_eq!(keys, ["maybe-old", "maybe-new"], "oldest first");
     assert_eq!(ledger.list(&Filter::new().limit(1)).await.unwrap().len(), 1);
     assert!(ledger.by_key("nobody").await.unwrap().is_empty());
+}
+
+/// `docs::unknowns`: the reconciler's alert is for entries older than an hour by default.
+#[tokio::test(start_paused = true)]
+async fn entries_are_overdue_after_an_hour_by_default() {
+    let ledger = MemoryLedger::new();
+    record(&ledger, "o-late").await;
+    let still_unknown = |_q: Query| async { Resolution::<String>::Unknown };
+    let mut reconciler = Reconciler::builder(ledger.clone(), still_unknown)
+        .build()
+        .unwrap();
+    tokio::time::advance(secs(3_590)).await;
+    assert_eq!(reconciler.run_once().await.unwrap().overdue, Some(0));
+    tokio::time::advance(secs(20)).await;
+    assert_eq!(reconciler.run_once().await.unwrap().overdue, Some(1));
+}
+
+/// `docs::unknowns`: while a reconciler runs, its warning about overdue entries comes at most
+/// once a minute.
+#[tokio::test(start_paused = true)]
+async fn the_overdue_warning_comes_at_most_once_a_minute() {
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let ledger = MemoryLedger::new();
+    record(&ledger, "o-late").await;
+    tokio::time::advance(secs(2 * 3600)).await;
+    let still_unknown = |_q: Query| async { Resolution::<String>::Unknown };
+    Reconciler::builder(ledger.clone(), still_unknown)
+        .build()
+        .unwrap()
+        .run(tokio::time::sleep(secs(150)))
+        .await;
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let warnings = text.matches("unsettled past the alert limit").count();
+    assert_eq!(warnings, 3, "at 0, 60 and 120 s of 150: {text}");
 }
 
 /// Bad settings and bad values are errors that say what is wrong.

@@ -400,6 +400,33 @@ async fn the_relay_runs_until_told_to_stop() {
     running.await.unwrap();
 }
 
+/// `docs::boundary`: an idle relay finds new events at its poll interval, 1 s by default.
+#[tokio::test(start_paused = true)]
+async fn an_idle_relay_polls_once_a_second_by_default() {
+    let outbox = MemoryOutbox::new();
+    let bus = Bus::default();
+    let relay = Relay::builder(outbox.clone(), bus.service())
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    // The first round finds nothing; the relay waits.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    outbox.enqueue(event(1));
+    tokio::time::sleep(Duration::from_millis(980)).await;
+    assert!(bus.published().is_empty(), "not before the poll");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        bus.published().len(),
+        1,
+        "at the poll, 1 s after the last round"
+    );
+    stop.send(()).unwrap();
+    running.await.unwrap();
+}
+
 /// A batch's events are all sent, in order, before any acknowledgement is awaited: a broker
 /// that takes 100 ms to acknowledge costs one round 100 ms, not 100 ms per event; a refused
 /// event in the middle does not hold back the ones after it.

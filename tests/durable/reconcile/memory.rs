@@ -99,6 +99,9 @@ fn the_repair_id_is_deterministic() {
     // No two inputs share an encoding: moving a byte from the rule to the key changes it.
     assert_ne!(RepairId::of("ab", b"c", &[]), RepairId::of("a", b"bc", &[]));
     assert!(id.as_str().starts_with("rep-") && id.as_str().len() == 36);
+    // `docs::reconciliation`: the first 16 bytes of the SHA-256 of the length-prefixed fields
+    // (a version, a missing fact), in hex.
+    assert_eq!(id.as_str(), "rep-95d651cedc4a111d8b76a802b3fdc44a");
     assert_eq!(RepairId::parse(id.as_str()).unwrap(), id);
     assert!(RepairId::parse("rep-xyz").unwrap_err().is_invalid());
     let d = Difference::new("r", Bytes::from_static(b"k"), seen(1), None);
@@ -666,6 +669,44 @@ async fn pages_of_any_size_give_the_same_differences() {
     for f in &found[1..] {
         assert_eq!(f, &found[0]);
     }
+}
+
+/// `docs::reconciliation`: a pass holds a page per source, whatever the number of keys; the
+/// default page is 1000 facts.
+#[tokio::test(start_paused = true)]
+async fn a_pass_reads_each_source_a_thousand_facts_at_a_time_by_default() {
+    struct Asked(MemorySource, Arc<std::sync::Mutex<Vec<usize>>>);
+    impl Source for Asked {
+        fn page(
+            &self,
+            request: PageRequest<'_>,
+        ) -> impl Future<Output = Result<Vec<Fact>, surely::classify::BoxError>> + Send {
+            self.1.lock().unwrap().push(request.limit);
+            self.0.page(request)
+        }
+    }
+    let (events, projection) = (MemorySource::new(), MemorySource::new());
+    for n in 0..2_500u32 {
+        events.put(format!("e{n:05}"), "published", 1, ago(3600));
+        projection.put(format!("e{n:05}"), "applied", 1, ago(3600));
+    }
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let pass = Reconciler::builder(MemoryDifferences::new())
+        .source("events", Asked(events, asked.clone()))
+        .source("projection", Asked(projection, asked.clone()))
+        .rule(
+            Rule::new("event-projection", ["events", "projection"])
+                .consistent([Want::is("published"), Want::is("applied")]),
+        )
+        .build()
+        .unwrap()
+        .run_once(now())
+        .await
+        .unwrap();
+    assert_eq!(pass.new, 0);
+    let asked = asked.lock().unwrap();
+    assert!(asked.iter().all(|&limit| limit == 1000), "{asked:?}");
+    assert!(asked.len() >= 6, "three pages of each source: {asked:?}");
 }
 
 /// After each pass the store's stats go to the recorder: open differences by rule, the manual

@@ -98,6 +98,7 @@ fn answering(
             Ok(Response::builder()
                 .status(201)
                 .header("set-cookie", "session=abc")
+                .header("date", "Tue, 01 Dec 2026 10:00:00 GMT")
                 .header("x-session-token", "t-1")
                 .header("location", "/payments/p-1")
                 .body(Full::new(body))
@@ -153,6 +154,10 @@ pub(crate) async fn what_is_stored<St: IdempotencyStore + Clone>(store: St) {
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.headers()["location"], "/payments/p-1");
     assert!(!again.headers().contains_key("set-cookie"));
+    assert!(
+        !again.headers().contains_key("date"),
+        "the date is the first answer's own"
+    );
     assert!(!again.headers().contains_key("x-session-token"));
     let kept = stored(&store, "k-headers").await;
     assert!(kept.headers().get("set-cookie").is_none());
