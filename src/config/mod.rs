@@ -472,7 +472,15 @@ impl ClientConfig {
             SetDeadlineLayer::builder()
                 .timeout(timeout)
                 .build()
-                .map_err(of_field(&[("deadline timeout", "timeout")]))?;
+                .map_err(|e| match e.setting() {
+                    // The file has no reserve to blame: the timeout is too short for it.
+                    "deadline reserve" => ConfigError::new(
+                        "timeout",
+                        "must be at least 2 ms: the deadline keeps 1 ms in reserve and writes \
+                         at least a millisecond on the wire",
+                    ),
+                    _ => of_field(&[("deadline timeout", "timeout")])(e),
+                })?;
             builder = builder.timeout(timeout);
         }
         if let Some(per_try) = self.per_try_timeout {

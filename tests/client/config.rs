@@ -599,6 +599,18 @@ async fn a_budget_of_kind_none_removes_the_budget() {
     }
 }
 
+#[test]
+fn a_timeout_too_short_for_the_reserve_is_blamed_on_the_timeout() {
+    // The file has no reserve: its error names the key the file has.
+    for short in ["1ns", "1ms"] {
+        let config = from_toml(&format!("timeout = \"{short}\"\n")).unwrap();
+        let err = config.builder().unwrap_err();
+        assert_eq!(err.setting(), "timeout", "{short}: {err}");
+        assert!(err.reason().starts_with("must be at least 2 ms"), "{err}");
+    }
+    assert!(from_toml("timeout = \"2ms\"\n").unwrap().builder().is_ok());
+}
+
 #[tokio::test(start_paused = true)]
 async fn extreme_values_are_refused_or_work_never_a_panic() {
     // Too long for a duration at all: refused by the reader.
