@@ -21,6 +21,7 @@
 //! These sit above the client layers and their composition (a handler's own outgoing calls use
 //! the client stack), and below the durable half (outbox, inbox, ledger).
 
+mod answer;
 #[cfg(feature = "serde")]
 pub mod config;
 pub mod deadline;

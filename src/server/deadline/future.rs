@@ -9,21 +9,14 @@ use http::Response;
 use pin_project_lite::pin_project;
 
 use crate::context::{CallTally, Context};
+use crate::server::answer::Answer;
 
 pin_project! {
     /// The response future of [`ServerDeadline`](super::ServerDeadline): the handler's,
     /// polled in the request's call context (its deadline), or the layer's own refusal.
     pub struct ResponseFuture<F, B> {
         #[pin]
-        state: State<F, B>,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State<F, B> {
-        Respond { response: Option<Response<B>> },
-        Running { #[pin] inner: F, ctx: Context },
+        answer: Answer<F, B, Context>,
     }
 }
 
@@ -31,15 +24,13 @@ impl<F, B> ResponseFuture<F, B> {
     /// The handler's future, polled in `ctx`.
     pub(super) fn running(inner: F, ctx: Context) -> Self {
         ResponseFuture {
-            state: State::Running { inner, ctx },
+            answer: Answer::handler(inner, ctx),
         }
     }
 
     pub(super) fn respond(response: Response<B>) -> Self {
         ResponseFuture {
-            state: State::Respond {
-                response: Some(response),
-            },
+            answer: Answer::now(response),
         }
     }
 }
@@ -51,15 +42,9 @@ where
     type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Respond { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                None => Poll::Pending,
-            },
-            StateProj::Running { inner, ctx } => {
-                CallTally::isolate(|| ctx.scope(|| inner.poll(cx)))
-            }
-        }
+        self.project().answer.poll(cx, |inner, ctx, cx| {
+            CallTally::isolate(|| ctx.scope(|| inner.poll(cx)))
+        })
     }
 }
 

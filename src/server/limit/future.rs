@@ -8,21 +8,14 @@ use pin_project_lite::pin_project;
 
 use super::algorithm::Signal;
 use super::service::Permit;
+use crate::server::answer::Answer;
 
 pin_project! {
     /// The response future of [`AdaptiveLimit`](super::AdaptiveLimit): the handler's, or a
     /// refusal.
     pub struct ResponseFuture<F, B> {
         #[pin]
-        state: State<F, B>,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State<F, B> {
-        Refused { response: Option<Response<B>> },
-        Admitted { #[pin] inner: F, permit: Option<Permit> },
+        answer: Answer<F, B, Option<Permit>>,
     }
 }
 
@@ -30,19 +23,14 @@ impl<F, B> ResponseFuture<F, B> {
     /// An admitted request: the handler's future, and its place in the limit.
     pub(super) fn admitted(inner: F, permit: Permit) -> Self {
         ResponseFuture {
-            state: State::Admitted {
-                inner,
-                permit: Some(permit),
-            },
+            answer: Answer::handler(inner, Some(permit)),
         }
     }
 
     /// A refused request: the refusal.
     pub(super) fn refused(response: Response<B>) -> Self {
         ResponseFuture {
-            state: State::Refused {
-                response: Some(response),
-            },
+            answer: Answer::now(response),
         }
     }
 }
@@ -54,23 +42,17 @@ where
     type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Refused { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                None => Poll::Pending,
-            },
-            StateProj::Admitted { inner, permit } => {
-                let result = std::task::ready!(inner.poll(cx));
-                if let Some(permit) = permit.take() {
-                    let signal = match &result {
-                        Ok(res) => signal_of(res.status()),
-                        Err(_) => Signal::Ignore,
-                    };
-                    permit.answered(signal);
-                }
-                Poll::Ready(result)
+        self.project().answer.poll(cx, |inner, permit, cx| {
+            let result = std::task::ready!(inner.poll(cx));
+            if let Some(permit) = permit.take() {
+                let signal = match &result {
+                    Ok(res) => signal_of(res.status()),
+                    Err(_) => Signal::Ignore,
+                };
+                permit.answered(signal);
             }
-        }
+            Poll::Ready(result)
+        })
     }
 }
 

@@ -8,20 +8,14 @@ use std::task::{Context as TaskContext, Poll};
 use http::Response;
 use pin_project_lite::pin_project;
 
+use crate::server::answer::Answer;
+
 pin_project! {
     /// The response future of [`Recheck`](super::Recheck): the handler's, polled as it is, or
     /// the layer's refusal.
     pub struct ResponseFuture<F, B> {
         #[pin]
-        state: State<F, B>,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State<F, B> {
-        Respond { response: Option<Response<B>> },
-        Passing { #[pin] inner: F },
+        answer: Answer<F, B, ()>,
     }
 }
 
@@ -29,15 +23,13 @@ impl<F, B> ResponseFuture<F, B> {
     /// The handler's future, polled as it is.
     pub(super) fn passing(inner: F) -> Self {
         ResponseFuture {
-            state: State::Passing { inner },
+            answer: Answer::handler(inner, ()),
         }
     }
 
     pub(super) fn respond(response: Response<B>) -> Self {
         ResponseFuture {
-            state: State::Respond {
-                response: Some(response),
-            },
+            answer: Answer::now(response),
         }
     }
 }
@@ -49,13 +41,9 @@ where
     type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Respond { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                None => Poll::Pending,
-            },
-            StateProj::Passing { inner } => inner.poll(cx),
-        }
+        self.project()
+            .answer
+            .poll(cx, |inner, (), cx| inner.poll(cx))
     }
 }
 
