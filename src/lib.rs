@@ -129,6 +129,8 @@ pub mod inbox;
 pub mod journal;
 #[cfg(feature = "durable")]
 pub mod ledger;
+#[cfg(any(feature = "server", feature = "durable"))]
+pub mod maintenance;
 #[cfg(feature = "durable")]
 pub mod outbox;
 mod outcome;

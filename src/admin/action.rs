@@ -93,18 +93,7 @@ impl std::error::Error for ActionError {
     }
 }
 
-/// An error and its causes in one line, for an operator (a page, the audit log's outcome): each
-/// message along [`source`](std::error::Error::source), joined by `": "`.
-pub(super) fn said(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
+pub(super) use crate::error::said;
 
 /// Why an action was not taken: the kinds the predicates of [`ActionError`] tell apart, kept
 /// for the pages' status codes and the audit log's outcomes.

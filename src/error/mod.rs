@@ -13,6 +13,21 @@ mod timeout;
 pub use self::breaker::{BreakerState, CircuitOpen};
 pub use self::budget::BudgetExhausted;
 pub(crate) use self::classify::classify_dyn as error_chain;
+
+/// An error and its causes in one line, for an operator (a page, the audit log's outcome, a
+/// maintenance report): each message along [`source`](std::error::Error::source), joined by
+/// `": "`.
+#[cfg_attr(not(any(feature = "server", feature = "durable")), allow(dead_code))]
+pub(crate) fn said(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
 pub use self::deadline::DeadlineExceeded;
 pub use self::fault::InjectedFault;
 pub use self::journal::JournalError;
@@ -556,13 +571,17 @@ transport_errors!(
 #[error("invalid {what}: {why}")]
 pub struct ConfigError {
     what: &'static str,
-    why: &'static str,
+    why: std::borrow::Cow<'static, str>,
 }
 
 impl ConfigError {
-    /// A configuration error: `what` was wrong, and `why`.
-    pub fn new(what: &'static str, why: &'static str) -> Self {
-        ConfigError { what, why }
+    /// A configuration error: `what` was wrong, and `why` (a fixed text, or one that names the
+    /// values: `"1h is shorter than the safety window (2h)"`).
+    pub fn new(what: &'static str, why: impl Into<std::borrow::Cow<'static, str>>) -> Self {
+        ConfigError {
+            what,
+            why: why.into(),
+        }
     }
 
     /// The setting that was rejected.
@@ -571,8 +590,8 @@ impl ConfigError {
     }
 
     /// Why it was rejected.
-    pub fn reason(&self) -> &'static str {
-        self.why
+    pub fn reason(&self) -> &str {
+        &self.why
     }
 
     /// `duration`, if it is at most [`MAX_DURATION`](crate::MAX_DURATION); else the error that

@@ -18,6 +18,7 @@ use crate::{Outcome, Semantics, StopReason};
 mod breaker_event;
 #[cfg(feature = "server")]
 mod limit;
+mod maintenance;
 mod reconcile;
 mod relay;
 #[cfg(feature = "server")]
@@ -30,6 +31,7 @@ mod tracing_recorder;
 pub use self::breaker_event::{BreakerEvent, BreakerEventKind, TransitionReason};
 #[cfg(feature = "server")]
 pub use self::limit::{LimitEvent, LimitEventKind, RefusalReason};
+pub use self::maintenance::{MaintenanceOutcome, MaintenanceReport};
 #[cfg(feature = "opentelemetry")]
 pub use self::otel::OtelRecorder;
 pub use self::reconcile::ReconcileReport;
@@ -264,6 +266,8 @@ pub enum Record<'a> {
     Relay(&'a RelayReport),
     /// Reconciliation's open differences, after a pass.
     Reconcile(&'a ReconcileReport),
+    /// A maintenance task's round of one chore.
+    Maintenance(&'a MaintenanceReport),
     #[cfg(feature = "server")]
     /// An event of the server idempotency layer.
     Server(&'a ServerEvent),
@@ -336,6 +340,12 @@ pub trait Recorder {
         let _ = report;
     }
 
+    /// A [maintenance task](crate::maintenance::Maintenance) ran, or tried to run, one chore's
+    /// round. The default ignores it.
+    fn record_maintenance(&self, report: &MaintenanceReport) {
+        let _ = report;
+    }
+
     #[cfg(feature = "server")]
     /// The server [idempotency layer](crate::server::idempotency) replayed a response, refused
     /// a duplicate or a reused key, took over a stuck record, or could not reach its store;
@@ -391,6 +401,10 @@ where
 
     fn record_reconcile(&self, report: &ReconcileReport) {
         self(Record::Reconcile(report))
+    }
+
+    fn record_maintenance(&self, report: &MaintenanceReport) {
+        self(Record::Maintenance(report))
     }
 
     #[cfg(feature = "server")]
@@ -449,6 +463,11 @@ impl<A: Recorder, B: Recorder> Recorder for (A, B) {
         self.1.record_reconcile(report);
     }
 
+    fn record_maintenance(&self, report: &MaintenanceReport) {
+        self.0.record_maintenance(report);
+        self.1.record_maintenance(report);
+    }
+
     #[cfg(feature = "server")]
     fn record_server(&self, event: &ServerEvent) {
         self.0.record_server(event);
@@ -480,6 +499,7 @@ struct Store {
     breaker: Vec<BreakerEvent>,
     relay: Vec<RelayReport>,
     reconcile: Vec<ReconcileReport>,
+    maintenance: Vec<MaintenanceReport>,
     #[cfg(feature = "server")]
     server: Vec<ServerEvent>,
     #[cfg(feature = "server")]
@@ -532,6 +552,11 @@ impl InMemoryRecorder {
         self.store().reconcile.clone()
     }
 
+    /// The maintenance tasks' reports so far, oldest first.
+    pub fn maintenance_reports(&self) -> Vec<MaintenanceReport> {
+        self.store().maintenance.clone()
+    }
+
     #[cfg(feature = "server")]
     /// The server idempotency layers' events so far, oldest first.
     pub fn server_events(&self) -> Vec<ServerEvent> {
@@ -552,6 +577,7 @@ impl InMemoryRecorder {
         store.breaker.clear();
         store.relay.clear();
         store.reconcile.clear();
+        store.maintenance.clear();
         #[cfg(feature = "server")]
         store.server.clear();
         #[cfg(feature = "server")]
@@ -578,6 +604,10 @@ impl Recorder for InMemoryRecorder {
 
     fn record_reconcile(&self, report: &ReconcileReport) {
         self.store().reconcile.push(report.clone());
+    }
+
+    fn record_maintenance(&self, report: &MaintenanceReport) {
+        self.store().maintenance.push(report.clone());
     }
 
     #[cfg(feature = "server")]

@@ -3,6 +3,7 @@
 use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
 use opentelemetry::KeyValue;
 
+use super::MaintenanceReport;
 use super::{AttemptRecord, CallRecord, ReconcileReport, Recorder, RelayReport, StopReason};
 use super::{BreakerEvent, BreakerEventKind};
 #[cfg(feature = "server")]
@@ -158,6 +159,8 @@ pub struct OtelRecorder {
     outbox_oldest: Gauge<f64>,
     outbox_quarantine: Gauge<u64>,
     reconcile_open: Gauge<u64>,
+    maintenance_done: Counter<u64>,
+    maintenance_rounds: Counter<u64>,
     reconcile_manual: Gauge<u64>,
     reconcile_oldest: Gauge<f64>,
     /// The rules reported so far, so that a rule whose differences are all repaired reads 0
@@ -320,6 +323,20 @@ impl OtelRecorder {
                 )
                 .build(),
             reconcile_rules: Default::default(),
+            maintenance_done: meter
+                .u64_counter("surely.maintenance.done")
+                .with_unit("{row}")
+                .with_description(
+                    "Rows or records a maintenance chore deleted, recovered or moved, per chore.",
+                )
+                .build(),
+            maintenance_rounds: meter
+                .u64_counter("surely.maintenance.rounds")
+                .with_unit("{round}")
+                .with_description(
+                    "Maintenance rounds per chore and outcome (done, out_of_time, held_elsewhere, failed).",
+                )
+                .build(),
         }
     }
 }
@@ -501,6 +518,21 @@ impl Recorder for OtelRecorder {
                 .record(stats.oldest.map_or(0.0, |d| d.as_secs_f64()), &[]);
             self.outbox_quarantine.record(stats.quarantined, &[]);
         }
+    }
+
+    fn record_maintenance(&self, report: &MaintenanceReport) {
+        let chore = KeyValue::new("surely.chore", report.chore.clone());
+        if report.done > 0 {
+            self.maintenance_done
+                .add(report.done, std::slice::from_ref(&chore));
+        }
+        self.maintenance_rounds.add(
+            1,
+            &[
+                chore,
+                KeyValue::new("surely.outcome", report.outcome.as_str()),
+            ],
+        );
     }
 
     fn record_reconcile(&self, report: &ReconcileReport) {

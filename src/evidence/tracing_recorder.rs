@@ -4,6 +4,7 @@ use super::{AttemptRecord, BusinessKey, CallId, CallRecord, Recorder, RelayRepor
 use super::{BreakerEvent, BreakerEventKind};
 #[cfg(feature = "server")]
 use super::{LimitEvent, LimitEventKind, ServerEvent, ServerEventKind};
+use super::{MaintenanceOutcome, MaintenanceReport};
 use crate::classify::AttemptClass;
 use crate::error::BreakerState;
 use crate::Outcome;
@@ -221,6 +222,24 @@ impl Recorder for TracingRecorder {
                     "call refused by the circuit breaker"
                 );
             }
+        }
+    }
+
+    fn record_maintenance(&self, r: &MaintenanceReport) {
+        match &r.outcome {
+            MaintenanceOutcome::Failed(why) => tracing::warn!(
+                surely.chore = r.chore.as_str(),
+                surely.maintenance.done = r.done,
+                surely.maintenance.batches = r.batches,
+                "maintenance round failed; what it could not do is kept for the next round: {why}"
+            ),
+            outcome => tracing::debug!(
+                surely.chore = r.chore.as_str(),
+                surely.maintenance.done = r.done,
+                surely.maintenance.batches = r.batches,
+                surely.maintenance.outcome = outcome.as_str(),
+                "maintenance round"
+            ),
         }
     }
 

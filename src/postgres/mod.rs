@@ -56,6 +56,8 @@ fn components() -> Vec<&'static Component> {
         &crate::reconcile::POSTGRES_COMPONENT,
         #[cfg(feature = "admin")]
         &crate::admin::POSTGRES_COMPONENT,
+        #[cfg(any(feature = "server", feature = "durable"))]
+        &crate::maintenance::POSTGRES_COMPONENT,
     ]
 }
 

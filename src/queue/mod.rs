@@ -71,7 +71,9 @@ pub(crate) mod worker;
 
 pub(crate) use self::memory::{Item, MemoryQueue};
 #[cfg(feature = "postgres")]
-pub(crate) use self::postgres::{fence, fence_of, later, micros, Columns, SqlStates, Table};
+pub(crate) use self::postgres::{fence, fence_of, later, Columns, SqlStates, Table};
+#[cfg(feature = "postgres")]
+pub(crate) use crate::storage::micros;
 
 /// A component's states, as the queue sees them.
 ///

@@ -8,9 +8,8 @@
 //! (`now()`), so instances whose clocks disagree still agree on leases and waits.
 
 use std::marker::PhantomData;
-use std::time::Duration;
 
-use super::{bounded, States};
+use super::States;
 
 /// The SQL literal of each of a component's states, as its table keeps them (`'open'`, `0`).
 pub(crate) trait SqlStates: States {
@@ -52,16 +51,6 @@ pub(crate) fn later(n: usize) -> String {
     format!("now() + ${n}::int8 * interval '1 microsecond'")
 }
 
-/// A duration as the queue's statements take it: microseconds, rounded up (a lease or a wait
-/// is never shortened), and at most [`MAX_DURATION`](crate::MAX_DURATION) counted, so that
-/// `now()` moved either way by it stays a timestamp (PostgreSQL refuses a timestamp past the
-/// year 294276, and an interval past about 292,000 years, with an error: a duration of
-/// `Duration::MAX` would be one).
-pub(crate) fn micros(d: Duration) -> i64 {
-    let us = bounded(d).as_nanos().div_ceil(1000);
-    i64::try_from(us).unwrap_or(i64::MAX)
-}
-
 /// A fence as a table keeps it (`bigint`): one too large to be there matches nothing.
 pub(crate) fn fence(fence: u64) -> i64 {
     i64::try_from(fence).unwrap_or(i64::MAX)
@@ -95,7 +84,7 @@ impl<S: SqlStates> Table<S> {
     }
 
     /// The claim: up to `$1` due rows, oldest first, each moved to the claimed state with its
-    /// fence one higher and held for `$2` microseconds ([`micros`]); `RETURNING {returning}`
+    /// fence one higher and held for `$2` microseconds ([`micros`](crate::storage::micros)); `RETURNING {returning}`
     /// (columns of the table, which the statement names `c`). The rows come back in no order:
     /// the caller sorts them by the queue's order (a statement that sorted them, wrapped around
     /// this one, cost the outbox's claim of 500 events about 6% more). Rows that another claim
@@ -284,7 +273,7 @@ impl<S: SqlStates> Table<S> {
         )
     }
 
-    /// The sweep: deletes the settled rows settled `$1` microseconds ago or more ([`micros`]),
+    /// The sweep: deletes the settled rows settled `$1` microseconds ago or more ([`micros`](crate::storage::micros)),
     /// and no other.
     pub(crate) fn sweep(&self) -> String {
         let Columns {

@@ -64,8 +64,9 @@ pub(crate) use crate::evidence::key_of;
 pub use crate::evidence::OtelRecorder;
 pub use crate::evidence::{
     AttemptRecord, BreakerEvent, BreakerEventKind, BusinessKey, CallId, CallRecord,
-    InMemoryRecorder, Operation, OutboxStats, ReconcileReport, Record, Recorder, RelayReport,
-    RelayRound, ResolutionRecord, RetryRecord, TracingRecorder, TransitionReason,
+    InMemoryRecorder, MaintenanceOutcome, MaintenanceReport, Operation, OutboxStats,
+    ReconcileReport, Record, Recorder, RelayReport, RelayRound, ResolutionRecord, RetryRecord,
+    TracingRecorder, TransitionReason,
 };
 #[cfg(feature = "server")]
 pub use crate::evidence::{

@@ -7,7 +7,7 @@
 #![cfg_attr(not(any(feature = "server", feature = "durable")), allow(dead_code))]
 
 mod migration;
-#[cfg(feature = "durable")]
+#[cfg(any(feature = "server", feature = "durable"))]
 mod store;
 mod transaction;
 
@@ -17,11 +17,22 @@ pub(crate) fn bare(table: &str) -> &str {
     table.rsplit_once('.').map_or(table, |(_, t)| t)
 }
 
+/// A duration as the crate's statements take it: microseconds, rounded up (a lease, a wait or a
+/// retention is never shortened), and at most [`MAX_DURATION`](crate::MAX_DURATION) counted, so
+/// that `now()` moved either way by it stays a timestamp (PostgreSQL refuses a timestamp past the
+/// year 294276, and an interval past about 292,000 years, with an error: a duration of
+/// `Duration::MAX` would be one).
+#[cfg(any(feature = "server", feature = "durable"))]
+pub(crate) fn micros(d: std::time::Duration) -> i64 {
+    let us = d.min(crate::MAX_DURATION).as_nanos().div_ceil(1000);
+    i64::try_from(us).unwrap_or(i64::MAX)
+}
+
 #[cfg(any(feature = "server", feature = "durable"))]
 pub(crate) use self::migration::Migration;
 pub(crate) use self::migration::{apply, Component};
 pub use self::migration::{Applied, MigrateError};
-#[cfg(feature = "durable")]
+#[cfg(any(feature = "server", feature = "durable"))]
 pub(crate) use self::store::{Statements, Store};
 #[cfg(any(feature = "server", feature = "durable"))]
 pub(crate) use self::transaction::sealed as in_transaction;
