@@ -304,7 +304,8 @@ enum Command {
 
 impl MaintenanceHandle {
     /// Runs a round of every chore now (after the one running, if any), and returns its reports,
-    /// in the chores' order; empty if the task has stopped.
+    /// in the chores' order; empty if the task has stopped. The next round on the schedule comes
+    /// [`every`](MaintenanceBuilder::every) after this one.
     pub async fn run_now(&self) -> Vec<MaintenanceReport> {
         let (tx, rx) = oneshot::channel();
         if self.tx.send(Command::Round(tx)).await.is_err() {
@@ -344,6 +345,8 @@ async fn run(
     let mut next = Instant::now();
     loop {
         let reply = tokio::select! {
+            // A round due goes first: one asked for then runs after it.
+            biased;
             _ = tokio::time::sleep_until(next) => None,
             command = commands.recv() => match command {
                 Some(Command::Round(reply)) => Some(reply),
@@ -363,10 +366,10 @@ async fn run(
             reports.push(report);
         }
         *last.lock().unwrap_or_else(PoisonError::into_inner) = reports.clone();
+        // A round asked for counts as one: the next comes `every` after it.
+        next = crate::time::later(Instant::now(), settings.every);
         if let Some(reply) = reply {
             let _ = reply.send(reports);
-        } else {
-            next = crate::time::later(Instant::now(), settings.every);
         }
     }
 }

@@ -10,4 +10,5 @@ mod defaults;
 mod durations;
 mod idempotency_server;
 mod limit;
+mod maintenance;
 mod shape;

@@ -115,7 +115,7 @@ impl<St: IdempotencyStore> TicketStore for Config<St> {
 ///
 /// Clones share the store and the settings.
 pub struct IdempotencyLayer<St> {
-    config: Arc<Config<St>>,
+    pub(super) config: Arc<Config<St>>,
 }
 
 impl<St> Clone for IdempotencyLayer<St> {
@@ -258,7 +258,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
 /// The archive refused a batch (its error is the source).
 #[derive(Debug, thiserror::Error)]
 #[error("archive refused a batch")]
-struct ArchiveRefused(#[source] BoxError);
+pub(super) struct ArchiveRefused(#[source] pub(super) BoxError);
 
 /// How many expired records [`IdempotencyLayer::sweep`] reads, archives and deletes at a time.
 const SWEEP_BATCH: usize = 500;
@@ -274,24 +274,13 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     /// The store failed, or the archive refused a batch ([`StoreError::is_backend`]): that
     /// batch and the rest are kept, for the next run.
     pub async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {
-        let Some(archive) = &self.config.archive else {
+        if self.config.archive.is_none() {
             return self.config.store.sweep(keep_expired_for).await;
-        };
+        }
         let mut deleted = 0;
         loop {
-            let batch = self
-                .config
-                .store
-                .expired(keep_expired_for, SWEEP_BATCH)
-                .await?;
-            if batch.is_empty() {
-                return Ok(deleted);
-            }
-            let full = batch.len() == SWEEP_BATCH;
-            archive(batch.clone())
-                .await
-                .map_err(|e| StoreError::backend(ArchiveRefused(e)))?;
-            let n = self.config.store.forget(&batch).await?;
+            let (n, full) =
+                super::chores::sweep_batch(&self.config, keep_expired_for, SWEEP_BATCH).await?;
             deleted += n;
             // A batch none of which could be deleted (all acquired again since) would come
             // back forever.

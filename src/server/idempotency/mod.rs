@@ -167,6 +167,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod chores;
 mod code;
 pub mod future;
 mod layer;
@@ -174,6 +175,7 @@ mod recovery;
 mod service;
 mod stored;
 
+pub use self::chores::IdempotencySweeper;
 pub use self::code::{ErrorCode, UnknownErrorCode};
 pub use self::layer::{IdempotencyLayer, IdempotencyLayerBuilder};
 pub use self::recovery::{Recovery, SettleRound, Takeover};
