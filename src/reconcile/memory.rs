@@ -19,9 +19,9 @@ use crate::queue::{self, MemoryQueue};
 ///
 /// # Memory
 ///
-/// At most [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) differences (100 000), in every state
-/// (repaired and resolved ones until a [sweep](DifferenceStore::sweep) deletes them);
-/// [`with_capacity`](Self::with_capacity) sets another bound. At the bound none is dropped to
+/// At most [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) differences (100 000), in every state:
+/// repaired and resolved ones among them, which this store keeps for the process's life (it
+/// has no sweep); [`with_capacity`](Self::with_capacity) sets another bound. At the bound none is dropped to
 /// make room: [`record`](DifferenceStore::record) of a new one fails with
 /// [`ReconcileError::is_full`], and so does the reconciler's run that found it.
 #[derive(Clone, Default)]
