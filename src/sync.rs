@@ -19,13 +19,13 @@
 
 #[cfg(not(surely_loom))]
 pub(crate) use std::sync::{
-    atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8},
+    atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize},
     Mutex, MutexGuard,
 };
 
 #[cfg(surely_loom)]
 pub(crate) use ::loom::sync::{
-    atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8},
+    atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize},
     Mutex, MutexGuard,
 };
 

@@ -1,5 +1,6 @@
 //! The audit log: every operator action, who took it, when, on what, why, and how it ended.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
@@ -146,21 +147,65 @@ pub struct AuditLog {
 
 #[derive(Clone)]
 enum Backend {
-    Memory(Arc<Mutex<Vec<AuditRecord>>>),
+    Memory(Arc<Mutex<Lines>>),
     #[cfg(feature = "postgres")]
     Postgres(postgres::PostgresAudit),
 }
 
+/// The memory log's lines: the newest `capacity`, oldest first.
+struct Lines {
+    lines: VecDeque<AuditRecord>,
+    /// The id of the next line: ids go on counting past the lines dropped.
+    next: u64,
+    capacity: usize,
+}
+
 impl AuditLog {
+    /// The lines a memory log keeps unless [`memory_with_capacity`](Self::memory_with_capacity)
+    /// says otherwise.
+    pub const DEFAULT_MEMORY_CAPACITY: usize = 10_000;
+
     /// A log in memory: for one process, tests and examples. Its lines do not outlive the
     /// process.
+    ///
+    /// # Memory
+    ///
+    /// It keeps the newest [`DEFAULT_MEMORY_CAPACITY`](Self::DEFAULT_MEMORY_CAPACITY) lines
+    /// (10 000), each at most about 16.5 KiB (`who` and `target` 256 bytes, `why` and the
+    /// outcome 16 KiB): a line past them drops the oldest one, so that writing never fails for
+    /// room and an action is never stopped by it. Ids go on counting; the outcome of a line
+    /// already dropped is not kept. A log whose every line must stay is
+    /// [`postgres`](Self::postgres).
     pub fn memory() -> Self {
+        Self::memory_with_capacity(Self::DEFAULT_MEMORY_CAPACITY)
+    }
+
+    /// A log in memory keeping the newest `lines` lines (at least 1): see
+    /// [`memory`](Self::memory).
+    ///
+    /// ```
+    /// use surely::admin::{AuditAction, AuditLog};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let log = AuditLog::memory_with_capacity(2);
+    /// for target in ["unk-1", "unk-2", "unk-3"] {
+    ///     log.begin("ana", AuditAction::Settle, target, "checked by hand").await.unwrap();
+    /// }
+    /// let lines = log.list(10).await.unwrap();
+    /// assert_eq!(lines.iter().map(|l| l.id).collect::<Vec<_>>(), [3, 2]);
+    /// # }
+    /// ```
+    pub fn memory_with_capacity(lines: usize) -> Self {
         AuditLog {
-            inner: Backend::Memory(Arc::default()),
+            inner: Backend::Memory(Arc::new(Mutex::new(Lines {
+                lines: VecDeque::new(),
+                next: 1,
+                capacity: lines.max(1),
+            }))),
         }
     }
 
-    fn lines(lines: &Mutex<Vec<AuditRecord>>) -> MutexGuard<'_, Vec<AuditRecord>> {
+    fn lines(lines: &Mutex<Lines>) -> MutexGuard<'_, Lines> {
         // Every critical section leaves the lines whole before anything that could panic.
         lines.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -186,8 +231,12 @@ impl AuditLog {
         match &self.inner {
             Backend::Memory(lines) => {
                 let mut lines = Self::lines(lines);
-                let id = lines.len() as u64 + 1;
-                lines.push(AuditRecord {
+                let id = lines.next;
+                lines.next += 1;
+                if lines.lines.len() >= lines.capacity {
+                    lines.lines.pop_front();
+                }
+                lines.lines.push_back(AuditRecord {
                     id,
                     at: SystemTime::now(),
                     who: who.to_owned(),
@@ -213,7 +262,7 @@ impl AuditLog {
         match &self.inner {
             Backend::Memory(lines) => {
                 let mut lines = Self::lines(lines);
-                if let Some(line) = lines.iter_mut().find(|l| l.id == id) {
+                if let Some(line) = lines.lines.iter_mut().rev().find(|l| l.id == id) {
                     line.outcome = Some(outcome.to_owned());
                 }
                 Ok(())
@@ -231,6 +280,7 @@ impl AuditLog {
     pub async fn list(&self, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
         match &self.inner {
             Backend::Memory(lines) => Ok(Self::lines(lines)
+                .lines
                 .iter()
                 .rev()
                 .take(limit)
@@ -247,7 +297,7 @@ impl fmt::Debug for AuditLog {
         match &self.inner {
             Backend::Memory(lines) => f
                 .debug_struct("AuditLog")
-                .field("lines", &Self::lines(lines).len())
+                .field("lines", &Self::lines(lines).lines.len())
                 .finish(),
             #[cfg(feature = "postgres")]
             Backend::Postgres(pg) => f
@@ -424,5 +474,30 @@ mod postgres {
                 Backend::Memory(_) => Ok(()),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A million actions into a memory log of 1 000 lines: it keeps the newest 1 000, ids
+    /// counting on.
+    #[tokio::test]
+    async fn a_million_lines_keep_the_memory_log_at_its_capacity() {
+        let log = AuditLog::memory_with_capacity(1_000);
+        for n in 0..1_000_000 {
+            let target = format!("unk-{n}");
+            let id = log
+                .begin("ana", AuditAction::Settle, &target, "why")
+                .await
+                .unwrap();
+            log.finish(id, "done").await.unwrap();
+        }
+        let lines = log.list(usize::MAX).await.unwrap();
+        assert_eq!(lines.len(), 1_000);
+        assert_eq!(lines[0].id, 1_000_000);
+        assert_eq!(lines[999].id, 999_001);
+        assert!(lines.iter().all(|l| l.outcome.as_deref() == Some("done")));
     }
 }

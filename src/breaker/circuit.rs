@@ -30,6 +30,8 @@ use crate::{ConfigError, Error};
 
 /// The most half-open probes a breaker may allow.
 const MAX_HALF_OPEN_PROBES: u32 = 1000;
+/// The largest count window: a byte a call, so a megabyte at most.
+const MAX_COUNT_WINDOW: u32 = 1_000_000;
 
 /// The sliding window over which the failure rate is measured.
 ///
@@ -38,7 +40,8 @@ const MAX_HALF_OPEN_PROBES: u32 = 1000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SlidingWindow {
-    /// The last `n` calls, however old (the default: the last 100).
+    /// The last `n` calls, however old (the default: the last 100): a ring of `n` bytes, `n`
+    /// from 1 to 1 000 000.
     Count(u32),
     /// The calls of the last `length`, counted in `buckets` slices (the oldest slice leaves the
     /// window whole, so the window slides by `length / buckets`). Polly's sampling duration is
@@ -734,6 +737,12 @@ impl CircuitBreakerBuilder {
                     "must hold at least 1 call",
                 ))
             }
+            SlidingWindow::Count(n) if n > MAX_COUNT_WINDOW => {
+                return Err(ConfigError::new(
+                    "breaker count window",
+                    "must hold at most 1000000 calls",
+                ))
+            }
             SlidingWindow::Count(n) if n < self.min_throughput => {
                 return Err(ConfigError::new(
                     "breaker minimum throughput",
@@ -840,5 +849,27 @@ mod tests {
             (n.slow_call, n.max_break, n.jitter, n.min_timeout_evidence)
         );
         assert_eq!(built.window(), new.window());
+    }
+
+    /// A count window is a ring of its size, whatever the calls: a million into a window of
+    /// 1 000 count 1 000. Its size is bounded when built.
+    #[test]
+    fn a_count_window_holds_its_size_and_its_size_is_bounded() {
+        let window = Window::count(1_000);
+        for n in 0..1_000_000 {
+            window.record(n % 3 == 0, None);
+        }
+        assert_eq!(window.counts(None).calls, 1_000);
+        let at = |n| {
+            CircuitBreaker::builder()
+                .window(SlidingWindow::Count(n))
+                .build()
+        };
+        assert!(at(MAX_COUNT_WINDOW).is_ok());
+        let too_big = at(MAX_COUNT_WINDOW + 1).unwrap_err();
+        assert!(
+            too_big.to_string().contains("breaker count window"),
+            "{too_big}"
+        );
     }
 }

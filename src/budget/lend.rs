@@ -5,7 +5,8 @@
 //! was given no budget of its own finds the budget by that id, and pays its hedges from it. So
 //! a hand-built retry layer over a hedge layer spends one budget, as
 //! [`client()`](crate::client()) always did. The registry holds the budgets weakly: a budget
-//! goes when its last layer does.
+//! goes when its last layer does, and its place in the registry at the next registration, so
+//! that the registry holds at most the live retry layers' budgets, one each.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -52,5 +53,17 @@ mod tests {
         assert!(lender(0).is_none());
         drop(budget);
         assert!(lender(id).is_none());
+    }
+
+    /// The registry holds the lenders alive, not every one ever registered: a million retry
+    /// layers built and dropped leave it as small as the live ones (other tests' among them).
+    #[test]
+    fn a_million_lenders_come_and_go_and_the_registry_stays_small() {
+        for _ in 0..1_000_000 {
+            let budget: Arc<dyn RetryBudget> = Arc::new(TokenBucket::new());
+            register(&budget);
+        }
+        let held = LENDERS.lock().unwrap_or_else(PoisonError::into_inner).len();
+        assert!(held <= 1_000, "{held} lenders held");
     }
 }

@@ -4,6 +4,7 @@
 //! durable half report without naming the record layers. Users name them at
 //! [`surely::record`](crate::record), which re-exports them.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -481,7 +482,13 @@ impl<A: Recorder, B: Recorder> Recorder for (A, B) {
     }
 }
 
-/// Keeps every record in memory, for tests and demos. Clones share the same store.
+/// Keeps the records in memory, for tests and demos. Clones share the same store.
+///
+/// # Memory
+///
+/// It keeps the newest [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) records of each kind
+/// (100 000 attempts, 100 000 calls, and so on); [`with_capacity`](Self::with_capacity) sets
+/// another bound. A record past it drops the oldest of its kind.
 ///
 /// ```
 /// let recorder = surely::record::InMemoryRecorder::new();
@@ -492,24 +499,74 @@ pub struct InMemoryRecorder {
     inner: Arc<Mutex<Store>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Store {
-    attempts: Vec<AttemptRecord>,
-    calls: Vec<CallRecord>,
-    breaker: Vec<BreakerEvent>,
-    relay: Vec<RelayReport>,
-    reconcile: Vec<ReconcileReport>,
-    maintenance: Vec<MaintenanceReport>,
+    attempts: VecDeque<AttemptRecord>,
+    calls: VecDeque<CallRecord>,
+    breaker: VecDeque<BreakerEvent>,
+    relay: VecDeque<RelayReport>,
+    reconcile: VecDeque<ReconcileReport>,
+    maintenance: VecDeque<MaintenanceReport>,
     #[cfg(feature = "server")]
-    server: Vec<ServerEvent>,
+    server: VecDeque<ServerEvent>,
     #[cfg(feature = "server")]
-    limit: Vec<LimitEvent>,
+    limit: VecDeque<LimitEvent>,
+    /// The most records of each kind it keeps.
+    capacity: usize,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store {
+            attempts: VecDeque::new(),
+            calls: VecDeque::new(),
+            breaker: VecDeque::new(),
+            relay: VecDeque::new(),
+            reconcile: VecDeque::new(),
+            maintenance: VecDeque::new(),
+            #[cfg(feature = "server")]
+            server: VecDeque::new(),
+            #[cfg(feature = "server")]
+            limit: VecDeque::new(),
+            capacity: InMemoryRecorder::DEFAULT_CAPACITY,
+        }
+    }
+}
+
+/// Keeps `record` as the newest of `kept`, dropping the oldest past `capacity`.
+fn keep<T>(kept: &mut VecDeque<T>, capacity: usize, record: T) {
+    if kept.len() >= capacity {
+        kept.pop_front();
+    }
+    kept.push_back(record);
 }
 
 impl InMemoryRecorder {
+    /// The records of each kind a recorder keeps unless [`with_capacity`](Self::with_capacity)
+    /// says otherwise.
+    pub const DEFAULT_CAPACITY: usize = 100_000;
+
     /// An empty recorder.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The same recorder, keeping the newest `records` records of each kind (at least 1).
+    /// Clones share the bound.
+    ///
+    /// ```
+    /// let recorder = surely::record::InMemoryRecorder::new().with_capacity(1_000);
+    /// assert_eq!(recorder.capacity(), 1_000);
+    /// ```
+    #[must_use]
+    pub fn with_capacity(self, records: usize) -> Self {
+        self.store().capacity = records.max(1);
+        self
+    }
+
+    /// The most records of each kind it keeps ([`with_capacity`](Self::with_capacity)).
+    pub fn capacity(&self) -> usize {
+        self.store().capacity
     }
 
     fn store(&self) -> std::sync::MutexGuard<'_, Store> {
@@ -519,12 +576,12 @@ impl InMemoryRecorder {
 
     /// The attempt records so far, oldest first.
     pub fn attempts(&self) -> Vec<AttemptRecord> {
-        self.store().attempts.clone()
+        self.store().attempts.iter().cloned().collect()
     }
 
     /// The call records so far, oldest first.
     pub fn calls(&self) -> Vec<CallRecord> {
-        self.store().calls.clone()
+        self.store().calls.iter().cloned().collect()
     }
 
     /// The attempt records of one call.
@@ -539,34 +596,34 @@ impl InMemoryRecorder {
 
     /// The circuit breakers' events so far, oldest first.
     pub fn breaker_events(&self) -> Vec<BreakerEvent> {
-        self.store().breaker.clone()
+        self.store().breaker.iter().cloned().collect()
     }
 
     /// The outbox relays' reports so far, oldest first.
     pub fn relay_reports(&self) -> Vec<RelayReport> {
-        self.store().relay.clone()
+        self.store().relay.iter().cloned().collect()
     }
 
     /// The reconcilers' reports so far, oldest first.
     pub fn reconcile_reports(&self) -> Vec<ReconcileReport> {
-        self.store().reconcile.clone()
+        self.store().reconcile.iter().cloned().collect()
     }
 
     /// The maintenance tasks' reports so far, oldest first.
     pub fn maintenance_reports(&self) -> Vec<MaintenanceReport> {
-        self.store().maintenance.clone()
+        self.store().maintenance.iter().cloned().collect()
     }
 
     #[cfg(feature = "server")]
     /// The server idempotency layers' events so far, oldest first.
     pub fn server_events(&self) -> Vec<ServerEvent> {
-        self.store().server.clone()
+        self.store().server.iter().cloned().collect()
     }
 
     #[cfg(feature = "server")]
     /// The server adaptive limits' events so far, oldest first.
     pub fn limit_events(&self) -> Vec<LimitEvent> {
-        self.store().limit.clone()
+        self.store().limit.iter().cloned().collect()
     }
 
     /// Forgets every record.
@@ -587,36 +644,79 @@ impl InMemoryRecorder {
 
 impl Recorder for InMemoryRecorder {
     fn record_attempt(&self, record: &AttemptRecord) {
-        self.store().attempts.push(record.clone());
+        let mut store = self.store();
+        let capacity = store.capacity;
+        keep(&mut store.attempts, capacity, record.clone());
     }
 
     fn record_call(&self, record: &CallRecord) {
-        self.store().calls.push(record.clone());
+        let mut store = self.store();
+        let capacity = store.capacity;
+        keep(&mut store.calls, capacity, record.clone());
     }
 
     fn record_breaker(&self, event: &BreakerEvent) {
-        self.store().breaker.push(event.clone());
+        let mut store = self.store();
+        let capacity = store.capacity;
+        keep(&mut store.breaker, capacity, event.clone());
     }
 
     fn record_relay(&self, report: &RelayReport) {
-        self.store().relay.push(*report);
+        let mut store = self.store();
+        let capacity = store.capacity;
+        keep(&mut store.relay, capacity, *report);
     }
 
     fn record_reconcile(&self, report: &ReconcileReport) {
-        self.store().reconcile.push(report.clone());
+        let mut store = self.store();
+        let capacity = store.capacity;
+        keep(&mut store.reconcile, capacity, report.clone());
     }
 
     fn record_maintenance(&self, report: &MaintenanceReport) {
-        self.store().maintenance.push(report.clone());
+        let mut store = self.store();
+        let capacity = store.capacity;
+        keep(&mut store.maintenance, capacity, report.clone());
     }
 
     #[cfg(feature = "server")]
     fn record_server(&self, event: &ServerEvent) {
-        self.store().server.push(event.clone());
+        let mut store = self.store();
+        let capacity = store.capacity;
+        keep(&mut store.server, capacity, event.clone());
     }
 
     #[cfg(feature = "server")]
     fn record_limit(&self, event: &LimitEvent) {
-        self.store().limit.push(event.clone());
+        let mut store = self.store();
+        let capacity = store.capacity;
+        keep(&mut store.limit, capacity, event.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A million reports into a recorder keeping 1 000 of each kind: it keeps the newest 1 000.
+    #[test]
+    fn a_million_records_keep_the_in_memory_recorder_at_its_capacity() {
+        let recorder = InMemoryRecorder::new().with_capacity(1_000);
+        for n in 0..1_000_000 {
+            let round = RelayRound {
+                published: n,
+                ..RelayRound::default()
+            };
+            let report = RelayReport {
+                round: Some(round),
+                stats: None,
+            };
+            recorder.record_relay(&report);
+        }
+        let published = |r: &RelayReport| r.round.map(|r| r.published);
+        let kept = recorder.relay_reports();
+        assert_eq!(kept.len(), 1_000);
+        assert_eq!(published(&kept[0]), Some(999_000));
+        assert_eq!(published(&kept[999]), Some(999_999));
     }
 }

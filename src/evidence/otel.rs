@@ -164,9 +164,14 @@ pub struct OtelRecorder {
     reconcile_manual: Gauge<u64>,
     reconcile_oldest: Gauge<f64>,
     /// The rules reported so far, so that a rule whose differences are all repaired reads 0
-    /// instead of its last count.
+    /// instead of its last count: at most [`MAX_RULES`] names.
     reconcile_rules: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
+
+/// The rule names an [`OtelRecorder`] remembers, to report 0 for a rule once it has no open
+/// differences: past them a new rule's count is reported while it has any, and its last count
+/// stays once it has none.
+const MAX_RULES: usize = 1_000;
 
 impl OtelRecorder {
     /// Makes the instruments from `meter`.
@@ -540,22 +545,41 @@ impl Recorder for OtelRecorder {
             .reconcile_rules
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (rule, _) in &report.open_by_rule {
-            if !rules.contains(rule) {
+        for (rule, open) in &report.open_by_rule {
+            if rules.len() < MAX_RULES && !rules.contains(rule) {
                 rules.insert(rule.clone());
             }
+            self.reconcile_open
+                .record(*open, &[KeyValue::new("surely.rule", rule.clone())]);
         }
         for rule in rules.iter() {
-            let open = report
-                .open_by_rule
-                .iter()
-                .find(|(r, _)| r == rule)
-                .map_or(0, |(_, n)| *n);
-            self.reconcile_open
-                .record(open, &[KeyValue::new("surely.rule", rule.clone())]);
+            if !report.open_by_rule.iter().any(|(r, _)| r == rule) {
+                self.reconcile_open
+                    .record(0, &[KeyValue::new("surely.rule", rule.clone())]);
+            }
         }
         self.reconcile_manual.record(report.manual, &[]);
         self.reconcile_oldest
             .record(report.oldest_open.map_or(0.0, |d| d.as_secs_f64()), &[]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ten times the bound in rule names (a store shared with other deployments, renamed
+    /// rules): the recorder remembers `MAX_RULES` of them. Not a million: each report walks
+    /// the names remembered, so a million reports cost a billion comparisons in a debug build.
+    #[test]
+    fn rule_names_past_the_bound_are_not_remembered() {
+        let recorder = OtelRecorder::new(&opentelemetry::global::meter("bounds"));
+        let mut report = ReconcileReport::new(Vec::new(), 0, None);
+        for n in 0..10 * MAX_RULES {
+            report.open_by_rule = vec![(format!("rule-{n}"), 1)];
+            recorder.record_reconcile(&report);
+        }
+        let rules = recorder.reconcile_rules.lock().unwrap().len();
+        assert_eq!(rules, MAX_RULES);
     }
 }

@@ -13,24 +13,83 @@ use crate::outbox::Event;
 /// The embedded inbox: records in memory, for one process, and for tests. The handler runs
 /// outside any lock; a second delivery of an event being processed gets
 /// [`Processed::InFlight`]. Clones share the records.
-#[derive(Clone, Default)]
+///
+/// # Memory
+///
+/// At most [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) records (1 000 000) of events
+/// processed or in flight, each its consumer, id and result (the versions applied, one per
+/// consumer and aggregate, are fewer); [`with_capacity`](Self::with_capacity) sets another
+/// bound. It forgets none to make room (a record forgotten lets a redelivery run the handler
+/// again), and keeps them for the process's life: past the bound an event new to it is refused
+/// with [`InboxError::Full`], the handler not run and nothing recorded, while duplicates of the
+/// events it holds are still answered. Size it for the events a process handles in its life,
+/// or use the PostgreSQL inbox.
+#[derive(Clone)]
 pub struct MemoryInbox {
     inner: Arc<Mutex<State>>,
     counters: Arc<Counters>,
 }
 
-#[derive(Default)]
+impl Default for MemoryInbox {
+    fn default() -> Self {
+        MemoryInbox {
+            inner: Arc::new(Mutex::new(State {
+                done: HashMap::new(),
+                versions: HashMap::new(),
+                capacity: Self::DEFAULT_CAPACITY,
+            })),
+            counters: Arc::default(),
+        }
+    }
+}
+
 struct State {
     /// (consumer, event id) → the result, or `None` while in flight.
     done: HashMap<(String, String), Option<Bytes>>,
     /// (consumer, aggregate) → the last version applied.
     versions: HashMap<(String, String), i64>,
+    /// The most records `done` takes (`versions` has at most one per record applied).
+    capacity: usize,
 }
 
 impl MemoryInbox {
+    /// The records an inbox takes unless [`with_capacity`](Self::with_capacity) says otherwise.
+    pub const DEFAULT_CAPACITY: usize = 1_000_000;
+
     /// An empty inbox.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The same inbox, taking at most `records` records (at least 1) of events processed or in
+    /// flight; past them an event new to it is refused with [`InboxError::Full`] (see "Memory"
+    /// above). Clones share the bound. Nothing is allocated ahead.
+    ///
+    /// ```
+    /// use surely::inbox::MemoryInbox;
+    ///
+    /// let inbox = MemoryInbox::new().with_capacity(10_000);
+    /// assert_eq!(inbox.capacity(), 10_000);
+    /// ```
+    #[must_use]
+    pub fn with_capacity(self, records: usize) -> Self {
+        self.state().capacity = records.max(1);
+        self
+    }
+
+    /// The most records it takes ([`with_capacity`](Self::with_capacity)).
+    pub fn capacity(&self) -> usize {
+        self.state().capacity
+    }
+
+    /// The records held: events processed, or in flight.
+    pub fn len(&self) -> usize {
+        self.state().done.len()
+    }
+
+    /// Whether it holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -47,7 +106,9 @@ impl MemoryInbox {
     ///
     /// # Errors
     ///
-    /// The handler failed: nothing is recorded, and a redelivery runs it again.
+    /// The handler failed: nothing is recorded, and a redelivery runs it again. Or
+    /// [`InboxError::Full`]: the event is new and the inbox holds its capacity; the handler
+    /// did not run, nothing is recorded.
     pub async fn process<F, Fut, E>(
         &self,
         consumer: &str,
@@ -66,6 +127,9 @@ impl MemoryInbox {
             match state.done.get(&id) {
                 Some(Some(result)) => Some(Processed::Duplicate(result.clone())),
                 Some(None) => Some(Processed::InFlight),
+                None if state.done.len() >= state.capacity => {
+                    return Err(InboxError::Full(state.capacity));
+                }
                 None => {
                     let last = state.versions.get(&aggregate).copied();
                     let verdict = judge(versions, last, event.version());

@@ -177,6 +177,10 @@ pub enum InboxError<E = Infallible> {
     /// The delivery is not an event: it lacks what a relay writes.
     #[error("not an event")]
     Malformed(#[source] crate::outbox::InvalidEvent),
+    /// An in-memory inbox holds its capacity of records (this many), and the event is new to
+    /// it: nothing was recorded and the handler did not run ([`MemoryInbox`]'s "Memory").
+    #[error("inbox is full: it holds its capacity of {0} records")]
+    Full(usize),
 }
 
 impl<E> InboxError<E> {
@@ -198,5 +202,10 @@ impl<E> InboxError<E> {
     /// Whether the delivery was not an event.
     pub fn is_malformed(&self) -> bool {
         matches!(self, InboxError::Malformed(_))
+    }
+
+    /// Whether the inbox was full ([`InboxError::Full`]).
+    pub fn is_full(&self) -> bool {
+        matches!(self, InboxError::Full(_))
     }
 }

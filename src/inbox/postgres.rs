@@ -669,6 +669,7 @@ fn retype<E>(e: InboxError) -> InboxError<E> {
     match e {
         InboxError::Store(e) => InboxError::Store(e),
         InboxError::Malformed(e) => InboxError::Malformed(e),
+        InboxError::Full(capacity) => InboxError::Full(capacity),
         InboxError::Handler(never) => match never {},
     }
 }

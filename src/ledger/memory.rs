@@ -16,6 +16,18 @@ use crate::queue::{self, MemoryQueue};
 ///
 /// Time is [`tokio::time::Instant`], so tests can pause and advance it. Clones share the
 /// entries.
+///
+/// # Memory
+///
+/// At most [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) entries (100 000), in every state
+/// (intents in doubt, and settled entries until a [sweep](Ledger::sweep) deletes them);
+/// [`with_capacity`](Self::with_capacity) sets another bound. At the bound no entry is dropped
+/// to make room (an unknown call forgotten is the loss the ledger exists to prevent):
+/// [`record`](Ledger::record) and [`record_in_doubt`](Ledger::record_in_doubt) of a new entry
+/// fail with [`LedgerError::is_full`]. A journaled call whose intent is refused so is not sent
+/// (it fails with a [`JournalError`](crate::journal::JournalError)); a
+/// [`LedgerRecorder`](super::LedgerRecorder) tries an entry again, then keeps it for
+/// [`take_failed`](super::LedgerRecorder::take_failed).
 #[derive(Clone, Default)]
 pub struct MemoryLedger {
     queue: MemoryQueue<EntryId, EntryState, Row>,
@@ -43,12 +55,41 @@ fn entry(item: &Item) -> Entry {
 }
 
 impl MemoryLedger {
+    /// The entries a ledger takes unless [`with_capacity`](Self::with_capacity) says otherwise.
+    pub const DEFAULT_CAPACITY: usize = queue::DEFAULT_CAPACITY;
+
     /// An empty ledger.
     pub fn new() -> Self {
         Self::default()
     }
 
-    fn insert(&self, evidence: &Evidence, state: EntryState, hold: Option<Duration>) -> bool {
+    /// The same ledger, taking at most `entries` entries (at least 1) in every state; past
+    /// them a new entry is refused with [`LedgerError::is_full`] (see "Memory" above). Clones
+    /// share the bound. Nothing is allocated ahead.
+    ///
+    /// ```
+    /// use surely::ledger::MemoryLedger;
+    ///
+    /// let ledger = MemoryLedger::new().with_capacity(10_000);
+    /// assert_eq!(ledger.capacity(), 10_000);
+    /// ```
+    #[must_use]
+    pub fn with_capacity(self, entries: usize) -> Self {
+        self.queue.lock().set_capacity(entries);
+        self
+    }
+
+    /// The most entries it takes ([`with_capacity`](Self::with_capacity)).
+    pub fn capacity(&self) -> usize {
+        self.queue.lock().capacity()
+    }
+
+    fn insert(
+        &self,
+        evidence: &Evidence,
+        state: EntryState,
+        hold: Option<Duration>,
+    ) -> Result<bool, LedgerError> {
         let mut items = self.queue.lock();
         if let Some(item) = items.get_mut(&evidence.id) {
             if state == EntryState::Open && item.state() == EntryState::InDoubt {
@@ -59,16 +100,18 @@ impl MemoryLedger {
                 evidence.deadline = evidence.deadline.or(row.evidence.deadline);
                 row.evidence = evidence;
                 item.set_due_now(EntryState::Open);
-                return true;
+                return Ok(true);
             }
-            return false;
+            return Ok(false);
         }
         let row = Row {
             evidence: evidence.clone(),
             note: None,
             settlement: None,
         };
-        items.insert(evidence.id.clone(), state, hold, row)
+        items
+            .insert(evidence.id.clone(), state, hold, row)
+            .map_err(|queue::Full(capacity)| LedgerError::full(capacity))
     }
 
     fn settle_now(&self, claim: &Claim, settlement: &Settlement) -> Result<Settled, LedgerError> {
@@ -184,7 +227,7 @@ impl Ledger for MemoryLedger {
         &self,
         evidence: &Evidence,
     ) -> impl Future<Output = Result<bool, LedgerError>> + Send {
-        ready(Ok(self.insert(evidence, EntryState::Open, None)))
+        ready(self.insert(evidence, EntryState::Open, None))
     }
 
     fn record_in_doubt(
@@ -192,7 +235,7 @@ impl Ledger for MemoryLedger {
         evidence: &Evidence,
         hold: Duration,
     ) -> impl Future<Output = Result<bool, LedgerError>> + Send {
-        ready(Ok(self.insert(evidence, EntryState::InDoubt, Some(hold))))
+        ready(self.insert(evidence, EntryState::InDoubt, Some(hold)))
     }
 
     fn forget_in_doubt(

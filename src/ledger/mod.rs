@@ -908,6 +908,8 @@ enum ErrorKind {
     Unsupported(&'static str),
     #[error("ledger store failed")]
     Backend(#[source] BoxError),
+    #[error("ledger is full: it holds its capacity of {0} entries")]
+    Full(usize),
 }
 
 impl LedgerError {
@@ -996,6 +998,20 @@ impl LedgerError {
     /// Whether a value was refused.
     pub fn is_invalid(&self) -> bool {
         matches!(self.kind, ErrorKind::Invalid { .. })
+    }
+
+    /// A new entry was refused because the ledger holds its `capacity` of entries, in every
+    /// state (an in-memory ledger, [`MemoryLedger::with_capacity`]): none is dropped to make
+    /// room.
+    pub fn full(capacity: usize) -> Self {
+        LedgerError {
+            kind: ErrorKind::Full(capacity),
+        }
+    }
+
+    /// Whether a new entry was refused because the ledger is full ([`full`](Self::full)).
+    pub fn is_full(&self) -> bool {
+        matches!(self.kind, ErrorKind::Full(_))
     }
 }
 

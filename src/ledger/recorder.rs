@@ -39,6 +39,17 @@ const MAX_FAILED: usize = 1_000;
 /// [`LedgerWrites::failed`], and kept for [`take_failed`](Self::take_failed) (the last 1 000):
 /// never dropped in silence.
 ///
+/// # Memory
+///
+/// The writes wait in a queue of at most [`DEFAULT_QUEUE`](Self::DEFAULT_QUEUE) (10 000;
+/// [`with_queue`](Self::with_queue) sets another bound), for a writer that a slow or
+/// unreachable ledger holds up. A write that finds the queue full is not queued, and is
+/// counted in [`LedgerWrites::queue_full`]: an unknown call's entry is then reported and kept as
+/// a failed one (above), a replay's settlement is left to the reconciler, and a finished call's
+/// intent stays in doubt for a reconciler to settle. Besides the queue, it keeps the attempts of
+/// at most 10 000 calls in flight (past them a call's entry is written without its attempts,
+/// counted in [`LedgerWrites::attempts_dropped`]) and the last 1 000 failed entries.
+///
 /// Asking again with the same key is itself a query: when a later call with an entry's key is
 /// answered with the server's stored result (`idempotent-replayed: true`, as surely's
 /// [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer) answers), the first call
@@ -60,7 +71,7 @@ const MAX_FAILED: usize = 1_000;
 #[derive(Clone)]
 pub struct LedgerRecorder {
     shared: Arc<Shared>,
-    writes: mpsc::UnboundedSender<Write>,
+    writes: mpsc::Sender<Write>,
     intents: Arc<dyn Intents>,
 }
 
@@ -100,6 +111,7 @@ struct Shared {
     attempts_dropped: AtomicU64,
     intents: AtomicU64,
     forgotten: AtomicU64,
+    queue_full: AtomicU64,
     failed_entries: Mutex<Vec<Evidence>>,
     /// Writes finished (written, duplicate or failed).
     done: watch::Sender<u64>,
@@ -127,6 +139,9 @@ pub struct LedgerWrites {
     pub intents: u64,
     /// Intents forgotten because their calls ended definitively.
     pub forgotten: u64,
+    /// Writes not queued because the writer's queue was full: unknown calls' entries among
+    /// them are also counted in `failed`, and kept for [`LedgerRecorder::take_failed`].
+    pub queue_full: u64,
 }
 
 impl LedgerRecorder {
@@ -137,7 +152,30 @@ impl LedgerRecorder {
     /// Outside a Tokio runtime, as [`tokio::spawn`] does; [`pair`](Self::pair) gives the writer
     /// to run yourself.
     pub fn new(ledger: impl Ledger) -> Self {
-        let (recorder, writer) = Self::pair(ledger);
+        Self::with_queue(ledger, Self::DEFAULT_QUEUE)
+    }
+
+    /// The writes a recorder's queue holds unless [`with_queue`](Self::with_queue) says
+    /// otherwise.
+    pub const DEFAULT_QUEUE: usize = 10_000;
+
+    /// A recorder writing to `ledger` as [`new`](Self::new) does, its queue holding at most
+    /// `writes` writes (at least 1; see "Memory" above).
+    ///
+    /// ```
+    /// use surely::ledger::{LedgerRecorder, MemoryLedger};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let recorder = LedgerRecorder::with_queue(MemoryLedger::new(), 100_000);
+    /// assert_eq!(recorder.writes().queue_full, 0);
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime, as [`tokio::spawn`] does.
+    pub fn with_queue(ledger: impl Ledger, writes: usize) -> Self {
+        let (recorder, writer) = Self::pair_with_queue(ledger, writes);
         tokio::spawn(writer);
         recorder
     }
@@ -145,7 +183,16 @@ impl LedgerRecorder {
     /// A recorder writing to `ledger`, and its writer, which must be spawned (it ends when
     /// every clone of the recorder is dropped and its queue is written).
     pub fn pair(ledger: impl Ledger) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        let (writes, queue) = mpsc::unbounded_channel();
+        Self::pair_with_queue(ledger, Self::DEFAULT_QUEUE)
+    }
+
+    /// [`pair`](Self::pair), its queue holding at most `writes` writes (at least 1).
+    pub fn pair_with_queue(
+        ledger: impl Ledger,
+        writes: usize,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        // tokio's bound, far above any queue worth its memory.
+        let (writes, queue) = mpsc::channel(writes.clamp(1, tokio::sync::Semaphore::MAX_PERMITS));
         let shared = Arc::new(Shared {
             attempts: Mutex::new(HashMap::new()),
             queued: AtomicU64::new(0),
@@ -156,6 +203,7 @@ impl LedgerRecorder {
             attempts_dropped: AtomicU64::new(0),
             intents: AtomicU64::new(0),
             forgotten: AtomicU64::new(0),
+            queue_full: AtomicU64::new(0),
             failed_entries: Mutex::new(Vec::new()),
             done: watch::channel(0).0,
         });
@@ -193,6 +241,7 @@ impl LedgerRecorder {
             attempts_dropped: s.attempts_dropped.load(Ordering::SeqCst),
             intents: s.intents.load(Ordering::SeqCst),
             forgotten: s.forgotten.load(Ordering::SeqCst),
+            queue_full: s.queue_full.load(Ordering::SeqCst),
         }
     }
 
@@ -242,7 +291,9 @@ impl Recorder for LedgerRecorder {
                     key: key.as_str().to_owned(),
                     call: record.call.get(),
                 };
-                if self.writes.send(replayed).is_err() {
+                if let Err(e) = self.writes.try_send(replayed) {
+                    // Best effort: the reconciler settles the key's entries all the same.
+                    self.not_queued(&e);
                     self.shared.done.send_modify(|n| *n += 1);
                 }
             }
@@ -253,15 +304,21 @@ impl Recorder for LedgerRecorder {
         }
         let evidence = Evidence::from_records(record, &attempts);
         self.shared.queued.fetch_add(1, Ordering::SeqCst);
-        if let Err(mpsc::error::SendError(Write::Entry(evidence))) =
-            self.writes.send(Write::Entry(evidence))
-        {
-            // The writer is gone (its runtime shut down): the entry cannot be written.
+        if let Err(e) = self.writes.try_send(Write::Entry(evidence)) {
+            self.not_queued(&e);
+            let (mpsc::error::TrySendError::Full(Write::Entry(evidence))
+            | mpsc::error::TrySendError::Closed(Write::Entry(evidence))) = e
+            else {
+                return;
+            };
+            // The writer is gone (its runtime shut down), or its queue is full: the entry
+            // cannot be written.
             tracing::error!(
                 entry = %evidence.id,
                 key = evidence.key.as_deref().unwrap_or("-"),
                 operation = evidence.operation.as_deref().unwrap_or("-"),
-                "an unknown call was not written to the ledger: its writer is gone"
+                why = if self.writes.is_closed() { "its writer is gone" } else { "its writer's queue is full" },
+                "an unknown call was not written to the ledger"
             );
             fail(&self.shared, evidence);
         }
@@ -282,13 +339,20 @@ impl IntentJournal for LedgerRecorder {
 
     fn end(&self, id: IntentId, _outcome: Outcome) {
         self.shared.queued.fetch_add(1, Ordering::SeqCst);
-        if self
-            .writes
-            .send(Write::Forget(EntryId::of_intent(id)))
-            .is_err()
-        {
-            // The writer is gone: the intent stays in doubt, and a reconciler settles it.
+        if let Err(e) = self.writes.try_send(Write::Forget(EntryId::of_intent(id))) {
+            // The writer is gone, or its queue is full: the intent stays in doubt, and a
+            // reconciler settles it.
+            self.not_queued(&e);
             self.shared.done.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+impl LedgerRecorder {
+    /// Counts a write the full queue did not take.
+    fn not_queued<T>(&self, e: &mpsc::error::TrySendError<T>) {
+        if matches!(e, mpsc::error::TrySendError::Full(_)) {
+            self.shared.queue_full.fetch_add(1, Ordering::SeqCst);
         }
     }
 }
@@ -309,11 +373,7 @@ const TRIES: u32 = 8;
 const FIRST_WAIT: Duration = Duration::from_millis(100);
 const MAX_WAIT: Duration = Duration::from_secs(5);
 
-async fn write<L: Ledger>(
-    ledger: Arc<L>,
-    mut queue: mpsc::UnboundedReceiver<Write>,
-    shared: Arc<Shared>,
-) {
+async fn write<L: Ledger>(ledger: Arc<L>, mut queue: mpsc::Receiver<Write>, shared: Arc<Shared>) {
     let ledger = &*ledger;
     let mut next = None;
     loop {
@@ -445,5 +505,55 @@ async fn settle_replayed(ledger: &impl Ledger, key: &str, call: u64, shared: &Sh
                 tracing::warn!(entry = %entry.evidence.id, key, error = &e as &dyn std::error::Error, "ledger: could not settle an entry by its replay");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::IntentJournal;
+    use crate::ledger::MemoryLedger;
+    use crate::{Semantics, StopReason};
+
+    fn unknown_call() -> CallRecord {
+        let now = tokio::time::Instant::now();
+        CallRecord {
+            call: CallId::next(),
+            key: None,
+            semantics: Semantics::NonIdempotent,
+            started: now,
+            ended: now,
+            deadline_left: None,
+            attempts: 1,
+            outcome: Outcome::Unknown,
+            last: None,
+            stop: StopReason::Unknown,
+            resolution: None,
+            retries: Vec::new(),
+            operation: None,
+            replayed: false,
+        }
+    }
+
+    /// A writer that never runs (a ledger that holds it up forever): a million finished
+    /// calls' intents and 10 000 unknown calls fill its queue to its bound and no further;
+    /// the entries it could not take are counted and kept as failed ones, at most 1 000.
+    #[tokio::test]
+    async fn a_stuck_writer_holds_the_queue_at_its_bound() {
+        let (recorder, writer) = LedgerRecorder::pair_with_queue(MemoryLedger::new(), 1_000);
+        let queued = || recorder.writes.max_capacity() - recorder.writes.capacity();
+        for _ in 0..1_000_000 {
+            recorder.end(IntentId::generate(), Outcome::Succeeded);
+        }
+        assert_eq!(queued(), 1_000);
+        for _ in 0..10_000 {
+            recorder.record_call(&unknown_call());
+        }
+        assert_eq!(queued(), 1_000);
+        let writes = recorder.writes();
+        assert_eq!(writes.queue_full, 1_000_000 - 1_000 + 10_000);
+        assert_eq!(writes.failed, 10_000);
+        assert_eq!(recorder.take_failed().len(), MAX_FAILED);
+        drop(writer);
     }
 }

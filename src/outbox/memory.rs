@@ -19,6 +19,14 @@ use super::{
 ///
 /// Time is [`tokio::time::Instant`], so tests can pause and advance it. Clones share the
 /// events.
+///
+/// # Memory
+///
+/// At most [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) events (100 000), in every state,
+/// published ones among them until a [sweep](OutboxStore::sweep) deletes them;
+/// [`with_capacity`](Self::with_capacity) sets another bound. At the bound no event is dropped
+/// to make room: [`try_enqueue`](Self::try_enqueue) refuses a new one with
+/// [`OutboxError::is_full`] (and [`enqueue`](Self::enqueue) returns false, and logs an error).
 #[derive(Clone, Default)]
 pub struct MemoryOutbox {
     queue: MemoryQueue<EventId, State, Row>,
@@ -44,9 +52,49 @@ fn quarantined(item: &Item) -> Quarantined {
 }
 
 impl MemoryOutbox {
+    /// The events an outbox takes unless [`with_capacity`](Self::with_capacity) says
+    /// otherwise.
+    pub const DEFAULT_CAPACITY: usize = queue::DEFAULT_CAPACITY;
+
     /// An empty outbox.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The same outbox, taking at most `events` events (at least 1) in every state; past them a
+    /// new event is refused (see "Memory" above). Clones share the bound. Nothing is allocated
+    /// ahead.
+    ///
+    /// ```
+    /// use surely::outbox::{Event, EventId, MemoryOutbox};
+    ///
+    /// let outbox = MemoryOutbox::new().with_capacity(1);
+    /// let event = |n: u32| {
+    ///     let id = EventId::derive(&format!("order o-{n}"), "OrderCreated");
+    ///     Event::new(id, format!("order o-{n}"), 1, "OrderCreated", "{}").unwrap()
+    /// };
+    /// assert!(outbox.try_enqueue(event(1)).unwrap());
+    /// assert!(outbox.try_enqueue(event(2)).unwrap_err().is_full());
+    /// ```
+    #[must_use]
+    pub fn with_capacity(self, events: usize) -> Self {
+        self.queue.lock().set_capacity(events);
+        self
+    }
+
+    /// The most events it takes ([`with_capacity`](Self::with_capacity)).
+    pub fn capacity(&self) -> usize {
+        self.queue.lock().capacity()
+    }
+
+    /// The events held, in every state.
+    pub fn len(&self) -> usize {
+        self.queue.lock().len()
+    }
+
+    /// Whether it holds no event.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The [`Wakeup`] this outbox's enqueues wake: give it to
@@ -57,18 +105,41 @@ impl MemoryOutbox {
     }
 
     /// Adds `event`; returns false (and changes nothing) if an event with its id is already
-    /// here, published or not: one id, one event.
+    /// here, published or not: one id, one event. Also false, with an error logged, when the
+    /// outbox is full (see "Memory" above): [`try_enqueue`](Self::try_enqueue) tells the two
+    /// apart.
     pub fn enqueue(&self, event: Event) -> bool {
+        self.try_enqueue(event).unwrap_or_else(|e| {
+            tracing::error!(
+                error = &e as &dyn std::error::Error,
+                "outbox event not added"
+            );
+            false
+        })
+    }
+
+    /// Adds `event`, as [`enqueue`](Self::enqueue) does: `Ok(false)` (and nothing changed) if an
+    /// event with its id is already here.
+    ///
+    /// # Errors
+    ///
+    /// [`OutboxError::is_full`]: a new event, and the outbox holds its capacity of events.
+    /// Nothing was added; a sweep of published events makes room.
+    pub fn try_enqueue(&self, event: Event) -> Result<bool, OutboxError> {
         let id = event.id().clone();
         let row = Row {
             event,
             last_error: None,
         };
-        let added = self.queue.lock().insert(id, State::Pending, None, row);
+        let added = self
+            .queue
+            .lock()
+            .insert(id, State::Pending, None, row)
+            .map_err(|queue::Full(capacity)| OutboxError::full(capacity))?;
         if added {
             self.wakeup.wake();
         }
-        added
+        Ok(added)
     }
 
     /// The stats now ([`OutboxStore::stats`] without the future).

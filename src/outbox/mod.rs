@@ -332,6 +332,8 @@ enum ErrorKind {
     Unsupported(&'static str),
     #[error("outbox store failed")]
     Backend(#[source] BoxError),
+    #[error("outbox is full: it holds its capacity of {0} events")]
+    Full(usize),
 }
 
 impl OutboxError {
@@ -381,6 +383,20 @@ impl OutboxError {
     /// Whether the store does not implement the operation.
     pub fn is_unsupported(&self) -> bool {
         matches!(self.kind, ErrorKind::Unsupported(_))
+    }
+
+    /// A new event was refused because the store holds its `capacity` of events, in every
+    /// state (an in-memory outbox, [`MemoryOutbox::with_capacity`]): none is dropped to make
+    /// room.
+    pub fn full(capacity: usize) -> Self {
+        OutboxError {
+            kind: ErrorKind::Full(capacity),
+        }
+    }
+
+    /// Whether a new event was refused because the store is full ([`full`](Self::full)).
+    pub fn is_full(&self) -> bool {
+        matches!(self.kind, ErrorKind::Full(_))
     }
 }
 

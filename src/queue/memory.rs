@@ -35,6 +35,7 @@ impl<K, S, V> Default for MemoryQueue<K, S, V> {
                 next: 0,
                 by_seq: BTreeMap::new(),
                 by_key: HashMap::new(),
+                capacity: DEFAULT_CAPACITY,
             })),
         }
     }
@@ -48,12 +49,21 @@ impl<K, S, V> MemoryQueue<K, S, V> {
     }
 }
 
+/// The items a queue takes unless its component sets another bound: 100 000.
+pub(crate) const DEFAULT_CAPACITY: usize = 100_000;
+
+/// An insert refused: the queue holds its capacity of items (this many), in every state.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Full(pub(crate) usize);
+
 /// The items of a [`MemoryQueue`], in the order they were inserted.
 pub(crate) struct Items<K, S, V> {
     next: u64,
     /// Each item with its key, by the order it was inserted in.
     by_seq: BTreeMap<u64, (K, Item<S, V>)>,
     by_key: HashMap<K, u64>,
+    /// The most items it takes: an insert past them is refused, nothing is dropped for it.
+    capacity: usize,
 }
 
 /// One item: the queue's part (its state, fence, time, tries) and the component's payload.
@@ -75,10 +85,20 @@ where
     S: States,
 {
     /// Inserts an item under `key`, in `state`, due after `hold` (at once without one); returns
-    /// false, and changes nothing, if an item has the key.
-    pub(crate) fn insert(&mut self, key: K, state: S, hold: Option<Duration>, value: V) -> bool {
+    /// false, and changes nothing, if an item has the key; refuses a new key, changing nothing,
+    /// when the queue holds its capacity.
+    pub(crate) fn insert(
+        &mut self,
+        key: K,
+        state: S,
+        hold: Option<Duration>,
+        value: V,
+    ) -> Result<bool, Full> {
         if self.by_key.contains_key(&key) {
-            return false;
+            return Ok(false);
+        }
+        if self.by_seq.len() >= self.capacity {
+            return Err(Full(self.capacity));
         }
         let now = Instant::now();
         let seq = self.next;
@@ -99,7 +119,17 @@ where
                 },
             ),
         );
-        true
+        Ok(true)
+    }
+
+    /// Takes at most `capacity` items (at least 1) from now on; items already in stay.
+    pub(crate) fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.max(1);
+    }
+
+    /// The most items it takes.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// The item with this key.

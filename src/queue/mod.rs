@@ -69,7 +69,7 @@ mod postgres;
 mod tests;
 pub(crate) mod worker;
 
-pub(crate) use self::memory::{Item, MemoryQueue};
+pub(crate) use self::memory::{Full, Item, MemoryQueue, DEFAULT_CAPACITY};
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::{fence, fence_of, later, Columns, SqlStates, Table};
 #[cfg(feature = "postgres")]

@@ -66,7 +66,7 @@ fn queue(keys: &[&'static str]) -> MemoryQueue<&'static str, S, u32> {
     {
         let mut items = q.lock();
         for (i, k) in keys.iter().enumerate() {
-            assert!(items.insert(*k, S::Waiting, None, i as u32));
+            assert!(items.insert(*k, S::Waiting, None, i as u32).unwrap());
         }
     }
     q
@@ -91,7 +91,10 @@ async fn claims_take_the_oldest_due_items_first() {
     assert_eq!(claim(&q, &keys, 5, LEASE), [("c", 1), ("d", 1)]);
     assert_eq!(claim(&q, &keys, 5, LEASE), []);
     assert_eq!(claim(&q, &keys, 0, LEASE), []);
-    assert!(!q.lock().insert("a", S::Waiting, None, 9), "one item a key");
+    assert!(
+        !q.lock().insert("a", S::Waiting, None, 9).unwrap(),
+        "one item a key"
+    );
     assert_eq!(q.lock().len(), 4);
 }
 
@@ -127,8 +130,8 @@ async fn one_holder_at_a_time_until_the_lease_passes_then_a_higher_fence() {
 async fn retry_later_and_a_hold_wait_for_their_time_and_count_tries() {
     let keys = ["a", "b"];
     let q = MemoryQueue::default();
-    q.lock().insert("a", S::Waiting, None, 0);
-    q.lock().insert("b", S::Waiting, Some(secs(5)), 1);
+    q.lock().insert("a", S::Waiting, None, 0).unwrap();
+    q.lock().insert("b", S::Waiting, Some(secs(5)), 1).unwrap();
     assert_eq!(claim(&q, &keys, 5, LEASE), [("a", 1)], "b is held 5 s");
     q.lock()
         .held("a", 1)
@@ -155,7 +158,7 @@ async fn the_manual_state_is_never_claimed_until_a_person_reopens_it() {
     let q = queue(&keys);
     assert_eq!(claim(&q, &keys, 1, LEASE), [("a", 1)]);
     q.lock().held("a", 1).unwrap().park(S::Manual);
-    q.lock().insert("c", S::Manual, None, 0);
+    q.lock().insert("c", S::Manual, None, 0).unwrap();
     advance(secs(365 * 24 * 3600)).await;
     assert_eq!(claim(&q, &keys, 5, LEASE), [("b", 1)]);
     assert_eq!(q.lock().get("a").unwrap().tries(), 1);
@@ -216,8 +219,8 @@ async fn the_sweep_deletes_only_settled_items_past_the_retention() {
 async fn one_state_that_waits_and_is_claimed() {
     let keys = ["a", "b"];
     let q = MemoryQueue::<&'static str, P, u32>::default();
-    q.lock().insert("a", P::Pending, None, 0);
-    q.lock().insert("b", P::Pending, None, 1);
+    q.lock().insert("a", P::Pending, None, 0).unwrap();
+    q.lock().insert("b", P::Pending, None, 1).unwrap();
     assert_eq!(claim(&q, &keys, 5, LEASE), [("a", 1), ("b", 1)]);
     assert_eq!(claim(&q, &keys, 5, LEASE), [], "pending, and held");
     q.lock()
@@ -303,7 +306,7 @@ proptest! {
                 match op {
                     Op::Insert(hold) => {
                         if inserted < 8 {
-                            prop_assert!(q.lock().insert(inserted, S::Waiting, hold, ()));
+                            prop_assert!(q.lock().insert(inserted, S::Waiting, hold, ()).unwrap());
                             inserted += 1;
                         }
                     }
@@ -710,4 +713,34 @@ mod postgres {
         assert_eq!(fence(u64::MAX), i64::MAX);
         f.drop_table().await;
     }
+}
+
+/// A million distinct keys into a queue of 1 000: it holds 1 000, refuses every key past them
+/// without dropping one, and takes new keys again once settled items are swept.
+#[tokio::test(start_paused = true)]
+async fn a_million_keys_fill_the_queue_to_its_capacity_and_no_further() {
+    let q: MemoryQueue<u32, S, ()> = MemoryQueue::default();
+    let mut items = q.lock();
+    assert_eq!(items.capacity(), super::DEFAULT_CAPACITY);
+    items.set_capacity(1_000);
+    let mut refused = 0;
+    for k in 0..1_000_000u32 {
+        match items.insert(k, S::Waiting, None, ()) {
+            Ok(added) => assert!(added),
+            Err(super::Full(capacity)) => {
+                assert_eq!(capacity, 1_000);
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((items.len(), refused), (1_000, 999_000));
+    // The first thousand are the ones kept: nothing was dropped to make room.
+    assert!(items.get(&0).is_some() && items.get(&999).is_some() && items.get(&1_000).is_none());
+    // A key already in is still "already here", not "full".
+    assert!(!items.insert(5, S::Waiting, None, ()).unwrap());
+    for k in 0..1_000 {
+        items.get_mut(&k).expect("kept").settle(S::Done);
+    }
+    assert_eq!(items.sweep(Duration::ZERO), 1_000);
+    assert!(items.insert(1_000_001, S::Waiting, None, ()).unwrap());
 }

@@ -16,6 +16,14 @@ use crate::queue::{self, MemoryQueue};
 /// (feature `postgres`).
 ///
 /// Time is [`tokio::time::Instant`], so tests can pause and advance it. Clones share the items.
+///
+/// # Memory
+///
+/// At most [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) differences (100 000), in every state:
+/// repaired and resolved ones among them, which this store keeps for the process's life (it
+/// has no sweep); [`with_capacity`](Self::with_capacity) sets another bound. At the bound none is dropped to
+/// make room: [`record`](DifferenceStore::record) of a new one fails with
+/// [`ReconcileError::is_full`], and so does the reconciler's run that found it.
 #[derive(Clone, Default)]
 pub struct MemoryDifferences {
     queue: MemoryQueue<RepairId, ItemState, Row>,
@@ -55,12 +63,37 @@ fn done(state: ItemState) -> bool {
 }
 
 impl MemoryDifferences {
+    /// The differences a store takes unless [`with_capacity`](Self::with_capacity) says
+    /// otherwise.
+    pub const DEFAULT_CAPACITY: usize = queue::DEFAULT_CAPACITY;
+
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
     }
 
-    fn record_now(&self, d: &Difference) -> bool {
+    /// The same store, taking at most `differences` (at least 1) in every state; past them a
+    /// new one is refused with [`ReconcileError::is_full`] (see "Memory" above). Clones share
+    /// the bound. Nothing is allocated ahead.
+    ///
+    /// ```
+    /// use surely::reconcile::MemoryDifferences;
+    ///
+    /// let store = MemoryDifferences::new().with_capacity(10_000);
+    /// assert_eq!(store.capacity(), 10_000);
+    /// ```
+    #[must_use]
+    pub fn with_capacity(self, differences: usize) -> Self {
+        self.queue.lock().set_capacity(differences);
+        self
+    }
+
+    /// The most differences it takes ([`with_capacity`](Self::with_capacity)).
+    pub fn capacity(&self) -> usize {
+        self.queue.lock().capacity()
+    }
+
+    fn record_now(&self, d: &Difference) -> Result<bool, ReconcileError> {
         let manual = d.action.is_none();
         let (state, note, who) = if manual {
             (
@@ -76,7 +109,10 @@ impl MemoryDifferences {
             note,
             who,
         };
-        self.queue.lock().insert(d.id.clone(), state, None, row)
+        self.queue
+            .lock()
+            .insert(d.id.clone(), state, None, row)
+            .map_err(|queue::Full(capacity)| ReconcileError::full(capacity))
     }
 
     fn mark_now(&self, claim: &RepairClaim, note: &str) -> Result<Marked, ReconcileError> {
@@ -179,7 +215,7 @@ impl DifferenceStore for MemoryDifferences {
         &self,
         difference: &Difference,
     ) -> impl Future<Output = Result<bool, ReconcileError>> + Send {
-        ready(Ok(self.record_now(difference)))
+        ready(self.record_now(difference))
     }
 
     fn claim(

@@ -689,6 +689,8 @@ enum ErrorKind {
     Order { source_name: String, why: String },
     #[error("difference store failed")]
     Backend(#[source] BoxError),
+    #[error("difference store is full: it holds its capacity of {0} differences")]
+    Full(usize),
 }
 
 impl ReconcileError {
@@ -780,6 +782,20 @@ impl ReconcileError {
             self.kind,
             ErrorKind::Source { .. } | ErrorKind::Order { .. }
         )
+    }
+
+    /// A new difference was refused because the store holds its `capacity` of them, in every
+    /// state (an in-memory store, [`MemoryDifferences::with_capacity`]): none is dropped to
+    /// make room.
+    pub fn full(capacity: usize) -> Self {
+        ReconcileError {
+            kind: ErrorKind::Full(capacity),
+        }
+    }
+
+    /// Whether a new difference was refused because the store is full ([`full`](Self::full)).
+    pub fn is_full(&self) -> bool {
+        matches!(self.kind, ErrorKind::Full(_))
     }
 }
 

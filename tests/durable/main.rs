@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod bounds;
 mod durations;
 mod inbox;
 mod ledger;

@@ -15,7 +15,8 @@ use super::{
 };
 #[cfg(surely_loom)]
 use crate::sync::mutation;
-use crate::sync::{now as clock, Mutex, MutexGuard};
+use crate::sync::{now as clock, AtomicUsize, Mutex, MutexGuard};
+use std::sync::atomic::Ordering::{AcqRel, Relaxed};
 
 /// The embedded store: records in memory, for one process.
 ///
@@ -29,6 +30,18 @@ use crate::sync::{now as clock, Mutex, MutexGuard};
 /// Records live as long as the process: behind a load balancer with several instances, use a
 /// shared store ([`PostgresStore`](super::PostgresStore)) instead, or a duplicate that reaches
 /// another instance runs again. Clones share the records.
+///
+/// # Memory
+///
+/// At most [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) records (1 000 000), in every state;
+/// [`with_capacity`](Self::with_capacity) sets another bound. At the bound the store forgets
+/// nothing to make room (a `PROCESSING` or `UNKNOWN` record lost would let a duplicate run
+/// again): [`acquire`](IdempotencyStore::acquire) of a new key fails with
+/// [`StoreError::is_full`], and the layer answers that request `503 Service Unavailable` with
+/// `Retry-After: 1` and `surely-not-processed: idempotency-store`, the handler not run. Keys
+/// already held are answered as before, and a [sweep](IdempotencyStore::sweep) (the layer's
+/// [`sweep`](crate::server::idempotency::IdempotencyLayer::sweep)) makes room by deleting
+/// expired records. Each record holds its stored response and checkpoints besides its key.
 ///
 /// ```
 /// use std::time::Duration;
@@ -51,6 +64,10 @@ pub struct MemoryStore {
 
 struct Shared {
     shards: Box<[Mutex<Shard>]>,
+    /// Records held, in every shard: counted up before a new key goes in, down after one goes.
+    held: AtomicUsize,
+    /// The most records the store takes.
+    capacity: AtomicUsize,
 }
 
 /// A shard: record keys carry their hash, so the map's hasher passes it through.
@@ -123,6 +140,9 @@ enum State {
 const SHARDS: usize = 64;
 
 impl MemoryStore {
+    /// The records a store takes unless [`with_capacity`](Self::with_capacity) says otherwise.
+    pub const DEFAULT_CAPACITY: usize = 1_000_000;
+
     /// An empty store with 64 shards.
     pub fn new() -> Self {
         Self::with_shards(SHARDS)
@@ -135,7 +155,58 @@ impl MemoryStore {
         MemoryStore {
             shared: Arc::new(Shared {
                 shards: (0..n).map(|_| Mutex::new(Shard::default())).collect(),
+                held: AtomicUsize::new(0),
+                capacity: AtomicUsize::new(Self::DEFAULT_CAPACITY),
             }),
+        }
+    }
+
+    /// The same store, taking at most `records` records (at least 1) in every state: past
+    /// them a new key is refused with [`StoreError::is_full`] (see "Memory" above). The bound is
+    /// the store's, so its clones share it. Nothing is allocated ahead.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::server::store::{IdempotencyStore, MemoryStore, RecordKey, RequestDigest};
+    /// use surely::idempotency::IdempotencyKey;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = MemoryStore::new().with_capacity(1);
+    /// let key = |k| RecordKey::new("t", "POST /orders", IdempotencyKey::new(k).unwrap());
+    /// let (digest, lease) = (RequestDigest::of(b"o-1"), Duration::from_secs(30));
+    /// assert!(store.acquire(&key("k-1"), &digest, lease).await.is_ok());
+    /// let full = store.acquire(&key("k-2"), &digest, lease).await.unwrap_err();
+    /// assert!(full.is_full());
+    /// // A key it holds is answered as before.
+    /// assert!(store.acquire(&key("k-1"), &digest, lease).await.is_ok());
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_capacity(self, records: usize) -> Self {
+        self.shared.capacity.store(records.max(1), Relaxed);
+        self
+    }
+
+    /// The most records the store takes ([`with_capacity`](Self::with_capacity)).
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity.load(Relaxed)
+    }
+
+    /// Counts a new record in, unless the store is full.
+    fn admit(&self) -> Result<(), StoreError> {
+        let capacity = self.capacity();
+        let held = &self.shared.held;
+        if held.fetch_add(1, AcqRel) >= capacity {
+            held.fetch_sub(1, AcqRel);
+            return Err(StoreError::full(capacity));
+        }
+        Ok(())
+    }
+
+    /// Counts `n` records out.
+    fn gone(&self, n: usize) {
+        if n > 0 {
+            self.shared.held.fetch_sub(n, AcqRel);
         }
     }
 
@@ -157,12 +228,18 @@ impl MemoryStore {
         lock(&shards[h & (shards.len() - 1)])
     }
 
-    fn acquire_now(&self, key: &RecordKey, digest: &RequestDigest, lease: Duration) -> Acquire {
+    fn acquire_now(
+        &self,
+        key: &RecordKey,
+        digest: &RequestDigest,
+        lease: Duration,
+    ) -> Result<Acquire, StoreError> {
         let now = clock();
         let lease_until = later(now, lease);
         #[cfg(surely_loom)]
         if mutation("store_acquire_split") && !self.shard(key).contains_key(key) {
             // The look and the insert under two locks: two acquirers may both find no record.
+            self.admit()?;
             let record = Record {
                 digest: *digest,
                 fence: 1,
@@ -172,12 +249,15 @@ impl MemoryStore {
                 },
                 checkpoints: Vec::new(),
             };
-            self.shard(key).insert(key.clone(), record);
-            return Acquire::Owner(Fence::new(1));
+            if self.shard(key).insert(key.clone(), record).is_some() {
+                self.gone(1);
+            }
+            return Ok(Acquire::Owner(Fence::new(1)));
         }
         let mut shard = self.shard(key);
-        match shard.entry(key.clone()) {
+        Ok(match shard.entry(key.clone()) {
             Entry::Vacant(v) => {
+                self.admit()?;
                 v.insert(Record {
                     digest: *digest,
                     fence: 1,
@@ -199,12 +279,12 @@ impl MemoryStore {
                         since,
                     } => {
                         if record.digest != *digest {
-                            return Acquire::Mismatch;
+                            return Ok(Acquire::Mismatch);
                         }
                         if *held > now {
-                            return Acquire::InFlight {
+                            return Ok(Acquire::InFlight {
                                 retry_after: held.saturating_duration_since(now),
-                            };
+                            });
                         }
                         Some((
                             now.saturating_duration_since(*held),
@@ -212,25 +292,25 @@ impl MemoryStore {
                         ))
                     }
                     State::Unknown { evidence, .. } => {
-                        return if record.digest != *digest {
+                        return Ok(if record.digest != *digest {
                             Acquire::Mismatch
                         } else {
                             Acquire::Unknown {
                                 evidence: evidence.to_string(),
                             }
-                        };
+                        });
                     }
                     State::Completed {
                         response,
                         expires_at,
                     } => {
-                        return if *expires_at <= now {
+                        return Ok(if *expires_at <= now {
                             Acquire::Expired
                         } else if record.digest != *digest {
                             Acquire::Mismatch
                         } else {
                             Acquire::Completed(response.clone())
-                        };
+                        });
                     }
                 };
                 // Released, or a lease that passed: take over.
@@ -251,7 +331,7 @@ impl MemoryStore {
                     None => Acquire::Owner(fence),
                 }
             }
-        }
+        })
     }
 
     /// Completes or releases the record owned (or found unknown) with `fence`.
@@ -387,6 +467,7 @@ impl MemoryStore {
             });
             if terminal {
                 shard.remove(&expired.key);
+                self.gone(1);
                 removed += 1;
             }
         }
@@ -404,6 +485,7 @@ impl MemoryStore {
                 State::Completed { expires_at, .. } => later(expires_at, keep_expired_for) > now,
                 State::Released { at } => later(at, keep_expired_for) > now,
             });
+            self.gone(before - shard.len());
             removed += (before - shard.len()) as u64;
         }
         removed
@@ -432,6 +514,7 @@ impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("shards", &self.shared.shards.len())
+            .field("capacity", &self.capacity())
             .finish()
     }
 }
@@ -443,7 +526,7 @@ impl IdempotencyStore for MemoryStore {
         digest: &RequestDigest,
         lease: Duration,
     ) -> impl Future<Output = Result<Acquire, StoreError>> + Send {
-        ready(Ok(self.acquire_now(key, digest, lease)))
+        ready(self.acquire_now(key, digest, lease))
     }
 
     fn complete(
@@ -573,5 +656,62 @@ impl IdempotencyStore for MemoryStore {
         records: &[ExpiredRecord],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
         ready(Ok(self.forget_now(records)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::IdempotencyKey;
+
+    fn key(n: u64) -> RecordKey {
+        let key = IdempotencyKey::new(format!("k-{n}")).expect("a valid key");
+        RecordKey::new("t", "POST /orders", key)
+    }
+
+    /// A million distinct keys into a store of 1 000 records: the store holds 1 000, and every
+    /// key past them is refused as full; a sweep of expired records makes room again.
+    #[tokio::test(start_paused = true)]
+    async fn a_million_keys_fill_the_store_to_its_capacity_and_no_further() {
+        let store = MemoryStore::with_shards(8).with_capacity(1_000);
+        let digest = RequestDigest::of(b"body");
+        let lease = Duration::from_secs(30);
+        let response = StoredResponse::new(
+            http::StatusCode::OK,
+            &http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"ok"),
+        );
+        let mut full = 0u64;
+        for n in 0..1_000_000 {
+            match store.acquire_now(&key(n), &digest, lease) {
+                Ok(Acquire::Owner(fence)) => {
+                    let state = State::Completed {
+                        response: response.clone(),
+                        expires_at: later(clock(), Duration::from_secs(60)),
+                    };
+                    store.finish(&key(n), fence, state).expect("completed");
+                }
+                Ok(other) => panic!("a new key, not the owner: {other:?}"),
+                Err(e) => {
+                    assert!(e.is_full(), "{e}");
+                    full += 1;
+                }
+            }
+        }
+        assert_eq!(store.len(), 1_000);
+        assert_eq!(full, 999_000);
+        // A key it holds is still answered.
+        assert!(matches!(
+            store.acquire_now(&key(7), &digest, lease),
+            Ok(Acquire::Completed(_))
+        ));
+        // Room comes back as expired records go.
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(store.sweep_now(Duration::ZERO), 1_000);
+        assert!(matches!(
+            store.acquire_now(&key(1_000_001), &digest, lease),
+            Ok(Acquire::Owner(_))
+        ));
+        assert_eq!(store.len(), 1);
     }
 }

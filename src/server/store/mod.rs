@@ -483,6 +483,7 @@ enum StoreErrorKind {
     Stale,
     Backend(BoxError),
     Rejected(BoxError),
+    Full(usize),
 }
 
 impl fmt::Display for StoreError {
@@ -493,6 +494,12 @@ impl fmt::Display for StoreError {
             }
             StoreErrorKind::Backend(_) => "idempotency store failed",
             StoreErrorKind::Rejected(_) => "idempotency store refused the request's own content",
+            StoreErrorKind::Full(capacity) => {
+                return write!(
+                    f,
+                    "idempotency store is full: it holds its capacity of {capacity} records"
+                );
+            }
         })
     }
 }
@@ -500,7 +507,7 @@ impl fmt::Display for StoreError {
 impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
-            StoreErrorKind::Stale => None,
+            StoreErrorKind::Stale | StoreErrorKind::Full(_) => None,
             StoreErrorKind::Backend(e) | StoreErrorKind::Rejected(e) => Some(&**e),
         }
     }
@@ -544,6 +551,22 @@ impl StoreError {
     /// Whether the backend refused the request's own content ([`rejected`](Self::rejected)).
     pub fn is_rejected(&self) -> bool {
         matches!(self.kind, StoreErrorKind::Rejected(_))
+    }
+
+    /// A new key was refused because the store holds its `capacity` of records (an in-memory
+    /// store, [`MemoryStore::with_capacity`]). The store forgets no record to make room: a
+    /// `PROCESSING` or `UNKNOWN` record lost would let a duplicate run again. Room comes back
+    /// as a sweep deletes expired records; the layer answers the request `503 Service
+    /// Unavailable` with `Retry-After`, not processed, as for a store that is down.
+    pub fn full(capacity: usize) -> Self {
+        StoreError {
+            kind: StoreErrorKind::Full(capacity),
+        }
+    }
+
+    /// Whether a new key was refused because the store is full ([`full`](Self::full)).
+    pub fn is_full(&self) -> bool {
+        matches!(self.kind, StoreErrorKind::Full(_))
     }
 }
 
