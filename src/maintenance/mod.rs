@@ -15,7 +15,7 @@
 //! one process).
 //!
 //! A round that fails (the database is down, an archive refused a batch) keeps what it could
-//! not do for the next round and says why: a [`MaintenanceReport`](crate::record::MaintenanceReport)
+//! not do for the next round and says why: a [report](crate::record::MaintenanceReport)
 //! to the [recorder](MaintenanceBuilder::recorder) (a warning through
 //! [`TracingRecorder`](crate::record::TracingRecorder), a count by outcome through
 //! `OtelRecorder`), and the last report of each chore on the [handle](MaintenanceHandle). A chore
