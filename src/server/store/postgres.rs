@@ -323,7 +323,7 @@ impl Sql {
             sweep: format!(
                 "DELETE FROM {t}
                  WHERE state <> {PROCESSING} AND state <> {UNKNOWN}
-                   AND expires_at + make_interval(secs => $1) <= now()"
+                   AND expires_at <= now() - make_interval(secs => $1)"
             ),
             checkpoint: format!(
                 "UPDATE {t}
@@ -347,7 +347,7 @@ impl Sql {
                      checkpoint_names, checkpoint_values
                  FROM {t}
                  WHERE state <> {PROCESSING} AND state <> {UNKNOWN}
-                   AND expires_at + make_interval(secs => $1) <= now()
+                   AND expires_at <= now() - make_interval(secs => $1)
                  ORDER BY expires_at LIMIT $2"
             ),
             forget: format!(
@@ -1204,5 +1204,60 @@ impl IdempotencyStore for PostgresStore {
                 .await
                 .map_err(StoreError::backend)
         }
+    }
+}
+
+#[cfg(test)]
+mod plans {
+    //! The sweep's reads go through the index on `expires_at`, on the machine's PostgreSQL.
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_expired_records_are_read_through_the_index_on_their_expiry() {
+        let url = std::env::var("SURELY_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let pool = crate::storage::connect(&url).unwrap();
+        let table = format!("surely_plan_{:x}", crate::ids::random_u128() as u64);
+        let store = PostgresStore::new(pool.clone()).with_table(&table).unwrap();
+        store.migrate().await.unwrap_or_else(|e| {
+            panic!("PostgreSQL at {url} (SURELY_TEST_POSTGRES_URL) did not answer: {e}")
+        });
+        let client = pool.get().await.unwrap();
+        // A table this small would be scanned whole; the question is whether the index can
+        // serve the statement at all. An expiry moved by the safety window in the column's
+        // expression (`expires_at + interval <= now()`) could not: every sweep would read
+        // every terminal record.
+        client
+            .batch_execute("SET enable_seqscan = off")
+            .await
+            .unwrap();
+        let (window, limit): (f64, i64) = (1.0, 10);
+        let params: [&(dyn ToSql + Sync); 2] = [&window, &limit];
+        for (what, sql, n) in [
+            ("expired", &store.sql.expired, 2),
+            ("sweep", &store.sql.sweep, 1),
+        ] {
+            let plan: Vec<String> = client
+                .query(&format!("EXPLAIN {sql}"), &params[..n])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let plan = plan.join("\n");
+            assert!(
+                plan.contains(&format!("{table}_expires_at"))
+                    && plan.contains("Index Cond: (expires_at <="),
+                "{what}: the index on expires_at is not used:\n{plan}"
+            );
+        }
+        client
+            .batch_execute(&format!(
+                "DROP TABLE {table}; DROP FUNCTION IF EXISTS {table}_acquire;
+                 DELETE FROM surely_migrations WHERE target = '{table}';"
+            ))
+            .await
+            .unwrap();
     }
 }
