@@ -176,7 +176,7 @@ mod stored;
 
 pub use self::code::{ErrorCode, UnknownErrorCode};
 pub use self::layer::{IdempotencyLayer, IdempotencyLayerBuilder};
-pub use self::recovery::{Recovery, SettleRound, Takeover};
+pub use self::recovery::{AbandonedRecovery, AbandonedRound, Recovery, SettleRound, Takeover};
 pub use self::service::Idempotency;
 pub use self::stored::{Reference, Seal};
 
