@@ -244,6 +244,9 @@ pub(crate) struct Stats {
     /// Partition windows opened, by kind, and their time in all.
     pub(crate) windows: BTreeMap<&'static str, u32>,
     pub(crate) partitioned: Duration,
+    /// Once the client and the reconciler stopped, before anything sent a key again: how long
+    /// until no record was `PROCESSING`, and the records still `PROCESSING` at the bound.
+    pub(crate) abandoned_cleared: Option<(Duration, Vec<String>)>,
 }
 
 impl Stats {
@@ -498,6 +501,13 @@ impl Supervisor {
                             .stats
                             .notes
                             .entry(format!("takeover {verdict}"))
+                            .or_default() += 1;
+                    }
+                    ["note", "abandoned", _key, verdict] => {
+                        *self
+                            .stats
+                            .notes
+                            .entry(format!("abandoned {verdict}"))
                             .or_default() += 1;
                     }
                     ["note", kind, rest @ ..] => {
@@ -760,6 +770,42 @@ impl Supervisor {
         }
     }
 
+    /// With nobody sending a key (the client and the reconciler stopped), waits for the order
+    /// service's rounds over abandoned records to leave no record `PROCESSING`, for at most
+    /// [`abandoned_bound`]: an owner that died with its client is recovered without a request.
+    /// What it found is checked with the invariants.
+    async fn abandoned_recovered(&mut self, world: &World) -> Result<(), BoxError> {
+        let store = world.store()?;
+        let started = Instant::now();
+        let until = started + abandoned_bound();
+        loop {
+            let processing =
+                surely::server::store::IdempotencyStore::stuck(&store, Duration::ZERO, 1_000)
+                    .await?;
+            if processing.is_empty() {
+                self.stats.abandoned_cleared = Some((started.elapsed(), Vec::new()));
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                let left = processing
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "{} (fence {}, {}ms)",
+                            s.key.key().as_str(),
+                            s.fence.get(),
+                            s.age.as_millis()
+                        )
+                    })
+                    .collect();
+                self.stats.abandoned_cleared = Some((started.elapsed(), left));
+                return Ok(());
+            }
+            self.pump(Instant::now() + Duration::from_millis(50))
+                .await?;
+        }
+    }
+
     /// Waits until the outbox is empty and every order has its inventory change.
     async fn drain(&mut self, world: &World) -> Result<(), BoxError> {
         let until = Instant::now() + DRAIN_LIMIT;
@@ -922,6 +968,8 @@ async fn run(
     // Every role that was being restarted serves before the asking again.
     sup.all_up(&[Role::Order, Role::Relay, Role::Consumer])
         .await?;
+    // Nothing sends a key now: the abandoned records must clear by the rounds alone.
+    sup.abandoned_recovered(world).await?;
     sup.ask_again().await?;
     sup.drain(world).await?;
     for role in [Role::Order, Role::Relay, Role::Consumer] {
@@ -940,6 +988,13 @@ async fn run(
     let (ok, ops) = invariants::check(world, oracle, &sup.stats, &fin).await?;
     summary(&sup.stats, &ops, started.elapsed());
     Ok(ok)
+}
+
+/// How long the records of owners that died with their clients may stay `PROCESSING` once no
+/// request comes: a lease for the last owner's to pass, a round's interval, the hook's limit,
+/// and a second lease should the round's hook fail and leave the record to the next round.
+pub(crate) fn abandoned_bound() -> Duration {
+    crate::LEASE * 2 + crate::ABANDONED_ROUND + crate::ABANDONED_TIMEOUT
 }
 
 fn summary(stats: &Stats, ops: &str, elapsed: Duration) {
@@ -1010,6 +1065,28 @@ fn summary(stats: &Stats, ops: &str, elapsed: Duration) {
         stats.notes.get("duplicate-absorbed").unwrap_or(&0)
     );
     let note = |k: &str| stats.notes.get(k).copied().unwrap_or(0);
+    let abandoned: Vec<String> = stats
+        .notes
+        .iter()
+        .filter(|(k, _)| k.starts_with("abandoned ") && !k.starts_with("abandoned-"))
+        .map(|(k, n)| format!("{} {n}", k.trim_start_matches("abandoned ")))
+        .collect();
+    println!(
+        "  abandoned  {} rounds took {} records without a request: {} completed, {} failed, {} unknown, {} released, {} left for a later round; the hook's findings: {}; {} rounds failed",
+        note("abandoned-round"),
+        note("abandoned-round seen"),
+        note("abandoned-round completed"),
+        note("abandoned-round failed"),
+        note("abandoned-round unknown"),
+        note("abandoned-round released"),
+        note("abandoned-round left"),
+        if abandoned.is_empty() {
+            "none".to_owned()
+        } else {
+            abandoned.join(", ")
+        },
+        note("abandoned-round-failed")
+    );
     println!(
         "  reconciler while killed and restarted: calls settled {} succeeded, {} failed, {} to the manual queue; \
          server records {} completed, {} released",

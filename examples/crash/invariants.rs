@@ -382,7 +382,27 @@ pub(crate) async fn check(
         ),
     );
 
-    // 6. Nothing PROCESSING past its lease after the recovery.
+    // 6. With nobody sending a key, the rounds over abandoned records leave nothing
+    // PROCESSING within the bound.
+    let bound = crate::driver::abandoned_bound();
+    match &stats.abandoned_cleared {
+        Some((took, left)) => checks.invariant(
+            left.is_empty(),
+            format!(
+                "6. nothing PROCESSING without a request, before the asking again: {} records left after {}ms (bound {}ms){}",
+                left.len(),
+                took.as_millis(),
+                bound.as_millis(),
+                some(left)
+            ),
+        ),
+        None => checks.invariant(
+            false,
+            "6. nothing PROCESSING without a request, before the asking again: never checked",
+        ),
+    }
+
+    // 7. Nothing PROCESSING past its lease after the recovery.
     let stuck = store.stuck(LEASE, 1_000).await?;
     let unknown_records = store.unknowns(1_000).await?;
     let stuck_keys: Vec<String> = stuck
@@ -392,21 +412,21 @@ pub(crate) async fn check(
     checks.invariant(
         stuck.is_empty(),
         format!(
-            "6. nothing PROCESSING past its lease after recovery: {} records{}; UNKNOWN records left for a person {}",
+            "7. nothing PROCESSING past its lease after recovery: {} records{}; UNKNOWN records left for a person {}",
             stuck.len(),
             some(&stuck_keys),
             unknown_records.len()
         ),
     );
 
-    // 7. Reconciliation twice: the second settles nothing and changes nothing.
+    // 8. Reconciliation twice: the second settles nothing and changes nothing.
     let again = &fin.again_calls;
     let idle = again.succeeded + again.failed + again.to_manual == 0
         && fin.again_records.completed + fin.again_records.released == 0;
     checks.invariant(
         idle && fin.same && fin.left_open == 0,
         format!(
-            "7. reconciliation twice gives the same result: the first settled {} calls ({} succeeded, {} failed, {} to manual) \
+            "8. reconciliation twice gives the same result: the first settled {} calls ({} succeeded, {} failed, {} to manual) \
              and {} server records ({} completed, {} released), {} left open; the second settled {} calls and {} records, \
              ledger and records {}",
             fin.calls.succeeded + fin.calls.failed + fin.calls.to_manual,

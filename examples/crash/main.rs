@@ -13,7 +13,9 @@
 //!   (`PostgresStore::complete_in`) commit in one transaction. A keyed order also pays first at a
 //!   payment provider (a table written in a transaction of its own: not idempotent, each call a
 //!   payment), recorded with checkpoints, and a recovery hook reads them after a takeover so that
-//!   the payment is never made twice. Orders whose keys begin `t-` go to `POST /orders-tx`,
+//!   the payment is never made twice. Every quarter of a second it runs a round over the
+//!   records whose owner died with its client (`IdempotencyLayer::recover_abandoned`), whose
+//!   hook asks the provider the same way and never runs the handler. Orders whose keys begin `t-` go to `POST /orders-tx`,
 //!   behind a second layer built with `in_transaction()`: the key is claimed in the transaction
 //!   that writes the order and its event, and the record commits with them; no payment.
 //! * **relay**: the outbox relay, PostgreSQL to JetStream.
@@ -55,8 +57,12 @@
 //! 5. every call a killed client had started is answered, or in the ledger (the client journals
 //!    every order's intent before it sends it: `ClientBuilder::journal`) and settled once or in
 //!    the manual queue;
-//! 6. no idempotency record `PROCESSING` past its lease after the recovery;
-//! 7. reconciliation run twice gives the same result.
+//! 6. once the client and the reconciler stopped, and before anything sends a key again, no
+//!    idempotency record stays `PROCESSING` for longer than twice the lease, a round's interval
+//!    and the hook's limit: the order service's rounds over abandoned records recover them
+//!    without a request;
+//! 7. no idempotency record `PROCESSING` past its lease after the recovery;
+//! 8. reconciliation run twice gives the same result.
 //!
 //! Then a summary: the calls, the kills (by point and random), the restarts, the slowest
 //! recovery (from a kill to the role serving again), the time taken and the kills per minute.
@@ -129,6 +135,11 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// renews it while its handler runs, for at most [`RENEW_FOR`].
 pub(crate) const LEASE: Duration = Duration::from_secs(1);
 pub(crate) const RENEW_FOR: Duration = Duration::from_secs(10);
+/// How often the order service runs a round over abandoned records
+/// (`IdempotencyLayer::recover_abandoned`): records whose owner died with its client.
+pub(crate) const ABANDONED_ROUND: Duration = Duration::from_millis(250);
+/// The abandoned-record hook's limit (its question to the payment provider, and a margin).
+pub(crate) const ABANDONED_TIMEOUT: Duration = Duration::from_millis(500);
 /// The client's budget per call.
 pub(crate) const CALL_DEADLINE: Duration = Duration::from_secs(4);
 /// How long after a call's entry the reconciler may say "it did not happen" of an order it

@@ -33,6 +33,14 @@
 //! not answer, the record becomes UNKNOWN. An incarnation started with `CRASH_HOOK=0` stands for
 //! an older build without the hook: its takeovers follow the layer's rule (a record with a
 //! checkpoint becomes UNKNOWN, for `Reconciler::settle_server`).
+//!
+//! A record whose owner died with its client has no request to take it over: every
+//! [`ABANDONED_ROUND`] the service runs `IdempotencyLayer::recover_abandoned`, whose hook
+//! decides without running the handler: nothing recorded, released (the order's transaction
+//! rolled back with its owner); a payment recorded, the provider asked: not paid, released (the
+//! next request pays with the same id); paid, UNKNOWN (paid without an order: for a person, as
+//! the reconciler says); no answer, UNKNOWN. Without the hook, the layer's rule (a checkpoint:
+//! UNKNOWN; none: released).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -49,14 +57,18 @@ use surely::deadline::Deadline;
 use surely::headers::NOT_PROCESSED;
 use surely::outbox::PostgresOutbox;
 use surely::server::deadline::ServerDeadlineLayer;
-use surely::server::idempotency::{IdempotencyLayer, Recovery, Takeover, Ticket};
-use surely::server::store::{Checkpoint, KeyedTransaction, PostgresStore, StoredResponse};
+use surely::server::idempotency::{
+    AbandonedRecovery, IdempotencyLayer, Recovery, Takeover, Ticket,
+};
+use surely::server::store::{
+    AbandonedRecord, Checkpoint, KeyedTransaction, PostgresStore, StoredResponse,
+};
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
 
 use crate::crashpoint::{self, AFTER_CLAIM_COMMIT, AFTER_COMMIT, AFTER_PAYMENT, IN_CLAIM};
 use crate::world::{in_claim, is_keyed, order_created, payment_id, World};
-use crate::{chain, BoxError, LEASE, RENEW_FOR};
+use crate::{chain, BoxError, ABANDONED_ROUND, ABANDONED_TIMEOUT, LEASE, RENEW_FOR};
 
 /// The address the order service listens on.
 pub(crate) const ENV_ADDR: &str = "CRASH_ORDER_ADDR";
@@ -331,6 +343,45 @@ impl Orders {
     }
 }
 
+impl Orders {
+    /// The abandoned-record hook: no request, so never the handler; the payment provider
+    /// asked about a payment recorded as started.
+    async fn abandoned(self: Arc<Self>, r: AbandonedRecord) -> AbandonedRecovery {
+        let key = r.key.key().as_str().to_owned();
+        let Some(id) = r
+            .checkpoint(PAYMENT)
+            .or(r.checkpoint(PAID))
+            .map(str::to_owned)
+        else {
+            crashpoint::say(&format!("note abandoned {key} nothing-recorded"));
+            return AbandonedRecovery::Released;
+        };
+        match tokio::time::timeout(HOOK_QUERY, self.payments(&id)).await {
+            Ok(Ok(0)) => {
+                crashpoint::say(&format!("note abandoned {key} not-paid"));
+                AbandonedRecovery::Released
+            }
+            Ok(Ok(_)) => {
+                crashpoint::say(&format!("note abandoned {key} paid"));
+                AbandonedRecovery::Unknown(format!(
+                    "{id} was paid and the order was never written; its owner died with its client"
+                ))
+            }
+            Ok(Err(e)) => {
+                crashpoint::say(&format!("note abandoned {key} provider-failed"));
+                AbandonedRecovery::Unknown(format!("the payment provider failed for {id}: {e}"))
+            }
+            Err(_) => {
+                crashpoint::say(&format!("note abandoned {key} provider-silent"));
+                AbandonedRecovery::Unknown(format!(
+                    "the payment provider did not answer for {id} within {}ms",
+                    HOOK_QUERY.as_millis()
+                ))
+            }
+        }
+    }
+}
+
 /// `POST /orders-tx`: the order and its event, written in the transaction in which the layer
 /// claimed the key; the layer commits them with the key's record.
 async fn handle_in_claim(
@@ -448,11 +499,38 @@ pub(crate) async fn run() -> Result<(), BoxError> {
     });
     let mut builder = IdempotencyLayer::builder(orders.store.clone())
         .lease(LEASE)
-        .renew_for(RENEW_FOR);
+        .renew_for(RENEW_FOR)
+        .abandoned_timeout(ABANDONED_TIMEOUT);
     if hook {
         let o = orders.clone();
         builder = builder.recover(move |t: Takeover| o.clone().recover(t));
+        let o = orders.clone();
+        builder = builder.recover_abandoned(move |r: AbandonedRecord| o.clone().abandoned(r));
     }
+    let layer = builder.build()?;
+    // The rounds over abandoned records, for as long as the process lives.
+    let rounds = layer.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(ABANDONED_ROUND);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            match rounds.recover_abandoned(100).await {
+                Ok(round) if round.seen > 0 => crashpoint::say(&format!(
+                    "note abandoned-round seen {} completed {} failed {} unknown {} released {} left {}",
+                    round.seen,
+                    round.completed,
+                    round.failed,
+                    round.unknown,
+                    round.released,
+                    round.left
+                )),
+                Ok(_) => {}
+                // Said, and tried again next round.
+                Err(e) => crashpoint::say(&format!("note abandoned-round-failed {}", chain(&e))),
+            }
+        }
+    });
     let claims = IdempotencyLayer::builder(orders.store.clone())
         .lease(LEASE)
         .in_transaction()
@@ -472,7 +550,7 @@ pub(crate) async fn run() -> Result<(), BoxError> {
                 .max(Duration::from_secs(10))
                 .build()?,
         )
-        .layer(builder.build()?)
+        .layer(layer)
         .service_fn(move |req| handle(orders.clone(), req));
     let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {
         let claimed = req.method() == Method::POST && req.uri().path() == "/orders-tx";

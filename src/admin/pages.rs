@@ -304,6 +304,8 @@ struct OutboxCounts {
 struct IdempotencyCounts {
     unknown: usize,
     stuck: usize,
+    /// Of the stuck ones, those whose owner's lease has passed: abandoned.
+    abandoned: usize,
 }
 
 #[derive(Serialize)]
@@ -512,6 +514,10 @@ struct RecordView {
     evidence: String,
     age: String,
     age_secs: u64,
+    /// A processing record's lease: `passed` (abandoned: its owner died, and a round of
+    /// `recover_abandoned` or the next request takes it over), or the time left; empty for an
+    /// unknown record.
+    lease: String,
 }
 
 #[derive(Serialize)]
@@ -597,6 +603,7 @@ async fn counts(admin: &Admin, op: &Operator) -> Result<Counts, Refusal> {
         Some(v) => Some(IdempotencyCounts {
             unknown: v.unknown.len(),
             stuck: v.stuck.len(),
+            abandoned: v.stuck.iter().filter(|r| r.lease == "passed").count(),
         }),
         None => None,
     };
@@ -785,6 +792,7 @@ async fn idempotency(admin: &Admin, op: &Operator) -> Result<Option<IdempotencyV
                 evidence,
                 age: age(d),
                 age_secs: d.as_secs(),
+                lease: String::new(),
             }
         };
     let unknown = store.unknowns(MAX_LIMIT).await.map_err(failed)?;
@@ -792,15 +800,36 @@ async fn idempotency(admin: &Admin, op: &Operator) -> Result<Option<IdempotencyV
         .stuck(admin.inner.stuck_after, MAX_LIMIT)
         .await
         .map_err(failed)?;
+    // Whether each stuck record's lease has passed: one read of each (the list is what has
+    // processed for longer than the threshold, a handful unless something is wrong).
+    let mut stuck_views = Vec::with_capacity(stuck.len());
+    for r in stuck {
+        let mut v = view(&r.key, r.fence.get(), String::new(), r.age);
+        v.lease = match store.inspect(&r.key).await {
+            Ok(Some(found)) => match found.state {
+                crate::server::store::RecordState::Processing { lease_left }
+                    if lease_left.is_zero() =>
+                {
+                    "passed".to_owned()
+                }
+                crate::server::store::RecordState::Processing { lease_left } => {
+                    format!("{} left", age(lease_left))
+                }
+                // Moved since it was listed.
+                _ => "settled since".to_owned(),
+            },
+            Ok(None) => "gone since".to_owned(),
+            // A store of its own that does not read single records.
+            Err(_) => String::new(),
+        };
+        stuck_views.push(v);
+    }
     Ok(Some(IdempotencyView {
         unknown: unknown
             .into_iter()
             .map(|r| view(&r.key, r.fence.get(), r.evidence, r.age))
             .collect(),
-        stuck: stuck
-            .into_iter()
-            .map(|r| view(&r.key, r.fence.get(), String::new(), r.age))
-            .collect(),
+        stuck: stuck_views,
         stuck_after_secs: admin.inner.stuck_after.as_secs(),
     }))
 }

@@ -13,7 +13,9 @@ use crate::reconcile::{
     DifferenceStats, DifferenceStore, Item, ItemState, Marked, ReconcileError, RepairId,
 };
 use crate::record::OutboxStats;
-use crate::server::store::{IdempotencyStore, StoreError, StuckRecord, UnknownRecord};
+use crate::server::store::{
+    IdempotencyStore, RecordKey, RecordView, StoreError, StuckRecord, UnknownRecord,
+};
 
 pub(super) type Fut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -90,6 +92,8 @@ pub(super) trait DynIdempotency: Send + Sync {
         older_than: Duration,
         limit: usize,
     ) -> Fut<'_, Result<Vec<StuckRecord>, StoreError>>;
+    fn inspect<'a>(&'a self, key: &'a RecordKey)
+        -> Fut<'a, Result<Option<RecordView>, StoreError>>;
 }
 
 impl<S: IdempotencyStore> DynIdempotency for S {
@@ -102,6 +106,12 @@ impl<S: IdempotencyStore> DynIdempotency for S {
         limit: usize,
     ) -> Fut<'_, Result<Vec<StuckRecord>, StoreError>> {
         Box::pin(IdempotencyStore::stuck(self, older_than, limit))
+    }
+    fn inspect<'a>(
+        &'a self,
+        key: &'a RecordKey,
+    ) -> Fut<'a, Result<Option<RecordView>, StoreError>> {
+        Box::pin(IdempotencyStore::inspect(self, key))
     }
 }
 

@@ -38,7 +38,7 @@ pub use self::otel::OtelRecorder;
 pub use self::reconcile::ReconcileReport;
 pub use self::relay::{OutboxStats, RelayReport, RelayRound};
 #[cfg(feature = "server")]
-pub use self::server::{RecoveryVerdict, ServerEvent, ServerEventKind};
+pub use self::server::{AbandonedVerdict, RecoveryVerdict, ServerEvent, ServerEventKind};
 pub use self::tracing_recorder::TracingRecorder;
 pub use crate::ids::{BusinessKey, CallId, Operation};
 

@@ -52,6 +52,7 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// | `surely.client.breaker.rejections` | counter, `{call}` | `surely.breaker`, `surely.breaker.state` | each refused call |
 /// | `surely.client.breaker.state` | gauge, `1` | `surely.breaker`, `surely.breaker.state` | 1 for the state entered, 0 for the one left |
 /// | `surely.server.idempotency.events` | counter, `{event}` | `surely.event`, `http.request.method` | each event of the server idempotency layer |
+/// | `surely.server.idempotency.abandoned` | counter, `{record}` | `surely.verdict` | each abandoned record a [recovery round](crate::server::idempotency::IdempotencyLayer::recover_abandoned) took over: `completed`, `failed`, `unknown`, `released`, or left for the next round (`hook_panicked`, `hook_timed_out`, `store_failed`) |
 /// | `surely.server.idempotency.stuck` | gauge, `{record}` | none | each stuck-record report: records still `PROCESSING` past its threshold |
 /// | `surely.server.idempotency.stuck.oldest_age` | gauge, `s` | none | each stuck-record report: how long the oldest has been processing (0 without any) |
 /// | `surely.server.limit.refused` | counter, `{request}` | `surely.refusal.reason`, `surely.criticality`, `surely.partition` (if any) | each request an [adaptive limit](crate::server::limit) refused |
@@ -142,6 +143,8 @@ pub struct OtelRecorder {
     #[cfg(feature = "server")]
     server_events: Counter<u64>,
     #[cfg(feature = "server")]
+    server_abandoned: Counter<u64>,
+    #[cfg(feature = "server")]
     server_stuck: Gauge<u64>,
     #[cfg(feature = "server")]
     server_stuck_oldest: Gauge<f64>,
@@ -230,6 +233,15 @@ impl OtelRecorder {
                 .with_description(
                     "Events of the server idempotency layer (replays, refused duplicates, \
                      takeovers, store failures), by kind.",
+                )
+                .build(),
+            #[cfg(feature = "server")]
+            server_abandoned: meter
+                .u64_counter("surely.server.idempotency.abandoned")
+                .with_unit("{record}")
+                .with_description(
+                    "Abandoned idempotency records a recovery round took over, by what became \
+                     of them.",
                 )
                 .build(),
             #[cfg(feature = "server")]
@@ -469,6 +481,10 @@ impl Recorder for OtelRecorder {
             self.server_stuck_oldest
                 .record(oldest.map_or(0.0, |d| d.as_secs_f64()), &[]);
             return;
+        }
+        if let ServerEventKind::Abandoned { verdict, .. } = event.kind {
+            self.server_abandoned
+                .add(1, &[KeyValue::new("surely.verdict", verdict.as_str())]);
         }
         let attrs = [
             KeyValue::new("surely.event", event.kind.as_str()),

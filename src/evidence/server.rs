@@ -86,6 +86,67 @@ pub enum ServerEventKind {
         /// How long the oldest of them has been processing; `None` without any.
         oldest: Option<Duration>,
     },
+    /// A [round over abandoned records](crate::server::idempotency::IdempotencyLayer::recover_abandoned)
+    /// took this record over (its owner's lease had passed, and no request came for it) and
+    /// decided, or left it for the next round.
+    Abandoned {
+        /// The fence the round took it with.
+        fence: Fence,
+        /// What became of it.
+        verdict: AbandonedVerdict,
+    },
+    /// A round over abandoned records could not take any over: the store failed. Every record
+    /// stays as it was, for the next round.
+    AbandonedRoundFailed,
+}
+
+/// What a round over abandoned records did with one: see
+/// [`AbandonedRecovery`](crate::server::idempotency::AbandonedRecovery). The last three leave
+/// the record as it was, `PROCESSING` under the round's fence until that lease passes, when the
+/// next round takes it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AbandonedVerdict {
+    /// The work had been done: its answer is stored and replayed.
+    Completed,
+    /// The work failed for good: that answer is stored and replayed.
+    Failed,
+    /// Nobody can tell yet: the record is `UNKNOWN` until settled.
+    Unknown,
+    /// Nothing happened: released, the next request with the key runs it.
+    Released,
+    /// The hook panicked: left as it was.
+    HookPanicked,
+    /// The hook did not answer within its timeout: left as it was.
+    HookTimedOut,
+    /// The store failed to record the decision: left as it was.
+    StoreFailed,
+}
+
+impl AbandonedVerdict {
+    /// A short lower-case name: `completed`, `failed`, `unknown`, `released`, `hook_panicked`,
+    /// `hook_timed_out`, `store_failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AbandonedVerdict::Completed => "completed",
+            AbandonedVerdict::Failed => "failed",
+            AbandonedVerdict::Unknown => "unknown",
+            AbandonedVerdict::Released => "released",
+            AbandonedVerdict::HookPanicked => "hook_panicked",
+            AbandonedVerdict::HookTimedOut => "hook_timed_out",
+            AbandonedVerdict::StoreFailed => "store_failed",
+        }
+    }
+
+    /// Whether the record was left as it was, for the next round.
+    pub fn is_left(self) -> bool {
+        matches!(
+            self,
+            AbandonedVerdict::HookPanicked
+                | AbandonedVerdict::HookTimedOut
+                | AbandonedVerdict::StoreFailed
+        )
+    }
 }
 
 /// What a recovery after a takeover decided: see
@@ -118,7 +179,8 @@ impl RecoveryVerdict {
 impl ServerEventKind {
     /// A short snake-case name, for records, logs and metric attributes: `replayed`,
     /// `in_flight`, `key_mismatch`, `expired`, `lease_takeover`, `released`,
-    /// `store_unavailable`, `not_stored`, `recovered`, `unknown_answered`, `settled`, `stuck`.
+    /// `store_unavailable`, `not_stored`, `recovered`, `unknown_answered`, `settled`, `stuck`,
+    /// `abandoned`, `abandoned_round_failed`.
     ///
     /// ```
     /// use surely::record::ServerEventKind;
@@ -138,6 +200,8 @@ impl ServerEventKind {
             ServerEventKind::UnknownAnswered => "unknown_answered",
             ServerEventKind::Settled { .. } => "settled",
             ServerEventKind::Stuck { .. } => "stuck",
+            ServerEventKind::Abandoned { .. } => "abandoned",
+            ServerEventKind::AbandonedRoundFailed => "abandoned_round_failed",
         }
     }
 }
@@ -253,7 +317,11 @@ impl fmt::Display for ServerEvent {
             ServerEventKind::Settled { fence, happened } => {
                 write!(f, " fence={} happened={happened}", fence.get())
             }
-            ServerEventKind::KeyMismatch
+            ServerEventKind::Abandoned { fence, verdict } => {
+                write!(f, " fence={} verdict={}", fence.get(), verdict.as_str())
+            }
+            ServerEventKind::AbandonedRoundFailed
+            | ServerEventKind::KeyMismatch
             | ServerEventKind::Expired
             | ServerEventKind::StoreUnavailable
             | ServerEventKind::UnknownAnswered => Ok(()),

@@ -356,6 +356,22 @@ impl Recorder for TracingRecorder {
                 surely.happened = happened,
                 "unknown idempotency record settled"
             ),
+            ServerEventKind::Abandoned { fence, verdict } if verdict.is_left() => server_event!(
+                warn,
+                surely.fence = fence.get(),
+                surely.abandoned = verdict.as_str(),
+                "abandoned idempotency record left for the next round"
+            ),
+            ServerEventKind::Abandoned { fence, verdict } => server_event!(
+                warn,
+                surely.fence = fence.get(),
+                surely.abandoned = verdict.as_str(),
+                "abandoned idempotency record recovered without a request"
+            ),
+            ServerEventKind::AbandonedRoundFailed => tracing::warn!(
+                surely.event = event,
+                "abandoned idempotency records not recovered: the store failed; the next round tries again"
+            ),
             ServerEventKind::Stuck { records, oldest } => {
                 let oldest_ms = oldest.map(|d| d.as_millis() as u64);
                 if records > 0 {

@@ -62,13 +62,14 @@ pub use self::trailers::{WatchTrailers, WatchTrailersLayer, WatchedBody};
 pub(crate) use crate::evidence::key_of;
 #[cfg(feature = "opentelemetry")]
 pub use crate::evidence::OtelRecorder;
+#[cfg(feature = "server")]
+pub use crate::evidence::{
+    AbandonedVerdict, LimitEvent, LimitEventKind, RecoveryVerdict, RefusalReason, ServerEvent,
+    ServerEventKind,
+};
 pub use crate::evidence::{
     AttemptRecord, BreakerEvent, BreakerEventKind, BusinessKey, CallId, CallRecord,
     InMemoryRecorder, MaintenanceOutcome, MaintenanceReport, Operation, OutboxStats,
     ReconcileReport, Record, Recorder, RelayReport, RelayRound, ResolutionRecord, RetryRecord,
     TracingRecorder, TransitionReason,
-};
-#[cfg(feature = "server")]
-pub use crate::evidence::{
-    LimitEvent, LimitEventKind, RecoveryVerdict, RefusalReason, ServerEvent, ServerEventKind,
 };

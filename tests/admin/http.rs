@@ -775,3 +775,56 @@ async fn a_stuck_age_past_ten_years_is_clamped_and_the_store_answers() {
     );
     postgres::forget(&pool, &[&table], &[&table]).await;
 }
+
+/// The idempotency page tells an abandoned record (processing, its owner's lease passed) from
+/// one whose owner still holds it, and the overview counts the abandoned ones.
+#[tokio::test]
+async fn the_idempotency_page_shows_which_stuck_records_are_abandoned() {
+    use surely::idempotency::IdempotencyKey;
+    use surely::server::store::{IdempotencyStore, MemoryStore, RecordKey, RequestDigest};
+
+    let store = MemoryStore::new();
+    let digest = RequestDigest::of(b"o-1");
+    let record = |k: &str| RecordKey::new("", "POST /orders", IdempotencyKey::new(k).unwrap());
+    // A lease of zero has passed as soon as it is taken: the owner is as good as dead.
+    store
+        .acquire(&record("k-dead"), &digest, Duration::ZERO)
+        .await
+        .unwrap();
+    store
+        .acquire(&record("k-live"), &digest, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let admin = Admin::builder()
+        .idempotency(store)
+        .stuck_after(Duration::ZERO)
+        .authorize(by_header())
+        .build();
+    let addr = serve(Router::new().nest("/admin", admin.router())).await;
+    let answer = get(addr, "/admin/api/idempotency", Some("ro:bo")).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let view: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    let mut leases: Vec<(String, String)> = view["stuck"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["key"].as_str().unwrap().to_owned(),
+                r["lease"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    leases.sort();
+    assert_eq!(leases[0], ("k-dead".to_owned(), "passed".to_owned()));
+    assert_eq!(leases[1].0, "k-live");
+    assert!(leases[1].1.ends_with(" left"), "{leases:?}");
+    let counts = get(addr, "/admin/api/counts", Some("ro:bo")).await;
+    assert!(
+        counts.body.contains("\"stuck\":2,\"abandoned\":1"),
+        "{}",
+        counts.body
+    );
+    let page = get(addr, "/admin/idempotency", Some("ro:bo")).await;
+    assert!(page.body.contains("<td>passed</td>"), "{}", page.body);
+}

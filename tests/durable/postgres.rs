@@ -76,6 +76,7 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
             format!("idempotency {table} v3 (checkpoints_and_unknown)"),
             format!("idempotency {table} v4 (stored_forms)"),
             format!("idempotency {table} v5 (acquire_function)"),
+            format!("idempotency {table} v6 (lease_index)"),
             format!("outbox {table}_outbox v1 (events)"),
             format!("outbox {table}_outbox v2 (quarantined index)"),
             format!("inbox {table}_inbox v1 (events and versions)"),

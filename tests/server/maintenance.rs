@@ -403,4 +403,42 @@ mod idempotency {
         );
         handle.shutdown().await;
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_recoverer_settles_a_record_whose_owner_and_client_died_with_no_request() {
+        let store = MemoryStore::new();
+        let lease = Duration::from_secs(30);
+        let layer = IdempotencyLayer::builder(store.clone())
+            .lease(lease)
+            .build()
+            .unwrap();
+        let handle = Maintenance::builder()
+            .chore(layer.recoverer())
+            .every(Duration::from_secs(10))
+            .round_time(Duration::from_secs(10))
+            .build()
+            .unwrap()
+            .spawn();
+        for i in 0..3 {
+            store
+                .acquire(&key(&format!("dead-{i}")), &RequestDigest::of(b"{}"), lease)
+                .await
+                .unwrap();
+        }
+        // The rounds every ten seconds find them once the lease has passed: released (no
+        // checkpoint: nothing happened), with no request sent.
+        tokio::time::sleep(Duration::from_secs(45)).await;
+        for i in 0..3 {
+            let view = store
+                .inspect(&key(&format!("dead-{i}")))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(matches!(view.state, RecordState::Released), "{view:?}");
+            assert_eq!(view.fence.get(), 2);
+        }
+        let done: u64 = handle.last_reports().iter().map(|r| r.done).sum();
+        assert_eq!(done, 0, "the last round found nothing left");
+        handle.shutdown().await;
+    }
 }

@@ -9,6 +9,7 @@ use super::IdempotencyLayer;
 use crate::classify::BoxError;
 use crate::maintenance::{Batch, BoxFuture, Chore};
 use crate::server::store::{IdempotencyStore, StoreError};
+
 use crate::ConfigError;
 
 /// One batch of the sweep: at most `limit` expired records read, handed to the archive if there
@@ -117,6 +118,86 @@ impl<St: IdempotencyStore> Chore for IdempotencySweeper<St> {
             // A full batch none of which could be deleted (all acquired again since) would come
             // back at once: wait for the next round.
             Ok(Batch::new(deleted, full && deleted > 0))
+        })
+    }
+}
+
+/// The recovery of abandoned records, as a chore: [`IdempotencyLayer::recoverer`].
+pub struct IdempotencyRecoverer<St> {
+    layer: IdempotencyLayer<St>,
+    name: String,
+}
+
+impl<St> fmt::Debug for IdempotencyRecoverer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyRecoverer")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St> IdempotencyRecoverer<St> {
+    /// The same recoverer under another name (default `idempotency recovery`), as
+    /// [`IdempotencySweeper::named`].
+    #[must_use]
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+}
+
+impl<St: IdempotencyStore> IdempotencyLayer<St> {
+    /// The [recovery of abandoned records](Self::recover_abandoned) as a [chore](Chore) for a
+    /// [`Maintenance`](crate::maintenance::Maintenance): each batch takes over at most the
+    /// maintenance's batch size of records whose owner's lease passed (and the
+    /// [grace](super::IdempotencyLayerBuilder::abandoned_grace) after it), and decides each
+    /// with the [hook](super::IdempotencyLayerBuilder::recover_abandoned), or by the rule
+    /// without one. Run it a few times per lease: a record whose owner and client died
+    /// together is then settled within a lease or two, with no request.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::maintenance::Maintenance;
+    /// use surely::server::idempotency::IdempotencyLayer;
+    /// use surely::server::store::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), surely::ConfigError> {
+    /// let layer = IdempotencyLayer::builder(MemoryStore::new())
+    ///     .lease(Duration::from_secs(30))
+    ///     .build()?;
+    /// let maintenance = Maintenance::builder()
+    ///     .chore(layer.recoverer())
+    ///     .chore(layer.sweeper(Duration::from_secs(3600))?)
+    ///     .every(Duration::from_secs(10))
+    ///     .round_time(Duration::from_secs(10))
+    ///     .build()?
+    ///     .spawn();
+    /// # let _ = maintenance; Ok(()) }
+    /// ```
+    pub fn recoverer(&self) -> IdempotencyRecoverer<St> {
+        IdempotencyRecoverer {
+            layer: self.clone(),
+            name: "idempotency recovery".to_owned(),
+        }
+    }
+}
+
+impl<St: IdempotencyStore> Chore for IdempotencyRecoverer<St> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn run(&self, limit: usize) -> BoxFuture<'_, Result<Batch, BoxError>> {
+        Box::pin(async move {
+            let round = self.layer.recover_abandoned(limit).await?;
+            let decided = round.seen - round.left;
+            // Records left as they were (a hook that panicked or hung) come back after the
+            // round's lease, not in this round.
+            Ok(Batch::new(
+                decided as u64,
+                round.seen >= limit && decided > 0,
+            ))
         })
     }
 }

@@ -13,7 +13,9 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 
-use super::recovery::{RecoverFn, Recovery, SettleRound, Takeover};
+use super::recovery::{
+    AbandonedFn, AbandonedRecovery, AbandonedRound, RecoverFn, Recovery, SettleRound, Takeover,
+};
 use super::service::Idempotency;
 use super::stored::{ArchiveFn, RebuildFn, Seal, DEFAULT_MAX_STORED};
 use super::TicketStore;
@@ -21,8 +23,8 @@ use crate::classify::BoxError;
 use crate::record::{Recorder, ServerEvent, ServerEventKind};
 use crate::resolve::Resolve;
 use crate::server::store::{
-    BoxFuture, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, Opened, RecordKey,
-    RequestDigest, StoreError, StoredResponse, StuckRecord,
+    AbandonedRecord, BoxFuture, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, Opened,
+    RecordKey, RequestDigest, StoreError, StoredResponse, StuckRecord,
 };
 use crate::ConfigError;
 
@@ -53,6 +55,12 @@ pub(super) struct Config<St> {
     pub(super) recorder: Option<Arc<dyn Recorder + Send + Sync>>,
     /// What decides after a takeover; `None`: the rule (see `recovery::by_rule`).
     pub(super) recover: Option<Arc<RecoverFn>>,
+    /// What decides about an abandoned record; `None`: the rule (see
+    /// `recovery::abandoned_by_rule`).
+    pub(super) recover_abandoned: Option<Arc<AbandonedFn>>,
+    /// How long the abandoned-record hook may take over one record.
+    pub(super) abandoned_timeout: Duration,
+    pub(super) abandoned_grace: Duration,
     /// Headers never stored, beyond the built-in ones.
     pub(super) never_store: Vec<HeaderName>,
     /// The largest body stored; a larger one is left out.
@@ -81,6 +89,13 @@ impl<St> Config<St> {
     pub(super) fn emit(&self, kind: ServerEventKind, method: &Method, record: &RecordKey) {
         if let Some(recorder) = self.recorder.as_ref().filter(|r| r.enabled()) {
             recorder.record_server(&ServerEvent::request(kind, method.clone(), record.clone()));
+        }
+    }
+
+    /// Records `kind`, about no one record, if a recorder wants it.
+    pub(super) fn emit_report(&self, kind: ServerEventKind) {
+        if let Some(recorder) = self.recorder.as_ref().filter(|r| r.enabled()) {
+            recorder.record_server(&ServerEvent::report(kind));
         }
     }
 
@@ -255,6 +270,69 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     }
 }
 
+impl<St: IdempotencyStore> IdempotencyLayer<St> {
+    /// One round of recovery **without a request**: takes over up to `limit` abandoned
+    /// records (still `PROCESSING`, their owner's lease passed: an owner and its client that
+    /// died together leave such a record, and no request with the key may ever come), oldest
+    /// lease first, each fenced as a takeover by a request is
+    /// ([`IdempotencyStore::take_abandoned`]), and decides each one's fate without running the
+    /// handler (there is no request to run it with):
+    ///
+    /// | the [abandoned-record hook](IdempotencyLayerBuilder::recover_abandoned) answers | the record |
+    /// | --- | --- |
+    /// | [`Completed(res)`](AbandonedRecovery::Completed) or [`Failed(res)`](AbandonedRecovery::Failed) | completed with `res`, stored as a handler's answer is, and replayed to the next request with the key |
+    /// | [`Unknown(evidence)`](AbandonedRecovery::Unknown) | `UNKNOWN`, for [`settle_unknowns`](Self::settle_unknowns) |
+    /// | [`Released`](AbandonedRecovery::Released) | released: the next request with the key runs it |
+    /// | panics, or no answer within [its timeout](IdempotencyLayerBuilder::abandoned_timeout) | left as it was: `PROCESSING` under the round's fence until the round's lease passes, then taken again by a later round |
+    ///
+    /// Without a hook: a record with a checkpoint becomes `UNKNOWN`, its evidence naming the
+    /// checkpoints (a step outside may have happened); one without is released.
+    ///
+    /// The round's lease is the layer's [lease](IdempotencyLayerBuilder::lease), or the hook's
+    /// timeout if that is longer, so that no request takes the record over while the hook
+    /// decides. Two rounds at once (on two instances over one store) never take the same
+    /// record. A decision the store refuses as stale (an operator, or a request, moved the
+    /// record meanwhile) is theirs, not a failure: the record is not counted.
+    ///
+    /// Each record taken is reported as [`ServerEventKind::Abandoned`], with its verdict and
+    /// fence; a round whose store failed to take any as
+    /// [`ServerEventKind::AbandonedRoundFailed`]. Run it on a schedule, a few times per lease.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::idempotency::IdempotencyKey;
+    /// use surely::server::idempotency::IdempotencyLayer;
+    /// use surely::server::store::{IdempotencyStore, MemoryStore, RecordKey, RequestDigest};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let store = MemoryStore::new();
+    /// let layer = IdempotencyLayer::builder(store.clone())
+    ///     .lease(Duration::from_secs(10))
+    ///     .build()
+    ///     .unwrap();
+    /// // An owner that died with its client, before any step outside.
+    /// let key = RecordKey::new("", "POST /orders", IdempotencyKey::new("k-1").unwrap());
+    /// store.acquire(&key, &RequestDigest::of(b"o-1"), Duration::from_secs(10)).await.unwrap();
+    ///
+    /// tokio::time::advance(Duration::from_secs(11)).await;
+    /// let round = layer.recover_abandoned(100).await.unwrap();
+    /// assert_eq!((round.seen, round.released), (1, 1));
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The store failed to take records over: nothing was taken, and the next round tries
+    /// again. A store failure while recording one record's decision is not an error: that
+    /// record is left for the next round, and counted in [`left`](AbandonedRound::left).
+    pub async fn recover_abandoned(&self, limit: usize) -> Result<AbandonedRound, StoreError> {
+        super::recovery::recover_abandoned(&self.config, limit).await
+    }
+}
+
+/// The abandoned-record hook's timeout unless set.
+const DEFAULT_ABANDONED_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The archive refused a batch (its error is the source).
 #[derive(Debug, thiserror::Error)]
 #[error("archive refused a batch")]
@@ -322,6 +400,12 @@ impl<St> fmt::Debug for Config<St> {
             .field("operation", &self.operation.as_ref().map(|_| "fn"))
             .field("recorder", &self.recorder.is_some())
             .field("recover", &self.recover.as_ref().map(|_| "fn"))
+            .field(
+                "recover_abandoned",
+                &self.recover_abandoned.as_ref().map(|_| "fn"),
+            )
+            .field("abandoned_timeout", &self.abandoned_timeout)
+            .field("abandoned_grace", &self.abandoned_grace)
             .field("never_store", &self.never_store)
             .field("max_stored", &self.max_stored)
             .field("compress_over", &self.compress_over)
@@ -395,6 +479,9 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 operation: None,
                 recorder: None,
                 recover: None,
+                recover_abandoned: None,
+                abandoned_timeout: DEFAULT_ABANDONED_TIMEOUT,
+                abandoned_grace: Duration::ZERO,
                 never_store: Vec::new(),
                 max_stored: DEFAULT_MAX_STORED,
                 compress_over: None,
@@ -668,6 +755,76 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
         self
     }
 
+    /// What decides about an **abandoned** record in a round of
+    /// [`recover_abandoned`](IdempotencyLayer::recover_abandoned): a record still
+    /// `PROCESSING` whose owner's lease passed, with no request to take it over (the owner
+    /// and its client died together). The hook is given the record's facts
+    /// ([`AbandonedRecord`]: key, the round's fence, age, how overdue, digest, checkpoints;
+    /// no request) and answers with an [`AbandonedRecovery`]: completed or failed with the
+    /// answer to store and replay, unknown with evidence, or released. The handler never runs
+    /// again from here.
+    ///
+    /// The hook runs on a task of its own, for at most
+    /// [`abandoned_timeout`](Self::abandoned_timeout): one that panics or does not answer in
+    /// time leaves the record as it was, for a later round. Without a hook, a record with a
+    /// checkpoint becomes `UNKNOWN` and one without is released.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use surely::server::idempotency::{AbandonedRecovery, IdempotencyLayer};
+    /// use surely::server::store::{AbandonedRecord, MemoryStore};
+    ///
+    /// // Ask the payment channel about the charge the dead owner had started.
+    /// async fn charged(channel_request: &str) -> Option<bool> {
+    ///     Some(channel_request.starts_with("ch-"))
+    /// }
+    ///
+    /// let layer = IdempotencyLayer::builder(MemoryStore::new())
+    ///     .recover_abandoned(|r: AbandonedRecord| async move {
+    ///         let Some(request) = r.checkpoint("charge") else {
+    ///             return AbandonedRecovery::Released; // it never reached the channel
+    ///         };
+    ///         match charged(request).await {
+    ///             Some(true) => AbandonedRecovery::Completed(http::Response::new(Bytes::from("paid"))),
+    ///             Some(false) => AbandonedRecovery::Released, // cancelled there: run it again
+    ///             None => AbandonedRecovery::Unknown(format!("channel did not answer for {request}")),
+    ///         }
+    ///     })
+    ///     .abandoned_timeout(Duration::from_secs(5))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn recover_abandoned<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(AbandonedRecord) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = AbandonedRecovery> + Send + 'static,
+    {
+        self.config.recover_abandoned = Some(Arc::new(move |r| Box::pin(hook(r))));
+        self
+    }
+
+    /// How long the [abandoned-record hook](Self::recover_abandoned) may take over one record
+    /// (default 10 s); past it, the record is left as it was for a later round. Greater than
+    /// zero, at most [`MAX_DURATION`](crate::MAX_DURATION).
+    pub fn abandoned_timeout(mut self, timeout: Duration) -> Self {
+        self.config.abandoned_timeout = timeout;
+        self
+    }
+
+    /// How long past its lease a record waits before a
+    /// [recovery round](IdempotencyLayer::recover_abandoned) takes it (default zero: as soon
+    /// as the lease passes). A client that retries with the key within this grace takes the
+    /// record over itself, with its request, and the [takeover hook](Self::recover) may then
+    /// resume the work, which a round without a request cannot do: set it to about the time
+    /// your clients take to come back (their deadline), and only records whose client is gone
+    /// too are left to the round. At most [`MAX_DURATION`](crate::MAX_DURATION).
+    pub fn abandoned_grace(mut self, grace: Duration) -> Self {
+        self.config.abandoned_grace = grace;
+        self
+    }
+
     /// Headers never stored for a replay, beyond those the layer never stores (`set-cookie`,
     /// `date`, the connection's own: see [`StoredResponse::new`]): a per-user token, a trace
     /// id, anything that belongs to the first answer alone or must not sit in the store.
@@ -769,10 +926,11 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     ///
     /// # Errors
     ///
-    /// A zero lease, renewal or retention, one over ten years
+    /// A zero lease, renewal, retention or abandoned-record hook timeout, one (or an
+    /// abandoned-record grace) over ten years
     /// ([`MAX_DURATION`](crate::MAX_DURATION)), an in-flight `Retry-After` over ten years, or a
     /// zero body limit; a renewal
-    /// or a recovery hook with [`in_transaction`](Self::in_transaction).
+    /// or a recovery or abandoned-record hook with [`in_transaction`](Self::in_transaction).
     pub fn build(self) -> Result<IdempotencyLayer<St>, ConfigError> {
         let c = &self.config;
         ConfigError::positive_at_most_max("idempotency lease", c.lease)?;
@@ -786,6 +944,11 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
             ConfigError::at_most_max("idempotency lease renewal", max)?;
         }
         ConfigError::positive_at_most_max("idempotency retention", c.retention)?;
+        ConfigError::at_most_max("idempotency abandoned-record grace", c.abandoned_grace)?;
+        ConfigError::positive_at_most_max(
+            "idempotency abandoned-record hook timeout",
+            c.abandoned_timeout,
+        )?;
         ConfigError::at_most_max("idempotency in-flight retry-after", c.retry_after)?;
         if c.compress_over == Some(0) {
             return Err(ConfigError::new(
@@ -803,6 +966,12 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
             return Err(ConfigError::new(
                 "idempotency lease renewal",
                 "has no use with in_transaction: the key is held as long as its transaction",
+            ));
+        }
+        if c.open.is_some() && c.recover_abandoned.is_some() {
+            return Err(ConfigError::new(
+                "idempotency abandoned-record hook",
+                "has no use with in_transaction: no record is left processing to recover",
             ));
         }
         if c.open.is_some() && c.recover.is_some() {

@@ -175,10 +175,10 @@ mod recovery;
 mod service;
 mod stored;
 
-pub use self::chores::IdempotencySweeper;
+pub use self::chores::{IdempotencyRecoverer, IdempotencySweeper};
 pub use self::code::{ErrorCode, UnknownErrorCode};
 pub use self::layer::{IdempotencyLayer, IdempotencyLayerBuilder};
-pub use self::recovery::{Recovery, SettleRound, Takeover};
+pub use self::recovery::{AbandonedRecovery, AbandonedRound, Recovery, SettleRound, Takeover};
 pub use self::service::Idempotency;
 pub use self::stored::{Reference, Seal};
 

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,10 +12,10 @@ use http::{Request, Response};
 use super::layer::Config;
 use crate::classify::{AttemptClass, Classification, DeliveryPhase};
 use crate::ids::{BusinessKey, Operation};
-use crate::record::ServerEventKind;
+use crate::record::{AbandonedVerdict, ServerEventKind};
 use crate::resolve::{Query, Resolution, Resolve};
 use crate::server::store::{
-    Checkpoint, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError,
+    AbandonedRecord, Checkpoint, Fence, IdempotencyStore, RecordKey, RequestDigest, StoreError,
 };
 use crate::Semantics;
 
@@ -216,6 +217,219 @@ where
         }
     }
     Ok(round)
+}
+
+/// What an [abandoned-record hook](super::IdempotencyLayerBuilder::recover_abandoned) decided
+/// about a record whose owner died with its client. The handler never runs again here: there
+/// is no request to run it with.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AbandonedRecovery {
+    /// The work was done: this is its answer, stored and replayed to the next request with
+    /// the key.
+    Completed(Response<Bytes>),
+    /// The work failed for good: this is its answer, stored and replayed. Only once the step
+    /// can no longer happen, as for [`Recovery::Failed`].
+    Failed(Response<Bytes>),
+    /// Nobody can tell yet: the record becomes `UNKNOWN` with this evidence, and
+    /// [`settle_unknowns`](super::IdempotencyLayer::settle_unknowns) settles it later.
+    Unknown(String),
+    /// Nothing happened (no step was taken, or the one taken is known not to have happened):
+    /// the record is released, and the next request with the key runs it.
+    Released,
+}
+
+impl AbandonedRecovery {
+    fn verdict(&self) -> AbandonedVerdict {
+        match self {
+            AbandonedRecovery::Completed(_) => AbandonedVerdict::Completed,
+            AbandonedRecovery::Failed(_) => AbandonedVerdict::Failed,
+            AbandonedRecovery::Unknown(_) => AbandonedVerdict::Unknown,
+            AbandonedRecovery::Released => AbandonedVerdict::Released,
+        }
+    }
+}
+
+/// The abandoned-record hook, boxed.
+pub(super) type AbandonedFn = dyn Fn(AbandonedRecord) -> Pin<Box<dyn Future<Output = AbandonedRecovery> + Send>>
+    + Send
+    + Sync;
+
+/// The decision without a hook: a record without checkpoints never reached a step outside
+/// (released: the next request runs it); one with checkpoints may have, and becomes
+/// `UNKNOWN`, naming them.
+pub(super) fn abandoned_by_rule(checkpoints: &[Checkpoint]) -> AbandonedRecovery {
+    if checkpoints.is_empty() {
+        return AbandonedRecovery::Released;
+    }
+    let steps: Vec<String> = checkpoints.iter().map(|c| format!("{c:?}")).collect();
+    AbandonedRecovery::Unknown(bounded(format!(
+        "abandoned by its owner after it recorded {}; no abandoned-record hook to ask",
+        steps.join(", ")
+    )))
+}
+
+/// What one [`recover_abandoned`](super::IdempotencyLayer::recover_abandoned) round did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AbandonedRound {
+    /// Abandoned records taken over.
+    pub seen: usize,
+    /// Completed with the hook's answer, replayed from now on.
+    pub completed: usize,
+    /// Completed with the hook's answer of a failure for good, replayed from now on.
+    pub failed: usize,
+    /// Marked `UNKNOWN`, to settle later.
+    pub unknown: usize,
+    /// Released: the next request with the key runs it.
+    pub released: usize,
+    /// Left as they were, `PROCESSING` under the round's fence until its lease passes, for a
+    /// later round: the hook panicked or timed out, or the store failed to record the
+    /// decision.
+    pub left: usize,
+}
+
+impl fmt::Display for AbandonedRound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} abandoned records: {} completed, {} failed, {} unknown, {} released, {} left for \
+             the next round",
+            self.seen, self.completed, self.failed, self.unknown, self.released, self.left
+        )
+    }
+}
+
+/// Asks `hook` about `record` on a task of its own, for at most `timeout`: `Err` with why not
+/// when it panicked or did not answer in time (the task is then stopped).
+async fn ask(
+    hook: Arc<AbandonedFn>,
+    record: AbandonedRecord,
+    timeout: Duration,
+) -> Result<AbandonedRecovery, AbandonedVerdict> {
+    let mut task = tokio::spawn(async move { hook(record).await });
+    match tokio::time::timeout(timeout, &mut task).await {
+        Ok(Ok(decided)) => Ok(decided),
+        Ok(Err(e)) if e.is_panic() => Err(AbandonedVerdict::HookPanicked),
+        // Cancelled: the runtime is shutting down.
+        Ok(Err(_)) => Err(AbandonedVerdict::HookTimedOut),
+        Err(_) => {
+            task.abort();
+            Err(AbandonedVerdict::HookTimedOut)
+        }
+    }
+}
+
+/// One round over the store's abandoned records; see
+/// [`IdempotencyLayer::recover_abandoned`](super::IdempotencyLayer::recover_abandoned).
+pub(super) async fn recover_abandoned<St: IdempotencyStore>(
+    config: &Config<St>,
+    limit: usize,
+) -> Result<AbandonedRound, StoreError> {
+    let mut round = AbandonedRound::default();
+    // The round's lease covers the hook's whole time: no request takes the record over while
+    // the hook decides.
+    let lease = config.lease.max(config.abandoned_timeout);
+    let taken = match config
+        .store
+        .take_abandoned(config.abandoned_grace, lease, limit)
+        .await
+    {
+        Ok(taken) => taken,
+        Err(e) => {
+            tracing::warn!(
+                error = &e as &dyn std::error::Error,
+                "abandoned-record recovery: the store failed to take records over"
+            );
+            config.emit_report(ServerEventKind::AbandonedRoundFailed);
+            return Err(e);
+        }
+    };
+    for record in taken {
+        round.seen += 1;
+        let (key, fence) = (record.key.clone(), record.fence);
+        let decided = match &config.recover_abandoned {
+            Some(hook) => ask(hook.clone(), record, config.abandoned_timeout).await,
+            None => Ok(abandoned_by_rule(&record.checkpoints)),
+        };
+        let verdict = match decided {
+            Ok(decided) => {
+                let verdict = decided.verdict();
+                match settle_abandoned(config, &key, fence, decided).await {
+                    Ok(()) => verdict,
+                    // Moved meanwhile by someone else (an operator, or a request after a
+                    // round slower than its lease): theirs stands.
+                    Err(e) if e.is_stale() => {
+                        round.seen -= 1;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            tenant = key.tenant(),
+                            operation = key.operation(),
+                            key = key.key().as_str(),
+                            fence = fence.get(),
+                            error = &e as &dyn std::error::Error,
+                            "abandoned-record recovery: the store failed to record the decision; left for the next round"
+                        );
+                        AbandonedVerdict::StoreFailed
+                    }
+                }
+            }
+            Err(why) => {
+                tracing::warn!(
+                    tenant = key.tenant(),
+                    operation = key.operation(),
+                    key = key.key().as_str(),
+                    fence = fence.get(),
+                    "abandoned-record recovery: the hook {}; left for the next round",
+                    if why == AbandonedVerdict::HookPanicked {
+                        "panicked"
+                    } else {
+                        "did not answer in time"
+                    }
+                );
+                why
+            }
+        };
+        match verdict {
+            AbandonedVerdict::Completed => round.completed += 1,
+            AbandonedVerdict::Failed => round.failed += 1,
+            AbandonedVerdict::Unknown => round.unknown += 1,
+            AbandonedVerdict::Released => round.released += 1,
+            _ => round.left += 1,
+        }
+        config.emit_record(ServerEventKind::Abandoned { fence, verdict }, &key);
+    }
+    Ok(round)
+}
+
+/// Records `decided` on the record taken with `fence`.
+async fn settle_abandoned<St: IdempotencyStore>(
+    config: &Config<St>,
+    key: &RecordKey,
+    fence: Fence,
+    decided: AbandonedRecovery,
+) -> Result<(), StoreError> {
+    match decided {
+        AbandonedRecovery::Completed(res) | AbandonedRecovery::Failed(res) => {
+            let (head, body) = res.into_parts();
+            let stored = config
+                .to_store(key, &head, &body)
+                .map_err(StoreError::backend)?;
+            config
+                .store
+                .complete(key, fence, &stored, config.retention)
+                .await
+        }
+        AbandonedRecovery::Unknown(evidence) => {
+            config
+                .store
+                .mark_unknown(key, fence, &bounded(evidence))
+                .await
+        }
+        AbandonedRecovery::Released => config.store.release(key, fence).await,
+    }
 }
 
 #[cfg(test)]

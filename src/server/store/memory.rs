@@ -10,8 +10,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    bounded, Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RecordState,
-    RecordView, RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
+    bounded, AbandonedRecord, Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore,
+    RecordKey, RecordState, RecordView, RequestDigest, StoreError, StoredResponse, StuckRecord,
+    UnknownRecord,
 };
 #[cfg(surely_loom)]
 use crate::sync::mutation;
@@ -423,6 +424,59 @@ impl MemoryStore {
         stuck
     }
 
+    /// Takes over up to `limit` records `PROCESSING` whose lease passed, oldest lease first.
+    /// Found shard by shard, then each taken under its shard's lock if it is still as found
+    /// (same fence, still processing, lease still passed): a record is taken once, by one
+    /// caller, whatever runs meanwhile.
+    fn take_abandoned_now(
+        &self,
+        overdue_by: Duration,
+        lease: Duration,
+        limit: usize,
+    ) -> Vec<AbandonedRecord> {
+        let now = clock();
+        let due_by = |lease_until: Instant| later(lease_until, bounded(overdue_by)) <= now;
+        let mut due: Vec<(Instant, RecordKey, u64)> = Vec::new();
+        for shard in self.shared.shards.iter() {
+            for (key, record) in lock(shard).iter() {
+                if let State::Processing { lease_until, .. } = record.state {
+                    if due_by(lease_until) {
+                        due.push((lease_until, key.clone(), record.fence));
+                    }
+                }
+            }
+        }
+        due.sort_by_key(|(lease_until, _, _)| *lease_until);
+        due.truncate(limit);
+        let mut taken = Vec::with_capacity(due.len());
+        for (_, key, fence) in due {
+            let mut shard = self.shard(&key);
+            let Some(record) = shard.get_mut(&key) else {
+                continue;
+            };
+            let State::Processing { lease_until, since } = record.state else {
+                continue;
+            };
+            if record.fence != fence || !due_by(lease_until) {
+                continue;
+            }
+            record.fence += 1;
+            record.state = State::Processing {
+                lease_until: later(now, lease),
+                since: now,
+            };
+            taken.push(AbandonedRecord::new(
+                key.clone(),
+                Fence::new(record.fence),
+                now.saturating_duration_since(since),
+                now.saturating_duration_since(lease_until),
+                record.digest,
+                record.checkpoints.clone(),
+            ));
+        }
+        taken
+    }
+
     fn expired_now(&self, keep_expired_for: Duration, limit: usize) -> Vec<ExpiredRecord> {
         let now = clock();
         let mut found: Vec<(Instant, ExpiredRecord)> = Vec::new();
@@ -656,6 +710,15 @@ impl IdempotencyStore for MemoryStore {
         records: &[ExpiredRecord],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send {
         ready(Ok(self.forget_now(records)))
+    }
+
+    fn take_abandoned(
+        &self,
+        overdue_by: Duration,
+        lease: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<AbandonedRecord>, StoreError>> + Send {
+        ready(Ok(self.take_abandoned_now(overdue_by, lease, limit)))
     }
 }
 

@@ -43,6 +43,12 @@
 //!   request runs it again ([`Acquire::Unknown`]) until [`complete`](IdempotencyStore::complete)
 //!   (it happened: this is the answer) or [`release`](IdempotencyStore::release) (it did not)
 //!   settles it with that fence. [`unknowns`](IdempotencyStore::unknowns) lists them.
+//! * [`take_abandoned`](IdempotencyStore::take_abandoned) takes over, with no request, the
+//!   `PROCESSING` records whose lease passed (their owner died with its client), each as
+//!   `acquire` would (fence + 1, a new lease, its checkpoints kept), oldest lease first, never
+//!   one record for two callers: the layer's
+//!   [recovery round](crate::server::idempotency::IdempotencyLayer::recover_abandoned) then
+//!   completes, releases or marks each one unknown.
 //! * [`sweep`](IdempotencyStore::sweep) deletes terminal records (completed or released) whose
 //!   retention ended more than `keep_expired_for` ago; never a `PROCESSING` or `UNKNOWN` one. Between the end
 //!   of retention and the sweep, a request with the key gets [`Acquire::Expired`], an explicit
@@ -738,6 +744,100 @@ pub trait IdempotencyStore: Send + Sync + 'static {
             "this idempotency store does not read single records",
         )))
     }
+
+    /// Takes over, in one atomic move, up to `limit` **abandoned** records: `PROCESSING`, with
+    /// their owner's lease passed `overdue_by` ago or more (the owner and its client died
+    /// together, and no request with the key came to take it over in that time). Each gets its fence plus one and a new lease of
+    /// `lease` from the store's clock, as a takeover by a request does (a late owner is then
+    /// refused as stale), and keeps its checkpoints. The oldest leases go first; the facts of
+    /// each record taken come back ([`AbandonedRecord`]), for the
+    /// [recovery round](crate::server::idempotency::IdempotencyLayer::recover_abandoned) to
+    /// decide what became of its work.
+    ///
+    /// Two calls at once, on one instance or two, never take the same record: each record
+    /// taken is the caller's alone, under its new fence, until that lease passes. A record
+    /// whose lease has not passed, and one in any other state, is left alone.
+    ///
+    /// The default, for a store of your own that does not find abandoned records, is an error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::idempotency::IdempotencyKey;
+    /// use surely::server::store::{IdempotencyStore, MemoryStore, RecordKey, RequestDigest};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let store = MemoryStore::new();
+    /// let key = RecordKey::new("", "POST /orders", IdempotencyKey::new("k-1").unwrap());
+    /// store.acquire(&key, &RequestDigest::of(b"{}"), Duration::from_secs(30)).await.unwrap();
+    /// // The owner dies with its client: nobody sends the key again.
+    /// let lease = Duration::from_secs(30);
+    /// assert!(store.take_abandoned(Duration::ZERO, lease, 10).await.unwrap().is_empty());
+    /// tokio::time::advance(Duration::from_secs(31)).await;
+    /// let taken = store.take_abandoned(Duration::ZERO, lease, 10).await.unwrap();
+    /// assert_eq!(taken.len(), 1);
+    /// assert_eq!(taken[0].fence.get(), 2);
+    /// assert_eq!(taken[0].overdue, Duration::from_secs(1));
+    /// // Taken: the next round finds nothing until the new lease passes.
+    /// assert!(store.take_abandoned(Duration::ZERO, lease, 10).await.unwrap().is_empty());
+    /// # }
+    /// ```
+    fn take_abandoned(
+        &self,
+        overdue_by: Duration,
+        lease: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<AbandonedRecord>, StoreError>> + Send {
+        let _ = (overdue_by, lease, limit);
+        std::future::ready(Err(StoreError::backend(
+            "this idempotency store does not recover abandoned records",
+        )))
+    }
+}
+
+/// A `PROCESSING` record whose owner's lease had passed, as
+/// [`IdempotencyStore::take_abandoned`] took it over: what a recovery without a request knows
+/// of it. There is no request: its body is gone with its client, only its digest is kept.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct AbandonedRecord {
+    /// Its scope: tenant, operation, key.
+    pub key: RecordKey,
+    /// The fence it was taken with (the previous owner's, plus one): what settles it.
+    pub fence: Fence,
+    /// How long ago the previous owner acquired it.
+    pub age: Duration,
+    /// How long it had been held past its lease when it was taken.
+    pub overdue: Duration,
+    /// The digest of the body the key was used with.
+    pub digest: RequestDigest,
+    /// The steps its owners recorded, oldest first.
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+impl AbandonedRecord {
+    /// An abandoned record; for stores of your own.
+    pub fn new(
+        key: RecordKey,
+        fence: Fence,
+        age: Duration,
+        overdue: Duration,
+        digest: RequestDigest,
+        checkpoints: Vec<Checkpoint>,
+    ) -> Self {
+        AbandonedRecord {
+            key,
+            fence,
+            age,
+            overdue,
+            digest,
+            checkpoints,
+        }
+    }
+
+    /// The latest value its owners recorded under `name`.
+    pub fn checkpoint(&self, name: &str) -> Option<&str> {
+        latest(&self.checkpoints, name)
+    }
 }
 
 /// What a store holds for one key, as [`IdempotencyStore::inspect`] read it.
@@ -992,5 +1092,21 @@ impl<S: IdempotencyStore> IdempotencyStore for Arc<S> {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<StuckRecord>, StoreError>> + Send {
         (**self).stuck(older_than, limit)
+    }
+
+    fn inspect(
+        &self,
+        key: &RecordKey,
+    ) -> impl Future<Output = Result<Option<RecordView>, StoreError>> + Send {
+        (**self).inspect(key)
+    }
+
+    fn take_abandoned(
+        &self,
+        overdue_by: Duration,
+        lease: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<AbandonedRecord>, StoreError>> + Send {
+        (**self).take_abandoned(overdue_by, lease, limit)
     }
 }

@@ -12,8 +12,8 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::{
-    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RecordState,
-    RecordView, RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
+    AbandonedRecord, Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey,
+    RecordState, RecordView, RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use crate::idempotency::IdempotencyKey;
 use crate::server::idempotency::Ticket;
@@ -122,6 +122,7 @@ struct Sql {
     unknowns: String,
     expired: String,
     forget: String,
+    take_abandoned: String,
     /// The statements of a claim in the handler's transaction.
     claim: claim::ClaimSql,
 }
@@ -199,6 +200,17 @@ pub(crate) static POSTGRES_COMPONENT: crate::storage::Component = crate::storage
             version: 5,
             name: "acquire_function",
             sql: acquire_function,
+        },
+        crate::storage::Migration {
+            version: 6,
+            name: "lease_index",
+            sql: |t| {
+                let n = crate::storage::bare(t);
+                format!(
+                    "CREATE INDEX IF NOT EXISTS {n}_lease ON {t} (lease_until)
+                         WHERE state = {PROCESSING};"
+                )
+            },
         },
     ],
 };
@@ -363,6 +375,31 @@ impl Sql {
                      GREATEST(EXTRACT(EPOCH FROM (now() - unknown_at)), 0)::float8
                  FROM {t} WHERE state = {UNKNOWN}
                  ORDER BY unknown_at LIMIT $1"
+            ),
+            // The abandoned records, oldest lease first, through the index on the lease's end;
+            // each locked as it is found, and one another round holds is skipped, so that two
+            // rounds (on two instances) share the work and never take the same record. A
+            // request's takeover of the same record at the same moment waits for the lock,
+            // then finds the fence changed and takes nothing.
+            take_abandoned: format!(
+                "WITH due AS (
+                     SELECT tenant, operation, key, lease_until, acquired_at FROM {t}
+                     WHERE state = {PROCESSING}
+                       AND lease_until <= now() - make_interval(secs => $3)
+                     ORDER BY lease_until
+                     LIMIT $2
+                     FOR UPDATE SKIP LOCKED
+                 )
+                 UPDATE {t} AS r
+                 SET fence = r.fence + 1, acquired_at = now(),
+                     lease_until = now() + make_interval(secs => $1)
+                 FROM due
+                 WHERE r.tenant = due.tenant AND r.operation = due.operation AND r.key = due.key
+                 RETURNING r.tenant, r.operation, r.key, r.fence, r.digest,
+                     r.checkpoint_names, r.checkpoint_values,
+                     GREATEST(EXTRACT(EPOCH FROM
+                         (now() - COALESCE(due.acquired_at, due.lease_until))), 0)::float8,
+                     GREATEST(EXTRACT(EPOCH FROM (now() - due.lease_until)), 0)::float8"
             ),
             // A record from before `acquired_at` existed counts from its lease.
             stuck: format!(
@@ -1194,6 +1231,41 @@ impl IdempotencyStore for PostgresStore {
             .execute(&self.sql.forget, &[&tenants, &operations, &keys, &fences])
             .await
             .map_err(StoreError::backend)
+    }
+
+    async fn take_abandoned(
+        &self,
+        overdue_by: Duration,
+        lease: Duration,
+        limit: usize,
+    ) -> Result<Vec<AbandonedRecord>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let params: [&(dyn ToSql + Sync); 3] = [&secs(lease), &limit, &secs(overdue_by)];
+        let mut taken = self
+            .list(&self.sql.take_abandoned, &params, |row, key, fence| {
+                let e = StoreError::backend;
+                let digest: &[u8] = row.try_get(4).map_err(e)?;
+                let digest = <[u8; 32]>::try_from(digest)
+                    .map_err(|_| StoreError::backend("stored digest is not 32 bytes"))?;
+                let steps = checkpoints(row.try_get(5).map_err(e)?, row.try_get(6).map_err(e)?)?;
+                let age: f64 = row.try_get(7).map_err(e)?;
+                let overdue: f64 = row.try_get(8).map_err(e)?;
+                Ok(AbandonedRecord::new(
+                    key,
+                    fence,
+                    duration(age),
+                    duration(overdue),
+                    RequestDigest::from_bytes(digest),
+                    steps,
+                ))
+            })
+            .await?;
+        // `RETURNING` keeps no order: the oldest lease first, as they were taken.
+        taken.sort_by_key(|r| std::cmp::Reverse(r.overdue));
+        Ok(taken)
     }
 
     async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {

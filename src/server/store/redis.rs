@@ -10,8 +10,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 use super::{
-    Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey, RecordState,
-    RecordView, RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
+    AbandonedRecord, Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, RecordKey,
+    RecordState, RecordView, RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
 };
 use crate::classify::BoxError;
 use crate::idempotency::IdempotencyKey;
@@ -61,8 +61,15 @@ use crate::ConfigError;
 /// (readable in `redis-cli`, bounded as [`RecordKey`] is), and its owner's lease is the string
 /// `surely:idem:lease:...` beside it, claimed with `SET ... NX PX <lease>` and expired by Redis
 /// itself. The record outlives its lease: a takeover needs the old fence, digest and
-/// checkpoints, so only the claim expires. Three sorted sets index the records by time
-/// (`surely:idem:processing`, `:unknown`, `:ended`), kept in step by the same scripts.
+/// checkpoints, so only the claim expires. Four sorted sets index the records by time
+/// (`surely:idem:processing` by acquisition, `:leases` by the end of the owner's lease,
+/// `:unknown`, `:ended`), kept in step by the same scripts.
+///
+/// [`take_abandoned`](IdempotencyStore::take_abandoned) reads `:leases`. A record acquired by
+/// an earlier version of this store (or by an instance not yet upgraded) is not in it: each
+/// call also walks a hundred entries of `:processing`, from where the last call stopped
+/// (`:leases:walked`), and adds those it lacks, so that such records are found too, a few
+/// rounds later on a store with many records in flight.
 ///
 /// Acquiring, completing, releasing, renewing and checkpointing are one script each, one round
 /// trip (a script is sent once, then called by its hash), `O(log n)` in the store's records
@@ -130,6 +137,11 @@ struct Keys {
     processing: String,
     unknown: String,
     ended: String,
+    /// The processing records by the end of their owner's lease.
+    leases: String,
+    /// Where the walk through `processing` for records an earlier version left out of
+    /// `leases` stands.
+    leases_walked: String,
     backstop: Duration,
 }
 
@@ -140,6 +152,8 @@ impl Keys {
             processing: format!("{prefix}processing"),
             unknown: format!("{prefix}unknown"),
             ended: format!("{prefix}ended"),
+            leases: format!("{prefix}leases"),
+            leases_walked: format!("{prefix}leases:walked"),
             backstop,
         }
     }
@@ -302,7 +316,7 @@ impl RedisStore {
     }
 
     /// Runs one of the scripts that move `key`'s record: its keys are the record, its lease and
-    /// the three indexes.
+    /// the four indexes.
     async fn run(
         &self,
         script: &Script,
@@ -316,7 +330,8 @@ impl RedisStore {
             .key(&lease)
             .key(&self.keys.processing)
             .key(&self.keys.unknown)
-            .key(&self.keys.ended);
+            .key(&self.keys.ended)
+            .key(&self.keys.leases);
         for arg in args {
             invocation.arg(*arg);
         }
@@ -447,12 +462,14 @@ struct Scripts {
     inspect: Script,
     sweep: Script,
     forget: Script,
+    take_abandoned: Script,
 }
 
 /// What every script starts with: Redis's clock, and the owner check.
 ///
 /// The record is `KEYS[1]`, its lease `KEYS[2]`, the indexes of processing, unknown and ended
-/// records `KEYS[3..5]`; an owner's move has its fence in `ARGV[1]`.
+/// records `KEYS[3..5]`, and the index of processing records by their lease's end `KEYS[6]`;
+/// an owner's move has its fence in `ARGV[1]`.
 const PRELUDE: &str = r#"
 local function now_ms()
   local t = redis.call('TIME')
@@ -466,6 +483,7 @@ local function unindex()
   redis.call('DEL', KEYS[2])
   redis.call('ZREM', KEYS[3], KEYS[1])
   redis.call('ZREM', KEYS[4], KEYS[1])
+  redis.call('ZREM', KEYS[6], KEYS[1])
 end
 "#;
 
@@ -481,6 +499,7 @@ if kind == 'none' then
   redis.call('HSET', KEYS[1], 't', ARGV[3], 'o', ARGV[4], 'k', ARGV[5], 'd', ARGV[1],
     's', 'p', 'f', 1, 'lu', now + lease, 'at', now)
   redis.call('ZADD', KEYS[3], now, KEYS[1])
+  redis.call('ZADD', KEYS[6], now + lease, KEYS[1])
   return {'owner', 1}
 end
 if kind ~= 'hash' then
@@ -522,6 +541,7 @@ if not redis.call('SET', KEYS[2], f + 1, 'NX', 'PX', lease) then
 end
 redis.call('HSET', KEYS[1], 'd', ARGV[1], 's', 'p', 'f', f + 1, 'lu', now + lease, 'at', now)
 redis.call('ZADD', KEYS[3], now, KEYS[1])
+redis.call('ZADD', KEYS[6], now + lease, KEYS[1])
 if s == 'r' then
   redis.call('HDEL', KEYS[1], 'e')
   redis.call('ZREM', KEYS[5], KEYS[1])
@@ -572,7 +592,9 @@ if not owned({p = true}) then
   return 0
 end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-redis.call('HSET', KEYS[1], 'lu', now_ms() + tonumber(ARGV[2]))
+local lu = now_ms() + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'lu', lu)
+redis.call('ZADD', KEYS[6], lu, KEYS[1])
 return 1
 "#;
 
@@ -678,6 +700,79 @@ end
 return n
 "#;
 
+/// `KEYS`: the index of processing records by their lease's end, the index of processing
+/// records by when they were acquired, and where the walk through it stands. `ARGV`: the new
+/// lease (ms), the most to take, the store's prefix. Returns Redis's time, then each record
+/// taken: its key and its fields (tenant, operation, key, new fence, `p`, digest, checkpoints,
+/// age and overdue in ms).
+///
+/// First a step of a walk through the processing records by acquisition, from where the last
+/// round left it: a record that an earlier version of the store (or an instance not yet
+/// upgraded) acquired is not in the index by lease, and is added to it with the end of its
+/// lease. Then the records whose lease ended, oldest first: each taken over if its lease key
+/// is gone (Redis expired it) as a request's takeover does, its fence raised and a lease of
+/// its own set; a record no longer processing leaves the index, and one whose lease key still
+/// lives (renewed by an earlier version) goes back in at its end.
+const TAKE_ABANDONED: &str = r#"
+local now = now_ms()
+local lease = tonumber(ARGV[1])
+local prefix = ARGV[3]
+local from = redis.call('GET', KEYS[3]) or '-inf'
+local walked = redis.call('ZRANGEBYSCORE', KEYS[2], from, '+inf', 'WITHSCORES', 'LIMIT', 0, 100)
+for i = 1, #walked, 2 do
+  local name = walked[i]
+  if not redis.call('ZSCORE', KEYS[1], name) then
+    local lu = tonumber(redis.pcall('HGET', name, 'lu'))
+    if lu then
+      redis.call('ZADD', KEYS[1], lu, name)
+    end
+  end
+end
+if #walked > 0 then
+  local last = walked[#walked]
+  if #walked == 200 and walked[2] == last then
+    -- A hundred records acquired in one millisecond: step past it.
+    last = '(' .. last
+  end
+  redis.call('SET', KEYS[3], last)
+end
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[4]), 'LIMIT', 0,
+  tonumber(ARGV[2]))
+local out = {now}
+for _, name in ipairs(due) do
+  local kind = redis.call('TYPE', name).ok
+  if kind ~= 'hash' then
+    if kind ~= 'none' then
+      return {'corrupt', name, 'holds a ' .. kind .. ', not a record'}
+    end
+    redis.call('ZREM', KEYS[1], name)
+  else
+    local r = redis.call('HMGET', name, 's', 'f', 'lu', 'at', 't', 'o', 'k', 'd', 'cp')
+    local f = tonumber(r[2])
+    if r[1] ~= 'p' then
+      redis.call('ZREM', KEYS[1], name)
+    elseif not f then
+      return {'corrupt', name, 'has no fence'}
+    else
+      local held = prefix .. 'lease:' .. string.sub(name, #prefix + 5)
+      if redis.call('SET', held, f + 1, 'NX', 'PX', lease) then
+        redis.call('HSET', name, 'f', f + 1, 'lu', now + lease, 'at', now)
+        redis.call('ZADD', KEYS[2], now, name)
+        redis.call('ZADD', KEYS[1], now + lease, name)
+        local age = math.max(now - (tonumber(r[4]) or now), 0)
+        local overdue = math.max(now - (tonumber(r[3]) or now), 0)
+        table.insert(out, name)
+        table.insert(out, {r[5], r[6], r[7], tostring(f + 1), 'p', r[8], r[9] or '',
+          tostring(age), tostring(overdue)})
+      else
+        redis.call('ZADD', KEYS[1], now + math.max(redis.call('PTTL', held), 0), name)
+      end
+    end
+  end
+end
+return out
+"#;
+
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
     Scripts {
@@ -691,6 +786,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         inspect: script(INSPECT),
         sweep: script(SWEEP),
         forget: script(FORGET),
+        take_abandoned: script(TAKE_ABANDONED),
     }
 });
 
@@ -1152,6 +1248,53 @@ impl IdempotencyStore for RedisStore {
     async fn inspect(&self, key: &RecordKey) -> Result<Option<RecordView>, StoreError> {
         let (record, _, value) = self.run(&SCRIPTS.inspect, key, &[]).await?;
         inspected(&record, value)
+    }
+
+    async fn take_abandoned(
+        &self,
+        overdue_by: Duration,
+        lease: Duration,
+        limit: usize,
+    ) -> Result<Vec<AbandonedRecord>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut invocation = SCRIPTS.take_abandoned.prepare_invoke();
+        invocation
+            .key(&self.keys.leases)
+            .key(&self.keys.processing)
+            .key(&self.keys.leases_walked)
+            .arg(lease_millis(lease))
+            .arg(limit.min(u32::MAX as usize))
+            .arg(&*self.keys.prefix)
+            .arg(lease_millis(overdue_by));
+        let mut conn = self.manager().await?;
+        let value: Value = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| at(&self.keys.leases, e))?;
+        let mut reply = Reply::new(&self.keys.leases, value)?;
+        reply.int()?;
+        let mut taken = Vec::new();
+        while let Some(row) = reply.next_row()? {
+            let e = |why: BoxError| at(&row.key, why);
+            let (tenant, operation, k) = (row.text(0)?, row.text(1)?, row.text(2)?);
+            let k = IdempotencyKey::new(k).map_err(|x| e(x.into()))?;
+            let fence = u64::try_from(row.number(3)?).map_err(|x| e(x.into()))?;
+            let digest = row.bytes(5)?.unwrap_or_default();
+            let digest =
+                <[u8; 32]>::try_from(digest).map_err(|_| row.fail("its digest is not 32 bytes"))?;
+            let steps = decode_checkpoints(&row.key, row.bytes(6)?.unwrap_or_default())?;
+            taken.push(AbandonedRecord::new(
+                RecordKey::new(tenant, operation, k),
+                Fence::new(fence),
+                duration(row.number(7)?),
+                duration(row.number(8)?),
+                RequestDigest::from_bytes(digest),
+                steps,
+            ));
+        }
+        Ok(taken)
     }
 
     async fn stuck(

@@ -24,6 +24,7 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 
 use crate::support::time::secs;
 
+mod abandoned;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod disconnect;
 mod events;
@@ -353,7 +354,7 @@ where
 
 /// A store that cannot be reached: the handler does not run, and the client is told so.
 #[derive(Clone)]
-struct Down;
+pub(crate) struct Down;
 
 impl IdempotencyStore for Down {
     async fn acquire(

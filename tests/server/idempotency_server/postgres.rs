@@ -720,3 +720,123 @@ fn pg_any_durations_are_answered() {
     rt.block_on(db.drop_tables());
     result.unwrap();
 }
+
+/// The lease of the abandoned-record tests, on the database's clock.
+const ABANDONED_LEASE: Duration = Duration::from_millis(400);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_abandoned_records_without_a_hook_are_released_or_unknown() {
+    let db = store("pg_abandoned_records_without_a_hook_are_released_or_unknown").await;
+    super::abandoned::without_a_hook(db.store.clone(), ABANDONED_LEASE, tokio::time::sleep).await;
+    db.drop_tables().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_abandoned_records_each_verdict_of_the_hook_lands() {
+    let db = store("pg_abandoned_records_each_verdict_of_the_hook_lands").await;
+    super::abandoned::each_verdict_lands(db.store.clone(), ABANDONED_LEASE, tokio::time::sleep)
+        .await;
+    db.drop_tables().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_abandoned_records_a_failing_hook_leaves_them_for_the_next_round() {
+    let db = store("pg_abandoned_records_a_failing_hook_leaves_them_for_the_next_round").await;
+    super::abandoned::a_failing_hook_leaves_the_record(
+        db.store.clone(),
+        ABANDONED_LEASE,
+        tokio::time::sleep,
+    )
+    .await;
+    db.drop_tables().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_abandoned_records_wait_out_the_grace() {
+    let db = store("pg_abandoned_records_wait_out_the_grace").await;
+    super::abandoned::a_grace_leaves_the_client_time_to_come_back(
+        db.store.clone(),
+        ABANDONED_LEASE,
+        tokio::time::sleep,
+    )
+    .await;
+    db.drop_tables().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_abandoned_records_only_they_are_taken() {
+    let db = store("pg_abandoned_records_only_they_are_taken").await;
+    super::abandoned::only_abandoned_records_are_taken(
+        db.store.clone(),
+        ABANDONED_LEASE,
+        tokio::time::sleep,
+    )
+    .await;
+    db.drop_tables().await;
+}
+
+/// Four instances (four pools) over one table: `FOR UPDATE SKIP LOCKED` shares the records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_abandoned_records_concurrent_rounds_take_each_once() {
+    let db = store("pg_abandoned_records_concurrent_rounds_take_each_once").await;
+    let mut stores = vec![db.store.clone()];
+    for _ in 0..3 {
+        stores.push(
+            PostgresStore::connect(&url())
+                .unwrap()
+                .with_table(&db.table)
+                .unwrap(),
+        );
+    }
+    super::abandoned::concurrent_rounds_take_each_record_once(
+        stores,
+        ABANDONED_LEASE,
+        tokio::time::sleep,
+    )
+    .await;
+    db.drop_tables().await;
+}
+
+/// The migration adds an index on the lease's end, and the round's statement reads through
+/// it.
+#[tokio::test]
+async fn pg_abandoned_records_are_found_through_the_lease_index() {
+    let db = store("pg_abandoned_records_are_found_through_the_lease_index").await;
+    let client = db.store.pool().get().await.unwrap();
+    let bare = db.table.rsplit('.').next().unwrap();
+    let index: String = client
+        .query_one(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = $1",
+            &[&format!("{bare}_lease")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(index.contains("(lease_until)"), "{index}");
+    assert!(index.contains("WHERE (state = 0)"), "{index}");
+    // With sequential scans priced out, the planner picks it for the round's search.
+    client
+        .batch_execute("SET enable_seqscan = off")
+        .await
+        .unwrap();
+    let plan: Vec<String> = client
+        .query(
+            &format!(
+                "EXPLAIN SELECT tenant FROM {} WHERE state = 0 AND lease_until <= now()
+                 ORDER BY lease_until LIMIT 10 FOR UPDATE SKIP LOCKED",
+                db.table
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        plan.iter().any(|l| l.contains(&format!("{bare}_lease"))),
+        "{plan:#?}"
+    );
+    drop(client);
+    db.drop_tables().await;
+}

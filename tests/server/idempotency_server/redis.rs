@@ -768,3 +768,105 @@ fn redis_any_durations_are_answered() {
     rt.block_on(db.forget());
     result.unwrap();
 }
+
+/// The lease of the abandoned-record tests, on Redis's clock.
+const ABANDONED_LEASE: Duration = Duration::from_millis(400);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_abandoned_records_without_a_hook_are_released_or_unknown() {
+    let db = store("redis_abandoned_records_without_a_hook_are_released_or_unknown").await;
+    super::abandoned::without_a_hook(db.store.clone(), ABANDONED_LEASE, tokio::time::sleep).await;
+    db.forget().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_abandoned_records_each_verdict_of_the_hook_lands() {
+    let db = store("redis_abandoned_records_each_verdict_of_the_hook_lands").await;
+    super::abandoned::each_verdict_lands(db.store.clone(), ABANDONED_LEASE, tokio::time::sleep)
+        .await;
+    db.forget().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_abandoned_records_a_failing_hook_leaves_them_for_the_next_round() {
+    let db = store("redis_abandoned_records_a_failing_hook_leaves_them_for_the_next_round").await;
+    super::abandoned::a_failing_hook_leaves_the_record(
+        db.store.clone(),
+        ABANDONED_LEASE,
+        tokio::time::sleep,
+    )
+    .await;
+    db.forget().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_abandoned_records_wait_out_the_grace() {
+    let db = store("redis_abandoned_records_wait_out_the_grace").await;
+    super::abandoned::a_grace_leaves_the_client_time_to_come_back(
+        db.store.clone(),
+        ABANDONED_LEASE,
+        tokio::time::sleep,
+    )
+    .await;
+    db.forget().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_abandoned_records_only_they_are_taken() {
+    let db = store("redis_abandoned_records_only_they_are_taken").await;
+    super::abandoned::only_abandoned_records_are_taken(
+        db.store.clone(),
+        ABANDONED_LEASE,
+        tokio::time::sleep,
+    )
+    .await;
+    db.forget().await;
+}
+
+/// Four instances (four connections) over one prefix: one script per round, so no record is
+/// taken twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_abandoned_records_concurrent_rounds_take_each_once() {
+    let db = store("redis_abandoned_records_concurrent_rounds_take_each_once").await;
+    let stores = vec![db.store.clone(), db.another(), db.another(), db.another()];
+    super::abandoned::concurrent_rounds_take_each_record_once(
+        stores,
+        ABANDONED_LEASE,
+        tokio::time::sleep,
+    )
+    .await;
+    db.forget().await;
+}
+
+/// A record acquired by an earlier version of the store is not in the index by lease: the
+/// round's walk through the processing index finds it, and takes it over once its lease key
+/// is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_abandoned_records_from_an_earlier_version_are_found() {
+    let mut db = store("redis_abandoned_records_from_an_earlier_version_are_found").await;
+    let digest = RequestDigest::of(b"o-1");
+    let key = super::record("k-old");
+    let Acquire::Owner(_) = db
+        .store
+        .acquire(&key, &digest, ABANDONED_LEASE)
+        .await
+        .unwrap()
+    else {
+        panic!("not the owner");
+    };
+    // As an earlier version left it: not in the index by lease.
+    let leases = format!("{}leases", db.prefix);
+    let record = db.record_key("k-old").await;
+    let removed: i64 = db.conn.zrem(&leases, record).await.unwrap();
+    assert_eq!(removed, 1, "the acquire indexed it by lease");
+    tokio::time::sleep(ABANDONED_LEASE + ABANDONED_LEASE / 2).await;
+    let taken = db
+        .store
+        .take_abandoned(Duration::ZERO, ABANDONED_LEASE, 10)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    assert_eq!(taken[0].key, key);
+    assert_eq!(taken[0].fence, Fence::new(2));
+    db.forget().await;
+}
