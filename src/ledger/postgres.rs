@@ -929,9 +929,21 @@ impl Ledger for PostgresLedger {
     }
 
     async fn sweep(&self, retention: Duration) -> Result<u64, LedgerError> {
+        let mut total = 0u64;
+        loop {
+            let n = self.sweep_batch(retention, queue::SWEEP_BATCH).await?;
+            total = total.saturating_add(n);
+            if n < queue::SWEEP_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn sweep_batch(&self, retention: Duration, limit: usize) -> Result<u64, LedgerError> {
         let client = self.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         client
-            .execute(&self.store.sql().sweep, &[&micros(retention)])
+            .execute(&self.store.sql().sweep, &[&micros(retention), &limit])
             .await
             .map_err(LedgerError::backend)
     }

@@ -512,9 +512,21 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn sweep(&self, retention: Duration) -> Result<u64, OutboxError> {
+        let mut total = 0u64;
+        loop {
+            let n = self.sweep_batch(retention, queue::SWEEP_BATCH).await?;
+            total = total.saturating_add(n);
+            if n < queue::SWEEP_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn sweep_batch(&self, retention: Duration, limit: usize) -> Result<u64, OutboxError> {
         let client = self.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         client
-            .execute(&self.store.sql().sweep, &[&micros(retention)])
+            .execute(&self.store.sql().sweep, &[&micros(retention), &limit])
             .await
             .map_err(OutboxError::backend)
     }

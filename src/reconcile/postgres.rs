@@ -23,13 +23,14 @@ use crate::ConfigError;
 pub(crate) static POSTGRES_COMPONENT: Component = Component {
     name: "reconcile",
     default_table: "surely_reconcile",
-    migrations: &[Migration {
-        version: 1,
-        name: "differences",
-        sql: |t| {
-            let n = bare(t);
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
+    migrations: &[
+        Migration {
+            version: 1,
+            name: "differences",
+            sql: |t| {
+                let n = bare(t);
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
                     id text PRIMARY KEY,
                     seq bigserial NOT NULL,
                     rule text NOT NULL,
@@ -54,9 +55,26 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
                     WHERE state IN ('open', 'claimed');
                 CREATE INDEX IF NOT EXISTS {n}_open ON {t} (rule, created_at)
                     WHERE state IN ('open', 'claimed', 'manual');"
-            )
+                )
+            },
         },
-    }],
+        Migration {
+            version: 2,
+            name: "settled at",
+            // When a difference became repaired or resolved: the sweep's time, read through
+            // its index. Differences already done count from the migration.
+            sql: |t| {
+                let n = bare(t);
+                format!(
+                    "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS settled_at timestamptz;
+                    UPDATE {t} SET settled_at = now()
+                        WHERE state IN ('repaired', 'resolved') AND settled_at IS NULL;
+                    CREATE INDEX IF NOT EXISTS {n}_settled ON {t} (settled_at)
+                        WHERE state IN ('repaired', 'resolved');"
+                )
+            },
+        },
+    ],
 };
 
 /// The differences of services with more than one instance, or that must outlive a restart:
@@ -101,10 +119,11 @@ struct Sql {
     stats: String,
     done: String,
     known: String,
+    sweep: String,
 }
 
 /// Where the differences' table keeps the queue's part of an item: claimed in the order they
-/// were recorded; never swept.
+/// were recorded; swept by when it was repaired or resolved.
 static QUEUE: queue::Columns = queue::Columns {
     key: "id",
     state: "state",
@@ -112,7 +131,7 @@ static QUEUE: queue::Columns = queue::Columns {
     until: "until",
     tries: "tries",
     order: &["seq"],
-    settled_at: None,
+    settled_at: Some("settled_at"),
 };
 
 impl queue::SqlStates for ItemState {
@@ -182,6 +201,7 @@ impl crate::storage::Statements for Sql {
                  GROUP BY rule ORDER BY rule COLLATE \"C\""
             ),
             known: format!("SELECT id FROM {t} WHERE id = ANY($1)"),
+            sweep: queue.sweep(),
             done: format!(
                 "SELECT count(*) FILTER (WHERE state = 'repaired'),
                         count(*) FILTER (WHERE state = 'resolved')
@@ -608,6 +628,15 @@ impl DifferenceStore for PostgresDifferences {
         stats.repaired = repaired as u64;
         stats.resolved = resolved as u64;
         Ok(stats)
+    }
+
+    async fn sweep_batch(&self, retention: Duration, limit: usize) -> Result<u64, ReconcileError> {
+        let client = self.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        client
+            .execute(&self.store.sql().sweep, &[&micros(retention), &limit])
+            .await
+            .map_err(ReconcileError::backend)
     }
 }
 
