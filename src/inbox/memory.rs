@@ -1,13 +1,14 @@
 //! The in-memory inbox.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{Counters, InboxError, InboxStats, Processed, Versions};
+use super::{Counters, InboxError, InboxStats, InboxSweeper, Processed, Versions};
 use crate::outbox::Event;
 
 /// The embedded inbox: records in memory, for one process, and for tests. The handler runs
@@ -23,8 +24,20 @@ pub struct MemoryInbox {
 struct State {
     /// (consumer, event id) → the result, or `None` while in flight.
     done: HashMap<(String, String), Option<Bytes>>,
-    /// (consumer, aggregate) → the last version applied.
+    /// (consumer, aggregate) → the last version applied. Never swept.
     versions: HashMap<(String, String), i64>,
+    /// The records of `done` that have a result, by when they were recorded: the oldest
+    /// first (times only grow under the lock).
+    recorded: VecDeque<(tokio::time::Instant, (String, String))>,
+}
+
+impl State {
+    /// Records `id`'s result, and when.
+    fn record(&mut self, id: (String, String), result: Bytes) {
+        self.recorded
+            .push_back((tokio::time::Instant::now(), id.clone()));
+        self.done.insert(id, Some(result));
+    }
 }
 
 impl MemoryInbox {
@@ -40,6 +53,62 @@ impl MemoryInbox {
     /// The counts since the inbox was made.
     pub fn stats(&self) -> InboxStats {
         self.counters.stats()
+    }
+
+    /// Deletes at most `limit` of the records made `retention` ago or more (at most
+    /// [`MAX_DURATION`](crate::MAX_DURATION) counted), the oldest first; returns how many. A
+    /// delivery in flight is not a record yet, and the versions are kept. What an
+    /// [`InboxSweeper`] runs.
+    pub(crate) fn sweep_batch(&self, retention: Duration, limit: usize) -> u64 {
+        let now = tokio::time::Instant::now();
+        let retention = retention.min(crate::MAX_DURATION);
+        let mut state = self.state();
+        let mut done = 0u64;
+        while (done as usize) < limit {
+            match state.recorded.front() {
+                Some((at, _)) if now.saturating_duration_since(*at) >= retention => {}
+                _ => break,
+            }
+            if let Some((_, id)) = state.recorded.pop_front() {
+                state.done.remove(&id);
+                done = done.saturating_add(1);
+            }
+        }
+        done
+    }
+
+    /// The [chore](crate::maintenance::Chore) that deletes this inbox's records made
+    /// `retention` ago or more ([`InboxSweeper`]), named `inbox memory <this process>`: each
+    /// process sweeps its own memory. The versions are kept; `retention` must exceed the
+    /// broker's `redelivery_window` (see
+    /// [`PostgresInbox::sweeper`](super::PostgresInbox::sweeper) and the
+    /// [module docs](super#retention)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::inbox::MemoryInbox;
+    ///
+    /// let inbox = MemoryInbox::new();
+    /// let hour = Duration::from_secs(3600);
+    /// assert!(inbox.sweeper(2 * hour, hour).is_ok());
+    /// let err = inbox.sweeper(hour, 2 * hour).unwrap_err();
+    /// assert_eq!(err.setting(), "inbox retention");
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`PostgresInbox::sweeper`](super::PostgresInbox::sweeper).
+    pub fn sweeper(
+        &self,
+        retention: Duration,
+        redelivery_window: Duration,
+    ) -> Result<InboxSweeper, crate::ConfigError> {
+        InboxSweeper::new(
+            super::sweeper::Target::Memory(self.clone()),
+            crate::maintenance::memory_chore_name("inbox"),
+            retention,
+            redelivery_window,
+        )
     }
 
     /// Processes a delivery of `event` for `consumer`: runs `handler` unless the event was
@@ -71,7 +140,7 @@ impl MemoryInbox {
                     let verdict = judge(versions, last, event.version());
                     match verdict {
                         Some(Processed::Stale { .. }) => {
-                            state.done.insert(id.clone(), Some(Bytes::new()));
+                            state.record(id.clone(), Bytes::new());
                         }
                         Some(_) => {}
                         None => {
@@ -98,7 +167,7 @@ impl MemoryInbox {
         match handler().await {
             Ok(result) => {
                 let mut state = self.state();
-                state.done.insert(id, Some(result.clone()));
+                state.record(id, result.clone());
                 if versions != Versions::Any {
                     let v = state.versions.entry(aggregate).or_insert(event.version());
                     *v = (*v).max(event.version());
