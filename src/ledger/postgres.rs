@@ -1011,4 +1011,28 @@ mod tests {
         assert_eq!(bare("orders.unknown"), "unknown");
         assert_eq!(bare("unknown"), "unknown");
     }
+
+    /// The sweep reads the settled entries through the index on `settled_at`.
+    #[tokio::test]
+    async fn pg_the_sweep_is_read_through_the_settled_at_index() {
+        use crate::storage::testing::{plan, pool};
+        let table = format!("surely_ledger_plan_{:x}", crate::ids::random_u128() as u64);
+        let ledger = PostgresLedger::new(pool()).with_table(&table).unwrap();
+        ledger.migrate().await.unwrap();
+        let shown = plan(ledger.pool(), &ledger.store.sql().sweep, "0, 1000").await;
+        ledger
+            .pool()
+            .get()
+            .await
+            .unwrap()
+            .batch_execute(&format!(
+                "DROP TABLE {table}_attempts, {table};
+                 DELETE FROM surely_migrations WHERE target = '{table}'"
+            ))
+            .await
+            .unwrap();
+        assert!(shown.contains(&format!("{table}_settled ")), "{shown}");
+        assert!(!shown.contains("Seq Scan"), "{shown}");
+        assert!(shown.contains("LockRows"), "{shown}");
+    }
 }

@@ -827,3 +827,35 @@ impl Source for PostgresSource {
         self.page_now(request)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PostgresDifferences;
+
+    /// The sweep reads the repaired and resolved differences through the index on
+    /// `settled_at` that migration 2 made.
+    #[tokio::test]
+    async fn pg_the_sweep_is_read_through_the_settled_at_index() {
+        use crate::storage::testing::{plan, pool};
+        let table = format!(
+            "surely_reconcile_plan_{:x}",
+            crate::ids::random_u128() as u64
+        );
+        let store = PostgresDifferences::new(pool()).with_table(&table).unwrap();
+        store.migrate().await.unwrap();
+        let shown = plan(store.pool(), &store.store.sql().sweep, "0, 1000").await;
+        store
+            .pool()
+            .get()
+            .await
+            .unwrap()
+            .batch_execute(&format!(
+                "DROP TABLE {table}; DELETE FROM surely_migrations WHERE target = '{table}'"
+            ))
+            .await
+            .unwrap();
+        assert!(shown.contains(&format!("{table}_settled ")), "{shown}");
+        assert!(!shown.contains("Seq Scan"), "{shown}");
+        assert!(shown.contains("LockRows"), "{shown}");
+    }
+}
