@@ -15,7 +15,7 @@
 //! one process).
 //!
 //! A round that fails (the database is down, an archive refused a batch) keeps what it could
-//! not do for the next round and says why: a [`MaintenanceReport`](crate::record::MaintenanceReport)
+//! not do for the next round and says why: a [`MaintenanceReport`]
 //! to the [recorder](MaintenanceBuilder::recorder) (a warning through
 //! [`TracingRecorder`](crate::record::TracingRecorder), a count by outcome through
 //! `OtelRecorder`), and the last report of each chore on the [handle](MaintenanceHandle). A chore
@@ -87,6 +87,7 @@ pub const MIN_RETENTION: Duration = Duration::from_secs(3600);
 
 /// `retention`, if it is at most [`MAX_DURATION`](crate::MAX_DURATION) and at least
 /// [`MIN_RETENTION`]; else the error that names `setting` and both values.
+#[cfg_attr(not(feature = "durable"), allow(dead_code))]
 pub(crate) fn check_retention(
     setting: &'static str,
     retention: Duration,
@@ -106,6 +107,7 @@ pub(crate) fn check_retention(
 
 /// What a sweep's batch that deleted `done` of at most `limit` rows says: more while it was
 /// full.
+#[cfg_attr(not(feature = "durable"), allow(dead_code))]
 pub(crate) fn swept(done: u64, limit: usize) -> Batch {
     Batch::new(done, limit > 0 && done >= limit as u64)
 }
@@ -113,6 +115,7 @@ pub(crate) fn swept(done: u64, limit: usize) -> Batch {
 /// The name of a chore over a store in this process's memory (`"inbox memory 4242-..."`):
 /// its own to this process, so that leases shared with other instances never keep a process
 /// from sweeping its own memory.
+#[cfg_attr(not(feature = "durable"), allow(dead_code))]
 pub(crate) fn memory_chore_name(component: &str) -> String {
     format!("{component} memory {}", default_holder())
 }

@@ -42,7 +42,7 @@ fn migrations(table: &str) -> Migrations {
 }
 
 /// How many migrations `migrations(table)` applies to a new database.
-const MIGRATIONS: usize = if cfg!(feature = "admin") { 16 } else { 14 };
+const MIGRATIONS: usize = if cfg!(feature = "admin") { 15 } else { 13 };
 
 /// Drops every table `migrations(table)` made, and forgets their migrations.
 async fn forget_all(pool: &Pool, table: &str) {
