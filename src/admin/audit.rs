@@ -3,10 +3,12 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::classify::BoxError;
 use crate::ledger::{check_text, MAX_TEXT, MAX_WHO};
+use crate::maintenance::{self, Batch, BoxFuture, Chore};
+use crate::ConfigError;
 
 /// What an operator did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -152,12 +154,33 @@ enum Backend {
     Postgres(postgres::PostgresAudit),
 }
 
-/// The memory log's lines: the newest `capacity`, oldest first.
+/// The memory log's lines: the newest `capacity`, oldest first, each with when it began on
+/// tokio's clock (for the sweep, which tests run on paused time).
 struct Lines {
-    lines: VecDeque<AuditRecord>,
-    /// The id of the next line: ids go on counting past the lines dropped.
+    lines: VecDeque<(tokio::time::Instant, AuditRecord)>,
+    /// The id of the next line: ids go on counting past the lines dropped or swept.
     next: u64,
     capacity: usize,
+}
+
+impl Lines {
+    /// Deletes at most `limit` of the finished lines begun `retention` ago or more, the oldest
+    /// first; an unfinished line stays, whatever its age.
+    fn sweep(&mut self, retention: Duration, limit: usize) -> u64 {
+        let now = tokio::time::Instant::now();
+        let retention = retention.min(crate::MAX_DURATION);
+        let mut done = 0usize;
+        self.lines.retain(|(began, line)| {
+            let gone = done < limit
+                && line.outcome.is_some()
+                && now.saturating_duration_since(*began) >= retention;
+            if gone {
+                done += 1;
+            }
+            !gone
+        });
+        done as u64
+    }
 }
 
 impl AuditLog {
@@ -236,7 +259,7 @@ impl AuditLog {
                 if lines.lines.len() >= lines.capacity {
                     lines.lines.pop_front();
                 }
-                lines.lines.push_back(AuditRecord {
+                let line = AuditRecord {
                     id,
                     at: SystemTime::now(),
                     who: who.to_owned(),
@@ -244,7 +267,8 @@ impl AuditLog {
                     target: target.to_owned(),
                     why: why.to_owned(),
                     outcome: None,
-                });
+                };
+                lines.lines.push_back((tokio::time::Instant::now(), line));
                 Ok(id)
             }
             #[cfg(feature = "postgres")]
@@ -262,7 +286,7 @@ impl AuditLog {
         match &self.inner {
             Backend::Memory(lines) => {
                 let mut lines = Self::lines(lines);
-                if let Some(line) = lines.lines.iter_mut().rev().find(|l| l.id == id) {
+                if let Some((_, line)) = lines.lines.iter_mut().rev().find(|(_, l)| l.id == id) {
                     line.outcome = Some(outcome.to_owned());
                 }
                 Ok(())
@@ -284,11 +308,106 @@ impl AuditLog {
                 .iter()
                 .rev()
                 .take(limit)
-                .cloned()
+                .map(|(_, line)| line.clone())
                 .collect()),
             #[cfg(feature = "postgres")]
             Backend::Postgres(pg) => pg.list(limit).await,
         }
+    }
+}
+
+impl AuditLog {
+    /// Deletes at most `limit` of the lines whose action finished (they have an outcome) and
+    /// began `retention` ago or more, the oldest first; returns how many. What an
+    /// [`AuditSweeper`] runs.
+    async fn sweep_batch(&self, retention: Duration, limit: usize) -> Result<u64, AuditError> {
+        match &self.inner {
+            Backend::Memory(lines) => Ok(Self::lines(lines).sweep(retention, limit)),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => pg.sweep_batch(retention, limit).await,
+        }
+    }
+
+    /// The [chore](Chore) that deletes the lines of actions that finished and began
+    /// `retention` ago or more ([`AuditSweeper`]), named `audit <table>` on PostgreSQL (the
+    /// instances that share the table share its lease) and `audit memory <this process>` in
+    /// memory. Without it, the log keeps every line: the default.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::admin::AuditLog;
+    /// use surely::maintenance::Maintenance;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), surely::ConfigError> {
+    /// let log = AuditLog::memory();
+    /// let maintenance = Maintenance::builder()
+    ///     .chore(log.sweeper(Duration::from_secs(400 * 24 * 3600))?) // about 13 months
+    ///     .build()?
+    ///     .spawn();
+    /// # maintenance.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `audit retention` and both values: `retention` shorter than
+    /// [`MIN_RETENTION`](maintenance::MIN_RETENTION), or longer than
+    /// [`MAX_DURATION`](crate::MAX_DURATION).
+    pub fn sweeper(&self, retention: Duration) -> Result<AuditSweeper, ConfigError> {
+        let retention = maintenance::check_retention("audit retention", retention)?;
+        let name = match &self.inner {
+            Backend::Memory(_) => maintenance::memory_chore_name("audit"),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(pg) => format!("audit {}", pg.table()),
+        };
+        Ok(AuditSweeper {
+            log: self.clone(),
+            name,
+            retention,
+        })
+    }
+}
+
+/// The [chore](Chore) that keeps the audit log bounded, when a retention is set
+/// ([`AuditLog::sweeper`]): each batch deletes at most its limit of the lines whose action
+/// finished (they have an outcome) and began [`retention`](Self::retention) ago or more, the
+/// oldest first, on PostgreSQL through an index on `at` over the finished lines. A line
+/// without an outcome (an action that may have happened, its process stopped before it could
+/// say) is never deleted: someone must look at its target first. The retention is at least
+/// [`MIN_RETENTION`](maintenance::MIN_RETENTION); an audit kept for a compliance period
+/// wants that period, often a year or more.
+pub struct AuditSweeper {
+    log: AuditLog,
+    name: String,
+    retention: Duration,
+}
+
+impl AuditSweeper {
+    /// How long a finished line is kept.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+}
+
+impl Chore for AuditSweeper {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn run(&self, limit: usize) -> BoxFuture<'_, Result<Batch, BoxError>> {
+        Box::pin(async move {
+            let done = self.log.sweep_batch(self.retention, limit).await?;
+            Ok(maintenance::swept(done, limit))
+        })
+    }
+}
+
+impl fmt::Debug for AuditSweeper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AuditSweeper")
+            .field("name", &self.name)
+            .field("retention", &self.retention)
+            .finish_non_exhaustive()
     }
 }
 
@@ -324,12 +443,13 @@ mod postgres {
     pub(crate) static POSTGRES_COMPONENT: Component = Component {
         name: "admin_audit",
         default_table: "surely_admin_audit",
-        migrations: &[Migration {
-            version: 1,
-            name: "audit",
-            sql: |t| {
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (
+        migrations: &[
+            Migration {
+                version: 1,
+                name: "audit",
+                sql: |t| {
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {t} (
                         id bigserial PRIMARY KEY,
                         at timestamptz NOT NULL DEFAULT now(),
                         who text NOT NULL,
@@ -338,10 +458,40 @@ mod postgres {
                         why text NOT NULL,
                         outcome text
                     );"
-                )
+                    )
+                },
             },
-        }],
+            Migration {
+                version: 2,
+                name: "finished at index",
+                // The sweep reads the finished lines by when they began, the oldest first.
+                sql: |t| {
+                    let n = crate::storage::bare(t);
+                    format!(
+                        "CREATE INDEX IF NOT EXISTS {n}_finished ON {t} (at)
+                            WHERE outcome IS NOT NULL;"
+                    )
+                },
+            },
+        ],
     };
+
+    /// At most `$2` lines whose action finished and began `$1` microseconds ago or more, the
+    /// oldest first, through the index on `at` over the finished lines; lines another batch
+    /// holds are skipped.
+    pub(super) fn sweep_sql(t: &str) -> String {
+        format!(
+            "DELETE FROM {t}
+             WHERE id = ANY(ARRAY(
+                 SELECT id FROM {t}
+                 WHERE outcome IS NOT NULL
+                     AND at <= now() - $1::int8 * interval '1 microsecond'
+                 ORDER BY at
+                 LIMIT $2
+                 FOR UPDATE SKIP LOCKED
+             ))"
+        )
+    }
 
     #[derive(Clone)]
     pub(super) struct PostgresAudit {
@@ -388,6 +538,22 @@ mod postgres {
                 .await
                 .map_err(AuditError::backend)
                 .map(drop)
+        }
+
+        pub(super) async fn sweep_batch(
+            &self,
+            retention: std::time::Duration,
+            limit: usize,
+        ) -> Result<u64, AuditError> {
+            let client = self.pool.get().await.map_err(AuditError::backend)?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            client
+                .execute(
+                    &sweep_sql(&self.table),
+                    &[&crate::storage::micros(retention), &limit],
+                )
+                .await
+                .map_err(AuditError::backend)
         }
 
         pub(super) async fn list(&self, limit: usize) -> Result<Vec<AuditRecord>, AuditError> {
@@ -499,5 +665,32 @@ mod tests {
         assert_eq!(lines[0].id, 1_000_000);
         assert_eq!(lines[999].id, 999_001);
         assert!(lines.iter().all(|l| l.outcome.as_deref() == Some("done")));
+    }
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod plan_tests {
+    use super::AuditLog;
+
+    /// The sweep reads the finished lines through the index on `at` over them.
+    #[tokio::test]
+    async fn pg_the_sweep_is_read_through_the_finished_at_index() {
+        use crate::storage::testing::{plan, pool};
+        let table = format!("surely_audit_plan_{:x}", crate::ids::random_u128() as u64);
+        let pool = pool();
+        let log = AuditLog::postgres(pool.clone()).with_table(&table).unwrap();
+        log.migrate().await.unwrap();
+        let shown = plan(&pool, &super::postgres::sweep_sql(&table), "0, 1000").await;
+        pool.get()
+            .await
+            .unwrap()
+            .batch_execute(&format!(
+                "DROP TABLE {table}; DELETE FROM surely_migrations WHERE target = '{table}'"
+            ))
+            .await
+            .unwrap();
+        assert!(shown.contains(&format!("{table}_finished ")), "{shown}");
+        assert!(!shown.contains("Seq Scan"), "{shown}");
+        assert!(shown.contains("LockRows"), "{shown}");
     }
 }

@@ -63,7 +63,7 @@ use http::request::Parts;
 pub use self::action::{Action, ActionError};
 #[cfg(feature = "postgres")]
 pub(crate) use self::audit::POSTGRES_COMPONENT;
-pub use self::audit::{AuditAction, AuditError, AuditLog, AuditRecord};
+pub use self::audit::{AuditAction, AuditError, AuditLog, AuditRecord, AuditSweeper};
 #[cfg(feature = "opentelemetry")]
 pub use self::metrics::AdminMetrics;
 

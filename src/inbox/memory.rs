@@ -1,13 +1,14 @@
 //! The in-memory inbox.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{Counters, InboxError, InboxStats, Processed, Versions};
+use super::{Counters, InboxError, InboxStats, InboxSweeper, Processed, Versions};
 use crate::outbox::Event;
 
 /// The embedded inbox: records in memory, for one process, and for tests. The handler runs
@@ -20,10 +21,11 @@ use crate::outbox::Event;
 /// processed or in flight, each its consumer, id and result (the versions applied, one per
 /// consumer and aggregate, are fewer); [`with_capacity`](Self::with_capacity) sets another
 /// bound. It forgets none to make room (a record forgotten lets a redelivery run the handler
-/// again), and keeps them for the process's life: past the bound an event new to it is refused
+/// again), and keeps them until its sweep deletes those past their retention: past the bound an event new to it is refused
 /// with [`InboxError::Full`], the handler not run and nothing recorded, while duplicates of the
-/// events it holds are still answered. Size it for the events a process handles in its life,
-/// or use the PostgreSQL inbox.
+/// events it holds are still answered. Give its [sweeper](Self::sweeper) to the
+/// [maintenance](crate::maintenance::Maintenance) so that records past the retention make room,
+/// size it for the events a process handles within that retention, or use the PostgreSQL inbox.
 #[derive(Clone)]
 pub struct MemoryInbox {
     inner: Arc<Mutex<State>>,
@@ -37,6 +39,7 @@ impl Default for MemoryInbox {
                 done: HashMap::new(),
                 versions: HashMap::new(),
                 capacity: Self::DEFAULT_CAPACITY,
+                recorded: VecDeque::new(),
             })),
             counters: Arc::default(),
         }
@@ -46,10 +49,22 @@ impl Default for MemoryInbox {
 struct State {
     /// (consumer, event id) → the result, or `None` while in flight.
     done: HashMap<(String, String), Option<Bytes>>,
-    /// (consumer, aggregate) → the last version applied.
+    /// (consumer, aggregate) → the last version applied. Never swept.
     versions: HashMap<(String, String), i64>,
     /// The most records `done` takes (`versions` has at most one per record applied).
     capacity: usize,
+    /// The records of `done` that have a result, by when they were recorded: the oldest
+    /// first (times only grow under the lock).
+    recorded: VecDeque<(tokio::time::Instant, (String, String))>,
+}
+
+impl State {
+    /// Records `id`'s result, and when.
+    fn record(&mut self, id: (String, String), result: Bytes) {
+        self.recorded
+            .push_back((tokio::time::Instant::now(), id.clone()));
+        self.done.insert(id, Some(result));
+    }
 }
 
 impl MemoryInbox {
@@ -101,6 +116,62 @@ impl MemoryInbox {
         self.counters.stats()
     }
 
+    /// Deletes at most `limit` of the records made `retention` ago or more (at most
+    /// [`MAX_DURATION`](crate::MAX_DURATION) counted), the oldest first; returns how many. A
+    /// delivery in flight is not a record yet, and the versions are kept. What an
+    /// [`InboxSweeper`] runs.
+    pub(crate) fn sweep_batch(&self, retention: Duration, limit: usize) -> u64 {
+        let now = tokio::time::Instant::now();
+        let retention = retention.min(crate::MAX_DURATION);
+        let mut state = self.state();
+        let mut done = 0u64;
+        while (done as usize) < limit {
+            match state.recorded.front() {
+                Some((at, _)) if now.saturating_duration_since(*at) >= retention => {}
+                _ => break,
+            }
+            if let Some((_, id)) = state.recorded.pop_front() {
+                state.done.remove(&id);
+                done = done.saturating_add(1);
+            }
+        }
+        done
+    }
+
+    /// The [chore](crate::maintenance::Chore) that deletes this inbox's records made
+    /// `retention` ago or more ([`InboxSweeper`]), named `inbox memory <this process>`: each
+    /// process sweeps its own memory. The versions are kept; `retention` must exceed the
+    /// broker's `redelivery_window` (see
+    /// [`PostgresInbox::sweeper`](super::PostgresInbox::sweeper) and the
+    /// [module docs](super#retention)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::inbox::MemoryInbox;
+    ///
+    /// let inbox = MemoryInbox::new();
+    /// let hour = Duration::from_secs(3600);
+    /// assert!(inbox.sweeper(2 * hour, hour).is_ok());
+    /// let err = inbox.sweeper(hour, 2 * hour).unwrap_err();
+    /// assert_eq!(err.setting(), "inbox retention");
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`PostgresInbox::sweeper`](super::PostgresInbox::sweeper).
+    pub fn sweeper(
+        &self,
+        retention: Duration,
+        redelivery_window: Duration,
+    ) -> Result<InboxSweeper, crate::ConfigError> {
+        InboxSweeper::new(
+            super::sweeper::Target::Memory(self.clone()),
+            crate::maintenance::memory_chore_name("inbox"),
+            retention,
+            redelivery_window,
+        )
+    }
+
     /// Processes a delivery of `event` for `consumer`: runs `handler` unless the event was
     /// processed before, is stale, or is parked (see the [module docs](super)).
     ///
@@ -135,7 +206,7 @@ impl MemoryInbox {
                     let verdict = judge(versions, last, event.version());
                     match verdict {
                         Some(Processed::Stale { .. }) => {
-                            state.done.insert(id.clone(), Some(Bytes::new()));
+                            state.record(id.clone(), Bytes::new());
                         }
                         Some(_) => {}
                         None => {
@@ -162,7 +233,7 @@ impl MemoryInbox {
         match handler().await {
             Ok(result) => {
                 let mut state = self.state();
-                state.done.insert(id, Some(result.clone()));
+                state.record(id, result.clone());
                 if versions != Versions::Any {
                     let v = state.versions.entry(aggregate).or_insert(event.version());
                     *v = (*v).max(event.version());

@@ -23,6 +23,28 @@
 //! [`PostgresInbox`] (feature `postgres`) writes in the consumer's transaction;
 //! [`MemoryInbox`] is the embedded one, and the one for tests.
 //!
+//! # Retention
+//!
+//! The inbox keeps a record of every event it processed, and the latest version applied of
+//! each aggregate. Without a sweeper it keeps them for ever. An [`InboxSweeper`]
+//! ([`PostgresInbox::sweeper`], [`MemoryInbox::sweeper`]), run by a
+//! [`Maintenance`](crate::maintenance::Maintenance), deletes the records of events processed
+//! longer ago than its retention, in leased, bounded batches, and **never the versions**. What
+//! a redelivery then gets depends on the consumer's [`Versions`]:
+//!
+//! * [`InOrder`](Versions::InOrder) and [`Latest`](Versions::Latest): an event whose record was
+//!   swept is not newer than its aggregate's version, so its redelivery is
+//!   [`Stale`](Processed::Stale) (recorded again, not applied), where before the sweep it was a
+//!   [`Duplicate`](Processed::Duplicate) with the first result. However late it comes, it is
+//!   not applied twice.
+//! * [`Any`](Versions::Any): nothing but the record says the event was applied. A redelivery
+//!   after its record was swept **is applied again**. That is why the retention must exceed the
+//!   broker's redelivery window, the longest time after a first delivery that the broker may
+//!   deliver the event again (a JetStream stream's `max_age`, a RabbitMQ queue's message TTL
+//!   and the longest a consumer may hold a message unacknowledged, the outbox's relay's
+//!   longest retry): the sweeper refuses a retention that does not, naming both values. A
+//!   broker with no bound on redelivery needs events with versions, or no sweep.
+//!
 //! ```
 //! use surely::inbox::{MemoryInbox, Processed, Versions};
 //! use surely::outbox::{Event, EventId};
@@ -59,12 +81,14 @@ mod jetstream;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod sweeper;
 
 pub use self::memory::MemoryInbox;
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
 #[cfg(feature = "postgres")]
 pub use self::postgres::{Begin, Handler, InboxTransaction, PostgresInbox, Ticket};
+pub use self::sweeper::InboxSweeper;
 
 /// How a consumer treats the versions of an aggregate's events. See the [module docs](self).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Statement, Transaction};
 
 use super::memory::judge;
-use super::{Counters, InboxError, InboxStats, Processed, Versions};
+use super::{Counters, InboxError, InboxStats, InboxSweeper, Processed, Versions};
 use crate::outbox::Event;
 use crate::storage::{Component, Migration, Pool, Statements, Store};
 use crate::ConfigError;
@@ -24,12 +24,13 @@ const STALE: i16 = 2;
 pub(crate) static POSTGRES_COMPONENT: Component = Component {
     name: "inbox",
     default_table: "surely_inbox",
-    migrations: &[Migration {
-        version: 1,
-        name: "events and versions",
-        sql: |t| {
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
+    migrations: &[
+        Migration {
+            version: 1,
+            name: "events and versions",
+            sql: |t| {
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
                     consumer text NOT NULL,
                     event_id text NOT NULL,
                     aggregate text NOT NULL,
@@ -45,9 +46,19 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
                     version bigint,
                     PRIMARY KEY (consumer, aggregate)
                 );"
-            )
+                )
+            },
         },
-    }],
+        Migration {
+            version: 2,
+            name: "processed at index",
+            // The sweep reads the records by when they were processed, the oldest first.
+            sql: |t| {
+                let n = crate::storage::bare(t);
+                format!("CREATE INDEX IF NOT EXISTS {n}_processed ON {t} (processed_at);")
+            },
+        },
+    ],
 };
 
 /// The inbox of a consumer whose state is in PostgreSQL: the record of each processed event is
@@ -102,6 +113,7 @@ struct Sql {
     stale: String,
     applied: String,
     applied_at_version: String,
+    sweep: String,
 }
 
 impl Statements for Sql {
@@ -131,6 +143,19 @@ impl Statements for Sql {
                  VALUES ($1, $3, $4)
                  ON CONFLICT (consumer, aggregate)
                  DO UPDATE SET version = GREATEST(v.version, EXCLUDED.version)"
+            ),
+            // At most `$2` records processed `$1` microseconds ago or more, the oldest first,
+            // through the index on `processed_at`; rows another batch holds are skipped. The
+            // versions table is never swept. By `ctid`: the records' key is two columns.
+            sweep: format!(
+                "DELETE FROM {t}
+                 WHERE ctid = ANY(ARRAY(
+                     SELECT ctid FROM {t}
+                     WHERE processed_at <= now() - $1::int8 * interval '1 microsecond'
+                     ORDER BY processed_at
+                     LIMIT $2
+                     FOR UPDATE SKIP LOCKED
+                 ))"
             ),
         }
     }
@@ -284,6 +309,68 @@ impl PostgresInbox {
     /// The counts since this inbox (and its clones) was made.
     pub fn stats(&self) -> InboxStats {
         self.counters.stats()
+    }
+
+    /// Deletes at most `limit` of the records processed `retention` ago or more (at most
+    /// [`MAX_DURATION`](crate::MAX_DURATION) counted), the oldest first, in one statement;
+    /// returns how many. The versions are kept. What an [`InboxSweeper`] runs.
+    pub(crate) async fn sweep_batch(
+        &self,
+        retention: std::time::Duration,
+        limit: usize,
+    ) -> Result<u64, InboxError> {
+        let client = self.store.client().await.map_err(InboxError::store)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        client
+            .execute(
+                &self.store.sql().sweep,
+                &[&crate::storage::micros(retention), &limit],
+            )
+            .await
+            .map_err(InboxError::store)
+    }
+
+    /// The [chore](crate::maintenance::Chore) that deletes this inbox's records processed
+    /// `retention` ago or more ([`InboxSweeper`]), named `inbox <table>`: the instances that
+    /// share the table share its lease. Each batch is one statement, read through the table's
+    /// index on `processed_at`. The latest version of each aggregate (the `_versions` table)
+    /// is never swept, so that a redelivery of a versioned event older than the sweep is still
+    /// [`Stale`](Processed::Stale); an event under [`Versions::Any`] redelivered after its
+    /// record was swept is applied again, which is why `retention` must exceed the broker's
+    /// `redelivery_window`: the longest time after its first delivery that the broker may
+    /// deliver an event again (see the [module docs](super#retention)).
+    ///
+    /// ```no_run
+    /// # fn run(pool: surely::postgres::Pool) -> Result<(), surely::ConfigError> {
+    /// use std::time::Duration;
+    /// use surely::inbox::PostgresInbox;
+    /// use surely::maintenance::{Maintenance, PostgresLeases};
+    ///
+    /// let inbox = PostgresInbox::new(pool.clone());
+    /// const DAY: Duration = Duration::from_secs(24 * 3600);
+    /// // The stream keeps a message, and may redeliver it, for 7 days: keep records 14.
+    /// let maintenance = Maintenance::builder()
+    ///     .leases(PostgresLeases::new(pool))
+    ///     .chore(inbox.sweeper(14 * DAY, 7 * DAY)?)
+    ///     .build()?;
+    /// # let _ = maintenance; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming both values: `retention` not longer than `redelivery_window`
+    /// (`inbox retention`), or either longer than [`MAX_DURATION`](crate::MAX_DURATION).
+    pub fn sweeper(
+        &self,
+        retention: std::time::Duration,
+        redelivery_window: std::time::Duration,
+    ) -> Result<InboxSweeper, ConfigError> {
+        InboxSweeper::new(
+            super::sweeper::Target::Postgres(self.clone()),
+            format!("inbox {}", self.table()),
+            retention,
+            redelivery_window,
+        )
     }
 
     /// Applies this inbox's tables' migrations that the database has not recorded yet.
@@ -680,5 +767,33 @@ impl fmt::Debug for PostgresInbox {
             .field("table", &self.store.table())
             .field("stats", &self.stats())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PostgresInbox;
+    use crate::storage::testing::{plan, pool};
+
+    /// The sweep reads the records through the index on `processed_at`, and deletes them by
+    /// `ctid`.
+    #[tokio::test]
+    async fn pg_the_sweep_is_read_through_the_processed_at_index() {
+        let table = format!("surely_inbox_plan_{:x}", crate::ids::random_u128() as u64);
+        let inbox = PostgresInbox::new(pool()).with_table(&table).unwrap();
+        inbox.migrate().await.unwrap();
+        let shown = plan(inbox.pool(), &inbox.store.sql().sweep, "0, 1000").await;
+        let client = inbox.pool().get().await.unwrap();
+        client
+            .batch_execute(&format!(
+                "DROP TABLE {table}, {table}_versions;
+                 DELETE FROM surely_migrations WHERE target = '{table}'"
+            ))
+            .await
+            .unwrap();
+        assert!(shown.contains(&format!("{table}_processed ")), "{shown}");
+        assert!(!shown.contains("Seq Scan"), "{shown}");
+        assert!(shown.contains("Tid Scan"), "{shown}");
+        assert!(shown.contains("LockRows"), "{shown}");
     }
 }

@@ -323,6 +323,14 @@ impl Ledger for MemoryLedger {
     }
 
     fn sweep(&self, retention: Duration) -> impl Future<Output = Result<u64, LedgerError>> + Send {
-        ready(Ok(self.queue.lock().sweep(retention)))
+        ready(Ok(self.queue.sweep_all(retention)))
+    }
+
+    fn sweep_batch(
+        &self,
+        retention: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64, LedgerError>> + Send {
+        ready(Ok(self.queue.lock().sweep(retention, limit)))
     }
 }

@@ -92,6 +92,7 @@ mod memory;
 mod postgres;
 mod reconciler;
 mod recorder;
+mod sweeper;
 
 pub use self::memory::MemoryLedger;
 #[cfg(feature = "postgres")]
@@ -100,6 +101,7 @@ pub use self::postgres::PostgresLedger;
 pub(crate) use self::postgres::POSTGRES_COMPONENT;
 pub use self::reconciler::{ReconcileRound, Reconciler, ReconcilerBuilder};
 pub use self::recorder::{LedgerRecorder, LedgerWrites};
+pub use self::sweeper::LedgerSweeper;
 
 /// The longest text a ledger keeps for a person's name ([`SettledBy::Manual`]).
 pub(crate) const MAX_WHO: usize = 256;
@@ -876,8 +878,26 @@ pub trait Ledger: Send + Sync + 'static {
     fn stats(&self) -> impl Future<Output = Result<LedgerStats, LedgerError>> + Send;
 
     /// Deletes the entries settled `retention` ago or more, and returns how many. Never an
-    /// unsettled one.
+    /// unsettled one. The crate's ledgers delete them in [bounded batches](Self::sweep_batch),
+    /// one statement each, until none is left.
     fn sweep(&self, retention: Duration) -> impl Future<Output = Result<u64, LedgerError>> + Send;
+
+    /// Deletes at most `limit` of the entries settled `retention` ago or more, the longest
+    /// settled first, and returns how many: one bounded step of [`sweep`](Self::sweep), what a
+    /// [`LedgerSweeper`] runs. Never an unsettled one (in doubt, open, claimed or manual). On
+    /// PostgreSQL, two batches at once delete disjoint entries, and neither waits for the
+    /// other.
+    ///
+    /// The default sweeps them all at once, through [`sweep`](Self::sweep): a ledger written
+    /// before this method still sweeps, unbounded.
+    fn sweep_batch(
+        &self,
+        retention: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64, LedgerError>> + Send {
+        let _ = limit;
+        self.sweep(retention)
+    }
 }
 
 /// A ledger operation failed: the backend failed, a change came with a stale claim, the entry

@@ -929,9 +929,21 @@ impl Ledger for PostgresLedger {
     }
 
     async fn sweep(&self, retention: Duration) -> Result<u64, LedgerError> {
+        let mut total = 0u64;
+        loop {
+            let n = self.sweep_batch(retention, queue::SWEEP_BATCH).await?;
+            total = total.saturating_add(n);
+            if n < queue::SWEEP_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn sweep_batch(&self, retention: Duration, limit: usize) -> Result<u64, LedgerError> {
         let client = self.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         client
-            .execute(&self.store.sql().sweep, &[&micros(retention)])
+            .execute(&self.store.sql().sweep, &[&micros(retention), &limit])
             .await
             .map_err(LedgerError::backend)
     }
@@ -998,5 +1010,29 @@ mod tests {
     fn a_table_name_without_its_schema() {
         assert_eq!(bare("orders.unknown"), "unknown");
         assert_eq!(bare("unknown"), "unknown");
+    }
+
+    /// The sweep reads the settled entries through the index on `settled_at`.
+    #[tokio::test]
+    async fn pg_the_sweep_is_read_through_the_settled_at_index() {
+        use crate::storage::testing::{plan, pool};
+        let table = format!("surely_ledger_plan_{:x}", crate::ids::random_u128() as u64);
+        let ledger = PostgresLedger::new(pool()).with_table(&table).unwrap();
+        ledger.migrate().await.unwrap();
+        let shown = plan(ledger.pool(), &ledger.store.sql().sweep, "0, 1000").await;
+        ledger
+            .pool()
+            .get()
+            .await
+            .unwrap()
+            .batch_execute(&format!(
+                "DROP TABLE {table}_attempts, {table};
+                 DELETE FROM surely_migrations WHERE target = '{table}'"
+            ))
+            .await
+            .unwrap();
+        assert!(shown.contains(&format!("{table}_settled ")), "{shown}");
+        assert!(!shown.contains("Seq Scan"), "{shown}");
+        assert!(shown.contains("LockRows"), "{shown}");
     }
 }

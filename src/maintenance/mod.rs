@@ -75,6 +75,51 @@ pub const DEFAULT_BATCH_TIME: Duration = Duration::from_secs(10);
 /// How long a chore's round may take, by default.
 pub const DEFAULT_ROUND_TIME: Duration = Duration::from_secs(30);
 
+/// The shortest retention the sweeps of settled rows accept (the outbox's published events,
+/// the ledger's settled entries, the repaired and resolved reconciliation differences, the
+/// audit log's finished actions): one hour. What has just settled stays that long for an
+/// operator to see: the entry an on-call settled by hand a minute ago, the event whose
+/// consumer says it never arrived, the action the audit page should show. A retention below it
+/// is a [`ConfigError`] naming both. The inbox's safety window is the broker's redelivery
+/// window instead, which the caller states
+/// ([`PostgresInbox::sweeper`](crate::inbox::PostgresInbox::sweeper)).
+pub const MIN_RETENTION: Duration = Duration::from_secs(3600);
+
+/// `retention`, if it is at most [`MAX_DURATION`](crate::MAX_DURATION) and at least
+/// [`MIN_RETENTION`]; else the error that names `setting` and both values.
+#[cfg_attr(not(feature = "durable"), allow(dead_code))]
+pub(crate) fn check_retention(
+    setting: &'static str,
+    retention: Duration,
+) -> Result<Duration, ConfigError> {
+    ConfigError::at_most_max(setting, retention)?;
+    if retention < MIN_RETENTION {
+        return Err(ConfigError::new(
+            setting,
+            format!(
+                "{retention:?} is shorter than the safety window ({MIN_RETENTION:?}): what just \
+                 settled must stay for an operator to see"
+            ),
+        ));
+    }
+    Ok(retention)
+}
+
+/// What a sweep's batch that deleted `done` of at most `limit` rows says: more while it was
+/// full.
+#[cfg_attr(not(feature = "durable"), allow(dead_code))]
+pub(crate) fn swept(done: u64, limit: usize) -> Batch {
+    Batch::new(done, limit > 0 && done >= limit as u64)
+}
+
+/// The name of a chore over a store in this process's memory (`"inbox memory 4242-..."`):
+/// its own to this process, so that leases shared with other instances never keep a process
+/// from sweeping its own memory.
+#[cfg_attr(not(feature = "durable"), allow(dead_code))]
+pub(crate) fn memory_chore_name(component: &str) -> String {
+    format!("{component} memory {}", default_holder())
+}
+
 /// The background work of a deployment: its chores, how often and in what steps they run, and
 /// who runs them. See the [module docs](self).
 pub struct Maintenance {

@@ -234,7 +234,15 @@ impl OutboxStore for MemoryOutbox {
     }
 
     fn sweep(&self, retention: Duration) -> impl Future<Output = Result<u64, OutboxError>> + Send {
-        ready(Ok(self.queue.lock().sweep(retention)))
+        ready(Ok(self.queue.sweep_all(retention)))
+    }
+
+    fn sweep_batch(
+        &self,
+        retention: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64, OutboxError>> + Send {
+        ready(Ok(self.queue.lock().sweep(retention, limit)))
     }
 
     fn stats(&self) -> impl Future<Output = Result<OutboxStats, OutboxError>> + Send {

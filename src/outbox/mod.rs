@@ -37,7 +37,9 @@
 //! the lease passes.
 //!
 //! Published events are [swept](OutboxStore::sweep) after a retention: by the relay, 24 hours
-//! after they were published unless [told otherwise](RelayBuilder::retention).
+//! after they were published unless [told otherwise](RelayBuilder::retention), or by an
+//! [`OutboxSweeper`] that a [`Maintenance`](crate::maintenance::Maintenance) runs in leased,
+//! bounded batches (then tell the relay [`no_sweep`](RelayBuilder::no_sweep)).
 //!
 //! An idle relay looks for new events every poll interval; given a [`Wakeup`], it looks as soon
 //! as one is enqueued: [`MemoryOutbox::wakeup`], or `PostgresOutbox::listen`, woken by the
@@ -84,6 +86,7 @@ mod postgres;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq;
 mod relay;
+mod sweeper;
 mod wakeup;
 mod webhook;
 
@@ -98,6 +101,7 @@ pub(crate) use self::postgres::POSTGRES_COMPONENT;
 #[cfg(feature = "rabbitmq")]
 pub use self::rabbitmq::{RabbitError, RabbitPublisher, RabbitPublisherBuilder};
 pub use self::relay::{Relay, RelayBuilder};
+pub use self::sweeper::OutboxSweeper;
 pub use self::wakeup::Wakeup;
 pub use self::webhook::{WebhookError, WebhookPublisher};
 
@@ -223,8 +227,25 @@ pub trait OutboxStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Failed, OutboxError>> + Send;
 
     /// Deletes the events published `retention` ago or more, and returns how many. Never an
-    /// unpublished or quarantined one.
+    /// unpublished or quarantined one. The crate's stores delete them in
+    /// [bounded batches](Self::sweep_batch), one statement each, until none is left.
     fn sweep(&self, retention: Duration) -> impl Future<Output = Result<u64, OutboxError>> + Send;
+
+    /// Deletes at most `limit` of the events published `retention` ago or more, the longest
+    /// published first, and returns how many: one bounded step of [`sweep`](Self::sweep), what
+    /// an [`OutboxSweeper`] runs. Never an unpublished or quarantined one. On PostgreSQL, two
+    /// batches at once delete disjoint events, and neither waits for the other.
+    ///
+    /// The default sweeps them all at once, through [`sweep`](Self::sweep): a store written
+    /// before this method still sweeps, unbounded.
+    fn sweep_batch(
+        &self,
+        retention: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64, OutboxError>> + Send {
+        let _ = limit;
+        self.sweep(retention)
+    }
 
     /// The backlog, the oldest unpublished event's age, and the quarantined events.
     fn stats(&self) -> impl Future<Output = Result<OutboxStats, OutboxError>> + Send;

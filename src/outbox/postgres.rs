@@ -512,9 +512,21 @@ impl OutboxStore for PostgresOutbox {
     }
 
     async fn sweep(&self, retention: Duration) -> Result<u64, OutboxError> {
+        let mut total = 0u64;
+        loop {
+            let n = self.sweep_batch(retention, queue::SWEEP_BATCH).await?;
+            total = total.saturating_add(n);
+            if n < queue::SWEEP_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn sweep_batch(&self, retention: Duration, limit: usize) -> Result<u64, OutboxError> {
         let client = self.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         client
-            .execute(&self.store.sql().sweep, &[&micros(retention)])
+            .execute(&self.store.sql().sweep, &[&micros(retention), &limit])
             .await
             .map_err(OutboxError::backend)
     }
@@ -699,5 +711,28 @@ mod tests {
         assert_eq!(State::Pending.sql(), PENDING.to_string());
         assert_eq!(State::Published.sql(), PUBLISHED.to_string());
         assert_eq!(State::Quarantined.sql(), QUARANTINED.to_string());
+    }
+
+    /// The sweep reads the published events through the index on `published_at`.
+    #[tokio::test]
+    async fn pg_the_sweep_is_read_through_the_published_at_index() {
+        use crate::storage::testing::{plan, pool};
+        let table = format!("surely_outbox_plan_{:x}", crate::ids::random_u128() as u64);
+        let outbox = PostgresOutbox::new(pool()).with_table(&table).unwrap();
+        outbox.migrate().await.unwrap();
+        let shown = plan(outbox.pool(), &outbox.store.sql().sweep, "0, 1000").await;
+        outbox
+            .pool()
+            .get()
+            .await
+            .unwrap()
+            .batch_execute(&format!(
+                "DROP TABLE {table}; DELETE FROM surely_migrations WHERE target = '{table}'"
+            ))
+            .await
+            .unwrap();
+        assert!(shown.contains(&format!("{table}_published ")), "{shown}");
+        assert!(!shown.contains("Seq Scan"), "{shown}");
+        assert!(shown.contains("LockRows"), "{shown}");
     }
 }

@@ -55,6 +55,20 @@ pub(crate) const DEFAULT_CAPACITY: usize = 100_000;
 /// An insert refused: the queue holds its capacity of items (this many), in every state.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Full(pub(crate) usize);
+impl<K: Eq + Hash + Clone, S: States, V> MemoryQueue<K, S, V> {
+    /// Deletes every item settled `retention` ago or more, in batches of
+    /// [`SWEEP_BATCH`](super::SWEEP_BATCH), the lock let go between them; returns how many.
+    pub(crate) fn sweep_all(&self, retention: Duration) -> u64 {
+        let mut total = 0u64;
+        loop {
+            let n = self.lock().sweep(retention, super::SWEEP_BATCH);
+            total = total.saturating_add(n);
+            if n < super::SWEEP_BATCH as u64 {
+                return total;
+            }
+        }
+    }
+}
 
 /// The items of a [`MemoryQueue`], in the order they were inserted.
 pub(crate) struct Items<K, S, V> {
@@ -209,26 +223,29 @@ where
         Ok(item)
     }
 
-    /// Deletes the items settled `retention` ago or more (at most [`MAX_DURATION`] counted);
-    /// returns how many. Never an unsettled one.
+    /// Deletes at most `limit` of the items settled `retention` ago or more (at most
+    /// [`MAX_DURATION`] counted), the longest settled first; returns how many. Never an
+    /// unsettled one.
     ///
     /// [`MAX_DURATION`]: crate::MAX_DURATION
-    pub(crate) fn sweep(&mut self, retention: Duration) -> u64 {
+    pub(crate) fn sweep(&mut self, retention: Duration, limit: usize) -> u64 {
         let now = Instant::now();
         let retention = bounded(retention);
-        let before = self.by_seq.len();
-        let by_key = &mut self.by_key;
-        self.by_seq.retain(|_, (key, item)| {
-            let gone = item.state.settled()
-                && item
-                    .settled
-                    .is_some_and(|at| now.saturating_duration_since(at) >= retention);
-            if gone {
-                by_key.remove(key);
+        let mut expired: Vec<(Instant, u64)> = self
+            .by_seq
+            .iter()
+            .filter(|(_, (_, item))| item.state.settled())
+            .filter_map(|(seq, (_, item))| Some((item.settled?, *seq)))
+            .filter(|(at, _)| now.saturating_duration_since(*at) >= retention)
+            .collect();
+        expired.sort_unstable();
+        expired.truncate(limit);
+        for (_, seq) in &expired {
+            if let Some((key, _)) = self.by_seq.remove(seq) {
+                self.by_key.remove(&key);
             }
-            !gone
-        });
-        before.saturating_sub(self.by_seq.len()) as u64
+        }
+        expired.len() as u64
     }
 
     /// Every item, oldest first.

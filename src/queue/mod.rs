@@ -29,8 +29,10 @@
 //!   put it back to wait (retry later): either way it is not claimed before its time.
 //! * **The manual state is never claimed.** A holder that gives up parks the item there (or the
 //!   component records it there): only a person takes it out.
-//! * **The sweep deletes only what is settled, and older than the retention.** Nothing
-//!   unsettled is ever deleted by it.
+//! * **The sweep deletes only what is settled, and older than the retention**, a bounded
+//!   batch at a time, the longest settled first. Nothing unsettled is ever deleted by it. On
+//!   PostgreSQL a batch is one statement that locks the rows it deletes with
+//!   `FOR UPDATE SKIP LOCKED`: two batches at once delete disjoint rows.
 //!
 //! Every duration the queue is given (a lease, a wait, a retention) counts as at most
 //! [`MAX_DURATION`](crate::MAX_DURATION): in memory an instant is moved on through
@@ -112,6 +114,10 @@ pub(crate) enum Refused {
     /// reopened, parked or settled.
     Stale,
 }
+
+/// The batch in which a component's unbounded sweep (the relay's, the reconciler's) deletes
+/// its rows, one statement (or one hold of the lock) at a time.
+pub(crate) const SWEEP_BATCH: usize = 1000;
 
 /// `d`, at most [`MAX_DURATION`](crate::MAX_DURATION): every duration the queue is given.
 pub(crate) fn bounded(d: Duration) -> Duration {

@@ -273,18 +273,33 @@ impl<S: SqlStates> Table<S> {
         )
     }
 
-    /// The sweep: deletes the settled rows settled `$1` microseconds ago or more ([`micros`](crate::storage::micros)),
-    /// and no other.
+    /// The sweep, one bounded batch: deletes at most `$2` of the settled rows settled `$1`
+    /// microseconds ago or more ([`micros`](crate::storage::micros)), the longest settled
+    /// first, and no other row. The rows are picked through the component's index on its
+    /// settled time (over its settled states) and locked with `FOR UPDATE SKIP LOCKED`: two
+    /// batches at once (two instances) delete disjoint rows and never wait on each other, and a
+    /// row another statement holds is left for the next batch.
     pub(crate) fn sweep(&self) -> String {
         let Columns {
-            state, settled_at, ..
+            key,
+            state,
+            settled_at,
+            ..
         } = self.columns;
         // A component without the column does not sweep: its statement deletes nothing.
         let settled_at = settled_at.unwrap_or("NULL::timestamptz");
+        // The keys as an array, found by the key's index (as the claim does): a join with the
+        // picked rows can be planned as a scan of the whole table.
         format!(
             "DELETE FROM {t}
-             WHERE {state} IN ({settled})
-                 AND {settled_at} <= now() - $1::int8 * interval '1 microsecond'",
+             WHERE {key} = ANY(ARRAY(
+                 SELECT {key} FROM {t}
+                 WHERE {state} IN ({settled})
+                     AND {settled_at} <= now() - $1::int8 * interval '1 microsecond'
+                 ORDER BY {settled_at}
+                 LIMIT $2
+                 FOR UPDATE SKIP LOCKED
+             ))",
             t = self.name,
             settled = Self::states(S::settled)
         )

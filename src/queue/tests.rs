@@ -183,6 +183,32 @@ async fn a_reopening_fences_out_the_holder_it_overtook() {
     assert!(q.lock().held("a", 3).is_ok());
 }
 
+/// A batch deletes at most its limit, the longest settled first (not the first inserted), and
+/// the next batch the rest.
+#[tokio::test(start_paused = true)]
+async fn a_sweep_batch_deletes_at_most_its_limit_the_longest_settled_first() {
+    let keys = ["a", "b", "c", "d", "open"];
+    let q = queue(&keys);
+    assert_eq!(claim(&q, &keys, 5, LEASE).len(), 5);
+    // Settled in the order d, c, b, a, a minute apart.
+    for key in ["d", "c", "b", "a"] {
+        q.lock().held(key, 1).unwrap().settle(S::Done);
+        advance(secs(60)).await;
+    }
+    assert_eq!(q.lock().sweep(Duration::ZERO, 0), 0, "a limit of none");
+    assert_eq!(q.lock().sweep(Duration::ZERO, 2), 2);
+    {
+        let items = q.lock();
+        assert!(items.get("d").is_none() && items.get("c").is_none());
+        assert!(items.get("b").is_some() && items.get("a").is_some());
+    }
+    // b was settled two minutes ago, a one: a retention of 90 s takes b alone.
+    assert_eq!(q.lock().sweep(secs(90), 2), 1);
+    assert!(q.lock().get("a").is_some());
+    assert_eq!(q.sweep_all(Duration::ZERO), 1);
+    assert_eq!(q.lock().len(), 1, "the open item is kept");
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_sweep_deletes_only_settled_items_past_the_retention() {
     let keys = ["open", "claimed", "manual", "settled", "recent"];
@@ -199,7 +225,7 @@ async fn the_sweep_deletes_only_settled_items_past_the_retention() {
     }
     advance(secs(60)).await;
     q.lock().held("recent", 1).unwrap().settle(S::Done);
-    assert_eq!(q.lock().sweep(secs(60)), 1);
+    assert_eq!(q.lock().sweep(secs(60), usize::MAX), 1);
     let items = q.lock();
     assert!(items.get("settled").is_none());
     for key in ["open", "claimed", "manual", "recent"] {
@@ -207,11 +233,11 @@ async fn the_sweep_deletes_only_settled_items_past_the_retention() {
     }
     drop(items);
     assert_eq!(
-        q.lock().sweep(Duration::MAX),
+        q.lock().sweep(Duration::MAX, usize::MAX),
         0,
         "nothing settled ten years ago"
     );
-    assert_eq!(q.lock().sweep(Duration::ZERO), 1, "recent");
+    assert_eq!(q.lock().sweep(Duration::ZERO, usize::MAX), 1, "recent");
     assert_eq!(q.lock().len(), 3);
 }
 
@@ -364,7 +390,7 @@ proptest! {
                     }
                     Op::Sweep(retention) => {
                         let unsettled = q.lock().iter().filter(|i| !i.state().settled()).count();
-                        q.lock().sweep(retention);
+                        q.lock().sweep(retention, 2);
                         let left = q.lock().iter().filter(|i| !i.state().settled()).count();
                         prop_assert_eq!(unsettled, left, "the sweep deleted an unsettled item");
                     }
@@ -644,7 +670,12 @@ mod postgres {
         let sweep = f.table.sweep();
         let swept = |retention: Duration| {
             let (client, sweep) = (&f.client, &sweep);
-            async move { client.execute(sweep, &[&micros(retention)]).await.unwrap() }
+            async move {
+                client
+                    .execute(sweep, &[&micros(retention), &100_i64])
+                    .await
+                    .unwrap()
+            }
         };
         assert_eq!(swept(HOUR).await, 0, "settled just now");
         assert_eq!(swept(Duration::MAX).await, 0);
@@ -653,6 +684,68 @@ mod postgres {
         for id in ["open", "claimed", "manual"] {
             assert!(f.state(id).await.is_some(), "{id} kept");
         }
+        f.drop_table().await;
+    }
+
+    /// A batch deletes at most its limit, the longest settled first; a batch that runs while
+    /// another holds its rows (its transaction open) skips them, without waiting and without
+    /// an error: the two delete disjoint rows, and together all of them.
+    #[tokio::test]
+    async fn pg_sweep_batches_are_bounded_oldest_first_and_skip_each_others_rows() {
+        let f = Fixture::new().await;
+        let ids: Vec<String> = (0..6).map(|i| format!("s{i}")).collect();
+        for id in &ids {
+            f.insert(id, None).await;
+        }
+        f.insert("open", None).await;
+        assert_eq!(f.claim(10, HOUR).await.len(), 7);
+        for id in &ids {
+            assert!(f.write(&f.table.settle(S::Done), id, 1, None).await);
+        }
+        // Settled an hour apart, s5 the longest ago.
+        f.client
+            .execute(
+                &format!(
+                    "UPDATE {} SET settled_at = now() - (7 - substr(id, 2)::int) * interval '1 hour'
+                     WHERE id LIKE 's%'",
+                    f.name
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        let sweep = f.table.sweep();
+        let n = f
+            .client
+            .execute(&sweep, &[&micros(Duration::ZERO), &1_i64])
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+        assert!(f.state("s0").await.is_none(), "the longest settled first");
+
+        // A batch that holds two rows in an open transaction, and one beside it.
+        let pool = crate::storage::connect(
+            &std::env::var("SURELY_TEST_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+        )
+        .unwrap();
+        let mut held = pool.get().await.unwrap();
+        let txn = held.transaction().await.unwrap();
+        let first = txn
+            .execute(&sweep, &[&micros(Duration::ZERO), &2_i64])
+            .await
+            .unwrap();
+        let beside = tokio::time::timeout(
+            Duration::from_secs(5),
+            f.client
+                .execute(&sweep, &[&micros(Duration::ZERO), &100_i64]),
+        )
+        .await
+        .expect("the second batch does not wait for the first")
+        .unwrap();
+        txn.commit().await.unwrap();
+        assert_eq!((first, beside), (2, 3), "disjoint, and all of them");
+        assert!(f.state("open").await.is_some());
         f.drop_table().await;
     }
 
@@ -705,7 +798,7 @@ mod postgres {
         assert!(ten_years, "Duration::MAX counts as ten years");
         let sweep = f.table.sweep();
         f.client
-            .execute(&sweep, &[&micros(Duration::MAX)])
+            .execute(&sweep, &[&micros(Duration::MAX), &i64::MAX])
             .await
             .unwrap();
         assert_eq!(micros(Duration::MAX), micros(crate::MAX_DURATION));
@@ -741,6 +834,6 @@ async fn a_million_keys_fill_the_queue_to_its_capacity_and_no_further() {
     for k in 0..1_000 {
         items.get_mut(&k).expect("kept").settle(S::Done);
     }
-    assert_eq!(items.sweep(Duration::ZERO), 1_000);
+    assert_eq!(items.sweep(Duration::ZERO, usize::MAX), 1_000);
     assert!(items.insert(1_000_001, S::Waiting, None, ()).unwrap());
 }

@@ -283,4 +283,12 @@ impl DifferenceStore for MemoryDifferences {
     fn stats(&self) -> impl Future<Output = Result<DifferenceStats, ReconcileError>> + Send {
         ready(Ok(self.stats_now()))
     }
+
+    fn sweep_batch(
+        &self,
+        retention: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64, ReconcileError>> + Send {
+        ready(Ok(self.queue.lock().sweep(retention, limit)))
+    }
 }

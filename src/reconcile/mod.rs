@@ -92,6 +92,7 @@ mod reconciler;
 mod repairer;
 mod rule;
 mod source;
+mod sweeper;
 
 pub use self::memory::MemoryDifferences;
 #[cfg(feature = "postgres")]
@@ -102,6 +103,7 @@ pub use self::reconciler::{Pass, Reconciler, ReconcilerBuilder};
 pub use self::repairer::{RepairAnswer, RepairRequest, RepairRound, Repairer, RepairerBuilder};
 pub use self::rule::{Rule, RuleError, Want};
 pub use self::source::{MemorySource, PageRequest, Source};
+pub use self::sweeper::DifferenceSweeper;
 
 use crate::ledger::check_text;
 /// The longest texts kept for who moved or resolved an item (256 bytes) and for a note or a
@@ -400,7 +402,7 @@ impl ItemState {
 
 /// A difference is an item of the leased work queue: open ones are due when their backoff has
 /// passed, claimed ones when their lease has; the manual queue is never claimed; repaired and
-/// resolved ones are done (and kept: the store has no sweep).
+/// resolved ones are done, and swept after their retention by a [`DifferenceSweeper`].
 impl crate::queue::States for ItemState {
     const ALL: &'static [Self] = &[
         ItemState::Open,
@@ -649,6 +651,26 @@ pub trait DifferenceStore: Send + Sync + 'static {
 
     /// Open differences by rule, the manual queue, and the oldest open one's age.
     fn stats(&self) -> impl Future<Output = Result<DifferenceStats, ReconcileError>> + Send;
+
+    /// Deletes at most `limit` of the differences repaired or resolved `retention` ago or
+    /// more, the longest done first, and returns how many: one batch of a
+    /// [`DifferenceSweeper`]. Never an open, claimed or manual one. On PostgreSQL, two batches
+    /// at once delete disjoint differences, and neither waits for the other.
+    ///
+    /// # Errors
+    ///
+    /// [`ReconcileError::is_unsupported`] from a store that does not implement it (the
+    /// default, so that stores written before it still compile): it keeps every difference.
+    fn sweep_batch(
+        &self,
+        retention: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<u64, ReconcileError>> + Send {
+        let _ = (retention, limit);
+        std::future::ready(Err(ReconcileError::unsupported(
+            "sweep repaired and resolved differences",
+        )))
+    }
 }
 
 /// Checks a person's `who` and `why`.
@@ -691,6 +713,8 @@ enum ErrorKind {
     Backend(#[source] BoxError),
     #[error("difference store is full: it holds its capacity of {0} differences")]
     Full(usize),
+    #[error("the difference store cannot {0}")]
+    Unsupported(&'static str),
 }
 
 impl ReconcileError {
@@ -736,6 +760,14 @@ impl ReconcileError {
         }
     }
 
+    /// The store does not implement an operation (`what`: "sweep repaired and resolved
+    /// differences").
+    pub fn unsupported(what: &'static str) -> Self {
+        ReconcileError {
+            kind: ErrorKind::Unsupported(what),
+        }
+    }
+
     /// A source failed, with this error (the source).
     pub fn source_failed(source: &str, error: impl Into<BoxError>) -> Self {
         ReconcileError {
@@ -773,6 +805,11 @@ impl ReconcileError {
     /// Whether a value was refused.
     pub fn is_invalid(&self) -> bool {
         matches!(self.kind, ErrorKind::Invalid { .. })
+    }
+
+    /// Whether the store does not implement what was asked.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self.kind, ErrorKind::Unsupported(_))
     }
 
     /// Whether a source failed, or broke the key order (its keys were not strictly

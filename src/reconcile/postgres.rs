@@ -23,13 +23,14 @@ use crate::ConfigError;
 pub(crate) static POSTGRES_COMPONENT: Component = Component {
     name: "reconcile",
     default_table: "surely_reconcile",
-    migrations: &[Migration {
-        version: 1,
-        name: "differences",
-        sql: |t| {
-            let n = bare(t);
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
+    migrations: &[
+        Migration {
+            version: 1,
+            name: "differences",
+            sql: |t| {
+                let n = bare(t);
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
                     id text PRIMARY KEY,
                     seq bigserial NOT NULL,
                     rule text NOT NULL,
@@ -54,9 +55,26 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
                     WHERE state IN ('open', 'claimed');
                 CREATE INDEX IF NOT EXISTS {n}_open ON {t} (rule, created_at)
                     WHERE state IN ('open', 'claimed', 'manual');"
-            )
+                )
+            },
         },
-    }],
+        Migration {
+            version: 2,
+            name: "settled at",
+            // When a difference became repaired or resolved: the sweep's time, read through
+            // its index. Differences already done count from the migration.
+            sql: |t| {
+                let n = bare(t);
+                format!(
+                    "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS settled_at timestamptz;
+                    UPDATE {t} SET settled_at = now()
+                        WHERE state IN ('repaired', 'resolved') AND settled_at IS NULL;
+                    CREATE INDEX IF NOT EXISTS {n}_settled ON {t} (settled_at)
+                        WHERE state IN ('repaired', 'resolved');"
+                )
+            },
+        },
+    ],
 };
 
 /// The differences of services with more than one instance, or that must outlive a restart:
@@ -101,10 +119,11 @@ struct Sql {
     stats: String,
     done: String,
     known: String,
+    sweep: String,
 }
 
 /// Where the differences' table keeps the queue's part of an item: claimed in the order they
-/// were recorded; never swept.
+/// were recorded; swept by when it was repaired or resolved.
 static QUEUE: queue::Columns = queue::Columns {
     key: "id",
     state: "state",
@@ -112,7 +131,7 @@ static QUEUE: queue::Columns = queue::Columns {
     until: "until",
     tries: "tries",
     order: &["seq"],
-    settled_at: None,
+    settled_at: Some("settled_at"),
 };
 
 impl queue::SqlStates for ItemState {
@@ -182,6 +201,7 @@ impl crate::storage::Statements for Sql {
                  GROUP BY rule ORDER BY rule COLLATE \"C\""
             ),
             known: format!("SELECT id FROM {t} WHERE id = ANY($1)"),
+            sweep: queue.sweep(),
             done: format!(
                 "SELECT count(*) FILTER (WHERE state = 'repaired'),
                         count(*) FILTER (WHERE state = 'resolved')
@@ -609,6 +629,15 @@ impl DifferenceStore for PostgresDifferences {
         stats.resolved = resolved as u64;
         Ok(stats)
     }
+
+    async fn sweep_batch(&self, retention: Duration, limit: usize) -> Result<u64, ReconcileError> {
+        let client = self.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        client
+            .execute(&self.store.sql().sweep, &[&micros(retention), &limit])
+            .await
+            .map_err(ReconcileError::backend)
+    }
 }
 
 /// A source that pages through a query of yours with keyset pagination: each page is the
@@ -796,5 +825,37 @@ impl Source for PostgresSource {
         request: PageRequest<'_>,
     ) -> impl Future<Output = Result<Vec<Fact>, BoxError>> + Send {
         self.page_now(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PostgresDifferences;
+
+    /// The sweep reads the repaired and resolved differences through the index on
+    /// `settled_at` that migration 2 made.
+    #[tokio::test]
+    async fn pg_the_sweep_is_read_through_the_settled_at_index() {
+        use crate::storage::testing::{plan, pool};
+        let table = format!(
+            "surely_reconcile_plan_{:x}",
+            crate::ids::random_u128() as u64
+        );
+        let store = PostgresDifferences::new(pool()).with_table(&table).unwrap();
+        store.migrate().await.unwrap();
+        let shown = plan(store.pool(), &store.store.sql().sweep, "0, 1000").await;
+        store
+            .pool()
+            .get()
+            .await
+            .unwrap()
+            .batch_execute(&format!(
+                "DROP TABLE {table}; DELETE FROM surely_migrations WHERE target = '{table}'"
+            ))
+            .await
+            .unwrap();
+        assert!(shown.contains(&format!("{table}_settled ")), "{shown}");
+        assert!(!shown.contains("Seq Scan"), "{shown}");
+        assert!(shown.contains("LockRows"), "{shown}");
     }
 }

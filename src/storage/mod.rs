@@ -122,3 +122,42 @@ pub(crate) fn valid_table(name: &str) -> bool {
         None => ident(name),
     }
 }
+
+/// For the components' tests: the machine's PostgreSQL, and the plans of their statements.
+#[cfg(all(test, any(feature = "server", feature = "durable")))]
+pub(crate) mod testing {
+    use super::Pool;
+
+    /// A pool on the test server (`SURELY_TEST_POSTGRES_URL`, or the machine's default).
+    pub(crate) fn pool() -> Pool {
+        let url = std::env::var("SURELY_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        super::connect(&url).unwrap()
+    }
+
+    /// The plan of `sql`, with its parameters set to `args` (SQL literals, comma-separated),
+    /// as `EXPLAIN` says it with sequential scans discouraged (`enable_seqscan = off`), so that
+    /// the planner shows an index that serves the statement even on a small table. The
+    /// statement is prepared and explained, never run.
+    pub(crate) async fn plan(pool: &Pool, sql: &str, args: &str) -> String {
+        let client = pool.get().await.unwrap();
+        client
+            .batch_execute(&format!(
+                "SET enable_seqscan = off; PREPARE surely_plan AS {sql}"
+            ))
+            .await
+            .unwrap();
+        let rows = client
+            .query(&format!("EXPLAIN EXECUTE surely_plan({args})"), &[])
+            .await
+            .unwrap();
+        client
+            .batch_execute("DEALLOCATE surely_plan; RESET enable_seqscan")
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}

@@ -60,6 +60,7 @@ impl<Q: Statements> Store<Q> {
     }
 
     /// The pool.
+    #[cfg_attr(not(feature = "durable"), allow(dead_code))]
     pub(crate) fn pool(&self) -> &Pool {
         &self.pool
     }

@@ -125,3 +125,122 @@ async fn a_backend_failure_says_its_cause_once() {
         .unwrap_err();
     assert!(err.is_invalid() && err.source().is_none(), "{err}");
 }
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Begins `n` actions on `log`, finishing all but the last; returns their ids.
+async fn actions(log: &AuditLog, n: usize) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let id = log
+            .begin("ana", AuditAction::Settle, &format!("unk-{i}"), "why")
+            .await
+            .unwrap();
+        if i + 1 < n {
+            log.finish(id, "done").await.unwrap();
+        }
+        ids.push(id);
+    }
+    ids
+}
+
+/// The ids left in `log`, oldest first.
+async fn left(log: &AuditLog) -> Vec<u64> {
+    let mut ids: Vec<u64> = log.list(100).await.unwrap().iter().map(|l| l.id).collect();
+    ids.reverse();
+    ids
+}
+
+/// The memory log's sweeper: finished lines past the retention go, at most a batch's limit,
+/// the oldest first; a line without an outcome stays, whatever its age; a new line after a
+/// sweep gets an id of its own.
+#[tokio::test(start_paused = true)]
+async fn the_memory_audit_sweeper_deletes_finished_lines_a_bounded_batch_at_a_time() {
+    use surely::maintenance::Chore;
+    let log = AuditLog::memory();
+    let ids = actions(&log, 5).await;
+    let sweeper = log.sweeper(2 * HOUR).unwrap();
+    assert!(sweeper.name().starts_with("audit memory "));
+    assert_eq!(sweeper.run(10).await.unwrap().done, 0, "recent");
+    tokio::time::advance(3 * HOUR).await;
+    let batch = sweeper.run(3).await.unwrap();
+    assert_eq!((batch.done, batch.more), (3, true));
+    assert_eq!(left(&log).await, ids[3..], "the oldest first");
+    let batch = sweeper.run(3).await.unwrap();
+    assert_eq!((batch.done, batch.more), (1, false));
+    assert_eq!(left(&log).await, [ids[4]], "the unfinished line stays");
+    let next = log
+        .begin("ana", AuditAction::Settle, "unk-9", "why")
+        .await
+        .unwrap();
+    assert!(next > ids[4], "ids are never reused");
+    let err = log.sweeper(HOUR / 2).unwrap_err();
+    assert_eq!(err.setting(), "audit retention");
+    assert!(
+        err.reason().contains("1800s") && err.reason().contains("3600s"),
+        "{err}"
+    );
+}
+
+/// The same on PostgreSQL, and two instances' batches at once delete disjoint lines.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn pg_the_audit_sweeper_deletes_finished_lines_a_bounded_batch_at_a_time() {
+    use crate::support::names::unique;
+    use crate::support::postgres::{self, did_not_answer};
+    use surely::maintenance::Chore;
+
+    let table = unique("surely_audit_t");
+    let pool = postgres::pool();
+    let log = AuditLog::postgres(pool.clone()).with_table(&table).unwrap();
+    log.migrate().await.unwrap_or_else(|e| {
+        did_not_answer(
+            "pg_the_audit_sweeper_deletes_finished_lines_a_bounded_batch_at_a_time",
+            e,
+        )
+    });
+    let ids = actions(&log, 10).await;
+    let sweeper = log.sweeper(2 * HOUR).unwrap();
+    assert_eq!(sweeper.name(), format!("audit {table}"));
+    assert_eq!(sweeper.run(100).await.unwrap().done, 0, "recent");
+    let client = pool.get().await.unwrap();
+    client
+        .execute(
+            &format!("UPDATE {table} SET at = now() - interval '3 hours' - (100 - id) * interval '1 second'"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let batch = sweeper.run(3).await.unwrap();
+    assert_eq!((batch.done, batch.more), (3, true));
+    assert_eq!(left(&log).await, ids[3..], "the oldest first");
+    // Another instance's batch holds two lines.
+    let mut other = pool.get().await.unwrap();
+    let txn = other.transaction().await.unwrap();
+    txn.query(
+        &format!("SELECT 1 FROM {table} ORDER BY id LIMIT 2 FOR UPDATE"),
+        &[],
+    )
+    .await
+    .unwrap();
+    let (a, b) = (
+        log.sweeper(2 * HOUR).unwrap(),
+        log.sweeper(2 * HOUR).unwrap(),
+    );
+    let (x, y) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(a.run(100), b.run(100))
+    })
+    .await
+    .expect("no batch waits for the held lines");
+    assert_eq!(
+        x.unwrap().done + y.unwrap().done,
+        4,
+        "disjoint, all not held"
+    );
+    txn.rollback().await.unwrap();
+    let batch = sweeper.run(100).await.unwrap();
+    assert_eq!((batch.done, batch.more), (2, false));
+    assert_eq!(left(&log).await, [ids[9]], "the unfinished line stays");
+    drop(client);
+    postgres::forget(&pool, &[&table], &[&table]).await;
+}

@@ -42,7 +42,7 @@ fn migrations(table: &str) -> Migrations {
 }
 
 /// How many migrations `migrations(table)` applies to a new database.
-const MIGRATIONS: usize = if cfg!(feature = "admin") { 12 } else { 11 };
+const MIGRATIONS: usize = if cfg!(feature = "admin") { 15 } else { 13 };
 
 /// Drops every table `migrations(table)` made, and forgets their migrations.
 async fn forget_all(pool: &Pool, table: &str) {
@@ -80,11 +80,15 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
             format!("outbox {table}_outbox v1 (events)"),
             format!("outbox {table}_outbox v2 (quarantined index)"),
             format!("inbox {table}_inbox v1 (events and versions)"),
+            format!("inbox {table}_inbox v2 (processed at index)"),
             format!("ledger {table}_ledger v1 (entries and attempts)"),
             format!("ledger {table}_ledger v2 (intents in doubt)"),
             format!("reconcile {table}_reconcile v1 (differences)"),
+            format!("reconcile {table}_reconcile v2 (settled at)"),
             #[cfg(feature = "admin")]
             format!("admin_audit {table}_audit v1 (audit)"),
+            #[cfg(feature = "admin")]
+            format!("admin_audit {table}_audit v2 (finished at index)"),
         ]
     );
     // Again: nothing to do.

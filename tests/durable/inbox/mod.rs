@@ -218,3 +218,96 @@ async fn a_delivery_while_another_is_processed_is_in_flight() {
     assert_eq!(first.await.unwrap(), Processed::Applied("done".into()));
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The memory inbox's sweep: records past the retention go, at most `limit` a batch and the
+/// oldest first; the versions stay, so an old versioned redelivery is stale; an event without
+/// versions redelivered after the sweep runs again; a delivery in flight is never swept.
+#[tokio::test(start_paused = true)]
+async fn the_memory_sweep_is_bounded_and_keeps_the_versions() {
+    use surely::maintenance::Chore;
+    let inbox = MemoryInbox::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (v1, v2) = (stock_event("sku-42", 1), stock_event("sku-42", 2));
+    apply(&inbox, &v1, Versions::InOrder, &runs).await;
+    tokio::time::advance(HOUR).await;
+    apply(&inbox, &v2, Versions::InOrder, &runs).await;
+    let unversioned = stock_event("sku-7", 1);
+    apply(&inbox, &unversioned, Versions::Any, &runs).await;
+    // A delivery in flight, its handler waiting.
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let in_flight = {
+        let inbox = inbox.clone();
+        tokio::spawn(async move {
+            inbox
+                .process(
+                    "inventory",
+                    &stock_event("sku-9", 1),
+                    Versions::Any,
+                    || async {
+                        let _ = released.await;
+                        Ok::<_, std::io::Error>(Bytes::from("late"))
+                    },
+                )
+                .await
+                .unwrap()
+        })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+
+    let sweeper = inbox.sweeper(2 * HOUR, HOUR).unwrap();
+    assert!(
+        sweeper.name().starts_with("inbox memory "),
+        "{}",
+        sweeper.name()
+    );
+    assert_eq!(sweeper.run(10).await.unwrap().done, 0, "none is old enough");
+    tokio::time::advance(HOUR + HOUR / 2).await;
+    // v1 is 2.5 hours old, v2 and the unversioned one 1.5.
+    let batch = sweeper.run(10).await.unwrap();
+    assert_eq!((batch.done, batch.more), (1, false));
+    assert_eq!(
+        apply(&inbox, &v1, Versions::InOrder, &runs).await,
+        Processed::Stale { applied: 2 },
+        "the version outlives the record"
+    );
+    tokio::time::advance(HOUR).await;
+    // v2, the unversioned one and v1's stale record are old enough; the batch takes two.
+    let batch = sweeper.run(2).await.unwrap();
+    assert_eq!((batch.done, batch.more), (2, true));
+    let batch = sweeper.run(2).await.unwrap();
+    assert_eq!(
+        (batch.done, batch.more),
+        (0, false),
+        "v1's stale record is recent"
+    );
+    assert_eq!(
+        apply(&inbox, &v2, Versions::Latest, &runs).await,
+        Processed::Stale { applied: 2 }
+    );
+    assert!(
+        matches!(
+            apply(&inbox, &unversioned, Versions::Any, &runs).await,
+            Processed::Applied(_)
+        ),
+        "without versions, nothing remembers it"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    // The delivery in flight was not swept: a second delivery of it still waits.
+    assert_eq!(
+        inbox
+            .process(
+                "inventory",
+                &stock_event("sku-9", 1),
+                Versions::Any,
+                || async { Ok::<_, std::io::Error>(Bytes::from("twice")) }
+            )
+            .await
+            .unwrap(),
+        Processed::InFlight
+    );
+    release.send(()).unwrap();
+    assert_eq!(in_flight.await.unwrap(), Processed::Applied("late".into()));
+}

@@ -497,3 +497,194 @@ async fn pg_process_and_commit_parks_gaps_and_records_the_stale() {
     assert_eq!(qty(&inbox, &stock).await, 97, "2, 3 and 4 once each");
     forget(&inbox, &stock).await;
 }
+
+/// Sets the records of `inbox` (all, or those of `where_`) back by `secs` on the database's
+/// clock: processed that long ago.
+async fn age(inbox: &PostgresInbox, secs: i64, where_: &str) {
+    let sql = format!(
+        "UPDATE {} SET processed_at = processed_at - $1::int8 * interval '1 second' {where_}",
+        inbox.table()
+    );
+    inbox
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .execute(&sql, &[&secs])
+        .await
+        .unwrap();
+}
+
+async fn records(inbox: &PostgresInbox) -> i64 {
+    let sql = format!("SELECT count(*) FROM {}", inbox.table());
+    let client = inbox.pool().get().await.unwrap();
+    client.query_one(&sql, &[]).await.unwrap().get(0)
+}
+
+const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The sweep deletes the records and keeps the versions: a redelivery of a versioned event
+/// older than the sweep is still stale, and the stock does not change. An event without
+/// versions, redelivered after its record was swept, is applied again: what the retention's
+/// bound on the redelivery window is for.
+#[tokio::test]
+async fn pg_after_the_sweep_an_old_versioned_redelivery_is_still_stale() {
+    use surely::maintenance::Chore;
+    let (inbox, stock) =
+        inbox("pg_after_the_sweep_an_old_versioned_redelivery_is_still_stale").await;
+    let (v1, v2) = (stock_event("sku-42", 1), stock_event("sku-42", 2));
+    for e in [&v1, &v2] {
+        assert!(matches!(
+            deliver(&inbox, &stock, e, Versions::InOrder, true).await,
+            Processed::Applied(_)
+        ));
+    }
+    let unversioned = stock_event("sku-7", 1);
+    assert!(matches!(
+        deliver(&inbox, &stock, &unversioned, Versions::Any, true).await,
+        Processed::Applied(_)
+    ));
+    assert_eq!(qty(&inbox, &stock).await, 97);
+    let sweeper = inbox.sweeper(2 * HOUR, HOUR).unwrap();
+    assert_eq!(sweeper.name(), format!("inbox {}", inbox.table()));
+    assert_eq!(
+        sweeper.run(100).await.unwrap().done,
+        0,
+        "processed just now"
+    );
+    age(&inbox, 3 * 3600, "").await;
+    let batch = sweeper.run(100).await.unwrap();
+    assert_eq!((batch.done, batch.more), (3, false));
+    assert_eq!(records(&inbox).await, 0);
+
+    assert_eq!(
+        deliver(&inbox, &stock, &v1, Versions::InOrder, true).await,
+        Processed::Stale { applied: 2 },
+        "the version outlives the record"
+    );
+    assert_eq!(
+        deliver(&inbox, &stock, &v2, Versions::Latest, true).await,
+        Processed::Stale { applied: 2 }
+    );
+    assert_eq!(qty(&inbox, &stock).await, 97, "not applied again");
+    assert!(
+        matches!(
+            deliver(&inbox, &stock, &unversioned, Versions::Any, true).await,
+            Processed::Applied(_)
+        ),
+        "without versions, nothing remembers it"
+    );
+    assert_eq!(qty(&inbox, &stock).await, 96);
+    forget(&inbox, &stock).await;
+}
+
+/// At most `limit` per batch, the oldest first, `more` while a batch is full; records younger
+/// than the retention stay.
+#[tokio::test]
+async fn pg_sweep_batches_are_bounded_and_the_oldest_go_first() {
+    use surely::maintenance::Chore;
+    let (inbox, stock) = inbox("pg_sweep_batches_are_bounded_and_the_oldest_go_first").await;
+    for v in 1..=6 {
+        let e = stock_event(&format!("sku-{v}"), 1);
+        deliver(&inbox, &stock, &e, Versions::Any, true).await;
+    }
+    // sku-1 processed 9 hours ago, sku-2 8, ... sku-5 5; sku-6 now.
+    let sql = format!(
+        "UPDATE {} SET processed_at = processed_at - (10 - substr(aggregate, 5)::int) * interval '1 hour'
+         WHERE aggregate <> 'sku-6'",
+        inbox.table()
+    );
+    inbox
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .execute(&sql, &[])
+        .await
+        .unwrap();
+    let sweeper = inbox.sweeper(2 * HOUR, HOUR).unwrap();
+    let batch = sweeper.run(2).await.unwrap();
+    assert_eq!((batch.done, batch.more), (2, true));
+    let left: Vec<String> = inbox
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .query(
+            &format!("SELECT aggregate FROM {} ORDER BY aggregate", inbox.table()),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        left,
+        ["sku-3", "sku-4", "sku-5", "sku-6"],
+        "the oldest first"
+    );
+    let batch = sweeper.run(2).await.unwrap();
+    assert_eq!((batch.done, batch.more), (2, true));
+    let batch = sweeper.run(2).await.unwrap();
+    assert_eq!((batch.done, batch.more), (1, false));
+    assert_eq!(records(&inbox).await, 1, "the recent one stays");
+    forget(&inbox, &stock).await;
+}
+
+/// Two instances' batches at once delete disjoint records, all of them between them, without
+/// an error; a batch skips the records another holds locked, without waiting for them.
+#[tokio::test]
+async fn pg_two_sweeps_at_once_delete_disjoint_records() {
+    use surely::maintenance::Chore;
+    let (inbox, stock) = inbox("pg_two_sweeps_at_once_delete_disjoint_records").await;
+    for v in 1..=40 {
+        let e = stock_event(&format!("sku-{v}"), 1);
+        deliver(&inbox, &stock, &e, Versions::Any, true).await;
+    }
+    age(&inbox, 3 * 3600, "").await;
+    // Another instance's batch holds three records, its transaction open.
+    let mut other = inbox.pool().get().await.unwrap();
+    let txn = other.transaction().await.unwrap();
+    txn.execute(
+        &format!(
+            "SELECT 1 FROM {} WHERE aggregate IN ('sku-1', 'sku-2', 'sku-3') FOR UPDATE",
+            inbox.table()
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    let (a, b) = (
+        inbox.sweeper(2 * HOUR, HOUR).unwrap(),
+        inbox.sweeper(2 * HOUR, HOUR).unwrap(),
+    );
+    let (x, y) = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        tokio::join!(a.run(20), b.run(20))
+    })
+    .await
+    .expect("no batch waits for the held records");
+    let (x, y) = (x.unwrap(), y.unwrap());
+    assert_eq!(x.done + y.done, 37, "disjoint, and every record not held");
+    txn.rollback().await.unwrap();
+    assert_eq!(records(&inbox).await, 3);
+    forget(&inbox, &stock).await;
+}
+
+#[tokio::test]
+async fn pg_a_retention_within_the_redelivery_window_is_refused() {
+    let inbox = PostgresInbox::new(pool());
+    let err = inbox.sweeper(HOUR, 2 * HOUR).unwrap_err();
+    assert_eq!(err.setting(), "inbox retention");
+    assert!(
+        err.reason().contains("3600s") && err.reason().contains("7200s"),
+        "{err}"
+    );
+    assert!(inbox.sweeper(HOUR, HOUR).is_err(), "equal does not exceed");
+    let ten_years = surely::MAX_DURATION;
+    let err = inbox.sweeper(ten_years + HOUR, HOUR).unwrap_err();
+    assert_eq!(err.setting(), "inbox retention");
+    let err = inbox.sweeper(ten_years, ten_years + HOUR).unwrap_err();
+    assert_eq!(err.setting(), "inbox redelivery window");
+    assert!(inbox.sweeper(2 * HOUR, std::time::Duration::ZERO).is_ok());
+}

@@ -749,3 +749,93 @@ async fn pg_retry_now_sends_a_manual_entry_back() {
     .await;
     forget(&ledger).await;
 }
+
+/// The ledger's sweeper deletes settled entries past the retention (with their attempts), at
+/// most its limit a batch, the longest settled first; never an open, claimed or manual one;
+/// two instances' batches at once delete disjoint entries.
+#[tokio::test]
+async fn pg_the_sweeper_deletes_settled_entries_a_bounded_batch_at_a_time() {
+    use crate::sweeping::{exec, two_batches_beside_held_rows, HOUR};
+    use surely::maintenance::Chore;
+    let ledger = ledger("pg_the_sweeper_deletes_settled_entries_a_bounded_batch_at_a_time").await;
+    for i in 0..12 {
+        ledger
+            .record(&full_evidence(&format!("unk-{i:02}")))
+            .await
+            .unwrap();
+    }
+    let claims = ledger.claim(11, Duration::from_secs(60)).await.unwrap();
+    let done = Settlement::reconciled(Verdict::Succeeded, "found");
+    for c in &claims[..9] {
+        ledger.settle(c, &done).await.unwrap();
+    }
+    ledger.to_manual(&claims[9], "by hand").await.unwrap();
+    // unk-10 claimed, unk-11 open.
+    let sweeper = ledger.sweeper(2 * HOUR).unwrap();
+    assert_eq!(sweeper.name(), format!("ledger {}", ledger.table()));
+    assert_eq!(sweeper.run(100).await.unwrap().done, 0, "settled just now");
+    let t = ledger.table();
+    // Everything three hours old; unk-08 settled the longest ago, then unk-07, ...
+    exec(
+        ledger.pool(),
+        &format!(
+            "UPDATE {t} SET created_at = now() - interval '4 hours',
+                 settled_at = now() - interval '3 hours' - seq * interval '1 minute'
+             WHERE state = 'settled'"
+        ),
+    )
+    .await;
+    exec(
+        ledger.pool(),
+        &format!("UPDATE {t} SET created_at = now() - interval '4 hours' WHERE state <> 'settled'"),
+    )
+    .await;
+    let batch = sweeper.run(3).await.unwrap();
+    assert_eq!((batch.done, batch.more), (3, true));
+    let ids = |state: EntryState| {
+        let ledger = &ledger;
+        async move {
+            ledger
+                .list(&Filter::new().state(state))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|e| e.evidence.id.to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    let settled = ids(EntryState::Settled).await;
+    assert_eq!(
+        settled,
+        (0..6).map(|i| format!("unk-{i:02}")).collect::<Vec<_>>(),
+        "the longest settled first"
+    );
+    let other = ledger.sweeper(2 * HOUR).unwrap();
+    let lock = format!("SELECT 1 FROM {t} WHERE state = 'settled' ORDER BY seq LIMIT 2 FOR UPDATE");
+    let swept = two_batches_beside_held_rows(ledger.pool(), &sweeper, &other, &lock).await;
+    assert_eq!(swept, 4, "disjoint, every settled entry not held");
+    let batch = sweeper.run(100).await.unwrap();
+    assert_eq!((batch.done, batch.more), (2, false));
+    assert_eq!(ids(EntryState::Manual).await, ["unk-09"]);
+    assert_eq!(ids(EntryState::Claimed).await, ["unk-10"]);
+    assert_eq!(ids(EntryState::Open).await, ["unk-11"]);
+    let client = ledger.pool().get().await.unwrap();
+    let attempts: i64 = client
+        .query_one(
+            &format!("SELECT count(DISTINCT entry_id) FROM {t}_attempts"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(attempts, 3, "the swept entries' attempts went with them");
+    drop(client);
+
+    let err = ledger.sweeper(Duration::from_secs(60)).unwrap_err();
+    assert_eq!(err.setting(), "ledger retention");
+    assert!(
+        err.reason().contains("60s") && err.reason().contains("3600s"),
+        "{err}"
+    );
+    forget(&ledger).await;
+}

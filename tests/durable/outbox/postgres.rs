@@ -204,3 +204,79 @@ async fn pg_a_listener_that_cannot_listen_is_an_error() {
     assert!(crate::chain(&down).contains("cannot listen"), "{down}");
     forget(&outbox).await;
 }
+
+/// The outbox's sweeper deletes published events past the retention, at most its limit a
+/// batch, the longest published first; never a pending or quarantined one; two instances'
+/// batches at once delete disjoint events.
+#[tokio::test]
+async fn pg_the_sweeper_deletes_published_events_a_bounded_batch_at_a_time() {
+    use crate::sweeping::{exec, two_batches_beside_held_rows, HOUR};
+    use surely::maintenance::Chore;
+    let outbox = outbox("pg_the_sweeper_deletes_published_events_a_bounded_batch_at_a_time").await;
+    let events: Vec<Event> = (0..12).map(event).collect();
+    enqueue(&outbox, &events, true).await;
+    let claimed = outbox.claim(12, Duration::from_secs(60)).await.unwrap();
+    // 0..10 published, 10 quarantined, 11 pending.
+    assert_eq!(outbox.published_all(&claimed[..10]).await.unwrap(), 10);
+    outbox
+        .failed(&claimed[10], "refused", Duration::ZERO, 1)
+        .await
+        .unwrap();
+    let sweeper = outbox.sweeper(2 * HOUR).unwrap();
+    assert_eq!(sweeper.name(), format!("outbox {}", outbox.table()));
+    assert_eq!(
+        sweeper.run(100).await.unwrap().done,
+        0,
+        "published just now"
+    );
+    // Every event three hours old; event 9 published the longest ago, then 8, ...
+    let t = outbox.table();
+    exec(
+        outbox.pool(),
+        &format!(
+            "UPDATE {t} SET enqueued_at = now() - interval '3 hours',
+                 published_at = now() - interval '3 hours' - seq * interval '1 minute'"
+        ),
+    )
+    .await;
+    let batch = sweeper.run(3).await.unwrap();
+    assert_eq!((batch.done, batch.more), (3, true));
+    let left: Vec<String> = outbox
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .query(
+            &format!("SELECT id FROM {t} WHERE state = 1 ORDER BY seq"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let first: Vec<String> = events[..7]
+        .iter()
+        .map(|e| e.id().as_str().to_owned())
+        .collect();
+    assert_eq!(left, first, "the longest published first");
+
+    let other = outbox.sweeper(2 * HOUR).unwrap();
+    let lock = format!("SELECT 1 FROM {t} WHERE state = 1 ORDER BY seq LIMIT 2 FOR UPDATE");
+    let swept = two_batches_beside_held_rows(outbox.pool(), &sweeper, &other, &lock).await;
+    assert_eq!(swept, 5, "disjoint, every published event not held");
+    let batch = sweeper.run(100).await.unwrap();
+    assert_eq!((batch.done, batch.more), (2, false));
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.backlog, stats.quarantined), (1, 1), "never these");
+
+    let err = outbox.sweeper(HOUR - Duration::from_secs(1)).unwrap_err();
+    assert_eq!(err.setting(), "outbox retention");
+    assert!(
+        err.reason().contains("3599s") && err.reason().contains("3600s"),
+        "{err}"
+    );
+    let err = outbox.sweeper(surely::MAX_DURATION + HOUR).unwrap_err();
+    assert_eq!(err.setting(), "outbox retention");
+    forget(&outbox).await;
+}

@@ -566,3 +566,131 @@ async fn pg_hostile_values_and_reasons_are_kept() {
     );
     db.drop().await;
 }
+
+/// The differences' sweeper deletes repaired and resolved differences past the retention, at
+/// most its limit a batch, the longest done first; never an open, claimed or manual one; two
+/// instances' batches at once delete disjoint differences.
+#[tokio::test]
+async fn pg_the_sweeper_deletes_done_differences_a_bounded_batch_at_a_time() {
+    use crate::sweeping::{exec, two_batches_beside_held_rows, HOUR};
+    use surely::maintenance::Chore;
+    use surely::reconcile::Difference;
+    let db = Db::new("pg_the_sweeper_deletes_done_differences_a_bounded_batch_at_a_time").await;
+    let store = &db.store;
+    for i in 0..10 {
+        let d = Difference::new("r", format!("k{i:02}"), vec![], Some("fix".to_owned()));
+        assert!(store.record(&d).await.unwrap());
+    }
+    // One in the manual queue from the start.
+    let manual = Difference::new("r", "k-manual", vec![], None);
+    store.record(&manual).await.unwrap();
+    let claims = store.claim(9, Duration::from_secs(60)).await.unwrap();
+    for c in &claims[..6] {
+        assert_eq!(store.mark_repaired(c, "fixed").await.unwrap(), Marked::Now);
+    }
+    for c in &claims[6..8] {
+        let id = &c.item.difference.id;
+        assert_eq!(
+            store.resolve_manually(id, "ana", "by hand").await.unwrap(),
+            Marked::Now
+        );
+    }
+    // k08 claimed, k09 open, k-manual manual.
+    let sweeper = store.sweeper(2 * HOUR).unwrap();
+    assert_eq!(sweeper.name(), format!("reconcile {}", store.table()));
+    assert_eq!(sweeper.run(100).await.unwrap().done, 0, "done just now");
+    let t = store.table();
+    exec(
+        &db.pool,
+        &format!(
+            "UPDATE {t} SET settled_at = now() - interval '3 hours' - seq * interval '1 minute'
+             WHERE settled_at IS NOT NULL"
+        ),
+    )
+    .await;
+    let batch = sweeper.run(3).await.unwrap();
+    assert_eq!((batch.done, batch.more), (3, true));
+    let keys = |state: ItemState| async move {
+        store
+            .list(Some(state), 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| String::from_utf8(i.difference.key.to_vec()).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keys(ItemState::Resolved).await, Vec::<String>::new());
+    assert_eq!(
+        keys(ItemState::Repaired).await,
+        ["k00", "k01", "k02", "k03", "k04"],
+        "the longest done first"
+    );
+    let other = store.sweeper(2 * HOUR).unwrap();
+    let lock =
+        format!("SELECT 1 FROM {t} WHERE state = 'repaired' ORDER BY seq LIMIT 2 FOR UPDATE");
+    let swept = two_batches_beside_held_rows(&db.pool, &sweeper, &other, &lock).await;
+    assert_eq!(swept, 3, "disjoint, every done difference not held");
+    let batch = sweeper.run(100).await.unwrap();
+    assert_eq!((batch.done, batch.more), (2, false));
+    assert_eq!(keys(ItemState::Claimed).await, ["k08"]);
+    assert_eq!(keys(ItemState::Open).await, ["k09"]);
+    assert_eq!(keys(ItemState::Manual).await, ["k-manual"]);
+
+    let err = store.sweeper(Duration::ZERO).unwrap_err();
+    assert_eq!(err.setting(), "reconcile retention");
+    db.drop().await;
+}
+
+/// Migration 2 gives the differences already done a settled time (the migration's), and
+/// leaves the others without one.
+#[tokio::test]
+async fn pg_migration_2_backfills_the_settled_time_of_done_differences() {
+    let pool = postgres::pool();
+    let (client, schema) = postgres::schema(
+        &pool,
+        "pg_migration_2_backfills_the_settled_time_of_done_differences",
+        "surely_rec",
+    )
+    .await;
+    let table = format!("{schema}.differences");
+    // The table as version 1 made it, with a repaired, a resolved and an open difference.
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (
+                id text PRIMARY KEY, seq bigserial NOT NULL, rule text NOT NULL,
+                key bytea NOT NULL, action text, sources text[] NOT NULL,
+                present boolean[] NOT NULL, vals bytea[] NOT NULL, versions int8[] NOT NULL,
+                ats_us int8[] NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
+                state text NOT NULL, fence bigint NOT NULL DEFAULT 0, until timestamptz,
+                tries integer NOT NULL DEFAULT 0, note text, who text);
+             INSERT INTO {table} (id, rule, key, action, sources, present, vals, versions,
+                 ats_us, state)
+             SELECT i, 'r', 'k'::bytea, 'fix', '{{}}', '{{}}', '{{}}', '{{}}', '{{}}', s
+             FROM (VALUES ('a', 'repaired'), ('b', 'resolved'), ('c', 'open')) AS v (i, s);
+             INSERT INTO surely_migrations (component, target, version, name)
+             VALUES ('reconcile', '{table}', 1, 'differences');"
+        ))
+        .await
+        .unwrap();
+    let store = PostgresDifferences::new(pool.clone())
+        .with_table(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    let rows = client
+        .query(
+            &format!("SELECT id, settled_at IS NOT NULL FROM {table} ORDER BY id"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(String, bool)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        got,
+        [
+            ("a".to_owned(), true),
+            ("b".to_owned(), true),
+            ("c".to_owned(), false)
+        ]
+    );
+    postgres::forget_schema(&client, &schema, &[&table]).await;
+}
