@@ -164,6 +164,17 @@ impl Migrations {
         self.table_of(&crate::admin::POSTGRES_COMPONENT, table)
     }
 
+    #[cfg(any(feature = "server", feature = "durable"))]
+    /// The maintenance's leases' table (default `surely_leases`), as given to
+    /// [`PostgresLeases::with_table`](crate::maintenance::PostgresLeases::with_table).
+    ///
+    /// # Errors
+    ///
+    /// As for [`idempotency_table`](Self::idempotency_table).
+    pub fn leases_table(self, table: &str) -> Result<Self, ConfigError> {
+        self.table_of(&crate::maintenance::POSTGRES_COMPONENT, table)
+    }
+
     #[cfg_attr(not(any(feature = "server", feature = "durable")), allow(dead_code))]
     fn table_of(mut self, component: &Component, table: &str) -> Result<Self, ConfigError> {
         crate::storage::check_table("table name", table)?;

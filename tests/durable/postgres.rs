@@ -39,10 +39,12 @@ fn migrations(table: &str) -> Migrations {
         .unwrap()
         .reconcile_table(&format!("{table}_reconcile"))
         .unwrap()
+        .leases_table(&format!("{table}_leases"))
+        .unwrap()
 }
 
 /// How many migrations `migrations(table)` applies to a new database.
-const MIGRATIONS: usize = if cfg!(feature = "admin") { 15 } else { 13 };
+const MIGRATIONS: usize = if cfg!(feature = "admin") { 17 } else { 15 };
 
 /// Drops every table `migrations(table)` made, and forgets their migrations.
 async fn forget_all(pool: &Pool, table: &str) {
@@ -56,6 +58,7 @@ async fn forget_all(pool: &Pool, table: &str) {
         format!("{table}_ledger"),
         format!("{table}_reconcile"),
         format!("{table}_audit"),
+        format!("{table}_leases"),
     ];
     let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
     postgres::forget(pool, &tables, &tables).await;
@@ -89,6 +92,7 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
             format!("admin_audit {table}_audit v1 (audit)"),
             #[cfg(feature = "admin")]
             format!("admin_audit {table}_audit v2 (finished at index)"),
+            format!("leases {table}_leases v1 (leases)"),
         ]
     );
     // Again: nothing to do.
@@ -221,7 +225,7 @@ async fn a_table_made_before_the_records_is_brought_up_to_date() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(n, 5);
+    assert_eq!(n, 6);
     forget(&pool, &table).await;
 }
 
