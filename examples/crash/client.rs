@@ -56,6 +56,10 @@ pub(crate) const ENV_SEED: &str = "CRASH_SEED";
 pub(crate) const ENV_MODE: &str = "CRASH_MODE";
 /// How many calls the client keeps in flight.
 pub(crate) const ENV_WORKERS: &str = "CRASH_WORKERS";
+/// Calls per second, all workers together (a steady load, as the soak runs it): each call waits
+/// for its tick, and every call's latency goes to the driver (`@@ latency MICROS OUTCOME`).
+/// Unset: every worker as fast as it can, nothing reported.
+pub(crate) const ENV_RATE: &str = "CRASH_RATE";
 
 /// The share of orders placed with a key.
 const KEYED_SHARE: f64 = 0.7;
@@ -237,6 +241,8 @@ struct Calls<K, U> {
     /// Where orders claimed in the handler's transaction go.
     uri_tx: String,
     incarnation: u64,
+    /// Whether each call's latency goes to the driver.
+    report_latency: bool,
 }
 
 impl<K: HttpClient + Sync, U: HttpClient + Sync> Calls<K, U> {
@@ -245,6 +251,7 @@ impl<K: HttpClient + Sync, U: HttpClient + Sync> Calls<K, U> {
         self.oracle
             .line(format!("started {key} {}", self.incarnation))
             .await?;
+        let sent = std::time::Instant::now();
         let (outcome, detail) = if in_claim(key) {
             place(self.keyed.clone(), &self.uri_tx, key, self.incarnation).await?
         } else if is_keyed(key) {
@@ -252,6 +259,13 @@ impl<K: HttpClient + Sync, U: HttpClient + Sync> Calls<K, U> {
         } else {
             place(self.unkeyed.clone(), &self.uri, key, self.incarnation).await?
         };
+        if self.report_latency {
+            crashpoint::say(&format!(
+                "latency {} {}",
+                sent.elapsed().as_micros(),
+                outcome_name(outcome)
+            ));
+        }
         if outcome == Outcome::Unknown {
             crashpoint::at(IN_DOUBT).await;
             self.recorder.flush().await;
@@ -276,6 +290,10 @@ pub(crate) async fn run() -> Result<(), BoxError> {
     let workers: u64 = var(ENV_WORKERS)?.parse()?;
     let addr = var(crate::order::ENV_ADDR)?;
     let recover = std::env::var(ENV_MODE).is_ok_and(|m| m == "recover");
+    let rate: Option<f64> = match std::env::var(ENV_RATE) {
+        Ok(r) => Some(r.parse().map_err(|e| format!("{ENV_RATE}={r}: {e}"))?),
+        Err(_) => None,
+    };
     let ledger = world.ledger()?;
     let recorder = LedgerRecorder::new(ledger.clone());
     let journal = Journal {
@@ -291,6 +309,14 @@ pub(crate) async fn run() -> Result<(), BoxError> {
         uri: format!("http://{addr}/orders"),
         uri_tx: format!("http://{addr}/orders-tx"),
         incarnation,
+        report_latency: rate.is_some(),
+    });
+    // The steady load's ticks, shared by the workers: a tick missed while every worker waits
+    // for an answer is skipped, not made up in a burst.
+    let ticks = rate.filter(|r| *r > 0.0).map(|r| {
+        let mut every = tokio::time::interval(Duration::from_secs_f64(1.0 / r));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        Arc::new(tokio::sync::Mutex::new(every))
     });
     crashpoint::ready();
     if recover {
@@ -303,9 +329,17 @@ pub(crate) async fn run() -> Result<(), BoxError> {
             let calls = calls.clone();
             let next = next.clone();
             let stopped = stopped.clone();
+            let ticks = ticks.clone();
             let mut rng = SplitMix::new(seed ^ (incarnation << 20) ^ (w << 8) ^ 0xC11E);
             tasks.push(tokio::spawn(async move {
                 while !*stopped.borrow() {
+                    if let Some(ticks) = &ticks {
+                        let mut stop = stopped.clone();
+                        tokio::select! {
+                            _ = async { ticks.lock().await.tick().await } => {}
+                            _ = stop.wait_for(|s| *s) => break,
+                        }
+                    }
                     let n = next.fetch_add(1, Ordering::SeqCst);
                     let draw = rng.unit();
                     let kind = if draw < KEYED_SHARE / 2.0 {
@@ -317,7 +351,9 @@ pub(crate) async fn run() -> Result<(), BoxError> {
                     };
                     let key = format!("{kind}-{incarnation}-{n}");
                     calls.call(&key).await?;
-                    tokio::time::sleep(PACE).await;
+                    if ticks.is_none() {
+                        tokio::time::sleep(PACE).await;
+                    }
                 }
                 Ok::<_, BoxError>(())
             }));

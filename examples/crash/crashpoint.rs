@@ -1,6 +1,7 @@
 //! A role's side of the driver's protocol: the lines it prints (`@@ ready`, `@@ crashpoint
 //! NAME`, `@@ note …`), the crash point the driver armed for this incarnation, and its
-//! standard input (`disarm`; end of input: stop).
+//! standard input (`disarm`; `arm NAME:N`, as the soak's driver arms a running process; end of
+//! input: stop).
 //!
 //! A crash point is a named place in a role's code. The driver arms at most one per process
 //! incarnation, with `CRASH_AT=NAME:N`: the `N`-th time the process reaches `NAME`, it prints
@@ -90,7 +91,7 @@ pub(crate) fn ready() {
 }
 
 /// Reads the driver's commands from standard input on a thread of its own: `disarm` clears the
-/// armed point; the end of input (the driver closed it, or died) turns the returned watch true:
+/// armed point; `arm NAME:N` arms one; the end of input (the driver closed it, or died) turns the returned watch true:
 /// the role stops.
 pub(crate) fn control() -> watch::Receiver<bool> {
     let (stop, stopped) = watch::channel(false);
@@ -99,6 +100,18 @@ pub(crate) fn control() -> watch::Receiver<bool> {
         for line in stdin.lock().lines() {
             match line {
                 Ok(l) if l.trim() == "disarm" => lock().point = None,
+                // `arm NAME:N`: the point fires on its N-th hit from now on.
+                Ok(l) if l.starts_with("arm ") => {
+                    let point = l[4..]
+                        .trim()
+                        .split_once(':')
+                        .and_then(|(name, n)| Some((name.to_owned(), n.parse().ok()?)));
+                    let mut armed = lock();
+                    if let Some((name, _)) = &point {
+                        armed.hits.remove(name);
+                    }
+                    armed.point = point;
+                }
                 Ok(_) => {}
                 Err(_) => break,
             }

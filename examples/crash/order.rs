@@ -60,6 +60,7 @@ use surely::server::deadline::ServerDeadlineLayer;
 use surely::server::idempotency::{
     AbandonedRecovery, IdempotencyLayer, Recovery, Takeover, Ticket,
 };
+use surely::server::limit::AdaptiveLimitLayer;
 use surely::server::store::{
     AbandonedRecord, Checkpoint, KeyedTransaction, PostgresStore, StoredResponse,
 };
@@ -484,7 +485,21 @@ async fn handle(
     })
 }
 
+/// What a harness adds to the order service: the adaptive concurrency limit in front of both
+/// idempotency layers (inside the deadline layer), and the layers' retention of completed
+/// records (default: the layer's own).
+#[derive(Default)]
+pub(crate) struct Extras {
+    pub(crate) limit: Option<AdaptiveLimitLayer>,
+    pub(crate) retention: Option<Duration>,
+}
+
 pub(crate) async fn run() -> Result<(), BoxError> {
+    serve(Extras::default()).await
+}
+
+/// The order service, with what `extras` adds.
+pub(crate) async fn serve(extras: Extras) -> Result<(), BoxError> {
     let stopped = crashpoint::control();
     let world = World::from_env()?;
     let addr: SocketAddr = std::env::var(ENV_ADDR)?.parse()?;
@@ -501,6 +516,13 @@ pub(crate) async fn run() -> Result<(), BoxError> {
         .lease(LEASE)
         .renew_for(RENEW_FOR)
         .abandoned_timeout(ABANDONED_TIMEOUT);
+    let mut claims = IdempotencyLayer::builder(orders.store.clone())
+        .lease(LEASE)
+        .in_transaction();
+    if let Some(retention) = extras.retention {
+        builder = builder.retention(retention);
+        claims = claims.retention(retention);
+    }
     if hook {
         let o = orders.clone();
         builder = builder.recover(move |t: Takeover| o.clone().recover(t));
@@ -531,10 +553,7 @@ pub(crate) async fn run() -> Result<(), BoxError> {
             }
         }
     });
-    let claims = IdempotencyLayer::builder(orders.store.clone())
-        .lease(LEASE)
-        .in_transaction()
-        .build()?;
+    let claims = claims.build()?;
     let o = orders.clone();
     let in_claim = ServiceBuilder::new()
         .layer(
@@ -542,6 +561,7 @@ pub(crate) async fn run() -> Result<(), BoxError> {
                 .max(Duration::from_secs(10))
                 .build()?,
         )
+        .option_layer(extras.limit.clone())
         .layer(claims)
         .service_fn(move |req| handle_in_claim(o.clone(), req));
     let plain = ServiceBuilder::new()
@@ -550,6 +570,7 @@ pub(crate) async fn run() -> Result<(), BoxError> {
                 .max(Duration::from_secs(10))
                 .build()?,
         )
+        .option_layer(extras.limit)
         .layer(layer)
         .service_fn(move |req| handle(orders.clone(), req));
     let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {

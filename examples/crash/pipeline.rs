@@ -63,22 +63,32 @@ impl OutboxStore for CrashingOutbox {
 }
 
 pub(crate) async fn run_relay() -> Result<(), BoxError> {
+    relay(None).await
+}
+
+/// The relay; `quarantine_after` failed publishes of an event quarantine it (default: the
+/// relay's own).
+pub(crate) async fn relay(quarantine_after: Option<u32>) -> Result<(), BoxError> {
     let stopped = crashpoint::control();
     let world = World::from_env()?;
     world.reach_postgres().await?;
     let js = world.jetstream().await?;
     let outbox = world.outbox()?;
     let wakeup = outbox.listen(&world.pg_url).await?;
-    let relay = Relay::builder(
+    let mut relay = Relay::builder(
         CrashingOutbox(outbox),
         JetStreamPublisher::new(js, world.prefix.clone()),
-    )
-    .lease(RELAY_LEASE)
-    .retry_after(Duration::from_millis(200))
-    .poll(RELAY_POLL)
-    .wake_on(wakeup)
-    .no_sweep()
-    .build()?;
+    );
+    if let Some(failures) = quarantine_after {
+        relay = relay.quarantine_after(failures);
+    }
+    let relay = relay
+        .lease(RELAY_LEASE)
+        .retry_after(Duration::from_millis(200))
+        .poll(RELAY_POLL)
+        .wake_on(wakeup)
+        .no_sweep()
+        .build()?;
     crashpoint::ready();
     relay.run(crashpoint::stop_of(stopped)).await;
     Ok(())
