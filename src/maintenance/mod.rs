@@ -72,6 +72,9 @@ pub const DEFAULT_EVERY: Duration = Duration::from_secs(60);
 pub const DEFAULT_BATCH_SIZE: usize = 1000;
 /// How long a batch may take, by default.
 pub const DEFAULT_BATCH_TIME: Duration = Duration::from_secs(10);
+/// The share of a round's time its batches may take, by default: a batch rests as long as it
+/// worked.
+pub const DEFAULT_DUTY: f64 = 0.5;
 /// How long a chore's round may take, by default.
 pub const DEFAULT_ROUND_TIME: Duration = Duration::from_secs(30);
 
@@ -135,6 +138,7 @@ struct Settings {
     batch_size: usize,
     batch_time: Duration,
     round_time: Duration,
+    duty: f64,
     recorder: Option<Arc<dyn Recorder + Send + Sync>>,
 }
 
@@ -150,6 +154,7 @@ impl fmt::Debug for Maintenance {
             .field("batch_size", &self.settings.batch_size)
             .field("batch_time", &self.settings.batch_time)
             .field("round_time", &self.settings.round_time)
+            .field("duty", &self.settings.duty)
             .finish_non_exhaustive()
     }
 }
@@ -189,6 +194,7 @@ impl Maintenance {
                 batch_size: DEFAULT_BATCH_SIZE,
                 batch_time: DEFAULT_BATCH_TIME,
                 round_time: DEFAULT_ROUND_TIME,
+                duty: DEFAULT_DUTY,
                 recorder: None,
             },
         }
@@ -270,6 +276,16 @@ impl MaintenanceBuilder {
         self
     }
 
+    /// The share of a round's time that its batches may work (default [`DEFAULT_DUTY`], a
+    /// half): after a batch that took `t`, the next starts `t x (1 / duty - 1)` later. A
+    /// backlog is then worked down at a pace that leaves the database to the online path most
+    /// of the time (a heavier batch rests longer), and a round's time bounds it all the same.
+    /// `1.0` runs batches back to back.
+    pub fn duty(mut self, duty: f64) -> Self {
+        self.settings.duty = duty;
+        self
+    }
+
     /// Where each chore's [`MaintenanceReport`] goes ([`Recorder::record_maintenance`]).
     pub fn recorder(mut self, recorder: impl Recorder + Send + Sync + 'static) -> Self {
         self.settings.recorder = Some(Arc::new(recorder));
@@ -282,7 +298,8 @@ impl MaintenanceBuilder {
     ///
     /// A [`ConfigError`] naming the setting: `every`, `batch_time` or `round_time` zero or over
     /// [`MAX_DURATION`](crate::MAX_DURATION); `batch_size` zero; `round_time` longer than
-    /// `every` (a round would outlive its lease); `holder` empty; two chores with one name.
+    /// `every` (a round would outlive its lease); `duty` not in `(0, 1]`; `holder` empty; two
+    /// chores with one name.
     pub fn build(self) -> Result<Maintenance, ConfigError> {
         let s = &self.settings;
         for (setting, d) in [
@@ -291,6 +308,15 @@ impl MaintenanceBuilder {
             ("round_time", s.round_time),
         ] {
             ConfigError::positive_at_most_max(setting, d)?;
+        }
+        if !(s.duty > 0.0 && s.duty <= 1.0) {
+            return Err(ConfigError::new(
+                "duty",
+                format!(
+                    "{} is not a share of the time: more than 0, at most 1",
+                    s.duty
+                ),
+            ));
         }
         if s.batch_size == 0 {
             return Err(ConfigError::new("batch_size", "must be at least 1"));
@@ -461,12 +487,16 @@ async fn round(chore: &Arc<dyn Chore>, s: &Settings) -> MaintenanceReport {
         let limit = s.batch_size;
         // On a task of its own, so that a panic in the chore is a failed batch, not the end of
         // the maintenance.
+        let began = Instant::now();
         let mut batch = tokio::spawn(async move { c.run(limit).await });
-        let outcome = match tokio::time::timeout(s.batch_time, &mut batch).await {
+        let ran = tokio::time::timeout(s.batch_time, &mut batch).await;
+        let worked = began.elapsed();
+        let outcome = match ran {
             Ok(Ok(Ok(b))) => {
                 done = done.saturating_add(b.done);
                 batches = batches.saturating_add(1);
                 if b.more {
+                    rest(worked, s).await;
                     continue;
                 }
                 MaintenanceOutcome::Done
@@ -484,4 +514,17 @@ async fn round(chore: &Arc<dyn Chore>, s: &Settings) -> MaintenanceReport {
         };
         return report(done, batches, outcome);
     }
+}
+
+/// The rest after a batch that took `worked`, for the round's batches to work `duty` of the
+/// time; never past the round's end.
+async fn rest(worked: Duration, s: &Settings) {
+    if s.duty >= 1.0 {
+        return;
+    }
+    // A duty near zero asks for a rest past any duration: the round's time bounds it.
+    let pause = Duration::try_from_secs_f64(worked.as_secs_f64() * (1.0 / s.duty - 1.0))
+        .unwrap_or(s.round_time)
+        .min(s.round_time);
+    tokio::time::sleep(pause).await;
 }

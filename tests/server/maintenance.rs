@@ -77,6 +77,7 @@ async fn a_backlog_is_worked_down_in_bounded_batches_until_the_round_time_runs_o
         .batch_size(1000)
         .round_time(Duration::from_secs(10))
         .every(Duration::from_secs(60))
+        .duty(1.0)
         .build()
         .unwrap()
         .spawn();
@@ -200,6 +201,44 @@ async fn of_two_instances_one_runs_each_chore_per_round() {
     other.shutdown().await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_backlog_is_worked_down_at_the_duty_asked_for() {
+    let rows = Rows::new("rows", 25_000);
+    let handle = Maintenance::builder()
+        .chore(rows.clone())
+        .batch_size(1000)
+        .round_time(Duration::from_secs(12))
+        .every(Duration::from_secs(60))
+        .duty(0.25)
+        .build()
+        .unwrap()
+        .spawn();
+    // Each batch works a second and rests three: three batches in a round of twelve seconds
+    // (the start's round and the one asked for).
+    let reports = handle.run_now().await;
+    assert_eq!(
+        (reports[0].done, reports[0].batches),
+        (3_000, 3),
+        "{reports:?}"
+    );
+    assert_eq!(reports[0].outcome, MaintenanceOutcome::OutOfTime);
+    assert_eq!(rows.left.load(Ordering::SeqCst), 19_000);
+    handle.shutdown().await;
+    // A duty near zero asks for a rest past any duration: the round's time bounds it, and
+    // nothing panics.
+    let handle = Maintenance::builder()
+        .chore(rows.clone())
+        .round_time(Duration::from_secs(12))
+        .duty(f64::MIN_POSITIVE)
+        .build()
+        .unwrap()
+        .spawn();
+    let reports = handle.run_now().await;
+    assert_eq!(reports[0].batches, 1, "{reports:?}");
+    assert_eq!(reports[0].outcome, MaintenanceOutcome::OutOfTime);
+    handle.shutdown().await;
+}
+
 #[test]
 fn settings_that_cannot_work_are_refused_by_name() {
     let refused = |b: surely::maintenance::MaintenanceBuilder| b.build().unwrap_err();
@@ -215,6 +254,10 @@ fn settings_that_cannot_work_are_refused_by_name() {
         "round_time"
     );
     assert_eq!(refused(b().batch_size(0)).setting(), "batch_size");
+    for duty in [0.0, -1.0, 1.5, f64::NAN, f64::INFINITY] {
+        assert_eq!(refused(b().duty(duty)).setting(), "duty", "{duty}");
+    }
+    assert!(b().duty(f64::MIN_POSITIVE).build().is_ok());
     assert_eq!(refused(b().holder("")).setting(), "holder");
     let e = refused(
         b().every(Duration::from_secs(10))
