@@ -9,6 +9,8 @@
 #
 #   scripts/public_api.sh            regenerates the listing and diffs it against public-api.txt
 #   scripts/public_api.sh --update   rewrites public-api.txt
+#   scripts/public_api.sh --install  installs the pinned tool only (CI does it while its tests
+#                                    run, which leave the cores idle much of the time)
 #
 # How: rustdoc writes the library's public items as JSON, and cargo-public-api lists them, one
 # line per item, blanket implementations (`impl<T> From<T> for T` and the like) left out; the
@@ -29,10 +31,12 @@ tool_version=0.52.0
 format_version=57
 
 update=false
+install_only=false
 case "${1:-}" in
   --update) update=true ;;
+  --install) install_only=true ;;
   "") ;;
-  *) echo "usage: scripts/public_api.sh [--update]" >&2; exit 2 ;;
+  *) echo "usage: scripts/public_api.sh [--update | --install]" >&2; exit 2 ;;
 esac
 
 target="${CARGO_TARGET_DIR:-target}"
@@ -49,6 +53,11 @@ if ! is_pinned "$tool"; then
     env -u CARGO_TARGET_DIR cargo install --locked --quiet --root "$tools" \
       --version "=$tool_version" cargo-public-api
   fi
+fi
+
+if $install_only; then
+  echo "cargo-public-api $tool_version: $tool"
+  exit 0
 fi
 
 json_target="$target/public-api"

@@ -20,6 +20,7 @@ const ENV_EVERY: &str = "SOAK_EVERY_MS";
 const ENV_RETENTION: &str = "SOAK_RETENTION_MS";
 const ENV_KEEP: &str = "SOAK_KEEP_EXPIRED_MS";
 const ENV_BATCH: &str = "SOAK_BATCH";
+const ENV_DUTY: &str = "SOAK_DUTY";
 
 /// Whether the order service recovers abandoned `PROCESSING` records: it does, with the crash
 /// harness's rounds (`IdempotencyLayer::recover_abandoned` every 250 ms, its hook asking the
@@ -38,17 +39,20 @@ pub(crate) struct Settings {
     pub(crate) keep_expired_for: Duration,
     /// The rows a batch does at most.
     pub(crate) batch_size: usize,
+    /// The share of a round's time its batches work.
+    pub(crate) duty: f64,
 }
 
 impl Settings {
     /// The settings for a retention: the safety window half of it, a round every fifth of it
-    /// (at least a second), batches of 500 rows.
-    pub(crate) fn for_retention(retention: Duration) -> Settings {
+    /// (at least a second); the batches' size and duty as given (`--batch`, `--duty`).
+    pub(crate) fn new(retention: Duration, batch_size: usize, duty: f64) -> Settings {
         Settings {
             every: (retention / 5).max(Duration::from_secs(1)),
             retention,
             keep_expired_for: retention / 2,
-            batch_size: 500,
+            batch_size,
+            duty,
         }
     }
 
@@ -59,6 +63,7 @@ impl Settings {
             (ENV_RETENTION, ms(self.retention)),
             (ENV_KEEP, ms(self.keep_expired_for)),
             (ENV_BATCH, self.batch_size.to_string()),
+            (ENV_DUTY, self.duty.to_string()),
         ]
     }
 
@@ -72,6 +77,9 @@ impl Settings {
             retention: Duration::from_millis(var(ENV_RETENTION)?),
             keep_expired_for: Duration::from_millis(var(ENV_KEEP)?),
             batch_size: usize::try_from(var(ENV_BATCH)?)?,
+            duty: std::env::var(ENV_DUTY)
+                .map_err(|_| format!("{ENV_DUTY} is not set"))?
+                .parse()?,
         })
     }
 
@@ -191,7 +199,8 @@ pub(crate) fn start(
         .leases(leases)
         .every(s.every)
         .round_time(s.every)
-        .batch_size(s.batch_size);
+        .batch_size(s.batch_size)
+        .duty(s.duty);
     for chore in chores {
         builder = builder.shared_chore(chore);
     }

@@ -338,8 +338,13 @@ struct Relays {
 impl Relays {
     /// Whether a relay at point `kind` dies now (each planned crash once).
     fn fire(&self, kind: RelayCrash) -> bool {
+        self.take(kind).is_some()
+    }
+
+    /// The planned crash at point `kind` that is due, taken (each once): its index in the plan.
+    fn take(&self, kind: RelayCrash) -> Option<usize> {
         let now = self.calls.load(Ordering::SeqCst);
-        self.plan.iter().any(|f| {
+        self.plan.iter().position(|f| {
             f.kind == kind
                 && f.at <= now
                 && f.fired
@@ -409,7 +414,24 @@ struct CrashingPublisher {
     relays: Arc<Relays>,
     slot: usize,
     /// This relay is dying: nothing more goes out.
-    dead: bool,
+    dead: Arc<AtomicBool>,
+}
+
+/// A crash taken from the plan for after an acknowledgement: put back if it does not happen.
+struct Planned {
+    relays: Arc<Relays>,
+    at: usize,
+    happened: bool,
+}
+
+impl Drop for Planned {
+    fn drop(&mut self) {
+        if !self.happened {
+            self.relays.plan[self.at]
+                .fired
+                .store(false, Ordering::SeqCst);
+        }
+    }
 }
 
 impl Service<Event> for CrashingPublisher {
@@ -422,7 +444,7 @@ impl Service<Event> for CrashingPublisher {
     }
 
     fn call(&mut self, event: Event) -> Self::Future {
-        if self.dead {
+        if self.dead.load(Ordering::SeqCst) {
             return Box::pin(std::future::pending());
         }
         let n = self.relays.calls.fetch_add(1, Ordering::SeqCst) + 1;
@@ -430,20 +452,37 @@ impl Service<Event> for CrashingPublisher {
             self.relays.stop_second.send_replace(true);
         }
         if self.relays.fire(RelayCrash::MidBatch) {
-            self.dead = true;
+            self.dead.store(true, Ordering::SeqCst);
             return Box::pin(self.relays.crash(self.slot, RelayCrash::MidBatch));
         }
-        let crash_after = self.relays.fire(RelayCrash::AfterAck);
-        self.dead = crash_after;
+        // A crash after the acknowledgement that never comes (the publish failed, or this
+        // relay was stopped while it waited) goes back to the plan for the next publish.
+        let mut crash_after = self.relays.take(RelayCrash::AfterAck).map(|at| Planned {
+            relays: self.relays.clone(),
+            at,
+            happened: false,
+        });
+        if crash_after.is_some() {
+            self.dead.store(true, Ordering::SeqCst);
+        }
         let publish = self.inner.call(event);
-        let (relays, slot) = (self.relays.clone(), self.slot);
+        let (relays, slot, dead) = (self.relays.clone(), self.slot, self.dead.clone());
         Box::pin(async move {
-            let published = publish.await?;
+            let published = match publish.await {
+                Ok(published) => published,
+                Err(e) => {
+                    if crash_after.is_some() {
+                        dead.store(false, Ordering::SeqCst);
+                    }
+                    return Err(e);
+                }
+            };
             relays.acked.fetch_add(1, Ordering::SeqCst);
             if published.duplicate {
                 relays.duplicates.fetch_add(1, Ordering::SeqCst);
             }
-            if crash_after {
+            if let Some(mut planned) = crash_after.take() {
+                planned.happened = true;
                 return relays.crash(slot, RelayCrash::AfterAck).await;
             }
             Ok(())
@@ -463,7 +502,7 @@ fn spawn_relay(world: &Arc<World>, relays: &Arc<Relays>, slot: usize) -> JoinHan
             inner: JetStreamPublisher::new(world.js.clone(), world.stream.clone()),
             relays: relays.clone(),
             slot,
-            dead: false,
+            dead: Arc::new(AtomicBool::new(false)),
         },
     )
     .batch(RELAY_BATCH)
