@@ -64,8 +64,9 @@
 //! are inserted with SQL, their retention set to end 30 s later (3 s in a run under three
 //! minutes), and the table is vacuumed: a table whose retention is shortened, or whose first
 //! sweep starts, holds rows it wrote over weeks and that the autovacuum saw meanwhile, while
-//! 100 000 rows inserted at once leave the autovacuum a whole table to vacuum, which it did
-//! during the sweep (x2 on the p99 in a run of five minutes; x1.0 once vacuumed first). Once
+//! 100 000 rows inserted at once leave a whole table to vacuum, which the autovacuum otherwise
+//! does while the sweep runs (x2 on the p99 in a run of five minutes; x1.0 once vacuumed
+//! first). Once
 //! their retention ends, the order service's maintenance sweeps them down in bounded batches.
 //! The p99 of the calls made while it does is compared with the p99 of the calls of two
 //! windows as long, one just before the insert and one just after the window during: a p99 of
