@@ -68,18 +68,19 @@ impl Settings {
     }
 
     pub(crate) fn from_env() -> Result<Settings, BoxError> {
-        let var = |name: &str| -> Result<u64, BoxError> {
+        fn var<T: std::str::FromStr>(name: &str) -> Result<T, BoxError>
+        where
+            T::Err: std::fmt::Display,
+        {
             let v = std::env::var(name).map_err(|_| format!("{name} is not set"))?;
             Ok(v.parse().map_err(|e| format!("{name}={v}: {e}"))?)
-        };
+        }
         Ok(Settings {
             every: Duration::from_millis(var(ENV_EVERY)?),
             retention: Duration::from_millis(var(ENV_RETENTION)?),
             keep_expired_for: Duration::from_millis(var(ENV_KEEP)?),
-            batch_size: usize::try_from(var(ENV_BATCH)?)?,
-            duty: std::env::var(ENV_DUTY)
-                .map_err(|_| format!("{ENV_DUTY} is not set"))?
-                .parse()?,
+            batch_size: var(ENV_BATCH)?,
+            duty: var(ENV_DUTY)?,
         })
     }
 

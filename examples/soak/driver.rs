@@ -231,6 +231,12 @@ impl Options {
         Duration::from_secs_f64(self.minutes * 60.0)
     }
 
+    /// A run under three minutes (CI's minute): faults every tenth of it, kills to the end, a
+    /// backlog sweepable 3 s after its insert, and windows of 100 calls for its check.
+    pub(crate) fn is_short(&self) -> bool {
+        self.minutes * 60.0 < 180.0
+    }
+
     fn replay(&self) -> String {
         format!(
             "cargo run --release --all-features --example soak -- --minutes {} --seed {} --rate {} --sample {} --retention {} --warmup {} --backlog {} --batch {} --duty {}{}",
@@ -255,7 +261,7 @@ impl Options {
     /// lost replies and broker restarts go on to the end.
     fn faults(&self, backlog_at: f64) -> Vec<(f64, Fault)> {
         let total = self.minutes * 60.0;
-        let short = total < 180.0;
+        let short = self.is_short();
         let mut rng = SplitMix::new(self.seed ^ 0x50A4_FA17);
         let (before, after) = if short { (12.0, 15.0) } else { (120.0, 240.0) };
         let mut cycle: Vec<Fault> = Vec::new();
@@ -974,7 +980,7 @@ async fn run(
             phase_backlog = true;
             let (world, tx, rows) = (world.clone(), sup.tx.clone(), opts.backlog);
             let eligible = Eligible {
-                after: if total < 180.0 { 3.0 } else { 30.0 },
+                after: if opts.is_short() { 3.0 } else { 30.0 },
                 keep_expired_for: settings.keep_expired_for.as_secs_f64(),
             };
             tokio::spawn(async move {

@@ -335,7 +335,7 @@ pub(crate) async fn check(run: &Run<'_>) -> Result<bool, BoxError> {
         (_, _, Some(e)) => checks.invariant(false, format!("5. the backlog's sweep: {e}")),
         (Some((from, to, rows)), Some(swept), None) => {
             let took = swept - to;
-            let min_calls = if run.opts.minutes * 60.0 < 180.0 {
+            let min_calls = if run.opts.is_short() {
                 MIN_WINDOW_CALLS_SHORT
             } else {
                 MIN_WINDOW_CALLS
