@@ -866,6 +866,8 @@ async fn inbox_throughput(
     for consumers in [1usize, 4] {
         let table = format!("{run}_inbox{consumers}");
         let inbox = PostgresInbox::new(pool.clone()).with_table(&table)?;
+        made.push(format!("{table}_task_steps"));
+        made.push(format!("{table}_tasks"));
         made.push(table.clone());
         made.push(format!("{table}_versions"));
         inbox.migrate().await?;

@@ -544,7 +544,8 @@ mod durable {
             client
                 .batch_execute(&format!(
                     "DROP TABLE IF EXISTS {p}_orders, {p}_stock, {p}_reservations, {p}_idem,
-                         {p}_order_outbox, {p}_inv_outbox, {p}_inbox, {p}_inbox_versions,
+                         {p}_order_outbox, {p}_inv_outbox, {p}_inbox_task_steps,
+                         {p}_inbox_tasks, {p}_inbox, {p}_inbox_versions,
                          {p}_ledger_attempts, {p}_ledger;
                      DROP FUNCTION IF EXISTS {p}_idem_acquire;"
                 ))

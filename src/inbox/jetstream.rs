@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 
 use super::postgres::{Handler, InboxTransaction};
-use super::{InboxError, PostgresInbox, Processed, Versions};
+use super::{Consumer, InboxError, PostgresInbox, Processed, Versions, Wait};
 use crate::outbox::Event;
 
 /// How long JetStream waits before it redelivers a parked event.
@@ -83,6 +83,92 @@ impl PostgresInbox {
                 }
             }
             Ok(_) => ack(message, AckKind::Nak(Some(PARKED_REDELIVERY))).await,
+            Err(_) => ack(message, AckKind::Nak(None)).await,
+        }
+        out
+    }
+}
+
+/// How long JetStream waits before it redelivers a task whose stored reason this version does
+/// not know: held, and looked at again.
+const HELD_REDELIVERY: Duration = Duration::from_secs(60);
+
+impl PostgresInbox {
+    /// Processes one JetStream message as a task (features `postgres` and `nats`): what
+    /// [`process_task_and_commit`](Self::process_task_and_commit) does, then the answer to
+    /// JetStream, once the transaction committed.
+    ///
+    /// * Applied, stale, a duplicate, or in the manual queue: acknowledged (the manual queue's
+    ///   task is kept in the inbox's table; a person's retry hands it out through
+    ///   [`take_retried`](Self::take_retried)).
+    /// * Waiting: acknowledged negatively **with the delay** the task's policy gave (or the
+    ///   time left, for a delivery that came early). The schedule is committed before the
+    ///   `nak`: if the `nak` is lost, JetStream redelivers after its ack wait, and the inbox
+    ///   answers with the time left without running the handler.
+    /// * A message that is not an event: terminated. A store that failed: acknowledged
+    ///   negatively, at once. A task whose stored reason is unknown to this version: held,
+    ///   acknowledged negatively for a minute.
+    ///
+    /// ```no_run
+    /// # async fn consume(inbox: surely::inbox::PostgresInbox,
+    /// #     consumer: surely::deps::async_nats::jetstream::consumer::PullConsumer)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// use surely::inbox::{Consumer, Wait};
+    /// use tokio_stream::StreamExt;
+    ///
+    /// let payments = Consumer::builder("payments").build()?;
+    /// let mut messages = consumer.messages().await?;
+    /// while let Some(message) = messages.next().await {
+    ///     let processed = inbox
+    ///         .process_jetstream_task(&message?, &payments, |_txn| {
+    ///             Box::pin(async move {
+    ///                 // The channel answered 429 with `Retry-After: 30`.
+    ///                 let headers = http::HeaderMap::new();
+    ///                 Err(Wait::paced_by(&headers))
+    ///             })
+    ///         })
+    ///         .await;
+    ///     println!("{processed:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`process_task_and_commit`](Self::process_task_and_commit), and a message that is
+    /// not an event.
+    pub async fn process_jetstream_task<F>(
+        &self,
+        message: &jetstream::Message,
+        consumer: &Consumer,
+        handler: F,
+    ) -> Result<Processed, InboxError>
+    where
+        F: for<'t> FnOnce(&'t InboxTransaction) -> Handler<'t, Wait>,
+    {
+        let event = match Event::from_nats(message) {
+            Ok(event) => event,
+            Err(e) => {
+                ack(message, AckKind::Term).await;
+                return Err(InboxError::Malformed(e));
+            }
+        };
+        let out = self
+            .process_task_and_commit(consumer, &event, handler)
+            .await;
+        match &out {
+            Ok(Processed::Waiting(waiting)) => {
+                ack(message, AckKind::Nak(Some(waiting.delay))).await;
+            }
+            Ok(processed) if processed.is_settled() => {
+                if let Err(e) = message.double_ack().await {
+                    tracing::warn!(event = %event.id(), error = &*e as &dyn std::error::Error, "inbox: acknowledgement not confirmed");
+                }
+            }
+            Ok(_) => ack(message, AckKind::Nak(Some(PARKED_REDELIVERY))).await,
+            Err(InboxError::UnknownReason(_)) => {
+                ack(message, AckKind::Nak(Some(HELD_REDELIVERY))).await;
+            }
             Err(_) => ack(message, AckKind::Nak(None)).await,
         }
         out

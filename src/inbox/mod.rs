@@ -23,6 +23,18 @@
 //! [`PostgresInbox`] (feature `postgres`) writes in the consumer's transaction;
 //! [`MemoryInbox`] is the embedded one, and the one for tests.
 //!
+//! # Tasks that wait
+//!
+//! An event that asks for work (reserve the stock, charge the card) is a **task**, and its
+//! handler may answer why it cannot be done now instead of failing: a [`Wait`] with a
+//! [`Reason`] (transient, paced, business, stale, person). A [`Consumer`] holds a
+//! [`WaitPolicy`] per reason; the inbox keeps each waiting task's schedule, answers
+//! [`Processed::Waiting`] with the delay (the JetStream consumer `nak`s with it), never runs a
+//! task before its time, and sends one that expires, runs out of attempts or is refused to the
+//! manual queue, where a person retries or discards it. See
+//! [`MemoryInbox::process_task`] and
+//! [`docs::boundary`](crate::docs::boundary#why-a-task-waits) for the reasons' table.
+//!
 //! # Retention
 //!
 //! The inbox keeps a record of every event it processed, and the latest version applied of
@@ -82,6 +94,7 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sweeper;
+mod wait;
 
 pub use self::memory::MemoryInbox;
 #[cfg(feature = "postgres")]
@@ -89,6 +102,10 @@ pub(crate) use self::postgres::POSTGRES_COMPONENT;
 #[cfg(feature = "postgres")]
 pub use self::postgres::{Begin, Handler, InboxTransaction, PostgresInbox, Ticket};
 pub use self::sweeper::InboxSweeper;
+pub use self::wait::{
+    Consumer, ConsumerBuilder, Reason, Step, Task, TaskState, UnknownReason, Wait, WaitPolicy,
+    Waiting,
+};
 
 /// How a consumer treats the versions of an aggregate's events. See the [module docs](self).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,12 +143,35 @@ pub enum Processed {
     /// ([`MemoryInbox`] only) Another delivery of the event is being processed now: nothing
     /// was done; redeliver later. [`PostgresInbox`] waits for the other transaction instead.
     InFlight,
+    /// (A task: [`MemoryInbox::process_task`]) It waits: the handler answered a
+    /// [`Wait`] that comes back, or the delivery came before the task's time. Not recorded as
+    /// processed; acknowledge it negatively with its [`delay`](Waiting::delay).
+    Waiting(Waiting),
+    /// (A task) It is in the manual queue: a person must retry or discard it. The delivery may
+    /// be acknowledged: the task is kept in the inbox's store, and a redelivery does not run
+    /// the handler.
+    Manual {
+        /// Why it waited last.
+        reason: Reason,
+    },
 }
 
 impl Processed {
-    /// Whether the delivery may be acknowledged: it was applied, or never needs to be.
+    /// Whether the delivery may be acknowledged: it was applied, or never needs to be (a task
+    /// in the manual queue is kept by the inbox).
     pub fn is_settled(&self) -> bool {
-        !matches!(self, Processed::Parked { .. } | Processed::InFlight)
+        !matches!(
+            self,
+            Processed::Parked { .. } | Processed::InFlight | Processed::Waiting(_)
+        )
+    }
+
+    /// How long to wait before the delivery comes again, for one that waits.
+    pub fn delay(&self) -> Option<std::time::Duration> {
+        match self {
+            Processed::Waiting(waiting) => Some(waiting.delay),
+            _ => None,
+        }
     }
 }
 
@@ -148,6 +188,11 @@ pub struct InboxStats {
     pub stale: u64,
     /// Events parked for a gap.
     pub parked: u64,
+    /// Tasks' waits: handler answers that a task comes back later, and deliveries that came
+    /// before their task's time.
+    pub waits: u64,
+    /// Tasks that went to the manual queue.
+    pub to_manual: u64,
 }
 
 #[derive(Debug, Default)]
@@ -156,6 +201,8 @@ pub(crate) struct Counters {
     duplicates: AtomicU64,
     stale: AtomicU64,
     parked: AtomicU64,
+    waits: AtomicU64,
+    to_manual: AtomicU64,
 }
 
 impl Counters {
@@ -165,9 +212,15 @@ impl Counters {
             Processed::Duplicate(_) => &self.duplicates,
             Processed::Stale { .. } => &self.stale,
             Processed::Parked { .. } => &self.parked,
-            Processed::InFlight => return,
+            Processed::Waiting(_) => &self.waits,
+            Processed::InFlight | Processed::Manual { .. } => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a task that went to the manual queue now.
+    pub(crate) fn to_manual(&self) {
+        self.to_manual.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn stats(&self) -> InboxStats {
@@ -176,6 +229,8 @@ impl Counters {
             duplicates: self.duplicates.load(Ordering::Relaxed),
             stale: self.stale.load(Ordering::Relaxed),
             parked: self.parked.load(Ordering::Relaxed),
+            waits: self.waits.load(Ordering::Relaxed),
+            to_manual: self.to_manual.load(Ordering::Relaxed),
         }
     }
 }
@@ -205,6 +260,18 @@ pub enum InboxError<E = Infallible> {
     /// it: nothing was recorded and the handler did not run ([`MemoryInbox`]'s "Memory").
     #[error("inbox is full: it holds its capacity of {0} records")]
     Full(usize),
+    /// A task's stored reason is one this version does not know (a later version wrote it):
+    /// the task is held as it is, and the delivery is acknowledged negatively.
+    #[error("a task's stored reason is unknown")]
+    UnknownReason(#[source] UnknownReason),
+    /// A person's action named a task that is not in the manual queue (this text says which).
+    #[error("no such task in the manual queue: {0}")]
+    NoSuchTask(String),
+    /// A person's action came with a name or a reason the inbox does not keep (empty, over
+    /// 256 bytes for a name or 16 KiB for a reason, or with a control character): this text
+    /// says which.
+    #[error("refused: {0}")]
+    Invalid(String),
 }
 
 impl<E> InboxError<E> {
@@ -231,5 +298,20 @@ impl<E> InboxError<E> {
     /// Whether the inbox was full ([`InboxError::Full`]).
     pub fn is_full(&self) -> bool {
         matches!(self, InboxError::Full(_))
+    }
+
+    /// Whether a person's action named a task not in the manual queue.
+    pub fn is_no_such_task(&self) -> bool {
+        matches!(self, InboxError::NoSuchTask(_))
+    }
+
+    /// Whether a person's action came with a name or reason refused.
+    pub fn is_invalid(&self) -> bool {
+        matches!(self, InboxError::Invalid(_))
+    }
+
+    /// Whether a task's stored reason is unknown ([`InboxError::UnknownReason`]).
+    pub fn is_unknown_reason(&self) -> bool {
+        matches!(self, InboxError::UnknownReason(_))
     }
 }

@@ -17,8 +17,12 @@ use crate::outbox::Event;
 use crate::storage::{Component, Migration, Pool, Statements, Store};
 use crate::ConfigError;
 
+mod task;
+
 const APPLIED: i16 = 1;
 const STALE: i16 = 2;
+/// A task a person discarded ([`PostgresInbox::discard_task`]).
+const DISCARDED: i16 = 3;
 
 /// The inbox's tables (`name` and `name_versions`), and their migrations in version order.
 pub(crate) static POSTGRES_COMPONENT: Component = Component {
@@ -57,6 +61,11 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
                 let n = crate::storage::bare(t);
                 format!("CREATE INDEX IF NOT EXISTS {n}_processed ON {t} (processed_at);")
             },
+        },
+        Migration {
+            version: 3,
+            name: "tasks and their steps",
+            sql: task::migration,
         },
     ],
 };
@@ -114,6 +123,7 @@ struct Sql {
     applied: String,
     applied_at_version: String,
     sweep: String,
+    task: task::TaskSql,
 }
 
 impl Statements for Sql {
@@ -157,6 +167,7 @@ impl Statements for Sql {
                      FOR UPDATE SKIP LOCKED
                  ))"
             ),
+            task: task::TaskSql::new(t),
         }
     }
 }
@@ -757,6 +768,9 @@ fn retype<E>(e: InboxError) -> InboxError<E> {
         InboxError::Store(e) => InboxError::Store(e),
         InboxError::Malformed(e) => InboxError::Malformed(e),
         InboxError::Full(capacity) => InboxError::Full(capacity),
+        InboxError::UnknownReason(e) => InboxError::UnknownReason(e),
+        InboxError::NoSuchTask(e) => InboxError::NoSuchTask(e),
+        InboxError::Invalid(e) => InboxError::Invalid(e),
         InboxError::Handler(never) => match never {},
     }
 }
@@ -786,7 +800,7 @@ mod tests {
         let client = inbox.pool().get().await.unwrap();
         client
             .batch_execute(&format!(
-                "DROP TABLE {table}, {table}_versions;
+                "DROP TABLE {table}, {table}_versions, {table}_task_steps, {table}_tasks;
                  DELETE FROM surely_migrations WHERE target = '{table}'"
             ))
             .await

@@ -37,6 +37,7 @@ public_errors! {
     surely::fault::InjectedFault,
     surely::idempotency::InvalidKey,
     #[cfg(feature = "durable")] surely::inbox::InboxError<std::io::Error>,
+    #[cfg(feature = "durable")] surely::inbox::UnknownReason,
     surely::journal::JournalError,
     #[cfg(feature = "durable")] surely::ledger::LedgerError,
     #[cfg(feature = "durable")] surely::outbox::InvalidEvent,

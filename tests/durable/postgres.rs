@@ -44,7 +44,7 @@ fn migrations(table: &str) -> Migrations {
 }
 
 /// How many migrations `migrations(table)` applies to a new database.
-const MIGRATIONS: usize = if cfg!(feature = "admin") { 17 } else { 15 };
+const MIGRATIONS: usize = if cfg!(feature = "admin") { 18 } else { 16 };
 
 /// Drops every table `migrations(table)` made, and forgets their migrations.
 async fn forget_all(pool: &Pool, table: &str) {
@@ -53,6 +53,8 @@ async fn forget_all(pool: &Pool, table: &str) {
         format!("{table}_outbox"),
         format!("{table}_inbox"),
         format!("{table}_inbox_versions"),
+        format!("{table}_inbox_task_steps"),
+        format!("{table}_inbox_tasks"),
         // The attempts first: they refer to the entries.
         format!("{table}_ledger_attempts"),
         format!("{table}_ledger"),
@@ -84,6 +86,7 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
             format!("outbox {table}_outbox v2 (quarantined index)"),
             format!("inbox {table}_inbox v1 (events and versions)"),
             format!("inbox {table}_inbox v2 (processed at index)"),
+            format!("inbox {table}_inbox v3 (tasks and their steps)"),
             format!("ledger {table}_ledger v1 (entries and attempts)"),
             format!("ledger {table}_ledger v2 (intents in doubt)"),
             format!("reconcile {table}_reconcile v1 (differences)"),

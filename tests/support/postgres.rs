@@ -44,8 +44,14 @@ pub(crate) async fn forget(pool: &Pool, tables: &[&str], targets: &[&str]) {
     let client = client(pool, "dropping a test's tables").await;
     let drops: String = tables
         .iter()
-        // The idempotency store's table comes with its acquire function.
-        .map(|t| format!("DROP TABLE IF EXISTS {t}; DROP FUNCTION IF EXISTS {t}_acquire;"))
+        // The idempotency store's table comes with its acquire function, an inbox's with its
+        // tasks' tables.
+        .map(|t| {
+            format!(
+                "DROP TABLE IF EXISTS {t}_task_steps, {t}_tasks; DROP TABLE IF EXISTS {t};
+                 DROP FUNCTION IF EXISTS {t}_acquire;"
+            )
+        })
         .collect();
     client.batch_execute(&drops).await.unwrap();
     forget_migrations(&client, targets).await;

@@ -8,6 +8,9 @@ mod jetstream;
 mod postgres;
 #[cfg(all(feature = "postgres", feature = "nats"))]
 mod soak;
+mod waits;
+#[cfg(feature = "postgres")]
+mod waits_postgres;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
