@@ -469,20 +469,38 @@ impl MemoryInbox {
 }
 
 impl MemoryInbox {
-    /// The tasks of `consumer` that wait or are in the manual queue (only those in `state`,
-    /// if given), the oldest first, at most `limit`.
-    pub fn tasks(&self, consumer: &str, state: Option<TaskState>, limit: usize) -> Vec<Task> {
+    /// The tasks of `consumer` (every consumer's if `None`) that wait or are in the manual
+    /// queue (only those in `state`, if given), the oldest first, at most `limit`.
+    pub fn tasks(
+        &self,
+        consumer: Option<&str>,
+        state: Option<TaskState>,
+        limit: usize,
+    ) -> Vec<Task> {
         let now = tokio::time::Instant::now();
         let inner = self.state();
         let mut tasks: Vec<Task> = inner
             .tasks
             .iter()
-            .filter(|((c, _), t)| c == consumer && state.is_none_or(|s| s == t.state))
+            .filter(|((c, _), t)| {
+                consumer.is_none_or(|consumer| c == consumer) && state.is_none_or(|s| s == t.state)
+            })
             .map(|((c, _), t)| t.view(c, now))
             .collect();
         tasks.sort_by_key(|t| std::cmp::Reverse(t.age));
         tasks.truncate(limit);
         tasks
+    }
+
+    /// The tasks it keeps, counted by state and reason ([`TaskStore::stats`](super::TaskStore::stats)).
+    pub fn task_stats(&self) -> super::TaskStats {
+        let now = tokio::time::Instant::now();
+        let mut stats = super::TaskStats::default();
+        for task in self.state().tasks.values() {
+            let age = now.saturating_duration_since(task.first_at);
+            stats.add(task.state, task.prior.reason, 1, age);
+        }
+        stats
     }
 
     /// The task of `consumer` for the event `event_id`, if it waits or is in the manual queue.

@@ -94,6 +94,7 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sweeper;
+mod tasks;
 mod wait;
 
 pub use self::memory::MemoryInbox;
@@ -102,6 +103,7 @@ pub(crate) use self::postgres::POSTGRES_COMPONENT;
 #[cfg(feature = "postgres")]
 pub use self::postgres::{Begin, Handler, InboxTransaction, PostgresInbox, Ticket};
 pub use self::sweeper::InboxSweeper;
+pub use self::tasks::{TaskCount, TaskStats, TaskStore};
 pub use self::wait::{
     Consumer, ConsumerBuilder, Reason, Step, Task, TaskState, UnknownReason, Wait, WaitPolicy,
     Waiting,

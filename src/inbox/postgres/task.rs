@@ -11,7 +11,8 @@ use super::{no_connection, InboxTransaction, PostgresInbox, Prepared, DISCARDED,
 use crate::inbox::memory::{check_person, no_such_task, stale_note};
 use crate::inbox::wait::{decide, Decision, Prior};
 use crate::inbox::{
-    Begin, Consumer, Handler, InboxError, Processed, Reason, Step, Task, TaskState, Wait, Waiting,
+    Begin, Consumer, Handler, InboxError, Processed, Reason, Step, Task, TaskState, TaskStats,
+    Wait, Waiting,
 };
 use crate::outbox::{Event, EventId};
 
@@ -72,7 +73,7 @@ pub(super) struct TaskSql {
     delete: String,
     stale: String,
     list: String,
-    list_in: String,
+    stats: String,
     one: String,
     steps: String,
     retry: String,
@@ -113,12 +114,14 @@ impl TaskSql {
                  VALUES ($1, $2, $3, $4, {STALE}, $5)"
             ),
             list: format!(
-                "SELECT {COLUMNS} FROM {t}_tasks WHERE consumer = $1
+                "SELECT {COLUMNS} FROM {t}_tasks
+                 WHERE ($1::text IS NULL OR consumer = $1) AND ($3::text IS NULL OR state = $3)
                  ORDER BY first_at LIMIT $2"
             ),
-            list_in: format!(
-                "SELECT {COLUMNS} FROM {t}_tasks WHERE consumer = $1 AND state = $3
-                 ORDER BY first_at LIMIT $2"
+            stats: format!(
+                "SELECT state, reason, count(*),
+                    (extract(epoch FROM now() - min(first_at)) * 1000000)::int8
+                 FROM {t}_tasks GROUP BY state, reason"
             ),
             one: format!("SELECT {COLUMNS} FROM {t}_tasks WHERE {key}"),
             steps: format!(
@@ -523,34 +526,56 @@ impl PostgresInbox {
         .map_err(InboxError::store)
     }
 
-    /// The tasks of `consumer` that wait or are in the manual queue (only those in `state`,
-    /// if given), the oldest first, at most `limit`; without their steps ([`task`](Self::task)
-    /// has them).
+    /// The tasks of `consumer` (every consumer's if `None`) that wait or are in the manual
+    /// queue (only those in `state`, if given), the oldest first, at most `limit`; without
+    /// their steps ([`task`](Self::task) has them).
     ///
     /// # Errors
     ///
     /// The database failed, or a task's stored reason is unknown to this version.
     pub async fn tasks(
         &self,
-        consumer: &str,
+        consumer: Option<&str>,
         state: Option<TaskState>,
         limit: usize,
     ) -> Result<Vec<Task>, InboxError> {
         let client = self.store.client().await.map_err(InboxError::store)?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let sql = &self.store.sql().task;
-        let rows = match state {
-            Some(state) => {
-                client
-                    .query(&sql.list_in, &[&consumer, &limit, &state.code()])
-                    .await
+        let state = state.map(TaskState::code);
+        let rows = client
+            .query(&self.store.sql().task.list, &[&consumer, &limit, &state])
+            .await
+            .map_err(InboxError::store)?;
+        rows.iter().map(task_of).collect()
+    }
+
+    /// The tasks counted by state and reason, with the oldest's age
+    /// ([`TaskStore::stats`](crate::inbox::TaskStore::stats)); a task whose stored reason or
+    /// state this version does not know is counted in [`TaskStats::unknown`].
+    ///
+    /// # Errors
+    ///
+    /// The database failed.
+    pub async fn task_stats(&self) -> Result<TaskStats, InboxError> {
+        let client = self.store.client().await.map_err(InboxError::store)?;
+        let rows = client
+            .query(&self.store.sql().task.stats, &[])
+            .await
+            .map_err(InboxError::store)?;
+        let mut stats = TaskStats::default();
+        for row in rows {
+            let e = InboxError::store;
+            let state: String = row.try_get(0).map_err(e)?;
+            let reason: String = row.try_get(1).map_err(e)?;
+            let tasks: i64 = row.try_get(2).map_err(e)?;
+            let oldest: i64 = row.try_get(3).map_err(e)?;
+            let tasks = u64::try_from(tasks).unwrap_or(0);
+            match (TaskState::from_code(&state), Reason::from_code(&reason)) {
+                (Some(state), Ok(reason)) => stats.add(state, reason, tasks, from_micros(oldest)),
+                _ => stats.unknown = stats.unknown.saturating_add(tasks),
             }
-            None => client.query(&sql.list, &[&consumer, &limit]).await,
-        };
-        rows.map_err(InboxError::store)?
-            .iter()
-            .map(task_of)
-            .collect()
+        }
+        Ok(stats)
     }
 
     /// The task of `consumer` for the event `event_id`, with its steps, if it waits or is in

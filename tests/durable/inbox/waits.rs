@@ -349,11 +349,19 @@ async fn a_refused_task_goes_to_a_person_who_retries_or_discards_it() {
             }
         );
     }
-    let manual = inbox.tasks("inventory", Some(TaskState::Manual), 10);
+    let manual = inbox.tasks(Some("inventory"), Some(TaskState::Manual), 10);
     assert_eq!(manual.len(), 2);
+    assert!(inbox.tasks(Some("billing"), None, 10).is_empty());
+    let stats = inbox.task_stats();
+    assert_eq!(
+        stats
+            .get(TaskState::Manual, Reason::Person)
+            .map(|c| c.tasks),
+        Some(2)
+    );
     assert!(manual[0].why.contains("fraud rule") && manual[0].why.contains("amount"));
     assert!(inbox
-        .tasks("inventory", Some(TaskState::Waiting), 10)
+        .tasks(Some("inventory"), Some(TaskState::Waiting), 10)
         .is_empty());
 
     // Bad input is refused, typed; an unknown task is named.

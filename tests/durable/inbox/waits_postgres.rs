@@ -219,11 +219,25 @@ async fn pg_stale_person_retry_and_discard() {
         );
     }
     let manual = inbox
-        .tasks("inventory", Some(TaskState::Manual), 10)
+        .tasks(Some("inventory"), Some(TaskState::Manual), 10)
         .await
         .unwrap();
     assert_eq!(manual.len(), 2);
     assert_eq!(manual[0].event, a, "the event is kept whole");
+    let stats = inbox.task_stats().await.unwrap();
+    let person = stats.get(TaskState::Manual, Reason::Person).unwrap();
+    assert_eq!(person.tasks, 2);
+    assert!(
+        person.oldest < Duration::from_secs(60),
+        "{:?}",
+        person.oldest
+    );
+    assert_eq!(stats.total(TaskState::Waiting), 0);
+    assert_eq!(
+        inbox.tasks(None, None, 10).await.unwrap().len(),
+        2,
+        "every consumer's"
+    );
     assert!(manual[0].why.contains("fraud rule"), "{}", manual[0].why);
     let p = inbox
         .process_task_and_commit(&c, &a, |txn| reserve(txn, &stock, &runs, Ok("never")))
@@ -289,7 +303,11 @@ async fn pg_stale_person_retry_and_discard() {
         .unwrap();
     assert_eq!(p, Processed::Duplicate(result));
     assert_eq!(qty(&inbox, &stock).await, 99);
-    assert!(inbox.tasks("inventory", None, 10).await.unwrap().is_empty());
+    assert!(inbox
+        .tasks(Some("inventory"), None, 10)
+        .await
+        .unwrap()
+        .is_empty());
     forget(&inbox, &stock).await;
 }
 
@@ -322,8 +340,14 @@ async fn pg_a_reason_this_version_does_not_know_holds_the_task() {
     assert!(err.is_unknown_reason(), "{err}");
     let source = std::error::Error::source(&err).unwrap().to_string();
     assert!(source.contains("snoozed"), "{source}");
-    let err = inbox.tasks("inventory", None, 10).await.unwrap_err();
+    let err = inbox.tasks(Some("inventory"), None, 10).await.unwrap_err();
     assert!(err.is_unknown_reason(), "listed: {err}");
+    let stats = inbox.task_stats().await.unwrap();
+    assert_eq!(
+        (stats.unknown, stats.counts.len()),
+        (1, 0),
+        "counted as unknown"
+    );
     let held: i64 = client
         .query_one(
             &format!("SELECT count(*) FROM {t}_tasks WHERE reason = 'snoozed'"),
