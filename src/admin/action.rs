@@ -4,6 +4,7 @@
 use std::fmt;
 
 use super::{Admin, AuditAction};
+use crate::inbox::InboxError;
 use crate::ledger::{check_text, EntryId, LedgerError, Settlement, Verdict, MAX_TEXT};
 use crate::outbox::{EventId, OutboxError};
 use crate::reconcile::{Marked, ReconcileError, RepairId};
@@ -27,6 +28,20 @@ pub enum Action {
     Discard(EventId),
     /// Resolve a reconciliation difference by hand (nothing to repair, or repaired elsewhere).
     Resolve(RepairId),
+    /// Send a task in the manual queue back to its handler: due at once, its expiry afresh.
+    RetryTask {
+        /// The consumer it belongs to.
+        consumer: String,
+        /// Its event.
+        event: EventId,
+    },
+    /// Discard a task in the manual queue: recorded as processed, never run.
+    DiscardTask {
+        /// The consumer it belongs to.
+        consumer: String,
+        /// Its event.
+        event: EventId,
+    },
 }
 
 impl Action {
@@ -37,8 +52,20 @@ impl Action {
             Action::Requeue(event) => (AuditAction::Requeue, event.as_str().to_owned()),
             Action::Discard(event) => (AuditAction::Discard, event.as_str().to_owned()),
             Action::Resolve(id) => (AuditAction::Resolve, id.to_string()),
+            Action::RetryTask { consumer, event } => {
+                (AuditAction::RetryTask, task_target(consumer, event))
+            }
+            Action::DiscardTask { consumer, event } => {
+                (AuditAction::DiscardTask, task_target(consumer, event))
+            }
         }
     }
+}
+
+/// A task as the audit log names it: `<consumer> <event id>` (a consumer's name may hold
+/// spaces, an event id may not).
+fn task_target(consumer: &str, event: &EventId) -> String {
+    format!("{consumer} {}", event.as_str())
 }
 
 /// An action was not taken (or its store failed while taking it). Its `is_*` predicates say
@@ -193,6 +220,19 @@ impl ActionError {
         ActionError::wrap(kind, e)
     }
 
+    pub(super) fn of_inbox(e: InboxError) -> Self {
+        let kind = if e.is_no_such_task() {
+            Kind::NotFound
+        } else if e.is_invalid() {
+            Kind::Invalid
+        } else if e.is_unknown_reason() {
+            Kind::Conflict
+        } else {
+            Kind::Unavailable
+        };
+        ActionError::wrap(kind, e)
+    }
+
     pub(super) fn of_outbox(e: OutboxError) -> Self {
         let kind = if e.is_not_found() {
             Kind::NotFound
@@ -236,6 +276,7 @@ impl Admin {
                 .as_ref()
                 .ok_or_else(|| missing("reconciliation differences"))
         };
+        let tasks = || inner.tasks.as_ref().ok_or_else(|| missing("task store"));
         // The store is there, and the values pass, before anything is written.
         let settlement = match &action {
             Action::Settle { verdict, .. } => {
@@ -245,6 +286,11 @@ impl Admin {
             Action::RetryNow(_) => ledger().map(|_| None)?,
             Action::Requeue(_) | Action::Discard(_) => outbox().map(|_| None)?,
             Action::Resolve(_) => differences().map(|_| None)?,
+            Action::RetryTask { .. } | Action::DiscardTask { .. } => {
+                tasks()?;
+                check_text("who", who, crate::ledger::MAX_WHO, false).map_err(invalid)?;
+                None
+            }
         };
         let (audit, target) = action.audit();
         let line = inner
@@ -295,6 +341,15 @@ impl Admin {
                 )),
                 Err(e) => Err(ActionError::of_reconcile(e)),
             },
+            (Action::RetryTask { consumer, event }, _) => tasks()?
+                .retry(consumer, event.as_str(), who, why)
+                .await
+                .map_err(ActionError::of_inbox),
+            (Action::DiscardTask { consumer, event }, _) => tasks()?
+                .discard(consumer, event.as_str(), who, why)
+                .await
+                .map(drop)
+                .map_err(ActionError::of_inbox),
             (Action::Settle { .. }, None) => Err(missing("settlement")),
         };
         let outcome = match &done {

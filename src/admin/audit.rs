@@ -24,11 +24,15 @@ pub enum AuditAction {
     Discard,
     /// Resolved a reconciliation difference by hand ([`DifferenceStore::resolve_manually`](crate::reconcile::DifferenceStore::resolve_manually)).
     Resolve,
+    /// Sent a task in the manual queue back to its handler ([`TaskStore::retry`](crate::inbox::TaskStore::retry)).
+    RetryTask,
+    /// Discarded a task in the manual queue ([`TaskStore::discard`](crate::inbox::TaskStore::discard)).
+    DiscardTask,
 }
 
 impl AuditAction {
     /// `ledger.settle`, `ledger.retry_now`, `outbox.requeue`, `outbox.discard`,
-    /// `reconcile.resolve`: as the log keeps it.
+    /// `reconcile.resolve`, `inbox.retry_task`, `inbox.discard_task`: as the log keeps it.
     pub fn as_str(self) -> &'static str {
         match self {
             AuditAction::Settle => "ledger.settle",
@@ -36,6 +40,8 @@ impl AuditAction {
             AuditAction::Requeue => "outbox.requeue",
             AuditAction::Discard => "outbox.discard",
             AuditAction::Resolve => "reconcile.resolve",
+            AuditAction::RetryTask => "inbox.retry_task",
+            AuditAction::DiscardTask => "inbox.discard_task",
         }
     }
 
@@ -47,6 +53,8 @@ impl AuditAction {
             AuditAction::Requeue,
             AuditAction::Discard,
             AuditAction::Resolve,
+            AuditAction::RetryTask,
+            AuditAction::DiscardTask,
         ]
         .into_iter()
         .find(|a| a.as_str() == name)

@@ -5,12 +5,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use opentelemetry::metrics::{Meter, ObservableGauge};
+use opentelemetry::KeyValue;
 
 use super::Admin;
 
 /// What the last [`refresh`](AdminMetrics::refresh) read; `None` for a store the admin was not
 /// given (its gauges then report nothing).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Snapshot {
     open: Option<u64>,
     manual: Option<u64>,
@@ -18,6 +19,7 @@ struct Snapshot {
     quarantine: Option<u64>,
     unknown: Option<u64>,
     stuck: Option<u64>,
+    tasks: Option<crate::inbox::TaskStats>,
 }
 
 /// The admin's numbers as OpenTelemetry observable gauges (features `admin` and
@@ -36,6 +38,8 @@ struct Snapshot {
 /// | `surely.admin.outbox.quarantine` | `{event}` | quarantined outbox events |
 /// | `surely.admin.idempotency.unknown` | `{record}` | `UNKNOWN` idempotency records (at most 1,000 counted) |
 /// | `surely.admin.idempotency.stuck` | `{record}` | records processing for longer than the admin's `stuck_after` (at most 1,000 counted) |
+/// | `surely.admin.tasks` | `{task}` | the inbox's tasks, by `state` (`waiting`, `manual`) and `reason` (`transient`, `paced`, `business`, `person`), one point per pair that has tasks; tasks whose reason this version does not know under `reason` `unknown` |
+/// | `surely.admin.tasks.oldest_age` | `s` | the oldest task's age (since its first wait, or a person's retry), by `state` and `reason` |
 ///
 /// ```
 /// use std::time::Duration;
@@ -55,6 +59,15 @@ pub struct AdminMetrics {
     admin: Admin,
     snapshot: Arc<Mutex<Snapshot>>,
     _gauges: ([ObservableGauge<u64>; 5], ObservableGauge<f64>),
+    _tasks: (ObservableGauge<u64>, ObservableGauge<f64>),
+}
+
+/// A task count's attributes: its state and reason codes.
+fn task_attributes(c: &crate::inbox::TaskCount) -> [KeyValue; 2] {
+    [
+        KeyValue::new("state", c.state.code()),
+        KeyValue::new("reason", c.reason.code()),
+    ]
 }
 
 fn lock(s: &Mutex<Snapshot>) -> MutexGuard<'_, Snapshot> {
@@ -126,10 +139,44 @@ impl Admin {
                 })
                 .build()
         };
+        let tasks = {
+            let snapshot = snapshot.clone();
+            meter
+                .u64_observable_gauge("surely.admin.tasks")
+                .with_unit("{task}")
+                .with_description("The inbox's tasks, by state and reason")
+                .with_callback(move |observer| {
+                    if let Some(stats) = &lock(&snapshot).tasks {
+                        for c in &stats.counts {
+                            observer.observe(c.tasks, &task_attributes(c));
+                        }
+                        if stats.unknown > 0 {
+                            observer.observe(stats.unknown, &[KeyValue::new("reason", "unknown")]);
+                        }
+                    }
+                })
+                .build()
+        };
+        let tasks_oldest = {
+            let snapshot = snapshot.clone();
+            meter
+                .f64_observable_gauge("surely.admin.tasks.oldest_age")
+                .with_unit("s")
+                .with_description("The oldest task's age, by state and reason")
+                .with_callback(move |observer| {
+                    if let Some(stats) = &lock(&snapshot).tasks {
+                        for c in &stats.counts {
+                            observer.observe(c.oldest.as_secs_f64(), &task_attributes(c));
+                        }
+                    }
+                })
+                .build()
+        };
         AdminMetrics {
             admin: self.clone(),
             snapshot,
             _gauges: (counts, oldest),
+            _tasks: (tasks, tasks_oldest),
         }
     }
 }
@@ -138,7 +185,7 @@ impl AdminMetrics {
     /// Reads the stores once, for the gauges' next collection.
     pub async fn refresh(&self) {
         let inner = &self.admin.inner;
-        let mut next = *lock(&self.snapshot);
+        let mut next = lock(&self.snapshot).clone();
         if let Some(ledger) = &inner.ledger {
             match ledger.stats().await {
                 Ok(s) => {
@@ -182,6 +229,15 @@ impl AdminMetrics {
                         "admin metrics: the idempotency store did not answer"
                     )
                 }
+            }
+        }
+        if let Some(tasks) = &inner.tasks {
+            match tasks.stats().await {
+                Ok(s) => next.tasks = Some(s),
+                Err(e) => tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "admin metrics: the task store did not answer"
+                ),
             }
         }
         *lock(&self.snapshot) = next;

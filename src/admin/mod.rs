@@ -4,7 +4,8 @@
 //! Some questions only a person answers: an unknown call no reconciler could settle waits in
 //! the ledger's manual queue, an event the broker kept refusing waits in the outbox's
 //! quarantine, the idempotency store keeps the records it found unknown or that stay
-//! processing too long, and a reconciliation keeps the differences no repair can fix. [`router`] (or [`Admin::router`]) is an axum [`Router`](axum::Router)
+//! processing too long, a reconciliation keeps the differences no repair can fix, and an
+//! inbox keeps the tasks whose wait expired or that a rule refused. [`router`] (or [`Admin::router`]) is an axum [`Router`](axum::Router)
 //! over the stores the host has, to mount in the host's own server under any prefix: HTML
 //! pages (rendered on the server, no JavaScript) and a JSON API under `api/` with the same
 //! reads and actions.
@@ -186,6 +187,7 @@ struct Inner {
     outbox: Option<Box<dyn stores::DynOutbox>>,
     idempotency: Option<Box<dyn stores::DynIdempotency>>,
     differences: Option<Box<dyn stores::DynDifferences>>,
+    tasks: Option<Box<dyn stores::DynTasks>>,
     stuck_after: std::time::Duration,
     authorize: Authorize,
     audit: AuditLog,
@@ -199,6 +201,7 @@ impl fmt::Debug for Admin {
             .field("outbox", &self.inner.outbox.is_some())
             .field("idempotency", &self.inner.idempotency.is_some())
             .field("differences", &self.inner.differences.is_some())
+            .field("tasks", &self.inner.tasks.is_some())
             .field("audit", &self.inner.audit)
             .finish_non_exhaustive()
     }
@@ -213,6 +216,7 @@ impl Admin {
             outbox: None,
             idempotency: None,
             differences: None,
+            tasks: None,
             stuck_after: std::time::Duration::from_secs(300),
             authorize: None,
             audit: None,
@@ -243,6 +247,7 @@ pub struct AdminBuilder {
     outbox: Option<Box<dyn stores::DynOutbox>>,
     idempotency: Option<Box<dyn stores::DynIdempotency>>,
     differences: Option<Box<dyn stores::DynDifferences>>,
+    tasks: Option<Box<dyn stores::DynTasks>>,
     stuck_after: std::time::Duration,
     authorize: Option<Authorize>,
     audit: Option<AuditLog>,
@@ -281,6 +286,14 @@ impl AdminBuilder {
         self
     }
 
+    /// The inbox's tasks: those a person must decide (the manual queue, beside the ledger's
+    /// entries) and those waiting, by reason, each with its attempts' evidence; retry now,
+    /// discard ([`TaskStore`](crate::inbox::TaskStore)).
+    pub fn tasks(mut self, tasks: impl crate::inbox::TaskStore) -> Self {
+        self.tasks = Some(Box::new(tasks));
+        self
+    }
+
     /// How long a record processes before the admin shows it as stuck (5 minutes unless set).
     /// At most [`MAX_DURATION`](crate::MAX_DURATION): a longer age is taken as ten years (a
     /// store could not look that far back: PostgreSQL's timestamps end).
@@ -310,6 +323,7 @@ impl AdminBuilder {
                 outbox: self.outbox,
                 idempotency: self.idempotency,
                 differences: self.differences,
+                tasks: self.tasks,
                 stuck_after: self.stuck_after,
                 authorize: self.authorize.unwrap_or_else(Authorize::deny_all),
                 audit: self.audit.unwrap_or_else(AuditLog::memory),

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::action::{said, Kind};
 use super::{Access, Action, ActionError, Admin};
+use crate::inbox::{InboxError, Task, TaskState};
 use crate::ledger::{Entry, EntryId, EntryState, Filter, LedgerError, SettledBy, Verdict};
 use crate::outbox::{EventId, OutboxError, Quarantined};
 use crate::reconcile::{Item, ItemState, ReconcileError, RepairId};
@@ -38,6 +39,9 @@ pub(super) fn router(admin: Admin) -> Router {
         .route("/outbox/{id}", get(event_page))
         .route("/differences", get(differences_list))
         .route("/differences/{id}", get(difference_page))
+        .route("/tasks", get(tasks_list))
+        .route("/tasks/{consumer}/{event}", get(task_page))
+        .route("/tasks/{consumer}/{event}/{action}", post(task_form_post))
         .route("/{kind}/{id}/{action}", post(form_post))
         .route("/idempotency", get(idempotency_page))
         .route("/audit", get(audit_page))
@@ -48,6 +52,12 @@ pub(super) fn router(admin: Admin) -> Router {
         .route("/api/outbox/{id}", get(api_event))
         .route("/api/differences", get(api_differences_list))
         .route("/api/differences/{id}", get(api_difference))
+        .route("/api/tasks", get(api_tasks_list))
+        .route("/api/tasks/{consumer}/{event}", get(api_task))
+        .route(
+            "/api/tasks/{consumer}/{event}/{action}",
+            post(api_task_post),
+        )
         .route("/api/{kind}/{id}/{action}", post(api_post))
         .route("/api/idempotency", get(api_idempotency))
         .route("/api/audit", get(api_audit))
@@ -315,11 +325,98 @@ struct DifferenceCounts {
 }
 
 #[derive(Serialize)]
+struct ReasonCount {
+    state: &'static str,
+    reason: &'static str,
+    tasks: u64,
+    oldest: String,
+    oldest_secs: u64,
+}
+
+#[derive(Serialize)]
+struct TaskCounts {
+    waiting: u64,
+    manual: u64,
+    /// Tasks whose stored reason this version does not know (held).
+    unknown: u64,
+    by_reason: Vec<ReasonCount>,
+}
+
+#[derive(Serialize)]
 struct Counts {
     ledger: Option<LedgerCounts>,
     outbox: Option<OutboxCounts>,
     idempotency: Option<IdempotencyCounts>,
     differences: Option<DifferenceCounts>,
+    tasks: Option<TaskCounts>,
+}
+
+#[derive(Serialize)]
+struct StepView {
+    attempt: u32,
+    at: String,
+    reason: &'static str,
+    why: String,
+    delay: String,
+    delay_ms: u128,
+    clamped_from: Option<String>,
+}
+
+#[derive(Serialize)]
+struct TaskView {
+    consumer: String,
+    #[serde(skip)]
+    link: String,
+    event: String,
+    aggregate: String,
+    version: i64,
+    kind: String,
+    /// The payload as text (invalid UTF-8 replaced), its first 64 KiB.
+    payload: String,
+    state: &'static str,
+    reason: &'static str,
+    attempts: u32,
+    age: String,
+    age_secs: u64,
+    due_in: Option<String>,
+    why: String,
+    steps: Vec<StepView>,
+}
+
+impl TaskView {
+    fn of(t: Task) -> Self {
+        let bytes = t.event.payload();
+        let shown = &bytes[..bytes.len().min(MAX_PAYLOAD_SHOWN)];
+        TaskView {
+            link: format!("{}/{}", link(&t.consumer), link(t.event.id().as_str())),
+            consumer: t.consumer,
+            event: t.event.id().as_str().to_owned(),
+            aggregate: t.event.aggregate().to_owned(),
+            version: t.event.version(),
+            kind: t.event.kind().to_owned(),
+            payload: String::from_utf8_lossy(shown).into_owned(),
+            state: t.state.code(),
+            reason: t.reason.code(),
+            attempts: t.attempts,
+            age: age(t.age),
+            age_secs: t.age.as_secs(),
+            due_in: t.due_in.map(age),
+            why: t.why,
+            steps: t
+                .steps
+                .into_iter()
+                .map(|s| StepView {
+                    attempt: s.attempt,
+                    at: when(s.at),
+                    reason: s.reason.code(),
+                    why: s.why,
+                    delay: age(s.delay),
+                    delay_ms: s.delay.as_millis(),
+                    clamped_from: s.clamped_from.map(|d| format!("{d:?}")),
+                })
+                .collect(),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -564,6 +661,10 @@ fn reconcile_error(op: &Operator, e: ReconcileError) -> Refusal {
     refused(op, ActionError::of_reconcile(e))
 }
 
+fn inbox_error(op: &Operator, e: InboxError) -> Refusal {
+    refused(op, ActionError::of_inbox(e))
+}
+
 fn no_store(op: &Operator, what: &str) -> Refusal {
     Refusal::new(
         op,
@@ -617,12 +718,110 @@ async fn counts(admin: &Admin, op: &Operator) -> Result<Counts, Refusal> {
         }
         None => None,
     };
+    let tasks = match &inner.tasks {
+        Some(t) => {
+            let s = t.stats().await.map_err(|e| inbox_error(op, e))?;
+            Some(TaskCounts {
+                waiting: s.total(TaskState::Waiting),
+                manual: s.total(TaskState::Manual),
+                unknown: s.unknown,
+                by_reason: s
+                    .counts
+                    .iter()
+                    .map(|c| ReasonCount {
+                        state: c.state.code(),
+                        reason: c.reason.code(),
+                        tasks: c.tasks,
+                        oldest: age(c.oldest),
+                        oldest_secs: c.oldest.as_secs(),
+                    })
+                    .collect(),
+            })
+        }
+        None => None,
+    };
     Ok(Counts {
         ledger,
         outbox,
         idempotency,
         differences,
+        tasks,
     })
+}
+
+/// The tasks in `state` (`manual` unless asked; `waiting`, or `all`), at most `n`.
+async fn tasks(
+    admin: &Admin,
+    op: &Operator,
+    q: &ListQuery,
+) -> Result<(&'static str, Vec<TaskView>), Refusal> {
+    let store = admin
+        .inner
+        .tasks
+        .as_ref()
+        .ok_or_else(|| no_store(op, "task store"))?;
+    let state = match q.state.as_deref() {
+        None | Some("manual") => Some(TaskState::Manual),
+        Some("waiting") => Some(TaskState::Waiting),
+        Some("all") => None,
+        Some(_) => {
+            return Err(Refusal::new(
+                op,
+                StatusCode::BAD_REQUEST,
+                "state is one of manual, waiting, all",
+            ))
+        }
+    };
+    let found = store
+        .list(state, limit(q.limit))
+        .await
+        .map_err(|e| inbox_error(op, e))?;
+    Ok((
+        state.map_or("all", TaskState::code),
+        found.into_iter().map(TaskView::of).collect(),
+    ))
+}
+
+/// A consumer's name as a path gives it: 1 to 255 bytes, no control character.
+fn consumer_name(op: &Operator, consumer: &str) -> Result<(), Refusal> {
+    if consumer.is_empty() || consumer.len() > 255 || consumer.chars().any(char::is_control) {
+        return Err(Refusal::new(
+            op,
+            StatusCode::BAD_REQUEST,
+            "a consumer's name is 1 to 255 bytes without a control character",
+        ));
+    }
+    Ok(())
+}
+
+async fn task(
+    admin: &Admin,
+    op: &Operator,
+    consumer: &str,
+    event: &str,
+) -> Result<TaskView, Refusal> {
+    let store = admin
+        .inner
+        .tasks
+        .as_ref()
+        .ok_or_else(|| no_store(op, "task store"))?;
+    consumer_name(op, consumer)?;
+    let event = event_id(op, event)?;
+    match store
+        .get(consumer, event.as_str())
+        .await
+        .map_err(|e| inbox_error(op, e))?
+    {
+        Some(t) => Ok(TaskView::of(t)),
+        None => Err(Refusal::new(
+            op,
+            StatusCode::NOT_FOUND,
+            format!(
+                "no task of consumer {consumer} for event {}",
+                event.as_str()
+            ),
+        )),
+    }
 }
 
 #[derive(Deserialize)]
@@ -864,6 +1063,10 @@ enum Act {
     Requeue,
     Discard,
     Resolve,
+    /// A task of this consumer: retry it now.
+    RetryTask(String),
+    /// A task of this consumer: discard it.
+    DiscardTask(String),
 }
 
 /// Takes an action for `op` ([`Admin::act`]: audited). Returns where the pages go next.
@@ -898,6 +1101,17 @@ async fn act(
             let repair = repair_id(op, id)?;
             let next = format!("differences/{}", link(repair.as_str()));
             (Action::Resolve(repair), next)
+        }
+        Act::RetryTask(consumer) => {
+            consumer_name(op, &consumer)?;
+            let event = event_id(op, id)?;
+            let next = format!("tasks/{}/{}", link(&consumer), link(event.as_str()));
+            (Action::RetryTask { consumer, event }, next)
+        }
+        Act::DiscardTask(consumer) => {
+            consumer_name(op, &consumer)?;
+            let event = event_id(op, id)?;
+            (Action::DiscardTask { consumer, event }, "tasks".to_owned())
         }
     };
     admin
@@ -947,6 +1161,40 @@ fn named(op: &Operator, kind: &str, action: &str, verdict_named: &str) -> Result
         ("differences", "resolve") => Ok(Act::Resolve),
         _ => Err(Refusal::new(op, StatusCode::NOT_FOUND, "no such action")),
     }
+}
+
+/// The action a task's POST names: `tasks/{consumer}/{event}/retry` or `.../discard`.
+fn task_named(op: &Operator, consumer: &str, action: &str) -> Result<Act, Refusal> {
+    match action {
+        "retry" => Ok(Act::RetryTask(consumer.to_owned())),
+        "discard" => Ok(Act::DiscardTask(consumer.to_owned())),
+        _ => Err(Refusal::new(op, StatusCode::NOT_FOUND, "no such action")),
+    }
+}
+
+async fn task_form_post(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    Path((consumer, event, action)): Path<(String, String, String)>,
+    form: Result<Form<ActionForm>, FormRejection>,
+) -> Result<Redirect, Refusal> {
+    form_action(&admin, &op, form, &event, |_| {
+        task_named(&op, &consumer, &action)
+    })
+    .await
+}
+
+async fn api_task_post(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    Path((consumer, event, action)): Path<(String, String, String)>,
+    headers: http::HeaderMap,
+    body: Result<Json<ActionBody>, JsonRejection>,
+) -> Result<Response, Refusal> {
+    api_action(&admin, &op, &headers, body, &event, |_| {
+        task_named(&op, &consumer, &action)
+    })
+    .await
 }
 
 async fn form_post(
@@ -1066,6 +1314,9 @@ struct LedgerPage {
     nav: Nav,
     state: &'static str,
     entries: Vec<EntryView>,
+    /// On the manual queue's page, the tasks in the manual queue too (none without a task
+    /// store).
+    tasks: Vec<TaskView>,
 }
 
 async fn ledger_list(
@@ -1075,10 +1326,21 @@ async fn ledger_list(
 ) -> Result<Response, Refusal> {
     let q = query(&op, q)?;
     let (state, entries) = entries(&admin, &op, &q).await?;
+    let tasks = match (&admin.inner.tasks, state) {
+        (Some(store), EntryState::Manual) => store
+            .list(Some(TaskState::Manual), limit(q.limit))
+            .await
+            .map_err(|e| inbox_error(&op, e))?
+            .into_iter()
+            .map(TaskView::of)
+            .collect(),
+        _ => Vec::new(),
+    };
     Ok(render(&LedgerPage {
         nav: Nav::of(&admin, &op),
         state: state.as_str(),
         entries,
+        tasks,
     }))
 }
 
@@ -1298,4 +1560,62 @@ async fn api_audit(
 ) -> Result<Json<Vec<AuditView>>, Refusal> {
     let q = query(&op, q)?;
     audit_lines(&admin, &op, limit(q.limit)).await.map(Json)
+}
+
+#[derive(Template)]
+#[template(path = "admin/tasks.html")]
+struct TasksPage {
+    nav: Nav,
+    state: &'static str,
+    tasks: Vec<TaskView>,
+}
+
+async fn tasks_list(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, Refusal> {
+    let q = query(&op, q)?;
+    let (state, tasks) = tasks(&admin, &op, &q).await?;
+    Ok(render(&TasksPage {
+        nav: Nav::of(&admin, &op),
+        state,
+        tasks,
+    }))
+}
+
+async fn api_tasks_list(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Vec<TaskView>>, Refusal> {
+    let q = query(&op, q)?;
+    tasks(&admin, &op, &q).await.map(|(_, t)| Json(t))
+}
+
+#[derive(Template)]
+#[template(path = "admin/task.html")]
+struct TaskPage {
+    nav: Nav,
+    t: TaskView,
+}
+
+async fn task_page(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    Path((consumer, event)): Path<(String, String)>,
+) -> Result<Response, Refusal> {
+    let t = task(&admin, &op, &consumer, &event).await?;
+    Ok(render(&TaskPage {
+        nav: Nav::of(&admin, &op),
+        t,
+    }))
+}
+
+async fn api_task(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+    Path((consumer, event)): Path<(String, String)>,
+) -> Result<Json<TaskView>, Refusal> {
+    task(&admin, &op, &consumer, &event).await.map(Json)
 }

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use crate::inbox::{InboxError, Task, TaskState, TaskStats, TaskStore};
 use crate::ledger::{
     Entry, EntryId, Filter, Ledger, LedgerError, LedgerStats, Settled, Settlement,
 };
@@ -152,5 +153,71 @@ impl<D: DifferenceStore> DynDifferences for D {
         why: &'a str,
     ) -> Fut<'a, Result<Marked, ReconcileError>> {
         Box::pin(DifferenceStore::resolve_manually(self, id, who, why))
+    }
+}
+
+pub(super) trait DynTasks: Send + Sync {
+    fn list<'a>(
+        &'a self,
+        state: Option<TaskState>,
+        limit: usize,
+    ) -> Fut<'a, Result<Vec<Task>, InboxError>>;
+    fn get<'a>(
+        &'a self,
+        consumer: &'a str,
+        event: &'a str,
+    ) -> Fut<'a, Result<Option<Task>, InboxError>>;
+    fn retry<'a>(
+        &'a self,
+        consumer: &'a str,
+        event: &'a str,
+        who: &'a str,
+        why: &'a str,
+    ) -> Fut<'a, Result<(), InboxError>>;
+    fn discard<'a>(
+        &'a self,
+        consumer: &'a str,
+        event: &'a str,
+        who: &'a str,
+        why: &'a str,
+    ) -> Fut<'a, Result<bytes::Bytes, InboxError>>;
+    fn stats(&self) -> Fut<'_, Result<TaskStats, InboxError>>;
+}
+
+impl<T: TaskStore> DynTasks for T {
+    fn list<'a>(
+        &'a self,
+        state: Option<TaskState>,
+        limit: usize,
+    ) -> Fut<'a, Result<Vec<Task>, InboxError>> {
+        Box::pin(TaskStore::list(self, None, state, limit))
+    }
+    fn get<'a>(
+        &'a self,
+        consumer: &'a str,
+        event: &'a str,
+    ) -> Fut<'a, Result<Option<Task>, InboxError>> {
+        Box::pin(TaskStore::get(self, consumer, event))
+    }
+    fn retry<'a>(
+        &'a self,
+        consumer: &'a str,
+        event: &'a str,
+        who: &'a str,
+        why: &'a str,
+    ) -> Fut<'a, Result<(), InboxError>> {
+        Box::pin(TaskStore::retry(self, consumer, event, who, why))
+    }
+    fn discard<'a>(
+        &'a self,
+        consumer: &'a str,
+        event: &'a str,
+        who: &'a str,
+        why: &'a str,
+    ) -> Fut<'a, Result<bytes::Bytes, InboxError>> {
+        Box::pin(TaskStore::discard(self, consumer, event, who, why))
+    }
+    fn stats(&self) -> Fut<'_, Result<TaskStats, InboxError>> {
+        Box::pin(TaskStore::stats(self))
     }
 }

@@ -9,6 +9,11 @@
 //! surely outbox quarantine [--limit N]
 //! surely outbox requeue ID --who NAME --why TEXT
 //! surely outbox discard ID --who NAME --why TEXT
+//! surely tasks list [--state manual|waiting|all] [--consumer C] [--limit N]
+//! surely tasks show CONSUMER EVENT
+//! surely tasks retry CONSUMER EVENT --who NAME --why TEXT
+//! surely tasks discard CONSUMER EVENT --who NAME --why TEXT
+//! surely tasks stats
 //! surely idempotency unknown [--limit N]
 //! surely idempotency stuck [--older-than SECS] [--limit N]
 //! surely audit [--limit N]
@@ -18,8 +23,9 @@
 //! text. The tables are the crate's defaults unless named (`--ledger-table` and the others).
 //!
 //! Exit codes, for scripts: **0** done; **1** a usage error or a value refused (a bad id, a
-//! reason with a control character); **2** no such entry or event; **3** a conflict (the
-//! entry is settled or claimed); **4** the database could not be reached or failed.
+//! reason with a control character); **2** no such entry, event or task (in the manual
+//! queue); **3** a conflict (the entry is settled or claimed, a task's stored reason is one
+//! this version does not know); **4** the database could not be reached or failed.
 //!
 //! Who acts is `--who`, as given: whoever can run this command with the database's
 //! credentials can act, so the audit log records the name they give. Keep those credentials
@@ -31,6 +37,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
 use surely::admin::{Action, Admin, AuditLog};
+use surely::inbox::{PostgresInbox, Task, TaskState, TaskStore};
 use surely::ledger::{Entry, EntryId, EntryState, Filter, Ledger, PostgresLedger, Verdict};
 use surely::outbox::{EventId, OutboxStore, PostgresOutbox};
 use surely::server::store::{Fence, IdempotencyStore, PostgresStore, RecordKey};
@@ -66,6 +73,9 @@ struct Tables {
     /// The audit log's table.
     #[arg(long, global = true, default_value = "surely_admin_audit")]
     audit_table: String,
+    /// The inbox's table (its tasks are in `<table>_tasks`).
+    #[arg(long, global = true, default_value = "surely_inbox")]
+    inbox_table: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -76,6 +86,9 @@ enum Command {
     /// The outbox's quarantine.
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// The inbox's tasks: those in the manual queue, and those waiting.
+    #[command(subcommand)]
+    Tasks(TasksCommand),
     /// The idempotency store's records that need a person.
     #[command(subcommand)]
     Idempotency(IdempotencyCommand),
@@ -158,6 +171,49 @@ enum OutboxCommand {
         #[command(flatten)]
         why: Why,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum TasksCommand {
+    /// The tasks in a state (the manual queue unless told), oldest first.
+    List {
+        /// manual, waiting or all.
+        #[arg(long, default_value = "manual")]
+        state: String,
+        /// Only this consumer's.
+        #[arg(long)]
+        consumer: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// One task, with every attempt's reason.
+    Show {
+        /// The consumer it belongs to.
+        consumer: String,
+        /// Its event's id.
+        event: String,
+    },
+    /// Send a task in the manual queue back to its handler.
+    Retry {
+        /// The consumer it belongs to.
+        consumer: String,
+        /// Its event's id.
+        event: String,
+        #[command(flatten)]
+        why: Why,
+    },
+    /// Discard a task in the manual queue: recorded as processed, never run.
+    Discard {
+        /// The consumer it belongs to.
+        consumer: String,
+        /// Its event's id.
+        event: String,
+        #[command(flatten)]
+        why: Why,
+    },
+    /// The tasks counted by state and reason, with the oldest's age.
+    Stats,
 }
 
 #[derive(Subcommand, Debug)]
@@ -274,6 +330,30 @@ fn entry_json(e: &Entry) -> Value {
     })
 }
 
+fn task_json(t: &Task) -> Value {
+    json!({
+        "consumer": t.consumer,
+        "event": t.event.id().as_str(),
+        "aggregate": t.event.aggregate(),
+        "version": t.event.version(),
+        "kind": t.event.kind(),
+        "state": t.state.code(),
+        "reason": t.reason.code(),
+        "attempts": t.attempts,
+        "age_secs": secs(t.age),
+        "due_in_ms": t.due_in.map(|d| d.as_millis() as u64),
+        "why": t.why,
+        "steps": t.steps.iter().map(|s| json!({
+            "attempt": s.attempt,
+            "at": unix(s.at),
+            "reason": s.reason.code(),
+            "why": s.why,
+            "delay_ms": s.delay.as_millis() as u64,
+            "clamped_from_ms": s.clamped_from.map(|d| d.as_millis() as u64),
+        })).collect::<Vec<_>>(),
+    })
+}
+
 fn opt(s: &Option<String>) -> String {
     plain(s.as_deref().unwrap_or("-"))
 }
@@ -293,6 +373,9 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
     let store = PostgresStore::new(pool.clone())
         .with_table(&t.idempotency_table)
         .map_err(|e| Failure::usage(said(&e)))?;
+    let inbox = PostgresInbox::new(pool.clone())
+        .with_table(&t.inbox_table)
+        .map_err(|e| Failure::usage(said(&e)))?;
     let audit = AuditLog::postgres(pool)
         .with_table(&t.audit_table)
         .map_err(|e| Failure::usage(said(&e)))?;
@@ -301,6 +384,7 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
         let admin = Admin::builder()
             .ledger(ledger.clone())
             .outbox(outbox.clone())
+            .tasks(inbox.clone())
             .audit(audit.clone())
             .build();
         async move {
@@ -446,6 +530,139 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
         Command::Outbox(OutboxCommand::Discard { id, why }) => {
             act(Action::Discard(event_id(&id)?), why).await?;
             done(json, "discarded", &id)
+        }
+        Command::Tasks(cmd) => {
+            let inbox_failed = |e: surely::inbox::InboxError| {
+                if e.is_unknown_reason() {
+                    Failure {
+                        code: 3,
+                        message: said(&e),
+                    }
+                } else {
+                    Failure::backend(said(&e))
+                }
+            };
+            match cmd {
+                TasksCommand::List {
+                    state,
+                    consumer,
+                    limit,
+                } => {
+                    let state = match state.as_str() {
+                        "manual" => Some(TaskState::Manual),
+                        "waiting" => Some(TaskState::Waiting),
+                        "all" => None,
+                        _ => return Err(Failure::usage("--state is one of manual, waiting, all")),
+                    };
+                    let tasks = TaskStore::list(&inbox, consumer.as_deref(), state, limit)
+                        .await
+                        .map_err(inbox_failed)?;
+                    if json {
+                        return Ok(Some(Value::Array(tasks.iter().map(task_json).collect())));
+                    }
+                    for t in &tasks {
+                        println!(
+                            "{}\t{}\t{}\t{}\t{} attempts\t{}s\t{}",
+                            plain(&t.consumer),
+                            plain(t.event.id().as_str()),
+                            t.state.code(),
+                            t.reason.code(),
+                            t.attempts,
+                            secs(t.age),
+                            plain(&t.why)
+                        );
+                    }
+                    Ok(None)
+                }
+                TasksCommand::Show { consumer, event } => {
+                    let t = TaskStore::get(&inbox, &consumer, &event)
+                        .await
+                        .map_err(inbox_failed)?
+                        .ok_or_else(|| {
+                            Failure::not_found(format!("no task of {consumer} for event {event}"))
+                        })?;
+                    if json {
+                        return Ok(Some(task_json(&t)));
+                    }
+                    println!(
+                        "task      {} of {}",
+                        plain(t.event.id().as_str()),
+                        plain(&t.consumer)
+                    );
+                    println!("state     {} ({})", t.state.code(), t.reason.code());
+                    println!(
+                        "event     {} v{} {}",
+                        plain(t.event.aggregate()),
+                        t.event.version(),
+                        plain(t.event.kind())
+                    );
+                    println!("attempts  {}", t.attempts);
+                    println!("age       {}s", secs(t.age));
+                    println!("why       {}", plain(&t.why));
+                    for s in &t.steps {
+                        let clamped = s
+                            .clamped_from
+                            .map(|d| format!(" (asked {} ms)", d.as_millis()))
+                            .unwrap_or_default();
+                        println!(
+                            "  #{}  {}  {} ms{}  {}",
+                            s.attempt,
+                            s.reason.code(),
+                            s.delay.as_millis(),
+                            clamped,
+                            plain(&s.why)
+                        );
+                    }
+                    Ok(None)
+                }
+                TasksCommand::Retry {
+                    consumer,
+                    event,
+                    why,
+                } => {
+                    let event = event_id(&event)?;
+                    let id = format!("{consumer} {}", event.as_str());
+                    act(Action::RetryTask { consumer, event }, why).await?;
+                    done(json, "sent back", &id)
+                }
+                TasksCommand::Discard {
+                    consumer,
+                    event,
+                    why,
+                } => {
+                    let event = event_id(&event)?;
+                    let id = format!("{consumer} {}", event.as_str());
+                    act(Action::DiscardTask { consumer, event }, why).await?;
+                    done(json, "discarded", &id)
+                }
+                TasksCommand::Stats => {
+                    let stats = TaskStore::stats(&inbox).await.map_err(inbox_failed)?;
+                    if json {
+                        return Ok(Some(json!({
+                            "counts": stats.counts.iter().map(|c| json!({
+                                "state": c.state.code(),
+                                "reason": c.reason.code(),
+                                "tasks": c.tasks,
+                                "oldest_secs": secs(c.oldest),
+                            })).collect::<Vec<_>>(),
+                            "unknown": stats.unknown,
+                        })));
+                    }
+                    for c in &stats.counts {
+                        println!(
+                            "{}\t{}\t{}\toldest {}s",
+                            c.state.code(),
+                            c.reason.code(),
+                            c.tasks,
+                            secs(c.oldest)
+                        );
+                    }
+                    if stats.unknown > 0 {
+                        println!("held\tunknown reason\t{}", stats.unknown);
+                    }
+                    Ok(None)
+                }
+            }
         }
         Command::Idempotency(cmd) => {
             let row = |k: &RecordKey, fence: Fence, evidence: String, age: Duration| {

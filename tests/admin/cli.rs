@@ -15,6 +15,7 @@ use crate::support::names::unique;
 use crate::support::postgres::{self, did_not_answer, url};
 
 struct Tables {
+    inbox: surely::inbox::PostgresInbox,
     ledger: PostgresLedger,
     outbox: PostgresOutbox,
     store: PostgresStore,
@@ -39,6 +40,10 @@ impl Tables {
             .with_table(&unique("surely_cli_idem"))
             .unwrap();
         store.migrate().await.unwrap();
+        let inbox = surely::inbox::PostgresInbox::new(pool.clone())
+            .with_table(&unique("surely_cli_inbox"))
+            .unwrap();
+        inbox.migrate().await.unwrap();
         let audit = unique("surely_cli_audit");
         AuditLog::postgres(pool)
             .with_table(&audit)
@@ -47,6 +52,7 @@ impl Tables {
             .await
             .unwrap();
         Tables {
+            inbox,
             ledger,
             outbox,
             store,
@@ -66,6 +72,8 @@ impl Tables {
                 self.store.table(),
                 "--audit-table",
                 &self.audit,
+                "--inbox-table",
+                self.inbox.table(),
             ])
             .args(args)
             .env("SURELY_DATABASE_URL", url())
@@ -89,10 +97,12 @@ impl Tables {
         let pool = self.ledger.pool();
         let (l, o, s) = (self.ledger.table(), self.outbox.table(), self.store.table());
         let attempts = format!("{l}_attempts");
+        let i = self.inbox.table();
+        let versions = format!("{i}_versions");
         postgres::forget(
             pool,
-            &[&attempts, l, o, s, &self.audit],
-            &[l, o, s, &self.audit],
+            &[&attempts, l, o, s, &self.audit, i, &versions],
+            &[l, o, s, &self.audit, i],
         )
         .await;
     }
@@ -291,5 +301,107 @@ async fn cli_reads_and_acts_with_exit_codes_for_scripts() {
         .output()
         .unwrap();
     assert_eq!(code(&none), 1);
+    t.forget().await;
+}
+
+#[tokio::test]
+async fn cli_lists_shows_retries_and_discards_tasks() {
+    use surely::inbox::{Consumer, Wait};
+    let t = Tables::new("cli_lists_shows_retries_and_discards_tasks").await;
+    let payments = Consumer::builder("payments").build().unwrap();
+    for (id, wait) in [
+        (
+            "charge-1",
+            Wait::person("limit rule", "over \u{1b}[31m10 000 EUR"),
+        ),
+        ("charge-2", Wait::person("limit rule", "over 10 000 EUR")),
+        ("charge-3", Wait::business("the card is not verified")),
+    ] {
+        let event = Event::new(EventId::new(id).unwrap(), "order o-9", 1, "Charge", "{}").unwrap();
+        let mut wait = Some(wait);
+        t.inbox
+            .process_task_and_commit(&payments, &event, move |_txn| {
+                let wait = wait.take();
+                Box::pin(async move { Err(wait.unwrap()) })
+            })
+            .await
+            .unwrap();
+    }
+    let listed = t.json(&["tasks", "list"]);
+    let events: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        events,
+        ["charge-1", "charge-2"],
+        "the manual queue, oldest first"
+    );
+    let waiting = t.json(&[
+        "tasks",
+        "list",
+        "--state",
+        "waiting",
+        "--consumer",
+        "payments",
+    ]);
+    assert_eq!(waiting[0]["reason"], "business");
+    let shown = t.run(&["tasks", "show", "payments", "charge-1"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    // The handler's escape sequence never reached the store, nor the terminal.
+    assert!(
+        text.contains("person") && text.contains("over  [31m10 000"),
+        "{text}"
+    );
+    assert!(!text.contains('\u{1b}'));
+    let stats = t.json(&["tasks", "stats"]);
+    assert_eq!(stats["counts"].as_array().unwrap().len(), 2, "{stats}");
+
+    let retried = t.run(&[
+        "tasks", "retry", "payments", "charge-1", "--who", "ana", "--why", "verified",
+    ]);
+    assert_eq!(
+        code(&retried),
+        0,
+        "{}",
+        String::from_utf8_lossy(&retried.stderr)
+    );
+    assert_eq!(
+        t.inbox
+            .take_retried("payments", 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let discarded = t.run(&[
+        "tasks", "discard", "payments", "charge-2", "--who", "ana", "--why", "paid",
+    ]);
+    assert_eq!(code(&discarded), 0);
+    let again = t.run(&[
+        "tasks", "discard", "payments", "charge-2", "--who", "ana", "--why", "paid",
+    ]);
+    assert_eq!(code(&again), 2, "no such task in the manual queue");
+    let bad = t.run(&[
+        "tasks", "retry", "payments", "charge-3", "--who", "", "--why", "x",
+    ]);
+    assert_eq!(code(&bad), 1, "{}", String::from_utf8_lossy(&bad.stderr));
+    let missing = t.run(&["tasks", "show", "payments", "nope"]);
+    assert_eq!(code(&missing), 2);
+    let odd = t.run(&["tasks", "list", "--state", "odd"]);
+    assert_eq!(code(&odd), 1);
+    let audit = t.json(&["audit"]);
+    let actions: Vec<&str> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["action"].as_str().unwrap())
+        .collect();
+    assert!(
+        actions.contains(&"inbox.retry_task") && actions.contains(&"inbox.discard_task"),
+        "{actions:?}"
+    );
     t.forget().await;
 }

@@ -828,3 +828,196 @@ async fn the_idempotency_page_shows_which_stuck_records_are_abandoned() {
     let page = get(addr, "/admin/idempotency", Some("ro:bo")).await;
     assert!(page.body.contains("<td>passed</td>"), "{}", page.body);
 }
+
+/// An inbox with two tasks in the manual queue (refused by a rule) and one waiting.
+async fn tasks_inbox() -> surely::inbox::MemoryInbox {
+    use surely::inbox::{Consumer, MemoryInbox, Wait};
+    let inbox = MemoryInbox::new();
+    let payments = Consumer::builder("payments").build().unwrap();
+    for (id, wait) in [
+        ("charge-1", Wait::person("limit rule", "<b>12 000 EUR</b>")),
+        ("charge-2", Wait::person("limit rule", "11 000 EUR")),
+        ("charge-3", Wait::business("the card is not verified yet")),
+    ] {
+        let event = Event::new(EventId::new(id).unwrap(), "order o-9", 1, "Charge", "{}").unwrap();
+        inbox
+            .process_task(&payments, &event, || async { Err(wait) })
+            .await
+            .unwrap();
+    }
+    inbox
+}
+
+#[tokio::test]
+async fn tasks_in_the_manual_queue_are_read_retried_and_discarded() {
+    let inbox = tasks_inbox().await;
+    let audit = AuditLog::memory();
+    let admin = Admin::builder()
+        .ledger(MemoryLedger::new())
+        .tasks(inbox.clone())
+        .audit(audit.clone())
+        .authorize(by_header())
+        .build();
+    let addr = serve(Router::new().nest("/admin", admin.router())).await;
+
+    // Counted by state and reason; shown in the manual queue beside the ledger's entries.
+    let counts = get(addr, "/admin/api/counts", Some("ro:bo")).await;
+    assert!(
+        counts.body.contains("\"manual\":2") && counts.body.contains("\"waiting\":1"),
+        "{}",
+        counts.body
+    );
+    assert!(
+        counts.body.contains("\"reason\":\"person\""),
+        "{}",
+        counts.body
+    );
+    let manual = get(addr, "/admin/ledger?state=manual", Some("ana")).await;
+    assert!(
+        manual.body.contains("id=\"manual-tasks\"") && manual.body.contains("charge-1"),
+        "{}",
+        manual.body
+    );
+    let list = get(addr, "/admin/tasks?state=waiting", Some("ana")).await;
+    assert!(
+        list.body.contains("charge-3") && !list.body.contains("charge-1"),
+        "{}",
+        list.body
+    );
+    assert_eq!(
+        get(addr, "/admin/tasks?state=odd", Some("ana"))
+            .await
+            .status,
+        StatusCode::BAD_REQUEST
+    );
+
+    // A task's evidence: each attempt's reason; what a handler wrote is escaped.
+    let page = get(addr, "/admin/tasks/payments/charge-1", Some("ana")).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body.contains("&#60;b&#62;12 000 EUR&#60;/b&#62;") && !page.body.contains("<b>12"),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body.contains("id=\"steps\"") && page.body.contains("person"),
+        "{}",
+        page.body
+    );
+    let json = get(addr, "/admin/api/tasks/payments/charge-1", Some("ro:bo")).await;
+    assert!(
+        json.body.contains("\"steps\":[{\"attempt\":1"),
+        "{}",
+        json.body
+    );
+    assert_eq!(
+        get(addr, "/admin/api/tasks/payments/nope", Some("ana"))
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        get(addr, "/admin/api/tasks/pay%07ments/charge-1", Some("ana"))
+            .await
+            .status,
+        StatusCode::BAD_REQUEST
+    );
+
+    // Retry by the API, discard by the form (with its token); read-only access cannot act.
+    let ro = post_json(
+        addr,
+        "/admin/api/tasks/payments/charge-1/retry",
+        "ro:bo",
+        r#"{"why":"x"}"#,
+    )
+    .await;
+    assert_eq!(ro.status, StatusCode::FORBIDDEN);
+    let a = post_json(
+        addr,
+        "/admin/api/tasks/payments/charge-1/retry",
+        "ana",
+        r#"{"why":"the customer confirmed"}"#,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    assert_eq!(
+        inbox.take_retried("payments", 10).len(),
+        1,
+        "handed to its consumer"
+    );
+    let page = get(addr, "/admin/tasks/payments/charge-2", Some("ana")).await;
+    let csrf = token(&page.body);
+    let a = post_form(
+        addr,
+        "/admin/tasks/payments/charge-2/discard",
+        "ana",
+        &format!("csrf={csrf}&why=paid+by+transfer"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER);
+    let a = post_form(
+        addr,
+        "/admin/tasks/payments/charge-2/discard",
+        "ana",
+        &format!("csrf={csrf}&why=again"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "{}", a.body);
+    let a = post_json(
+        addr,
+        "/admin/api/tasks/payments/charge-3/explode",
+        "ana",
+        r#"{"why":"x"}"#,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    let a = post_json(
+        addr,
+        "/admin/api/tasks/payments/charge-3/retry",
+        "ana",
+        r#"{"why":"x"}"#,
+    )
+    .await;
+    assert_eq!(
+        a.status,
+        StatusCode::NOT_FOUND,
+        "a waiting task is not in the manual queue: {}",
+        a.body
+    );
+
+    let seen: Vec<_> = audit
+        .list(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| (l.action, l.target, l.outcome.unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        seen[3],
+        (
+            AuditAction::RetryTask,
+            "payments charge-1".to_owned(),
+            "done".to_owned()
+        )
+    );
+    assert_eq!(
+        seen[2],
+        (
+            AuditAction::DiscardTask,
+            "payments charge-2".to_owned(),
+            "done".to_owned()
+        )
+    );
+    assert!(
+        seen[1].2.starts_with("refused (not found)"),
+        "{:?}",
+        seen[1]
+    );
+    assert!(
+        seen[0].2.starts_with("refused (not found)"),
+        "{:?}",
+        seen[0]
+    );
+    let counts = get(addr, "/admin/api/counts", Some("ana")).await;
+    assert!(counts.body.contains("\"manual\":0"), "{}", counts.body);
+}

@@ -144,3 +144,49 @@ async fn the_gauges_are_refreshed_until_shutdown() {
     stop.send(()).unwrap();
     running.await.unwrap();
 }
+
+/// The inbox's tasks, by state and reason, and the oldest's age.
+#[tokio::test(start_paused = true)]
+async fn the_task_gauges_count_by_state_and_reason() {
+    use surely::inbox::{Consumer, MemoryInbox, Wait};
+    let metrics = Metrics::new();
+    let inbox = MemoryInbox::new();
+    let payments = Consumer::builder("payments").build().unwrap();
+    let answers: [fn() -> Wait; 3] = [
+        || Wait::person("limit rule", "over 10 000 EUR"),
+        || Wait::business("the card is not verified"),
+        || Wait::business("the card is not verified"),
+    ];
+    for (i, answer) in answers.into_iter().enumerate() {
+        let event = Event::new(
+            EventId::new(format!("charge-{i}")).unwrap(),
+            "o",
+            1,
+            "Charge",
+            "",
+        )
+        .unwrap();
+        inbox
+            .process_task(&payments, &event, || async move { Err(answer()) })
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_secs(10)).await;
+    }
+    let admin = Admin::builder().tasks(inbox).build();
+    let gauges = admin.metrics(&metrics.provider.meter("surely-test"));
+    gauges.refresh().await;
+    let tasks = |state, reason| {
+        metrics.gauge(
+            "surely.admin.tasks",
+            &[("state", state), ("reason", reason)],
+        )
+    };
+    assert_eq!(tasks("manual", "person"), Some(1));
+    assert_eq!(tasks("waiting", "business"), Some(2));
+    assert_eq!(
+        tasks("waiting", "transient"),
+        None,
+        "no point without tasks"
+    );
+    assert!(metrics.exported("surely.admin.tasks.oldest_age"));
+}
