@@ -105,6 +105,10 @@ impl PostgresInbox {
     ///   time left, for a delivery that came early). The schedule is committed before the
     ///   `nak`: if the `nak` is lost, JetStream redelivers after its ack wait, and the inbox
     ///   answers with the time left without running the handler.
+    /// * A message JetStream delivered more than the consumer's
+    ///   [`max_deliveries`](Consumer::max_deliveries) times (its delivery count): the task goes
+    ///   to the manual queue before its handler runs, so that a handler that kills its
+    ///   consumer does not run for ever.
     /// * A message that is not an event: terminated. A store that failed: acknowledged
     ///   negatively, at once. A task whose stored reason is unknown to this version: held,
     ///   acknowledged negatively for a minute.
@@ -153,8 +157,9 @@ impl PostgresInbox {
                 return Err(InboxError::Malformed(e));
             }
         };
+        let deliveries = message.info().ok().map(|info| info.delivered.max(0) as u64);
         let out = self
-            .process_task_and_commit(consumer, &event, handler)
+            .process_delivered(consumer, &event, deliveries, handler)
             .await;
         match &out {
             Ok(Processed::Waiting(waiting)) => {

@@ -76,8 +76,11 @@ struct MemoryTask {
     next_at: tokio::time::Instant,
     why: String,
     steps: Vec<Step>,
-    /// A person retried it, and [`MemoryInbox::take_retried`] has not handed it out yet.
+    /// A person retried it: the inbox delivers it ([`MemoryInbox::take_retried`]) until it
+    /// is applied, stale or back in the manual queue.
     retried: bool,
+    /// Handed out by [`MemoryInbox::take_retried`] until then.
+    handed_until: Option<tokio::time::Instant>,
 }
 
 impl State {
@@ -267,6 +270,7 @@ impl MemoryInbox {
                     delay: t.next_at - now,
                     clamped_from: None,
                     early: true,
+                    why: t.why.clone(),
                 })),
                 (None, _)
                     if !known
@@ -429,6 +433,7 @@ impl MemoryInbox {
                     streak,
                 };
                 task.next_at = now + delay;
+                task.handed_until = None;
                 task.why = wait.why().to_owned();
                 task.steps.extend(step);
                 Processed::Waiting(Waiting {
@@ -437,6 +442,7 @@ impl MemoryInbox {
                     delay,
                     clamped_from,
                     early: false,
+                    why: wait.why().to_owned(),
                 })
             }
             Decision::Manual {
@@ -456,6 +462,8 @@ impl MemoryInbox {
                     attempts,
                     streak,
                 };
+                task.retried = false;
+                task.handed_until = None;
                 task.why = why;
                 task.steps.extend(step);
                 self.counters.to_manual();
@@ -540,6 +548,7 @@ impl MemoryInbox {
         task.next_at = now;
         task.why = format!("retried by {who}: {why}");
         task.retried = true;
+        task.handed_until = None;
         Ok(())
     }
 
@@ -571,17 +580,28 @@ impl MemoryInbox {
     }
 
     /// The events of at most `limit` tasks of `consumer` that a person
-    /// [retried](Self::retry_task) since the last call: process each with
-    /// [`process_task`](Self::process_task), as a delivery.
-    pub fn take_retried(&self, consumer: &str, limit: usize) -> Vec<Event> {
+    /// [retried](Self::retry_task) and that are due, each handed out for `lease`: process each
+    /// with [`process_task`](Self::process_task), as a delivery, which ends the hand-out. The
+    /// inbox delivers a retried task from then on: one that waits again is handed out again
+    /// once its time comes, until it is applied, stale, or back in the manual queue. Call it
+    /// on a timer.
+    pub fn take_retried(&self, consumer: &str, limit: usize, lease: Duration) -> Vec<Event> {
+        let now = tokio::time::Instant::now();
+        let until = now + lease.min(crate::MAX_DURATION);
         let mut state = self.state();
         let mut events = Vec::new();
         for ((c, _), task) in state.tasks.iter_mut() {
             if events.len() >= limit {
                 break;
             }
-            if c == consumer && task.retried {
-                task.retried = false;
+            let free = task.handed_until.is_none_or(|t| t <= now);
+            if c == consumer
+                && task.retried
+                && task.state == TaskState::Waiting
+                && task.next_at <= now
+                && free
+            {
+                task.handed_until = Some(until);
                 events.push(task.event.clone());
             }
         }
@@ -637,6 +657,7 @@ impl MemoryTask {
             why: String::new(),
             steps: Vec::new(),
             retried: false,
+            handed_until: None,
         }
     }
 }

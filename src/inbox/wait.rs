@@ -520,6 +520,7 @@ struct ConsumerInner {
     name: String,
     versions: Versions,
     policies: [WaitPolicy; 3],
+    max_deliveries: u64,
 }
 
 impl Consumer {
@@ -530,7 +531,17 @@ impl Consumer {
             name: name.into(),
             versions: Versions::Any,
             policies: Vec::new(),
+            max_deliveries: Consumer::DEFAULT_MAX_DELIVERIES,
         }
+    }
+
+    /// The deliveries of one message (JetStream's delivery count) past which a task goes to a
+    /// person without running its handler, unless [set](ConsumerBuilder::max_deliveries).
+    pub const DEFAULT_MAX_DELIVERIES: u64 = 10_000;
+
+    /// Its [`max_deliveries`](ConsumerBuilder::max_deliveries).
+    pub fn max_deliveries(&self) -> u64 {
+        self.inner.max_deliveries
     }
 
     /// Its name.
@@ -556,6 +567,7 @@ pub struct ConsumerBuilder {
     name: String,
     versions: Versions,
     policies: Vec<(Reason, WaitPolicy)>,
+    max_deliveries: u64,
 }
 
 impl ConsumerBuilder {
@@ -571,6 +583,17 @@ impl ConsumerBuilder {
         self
     }
 
+    /// A message the broker delivered more than `deliveries` times (JetStream's delivery
+    /// count) goes to a person before its handler runs (default 10 000). The policies bound
+    /// the attempts that answer; this bounds the deliveries that never answer: a handler that
+    /// kills its consumer (a poison message) is redelivered after each crash, and without it
+    /// would run for ever. Early deliveries count too: leave room for them above the
+    /// policies' attempts.
+    pub fn max_deliveries(mut self, deliveries: u64) -> Self {
+        self.max_deliveries = deliveries;
+        self
+    }
+
     /// The consumer.
     ///
     /// # Errors
@@ -581,6 +604,12 @@ impl ConsumerBuilder {
     /// the expiry, a zero expiry or one over ten years, attempts not 1 to 10 000
     /// (`consumer policy`, the reason named).
     pub fn build(self) -> Result<Consumer, ConfigError> {
+        if self.max_deliveries == 0 {
+            return Err(ConfigError::new(
+                "consumer max deliveries",
+                "must be at least 1",
+            ));
+        }
         if self.name.is_empty() || self.name.len() > 255 || self.name.chars().any(char::is_control)
         {
             return Err(ConfigError::new(
@@ -611,6 +640,7 @@ impl ConsumerBuilder {
                 name: self.name,
                 versions: self.versions,
                 policies,
+                max_deliveries: self.max_deliveries,
             }),
         })
     }
@@ -632,6 +662,8 @@ pub struct Waiting {
     pub clamped_from: Option<Duration>,
     /// The delivery came before the task's time: the handler did not run.
     pub early: bool,
+    /// The handler's explanation (for an early delivery, the one it gave last).
+    pub why: String,
 }
 
 /// Where a task stands in its store.
@@ -959,5 +991,103 @@ mod tests {
             assert!(err.reason().contains(says), "{}", err.reason());
         }
         assert!(Consumer::builder("").build().is_err());
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Any duration, the extremes often.
+        fn duration() -> impl Strategy<Value = Duration> {
+            prop_oneof![
+                Just(Duration::ZERO),
+                Just(Duration::MAX),
+                Just(crate::MAX_DURATION),
+                (0u64..10_000_000).prop_map(Duration::from_millis),
+                any::<u64>().prop_map(Duration::from_secs),
+                (any::<u64>(), 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+            ]
+        }
+
+        fn reason() -> impl Strategy<Value = Reason> {
+            proptest::sample::select(Reason::ALL.to_vec())
+        }
+
+        proptest! {
+            /// No policy, asked delay, age or history panics; a policy that builds bounds every
+            /// delay; a paced task never comes back sooner than asked.
+            #[test]
+            fn no_input_panics_and_every_delay_is_within_its_policy(
+                (min, max, expiry, attempts) in (duration(), duration(), duration(), any::<u32>()),
+                base in duration(),
+                asked in proptest::option::of(duration()),
+                age in duration(),
+                reason in reason(),
+                prior in proptest::option::of((reason(), any::<u32>(), any::<u32>())),
+                current in any::<i64>(),
+            ) {
+                let backoff = Backoff::constant(base);
+                let policy = WaitPolicy::new(backoff).at_least(min).at_most(max)
+                    .attempts(attempts).expire_after(expiry);
+                let Ok(consumer) = Consumer::builder("c").policy(reason, policy.clone()).build()
+                else {
+                    return Ok(());
+                };
+                let mut wait = match reason {
+                    Reason::Stale => Wait::stale(current, "moved on"),
+                    Reason::Person => Wait::person("rule", "no"),
+                    Reason::Paced => Wait::paced(asked.unwrap_or(Duration::ZERO)),
+                    _ => Wait::business("x"),
+                };
+                if reason != Reason::Paced {
+                    if let Some(a) = asked {
+                        wait = Wait::new(reason, "x").after(a);
+                    }
+                }
+                let prior = prior.map(|(reason, attempts, streak)| Prior { reason, attempts, streak });
+                match decide(&consumer, prior, age, &wait) {
+                    Decision::Retry { delay, clamped_from, reason: r, .. } => {
+                        prop_assert_eq!(r, reason);
+                        prop_assert!(delay <= policy.max());
+                        prop_assert!(delay <= policy.expiry().saturating_sub(age));
+                        prop_assert!(delay >= policy.min() || delay == policy.expiry().saturating_sub(age));
+                        if reason == Reason::Paced {
+                            // Never sooner than asked, but where the expiry ends it.
+                            let asked = wait.asked().unwrap_or_default();
+                            prop_assert!(delay >= asked || delay == policy.expiry().saturating_sub(age));
+                        }
+                        if let Some(from) = clamped_from {
+                            prop_assert_ne!(from, delay);
+                        }
+                    }
+                    Decision::Manual { why, .. } => prop_assert!(!why.is_empty()),
+                    Decision::Stale { current: c, .. } => prop_assert_eq!(c, current),
+                }
+            }
+
+            /// Any bytes as a `Retry-After` or a gRPC pushback: a paced wait or a transient
+            /// one, never a panic.
+            #[test]
+            fn any_pushback_header_is_paced_or_transient(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+                for name in ["retry-after", "grpc-retry-pushback-ms"] {
+                    let Ok(value) = http::HeaderValue::from_bytes(&bytes) else { continue };
+                    let mut headers = HeaderMap::new();
+                    headers.insert(name, value);
+                    let wait = Wait::paced_by(&headers);
+                    prop_assert!(matches!(wait.reason(), Reason::Paced | Reason::Transient));
+                    prop_assert_eq!(wait.reason() == Reason::Paced, wait.asked().is_some());
+                }
+            }
+
+            /// Any text a handler gives is kept bounded and without control characters (but
+            /// newlines and tabs).
+            #[test]
+            fn a_handlers_text_is_bounded(text in ".{0,3000}") {
+                let wait = Wait::business(&text);
+                prop_assert!(wait.why().len() <= MAX_WHY);
+                prop_assert!(!wait.why().chars().any(|c| c.is_control() && c != '\n' && c != '\t'));
+            }
+        }
     }
 }

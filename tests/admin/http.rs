@@ -941,7 +941,9 @@ async fn tasks_in_the_manual_queue_are_read_retried_and_discarded() {
     .await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     assert_eq!(
-        inbox.take_retried("payments", 10).len(),
+        inbox
+            .take_retried("payments", 10, Duration::from_secs(30))
+            .len(),
         1,
         "handed to its consumer"
     );

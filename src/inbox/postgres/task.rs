@@ -88,24 +88,24 @@ impl TaskSql {
             read: format!(
                 "SELECT state, reason, attempts, streak,
                     (extract(epoch FROM now() - first_at) * 1000000)::int8,
-                    (GREATEST(extract(epoch FROM next_at - now()), 0) * 1000000)::int8
+                    (GREATEST(extract(epoch FROM next_at - now()), 0) * 1000000)::int8, why
                  FROM {t}_tasks WHERE {key}"
             ),
             upsert: format!(
                 "INSERT INTO {t}_tasks AS k (consumer, event_id, aggregate, version, kind,
                     header_names, header_values, payload, state, reason, attempts, streak,
                     first_at, next_at, why)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now(),
-                    now() + $13::int8 * interval '1 microsecond', $14)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, clock_timestamp(),
+                    clock_timestamp() + $13::int8 * interval '1 microsecond', $14)
                  ON CONFLICT (consumer, event_id) DO UPDATE SET state = EXCLUDED.state,
                     reason = EXCLUDED.reason, attempts = EXCLUDED.attempts,
                     streak = EXCLUDED.streak, next_at = EXCLUDED.next_at, why = EXCLUDED.why,
-                    retried = false, handed_until = NULL"
+                    retried = k.retried AND EXCLUDED.state = 'waiting', handed_until = NULL"
             ),
             step: format!(
-                "INSERT INTO {t}_task_steps (consumer, event_id, attempt, reason, why, delay_us,
-                    clamped_from_us)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                "INSERT INTO {t}_task_steps (consumer, event_id, attempt, at, reason, why,
+                    delay_us, clamped_from_us)
+                 VALUES ($1, $2, $3, clock_timestamp(), $4, $5, $6, $7)
                  ON CONFLICT DO NOTHING"
             ),
             delete: format!("DELETE FROM {t}_tasks WHERE {key}"),
@@ -144,7 +144,8 @@ impl TaskSql {
                 "UPDATE {t}_tasks SET handed_until = now() + $3::int8 * interval '1 microsecond'
                  WHERE ctid = ANY(ARRAY(
                      SELECT ctid FROM {t}_tasks
-                     WHERE consumer = $1 AND retried
+                     WHERE consumer = $1 AND retried AND state = 'waiting'
+                        AND next_at <= now()
                         AND (handed_until IS NULL OR handed_until <= now())
                      ORDER BY first_at LIMIT $2
                      FOR UPDATE SKIP LOCKED))
@@ -217,6 +218,7 @@ fn step_of(row: &Row) -> Result<Step, InboxError> {
 
 /// A task's schedule as the transaction read it, after the lock.
 struct Found {
+    why: String,
     state: String,
     reason: String,
     prior: (u32, u32),
@@ -239,7 +241,9 @@ impl PostgresInbox {
     /// answers [`Waiting`](Processed::Waiting) with the time left, without running the
     /// handler. One that dies before the commit left nothing: the attempt is run again.
     ///
-    /// The times are the database's clock (`now()`), shared by every consumer.
+    /// The times are the database's clock, shared by every consumer: a task's next time is
+    /// counted from when its handler answered (`clock_timestamp()`), not from when its
+    /// transaction began, so that a slow handler does not make its task due sooner.
     ///
     /// ```no_run
     /// # async fn consume(inbox: surely::inbox::PostgresInbox, event: surely::outbox::Event)
@@ -276,6 +280,23 @@ impl PostgresInbox {
         &self,
         consumer: &Consumer,
         event: &Event,
+        handler: F,
+    ) -> Result<Processed, InboxError>
+    where
+        F: for<'t> FnOnce(&'t InboxTransaction) -> Handler<'t, Wait>,
+    {
+        self.process_delivered(consumer, event, None, handler).await
+    }
+
+    /// [`process_task_and_commit`](Self::process_task_and_commit) of a message the broker
+    /// delivered `deliveries` times, if it says: past the consumer's
+    /// [`max_deliveries`](Consumer::max_deliveries), the task goes to a person before its
+    /// handler runs.
+    pub(in crate::inbox) async fn process_delivered<F>(
+        &self,
+        consumer: &Consumer,
+        event: &Event,
+        deliveries: Option<u64>,
         handler: F,
     ) -> Result<Processed, InboxError>
     where
@@ -342,6 +363,7 @@ impl PostgresInbox {
                     delay: found.due_in,
                     clamped_from: None,
                     early: true,
+                    why: found.why.clone(),
                 };
                 match TaskState::from_code(&found.state) {
                     Some(TaskState::Manual) => return Ok(self.early(Processed::Manual { reason })),
@@ -363,6 +385,40 @@ impl PostgresInbox {
                 })
             }
         };
+        if let Some(n) = deliveries.filter(|n| *n > consumer.max_deliveries()) {
+            let prior = prior.unwrap_or(Prior {
+                reason: Reason::Transient,
+                attempts: 0,
+                streak: 0,
+            });
+            let why = format!(
+                "delivered {n} times, over the consumer's limit of {}: its handler may kill its \
+                 consumer; not run",
+                consumer.max_deliveries()
+            );
+            tracing::warn!(
+                consumer = name,
+                event = id,
+                deliveries = n,
+                "inbox: a task went to the manual queue"
+            );
+            let state = (prior.reason, prior.attempts, prior.streak);
+            self.schedule(
+                &txn,
+                event,
+                name,
+                TaskState::Manual,
+                state,
+                Duration::ZERO,
+                &why,
+            )
+            .await?;
+            commit(&mut txn).await?;
+            self.counters.to_manual();
+            return Ok(Processed::Manual {
+                reason: prior.reason,
+            });
+        }
         txn.batch_execute(&format!("SAVEPOINT {SAVEPOINT}"))
             .await
             .map_err(InboxError::store)?;
@@ -430,6 +486,7 @@ impl PostgresInbox {
                     delay,
                     clamped_from,
                     early: false,
+                    why: wait.why().to_owned(),
                 })
             }
             Decision::Manual {
@@ -664,10 +721,14 @@ impl PostgresInbox {
     }
 
     /// The events of at most `limit` tasks of `consumer` that a person
-    /// [retried](Self::retry_task), each handed out for `lease`: process each with
-    /// [`process_task_and_commit`](Self::process_task_and_commit), which ends the hand-out. A
-    /// consumer that dies holding one lets another take it once the lease passes. Several
-    /// consumers may call it at once: each task goes to one.
+    /// [retried](Self::retry_task) and that are due, each handed out for `lease`: process each
+    /// with [`process_task_and_commit`](Self::process_task_and_commit), which ends the
+    /// hand-out. Their broker message was acknowledged when they went to the manual queue, so
+    /// the inbox delivers them from then on: a retried task that waits again is handed out
+    /// again once its time comes, until it is applied, stale, or back in the manual queue.
+    /// Call it on a timer (every few seconds). A consumer that dies holding one lets another
+    /// take it once the lease passes. Several consumers may call it at once: each task goes to
+    /// one.
     ///
     /// # Errors
     ///
@@ -701,6 +762,7 @@ fn found_of(row: &Row) -> Result<Found, InboxError> {
     let age: i64 = row.try_get(4).map_err(e)?;
     let due_in: i64 = row.try_get(5).map_err(e)?;
     Ok(Found {
+        why: row.try_get(6).map_err(e)?,
         state: row.try_get(0).map_err(e)?,
         reason: row.try_get(1).map_err(e)?,
         prior: (

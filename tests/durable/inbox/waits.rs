@@ -389,10 +389,10 @@ async fn a_refused_task_goes_to_a_person_who_retries_or_discards_it() {
         .retry_task("inventory", a.id().as_str(), "ana", "twice")
         .unwrap_err();
     assert!(err.is_no_such_task(), "no longer in the manual queue");
-    let handed = inbox.take_retried("inventory", 10);
+    let handed = inbox.take_retried("inventory", 10, SEC);
     assert_eq!(handed, std::slice::from_ref(&a));
     assert!(
-        inbox.take_retried("inventory", 10).is_empty(),
+        inbox.take_retried("inventory", 10, SEC).is_empty(),
         "handed out once"
     );
     let p = deliver(&inbox, &c, &handed[0], &runs, || Ok("reserved".into())).await;
@@ -434,7 +434,7 @@ async fn a_retried_task_gets_a_fresh_expiry_and_keeps_its_attempts() {
             inbox
                 .retry_task("inventory", e.id().as_str(), "ana", "stock arrives today")
                 .unwrap();
-            assert_eq!(inbox.take_retried("inventory", 1).len(), 1);
+            assert_eq!(inbox.take_retried("inventory", 1, SEC).len(), 1);
         }
     }
     assert_eq!(
@@ -469,4 +469,49 @@ async fn a_waiting_task_counts_towards_the_capacity_and_versions_still_apply() {
     assert_eq!(p, Processed::Applied("done".into()));
     let stats = inbox.stats();
     assert_eq!((stats.applied, stats.waits), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retried_task_that_waits_again_is_handed_out_again_when_due() {
+    let (inbox, c, runs) = (MemoryInbox::new(), consumer(), AtomicUsize::new(0));
+    let e = task("o-15");
+    let p = deliver(&inbox, &c, &e, &runs, || {
+        Err(Wait::person("rule", "check it"))
+    })
+    .await;
+    assert!(
+        p.is_settled(),
+        "acknowledged: the broker will not deliver it again"
+    );
+    inbox
+        .retry_task("inventory", e.id().as_str(), "ana", "checked")
+        .unwrap();
+    let handed = inbox.take_retried("inventory", 10, 30 * SEC);
+    assert_eq!(handed.len(), 1);
+    assert!(
+        inbox.take_retried("inventory", 10, 30 * SEC).is_empty(),
+        "held for its lease"
+    );
+    // It waits again: the inbox, not the broker, delivers it when its time comes.
+    let p = deliver(&inbox, &c, &handed[0], &runs, || {
+        Err(Wait::business("short"))
+    })
+    .await;
+    let delay = p.delay().unwrap();
+    assert_eq!(waiting(&p).why, "short");
+    tokio::time::advance(delay - SEC).await;
+    assert!(
+        inbox.take_retried("inventory", 10, 30 * SEC).is_empty(),
+        "not before its time"
+    );
+    tokio::time::advance(SEC).await;
+    let again = inbox.take_retried("inventory", 10, 30 * SEC);
+    assert_eq!(again.len(), 1, "handed out again once due");
+    // A consumer that dies holding it: handed out again after the lease.
+    tokio::time::advance(30 * SEC).await;
+    let again = inbox.take_retried("inventory", 10, 30 * SEC);
+    assert_eq!(again.len(), 1);
+    let p = deliver(&inbox, &c, &again[0], &runs, || Ok("reserved".into())).await;
+    assert_eq!(p, Processed::Applied("reserved".into()));
+    assert!(inbox.take_retried("inventory", 10, 30 * SEC).is_empty());
 }

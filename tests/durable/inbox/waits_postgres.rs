@@ -361,6 +361,90 @@ async fn pg_a_reason_this_version_does_not_know_holds_the_task() {
     forget(&inbox, &stock).await;
 }
 
+/// A slow handler does not make its task due sooner: the next time counts from its answer,
+/// not from when its transaction began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_slow_handlers_task_is_not_due_sooner_than_asked() {
+    let (inbox, stock) = inbox("pg_a_slow_handlers_task_is_not_due_sooner_than_asked").await;
+    let (c, e) = (consumer(Duration::from_secs(1)), task("o-9"));
+    let p = inbox
+        .process_task_and_commit(&c, &e, |_txn| {
+            Box::pin(async {
+                tokio::time::sleep(400 * MS).await;
+                Err(Wait::paced(Duration::from_secs(1)))
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(p.delay(), Some(Duration::from_secs(1)));
+    let t = inbox
+        .task("inventory", e.id().as_str())
+        .await
+        .unwrap()
+        .unwrap();
+    let due = t.due_in.unwrap();
+    assert!(due > 900 * MS, "due in {due:?}, after a 400 ms handler");
+    forget(&inbox, &stock).await;
+}
+
+/// A task a person retried is delivered by the inbox from then on: one that waits again is
+/// handed out again once due, not stranded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_retried_task_that_waits_again_is_handed_out_again_when_due() {
+    let test = "pg_a_retried_task_that_waits_again_is_handed_out_again_when_due";
+    let (inbox, stock) = inbox(test).await;
+    let (c, e, runs) = (
+        consumer(300 * MS),
+        task("o-10"),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let refuse = || Wait::person("rule", "check it");
+    inbox
+        .process_task_and_commit(&c, &e, |txn| reserve(txn, &stock, &runs, Err(refuse)))
+        .await
+        .unwrap();
+    inbox
+        .retry_task("inventory", e.id().as_str(), "ana", "checked")
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(30);
+    let handed = inbox.take_retried("inventory", 10, lease).await.unwrap();
+    assert_eq!(handed.len(), 1);
+    let short = || Wait::business("short");
+    let p = inbox
+        .process_task_and_commit(&c, &handed[0], |txn| {
+            reserve(txn, &stock, &runs, Err(short))
+        })
+        .await
+        .unwrap();
+    assert_eq!(p.delay(), Some(300 * MS));
+    assert!(
+        inbox
+            .take_retried("inventory", 10, lease)
+            .await
+            .unwrap()
+            .is_empty(),
+        "not yet due"
+    );
+    tokio::time::sleep(350 * MS).await;
+    let again = inbox.take_retried("inventory", 10, lease).await.unwrap();
+    assert_eq!(again.len(), 1, "handed out again once due");
+    let p = inbox
+        .process_task_and_commit(&c, &again[0], |txn| {
+            reserve(txn, &stock, &runs, Ok("reserved"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(p, Processed::Applied("reserved".into()));
+    assert_eq!(qty(&inbox, &stock).await, 99);
+    assert!(inbox
+        .take_retried("inventory", 10, lease)
+        .await
+        .unwrap()
+        .is_empty());
+    forget(&inbox, &stock).await;
+}
+
 #[cfg(feature = "nats")]
 mod jetstream {
     //! Through JetStream: the schedule's delay is the `nak`'s.
@@ -548,6 +632,55 @@ mod jetstream {
         assert_eq!(p, Processed::Applied("charged".into()));
         assert_eq!(qty(&w.inbox, &w.stock).await, 99);
         assert_eq!(runs.load(Ordering::SeqCst), 2);
+        w.forget().await;
+    }
+
+    /// A handler that kills its consumer is redelivered after each crash; past the consumer's
+    /// `max_deliveries` the task goes to a person before its handler runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_delivered_too_often_goes_to_a_person_unrun() {
+        let w = World::new("a_message_delivered_too_often_goes_to_a_person_unrun").await;
+        let c = Consumer::builder("inventory")
+            .max_deliveries(2)
+            .build()
+            .unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let e = task("o-8");
+        w.publish(e.clone()).await;
+        // Two deliveries whose consumer dies in the handler: no answer, no acknowledgement.
+        for _ in 0..2 {
+            let m = w.fetch(ACK_WAIT + 500 * MS).await;
+            assert_eq!(m.len(), 1);
+            runs.fetch_add(1, Ordering::SeqCst);
+        }
+        let third = w.fetch(ACK_WAIT + 500 * MS).await;
+        assert_eq!(third.len(), 1);
+        let p = w
+            .inbox
+            .process_jetstream_task(&third[0], &c, |txn| {
+                reserve(txn, &w.stock, &runs, Ok("never"))
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            p,
+            Processed::Manual {
+                reason: Reason::Transient
+            }
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "not run a third time");
+        let t = w
+            .inbox
+            .task("inventory", e.id().as_str())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(t.why.contains("delivered 3 times"), "{}", t.why);
+        assert!(
+            w.fetch(ACK_WAIT + 300 * MS).await.is_empty(),
+            "acknowledged"
+        );
+        assert_eq!(qty(&w.inbox, &w.stock).await, 100);
         w.forget().await;
     }
 }
