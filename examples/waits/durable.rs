@@ -278,7 +278,7 @@ impl World for PgWorld {
     }
 
     async fn tasks(&self, consumer: &str, state: Option<TaskState>) -> Result<Vec<Task>, BoxError> {
-        Ok(self.inbox.tasks(consumer, state, 100).await?)
+        Ok(self.inbox.tasks(Some(consumer), state, 100).await?)
     }
 
     async fn task(&self, consumer: &str, event_id: &str) -> Result<Option<Task>, BoxError> {

@@ -162,7 +162,7 @@ impl World for MemWorld {
     }
 
     async fn tasks(&self, consumer: &str, state: Option<TaskState>) -> Result<Vec<Task>, BoxError> {
-        Ok(self.inbox.tasks(consumer, state, 100))
+        Ok(self.inbox.tasks(Some(consumer), state, 100))
     }
 
     async fn task(&self, consumer: &str, event_id: &str) -> Result<Option<Task>, BoxError> {
@@ -190,7 +190,9 @@ impl World for MemWorld {
     }
 
     async fn take_retried(&self, consumer: &str) -> Result<Vec<Event>, BoxError> {
-        Ok(self.inbox.take_retried(consumer, 10))
+        Ok(self
+            .inbox
+            .take_retried(consumer, 10, std::time::Duration::from_secs(30)))
     }
 
     fn stats(&self) -> InboxStats {

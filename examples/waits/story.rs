@@ -62,9 +62,6 @@ struct Story<'w, W: World> {
     consumers: [Consumer; 2],
     start: Instant,
     paths: BTreeMap<String, Path>,
-    /// Tasks a person retried, processed by this consumer when due: their broker messages were
-    /// acknowledged when they went to the manual queue.
-    retried: Vec<(Instant, Consumer, Event)>,
     replenish_at: Option<Instant>,
     replenished: bool,
     person_acted: bool,
@@ -226,10 +223,7 @@ impl<W: World> Story<'_, W> {
                 );
                 return Ok(());
             }
-            let next_retried = self.retried.iter().map(|(at, _, _)| *at).min();
-            let wait =
-                next_retried.map_or(FETCH, |at| at.saturating_duration_since(now).min(FETCH));
-            for delivery in self.world.fetch(wait).await? {
+            for delivery in self.world.fetch(FETCH).await? {
                 let before = self.ctx.total();
                 let (consumer, event, processed) = self
                     .world
@@ -326,16 +320,6 @@ impl<W: World> Story<'_, W> {
                 }
             }
         }
-        // The inbox hands the retried task out once; its broker message was acknowledged when
-        // it went to the manual queue, so if it waits again, its next delivery is ours.
-        let consumer = self.consumers[1].clone();
-        for event in self.world.take_retried(&name).await? {
-            self.say(
-                "payments",
-                format!("takes the retried task {}", label(&event)),
-            );
-            self.retried.push((Instant::now(), consumer.clone(), event));
-        }
         Ok(())
     }
 
@@ -345,23 +329,23 @@ impl<W: World> Story<'_, W> {
         }
     }
 
-    /// Processes the retried tasks that are due; one that waits again is kept for its time.
+    /// Takes the retried tasks that are due from the inbox, and processes them. Their broker
+    /// messages were acknowledged when they went to the manual queue, so the inbox delivers
+    /// them from the retry on: one that waits again is handed out again when its time comes.
     async fn due_retried(&mut self) -> Result<(), BoxError> {
-        let now = Instant::now();
-        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retried)
-            .into_iter()
-            .partition(|(at, _, _)| *at <= now);
-        self.retried = later;
-        for (_, consumer, event) in due {
-            let before = self.ctx.total();
-            let processed = self
-                .world
-                .process_event(&consumer, &event, &self.ctx)
-                .await?;
-            let ran = self.ctx.total() > before;
-            self.note(&consumer, &event, &processed, ran).await?;
-            if let Some(delay) = processed.delay() {
-                self.retried.push((Instant::now() + delay, consumer, event));
+        for consumer in self.consumers.clone() {
+            for event in self.world.take_retried(consumer.name()).await? {
+                self.say(
+                    consumer.name(),
+                    format!("takes the retried task {} from the inbox", label(&event)),
+                );
+                let before = self.ctx.total();
+                let processed = self
+                    .world
+                    .process_event(&consumer, &event, &self.ctx)
+                    .await?;
+                let ran = self.ctx.total() > before;
+                self.note(&consumer, &event, &processed, ran).await?;
             }
         }
         Ok(())
@@ -369,7 +353,7 @@ impl<W: World> Story<'_, W> {
 
     /// Whether every task ended and none is left waiting or in the manual queue.
     async fn settled(&self) -> Result<bool, BoxError> {
-        if !self.retried.is_empty() || self.paths.values().any(|p| p.end.is_none()) {
+        if self.paths.values().any(|p| p.end.is_none()) {
             return Ok(false);
         }
         for consumer in &self.consumers {
@@ -653,7 +637,6 @@ pub(crate) async fn run<W: World>(world: &W) -> Result<bool, BoxError> {
         consumers: [inventory()?, payments()?],
         start: Instant::now(),
         paths: BTreeMap::new(),
-        retried: Vec::new(),
         replenish_at: None,
         replenished: false,
         person_acted: false,
