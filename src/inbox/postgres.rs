@@ -651,32 +651,8 @@ impl PostgresInbox {
     where
         F: for<'t> FnOnce(&'t InboxTransaction) -> Handler<'t, E>,
     {
-        let client = self.store.client().await.map_err(InboxError::store)?;
-        // Prepared once per connection (deadpool-postgres's statement cache).
-        let record = if versions == Versions::Any {
-            &self.store.sql().applied
-        } else {
-            &self.store.sql().applied_at_version
-        };
-        let (lock, read, record) = tokio::join!(
-            client.prepare_cached(&self.store.sql().lock),
-            client.prepare_cached(&self.store.sql().read),
-            client.prepare_cached(record),
-        );
-        let prepared = Prepared {
-            lock: lock.map_err(InboxError::store)?,
-            read: read.map_err(InboxError::store)?,
-            record: record.map_err(InboxError::store)?,
-        };
-        // From here, `txn` dropped rolls back behind anything in flight.
-        let mut txn = InboxTransaction { conn: Some(client) };
-        // One flight: `BEGIN` is queued first, then the lock and the read, all before any
-        // answer is read. If the `BEGIN` fails, the statements behind it run outside any
-        // transaction and their results are not used.
-        let (begun, found) = tokio::join!(
-            txn.batch_execute("BEGIN"),
-            self.begin_with(&txn, Some(&prepared), consumer, event, versions)
-        );
+        let (mut txn, prepared, begun, found) =
+            self.open(consumer, event, versions).await.map_err(retype)?;
         let ticket = match (begun, found) {
             (Err(e), _) => return Err(InboxError::store(e)),
             (Ok(()), Ok(Begin::Fresh(ticket))) => ticket,
@@ -714,6 +690,54 @@ impl PostgresInbox {
                 Err(InboxError::store(e))
             }
         }
+    }
+}
+
+impl PostgresInbox {
+    /// Opens a delivery's transaction on a connection of the pool, with the inbox's statements
+    /// prepared on it (once per connection: deadpool-postgres's statement cache), and sends the
+    /// `BEGIN`, the lock and the read in one flight: `BEGIN` is queued first, then the lock and
+    /// the read, all before any answer is read. Returns the transaction (dropped, it rolls back
+    /// behind anything in flight), the statements, and what the `BEGIN` and the read answered;
+    /// if the `BEGIN` failed, the statements behind it ran outside any transaction and their
+    /// results are not to be used.
+    async fn open(
+        &self,
+        consumer: &str,
+        event: &Event,
+        versions: Versions,
+    ) -> Result<
+        (
+            InboxTransaction,
+            Prepared,
+            Result<(), tokio_postgres::Error>,
+            Result<Begin, InboxError>,
+        ),
+        InboxError,
+    > {
+        let client = self.store.client().await.map_err(InboxError::store)?;
+        let sql = self.store.sql();
+        let record = if versions == Versions::Any {
+            &sql.applied
+        } else {
+            &sql.applied_at_version
+        };
+        let (lock, read, record) = tokio::join!(
+            client.prepare_cached(&sql.lock),
+            client.prepare_cached(&sql.read),
+            client.prepare_cached(record),
+        );
+        let prepared = Prepared {
+            lock: lock.map_err(InboxError::store)?,
+            read: read.map_err(InboxError::store)?,
+            record: record.map_err(InboxError::store)?,
+        };
+        let txn = InboxTransaction { conn: Some(client) };
+        let (begun, found) = tokio::join!(
+            txn.batch_execute("BEGIN"),
+            self.begin_with(&txn, Some(&prepared), consumer, event, versions)
+        );
+        Ok((txn, prepared, begun, found))
     }
 }
 

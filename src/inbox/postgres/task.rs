@@ -7,7 +7,7 @@ use bytes::Bytes;
 use deadpool_postgres::Object;
 use tokio_postgres::Row;
 
-use super::{no_connection, InboxTransaction, PostgresInbox, Prepared, DISCARDED, STALE};
+use super::{no_connection, InboxTransaction, PostgresInbox, DISCARDED, STALE};
 use crate::inbox::memory::{check_person, no_such_task, stale_note};
 use crate::inbox::wait::{decide, Decision, Prior};
 use crate::inbox::{
@@ -303,28 +303,8 @@ impl PostgresInbox {
         F: for<'t> FnOnce(&'t InboxTransaction) -> Handler<'t, Wait>,
     {
         let (name, versions) = (consumer.name(), consumer.versions());
-        let client = self.store.client().await.map_err(InboxError::store)?;
         let sql = &self.store.sql();
-        let record = if versions == crate::inbox::Versions::Any {
-            &sql.applied
-        } else {
-            &sql.applied_at_version
-        };
-        let (lock, read, record) = tokio::join!(
-            client.prepare_cached(&sql.lock),
-            client.prepare_cached(&sql.read),
-            client.prepare_cached(record),
-        );
-        let prepared = Prepared {
-            lock: lock.map_err(InboxError::store)?,
-            read: read.map_err(InboxError::store)?,
-            record: record.map_err(InboxError::store)?,
-        };
-        let mut txn = InboxTransaction { conn: Some(client) };
-        let (begun, found) = tokio::join!(
-            txn.batch_execute("BEGIN"),
-            self.begin_with(&txn, Some(&prepared), name, event, versions)
-        );
+        let (mut txn, prepared, begun, found) = self.open(name, event, versions).await?;
         let id = event.id().as_str();
         let key: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&name, &id];
         let ticket = match (begun, found) {

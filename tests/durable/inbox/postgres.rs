@@ -9,7 +9,7 @@ use crate::support::names::suffix;
 use crate::support::postgres::{self, did_not_answer, pool};
 
 /// An inbox and a stock table of this test's own, with `sku-42` at 100.
-async fn inbox(test: &str) -> (PostgresInbox, String) {
+pub(super) async fn inbox(test: &str) -> (PostgresInbox, String) {
     let suffix = suffix();
     let inbox = PostgresInbox::new(pool())
         .with_table(&format!("surely_inbox_t{suffix}"))
@@ -33,7 +33,7 @@ async fn inbox(test: &str) -> (PostgresInbox, String) {
     (inbox, stock)
 }
 
-async fn forget(inbox: &PostgresInbox, stock: &str) {
+pub(super) async fn forget(inbox: &PostgresInbox, stock: &str) {
     let t = inbox.table();
     postgres::forget(inbox.pool(), &[t, &format!("{t}_versions"), stock], &[t]).await;
 }

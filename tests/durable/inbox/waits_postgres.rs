@@ -14,40 +14,10 @@ use surely::inbox::{
 use surely::outbox::{Event, EventId};
 use surely::retry::backoff::Backoff;
 
+use super::postgres::{forget, inbox};
 use crate::support::names::suffix;
-use crate::support::postgres::{self, did_not_answer, pool};
 
 const MS: Duration = Duration::from_millis(1);
-
-/// An inbox and a stock table of this test's own, with `sku-42` at 100.
-async fn inbox(test: &str) -> (PostgresInbox, String) {
-    let s = suffix();
-    let inbox = PostgresInbox::new(pool())
-        .with_table(&format!("surely_waits_t{s}"))
-        .unwrap();
-    inbox
-        .migrate()
-        .await
-        .unwrap_or_else(|e| did_not_answer(test, e));
-    let stock = format!("surely_waits_stock_t{s}");
-    inbox
-        .pool()
-        .get()
-        .await
-        .unwrap()
-        .batch_execute(&format!(
-            "CREATE TABLE {stock} (sku text PRIMARY KEY, qty bigint NOT NULL);
-             INSERT INTO {stock} VALUES ('sku-42', 100);"
-        ))
-        .await
-        .unwrap();
-    (inbox, stock)
-}
-
-async fn forget(inbox: &PostgresInbox, stock: &str) {
-    let t = inbox.table();
-    postgres::forget(inbox.pool(), &[t, &format!("{t}_versions"), stock], &[t]).await;
-}
 
 async fn qty(inbox: &PostgresInbox, stock: &str) -> i64 {
     let client = inbox.pool().get().await.unwrap();
