@@ -418,7 +418,8 @@ impl WaitPolicy {
 
     /// The task waits at most `expiry` from its first wait (of any reason) while this is its
     /// reason; a wait past it goes to a person, and a delay that would end past it is
-    /// shortened to end there (recorded as clamped).
+    /// shortened to end there (recorded as clamped), but a paced one, which is never
+    /// shortened: the task goes to a person instead.
     #[must_use]
     pub fn expire_after(mut self, expiry: Duration) -> WaitPolicy {
         self.expiry = expiry;
@@ -857,6 +858,12 @@ pub(crate) fn decide(
             policy.max
         ));
     }
+    if reason == Reason::Paced && planned.max(policy.min) > remaining {
+        return manual(format!(
+            "the downstream asked for {planned:?}, past the task's expiry in {remaining:?}: \
+             never sooner than asked, so a person decides"
+        ));
+    }
     let delay = planned.clamp(policy.min, policy.max).min(remaining);
     let clamped_from = match wait.asked {
         Some(asked) if asked != delay => Some(asked),
@@ -1053,9 +1060,8 @@ mod tests {
                         prop_assert!(delay <= policy.expiry().saturating_sub(age));
                         prop_assert!(delay >= policy.min() || delay == policy.expiry().saturating_sub(age));
                         if reason == Reason::Paced {
-                            // Never sooner than asked, but where the expiry ends it.
-                            let asked = wait.asked().unwrap_or_default();
-                            prop_assert!(delay >= asked || delay == policy.expiry().saturating_sub(age));
+                            // Never sooner than asked, not even at the expiry.
+                            prop_assert!(delay >= wait.asked().unwrap_or_default());
                         }
                         if let Some(from) = clamped_from {
                             prop_assert_ne!(from, delay);

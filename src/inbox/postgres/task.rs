@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use deadpool_postgres::Object;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::{no_connection, InboxTransaction, PostgresInbox, DISCARDED, STALE};
@@ -402,12 +403,19 @@ impl PostgresInbox {
         txn.batch_execute(&format!("SAVEPOINT {SAVEPOINT}"))
             .await
             .map_err(InboxError::store)?;
+        let ran = tokio::time::Instant::now();
         let wait = match handler(&txn).await {
             Ok(result) => {
                 let client = txn.take().ok_or_else(no_connection)?;
+                // One flight, in this order: each request goes out when its future is first
+                // polled, and `join!` polls them in turn. The delete is sent with its text
+                // (`query_typed`: no prepare round trip first), so that it runs before the
+                // `COMMIT`, in the same transaction as the record.
+                let delete: [(&(dyn ToSql + Sync), Type); 2] =
+                    [(&name, Type::TEXT), (&id, Type::TEXT)];
                 let (recorded, deleted, committed) = tokio::join!(
                     self.record(&client, Some(&prepared), &ticket, &result),
-                    client.execute(&sql.task.delete, &key),
+                    client.query_typed(&sql.task.delete, &delete),
                     client.batch_execute("COMMIT")
                 );
                 return match (recorded, deleted, committed) {
@@ -425,7 +433,11 @@ impl PostgresInbox {
         txn.batch_execute(&format!("ROLLBACK TO SAVEPOINT {SAVEPOINT}"))
             .await
             .map_err(InboxError::store)?;
-        let age = found.as_ref().map_or(Duration::ZERO, |f| f.age);
+        // The age when the handler answered: as read when the transaction began, and the
+        // handler's time since (a slow handler must not push its task past its expiry).
+        let age = found
+            .as_ref()
+            .map_or(Duration::ZERO, |f| f.age.saturating_add(ran.elapsed()));
         let decision = decide(consumer, prior, age, &wait);
         let step = decision.step(&wait);
         let processed = match decision {

@@ -515,3 +515,30 @@ async fn a_retried_task_that_waits_again_is_handed_out_again_when_due() {
     assert_eq!(p, Processed::Applied("reserved".into()));
     assert!(inbox.take_retried("inventory", 10, 30 * SEC).is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pace_past_the_expiry_goes_to_a_person_and_is_never_shortened() {
+    let c = Consumer::builder("payments")
+        .policy(
+            Reason::Paced,
+            WaitPolicy::new(Backoff::constant(SEC))
+                .at_most(10 * SEC)
+                .expire_after(12 * SEC),
+        )
+        .build()
+        .unwrap();
+    let (inbox, e, runs) = (MemoryInbox::new(), task("o-16"), AtomicUsize::new(0));
+    let p = deliver(&inbox, &c, &e, &runs, || Err(Wait::paced(8 * SEC))).await;
+    assert_eq!(p.delay(), Some(8 * SEC));
+    tokio::time::advance(8 * SEC).await;
+    // 8 s more would end 4 s past the expiry: not shortened to 4 s.
+    let p = deliver(&inbox, &c, &e, &runs, || Err(Wait::paced(8 * SEC))).await;
+    assert_eq!(
+        p,
+        Processed::Manual {
+            reason: Reason::Paced
+        }
+    );
+    let t = inbox.task("payments", e.id().as_str()).unwrap();
+    assert!(t.why.contains("past the task's expiry"), "{}", t.why);
+}

@@ -415,6 +415,66 @@ async fn pg_a_retried_task_that_waits_again_is_handed_out_again_when_due() {
     forget(&inbox, &stock).await;
 }
 
+/// An applied task's record and the deletion of its schedule are one transaction: a consumer
+/// killed between two transactions would leave the schedule of an applied event behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_an_applied_tasks_record_and_its_schedules_deletion_commit_together() {
+    let test = "pg_an_applied_tasks_record_and_its_schedules_deletion_commit_together";
+    let (inbox, stock) = inbox(test).await;
+    let (c, e, runs) = (
+        consumer(Duration::ZERO),
+        task("o-11"),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let t = inbox.table().to_owned();
+    let seen = format!("{stock}_txids");
+    inbox
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .batch_execute(&format!(
+            "CREATE TABLE {seen} (what text, txid bigint);
+             CREATE FUNCTION {seen}_f() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO {seen} VALUES (TG_TABLE_NAME || ' ' || TG_OP, txid_current());
+             RETURN NULL; END $$;
+             CREATE TRIGGER {seen}_r AFTER INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION {seen}_f();
+             CREATE TRIGGER {seen}_t AFTER DELETE ON {t}_tasks FOR EACH ROW
+                 EXECUTE FUNCTION {seen}_f();"
+        ))
+        .await
+        .unwrap();
+    let short = || Wait::business("short");
+    inbox
+        .process_task_and_commit(&c, &e, |txn| reserve(txn, &stock, &runs, Err(short)))
+        .await
+        .unwrap();
+    let p = inbox
+        .process_task_and_commit(&c, &e, |txn| reserve(txn, &stock, &runs, Ok("reserved")))
+        .await
+        .unwrap();
+    assert_eq!(p, Processed::Applied("reserved".into()));
+    let client = inbox.pool().get().await.unwrap();
+    let rows = client
+        .query(&format!("SELECT what, txid FROM {seen}"), &[])
+        .await
+        .unwrap();
+    let txids: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
+    assert_eq!(
+        rows.len(),
+        2,
+        "the record's insert and the schedule's delete"
+    );
+    assert_eq!(txids[0], txids[1], "in one transaction");
+    client
+        .batch_execute(&format!(
+            "DROP TABLE {seen}; DROP FUNCTION {seen}_f CASCADE"
+        ))
+        .await
+        .unwrap();
+    forget(&inbox, &stock).await;
+}
+
 #[cfg(feature = "nats")]
 mod jetstream {
     //! Through JetStream: the schedule's delay is the `nak`'s.
