@@ -175,6 +175,7 @@ impl Task<'_> {
         let id = event.id().as_str().to_owned();
         let key = String::from_utf8_lossy(event.payload()).into_owned();
         let fate = self.fates.map(|f| f.of(&id));
+        let version = event.version();
         let (pool, pid) = (self.world.pool.clone(), self.pid);
         // Owned: the handler's future may outlive any borrow of this call's.
         let (insert, record) = (self.sql.insert.clone(), self.sql.record_run.clone());
@@ -189,7 +190,7 @@ impl Task<'_> {
                     // Written before the answer: a wait rolls it back.
                     txn.execute(&insert, &[&id, &key, &pid]).await?;
                     let answer = match (fate, run) {
-                        (Some(fate), Some(run)) => tasks::answer(fate, run, &key),
+                        (Some(fate), Some(run)) => tasks::answer(fate, run, &key, version),
                         _ => Ok(()),
                     };
                     crashpoint::at(AFTER_ANSWER).await;

@@ -209,8 +209,11 @@ pub(crate) const RECORD_RUN: &str = "WITH new AS (
         (extract(epoch FROM $4::timestamptz - COALESCE(min(started), $4::timestamptz)) * 1000000)::int8
     FROM {p}_task_runs WHERE event_id = $1";
 
-/// What the handler answers on `run`, for an event of `fate` whose order is `key`.
-pub(crate) fn answer(fate: Fate, run: Run, key: &str) -> Result<(), Wait> {
+/// The version a cancelled order is at: past its `OrderCreated`'s.
+const CANCELLED_AT: i64 = 2;
+
+/// What the handler answers on `run`, for an event of `version` and `fate` whose order is `key`.
+pub(crate) fn answer(fate: Fate, run: Run, key: &str, version: i64) -> Result<(), Wait> {
     let n = run.number;
     match fate {
         Fate::AtOnce => Ok(()),
@@ -235,10 +238,12 @@ pub(crate) fn answer(fate: Fate, run: Run, key: &str) -> Result<(), Wait> {
         }
         Fate::Paced { .. } => Ok(()),
         Fate::Overpaced => Err(Wait::paced_by(&retry_after(30))),
-        Fate::Cancelled => Err(Wait::stale(
-            2,
+        // The version check a handler makes against the business object (here, the fate).
+        Fate::Cancelled if version < CANCELLED_AT => Err(Wait::stale(
+            CANCELLED_AT,
             format_args!("order {key} was cancelled after its OrderCreated"),
         )),
+        Fate::Cancelled => Ok(()),
         Fate::Refused { .. } => Err(Wait::person(
             "fraud rule",
             format_args!("order {key} is over the customer's limit"),
