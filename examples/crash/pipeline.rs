@@ -2,6 +2,7 @@
 //! inventory service: JetStream through its PostgreSQL inbox, each event a task whose handler
 //! writes one inventory change or says why it waits: [`tasks`](crate::tasks)).
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -12,6 +13,7 @@ use surely::outbox::{
 };
 use surely::postgres::Pool;
 use surely::record::OutboxStats;
+use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
 use crate::crashpoint::{self, AFTER_ANSWER, AFTER_APPLY, AFTER_PUBLISH, AFTER_SCHEDULE};
@@ -23,6 +25,10 @@ use crate::{chain, BoxError, RELAY_LEASE};
 const RELAY_POLL: Duration = Duration::from_millis(200);
 /// How long a parked delivery waits before JetStream delivers it again.
 const PARKED: Duration = Duration::from_millis(200);
+/// The deliveries the consumer processes at once (each holds up to two of the pool's
+/// connections: its transaction's, and its run's record). A task's deliveries never run at
+/// once: the inbox locks the event.
+const IN_FLIGHT: usize = 4;
 
 /// The outbox as the relay sees it, with the crash point between the publish and the mark.
 struct CrashingOutbox(PostgresOutbox);
@@ -103,38 +109,42 @@ pub(crate) async fn run_consumer() -> Result<(), BoxError> {
     world.reach_postgres().await?;
     let js = world.jetstream().await?;
     let durable = world.consumer(&js).await?;
-    let inbox = world.inbox()?;
-    let consumer = tasks::consumer()?;
-    let fates = Fates::from_env()?;
-    let sql = Sql {
-        insert: world.sql(
-            "INSERT INTO {p}_inventory_changes (event_id, order_key, delta, pid) VALUES ($1, $2, -1, $3)",
-        ),
-        record_run: world.sql(tasks::RECORD_RUN),
-    };
-    let pid = std::process::id() as i32;
+    let task = Arc::new(Task {
+        inbox: world.inbox()?,
+        consumer: tasks::consumer()?,
+        fates: Fates::from_env()?,
+        sql: Sql {
+            insert: world.sql(
+                "INSERT INTO {p}_inventory_changes (event_id, order_key, delta, pid) VALUES ($1, $2, -1, $3)",
+            ),
+            record_run: world.sql(tasks::RECORD_RUN),
+        },
+        pid: std::process::id() as i32,
+        world,
+    });
     let mut messages = durable.messages().await?;
+    let mut running = JoinSet::new();
     crashpoint::ready();
     let stop = crashpoint::stop_of(stopped);
     tokio::pin!(stop);
     loop {
         let message = tokio::select! {
-            _ = &mut stop => return Ok(()),
-            next = messages.next() => next,
+            _ = &mut stop => {
+                // Told to stop: the deliveries in hand finish first.
+                while running.join_next().await.is_some() {}
+                return Ok(());
+            }
+            Some(_) = running.join_next(), if !running.is_empty() => continue,
+            next = messages.next(), if running.len() < IN_FLIGHT => next,
         };
         match message {
             Some(Ok(message)) => {
-                let task = Task {
-                    world: &world,
-                    inbox: &inbox,
-                    consumer: &consumer,
-                    fates,
-                    sql: &sql,
-                    pid,
-                };
-                if let Err(e) = task.apply(&message).await {
-                    eprintln!("consumer: {}", chain(&*e));
-                }
+                let task = task.clone();
+                running.spawn(async move {
+                    if let Err(e) = task.apply(&message).await {
+                        eprintln!("consumer: {}", chain(&*e));
+                    }
+                });
             }
             Some(Err(e)) => eprintln!("consumer: the message stream failed: {e}"),
             None => messages = durable.messages().await?,
@@ -148,18 +158,18 @@ struct Sql {
     record_run: String,
 }
 
-/// What one delivery is processed with.
-struct Task<'a> {
-    world: &'a World,
-    inbox: &'a PostgresInbox,
-    consumer: &'a Consumer,
+/// What every delivery is processed with.
+struct Task {
+    world: World,
+    inbox: PostgresInbox,
+    consumer: Consumer,
     /// The events' fates; none (the soak): every event is applied at once.
     fates: Option<Fates>,
-    sql: &'a Sql,
+    sql: Sql,
     pid: i32,
 }
 
-impl Task<'_> {
+impl Task {
     /// One delivery, as a task: the handler writes the inventory change, then answers `Ok` or
     /// why it waits; the inbox commits the change and its record, or (the change rolled back)
     /// the task's schedule; then the delivery is acknowledged, or acknowledged negatively with
@@ -181,7 +191,7 @@ impl Task<'_> {
         let (insert, record) = (self.sql.insert.clone(), self.sql.record_run.clone());
         let processed = self
             .inbox
-            .process_task_and_commit(self.consumer, &event, |txn| {
+            .process_task_and_commit(&self.consumer, &event, |txn| {
                 Box::pin(async move {
                     let run = match fate {
                         Some(_) => Some(record_run(&pool, &record, &id, pid, txn).await?),

@@ -70,7 +70,7 @@ enum End {
     Waiting,
     /// Neither recorded nor a task: lost.
     Lost,
-    /// Both recorded and a task: the inbox contradicts itself.
+    /// Recorded, and its task's row left behind in `_tasks`: the inbox contradicts itself.
     Both,
 }
 
@@ -97,7 +97,7 @@ fn name(end: &End) -> String {
         End::Manual(r) => format!("manual ({r})"),
         End::Waiting => "waiting".into(),
         End::Lost => "lost".into(),
-        End::Both => "recorded and a task".into(),
+        End::Both => "recorded, its task left behind".into(),
     }
 }
 
@@ -259,7 +259,9 @@ impl Evidence {
         let (mut applied, mut twice, mut missing, mut not_applied) = (0, vec![], vec![], vec![]);
         for e in &self.events {
             let end = e.end();
-            match (end == End::Applied, e.changes) {
+            // Applied: its record says so (a task row left behind is invariant 9's).
+            let recorded_applied = e.record.is_some_and(|(outcome, _)| outcome == APPLIED);
+            match (recorded_applied, e.changes) {
                 (true, 1) => applied += 1,
                 (true, 0) => missing.push(e.key.clone()),
                 (true, n) => twice.push(format!("{} x{n}", e.key)),
