@@ -1,11 +1,13 @@
 //! The invariants of the consumer's tasks ([`tasks`](crate::tasks)), checked from the database
-//! at the end: the inbox's records, its `_tasks` table, the steps the harness kept and the
-//! record of handler runs; and the tasks' counts for the summary.
+//! at the end: the inbox's records, its `_tasks` table, the steps the harness kept (each with
+//! the schedule its transaction wrote) and the record of handler runs; and the tasks' counts
+//! for the summary.
 //!
-//! Times are the database's clock throughout. A task's schedule is decided on its transaction's
-//! `now()` (its start) and kept in microseconds, and a run's start is `clock_timestamp()` in a
-//! later transaction: a run at its time is never before it by more than the rounding of a
-//! microsecond. The checks allow [`TOLERANCE`], a millisecond, for that rounding.
+//! Times are the database's clock throughout. A run's transaction start (`now()`) ties it to
+//! the step it answered, if it committed one (the trigger keeps the step's `now()`), and orders
+//! it after the steps before. Its start (`clock_timestamp()`) is compared with the next time
+//! the last of those wrote, in microseconds as the inbox keeps it: the checks allow
+//! [`TOLERANCE`], a millisecond, for that rounding.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
@@ -26,13 +28,27 @@ const APPLIED: i16 = 1;
 const STALE: i16 = 2;
 const DISCARDED: i16 = 3;
 
-/// A step, as the harness kept it.
+/// A step, as the harness kept it, with the schedule its transaction wrote.
 struct Step {
     attempt: i32,
-    at: SystemTime,
     reason: String,
     delay: Duration,
     clamped_from: Option<Duration>,
+    /// Its transaction's start: the run's `txn_at` that answered it.
+    txn_at: SystemTime,
+    /// The task's state, first time and next time once the step's transaction wrote them.
+    state: Option<String>,
+    first_at: Option<SystemTime>,
+    next_at: Option<SystemTime>,
+}
+
+impl Step {
+    /// The task's age when its inbox decided this step (what the policy's expiry is
+    /// counted against).
+    fn age(&self) -> Duration {
+        self.first_at
+            .map_or(Duration::ZERO, |f| after(self.txn_at, f))
+    }
 }
 
 /// A handler run, as it recorded itself.
@@ -176,7 +192,8 @@ pub(crate) async fn load(
     for r in client
         .query(
             &world.sql(
-                "SELECT event_id, attempt, at, reason, delay_us, clamped_from_us
+                "SELECT event_id, attempt, reason, delay_us, clamped_from_us, txn_at, state,
+                    first_at, next_at
                  FROM {p}_task_steps_kept WHERE consumer = $1 ORDER BY event_id, attempt",
             ),
             &c,
@@ -185,10 +202,13 @@ pub(crate) async fn load(
     {
         steps.entry(r.get(0)).or_default().push(Step {
             attempt: r.get(1),
-            at: r.get(2),
-            reason: r.get(3),
-            delay: micros(r.get(4)),
-            clamped_from: r.get::<_, Option<i64>>(5).map(micros),
+            reason: r.get(2),
+            delay: micros(r.get(3)),
+            clamped_from: r.get::<_, Option<i64>>(4).map(micros),
+            txn_at: r.get(5),
+            state: r.get(6),
+            first_at: r.get(7),
+            next_at: r.get(8),
         });
     }
     let mut runs: HashMap<String, Vec<Run>> = HashMap::new();
@@ -338,7 +358,7 @@ impl Evidence {
             most_runs = most_runs.max(e.runs.len());
             for r in &e.runs {
                 runs += 1;
-                let own = e.steps.iter().any(|s| s.at == r.txn_at)
+                let own = e.steps.iter().any(|s| s.txn_at == r.txn_at)
                     || e.record.is_some_and(|(_, at)| at == r.txn_at);
                 if !own {
                     committed_nothing += 1;
@@ -348,16 +368,19 @@ impl Evidence {
                         past_record.push(e.key.clone());
                     }
                 }
-                // The task's schedule when the run's transaction began: its last step before.
-                let Some(prev) = e.steps.iter().rev().find(|s| s.at < r.txn_at) else {
+                // The task's schedule when the run's transaction began: the one its last step
+                // before wrote.
+                let Some(prev) = e.steps.iter().rev().find(|s| s.txn_at < r.txn_at) else {
                     continue;
                 };
-                if prev.delay.is_zero() {
+                let Some(due) = prev
+                    .next_at
+                    .filter(|_| prev.state.as_deref() == Some("waiting"))
+                else {
                     past_manual.push(e.key.clone());
                     continue;
-                }
+                };
                 after_wait += 1;
-                let due = prev.at + prev.delay;
                 if r.started + TOLERANCE < due {
                     early.push(format!(
                         "{} run {}ms before its time (attempt {} {})",
@@ -375,7 +398,7 @@ impl Evidence {
         checks.invariant(
             early.is_empty() && past_manual.is_empty() && past_record.is_empty(),
             format!(
-                "10. no handler run earlier than its task's schedule allowed (its start at or after the last step's time and delay, the database's clock, within {}ms): \
+                "10. no handler run earlier than its task's schedule allowed (its start at or after the next time its last step wrote, the database's clock, within {}ms): \
                  {runs} runs, {after_wait} after a wait, the closest {} after its time; {} before it{}; \
                  {} after the task went to a person{}; {} after the event was recorded{}",
                 TOLERANCE.as_millis(),
@@ -402,9 +425,9 @@ impl Evidence {
         let mut manual_by: BTreeMap<String, usize> = BTreeMap::new();
         let mut most_attempts = 0;
         for e in &self.events {
-            let Some(first) = e.steps.first() else {
+            if e.steps.is_empty() {
                 continue;
-            };
+            }
             most_attempts = most_attempts.max(e.steps.len());
             let mut seen: Vec<&str> = Vec::new();
             let mut streak = 0;
@@ -443,7 +466,7 @@ impl Evidence {
                         p.max_attempts()
                     ));
                 }
-                let age = after(s.at, first.at);
+                let age = s.age();
                 if s.delay.is_zero() {
                     // To a person: by the policy only (a pace over its longest delay, the
                     // attempts in a row, or the expiry).

@@ -259,20 +259,28 @@ fn retry_after(secs: u64) -> http::HeaderMap {
 }
 
 /// The run's tables for the tasks' evidence (after the inbox's migrations): the runs, and a
-/// copy of every step that outlives its task.
+/// copy of every step that outlives its task, with what its transaction decided: its start
+/// (`now()`, the run's `txn_at`), and the task's state, first time and next time as the
+/// schedule it wrote before the step says them.
 pub(crate) fn schema(world: &World) -> String {
-    let steps = format!("{}_task_steps", world.t("inbox"));
+    let inbox = world.t("inbox");
+    let steps = format!("{inbox}_task_steps");
     world.sql(&format!(
         "CREATE TABLE {{p}}_task_runs (event_id text NOT NULL, pid int NOT NULL,
              txn_at timestamptz NOT NULL, started timestamptz NOT NULL);
          CREATE INDEX {{p}}_task_runs_event ON {{p}}_task_runs (event_id);
          CREATE TABLE {{p}}_task_steps_kept (consumer text NOT NULL, event_id text NOT NULL,
              attempt integer NOT NULL, at timestamptz NOT NULL, reason text NOT NULL,
-             why text NOT NULL, delay_us bigint NOT NULL, clamped_from_us bigint);
+             why text NOT NULL, delay_us bigint NOT NULL, clamped_from_us bigint,
+             txn_at timestamptz NOT NULL, state text, first_at timestamptz,
+             next_at timestamptz);
          CREATE FUNCTION {{p}}_keep_step() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-             INSERT INTO {{p}}_task_steps_kept VALUES (NEW.consumer, NEW.event_id, NEW.attempt,
-                 NEW.at, NEW.reason, NEW.why, NEW.delay_us, NEW.clamped_from_us);
+             INSERT INTO {{p}}_task_steps_kept
+                 SELECT NEW.consumer, NEW.event_id, NEW.attempt, NEW.at, NEW.reason, NEW.why,
+                     NEW.delay_us, NEW.clamped_from_us, now(), t.state, t.first_at, t.next_at
+                 FROM (SELECT 1) one LEFT JOIN {inbox}_tasks t
+                     ON t.consumer = NEW.consumer AND t.event_id = NEW.event_id;
              RETURN NEW;
          END $$;
          CREATE TRIGGER {{p}}_keep_step AFTER INSERT ON {steps}
