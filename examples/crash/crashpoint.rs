@@ -26,9 +26,16 @@ pub(crate) const IN_CLAIM: &str = "in-claim";
 pub(crate) const AFTER_CLAIM_COMMIT: &str = "after-claim-commit";
 /// The relay, after JetStream acknowledged a batch and before the outbox marks it published.
 pub(crate) const AFTER_PUBLISH: &str = "after-publish";
-/// The consumer, after its transaction (inventory change and inbox record) committed and
-/// before it acknowledges the message.
+/// The consumer, after its transaction (inventory change and inbox record, or a stale or
+/// manual task's record) committed and before it acknowledges the message.
 pub(crate) const AFTER_APPLY: &str = "after-apply";
+/// The consumer, after a task's wait committed (its schedule and its step) and before the
+/// delivery is acknowledged negatively with the delay: JetStream delivers it again after its
+/// ack wait, maybe before the task's time.
+pub(crate) const AFTER_SCHEDULE: &str = "after-schedule";
+/// The consumer, in a task's handler: the inventory change written and the answer (applied, or
+/// why it waits) decided, before the inbox commits either.
+pub(crate) const AFTER_ANSWER: &str = "after-answer";
 /// The reconciler, with an entry or a record claimed and its answer found, before it settles.
 pub(crate) const MID_RECONCILE: &str = "mid-reconcile";
 /// The client, after a call ended unknown and before it knows the ledger has the entry.

@@ -15,13 +15,14 @@ use tokio::time::Instant;
 
 use crate::client::{ENV_INCARNATION, ENV_MODE, ENV_ORACLE, ENV_SEED, ENV_WORKERS};
 use crate::crashpoint::{
-    AFTER_APPLY, AFTER_CLAIM_COMMIT, AFTER_COMMIT, AFTER_PAYMENT, AFTER_PUBLISH, ENV_CRASH_AT,
-    IN_CLAIM, IN_DOUBT, MID_RECONCILE,
+    AFTER_ANSWER, AFTER_APPLY, AFTER_CLAIM_COMMIT, AFTER_COMMIT, AFTER_PAYMENT, AFTER_PUBLISH,
+    AFTER_SCHEDULE, ENV_CRASH_AT, IN_CLAIM, IN_DOUBT, MID_RECONCILE,
 };
 use crate::order::{ENV_ADDR, ENV_HOOK};
 use crate::partition::{Net, Window};
 use crate::splitmix::SplitMix;
-use crate::world::{World, ENV_PG};
+use crate::tasks::{self, Fates, ENV_TASKS};
+use crate::world::{World, CONSUMER, ENV_PG};
 use crate::{chain, invariants, reconcile, BoxError, ACK_WAIT};
 
 /// A role started later than this after its spawn is an error, not a hang.
@@ -73,7 +74,7 @@ impl Role {
         match self {
             Role::Order => &[AFTER_COMMIT, AFTER_PAYMENT, IN_CLAIM, AFTER_CLAIM_COMMIT],
             Role::Relay => &[AFTER_PUBLISH],
-            Role::Consumer => &[AFTER_APPLY],
+            Role::Consumer => &[AFTER_APPLY, AFTER_SCHEDULE, AFTER_ANSWER],
             Role::Client => &[IN_DOUBT],
             Role::Reconciler => &[MID_RECONCILE],
         }
@@ -84,7 +85,8 @@ impl Role {
         match self {
             Role::Order => (0.6, 40),
             Role::Relay => (0.5, 15),
-            Role::Consumer => (0.5, 40),
+            // Its points are hit several times a second (a wait's commit as often as an apply's).
+            Role::Consumer => (0.5, 15),
             Role::Client => (0.5, 3),
             Role::Reconciler => (0.5, 5),
         }
@@ -806,25 +808,28 @@ impl Supervisor {
         }
     }
 
-    /// Waits until the outbox is empty and every order has its inventory change.
+    /// Waits until the outbox is empty and every order's event is settled: recorded by the
+    /// inbox (applied or stale) or in the manual queue; none waits any more.
     async fn drain(&mut self, world: &World) -> Result<(), BoxError> {
         let until = Instant::now() + DRAIN_LIMIT;
         let outbox = world.outbox()?;
         let missing = world.sql(
             "SELECT count(*) FROM {p}_orders o WHERE NOT EXISTS
-                 (SELECT 1 FROM {p}_inventory_changes i WHERE i.order_key = o.key)",
+                 (SELECT 1 FROM {p}_inbox i WHERE i.consumer = $1 AND i.aggregate = 'order ' || o.key)
+             AND NOT EXISTS (SELECT 1 FROM {p}_inbox_tasks t
+                 WHERE t.consumer = $1 AND t.aggregate = 'order ' || o.key AND t.state = 'manual')",
         );
         loop {
             let backlog = surely::outbox::OutboxStore::stats(&outbox).await?.backlog;
             let client = world.pool.get().await?;
-            let left: i64 = client.query_one(&missing, &[]).await?.get(0);
+            let left: i64 = client.query_one(&missing, &[&CONSUMER]).await?.get(0);
             drop(client);
             if backlog == 0 && left == 0 {
                 return Ok(());
             }
             if Instant::now() >= until {
                 self.stats.failures.push(format!(
-                    "not drained within {}s: {backlog} events unpublished, {left} orders without their inventory change",
+                    "not drained within {}s: {backlog} events unpublished, {left} orders whose event is neither recorded nor in the manual queue",
                     DRAIN_LIMIT.as_secs()
                 ));
                 return Ok(());
@@ -926,6 +931,8 @@ async fn run(
     env.push((ENV_ORACLE, oracle.display().to_string()));
     env.push((ENV_SEED, opts.seed.to_string()));
     env.push((ENV_WORKERS, opts.workers.to_string()));
+    // The consumer's handlers answer with reasons, from this seed (tasks.rs).
+    env.push((ENV_TASKS, opts.seed.to_string()));
     let mut sup = Supervisor {
         exe: std::env::current_exe()?,
         net,
@@ -975,6 +982,11 @@ async fn run(
     for role in [Role::Order, Role::Relay, Role::Consumer] {
         sup.stop(role).await?;
     }
+    // The person decides the refused tasks: discards some, leaves the others queued.
+    let (discarded, queued) = tasks::person(&world.inbox()?, Fates::new(opts.seed)).await?;
+    println!(
+        "  person: discarded {discarded} of the {queued} tasks in the manual queue (refused by the fraud rule, the refusal upheld)"
+    );
     let reconciled_at = Instant::now();
     let fin = reconcile::twice(world).await?;
     let reconciling = reconciled_at.elapsed();
@@ -985,8 +997,9 @@ async fn run(
         fin.rounds
     );
 
-    let (ok, ops) = invariants::check(world, oracle, &sup.stats, &fin).await?;
-    summary(&sup.stats, &ops, started.elapsed());
+    let (ok, ops, tasks) =
+        invariants::check(world, oracle, &sup.stats, &fin, Fates::new(opts.seed)).await?;
+    summary(&sup.stats, &ops, &tasks, started.elapsed());
     Ok(ok)
 }
 
@@ -997,10 +1010,16 @@ pub(crate) fn abandoned_bound() -> Duration {
     crate::LEASE * 2 + crate::ABANDONED_ROUND + crate::ABANDONED_TIMEOUT
 }
 
-fn summary(stats: &Stats, ops: &str, elapsed: Duration) {
+fn summary(stats: &Stats, ops: &str, tasks: &[String], elapsed: Duration) {
     println!();
     println!("Summary:");
     println!("  operations {ops}");
+    for (i, line) in tasks.iter().enumerate() {
+        println!(
+            "  {} {line}",
+            if i == 0 { "tasks     " } else { "          " }
+        );
+    }
     let kills = stats.kills();
     let at_points: Vec<String> = stats
         .kills_at_point

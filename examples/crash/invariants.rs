@@ -11,7 +11,9 @@ use crate::checks::Checks;
 use crate::client::{read_oracle, Line};
 use crate::driver::Stats;
 use crate::reconcile::Final;
-use crate::world::{is_keyed, order_created, pays, World};
+use crate::task_invariants;
+use crate::tasks::Fates;
+use crate::world::{is_keyed, pays, World};
 use crate::{BoxError, LEASE};
 
 /// One call, from the oracle: its key, the client incarnation that made it, and how it ended.
@@ -71,7 +73,7 @@ async fn counts(world: &World, statement: &str) -> Result<HashMap<String, i64>, 
 }
 
 /// At most a few examples of a list, for a line.
-fn some(items: &[String]) -> String {
+pub(crate) fn some(items: &[String]) -> String {
     if items.is_empty() {
         return String::new();
     }
@@ -90,14 +92,15 @@ fn ended_as<'a>(calls: &'a [Call], outcome: &'a str) -> impl Iterator<Item = &'a
         .filter(move |c| c.ended.as_ref().is_some_and(|(o, _)| o == outcome))
 }
 
-/// Checks every invariant and prints one line each; whether all held, and the line on the
-/// calls made for the summary.
+/// Checks every invariant and prints one line each; whether all held, the line on the calls
+/// made and the lines on the consumer's tasks, for the summary.
 pub(crate) async fn check(
     world: &World,
     oracle: &Path,
     stats: &Stats,
     fin: &Final,
-) -> Result<(bool, String), BoxError> {
+    fates: Fates,
+) -> Result<(bool, String, Vec<String>), BoxError> {
     let calls = calls(read_oracle(&oracle.to_path_buf())?);
     let orders = counts(world, "SELECT key, count(*) FROM {p}_orders GROUP BY key").await?;
     let payments = counts(
@@ -210,31 +213,9 @@ pub(crate) async fn check(
         ),
     );
 
-    // 3. One inventory change per event, for every order.
-    let mut applied_twice = Vec::new();
-    let mut missing = Vec::new();
-    for key in orders.keys() {
-        let id = order_created(key)?.id().as_str().to_owned();
-        match changes.get(&id).copied().unwrap_or(0) {
-            0 => missing.push(key.clone()),
-            1 => {}
-            n => applied_twice.push(format!("{key} x{n}")),
-        }
-    }
-    let stray = (changes.len() + missing.len()).saturating_sub(orders.len());
-    checks.invariant(
-        applied_twice.is_empty() && missing.is_empty() && stray == 0,
-        format!(
-            "3. one inventory change per event: {} events applied, {} more than once{}, {} orders without one{}, {stray} for no order; \
-             {} duplicate deliveries absorbed by the inbox",
-            changes.len(),
-            applied_twice.len(),
-            some(&applied_twice),
-            missing.len(),
-            some(&missing),
-            stats.notes.get("duplicate-absorbed").unwrap_or(&0)
-        ),
-    );
+    // 3. One inventory change per applied event, none for the others.
+    let evidence = task_invariants::load(world, &orders, &changes, fates).await?;
+    evidence.check_changes(stats, &mut checks);
 
     // 4. Every unknown the client saw is in the ledger, settled once or in the manual queue;
     //    the verdicts agree with the order table.
@@ -443,11 +424,14 @@ pub(crate) async fn check(
         ),
     );
 
+    // 9 to 11. The consumer's tasks.
+    let tasks = evidence.check(stats, &mut checks);
+
     for u in &stats.unexpected {
         checks.check(false, format!("a process exited on its own: {u}"));
     }
     for f in &stats.failures {
         checks.check(false, f.clone());
     }
-    Ok((checks.verdict(), ops))
+    Ok((checks.verdict(), ops, tasks))
 }

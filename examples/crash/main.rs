@@ -19,9 +19,15 @@
 //!   behind a second layer built with `in_transaction()`: the key is claimed in the transaction
 //!   that writes the order and its event, and the record commits with them; no payment.
 //! * **relay**: the outbox relay, PostgreSQL to JetStream.
-//! * **consumer**: the inventory service, a JetStream consumer with a PostgreSQL inbox: one
-//!   inventory change per event, in a table with no unique constraint (a second change would be
-//!   a second row).
+//! * **consumer**: the inventory service, a JetStream consumer with a PostgreSQL inbox, each
+//!   event a task (`PostgresInbox::process_task_and_commit`, then the acknowledgement, or the
+//!   negative one with the task's delay): its handler writes one inventory change, in a table
+//!   with no unique constraint (a second change would be a second row), and answers `Ok` or why
+//!   it waits, deterministically from the seed and the event (`tasks.rs`): the stock short for a
+//!   while (business), the stock service refusing the connection (transient), a `Retry-After`
+//!   (paced, one of them past the policy's longest delay), the order cancelled (stale,
+//!   simulated), the fraud rule (a person). Each run records its start through a connection of
+//!   its own; a trigger keeps every task's steps.
 //! * **client**: places orders through `surely::client::http()`, keyed (`Idempotency-Key`,
 //!   retried with it; `k-` and `t-` keys, half each) and unkeyed (a POST never sent twice: in doubt, it ends unknown), with a
 //!   `LedgerRecorder` writing every unknown call to the `PostgresLedger`. It keeps an append-only
@@ -37,7 +43,9 @@
 //! (order: paid, the checkpoint not written), `in-claim` (order, a `t-` key: the order and its
 //! event written in the claim's transaction, not committed), `after-claim-commit` (order, a `t-`
 //! key: the layer committed, the reply not sent), `after-publish` (relay: published, not marked),
-//! `after-apply` (consumer: committed, not acknowledged), `mid-reconcile` (reconciler: an entry
+//! `after-apply` (consumer: committed, not acknowledged), `after-schedule` (consumer: a task's
+//! wait committed, its `nak` not sent), `after-answer` (consumer: the handler's change written
+//! and its answer decided, not committed), `mid-reconcile` (reconciler: an entry
 //! or record claimed and its answer found, not settled), `in-doubt` (client: a call ended
 //! unknown, its ledger write not yet confirmed). Besides, the driver kills a role at random
 //! times. A killed role is restarted at once; some order incarnations start without the recovery
@@ -45,13 +53,16 @@
 //!
 //! After `--kills N` kills the driver stops killing: the client stops, the reconciler stops, a
 //! client asks again (the same key) for every keyed order left in doubt whose ledger entries are
-//! not all settled, the relay and the consumer drain, and reconciliation runs twice. One line per
-//! invariant, then `invariants: ok` (or the failures, and exit code 1):
+//! not all settled, the relay and the consumer drain (every order's event recorded or in the
+//! manual queue), a person discards half of the tasks the fraud rule refused, and
+//! reconciliation runs twice. One line per invariant, then `invariants: ok` (or the failures,
+//! and exit code 1):
 //!
 //! 1. one order per key (and a call that succeeded has its order, one that failed has none; an
 //!    unkeyed write reached the handler at most once);
 //! 2. one payment per order key, no repeat after a takeover;
-//! 3. one inventory change per event;
+//! 3. one inventory change per applied event, none for one that ended stale, in the manual queue
+//!    or discarded;
 //! 4. every unknown the client saw is in the ledger, settled once or in the manual queue, and a
 //!    verdict agrees with the order table (succeeded: the order exists; failed: it does not);
 //! 5. every call a killed client had started is answered, or in the ledger (the client journals
@@ -62,10 +73,20 @@
 //!    and the hook's limit: the order service's rounds over abandoned records recover them
 //!    without a request;
 //! 7. no idempotency record `PROCESSING` past its lease after the recovery;
-//! 8. reconciliation run twice gives the same result.
+//! 8. reconciliation run twice gives the same result;
+//! 9. every event ends as its fate allows (applied, stale, in the manual queue, discarded, or
+//!    still waiting within its policy's expiry), none lost;
+//! 10. no handler run started before its task's schedule allowed (the previous step's time and
+//!     delay, the database's clock, within a millisecond of rounding), none after its task went
+//!     to a person or its event was recorded;
+//! 11. attempts within the policies' bounds: numbered without a gap, no streak of a reason past
+//!     its attempts, every delay within its bounds and ending within its expiry, a pace never
+//!     shortened (but at the expiry), the manual queue reached only by the policy.
 //!
-//! Then a summary: the calls, the kills (by point and random), the restarts, the slowest
-//! recovery (from a kill to the role serving again), the time taken and the kills per minute.
+//! Then a summary: the calls, the tasks (events by fate; waits by reason, with their attempts,
+//! clamped delays and those to a person; how they ended; handler runs, and early deliveries
+//! answered without one), the kills (by point and random), the restarts, the slowest recovery
+//! (from a kill to the role serving again), the time taken and the kills per minute.
 //!
 //! # Running it
 //!
@@ -125,6 +146,8 @@ mod partition;
 mod pipeline;
 mod reconcile;
 mod settings;
+mod task_invariants;
+mod tasks;
 mod world;
 
 use std::process::ExitCode;

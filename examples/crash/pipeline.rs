@@ -1,25 +1,34 @@
 //! The `relay` role (the order service's outbox to JetStream) and the `consumer` role (the
-//! inventory service: JetStream through its PostgreSQL inbox, one inventory change per event).
+//! inventory service: JetStream through its PostgreSQL inbox, each event a task whose handler
+//! writes one inventory change or says why it waits: [`tasks`](crate::tasks)).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use surely::deps::async_nats::jetstream::{self, AckKind};
-use surely::inbox::{InboxError, Processed, Versions};
+use surely::inbox::{Consumer, InboxError, InboxTransaction, PostgresInbox, Processed, Wait};
 use surely::outbox::{
     Claimed, Event, Failed, JetStreamPublisher, OutboxError, OutboxStore, PostgresOutbox, Relay,
 };
+use surely::postgres::Pool;
 use surely::record::OutboxStats;
+use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 
-use crate::crashpoint::{self, AFTER_APPLY, AFTER_PUBLISH};
-use crate::world::{World, CONSUMER};
+use crate::crashpoint::{self, AFTER_ANSWER, AFTER_APPLY, AFTER_PUBLISH, AFTER_SCHEDULE};
+use crate::tasks::{self, Fates, Run};
+use crate::world::World;
 use crate::{chain, BoxError, RELAY_LEASE};
 
 /// The relay's poll when idle; a `LISTEN` wakes it sooner.
 const RELAY_POLL: Duration = Duration::from_millis(200);
 /// How long a parked delivery waits before JetStream delivers it again.
 const PARKED: Duration = Duration::from_millis(200);
+/// The deliveries the consumer processes at once (each holds up to two of the pool's
+/// connections: its transaction's, and its run's record). A task's deliveries never run at
+/// once: the inbox locks the event.
+const IN_FLIGHT: usize = 4;
 
 /// The outbox as the relay sees it, with the crash point between the publish and the mark.
 struct CrashingOutbox(PostgresOutbox);
@@ -99,87 +108,172 @@ pub(crate) async fn run_consumer() -> Result<(), BoxError> {
     let world = World::from_env()?;
     world.reach_postgres().await?;
     let js = world.jetstream().await?;
-    let consumer = world.consumer(&js).await?;
-    let inbox = world.inbox()?;
-    let insert = world.sql(
-        "INSERT INTO {p}_inventory_changes (event_id, order_key, delta, pid) VALUES ($1, $2, -1, $3)",
-    );
-    let pid = std::process::id() as i32;
-    let mut messages = consumer.messages().await?;
+    let durable = world.consumer(&js).await?;
+    let task = Arc::new(Task {
+        inbox: world.inbox()?,
+        consumer: tasks::consumer()?,
+        fates: Fates::from_env()?,
+        sql: Sql {
+            insert: world.sql(
+                "INSERT INTO {p}_inventory_changes (event_id, order_key, delta, pid) VALUES ($1, $2, -1, $3)",
+            ),
+            record_run: world.sql(tasks::RECORD_RUN),
+        },
+        pid: std::process::id() as i32,
+        world,
+    });
+    let mut messages = durable.messages().await?;
+    let mut running = JoinSet::new();
     crashpoint::ready();
     let stop = crashpoint::stop_of(stopped);
     tokio::pin!(stop);
     loop {
         let message = tokio::select! {
-            _ = &mut stop => return Ok(()),
-            next = messages.next() => next,
+            _ = &mut stop => {
+                // Told to stop: the deliveries in hand finish first.
+                while running.join_next().await.is_some() {}
+                return Ok(());
+            }
+            Some(_) = running.join_next(), if !running.is_empty() => continue,
+            next = messages.next(), if running.len() < IN_FLIGHT => next,
         };
         match message {
             Some(Ok(message)) => {
-                if let Err(e) = apply(&world, &inbox, &insert, pid, &message).await {
-                    eprintln!("consumer: {}", chain(&*e));
-                }
+                let task = task.clone();
+                running.spawn(async move {
+                    if let Err(e) = task.apply(&message).await {
+                        eprintln!("consumer: {}", chain(&*e));
+                    }
+                });
             }
             Some(Err(e)) => eprintln!("consumer: the message stream failed: {e}"),
-            None => messages = consumer.messages().await?,
+            None => messages = durable.messages().await?,
         }
     }
 }
 
-/// One delivery: the inventory change and the inbox's record in one transaction, committed,
-/// then acknowledged.
-async fn apply(
-    world: &World,
-    inbox: &surely::inbox::PostgresInbox,
-    insert: &str,
+/// The consumer's statements.
+struct Sql {
+    insert: String,
+    record_run: String,
+}
+
+/// What every delivery is processed with.
+struct Task {
+    world: World,
+    inbox: PostgresInbox,
+    consumer: Consumer,
+    /// The events' fates; none (the soak): every event is applied at once.
+    fates: Option<Fates>,
+    sql: Sql,
     pid: i32,
-    message: &jetstream::Message,
-) -> Result<(), BoxError> {
-    let event = match Event::from_nats(message) {
-        Ok(event) => event,
-        Err(e) => {
-            let _ = message.ack_with(AckKind::Term).await;
-            return Err(format!("not an event of the relay's: {e}").into());
-        }
-    };
-    let id = event.id().as_str().to_owned();
-    let key = String::from_utf8_lossy(event.payload()).into_owned();
-    let mut client = world.pool.get().await?;
-    let txn = client.transaction().await?;
-    let processed = inbox
-        .process(&txn, CONSUMER, &event, Versions::InOrder, |txn| {
-            Box::pin(async move {
-                txn.execute(insert, &[&id, &key, &pid]).await?;
-                Ok::<_, surely::deps::tokio_postgres::Error>(Bytes::from_static(b"reserved"))
-            })
-        })
-        .await;
-    match processed {
-        Ok(processed) if processed.is_settled() => {
-            txn.commit().await?;
-            crashpoint::at(AFTER_APPLY).await;
-            if let Processed::Duplicate(_) = processed {
-                crashpoint::say("note duplicate-absorbed");
+}
+
+impl Task {
+    /// One delivery, as a task: the handler writes the inventory change, then answers `Ok` or
+    /// why it waits; the inbox commits the change and its record, or (the change rolled back)
+    /// the task's schedule; then the delivery is acknowledged, or acknowledged negatively with
+    /// the task's delay.
+    async fn apply(&self, message: &jetstream::Message) -> Result<(), BoxError> {
+        let event = match Event::from_nats(message) {
+            Ok(event) => event,
+            Err(e) => {
+                let _ = message.ack_with(AckKind::Term).await;
+                return Err(format!("not an event of the relay's: {e}").into());
             }
-            // Committed: a lost acknowledgement brings a redelivery the inbox absorbs.
-            message
-                .double_ack()
-                .await
-                .map_err(|e| format!("acknowledgement not confirmed: {e}"))?;
-            Ok(())
-        }
-        Ok(_) => {
-            txn.commit().await?;
-            let _ = message.ack_with(AckKind::Nak(Some(PARKED))).await;
-            Ok(())
-        }
-        Err(e) => {
-            drop(txn);
-            let _ = message.ack_with(AckKind::Nak(None)).await;
-            Err(match e {
-                InboxError::Handler(e) => format!("the inventory change failed: {e}").into(),
-                other => format!("the inbox failed: {other}").into(),
+        };
+        let id = event.id().as_str().to_owned();
+        let key = String::from_utf8_lossy(event.payload()).into_owned();
+        let fate = self.fates.map(|f| f.of(&id));
+        let version = event.version();
+        let (pool, pid) = (self.world.pool.clone(), self.pid);
+        // Owned: the handler's future may outlive any borrow of this call's.
+        let (insert, record) = (self.sql.insert.clone(), self.sql.record_run.clone());
+        let processed = self
+            .inbox
+            .process_task_and_commit(&self.consumer, &event, |txn| {
+                Box::pin(async move {
+                    let run = match fate {
+                        Some(_) => Some(record_run(&pool, &record, &id, pid, txn).await?),
+                        None => None,
+                    };
+                    // Written before the answer: a wait rolls it back.
+                    txn.execute(&insert, &[&id, &key, &pid]).await?;
+                    let answer = match (fate, run) {
+                        (Some(fate), Some(run)) => tasks::answer(fate, run, &key, version),
+                        _ => Ok(()),
+                    };
+                    crashpoint::at(AFTER_ANSWER).await;
+                    answer.map(|()| Bytes::from_static(b"reserved"))
+                })
             })
+            .await;
+        match processed {
+            Ok(Processed::Waiting(waiting)) => {
+                if waiting.early {
+                    crashpoint::say("note task-early");
+                } else {
+                    // The schedule is committed: a kill here loses the `nak`, and JetStream
+                    // delivers again after its ack wait, maybe before the task's time.
+                    crashpoint::at(AFTER_SCHEDULE).await;
+                }
+                message
+                    .ack_with(AckKind::Nak(Some(waiting.delay)))
+                    .await
+                    .map_err(|e| format!("negative acknowledgement not sent: {e}"))?;
+                Ok(())
+            }
+            Ok(processed) if processed.is_settled() => {
+                crashpoint::at(AFTER_APPLY).await;
+                if let Processed::Duplicate(_) = processed {
+                    crashpoint::say("note duplicate-absorbed");
+                }
+                // Committed: a lost acknowledgement brings a redelivery the inbox absorbs.
+                message
+                    .double_ack()
+                    .await
+                    .map_err(|e| format!("acknowledgement not confirmed: {e}"))?;
+                Ok(())
+            }
+            Ok(_) => {
+                let _ = message.ack_with(AckKind::Nak(Some(PARKED))).await;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = message.ack_with(AckKind::Nak(None)).await;
+                Err(match e {
+                    InboxError::Handler(e) => format!("the inventory change failed: {e}").into(),
+                    other => format!("the inbox failed: {other}").into(),
+                })
+            }
         }
     }
+}
+
+/// Records a handler run through a connection of its own, committed before the handler goes
+/// on (its transaction's writes may roll back): the run's number and its time since the
+/// event's first run. A run that cannot be recorded answers a transient wait and writes nothing.
+async fn record_run(
+    pool: &Pool,
+    statement: &str,
+    id: &str,
+    pid: i32,
+    txn: &InboxTransaction,
+) -> Result<Run, Wait> {
+    let times = txn
+        .query_one("SELECT now(), clock_timestamp()", &[])
+        .await?;
+    let (txn_at, started): (SystemTime, SystemTime) = (times.get(0), times.get(1));
+    let client = pool
+        .get()
+        .await
+        .map_err(|e| Wait::transient(format_args!("the run's record: {e}")))?;
+    let row = client
+        .query_one(statement, &[&id, &pid, &txn_at, &started])
+        .await?;
+    let since_first: i64 = row.get(1);
+    Ok(Run {
+        number: row.get(0),
+        since_first: Duration::from_micros(u64::try_from(since_first).unwrap_or(0)),
+    })
 }

@@ -153,6 +153,7 @@ impl World {
         self.store()?.migrate().await?;
         self.outbox()?.migrate().await?;
         self.inbox()?.migrate().await?;
+        client.batch_execute(&crate::tasks::schema(self)).await?;
         self.ledger()?.migrate().await?;
 
         let js = self.jetstream().await?;

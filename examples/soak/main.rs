@@ -150,6 +150,9 @@ mod pipeline;
 #[path = "../crash/reconcile.rs"]
 mod reconcile;
 #[allow(dead_code)]
+#[path = "../crash/tasks.rs"]
+mod tasks;
+#[allow(dead_code)]
 #[path = "../crash/world.rs"]
 mod world;
 
