@@ -295,7 +295,7 @@ pub(crate) async fn person(
     fates: Fates,
 ) -> Result<(usize, usize), BoxError> {
     let manual = inbox
-        .tasks(CONSUMER, Some(TaskState::Manual), 1_000_000)
+        .tasks(Some(CONSUMER), Some(TaskState::Manual), 1_000_000)
         .await?;
     let mut discarded = 0;
     for task in &manual {
