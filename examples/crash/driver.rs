@@ -891,7 +891,12 @@ pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
         },
         Err(e) => Err(e),
     };
-    match world.drop_all().await {
+    let keep = !matches!(ran, Ok(true)) && std::env::var_os("CRASH_KEEP_FAILED").is_some();
+    match if keep {
+        Ok("nothing (CRASH_KEEP_FAILED)".to_owned())
+    } else {
+        world.drop_all().await
+    } {
         Ok(what) => println!("crash: dropped {what}"),
         Err(e) => println!(
             "crash: could not drop the run's tables and stream: {}",

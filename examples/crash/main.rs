@@ -124,7 +124,9 @@
 //! are keyed. The run prints its seed and the command that replays it, first and again when it
 //! fails. A replay repeats the schedule; the interleaving with real clocks (the database, the
 //! broker, the network stack) is the machine's, so a failure that depends on a narrow race may
-//! need a few replays. A failed run keeps its oracle file and says where.
+//! need a few replays. A failed run keeps its oracle file and says where; with
+//! `CRASH_KEEP_FAILED=1` in the environment it keeps its tables and stream too, for a look at
+//! what the invariant counted (drop them by hand after).
 //!
 //! Every loop is bounded: a role that does not serve within 15 s of its start, kills that do not
 //! add up within the limit, a drain or a reconciliation that does not finish, each end the run

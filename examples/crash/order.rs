@@ -8,9 +8,13 @@
 //!    the handler);
 //! 2. keyed requests pay: the payment id (`pay-{key}`) is recorded as the checkpoint `payment`
 //!    with `PostgresStore::checkpoint_in`, in a transaction with the service's own
-//!    `payment_requests` row; the payment provider is then called (a row in `payments`,
-//!    committed in a transaction of its own: the provider is not idempotent, a second call is
-//!    a second payment); then the checkpoint `paid` records that it went through
+//!    `payment_requests` row, which holds the call's deadline on the provider's clock; the
+//!    payment provider is then called with it (a row in `payments`, committed in a
+//!    transaction of its own: the provider is not idempotent, a second call is a second
+//!    payment, but it refuses a call that reaches it after its deadline, so that an owner
+//!    stalled past its lease cannot pay after a recovery found "not paid"; a recovery trusts
+//!    "not paid" only once every recorded call is past its deadline); then the checkpoint
+//!    `paid` records that it went through
 //!    (`Ticket::checkpoint`). [Crash point `after-payment` sits between the payment and the
 //!    `paid` checkpoint.]
 //! 3. one transaction: the order row, its `OrderCreated` outbox event and, for a keyed request,
@@ -81,6 +85,9 @@ const PAYMENT: &str = "payment";
 const PAID: &str = "paid";
 /// The recovery hook's limit for its question to the payment provider (well under the lease).
 const HOOK_QUERY: Duration = Duration::from_millis(400);
+/// How long a payment call may take to reach the provider (its deadline, on the provider's
+/// clock, from its intent): well under the hook's limit, which waits it out once.
+const PAY_WITHIN: Duration = Duration::from_millis(150);
 
 /// What the recovery hook found out about a payment, for the handler that resumes.
 #[derive(Clone, Copy, Debug)]
@@ -128,32 +135,51 @@ impl Orders {
         Ok(())
     }
 
-    /// The payment provider: one payment per call, in a transaction of its own.
-    async fn pay(&self, id: &str, key: &str) -> Result<(), BoxError> {
+    /// The payment provider: one payment per call, in a transaction of its own. The call
+    /// carries its deadline (`pay_by`, microseconds since the epoch on the provider's clock),
+    /// and the provider refuses one that arrives after it: an owner stalled past its lease (a
+    /// partition holds its connection) cannot pay once a recovery found "not paid" and let
+    /// another owner pay. Returns whether it paid.
+    async fn pay(&self, id: &str, key: &str, pay_by: i64) -> Result<bool, BoxError> {
         let client = self.world.pool.get().await?;
-        client
+        let n = client
             .execute(
                 &self.world.sql(
-                    "INSERT INTO {p}_payments (payment_id, order_key, pid) VALUES ($1, $2, $3)",
+                    "INSERT INTO {p}_payments (payment_id, order_key, pid)
+                     SELECT $1, $2, $3
+                     WHERE clock_timestamp() < to_timestamp($4::int8 / 1000000.0)",
                 ),
-                &[&id, &key, &self.pid],
+                &[&id, &key, &self.pid, &pay_by],
             )
             .await?;
-        Ok(())
+        Ok(n == 1)
     }
 
-    /// How many payments the provider holds under `id`.
+    /// What the provider says of `id`: how many payments it holds, and whether every call
+    /// recorded for it is past its deadline, so that none can still land. A recovery takes
+    /// "not paid" as final only then; before, it waits for the deadline (at most
+    /// `PAY_WITHIN`) and asks again.
     async fn payments(&self, id: &str) -> Result<i64, BoxError> {
-        let client = self.world.pool.get().await?;
-        let row = client
-            .query_one(
-                &self
-                    .world
-                    .sql("SELECT count(*) FROM {p}_payments WHERE payment_id = $1"),
-                &[&id],
-            )
-            .await?;
-        Ok(row.get(0))
+        for _ in 0..2 {
+            let client = self.world.pool.get().await?;
+            let row = client
+                .query_one(
+                    &self.world.sql(
+                        "SELECT (SELECT count(*) FROM {p}_payments WHERE payment_id = $1),
+                                COALESCE((SELECT max(pay_by) FROM {p}_payment_requests
+                                          WHERE payment_id = $1) <= clock_timestamp(), true)",
+                    ),
+                    &[&id],
+                )
+                .await?;
+            let (paid, settled): (i64, bool) = (row.get(0), row.get(1));
+            if paid > 0 || settled {
+                return Ok(paid);
+            }
+            drop(client);
+            tokio::time::sleep(PAY_WITHIN).await;
+        }
+        Err(format!("a call for {id} may still reach the provider").into())
     }
 
     /// Pays for `key` once across owners: skips a payment a previous owner recorded as paid,
@@ -177,9 +203,6 @@ impl Orders {
                         "past the deadline".into(),
                     ));
                 }
-                self.record_intent(&id, key, ticket)
-                    .await
-                    .map_err(|e| Refused::NotProcessed(StatusCode::SERVICE_UNAVAILABLE, e))?;
                 true
             }
             Some(_) => {
@@ -202,10 +225,22 @@ impl Orders {
             }
         };
         if pay {
+            // Each call records its intent (and its deadline) first: a new owner's call after
+            // a recovery found "not paid" carries a deadline of its own.
+            let pay_by = self
+                .record_intent(&id, key, ticket)
+                .await
+                .map_err(|e| Refused::NotProcessed(StatusCode::SERVICE_UNAVAILABLE, e))?;
             // The provider may have taken it even if the call failed: never "not processed".
-            self.pay(&id, key)
+            let paid = self
+                .pay(&id, key, pay_by)
                 .await
                 .map_err(|e| Refused::Failed(format!("the payment {id} failed: {e}")))?;
+            if !paid {
+                return Err(Refused::Failed(format!(
+                    "the payment {id} reached the provider after its deadline: refused, not paid"
+                )));
+            }
             crashpoint::at(AFTER_PAYMENT).await;
         }
         ticket
@@ -214,23 +249,29 @@ impl Orders {
             .map_err(|e| Refused::Failed(format!("the checkpoint {PAID}={id} failed: {e}")))
     }
 
-    /// The checkpoint `payment` and the service's own request row, in one transaction.
-    async fn record_intent(&self, id: &str, key: &str, ticket: &Ticket) -> Result<(), String> {
+    /// The checkpoint `payment` and the service's own request row, in one transaction. The
+    /// row holds the call's deadline on the provider's clock (the database's), `PAY_WITHIN`
+    /// from now: returned, in microseconds since the epoch, for the call to carry.
+    async fn record_intent(&self, id: &str, key: &str, ticket: &Ticket) -> Result<i64, String> {
         let go = async {
             let mut client = self.world.pool.get().await?;
             let txn = client.transaction().await?;
-            txn.execute(
-                &self.world.sql(
-                    "INSERT INTO {p}_payment_requests (payment_id, order_key, pid) VALUES ($1, $2, $3)",
-                ),
-                &[&id, &key, &self.pid],
-            )
-            .await?;
+            let within = PAY_WITHIN.as_micros() as i64;
+            let row = txn
+                .query_one(
+                    &self.world.sql(
+                        "INSERT INTO {p}_payment_requests (payment_id, order_key, pid, pay_by)
+                         VALUES ($1, $2, $3, clock_timestamp() + $4::int8 * interval '1 microsecond')
+                         RETURNING (extract(epoch FROM pay_by) * 1000000)::int8",
+                    ),
+                    &[&id, &key, &self.pid, &within],
+                )
+                .await?;
             self.store
                 .checkpoint_in(&txn, ticket, &Checkpoint::new(PAYMENT, id)?)
                 .await?;
             txn.commit().await?;
-            Ok::<_, BoxError>(())
+            Ok::<_, BoxError>(row.get::<_, i64>(0))
         };
         go.await.map_err(|e| chain(&*e))
     }

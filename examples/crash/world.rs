@@ -141,7 +141,9 @@ impl World {
                  CREATE INDEX {p}_payments_id ON {p}_payments (payment_id);
                  CREATE INDEX {p}_payments_key ON {p}_payments (order_key);
                  CREATE TABLE {p}_payment_requests (payment_id text NOT NULL, order_key text NOT NULL,
-                     pid int NOT NULL, at timestamptz NOT NULL DEFAULT now());
+                     pid int NOT NULL, at timestamptz NOT NULL DEFAULT now(),
+                     pay_by timestamptz NOT NULL);
+                 CREATE INDEX {p}_payment_requests_id ON {p}_payment_requests (payment_id);
                  CREATE TABLE {p}_arrivals (key text NOT NULL, keyed boolean NOT NULL, pid int NOT NULL,
                      client bigint,
                      at timestamptz NOT NULL DEFAULT now());
