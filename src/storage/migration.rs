@@ -47,8 +47,11 @@ pub(crate) async fn apply(
         .transaction()
         .await
         .map_err(|e| MigrateError::new("starting the transaction", e))?;
+    // `CREATE ... IF NOT EXISTS` of what exists says so in a NOTICE, which tokio-postgres
+    // logs at INFO on every start: the migrations' transaction keeps only warnings and errors.
     txn.batch_execute(&format!(
-        "SELECT pg_advisory_xact_lock({LOCK});
+        "SET LOCAL client_min_messages = warning;
+             SELECT pg_advisory_xact_lock({LOCK});
              CREATE TABLE IF NOT EXISTS {RECORDS} (
                  component text NOT NULL,
                  target text NOT NULL,

@@ -809,3 +809,20 @@ fn the_reader_reads_layers() {
         "{faults:?}"
     );
 }
+
+/// The README's links work where it is published (the registry's page, docs.rs): each is a
+/// full address or an anchor of the page, never a path of the repository.
+#[test]
+fn the_readmes_links_work_where_it_is_published() {
+    let readme = fs::read_to_string(root().join("README.md")).expect("README.md is readable");
+    let relative: Vec<&str> = readme
+        .split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next())
+        .filter(|target| !target.starts_with("https://") && !target.starts_with('#'))
+        .collect();
+    assert!(
+        relative.is_empty(),
+        "links that break on the registry's page: {relative:?}"
+    );
+}

@@ -318,3 +318,43 @@ async fn a_migration_that_cannot_connect_says_its_cause_once() {
         "{err}: {cause}"
     );
 }
+
+/// What tokio-postgres logged (the server's notices), for the test below.
+static NOTICES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+struct Notices;
+
+impl log::Log for Notices {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        if record.target().starts_with("tokio_postgres") {
+            let line = format!("{} {}", record.level(), record.args());
+            NOTICES.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// A restart's migrations, with nothing to do, log nothing at INFO: no "already exists,
+/// skipping" notice from the server on every start.
+#[tokio::test]
+async fn migrations_with_nothing_to_do_log_nothing() {
+    // Other tests of this binary log through `tracing`'s scoped subscribers, not `log`.
+    let _ = log::set_logger(&Notices);
+    log::set_max_level(log::LevelFilter::Info);
+    let pool = pool();
+    let table = unique("surely_mig_quiet");
+    migrations(&table).run(&pool).await.unwrap();
+    assert!(migrations(&table).run(&pool).await.unwrap().is_empty());
+    let said: Vec<String> = NOTICES
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains(&table) || l.contains("surely_migrations"))
+        .cloned()
+        .collect();
+    forget_all(&pool, &table).await;
+    assert!(said.is_empty(), "{said:#?}");
+}
