@@ -97,7 +97,7 @@ pub use self::nats::{JetStreamPublisher, Published};
 #[cfg(feature = "postgres")]
 pub use self::postgres::PostgresOutbox;
 #[cfg(feature = "postgres")]
-pub(crate) use self::postgres::POSTGRES_COMPONENT;
+pub(crate) use self::postgres::{event_of, POSTGRES_COMPONENT};
 #[cfg(feature = "rabbitmq")]
 pub use self::rabbitmq::{RabbitError, RabbitPublisher, RabbitPublisherBuilder};
 pub use self::relay::{Relay, RelayBuilder};

@@ -368,23 +368,29 @@ impl PostgresOutbox {
     }
 }
 
+/// An event read back from a row whose columns 1 to 7 are its id, aggregate, version, kind,
+/// header names, header values and payload (the outbox's claimed rows, the inbox's tasks).
+pub(crate) fn event_of(row: &Row) -> Result<Event, BoxError> {
+    let id: String = row.try_get(1)?;
+    let names: Vec<String> = row.try_get(5)?;
+    let values: Vec<String> = row.try_get(6)?;
+    let payload: Vec<u8> = row.try_get(7)?;
+    Ok(Event::from_parts(
+        EventId::new(id)?,
+        row.try_get(2)?,
+        row.try_get(3)?,
+        row.try_get(4)?,
+        names.into_iter().zip(values).collect(),
+        Bytes::from(payload),
+    ))
+}
+
 /// An event read back from a claimed row.
 fn claimed(row: &Row) -> Result<Claimed, OutboxError> {
     let e = OutboxError::backend;
-    let id: String = row.try_get(1).map_err(e)?;
-    let names: Vec<String> = row.try_get(5).map_err(e)?;
-    let values: Vec<String> = row.try_get(6).map_err(e)?;
-    let payload: Vec<u8> = row.try_get(7).map_err(e)?;
+    let event = event_of(row).map_err(OutboxError::backend)?;
     let failures: i32 = row.try_get(8).map_err(e)?;
     let claim: i64 = row.try_get(9).map_err(e)?;
-    let event = Event::from_parts(
-        EventId::new(id).map_err(OutboxError::backend)?,
-        row.try_get(2).map_err(e)?,
-        row.try_get(3).map_err(e)?,
-        row.try_get(4).map_err(e)?,
-        names.into_iter().zip(values).collect(),
-        Bytes::from(payload),
-    );
     Ok(Claimed::new(
         event,
         u32::try_from(failures).unwrap_or(0),

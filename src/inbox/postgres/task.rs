@@ -15,7 +15,7 @@ use crate::inbox::{
     Begin, Consumer, Handler, InboxError, Processed, Reason, Step, Task, TaskState, TaskStats,
     Wait, Waiting,
 };
-use crate::outbox::{Event, EventId};
+use crate::outbox::Event;
 
 /// The savepoint a task's handler runs after: a wait rolls back to it, and keeps the lock.
 const SAVEPOINT: &str = "surely_task";
@@ -159,18 +159,7 @@ impl TaskSql {
 /// A task's row as [`COLUMNS`] reads it, without its steps.
 fn task_of(row: &Row) -> Result<Task, InboxError> {
     let e = InboxError::store;
-    let names: Vec<String> = row.try_get(5).map_err(e)?;
-    let values: Vec<String> = row.try_get(6).map_err(e)?;
-    let payload: Vec<u8> = row.try_get(7).map_err(e)?;
-    let id: String = row.try_get(1).map_err(e)?;
-    let event = Event::from_parts(
-        EventId::new(id).map_err(InboxError::store)?,
-        row.try_get(2).map_err(e)?,
-        row.try_get(3).map_err(e)?,
-        row.try_get(4).map_err(e)?,
-        names.into_iter().zip(values).collect(),
-        Bytes::from(payload),
-    );
+    let event = crate::outbox::event_of(row).map_err(InboxError::Store)?;
     let state: String = row.try_get(8).map_err(e)?;
     let state = TaskState::from_code(&state)
         .ok_or_else(|| InboxError::store(format!("unknown task state `{state}`")))?;
