@@ -109,8 +109,8 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU32, Ordering};
-/// use surely::{Envelope, Semantics};
-/// use tower::{service_fn, Service, ServiceExt};
+/// use surely::{Envelope, OutcomeExt, Semantics};
+/// use tower::service_fn;
 ///
 /// #[derive(Clone)]
 /// struct GetPrice {
@@ -136,15 +136,19 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 ///     }
 /// });
 /// let mut client = surely::client().build(prices).unwrap();
-/// let price: u64 = client.ready().await.unwrap().call(GetPrice { id: 7 }).await.unwrap();
+/// let res = client.send(GetPrice { id: 7 }).await;
+/// assert_eq!(res.attempts(), 2);
+/// let price: u64 = res.unwrap().into_inner();
 /// assert_eq!(price, 700);
 /// # drop(client);
 /// assert_eq!(attempts.load(Ordering::SeqCst), 2);
 /// # }
 /// ```
 ///
-/// A plain answer has no extensions, so it carries no [`CallOutcome`](crate::CallOutcome); an
-/// error carries its outcome ([`Error::outcome`](crate::Error::outcome)).
+/// A plain answer has no extensions: through `call` it carries no
+/// [`CallOutcome`](crate::CallOutcome), through [`send`](crate::deadline::SetDeadline::send) its
+/// [`Reply`](crate::Reply) does. An error carries its outcome either way
+/// ([`Error::outcome`](crate::Error::outcome)).
 ///
 /// An answer that can itself say "failed" or "try later" needs a classifier of its own: a
 /// closure given to [`classify::from_fn`](crate::classify::from_fn). The error it sees is the
@@ -179,34 +183,40 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// # }
 /// ```
 ///
+/// # Your own error type, and the outcome of a plain answer
+///
+/// An error type of your own implements one trait, [`TransportError`](crate::TransportError),
+/// whose table says which failures are a business "no" (final: the server answered) and which
+/// prove the request was never sent. [`send`](crate::deadline::SetDeadline::send) hands back
+/// any answer as a [`Reply`](crate::Reply) with the call's outcome and attempts, which a plain
+/// answer (a `u64`, a type of your own) cannot carry by itself.
+///
 /// # When a call does not compile
 ///
-/// `build` takes any transport: whether the stack can serve a request is known at the call,
-/// where a missing piece makes `client.ready()` fail with an E0599 ("the method `ready` exists
-/// for struct `SetDeadline<…>`, but its trait bounds were not satisfied") that names none.
-/// Name the request, `ServiceExt::<GetPrice>::ready(&mut client)` (or pass the client where
-/// `S: Service<GetPrice>` is required), and the compiler names it:
+/// `build` takes any transport: whether the stack can serve a request is known at the call.
+/// Call it with `client.send(req)`, and a missing piece is named, with what to implement:
 ///
 /// ```text
 /// error[E0277]: `Price` is not a `surely::Envelope`: surely's layers cannot read it as a request or a response
 ///    = note: for a type of your own, `impl surely::Envelope for Price {}` gives the defaults (...)
+/// error[E0277]: surely's layers cannot take the error `MyError`: it is not a `surely::TransportError`
+///    = note: for an error type of your own, `impl surely::TransportError for MyError {}` takes it (...)
 /// ```
 ///
-/// An error type the crate cannot read gets "surely's layers cannot take the error `MyError`:
-/// it does not implement `surely::IntoError`", then "surely cannot classify the error
-/// `MyError`: it does not implement `ClassifyError`", each with the fix: an impl, a
-/// `std::io::Error`, or a classifier of your own.
+/// tower's `client.ready()` cannot: its method is found only once the bounds hold, so a missing
+/// piece makes it an E0599 ("the method `ready` exists for struct `SetDeadline<…>`, but its
+/// trait bounds were not satisfied") that names none. Naming the request,
+/// `ServiceExt::<GetPrice>::ready(&mut client)`, brings the same messages as `send`.
 ///
 /// ```compile_fail,E0277
-/// # use tower::{service_fn, ServiceExt};
 /// # #[derive(Clone)] struct GetPrice;
 /// # impl surely::Envelope for GetPrice {}
 /// struct Price(u64); // not an `Envelope`
 ///
 /// # async fn f() {
-/// let prices = service_fn(|_: GetPrice| async { Ok::<_, std::io::Error>(Price(700)) });
+/// let prices = tower::service_fn(|_: GetPrice| async { Ok::<_, std::io::Error>(Price(700)) });
 /// let mut client = surely::client().build(prices).unwrap();
-/// let _ = ServiceExt::<GetPrice>::ready(&mut client).await;
+/// let _ = client.send(GetPrice).await;
 /// # }
 /// ```
 pub fn client() -> ClientBuilder {

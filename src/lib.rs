@@ -147,6 +147,7 @@ pub mod reqwest;
 mod resolve;
 pub mod retry;
 mod semantics;
+mod send;
 #[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "postgres")]
@@ -157,9 +158,10 @@ pub mod timeout;
 
 pub use crate::client::client;
 pub use crate::envelope::Envelope;
-pub use crate::error::{BoxedError, ConfigError, Error, ErrorKind, IntoError};
+pub use crate::error::{BoxedError, ConfigError, Error, ErrorKind, IntoError, TransportError};
 pub use crate::outcome::{CallOutcome, Outcome, OutcomeExt, StopReason};
 pub use crate::semantics::{Criticality, InvalidCriticality, Semantics};
+pub use crate::send::Reply;
 pub use crate::time::MAX_DURATION;
 
 /// Under `--cfg surely_loom` only: the model's clock and the mutation switch, for `tests/loom.rs`.

@@ -164,6 +164,8 @@ pub struct CallOutcome {
     pub(crate) replayed: bool,
     pub(crate) key: Option<HeaderValue>,
     pub(crate) budget_left: Option<Duration>,
+    /// How the last attempt ended, when the call ended with its error and the error said.
+    pub(crate) last: Option<(crate::classify::Cause, crate::classify::DeliveryPhase)>,
 }
 
 impl CallOutcome {
@@ -184,6 +186,7 @@ impl CallOutcome {
             replayed: false,
             key: None,
             budget_left: None,
+            last: None,
         }
     }
 
@@ -310,6 +313,13 @@ pub trait OutcomeExt: sealed::Sealed {
     fn is_replayed(&self) -> bool {
         self.call_outcome().is_some_and(CallOutcome::is_replayed)
     }
+
+    /// How many attempts the call made ([`CallOutcome::attempts`]); 0 when no surely layer
+    /// handed an outcome back. On an error, what [`Error::attempts`](crate::Error::attempts)
+    /// says.
+    fn attempts(&self) -> u32 {
+        self.call_outcome().map_or(0, CallOutcome::attempts)
+    }
 }
 
 impl<B> OutcomeExt for http::Response<B> {
@@ -431,6 +441,7 @@ pub(crate) mod metadata {
             replayed,
             key,
             budget_left: left,
+            last: None,
         })
     }
 

@@ -326,17 +326,25 @@ impl ClassifyError for ::reqwest::Error {
         if self.is_builder() {
             return Classification::new(AttemptClass::Final, DeliveryPhase::NotSent);
         }
+        let cause = crate::error::cause_in(self).or_else(|| {
+            self.is_timeout()
+                .then_some(crate::classify::Cause::TimedOut)
+        });
         if self.is_connect() {
-            return Classification::failure_at(DeliveryPhase::NotSent);
+            return Classification::failure_at(DeliveryPhase::NotSent).with_cause(cause);
         }
         let phase = if self.is_redirect() || self.is_decode() {
             phase.max(DeliveryPhase::ResponseStarted)
         } else {
             phase
         };
-        match std::error::Error::source(self) {
+        let class = match std::error::Error::source(self) {
             Some(source) => crate::error::error_chain(source, phase),
             None => Classification::failure_at(phase),
+        };
+        match class.cause() {
+            Some(_) => class,
+            None => class.with_cause(cause),
         }
     }
 }

@@ -16,7 +16,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// (it looks for a known error along the `source()` chain), `std::convert::Infallible`,
 /// `http::Error` (the request could not be built: final, not sent), with the `hyper` feature
 /// `hyper::Error` and hyper-util's client error, and with the `tonic` feature
-/// `tonic::transport::Error` (a failed connection is "not sent").
+/// `tonic::transport::Error` (a failed connection is "not sent"), and for every
+/// [`TransportError`](crate::TransportError): an error type of your own implements that trait,
+/// which gives this one.
 ///
 /// `std::io::Error` kinds:
 ///
@@ -41,9 +43,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[diagnostic::on_unimplemented(
     message = "surely cannot classify the error `{Self}`: it does not implement `ClassifyError`",
     label = "not a `ClassifyError`",
-    note = "implement `surely::classify::ClassifyError` for `{Self}` (say which failures prove the \
-            request was not sent), turn it into a `std::io::Error` or a `surely::classify::BoxError`, \
-            or give the client a classifier of your own with `surely::classify::from_fn`"
+    note = "for an error type of your own, `impl surely::TransportError for {Self} {{}}` makes it \
+            one (override `classify` to say which failures prove the request was not sent); \
+            or turn it into a `std::io::Error`, or give the client a classifier of your own \
+            with `surely::classify::from_fn`"
 )]
 pub trait ClassifyError {
     /// Classifies this error for an attempt that reached `phase`.
@@ -58,7 +61,7 @@ impl ClassifyError for io::Error {
 
 fn classify_io_kind(kind: io::ErrorKind, phase: DeliveryPhase) -> Classification {
     use io::ErrorKind::*;
-    match kind {
+    let class = match kind {
         ConnectionRefused | AddrNotAvailable | AddrInUse => {
             Classification::failure_at(DeliveryPhase::NotSent)
         }
@@ -66,7 +69,8 @@ fn classify_io_kind(kind: io::ErrorKind, phase: DeliveryPhase) -> Classification
             Classification::new(super::AttemptClass::Final, DeliveryPhase::NotSent)
         }
         _ => Classification::failure_at(phase),
-    }
+    };
+    class.with_cause(super::Cause::of_io_kind(kind))
 }
 
 impl ClassifyError for std::convert::Infallible {

@@ -107,6 +107,91 @@ impl DeliveryPhase {
     }
 }
 
+/// What ended an attempt that failed, when the error said: what an error message names
+/// (`failed after 3 attempts (connection refused, not sent): ...`), read with
+/// [`Error::cause`](crate::Error::cause).
+///
+/// It explains; it does not decide: the [`AttemptClass`] and the [`DeliveryPhase`] decide. A
+/// refused connection and a refusal by the server are both *rejected*; a reset is *maybe
+/// committed* once the request was sent and *rejected* before.
+///
+/// ```
+/// use std::io::{Error, ErrorKind};
+/// use surely::classify::{Cause, ClassifyError, DeliveryPhase};
+///
+/// let reset = Error::from(ErrorKind::ConnectionReset).classify_error(DeliveryPhase::Sent);
+/// assert_eq!(reset.cause(), Some(Cause::Reset));
+/// assert_eq!(Cause::Reset.to_string(), "connection reset");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Cause {
+    /// The connection was refused: nothing listened, or a server turned it away.
+    Refused,
+    /// The connection was reset or aborted, or the pipe broke.
+    Reset,
+    /// A timeout fired: the transport's own, or the operating system's.
+    TimedOut,
+    /// The connection closed before the whole response came.
+    Closed,
+    /// The host or its network could not be reached, or the address was not available.
+    Unreachable,
+}
+
+impl Cause {
+    /// A short lower-case name, for messages and records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::Refused => "connection refused",
+            Cause::Reset => "connection reset",
+            Cause::TimedOut => "timed out",
+            Cause::Closed => "connection closed",
+            Cause::Unreachable => "unreachable",
+        }
+    }
+
+    /// The cause an I/O error's kind names, if it names one.
+    pub(crate) fn of_io_kind(kind: std::io::ErrorKind) -> Option<Cause> {
+        use std::io::ErrorKind::*;
+        Some(match kind {
+            ConnectionRefused => Cause::Refused,
+            ConnectionReset | ConnectionAborted | BrokenPipe => Cause::Reset,
+            TimedOut => Cause::TimedOut,
+            UnexpectedEof | NotConnected => Cause::Closed,
+            AddrNotAvailable | HostUnreachable | NetworkUnreachable => Cause::Unreachable,
+            _ => return None,
+        })
+    }
+
+    fn pack(cause: Option<Cause>) -> u16 {
+        (match cause {
+            None => 0,
+            Some(Cause::Refused) => 1,
+            Some(Cause::Reset) => 2,
+            Some(Cause::TimedOut) => 3,
+            Some(Cause::Closed) => 4,
+            Some(Cause::Unreachable) => 5,
+        }) << CAUSE_SHIFT
+    }
+
+    fn unpack(head: u16) -> Option<Cause> {
+        match (head & CAUSE_MASK) >> CAUSE_SHIFT {
+            1 => Some(Cause::Refused),
+            2 => Some(Cause::Reset),
+            3 => Some(Cause::TimedOut),
+            4 => Some(Cause::Closed),
+            5 => Some(Cause::Unreachable),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What one attempt's result means. See the [module docs](self) for the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -200,8 +285,9 @@ pub struct Classification {
     // caller on every attempt. The pushback: `NO_PUSHBACK`, `PUSHBACK_STOP`, or the wait in
     // nanoseconds.
     pushback: u64,
-    // The class (bits 0–3), the phase (bits 4–5) and whether it is a refusal for a spent
-    // deadline (bit 8).
+    // The class (bits 0–3), the phase (bits 4–5), whether it is a refusal for a spent
+    // deadline (bit 8) or by the server's admission control (bit 9), and the cause (bits
+    // 10–12).
     head: u16,
 }
 
@@ -214,6 +300,8 @@ const PUSHBACK_MAX_NANOS: u64 = u64::MAX - 2;
 const PHASE_SHIFT: u16 = 4;
 const SPENT_DEADLINE_BIT: u16 = 1 << 8;
 const OVERLOAD_BIT: u16 = 1 << 9;
+const CAUSE_SHIFT: u16 = 10;
+const CAUSE_MASK: u16 = 0b111 << CAUSE_SHIFT;
 
 fn pack_pushback(pushback: Option<Pushback>) -> u64 {
     match pushback {
@@ -257,6 +345,7 @@ impl fmt::Debug for Classification {
             .field("pushback", &self.pushback())
             .field("deadline_refusal", &self.is_deadline_refusal())
             .field("overload_refusal", &self.is_overload_refusal())
+            .field("cause", &self.cause())
             .finish()
     }
 }
@@ -371,6 +460,26 @@ impl Classification {
     /// Whether the server refused the attempt by its admission control, before processing.
     pub fn is_overload_refusal(&self) -> bool {
         self.head & OVERLOAD_BIT != 0
+    }
+
+    /// This classification, saying what ended the attempt (`None`: nothing known). An error
+    /// type of your own may name its cause; the crate's classifiers name it from I/O errors,
+    /// hyper's and reqwest's.
+    ///
+    /// ```
+    /// use surely::classify::{Cause, Classification, DeliveryPhase};
+    ///
+    /// let c = Classification::failure_at(DeliveryPhase::NotSent).with_cause(Some(Cause::Refused));
+    /// assert_eq!(c.cause(), Some(Cause::Refused));
+    /// ```
+    pub fn with_cause(mut self, cause: Option<Cause>) -> Self {
+        self.head = (self.head & !CAUSE_MASK) | Cause::pack(cause);
+        self
+    }
+
+    /// What ended the attempt, when its error said.
+    pub fn cause(&self) -> Option<Cause> {
+        Cause::unpack(self.head)
     }
 
     /// Whether the attempt says something about the server's health: its class is a

@@ -45,6 +45,7 @@ impl<S> SetDeadline<S> {
 
 impl<S, T> SetDeadline<S, T> {
     inner_accessors!();
+    crate::send::send_method!();
 }
 
 impl<S, T, Req> Service<Req> for SetDeadline<S, T>

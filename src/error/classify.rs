@@ -3,7 +3,9 @@
 
 use std::io;
 
-use crate::classify::{AttemptClass, BoxError, Classification, ClassifyError, DeliveryPhase};
+use crate::classify::{
+    AttemptClass, BoxError, Cause, Classification, ClassifyError, DeliveryPhase,
+};
 
 impl ClassifyError for BoxError {
     fn classify_error(&self, phase: DeliveryPhase) -> Classification {
@@ -23,7 +25,33 @@ pub(crate) fn classify_dyn(
         }
         next = e.source();
     }
-    Classification::failure_at(phase)
+    Classification::failure_at(phase).with_cause(cause_in(error))
+}
+
+/// What ended an attempt, as the first error along `error`'s `source()` chain that says:
+/// an I/O error's kind (or the error it wraps), a timeout or a connection closed early in
+/// hyper's words.
+pub(crate) fn cause_in(error: &(dyn std::error::Error + 'static)) -> Option<Cause> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(e) = e.downcast_ref::<io::Error>() {
+            let wrapped = e.get_ref().and_then(|inner| cause_in(inner));
+            if let Some(cause) = wrapped.or_else(|| Cause::of_io_kind(e.kind())) {
+                return Some(cause);
+            }
+        }
+        #[cfg(feature = "hyper")]
+        if let Some(e) = e.downcast_ref::<hyper::Error>() {
+            if e.is_timeout() {
+                return Some(Cause::TimedOut);
+            }
+            if e.is_incomplete_message() {
+                return Some(Cause::Closed);
+            }
+        }
+        next = e.source();
+    }
+    None
 }
 
 fn classify_known(
@@ -62,7 +90,9 @@ fn classify_known(
     #[cfg(feature = "tonic")]
     {
         if e.is::<tonic::ConnectError>() {
-            return Some(Classification::failure_at(DeliveryPhase::NotSent));
+            return Some(
+                Classification::failure_at(DeliveryPhase::NotSent).with_cause(cause_in(e)),
+            );
         }
         if let Some(e) = e.downcast_ref::<tonic::transport::Error>() {
             return Some(e.classify_error(phase));
@@ -131,7 +161,7 @@ fn classify_surely_error(
 impl ClassifyError for hyper_util::client::legacy::Error {
     fn classify_error(&self, phase: DeliveryPhase) -> Classification {
         if self.is_connect() {
-            return Classification::failure_at(DeliveryPhase::NotSent);
+            return Classification::failure_at(DeliveryPhase::NotSent).with_cause(cause_in(self));
         }
         match std::error::Error::source(self) {
             Some(source) => classify_dyn(source, phase),
@@ -164,7 +194,7 @@ impl ClassifyError for hyper::Error {
         }
         match std::error::Error::source(self) {
             Some(source) => classify_dyn(source, phase),
-            None => Classification::failure_at(phase),
+            None => Classification::failure_at(phase).with_cause(cause_in(self)),
         }
     }
 }

@@ -12,6 +12,7 @@ mod timeout;
 
 pub use self::breaker::{BreakerState, CircuitOpen};
 pub use self::budget::BudgetExhausted;
+pub(crate) use self::classify::cause_in;
 pub(crate) use self::classify::classify_dyn as error_chain;
 
 /// An error and its causes in one line, for an operator (a page, the audit log's outcome, a
@@ -138,7 +139,8 @@ impl<E> Error<E> {
     /// assert_eq!(err.outcome(), Outcome::Unknown);
     /// assert_eq!(err.stop_reason(), Some(StopReason::Unknown));
     /// assert_eq!(err.attempts(), 1);
-    /// assert_eq!(err.to_string(), "unknown after 1 attempt: connection reset");
+    /// assert_eq!(err.to_string(), "unknown after 1 attempt (sent): connection reset");
+    /// assert_eq!(err.cause(), Some(surely::classify::Cause::Reset));
     /// # }
     /// ```
     pub fn outcome(&self) -> Outcome {
@@ -173,6 +175,29 @@ impl<E> Error<E> {
             Repr::Deadline(e) => e.is_refused(),
             Repr::Key(_) | Repr::Open(_) | Repr::Journal(_) => true,
             Repr::Transport(_) | Repr::Elapsed(_) | Repr::Fault(_) => false,
+        }
+    }
+
+    /// What ended the call's last attempt, when its error said: a refused or reset
+    /// connection, a timeout (see [`Cause`](crate::classify::Cause)). The error's message names
+    /// it too: `failed after 3 attempts (connection refused, not sent): ...`.
+    ///
+    /// Known once a layer that folds a call's attempts (the client stack, a
+    /// [`RetryLayer`](crate::retry::RetryLayer)) handed the outcome back; `None` before that,
+    /// and for an error that does not say (an error type of your own names its cause with
+    /// [`Classification::with_cause`]).
+    pub fn cause(&self) -> Option<crate::classify::Cause> {
+        self.call
+            .as_ref()
+            .and_then(|c| c.last)
+            .map(|(cause, _)| cause)
+    }
+
+    /// Notes how the last attempt, classified `last`, ended: its cause, if it names one, and
+    /// how far it got.
+    pub(crate) fn note_last_attempt(&mut self, last: Classification) {
+        if let (Some(call), Some(cause)) = (&mut self.call, last.cause()) {
+            call.last = Some((cause, last.phase()));
         }
     }
 
@@ -374,11 +399,31 @@ impl<E: fmt::Debug> fmt::Debug for Repr<E> {
 }
 
 impl<E: fmt::Display> fmt::Display for Error<E> {
-    /// The outcome and the attempts, when a call layer handed them back, then the error:
-    /// `unknown after 2 attempts: attempt timed out after send`.
+    /// The outcome and the attempts, when a call layer handed them back, with what ended the
+    /// last attempt and how far it got when its error said, then the error:
+    /// `unknown after 2 attempts: attempt timed out after send`, `unknown after 1 attempt
+    /// (sent): connection reset`, `failed after 3 attempts (connection refused, not sent):
+    /// error sending request for url (http://...)`. The cause is left out when the error's
+    /// own message starts with it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(call) = &self.call {
             fmt_verdict(f, call.outcome(), call.attempts())?;
+            if let Some((cause, phase)) = call.last {
+                // The cause, unless the error's own message starts with it (an I/O error's
+                // does): `failed after 3 attempts (connection refused, not sent): error
+                // sending request`, `unknown after 1 attempt (sent): connection reset`.
+                let said = match &self.repr {
+                    Repr::Transport(e) => e
+                        .to_string()
+                        .to_ascii_lowercase()
+                        .starts_with(cause.as_str()),
+                    _ => false,
+                };
+                match said {
+                    true => write!(f, " ({})", phase.as_str())?,
+                    false => write!(f, " ({cause}, {})", phase.as_str())?,
+                }
+            }
             f.write_str(": ")?;
         }
         match &self.repr {
@@ -458,31 +503,20 @@ impl<E: ClassifyError> ClassifyError for Error<E> {
 /// Implemented for `std::io::Error`, [`BoxError`] (tower's usual error, kept as a
 /// [`BoxedError`] so that the resulting `Error` is itself a `std::error::Error`),
 /// `std::convert::Infallible`, `http::Error`, with the `hyper` feature `hyper::Error` and
-/// hyper-util's client error, and with the `tonic` feature `tonic::transport::Error`. For your own error type, implement it in three lines:
-///
-/// ```
-/// use surely::{Error, IntoError};
-///
-/// #[derive(Debug)]
-/// struct MyTransportError;
-///
-/// impl IntoError for MyTransportError {
-///     type Transport = Self;
-///     fn into_error(self) -> Error<Self> {
-///         Error::transport(self)
-///     }
-/// }
-/// ```
+/// hyper-util's client error, with the `tonic` feature `tonic::transport::Error`, with the
+/// `reqwest` feature `reqwest::Error`, and for every [`TransportError`]: an error type of your
+/// own implements that one trait, not this one.
 ///
 /// For a foreign error type, map it first, e.g. with tower's
 /// `ServiceBuilder::map_err(surely::Error::transport)`.
 #[diagnostic::on_unimplemented(
-    message = "surely's layers cannot take the error `{Self}`: it does not implement `surely::IntoError`",
-    label = "not an `IntoError`",
-    note = "implement `surely::IntoError` for `{Self}` (`type Transport = Self;`, \
-            `Error::transport(self)`) and say how it fails with \
-            `surely::classify::ClassifyError` (or a classifier of your own, \
-            `surely::classify::from_fn`); or map it into a `std::io::Error` first"
+    message = "surely's layers cannot take the error `{Self}`: it is not a `surely::TransportError`",
+    label = "not a `TransportError`",
+    note = "for an error type of your own, `impl surely::TransportError for {Self} {{}}` takes it \
+            (a failure then counts as sent unless it says otherwise: override `classify` to \
+            say which failures prove the request was not sent, and which are a final answer); \
+            an error type from another crate needs a wrapper of your own, or a \
+            `std::io::Error`"
 )]
 pub trait IntoError {
     /// The transport error inside.
@@ -497,6 +531,104 @@ impl<E> IntoError for Error<E> {
 
     fn into_error(self) -> Error<E> {
         self
+    }
+}
+
+/// An error type of your own, taken by the client stack in one trait: it is then an
+/// [`IntoError`] and a [`ClassifyError`], and needs neither written.
+///
+/// What the stack needs to know of a failure is how far the request got, since that decides
+/// whether it may be sent again and whether the call ends `Failed` or `Unknown`. The default,
+/// `impl TransportError for MyError {}`, knows nothing: a failure counts as far as the layer
+/// that saw it knows the request got (`phase`), so one after the request went out is *maybe
+/// committed*. Override [`classify`](Self::classify) to say more:
+///
+/// | the failure | return | so |
+/// | --- | --- | --- |
+/// | a business "no" (out of stock, card declined): the server answered | `Classification::new(AttemptClass::Final, DeliveryPhase::ResponseStarted)` | `Failed`, not retried |
+/// | a conflict (a version that moved on) | `Classification::new(AttemptClass::Conflict, DeliveryPhase::ResponseStarted)` | `Failed`, not retried |
+/// | proof it was never sent (no connection) | `Classification::failure_at(DeliveryPhase::NotSent)` | retried for any request |
+/// | a refusal before processing (overloaded, shutting down) | `Classification::new(AttemptClass::Rejected, DeliveryPhase::ResponseStarted)` | retried for any request |
+/// | a timeout, a lost connection, anything else | `Classification::failure_at(phase)` | retried only if the request may be repeated; else `Unknown` |
+///
+/// ```
+/// use surely::classify::{AttemptClass, Classification, DeliveryPhase};
+/// use surely::{Envelope, Outcome, OutcomeExt, TransportError};
+/// use tower::service_fn;
+///
+/// #[derive(Clone)]
+/// struct PlaceOrder(u32);
+/// impl Envelope for PlaceOrder {}
+///
+/// #[derive(Debug)]
+/// struct Placed(u32);
+/// impl Envelope for Placed {}
+///
+/// #[derive(Debug)]
+/// enum ShopError {
+///     OutOfStock,
+///     Unreachable,
+/// }
+///
+/// impl TransportError for ShopError {
+///     fn classify(&self, phase: DeliveryPhase) -> Classification {
+///         match self {
+///             // The shop answered "no": the order was not placed, and will not be.
+///             ShopError::OutOfStock => {
+///                 Classification::new(AttemptClass::Final, DeliveryPhase::ResponseStarted)
+///             }
+///             // No connection: the shop never saw the order.
+///             ShopError::Unreachable => Classification::failure_at(DeliveryPhase::NotSent),
+///         }
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let shop = service_fn(|req: PlaceOrder| async move {
+///     match req.0 {
+///         0 => Err(ShopError::OutOfStock),
+///         n => Ok(Placed(n)),
+///     }
+/// });
+/// let mut client = surely::client().build(shop).unwrap();
+///
+/// let res = client.send(PlaceOrder(0)).await;
+/// assert_eq!((res.outcome(), res.attempts()), (Outcome::Failed, 1));
+/// assert!(matches!(res.unwrap_err().transport_ref(), Some(ShopError::OutOfStock)));
+///
+/// let res = client.send(PlaceOrder(3)).await;
+/// assert_eq!(res.outcome(), Outcome::Succeeded);
+/// assert_eq!(res.unwrap().0, 3);
+/// # }
+/// ```
+///
+/// A type that implements this trait cannot also implement [`IntoError`] or [`ClassifyError`]
+/// itself: this trait gives both.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a `surely::TransportError`",
+    label = "not a `TransportError`",
+    note = "`impl surely::TransportError for {Self} {{}}` takes it; override `classify` to say \
+            which failures prove the request was not sent, and which are a final answer"
+)]
+pub trait TransportError {
+    /// What this failure says about an attempt that reached `phase`: see the table above. The
+    /// default is [`Classification::failure_at`]`(phase)`: a failure proves nothing.
+    fn classify(&self, phase: DeliveryPhase) -> Classification {
+        Classification::failure_at(phase)
+    }
+}
+
+impl<E: TransportError> IntoError for E {
+    type Transport = E;
+
+    fn into_error(self) -> Error<E> {
+        Error::transport(self)
+    }
+}
+
+impl<E: TransportError> ClassifyError for E {
+    fn classify_error(&self, phase: DeliveryPhase) -> Classification {
+        self.classify(phase)
     }
 }
 

@@ -73,6 +73,7 @@ impl CallOutcome {
             replayed,
             key,
             budget_left: left(),
+            last: None,
         }
     }
 
@@ -84,6 +85,7 @@ impl CallOutcome {
     fn put_on<Res: Envelope>(res: &mut Res, call: impl FnOnce(bool) -> CallOutcome) {
         let replayed = is_replay(&*res);
         let Some(extensions) = res.extensions_mut() else {
+            crate::send::hand_to_send(|| call(replayed));
             return;
         };
         let call = call(replayed);
@@ -123,6 +125,13 @@ impl<B, E> OutcomeExt for Result<http::Response<B>, Error<E>> {
         match self {
             Ok(res) => res.outcome(),
             Err(e) => e.outcome(),
+        }
+    }
+
+    fn attempts(&self) -> u32 {
+        match self {
+            Ok(res) => res.attempts(),
+            Err(e) => e.attempts(),
         }
     }
 }

@@ -333,6 +333,7 @@ where
                             StopReason::NotRetried,
                             *this.sent,
                             this.cold,
+                            None,
                         ));
                     }
                     // The retry happens now: the record lists it (a call dropped while it
@@ -387,7 +388,7 @@ where
                     report_resolution(outcome, started);
                     this.state.set(State::Done);
                     end_intent(this.config, this.cold, outcome);
-                    return Poll::Ready(hand_back(out, outcome, stop, *this.sent, this.cold));
+                    return Poll::Ready(hand_back(out, outcome, stop, *this.sent, this.cold, None));
                 }
                 // Polled again after it returned.
                 StateProj::Done => return Poll::Pending,
@@ -481,7 +482,14 @@ where
             let outcome = this.tally.outcome().unwrap_or(Outcome::Unknown);
             this.state.set(State::Done);
             end_intent(this.config, this.cold, outcome);
-            return Poll::Ready(hand_back(out, outcome, stop, *this.sent, this.cold));
+            return Poll::Ready(hand_back(
+                out,
+                outcome,
+                stop,
+                *this.sent,
+                this.cold,
+                Some(classification),
+            ));
         }
     }
 }
@@ -520,7 +528,8 @@ fn end_intent<M, Z, R, E>(
     }
 }
 
-/// Hands the call's outcome back with its result.
+/// Hands the call's outcome back with its result, and with an error, how its last attempt
+/// (classified `last`) ended.
 #[inline]
 fn hand_back<Res: Envelope, T, R, E>(
     out: Result<Res, Error<T>>,
@@ -528,9 +537,18 @@ fn hand_back<Res: Envelope, T, R, E>(
     stop: StopReason,
     sent: u32,
     cold: &mut Option<Box<Cold<R, E>>>,
+    last: Option<Classification>,
 ) -> Result<Res, Error<T>> {
     let key = cold.as_mut().and_then(|c| c.idempotency_key.take());
-    CallOutcome::handed_back(out, outcome, stop, sent, key, budget_left_now)
+    match CallOutcome::handed_back(out, outcome, stop, sent, key, budget_left_now) {
+        Ok(res) => Ok(res),
+        Err(mut e) => {
+            if let Some(last) = last {
+                e.note_last_attempt(last);
+            }
+            Err(e)
+        }
+    }
 }
 
 /// After a retryable attempt: retry after how long, or stop and why.

@@ -29,4 +29,5 @@ mod record;
 mod replay;
 mod retry;
 mod retry_owner;
+mod send;
 mod timeout;

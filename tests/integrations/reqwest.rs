@@ -32,7 +32,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
-use surely::classify::{AttemptClass, BoxError, ClassifyError, DeliveryPhase};
+use surely::classify::{AttemptClass, BoxError, Cause, ClassifyError, DeliveryPhase};
 use surely::fault::{Fault, InjectFaultLayer, NoResponse, Reply, Schedule};
 use surely::headers::IDEMPOTENCY_KEY;
 use surely::record::InMemoryRecorder;
@@ -338,15 +338,39 @@ async fn row(failure: Failure) {
             match failure {
                 Failure::SlowPastPerTry => assert!(err.is_elapsed(), "{err:?}"),
                 Failure::SlowPastReqwestTimeout => {
-                    assert!(err.transport_ref().unwrap().is_timeout(), "{err:?}")
+                    assert!(err.transport_ref().unwrap().is_timeout(), "{err:?}");
+                    // The message names the cause and the phase, without a walk of the
+                    // error's sources.
+                    assert_eq!(err.cause(), Some(Cause::TimedOut));
+                    assert!(
+                        err.to_string()
+                            .starts_with("unknown after 1 attempt (timed out, sent): "),
+                        "{err}"
+                    );
                 }
-                _ => assert!(err.transport_ref().unwrap().is_request(), "{err:?}"),
+                _ => {
+                    assert!(err.transport_ref().unwrap().is_request(), "{err:?}");
+                    let cause = err.cause().expect("a reset or a closed connection");
+                    assert!(matches!(cause, Cause::Reset | Cause::Closed), "{err:?}");
+                    assert!(
+                        err.to_string()
+                            .starts_with(&format!("unknown after 1 attempt ({cause}, sent): ")),
+                        "{err}"
+                    );
+                }
             }
         }
         if failure == Failure::NothingListening {
             let err = got.error.as_ref().unwrap();
             assert!(err.transport_ref().unwrap().is_connect(), "{err:?}");
             assert_eq!(err.attempts(), 3);
+            assert_eq!(err.cause(), Some(Cause::Refused));
+            assert!(
+                err.to_string().starts_with(
+                    "failed after 3 attempts (connection refused, not sent): error sending request"
+                ),
+                "{err}"
+            );
         }
     }
 }

@@ -40,7 +40,8 @@ impl<C> Light<C> {
         if nowhere || CallOutcome::of(out).is_some() {
             return;
         }
-        let (attempts, outcome, stop) = match single(self.classifier, out) {
+        let last = single(self.classifier, out);
+        let (attempts, outcome, stop) = match last {
             Some(c) => {
                 let mut tally = OutcomeTally::new(self.semantics);
                 tally.observe(c.class());
@@ -57,6 +58,9 @@ impl<C> Light<C> {
             self.key.map(|k| *k),
             crate::context::budget_left_now,
         );
+        if let (Err(e), Some(last)) = (out, last) {
+            e.note_last_attempt(last);
+        }
     }
 }
 
@@ -222,6 +226,9 @@ impl<R: Recorder, C> CallState<R, C> {
         let outcome = self.finish(attempts, outcome, last, stop);
         if !handed_back {
             self.hand_back(out, attempts, outcome, stop);
+            if let (Err(e), Some(last)) = (out, last) {
+                e.note_last_attempt(last);
+            }
         }
     }
 

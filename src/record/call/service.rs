@@ -45,6 +45,7 @@ impl<S, R> RecordCall<S, R> {
 
 impl<S, R, M> RecordCall<S, R, M> {
     inner_accessors!();
+    crate::send::send_method!();
 }
 
 impl<S, R, M, Req, T> Service<Req> for RecordCall<S, R, M>

@@ -348,7 +348,7 @@ fn a_classification_fits_in_two_registers() {
         .for_spent_deadline();
     assert_eq!(
         format!("{c:?}"),
-        "Classification { class: Rejected, phase: Sent, pushback: Some(After(1.5s)), deadline_refusal: true, overload_refusal: false }"
+        "Classification { class: Rejected, phase: Sent, pushback: Some(After(1.5s)), deadline_refusal: true, overload_refusal: false, cause: None }"
     );
     let c =
         Classification::new(AttemptClass::Rejected, DeliveryPhase::ResponseStarted).for_overload();

@@ -111,7 +111,8 @@ async fn the_default_client_does_not_resend_a_post_to_a_server_that_may_ignore_i
     assert_eq!(err.attempts(), 1);
     assert_eq!(err.stop_reason(), Some(StopReason::Unknown));
     assert!(
-        err.to_string().starts_with("unknown after 1 attempt: "),
+        err.to_string()
+            .starts_with("unknown after 1 attempt (connection closed, sent): "),
         "{err}"
     );
     // The key went out all the same, and the record says what the request was.

@@ -165,7 +165,7 @@ async fn a_transport_error_after_three_attempts_says_so() {
     let err = call(&mut client, post()).await.unwrap_err();
     assert_eq!(
         err.to_string(),
-        "failed after 3 attempts: connection refused"
+        "failed after 3 attempts (not sent): connection refused"
     );
     assert_eq!(err.outcome(), Outcome::Failed);
     assert_eq!(err.attempts(), 3);
@@ -188,7 +188,10 @@ async fn a_reset_after_send_on_an_unkeyed_post_is_unknown_after_one_attempt() {
     });
     let mut client = surely::client().build(reset).unwrap();
     let err = call(&mut client, post()).await.unwrap_err();
-    assert_eq!(err.to_string(), "unknown after 1 attempt: connection reset");
+    assert_eq!(
+        err.to_string(),
+        "unknown after 1 attempt (sent): connection reset"
+    );
     assert_eq!(err.stop_reason(), Some(StopReason::Unknown));
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
@@ -271,7 +274,10 @@ async fn a_record_call_layer_alone_hands_the_outcome_back_with_no_recorder() {
     });
     let mut svc = RecordCallLayer::new(()).layer(reset);
     let err = call(&mut svc, post()).await.unwrap_err();
-    assert_eq!(err.to_string(), "unknown after 1 attempt: connection reset");
+    assert_eq!(
+        err.to_string(),
+        "unknown after 1 attempt (sent): connection reset"
+    );
 }
 
 #[tokio::test(start_paused = true)]

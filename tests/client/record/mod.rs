@@ -519,10 +519,10 @@ async fn a_call_layer_alone_classifies_the_result_as_one_attempt() {
     assert_eq!(c.attempts, 1);
     assert_eq!(
         c.last,
-        Some(Classification::new(
-            AttemptClass::Rejected,
-            DeliveryPhase::NotSent
-        ))
+        Some(
+            Classification::new(AttemptClass::Rejected, DeliveryPhase::NotSent)
+                .with_cause(Some(surely::classify::Cause::Refused))
+        )
     );
     assert_eq!(
         (c.outcome, c.stop),
