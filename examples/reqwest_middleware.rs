@@ -76,12 +76,10 @@ async fn main() -> Result<(), BoxError> {
 
     // The client: surely's middleware first, so that the ones after it run on every attempt.
     let attempts = Arc::new(AtomicUsize::new(0));
-    let surely = SurelyMiddleware::with_stack(|transport| {
-        surely::client::http()
-            .no_replay()
+    let surely = SurelyMiddleware::configure(|stack| {
+        stack
             .timeout(Duration::from_secs(3))
             .per_try_timeout(Duration::from_secs(1))
-            .build(transport)
     })?;
     let client = ClientBuilder::new(reqwest::Client::builder().no_proxy().build()?)
         .with(surely)
@@ -117,16 +115,11 @@ async fn main() -> Result<(), BoxError> {
     for (what, call) in calls {
         let before = attempts.load(Ordering::SeqCst);
         let result = call.send().await;
-        let outcome = result.outcome();
-        let (n, detail) = match result {
-            Ok(res) => {
-                let n = res.call_outcome().map_or(0, |c| c.attempts());
-                (n, format!("HTTP {}, {:?}", res.status(), res.text().await?))
-            }
-            Err(err) => {
-                let n = surely_error(&err).map_or(0, |e| e.attempts());
-                (n, err.to_string())
-            }
+        let (outcome, n) = (result.outcome(), result.attempts());
+        let detail = match result {
+            Ok(res) => format!("HTTP {}, {:?}", res.status(), res.text().await?),
+            // The message names the cause and how far the last attempt got.
+            Err(err) => surely_error(&err).map_or_else(|| err.to_string(), |e| e.to_string()),
         };
         let below = attempts.load(Ordering::SeqCst) - before;
         let line = format!("{what:<36} {:<9} after {n} attempt(s)", outcome.as_str());

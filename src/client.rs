@@ -1274,7 +1274,7 @@ mod parts {
     }
 }
 
-use self::parts::{BreakerPart, Part, RecorderPart};
+pub(crate) use self::parts::{BreakerPart, Part, RecorderPart};
 
 #[cfg(test)]
 mod tests {

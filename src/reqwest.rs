@@ -122,13 +122,37 @@ use crate::{Error, IntoError};
 #[cfg(feature = "reqwest-middleware")]
 pub mod middleware;
 
-/// The client stack [`client()`] returns: [`client::http()`](crate::client::http)'s defaults
-/// around a [`Transport`], for a struct field.
+/// The type of the stack [`client()`] returns, for a struct field: the
+/// [`client::http()`](crate::client::http) layers around a [`Transport`]. Named apart from
+/// `reqwest::Client`, the transport inside.
+///
+/// `client::http().build(surely::reqwest::transport(..))` has this type too with any setting
+/// that keeps the layers as they are (the deadline, the per-try timeout, the attempts, the
+/// backoff, the budget, the breaker's thresholds, whether the server honours keys); a
+/// recorder, a hedge, a resolver or a classifier of your own make another type, named
+/// [`ClientLayer`](crate::client::ClientLayer)`<..>` as `Layer<Transport>`.
 ///
 /// It is a `tower::Service<http::Request<B>>` for the bodies described in the
 /// [module docs](self), with `http::Response<WatchedBody<reqwest::Body>>` responses and
 /// [`surely::Error<reqwest::Error>`](crate::Error) errors; `Clone`, `Send` and `Sync`.
-pub type Client = crate::client::HttpClient<Transport>;
+///
+/// ```
+/// use std::time::Duration;
+/// use surely::reqwest::ClientStack;
+///
+/// struct Payments {
+///     http: ClientStack,
+/// }
+///
+/// let payments = Payments {
+///     http: surely::client::http()
+///         .timeout(Duration::from_secs(3))
+///         .build(surely::reqwest::transport(reqwest::Client::new()))
+///         .unwrap(),
+/// };
+/// # drop(payments.http);
+/// ```
+pub type ClientStack = crate::client::HttpClient<Transport>;
 
 /// Wraps `client` in the [`client::http()`](crate::client::http) stack with its defaults: a
 /// 10 s budget per call, idempotency keys for POST and PATCH, request bodies buffered up to
@@ -137,7 +161,7 @@ pub type Client = crate::client::HttpClient<Transport>;
 /// To change any of it, build the stack yourself:
 /// `surely::client::http().timeout(..).build(surely::reqwest::transport(client))`. See the
 /// [module docs](self) for an example.
-pub fn client(client: ::reqwest::Client) -> Client {
+pub fn client(client: ::reqwest::Client) -> ClientStack {
     // The preset's defaults, assembled without a check: a test builds the same through
     // `build`, which checks (the architecture chapter: defaults are valid by construction).
     crate::client::http()

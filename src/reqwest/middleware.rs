@@ -37,30 +37,33 @@
 //!
 //! # Configuring the stack
 //!
-//! [`SurelyMiddleware::with_stack`] takes the stack from a closure that builds it around the
-//! [`Attempts`] transport, with any [`ClientBuilder`](crate::client::ClientBuilder) setting
-//! (a per-try timeout, a recorder, a breaker shared with other clients, hedges):
+//! [`SurelyMiddleware::configure`] hands a closure the preset and takes it back with any
+//! [`ClientBuilder`](crate::client::ClientBuilder) setting (a per-try timeout, a recorder, a
+//! breaker shared with other clients, hedges); the middleware builds and checks it:
 //!
 //! ```
 //! use std::time::Duration;
 //! use surely::reqwest::middleware::SurelyMiddleware;
 //!
-//! let middleware = SurelyMiddleware::with_stack(|attempts| {
-//!     surely::client::http()
-//!         .no_replay()
+//! let middleware = SurelyMiddleware::configure(|stack| {
+//!     stack
 //!         .timeout(Duration::from_secs(3))
 //!         .per_try_timeout(Duration::from_millis(800))
-//!         .build(attempts)
 //! })
 //! .unwrap();
 //! # drop(middleware);
 //! ```
 //!
-//! The middleware makes bodies replayable itself (below), so leave the preset's body buffer out
-//! with `no_replay()`; a stack that keeps it works too, and copies the bytes once more. For a
-//! third-party API, add
-//! [`no_internal_headers()`](crate::client::ClientBuilder::no_internal_headers): the stack then
-//! sends none of the crate's own headers (the retry-owner marker, the deadline header).
+//! Two settings are decisions about the API called, which the crate cannot make: whether its
+//! server honours `Idempotency-Key`
+//! ([`server_honours_keys()`](crate::client::ClientBuilder::server_honours_keys): then a POST
+//! whose reply was lost is sent again with the same key; without it, the POST ends `Unknown`),
+//! and, for a third-party API,
+//! [`no_internal_headers()`](crate::client::ClientBuilder::no_internal_headers) (none of the
+//! crate's own headers, the retry-owner marker and the deadline header, go out).
+//!
+//! [`SurelyMiddleware::with_stack`] takes a whole stack built around the [`Attempts`]
+//! transport instead, for one assembled elsewhere.
 //!
 //! # Request bodies
 //!
@@ -106,17 +109,35 @@ use http::{Extensions, Request, Response};
 use http_body::Body;
 use reqwest_middleware::{Middleware, Next};
 use tokio::sync::{mpsc, oneshot};
-use tower_layer::Layer;
+use tower_layer::{Identity, Layer};
 use tower_service::Service;
 
+use crate::breaker::CircuitBreaker;
+use crate::classify::HttpClassifier;
 use crate::classify::{BoxError, Classification, ClassifyError, DeliveryPhase};
+use crate::client::{BreakerPart, ClientBuilder, ClientLayer, NoRecords, Part, RecorderPart};
+use crate::idempotency::SetIdempotencyKeyLayer;
 use crate::outcome::sealed::Sealed;
-use crate::retry::{NotReplayable, ReplayBody};
+use crate::record::WatchTrailersLayer;
+use crate::retry::{NoResolver, NotReplayable, ReplayBody};
 use crate::{CallOutcome, ConfigError, IntoError, Outcome, OutcomeExt, StopReason};
 
 /// The error of a stack built around [`Attempts`]: the crate's [`Error`](crate::Error) around
 /// the chain's.
 pub type Error = crate::Error<reqwest_middleware::Error>;
+
+/// The builder [`SurelyMiddleware::configure`] hands its closure: the
+/// [`client::http()`](crate::client::http) preset without its body buffer.
+pub type Preset = ClientBuilder<
+    NoRecords,
+    HttpClassifier,
+    NoResolver,
+    SetIdempotencyKeyLayer,
+    Identity,
+    Identity,
+    CircuitBreaker,
+    WatchTrailersLayer,
+>;
 
 /// The request a stack built around [`Attempts`] takes: reqwest's, with its body as bytes that
 /// every attempt sends again, or as a stream sent once.
@@ -169,7 +190,9 @@ impl SurelyMiddleware {
 
     /// The stack `make` builds around the [`Attempts`] transport: any client stack whose
     /// requests are [`StackRequest`]s and whose error is [`Error`], such as
-    /// `surely::client::http().no_replay()` with settings of your own. See the
+    /// `surely::client::http().no_replay()` with settings of your own (the body buffer that
+    /// `no_replay()` leaves out works too, and copies the bytes once more).
+    /// [`configure`](Self::configure) starts from that preset for you. See the
     /// [module docs](self#configuring-the-stack).
     ///
     /// ```
@@ -198,6 +221,63 @@ impl SurelyMiddleware {
         B::Error: Into<BoxError>,
     {
         Ok(Self::from_stack(make(Attempts { _private: () })?))
+    }
+
+    /// The [`client::http()`](crate::client::http) stack as `configure` sets it up: the
+    /// closure gets the preset (without its body buffer, which the middleware does not need:
+    /// see [Request bodies](self#request-bodies)) and returns it with settings of its own; the
+    /// middleware builds it and checks every setting.
+    ///
+    /// The decisions a caller of someone else's API makes are two lines:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::reqwest::middleware::SurelyMiddleware;
+    ///
+    /// let middleware = SurelyMiddleware::configure(|stack| {
+    ///     stack
+    ///         .timeout(Duration::from_secs(3))
+    ///         .per_try_timeout(Duration::from_millis(800))
+    ///         // The payments API documents `Idempotency-Key`: a POST whose reply was lost is
+    ///         // sent again with the same key. Without this line it ends `Unknown`.
+    ///         .server_honours_keys()
+    ///         // Someone else's API: none of the crate's own headers (the retry-owner marker,
+    ///         // the deadline header) go out.
+    ///         .no_internal_headers()
+    /// })
+    /// .unwrap();
+    /// # drop(middleware);
+    /// ```
+    ///
+    /// A setting out of range is the error `build` gives:
+    ///
+    /// ```
+    /// # use surely::reqwest::middleware::SurelyMiddleware;
+    /// let err = SurelyMiddleware::configure(|stack| stack.timeout(std::time::Duration::ZERO))
+    ///     .unwrap_err();
+    /// assert_eq!(err.to_string(), "invalid deadline timeout: must be greater than zero");
+    /// ```
+    #[allow(clippy::type_complexity)]
+    pub fn configure<R, M, Z, K, P, H, Br, W, S, B>(
+        settings: impl FnOnce(Preset) -> ClientBuilder<R, M, Z, K, P, H, Br, W>,
+    ) -> Result<Self, ConfigError>
+    where
+        M: Clone,
+        R: RecorderPart<M>,
+        H: Part<M>,
+        Br: BreakerPart<M, H>,
+        ClientLayer<R, M, Z, K, P, H, Br, W>: Layer<Attempts, Service = S>,
+        S: Service<StackRequest, Response = Response<B>, Error = Error>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+        B: Body + Send + Sync + 'static,
+        B::Data: Into<Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        Self::with_stack(|attempts| settings(crate::client::http().no_replay()).build(attempts))
     }
 
     /// The middleware around `stack`.
@@ -574,6 +654,10 @@ impl OutcomeExt for reqwest_middleware::Error {
     fn outcome(&self) -> Outcome {
         surely_error(self).map_or(Outcome::Unknown, crate::Error::outcome)
     }
+
+    fn attempts(&self) -> u32 {
+        surely_error(self).map_or(0, crate::Error::attempts)
+    }
 }
 
 /// The outcome of a call's result, response or error.
@@ -589,6 +673,13 @@ impl OutcomeExt for reqwest_middleware::Result<::reqwest::Response> {
         match self {
             Ok(res) => res.outcome(),
             Err(err) => err.outcome(),
+        }
+    }
+
+    fn attempts(&self) -> u32 {
+        match self {
+            Ok(res) => res.attempts(),
+            Err(err) => err.attempts(),
         }
     }
 }
