@@ -37,6 +37,10 @@
 //!
 //! Every example here is compiled and run as a test.
 
+// A link to an item behind a feature is reference-style, and a build without the feature gets
+// a definition of its label from `to_features!` below its chapter (see `links.rs`).
+pub(crate) mod links;
+
 pub mod how_we_know {
     #![doc = include_str!("how_we_know.md")]
 }
