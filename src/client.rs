@@ -232,7 +232,7 @@ pub fn client() -> ClientBuilder {
 /// through.
 ///
 /// The transport must take the buffered bodies, `http::Request<ReplayBody<B>>`, not
-/// `http::Request<B>`: [`surely::hyper::transport()`](crate::hyper::transport) makes
+/// `http::Request<B>`: [`surely::hyper::transport()`][crate::hyper::transport] makes
 /// hyper-util's client that way, and the result has a name, [`HttpClient`]. A hyper-util
 /// client built for `B` itself compiles here and is refused at the first call, where the
 /// request's body type is known (`build` cannot check it: transports generic over their body,
@@ -252,6 +252,7 @@ pub fn client() -> ClientBuilder {
 /// # }
 /// # main() }
 /// ```
+#[cfg_attr(not(feature = "hyper"), doc = crate::docs::links::to_features!("crate::hyper::transport"))]
 pub fn http() -> HttpClientBuilder {
     ClientBuilder::new()
         .replay_bodies(ReplayLayer::new())
@@ -279,7 +280,7 @@ pub fn http() -> HttpClientBuilder {
 ///   [`Semantics`](crate::Semantics) extension per request (see [`crate::grpc`]); add keys with
 ///   [`idempotency_keys`](ClientBuilder::idempotency_keys) for a server that honours them.
 ///
-/// With the `tonic` feature, [`build_channel`](ClientBuilder::build_channel) wraps a tonic
+/// With the `tonic` feature, [`build_channel`][ClientBuilder::build_channel] wraps a tonic
 /// `Channel`, and the result is what tonic's generated clients take
 /// (`tonic::client::Grpc::new`, or a generated `FooClient::new`):
 ///
@@ -308,6 +309,12 @@ pub fn http() -> HttpClientBuilder {
 /// # }
 /// # main() }
 /// ```
+#[cfg_attr(
+    not(feature = "tonic"),
+    doc = crate::docs::links::to_features!(
+        "ClientBuilder::build_channel",
+    )
+)]
 pub fn grpc(
 ) -> ClientBuilder<NoRecords, HttpClassifier, NoResolver, Identity, ReplayLayer, Identity> {
     ClientBuilder::new()
@@ -399,7 +406,8 @@ pub type GrpcClientLayer = ClientLayer<
 ///
 /// Another configuration has another type: a [`ClientLayer`] with other parameters, as
 /// [`Layer::Service`]. Names for the presets: [`HttpClient`] (and
-/// [`surely::hyper::Client`](crate::hyper::Client) over hyper-util), [`GrpcClient`].
+/// [`surely::hyper::Client`][crate::hyper::Client] over hyper-util), [`GrpcClient`].
+#[cfg_attr(not(feature = "hyper"), doc = crate::docs::links::to_features!("crate::hyper::Client"))]
 pub type Client<S> = <DefaultClientLayer as Layer<S>>::Service;
 
 /// The service [`http()`]`.build(transport)` makes with the defaults, by name.
@@ -407,7 +415,13 @@ pub type HttpClient<S> = <HttpClientLayer as Layer<S>>::Service;
 
 /// The service [`grpc()`]`.build(transport)` makes with the defaults, by name; with the
 /// `tonic` feature, `GrpcClient<GrpcTransport<Channel>>` is what
-/// [`build_channel`](ClientBuilder::build_channel) returns.
+/// [`build_channel`][ClientBuilder::build_channel] returns.
+#[cfg_attr(
+    not(feature = "tonic"),
+    doc = crate::docs::links::to_features!(
+        "ClientBuilder::build_channel",
+    )
+)]
 pub type GrpcClient<S> = <GrpcClientLayer as Layer<S>>::Service;
 
 /// Builds the canonical client stack; see the [module docs](self).
@@ -604,10 +618,16 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
 
     /// Writes the intent of every call that is not safe to `journal` before the call's first
     /// attempt: a process killed mid-call still leaves its question for a reconciler. With a
-    /// [`LedgerRecorder`](crate::ledger::LedgerRecorder) as both the recorder and the journal, a
+    /// [`LedgerRecorder`][crate::ledger::LedgerRecorder] as both the recorder and the journal, a
     /// call that ends unknown is one ledger entry. See [`journal`](crate::journal) and
     /// [`RetryLayerBuilder::journal`], and for the whole story
     /// [`docs::unknowns`](crate::docs::unknowns#a-client-that-dies-mid-call).
+    #[cfg_attr(
+        not(feature = "durable"),
+        doc = crate::docs::links::to_features!(
+            "crate::ledger::LedgerRecorder",
+        )
+    )]
     pub fn journal(mut self, journal: impl crate::journal::IntentJournal) -> Self {
         self.retry = self.retry.journal(journal);
         self
@@ -974,7 +994,7 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, (W, BodyIdleTime
 
 impl<R, M, Z, Q, P, H, B, W> ClientBuilder<R, M, Z, SetIdempotencyKeyLayer<Q>, P, H, B, W> {
     /// Declares that the server this client calls honours idempotency keys (it runs this
-    /// crate's [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer), or documents
+    /// crate's [`IdempotencyLayer`][crate::server::idempotency::IdempotencyLayer], or documents
     /// the `Idempotency-Key` header): the keys the client generates then make POST and PATCH
     /// requests [`Keyed`](crate::Semantics::Keyed), retried with the same key after a lost
     /// reply.
@@ -1022,6 +1042,12 @@ impl<R, M, Z, Q, P, H, B, W> ClientBuilder<R, M, Z, SetIdempotencyKeyLayer<Q>, P
     /// assert!(call.idempotency_key().is_some());
     /// # }
     /// ```
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!(
+            "crate::server::idempotency::IdempotencyLayer",
+        )
+    )]
     pub fn server_honours_keys(mut self) -> Self {
         self.key = self.key.server_honours_keys();
         self

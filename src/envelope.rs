@@ -75,8 +75,14 @@ pub trait Envelope {
     }
 
     /// The request's target, if the message is an HTTP request: what a server layer's
-    /// predicates route on (a partition of the [adaptive limit](crate::server::limit) for
+    /// predicates route on (a partition of the [adaptive limit][crate::server::limit] for
     /// `/checkout`, say).
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!(
+            "crate::server::limit",
+        )
+    )]
     fn uri(&self) -> Option<&http::Uri> {
         None
     }
@@ -120,9 +126,10 @@ pub trait Envelope {
         self.extensions().and_then(|e| e.get::<Deadline>()).copied()
     }
 
-    /// What the request does, for its records and its [ledger](crate::ledger) entry: an
+    /// What the request does, for its records and its [ledger][crate::ledger] entry: an
     /// [`Operation`] extension, else none (an [`http::Request`] falls back to its method and
     /// path).
+    #[cfg_attr(not(feature = "durable"), doc = crate::docs::links::to_features!("crate::ledger"))]
     fn operation(&self) -> Option<Operation> {
         self.extensions()?.get::<Operation>().cloned()
     }

@@ -16,9 +16,15 @@ pub const DEFAULT_HEADER: HeaderName = HeaderName::from_static("x-request-timeou
 pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
 /// The header with which a retry layer tells the next hop that it owns retries for the request.
-/// The [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) carries it into the
+/// The [`ServerDeadlineLayer`][crate::server::deadline::ServerDeadlineLayer] carries it into the
 /// handler's context, and a retry layer inside that handler then retries only attempts that
 /// were provably not sent: retries do not multiply with the depth of the chain.
+#[cfg_attr(
+    not(feature = "server"),
+    doc = crate::docs::links::to_features!(
+        "crate::server::deadline::ServerDeadlineLayer",
+    )
+)]
 pub const RETRY_OWNER: HeaderName = HeaderName::from_static("surely-retry-owner");
 
 /// The gRPC header that tells the server how many attempts came before this one.
@@ -30,15 +36,22 @@ pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
 pub const KEY_IN_FLIGHT: HeaderName = HeaderName::from_static("idempotency-key-in-flight");
 
 /// The header with which a server says it did not process a request (its handler never ran),
-/// whatever the status: [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) sets it on
+/// whatever the status: [`ServerDeadlineLayer`][crate::server::deadline::ServerDeadlineLayer] sets it on
 /// its refusals. The built-in classifiers take the server at its word: the attempt is
 /// [`Rejected`](crate::classify::AttemptClass::Rejected).
+#[cfg_attr(
+    not(feature = "server"),
+    doc = crate::docs::links::to_features!(
+        "crate::server::deadline::ServerDeadlineLayer",
+    )
+)]
 pub const NOT_PROCESSED: HeaderName = HeaderName::from_static("surely-not-processed");
 
 /// The header in which a request says how critical it is: `sheddable`, `sheddable-plus`,
 /// `critical` or `critical-plus` (see [`Criticality`](crate::Criticality)). A server's
-/// [adaptive limit](crate::server::limit) sheds the least critical first; from an untrusted
+/// [adaptive limit][crate::server::limit] sheds the least critical first; from an untrusted
 /// caller the header may lower a request's criticality, never raise it.
+#[cfg_attr(not(feature = "server"), doc = crate::docs::links::to_features!("crate::server::limit"))]
 pub const CRITICALITY: HeaderName = HeaderName::from_static("surely-criticality");
 
 /// The gRPC pushback header, in milliseconds.
@@ -49,7 +62,13 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 
 /// The header in which the idempotency layer's own error responses carry their code (also in the
 /// JSON body's `code`): one of the
-/// [`ErrorCode`](crate::server::idempotency::ErrorCode)s, such as `IDEMPOTENCY_KEY_MISSING`.
+/// [`ErrorCode`][crate::server::idempotency::ErrorCode]s, such as `IDEMPOTENCY_KEY_MISSING`.
+#[cfg_attr(
+    not(feature = "server"),
+    doc = crate::docs::links::to_features!(
+        "crate::server::idempotency::ErrorCode",
+    )
+)]
 pub const IDEMPOTENCY_ERROR: HeaderName = HeaderName::from_static("idempotency-error");
 
 /// Set to `true` on a replay whose stored response's body was over the layer's stored-size

@@ -2,7 +2,7 @@
 //! sent, so that a process killed mid-call still leaves its question behind
 //! ([`docs::unknowns`](crate::docs::unknowns#a-client-that-dies-mid-call)).
 //!
-//! The [UNKNOWN ledger](crate::ledger) learns of an unknown call when the call ends. A client
+//! The [UNKNOWN ledger][crate::ledger] learns of an unknown call when the call ends. A client
 //! process killed while a call is in flight never gets there: the order may have been placed,
 //! and nothing says so. For the calls it is told to journal, the
 //! [retry layer](crate::retry::RetryLayerBuilder::journal) (and so the
@@ -18,8 +18,8 @@
 //!   [`Intent::hold`] (the call's remaining budget and a grace), after which a reconciler takes
 //!   it like any unknown call and asks the downstream by key.
 //!
-//! The ledgers journal: [`LedgerRecorder`](crate::ledger::LedgerRecorder) implements
-//! [`IntentJournal`] over any [`Ledger`](crate::ledger::Ledger) (one awaited insert per journaled
+//! The ledgers journal: [`LedgerRecorder`][crate::ledger::LedgerRecorder] implements
+//! [`IntentJournal`] over any [`Ledger`][crate::ledger::Ledger] (one awaited insert per journaled
 //! call; the forgetting is batched off the call's path). A call that is not journaled costs one
 //! branch.
 //!
@@ -29,6 +29,14 @@
 //! **When the journal cannot write**, the call is not sent: it fails with a [`JournalError`]
 //! (nothing happened downstream; [`Outcome::Failed`], zero attempts). A journal that answers
 //! slowly spends the call's deadline, as any attempt would.
+#![cfg_attr(
+    not(feature = "durable"),
+    doc = crate::docs::links::to_features!(
+        "crate::ledger",
+        "crate::ledger::LedgerRecorder",
+        "crate::ledger::Ledger",
+    )
+)]
 
 use std::fmt;
 use std::future::Future;
@@ -265,8 +273,14 @@ pub enum Journaled {
     No,
 }
 
-/// Where intents are written. [`LedgerRecorder`](crate::ledger::LedgerRecorder) implements it
+/// Where intents are written. [`LedgerRecorder`][crate::ledger::LedgerRecorder] implements it
 /// over any ledger; implement it for a store of your own.
+#[cfg_attr(
+    not(feature = "durable"),
+    doc = crate::docs::links::to_features!(
+        "crate::ledger::LedgerRecorder",
+    )
+)]
 pub trait IntentJournal: Send + Sync + 'static {
     /// Writes the intent durably. The call's first attempt waits for it: return only once a
     /// crash can no longer lose it. Writing the same intent twice must not fail.

@@ -41,7 +41,7 @@
 //!
 //! [`server::idempotency::IdempotencyLayer`] honours the client's `Idempotency-Key`: the first
 //! request with a key runs, a duplicate waits (409) or gets the stored response, over an
-//! in-memory, a PostgreSQL or a Redis [store](server::store) (features `server`, `postgres`,
+//! in-memory, a PostgreSQL or a Redis [store][server::store] (features `server`, `postgres`,
 //! `redis`).
 //!
 //! [`retry::RetryLayer`] puts the classification to work: it retries only what may be retried,
@@ -77,6 +77,48 @@
 //! assert_eq!(records.calls()[0].outcome, Outcome::Unknown);
 //! # }
 //! ```
+//!
+//! # Features
+//!
+//! The default build is the client alone: every module that no feature below names. The rest is
+//! behind features, all off by default; `full` turns them all on (docs.rs documents it). A link
+//! in these docs to an item behind a feature that the build has off leads here.
+//!
+//! - `server`: `surely::server` (the server deadline layer, the adaptive limit, the idempotency
+//!   layer and its in-memory store), the records of their events, and `surely::maintenance`.
+//! - `durable`: `surely::outbox`, `surely::inbox`, `surely::ledger` and `surely::reconcile`
+//!   (in-memory stores, the relay, the reconcilers), and `surely::maintenance`.
+//! - `postgres`: `surely::postgres` (one pool, versioned migrations); with `server`, the
+//!   PostgreSQL idempotency store (`server::store::PostgresStore`); with `durable`, the
+//!   PostgreSQL outbox, inbox, ledger and differences; with either, `maintenance::PostgresLeases`.
+//! - `redis`: the idempotency store on Redis, `server::store::RedisStore` (turns on `server`).
+//! - `nats`: the outbox's JetStream publisher, `outbox::JetStreamPublisher`, and with `postgres`
+//!   the inbox's JetStream consumer (turns on `durable`).
+//! - `rabbitmq`: the outbox's RabbitMQ publisher, `outbox::RabbitPublisher` (turns on
+//!   `durable`).
+//! - `hyper`: `surely::hyper`, hyper-util's client as the transport, and hyper's errors
+//!   classified.
+//! - `http2`: HTTP/2's `REFUSED_STREAM` read as rejected, not processed (turns on `hyper`).
+//! - `tonic`: `grpc::GrpcTransport` and `grpc::StatusExt`, a tonic `Channel` as the transport of
+//!   `client::grpc()` (`ClientBuilder::build_channel`), and tonic's transport errors classified
+//!   (turns on `hyper`).
+//! - `reqwest`: `surely::reqwest`, the client stack around a `reqwest::Client` (turns on
+//!   `hyper`).
+//! - `reqwest-middleware`: `surely::reqwest::middleware`, the client stack as one
+//!   `reqwest_middleware` middleware (turns on `reqwest`).
+//! - `opentelemetry`: `record::OtelRecorder`, metrics through the OpenTelemetry metrics API.
+//! - `compression`: stored responses compressed, `IdempotencyLayerBuilder::compress_over`
+//!   (turns on `server`).
+//! - `serde`: `surely::config` and, with `server`, `surely::server::config`: the client presets
+//!   and the server layers configured from plain structs.
+//! - `admin`: `surely::admin`, the operator's surface as an axum router (turns on `server` and
+//!   `durable`).
+//! - `cli`: the `surely` command line (turns on `admin` and `postgres`).
+#![cfg_attr(not(feature = "server"), doc = crate::docs::links::to_features!(
+    "`server::deadline::ServerDeadlineLayer`",
+    "`server::idempotency::IdempotencyLayer`",
+    "server::store",
+))]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// `get_ref`, `get_mut` and `into_inner` for a service whose inner service `S` is in `inner`.

@@ -116,7 +116,7 @@ impl StopReason {
 ///   invalid key, an open circuit breaker);
 /// * the idempotency key the attempts carried, if any;
 /// * whether the answer was a stored replay (`idempotent-replayed: true`, set by a server's
-///   [idempotency layer](crate::server::idempotency));
+///   [idempotency layer][crate::server::idempotency]);
 /// * how much of the call's deadline was left when it ended.
 ///
 /// It is decided when the call returns. A record settled later, at the end of a response's
@@ -156,6 +156,12 @@ impl StopReason {
 /// ```
 ///
 /// An SDK's tests can make one with [`new`](Self::new) to try their handling of each outcome.
+#[cfg_attr(
+    not(feature = "server"),
+    doc = crate::docs::links::to_features!(
+        "crate::server::idempotency",
+    )
+)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallOutcome {
     pub(crate) outcome: Outcome,

@@ -49,7 +49,13 @@ pub struct Query {
     /// `Idempotency-Key`.
     pub key: Option<BusinessKey>,
     /// What the call did ([`Operation`](crate::ids::Operation)): which downstream to ask,
-    /// for a resolver (or a [reconciler](crate::ledger::Reconciler)) that serves several.
+    /// for a resolver (or a [reconciler][crate::ledger::Reconciler]) that serves several.
+    #[cfg_attr(
+        not(feature = "durable"),
+        doc = crate::docs::links::to_features!(
+            "crate::ledger::Reconciler",
+        )
+    )]
     pub operation: Option<crate::ids::Operation>,
     /// The request's semantics.
     pub semantics: Semantics,

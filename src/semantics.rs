@@ -91,7 +91,7 @@ impl Semantics {
 /// is refused first.
 ///
 /// The levels are those of Google's SRE practice, from most to least critical. A server's
-/// [adaptive limit](crate::server::limit) lets each level fill a share of its concurrency
+/// [adaptive limit][crate::server::limit] lets each level fill a share of its concurrency
 /// limit (by default 110 %, 100 %, 90 % and 80 %), so that as the limit nears, sheddable work
 /// is refused while critical work still gets in.
 ///
@@ -107,6 +107,7 @@ impl Semantics {
 /// assert!(Criticality::CriticalPlus > Criticality::Sheddable);
 /// assert!("urgent!".parse::<Criticality>().is_err());
 /// ```
+#[cfg_attr(not(feature = "server"), doc = crate::docs::links::to_features!("crate::server::limit"))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Criticality {
     /// May be refused first: prefetches, batch work, anything a user does not wait for.

@@ -129,7 +129,7 @@ impl AuditError {
 
 /// Where the admin writes every action: in memory (one process, tests, the example), or in
 /// a PostgreSQL table (`surely_admin_audit` by default, created by
-/// [`surely::postgres::migrate`](crate::postgres::migrate)).
+/// [`surely::postgres::migrate`][crate::postgres::migrate]).
 ///
 /// An action is written **before** it is taken ([`begin`](Self::begin), with who, what and
 /// why, and no outcome), and its outcome after ([`finish`](Self::finish)). A log that cannot
@@ -150,6 +150,12 @@ impl AuditError {
 /// assert!(log.begin("ana\u{1b}[2J", AuditAction::Settle, "unk-1", "why").await.unwrap_err().is_invalid());
 /// # }
 /// ```
+#[cfg_attr(
+    not(feature = "postgres"),
+    doc = crate::docs::links::to_features!(
+        "crate::postgres::migrate",
+    )
+)]
 #[derive(Clone)]
 pub struct AuditLog {
     inner: Backend,
@@ -206,7 +212,13 @@ impl AuditLog {
     /// outcome 16 KiB): a line past them drops the oldest one, so that writing never fails for
     /// room and an action is never stopped by it. Ids go on counting; the outcome of a line
     /// already dropped is not kept. A log whose every line must stay is
-    /// [`postgres`](Self::postgres).
+    /// [`postgres`][Self::postgres].
+    #[cfg_attr(
+        not(all(feature = "admin", feature = "postgres")),
+        doc = crate::docs::links::to_features!(
+            "Self::postgres",
+        )
+    )]
     pub fn memory() -> Self {
         Self::memory_with_capacity(Self::DEFAULT_MEMORY_CAPACITY)
     }

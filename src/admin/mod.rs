@@ -310,6 +310,12 @@ impl AdminBuilder {
 
     /// Where actions are written (in memory unless given: give
     /// [`AuditLog::postgres`] to keep them).
+    #[cfg_attr(
+        not(all(feature = "admin", feature = "postgres")),
+        doc = crate::docs::links::to_features!(
+            "`AuditLog::postgres`",
+        )
+    )]
     pub fn audit(mut self, audit: AuditLog) -> Self {
         self.audit = Some(audit);
         self

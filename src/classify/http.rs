@@ -30,7 +30,7 @@ use crate::headers::NOT_PROCESSED;
 /// spent, or too short, before it started) is rejected too, and
 /// [marked](Classification::is_deadline_refusal) so that the circuit breaker does not count the
 /// caller's spent budget against the server's health. One that says `overload` (the server's
-/// [adaptive limit](crate::server::limit) shed it) is [marked](Classification::is_overload_refusal)
+/// [adaptive limit][crate::server::limit] shed it) is [marked](Classification::is_overload_refusal)
 /// the same way: a server shedding load is serving all it can.
 ///
 /// Requests whose `content-type` starts with `application/grpc` are classified by gRPC status
@@ -57,6 +57,7 @@ use crate::headers::NOT_PROCESSED;
 /// );
 /// assert_eq!(c.class(), AttemptClass::Rejected);
 /// ```
+#[cfg_attr(not(feature = "server"), doc = crate::docs::links::to_features!("crate::server::limit"))]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HttpClassifier {
     _priv: (),

@@ -420,7 +420,7 @@ impl Classification {
 
     /// This classification, for a server's refusal to start on a request whose deadline it
     /// found spent or too short (`surely-not-processed: deadline`, as
-    /// [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) answers): the caller's
+    /// [`ServerDeadlineLayer`][crate::server::deadline::ServerDeadlineLayer] answers): the caller's
     /// budget, not the server's health, ended the attempt.
     ///
     /// ```
@@ -430,6 +430,12 @@ impl Classification {
     /// assert!(c.is_deadline_refusal());
     /// assert!(!c.is_health_failure());
     /// ```
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!(
+            "crate::server::deadline::ServerDeadlineLayer",
+        )
+    )]
     pub fn for_spent_deadline(mut self) -> Self {
         self.head |= SPENT_DEADLINE_BIT;
         self
@@ -442,7 +448,7 @@ impl Classification {
 
     /// This classification, for a server's refusal by its admission control
     /// (`surely-not-processed: overload`, as a server's
-    /// [adaptive limit](crate::server::limit) answers): the server is serving all it can and
+    /// [adaptive limit][crate::server::limit] answers): the server is serving all it can and
     /// shedding the rest, which its `Retry-After` and the retry budget pace.
     ///
     /// ```
@@ -452,6 +458,12 @@ impl Classification {
     /// assert!(c.is_overload_refusal());
     /// assert!(!c.is_health_failure());
     /// ```
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!(
+            "crate::server::limit",
+        )
+    )]
     pub fn for_overload(mut self) -> Self {
         self.head |= OVERLOAD_BIT;
         self

@@ -3,7 +3,7 @@
 //! [`ClientConfig`] is a plain struct that implements serde's `Deserialize`: load it with the
 //! loader your service already uses (`toml`, `serde_yaml`, the `config` crate, `figment`), as
 //! the whole file or as one section of yours, and [`apply`](ClientConfig::apply) it to a preset.
-//! The server's layers have theirs in [`server::config`](crate::server::config) (feature
+//! The server's layers have theirs in [`server::config`][crate::server::config] (feature
 //! `server`).
 //!
 //! * **Every field is optional**, and a field left out keeps the builder's default: an empty
@@ -142,6 +142,12 @@
 //! assert_eq!(config.retry.max_attempts, Some(4));
 //! # Ok(()) }
 //! ```
+#![cfg_attr(
+    not(all(feature = "server", feature = "serde")),
+    doc = crate::docs::links::to_features!(
+        "crate::server::config",
+    )
+)]
 
 mod serde_support;
 

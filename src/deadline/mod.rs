@@ -11,7 +11,7 @@
 //! * **on the wire**: the remaining budget, less a small reserve for transit, as a *relative*
 //!   value (no clock sync needed): `grpc-timeout` for gRPC and a millisecond header
 //!   (default [`DEFAULT_HEADER`]) for HTTP;
-//! * **in the server**: the [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) reads that header, caps it by the server's
+//! * **in the server**: the [`ServerDeadlineLayer`][crate::server::deadline::ServerDeadlineLayer] reads that header, caps it by the server's
 //!   own maximum, refuses a request whose budget is spent (504 / `DEADLINE_EXCEEDED`) without
 //!   calling the handler, and makes the deadline current for the handler, so the handler's own
 //!   outgoing calls inherit it.
@@ -66,6 +66,12 @@
 //! assert!(header.parse::<u64>().unwrap() <= 2_000);
 //! # }
 //! ```
+#![cfg_attr(
+    not(feature = "server"),
+    doc = crate::docs::links::to_features!(
+        "crate::server::deadline::ServerDeadlineLayer",
+    )
+)]
 
 use std::future::Future;
 use std::time::Duration;

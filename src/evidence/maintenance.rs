@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-/// How one chore's round went: a [maintenance task](crate::maintenance::Maintenance) sends one
+/// How one chore's round went: a [maintenance task][crate::maintenance::Maintenance] sends one
 /// to its recorder for every chore it ran or tried to run.
 ///
 /// ```
@@ -18,6 +18,12 @@ use std::time::Duration;
 /// };
 /// # let _ = alert;
 /// ```
+#[cfg_attr(
+    not(any(feature = "server", feature = "durable")),
+    doc = crate::docs::links::to_features!(
+        "crate::maintenance::Maintenance",
+    )
+)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MaintenanceReport {

@@ -328,21 +328,39 @@ pub trait Recorder {
         let _ = event;
     }
 
-    /// An [outbox relay](crate::outbox::Relay) ran a round that claimed events, or read its
+    /// An [outbox relay][crate::outbox::Relay] ran a round that claimed events, or read its
     /// outbox's stats (backlog, oldest waiting event, quarantined events). The default ignores
     /// it.
+    #[cfg_attr(
+        not(feature = "durable"),
+        doc = crate::docs::links::to_features!(
+            "crate::outbox::Relay",
+        )
+    )]
     fn record_relay(&self, report: &RelayReport) {
         let _ = report;
     }
 
-    /// A [reconciler](crate::reconcile::Reconciler) finished a pass: the differences still
+    /// A [reconciler][crate::reconcile::Reconciler] finished a pass: the differences still
     /// open, by rule, the manual queue, and the oldest open one's age. The default ignores it.
+    #[cfg_attr(
+        not(feature = "durable"),
+        doc = crate::docs::links::to_features!(
+            "crate::reconcile::Reconciler",
+        )
+    )]
     fn record_reconcile(&self, report: &ReconcileReport) {
         let _ = report;
     }
 
-    /// A [maintenance task](crate::maintenance::Maintenance) ran, or tried to run, one chore's
+    /// A [maintenance task][crate::maintenance::Maintenance] ran, or tried to run, one chore's
     /// round. The default ignores it.
+    #[cfg_attr(
+        not(any(feature = "server", feature = "durable")),
+        doc = crate::docs::links::to_features!(
+            "crate::maintenance::Maintenance",
+        )
+    )]
     fn record_maintenance(&self, report: &MaintenanceReport) {
         let _ = report;
     }

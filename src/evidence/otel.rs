@@ -52,10 +52,10 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// | `surely.client.breaker.rejections` | counter, `{call}` | `surely.breaker`, `surely.breaker.state` | each refused call |
 /// | `surely.client.breaker.state` | gauge, `1` | `surely.breaker`, `surely.breaker.state` | 1 for the state entered, 0 for the one left |
 /// | `surely.server.idempotency.events` | counter, `{event}` | `surely.event`, `http.request.method` | each event of the server idempotency layer |
-/// | `surely.server.idempotency.abandoned` | counter, `{record}` | `surely.verdict` | each abandoned record a [recovery round](crate::server::idempotency::IdempotencyLayer::recover_abandoned) took over: `completed`, `failed`, `unknown`, `released`, or left for the next round (`hook_panicked`, `hook_timed_out`, `store_failed`) |
+/// | `surely.server.idempotency.abandoned` | counter, `{record}` | `surely.verdict` | each abandoned record a [recovery round][crate::server::idempotency::IdempotencyLayer::recover_abandoned] took over: `completed`, `failed`, `unknown`, `released`, or left for the next round (`hook_panicked`, `hook_timed_out`, `store_failed`) |
 /// | `surely.server.idempotency.stuck` | gauge, `{record}` | none | each stuck-record report: records still `PROCESSING` past its threshold |
 /// | `surely.server.idempotency.stuck.oldest_age` | gauge, `s` | none | each stuck-record report: how long the oldest has been processing (0 without any) |
-/// | `surely.server.limit.refused` | counter, `{request}` | `surely.refusal.reason`, `surely.criticality`, `surely.partition` (if any) | each request an [adaptive limit](crate::server::limit) refused |
+/// | `surely.server.limit.refused` | counter, `{request}` | `surely.refusal.reason`, `surely.criticality`, `surely.partition` (if any) | each request an [adaptive limit][crate::server::limit] refused |
 /// | `surely.server.limit` | gauge, `{request}` | none | each event of an adaptive limit: its concurrency limit |
 /// | `surely.server.limit.in_flight` | gauge, `{request}` | none | each event of an adaptive limit: requests admitted and not yet answered |
 /// | `surely.outbox.relay.published` | counter, `{event}` | none | each relay round: events published and marked |
@@ -83,10 +83,12 @@ const DURATION_BOUNDS: [f64; 17] = [
 ///
 /// # The server side and the outbox
 ///
-/// The server [idempotency layer](crate::server::idempotency) reports to the recorder given to
-/// its builder ([`IdempotencyLayerBuilder::recorder`]). Its events share **one counter**,
+/// The server [idempotency layer][crate::server::idempotency] reports to the recorder given to
+/// its builder
+/// ([`IdempotencyLayerBuilder::recorder`][crate::server::idempotency::IdempotencyLayerBuilder::recorder]).
+/// Its events share **one counter**,
 /// `surely.server.idempotency.events`, whose `surely.event` attribute is the
-/// [event's name](ServerEventKind::as_str): `replayed`, `in_flight`, `key_mismatch`, `expired`,
+/// [event's name][ServerEventKind::as_str]: `replayed`, `in_flight`, `key_mismatch`, `expired`,
 /// `lease_takeover`, `released`, `store_unavailable`, `not_stored`. One instrument rather than
 /// one per kind, because a dashboard reads them together: one query stacks them by
 /// `surely.event`, the share of duplicates that came too early (`in_flight`) against those
@@ -97,13 +99,13 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// go to [`TracingRecorder`] instead.
 ///
 /// The stuck-record gauges come from
-/// [`IdempotencyLayer::report_stuck`](crate::server::idempotency::IdempotencyLayer::report_stuck),
+/// [`IdempotencyLayer::report_stuck`][crate::server::idempotency::IdempotencyLayer::report_stuck],
 /// run on a schedule; they say nothing until its first run. Alert on
 /// `surely.server.idempotency.stuck` above zero: a record held that long is an owner that
 /// crashed or hangs.
 ///
-/// An [outbox relay](crate::outbox::Relay) reports to the recorder given to its builder
-/// ([`RelayBuilder::recorder`](crate::outbox::RelayBuilder::recorder)): the counters from each
+/// An [outbox relay][crate::outbox::Relay] reports to the recorder given to its builder
+/// ([`RelayBuilder::recorder`][crate::outbox::RelayBuilder::recorder]): the counters from each
 /// round, the gauges from the outbox's stats when they are read. They carry no attribute: give
 /// two relays in one process meters of their own to tell them apart. Alert on a rising
 /// `surely.outbox.oldest_age`, and on `surely.outbox.quarantine` above zero.
@@ -128,7 +130,24 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// [`AttemptClass::as_str`]: crate::classify::AttemptClass::as_str
 /// [`DeliveryPhase::as_str`]: crate::classify::DeliveryPhase::as_str
 /// [`BreakerState::as_str`]: crate::breaker::BreakerState::as_str
-/// [`IdempotencyLayerBuilder::recorder`]: crate::server::idempotency::IdempotencyLayerBuilder::recorder
+#[cfg_attr(
+    not(feature = "durable"),
+    doc = crate::docs::links::to_features!(
+        "crate::outbox::Relay",
+        "crate::outbox::RelayBuilder::recorder",
+    )
+)]
+#[cfg_attr(
+    not(feature = "server"),
+    doc = crate::docs::links::to_features!(
+        "crate::server::idempotency::IdempotencyLayer::recover_abandoned",
+        "crate::server::limit",
+        "crate::server::idempotency",
+        "ServerEventKind::as_str",
+        "crate::server::idempotency::IdempotencyLayer::report_stuck",
+        "crate::server::idempotency::IdempotencyLayerBuilder::recorder",
+    )
+)]
 #[derive(Clone, Debug)]
 pub struct OtelRecorder {
     call_duration: Histogram<f64>,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 /// How the differences found by reconciliation stand: what an operator watches. A
-/// [`Reconciler`](crate::reconcile::Reconciler) sends one to its recorder after each pass.
+/// [`Reconciler`][crate::reconcile::Reconciler] sends one to its recorder after each pass.
 ///
 /// ```
 /// use surely::record::{Record, ReconcileReport};
@@ -20,6 +20,12 @@ use std::time::Duration;
 /// let report = ReconcileReport::new(vec![("payment-order".to_owned(), 2)], 1, None);
 /// assert_eq!(report.open(), 2);
 /// ```
+#[cfg_attr(
+    not(feature = "durable"),
+    doc = crate::docs::links::to_features!(
+        "crate::reconcile::Reconciler",
+    )
+)]
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ReconcileReport {

@@ -30,11 +30,23 @@ pub struct RelayRound {
     /// Events published whose mark came too late: another relay had claimed them meanwhile
     /// (they went out more than once, as the outbox allows).
     pub stale: usize,
-    /// Published events swept after their [retention](crate::outbox::RelayBuilder::retention).
+    /// Published events swept after their [retention][crate::outbox::RelayBuilder::retention].
+    #[cfg_attr(
+        not(feature = "durable"),
+        doc = crate::docs::links::to_features!(
+            "crate::outbox::RelayBuilder::retention",
+        )
+    )]
     pub swept: u64,
 }
 
-/// What a relay reports to its [recorder](crate::outbox::RelayBuilder::recorder).
+/// What a relay reports to its [recorder][crate::outbox::RelayBuilder::recorder].
+#[cfg_attr(
+    not(feature = "durable"),
+    doc = crate::docs::links::to_features!(
+        "crate::outbox::RelayBuilder::recorder",
+    )
+)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayReport {

@@ -26,7 +26,7 @@ use crate::Semantics;
 /// `INFO`, its refusals at `DEBUG`. A call's event carries `surely.retry_wait_ms`, the time
 /// its retries spent waiting (backoff and pushback).
 ///
-/// The server [idempotency layer](crate::server::idempotency)'s events
+/// The server [idempotency layer][crate::server::idempotency]'s events
 /// ([`ServerEventKind`]) are logged with `surely.event` (their name), `http.request.method`,
 /// `surely.tenant`, `surely.operation` and `surely.key`: at `WARN` when they need a look (a key
 /// reused with another body, an expired key, a lease takeover, which means an owner crashed or
@@ -40,6 +40,13 @@ use crate::Semantics;
 /// let layer = RecordCallLayer::new(TracingRecorder::new());
 /// # let _ = layer;
 /// ```
+#[cfg_attr(
+    not(feature = "server"),
+    doc = crate::docs::links::to_features!(
+        "crate::server::idempotency",
+        "`ServerEventKind`",
+    )
+)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TracingRecorder {
     _priv: (),

@@ -58,7 +58,7 @@
 //!   the response it hands back, as `surely-outcome: failed; attempts=1; stop=final; left-ms=1994`
 //!   ([`headers::OUTCOME`](crate::headers::OUTCOME)), which tonic keeps in
 //!   `Status::metadata()`. Only over [`GrpcTransport`] (the one
-//!   [`build_channel`](crate::client::ClientBuilder::build_channel) uses), and never sent to
+//!   [`build_channel`][crate::client::ClientBuilder::build_channel] uses), and never sent to
 //!   the server: it is the client's note to its caller. The transport removes any `surely-outcome` a
 //!   server sent, in the head or the trailers, so a server cannot forge it;
 //! * with the stack's own errors, from the error behind the status, as above.
@@ -128,6 +128,14 @@
 //!
 //! [`Semantics`]: crate::Semantics
 //! [`Semantics::NonIdempotent`]: crate::Semantics::NonIdempotent
+#![cfg_attr(
+    not(feature = "tonic"),
+    doc = crate::docs::links::to_features!(
+        "`GrpcTransport`",
+        "`StatusExt`",
+        "crate::client::ClientBuilder::build_channel",
+    )
+)]
 
 pub mod future;
 mod layer;

@@ -96,7 +96,7 @@ impl<P> SetIdempotencyKeyLayer<P> {
     }
 
     /// Declares that the server behind this client honours idempotency keys (it runs this
-    /// crate's [server layer](crate::server::idempotency), or documents the `Idempotency-Key` header), so that a
+    /// crate's [server layer][crate::server::idempotency], or documents the `Idempotency-Key` header), so that a
     /// key the layer generates makes its request [`Keyed`](crate::Semantics::Keyed): retried with the
     /// same key after a lost reply.
     ///
@@ -126,6 +126,12 @@ impl<P> SetIdempotencyKeyLayer<P> {
     /// assert_eq!(semantics, Semantics::Keyed);
     /// # }
     /// ```
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!(
+            "crate::server::idempotency",
+        )
+    )]
     pub fn server_honours_keys(mut self) -> Self {
         self.honoured = true;
         self

@@ -43,7 +43,7 @@
 //!
 //! # What the server does with it
 //!
-//! A server that honours keys (this crate's [server layer](crate::server::idempotency), or most payment APIs)
+//! A server that honours keys (this crate's [server layer][crate::server::idempotency], or most payment APIs)
 //! answers:
 //!
 //! * **a repeat of a finished request**: the stored response of the first one, without doing the
@@ -120,6 +120,12 @@
 //! [`Error::invalid_key`]: crate::Error::invalid_key
 //! [`Envelope::headers_mut`]: crate::Envelope::headers_mut
 //! [`Envelope`]: crate::Envelope
+#![cfg_attr(
+    not(feature = "server"),
+    doc = crate::docs::links::to_features!(
+        "crate::server::idempotency",
+    )
+)]
 
 pub mod future;
 mod layer;

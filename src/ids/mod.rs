@@ -78,7 +78,7 @@ impl fmt::Display for BusinessKey {
     }
 }
 
-/// What a call did, for its records and its [ledger](crate::ledger) entry: `POST /orders` for an
+/// What a call did, for its records and its [ledger][crate::ledger] entry: `POST /orders` for an
 /// HTTP request (its method and path; the query is left out, as it may carry secrets), or a
 /// name of your own. Put one in a request's extensions to name the operation yourself; a
 /// request type of your own names it through [`Envelope::operation`](crate::Envelope::operation).
@@ -90,6 +90,7 @@ impl fmt::Display for BusinessKey {
 /// assert_eq!(op.to_string(), "POST /orders");
 /// assert_eq!(Operation::named("reserve-stock").to_string(), "reserve-stock");
 /// ```
+#[cfg_attr(not(feature = "durable"), doc = crate::docs::links::to_features!("crate::ledger"))]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Operation(OperationKind);
 

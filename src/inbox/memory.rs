@@ -167,7 +167,7 @@ impl MemoryInbox {
     /// `retention` ago or more ([`InboxSweeper`]), named `inbox memory <this process>`: each
     /// process sweeps its own memory. The versions are kept; `retention` must exceed the
     /// broker's `redelivery_window` (see
-    /// [`PostgresInbox::sweeper`](super::PostgresInbox::sweeper) and the
+    /// [`PostgresInbox::sweeper`][super::PostgresInbox::sweeper] and the
     /// [module docs](super#retention)).
     ///
     /// ```
@@ -183,7 +183,13 @@ impl MemoryInbox {
     ///
     /// # Errors
     ///
-    /// As [`PostgresInbox::sweeper`](super::PostgresInbox::sweeper).
+    /// As [`PostgresInbox::sweeper`][super::PostgresInbox::sweeper].
+    #[cfg_attr(
+        not(all(feature = "durable", feature = "postgres")),
+        doc = crate::docs::links::to_features!(
+            "super::PostgresInbox::sweeper",
+        )
+    )]
     pub fn sweeper(
         &self,
         retention: Duration,

@@ -80,6 +80,13 @@
 //! assert_eq!(inbox.stats().duplicates, 1);
 //! # }
 //! ```
+#![cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "`PostgresInbox`",
+        "`PostgresInbox::sweeper`",
+    )
+)]
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -144,6 +151,12 @@ pub enum Processed {
     },
     /// ([`MemoryInbox`] only) Another delivery of the event is being processed now: nothing
     /// was done; redeliver later. [`PostgresInbox`] waits for the other transaction instead.
+    #[cfg_attr(
+        not(all(feature = "durable", feature = "postgres")),
+        doc = crate::docs::links::to_features!(
+            "`PostgresInbox`",
+        )
+    )]
     InFlight,
     /// (A task: [`MemoryInbox::process_task`]) It waits: the handler answered a
     /// [`Wait`] that comes back, or the delivery came before the task's time. Not recorded as

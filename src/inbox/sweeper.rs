@@ -23,9 +23,15 @@ pub(crate) enum Target {
 /// versioned event older than the sweep is still [`Stale`](super::Processed::Stale), not
 /// applied. Without a sweeper, the inbox keeps a record of every event it processed.
 ///
-/// Made by [`PostgresInbox::sweeper`](super::PostgresInbox::sweeper) (named `inbox <table>`) or
+/// Made by [`PostgresInbox::sweeper`][super::PostgresInbox::sweeper] (named `inbox <table>`) or
 /// [`MemoryInbox::sweeper`], each with the broker's redelivery window, which the retention must
 /// exceed (see the [module docs](super#retention)).
+#[cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "super::PostgresInbox::sweeper",
+    )
+)]
 pub struct InboxSweeper {
     target: Target,
     name: String,

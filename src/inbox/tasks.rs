@@ -74,8 +74,8 @@ impl TaskStats {
 }
 
 /// Where tasks that wait, and tasks a person must decide, are kept: [`MemoryInbox`] and
-/// [`PostgresInbox`](super::PostgresInbox) implement it. The admin
-/// ([`AdminBuilder::tasks`](crate::admin::AdminBuilder::tasks), feature `admin`) and the
+/// [`PostgresInbox`][super::PostgresInbox] implement it. The admin
+/// ([`AdminBuilder::tasks`][crate::admin::AdminBuilder::tasks], feature `admin`) and the
 /// `surely tasks` command work through it.
 ///
 /// ```
@@ -103,6 +103,18 @@ impl TaskStats {
 /// assert_eq!(TaskStore::stats(&inbox).await.unwrap().total(TaskState::Manual), 0);
 /// # }
 /// ```
+#[cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "super::PostgresInbox",
+    )
+)]
+#[cfg_attr(
+    not(feature = "admin"),
+    doc = crate::docs::links::to_features!(
+        "crate::admin::AdminBuilder::tasks",
+    )
+)]
 pub trait TaskStore: Send + Sync + 'static {
     /// The tasks of `consumer` (every consumer's if `None`) in `state` (both states if `None`),
     /// the oldest first, at most `limit`; without their steps.

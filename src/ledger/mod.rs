@@ -77,6 +77,12 @@
 //! assert_eq!(settled.settlement.unwrap().verdict, Verdict::Succeeded);
 //! # }
 //! ```
+#![cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "`PostgresLedger`",
+    )
+)]
 
 use std::fmt;
 use std::future::Future;
@@ -758,6 +764,12 @@ impl LedgerStats {
 /// Every duration a method takes (a lease, a wait, a hold, a retention) counts as at most
 /// [`MAX_DURATION`](crate::MAX_DURATION), ten years: a longer one, `Duration::MAX` included, is
 /// taken as ten years, never a panic nor a database's refusal.
+#[cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "`PostgresLedger`",
+    )
+)]
 pub trait Ledger: Send + Sync + 'static {
     /// Records an entry, open; returns false (and changes nothing) if an entry with its id is
     /// already here: recording is idempotent. An [in-doubt](EntryState::InDoubt) entry with

@@ -52,7 +52,7 @@ const MAX_FAILED: usize = 1_000;
 ///
 /// Asking again with the same key is itself a query: when a later call with an entry's key is
 /// answered with the server's stored result (`idempotent-replayed: true`, as surely's
-/// [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer) answers), the first call
+/// [`IdempotencyLayer`][crate::server::idempotency::IdempotencyLayer] answers), the first call
 /// took effect, and the recorder settles the key's unsettled entries as succeeded (through
 /// [`Ledger::settle_manually`], as the reconciler; counted in
 /// [`LedgerWrites::settled_by_replay`]). A success that is not a replay proves nothing about an
@@ -68,6 +68,12 @@ const MAX_FAILED: usize = 1_000;
 /// reconciler once its hold has passed ([`docs::unknowns`](crate::docs::unknowns#a-client-that-dies-mid-call)).
 ///
 /// Clones share the writer.
+#[cfg_attr(
+    not(feature = "server"),
+    doc = crate::docs::links::to_features!(
+        "crate::server::idempotency::IdempotencyLayer",
+    )
+)]
 #[derive(Clone)]
 pub struct LedgerRecorder {
     shared: Arc<Shared>,

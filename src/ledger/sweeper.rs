@@ -14,7 +14,7 @@ use crate::ConfigError;
 /// claimed or in the manual queue is never deleted, whatever its age: its call has no answer
 /// yet.
 ///
-/// Made by [`PostgresLedger::sweeper`](super::PostgresLedger::sweeper) (named
+/// Made by [`PostgresLedger::sweeper`][super::PostgresLedger::sweeper] (named
 /// `ledger <table>`), [`MemoryLedger::sweeper`], or [`new`](Self::new) for a ledger of your
 /// own. The retention is at least [`MIN_RETENTION`](maintenance::MIN_RETENTION), so that an
 /// entry just settled (by a reconciler, or by hand) can still be read with its evidence.
@@ -36,6 +36,12 @@ use crate::ConfigError;
 /// # maintenance.shutdown().await;
 /// # Ok(()) }
 /// ```
+#[cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "super::PostgresLedger::sweeper",
+    )
+)]
 pub struct LedgerSweeper<S> {
     store: S,
     name: String,

@@ -44,6 +44,12 @@
 //! maintenance.shutdown().await;
 //! # Ok(()) }
 //! ```
+#![cfg_attr(
+    not(all(any(feature = "server", feature = "durable"), feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "`PostgresLeases`",
+    )
+)]
 
 use std::fmt;
 use std::future::Future;
@@ -85,7 +91,13 @@ pub const DEFAULT_ROUND_TIME: Duration = Duration::from_secs(30);
 /// consumer says it never arrived, the action the audit page should show. A retention below it
 /// is a [`ConfigError`] naming both. The inbox's safety window is the broker's redelivery
 /// window instead, which the caller states
-/// ([`PostgresInbox::sweeper`](crate::inbox::PostgresInbox::sweeper)).
+/// ([`PostgresInbox::sweeper`][crate::inbox::PostgresInbox::sweeper]).
+#[cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "crate::inbox::PostgresInbox::sweeper",
+    )
+)]
 pub const MIN_RETENTION: Duration = Duration::from_secs(3600);
 
 /// `retention`, if it is at most [`MAX_DURATION`](crate::MAX_DURATION) and at least

@@ -15,7 +15,7 @@ use super::{
 ///
 /// There is no transaction to join: [`enqueue`](Self::enqueue) adds the event at once. Use it
 /// where the business state is in memory too (or in tests); a service whose state is in
-/// PostgreSQL uses [`PostgresOutbox`](super::PostgresOutbox), whose events commit with it.
+/// PostgreSQL uses [`PostgresOutbox`][super::PostgresOutbox], whose events commit with it.
 ///
 /// Time is [`tokio::time::Instant`], so tests can pause and advance it. Clones share the
 /// events.
@@ -27,6 +27,12 @@ use super::{
 /// [`with_capacity`](Self::with_capacity) sets another bound. At the bound no event is dropped
 /// to make room: [`try_enqueue`](Self::try_enqueue) refuses a new one with
 /// [`OutboxError::is_full`] (and [`enqueue`](Self::enqueue) returns false, and logs an error).
+#[cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "super::PostgresOutbox",
+    )
+)]
 #[derive(Clone, Default)]
 pub struct MemoryOutbox {
     queue: MemoryQueue<EventId, State, Row>,

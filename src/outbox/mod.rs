@@ -4,7 +4,7 @@
 //!
 //! Writing the order and publishing `OrderCreated` are two systems: whichever goes first, a crash
 //! between them loses one or invents the other. The outbox makes them one write. The handler
-//! [enqueues](PostgresOutbox::enqueue) the event **inside its own transaction**; if the order
+//! [enqueues][PostgresOutbox::enqueue] the event **inside its own transaction**; if the order
 //! commits, so does the event, and if it rolls back, no event exists. A [`Relay`] then claims
 //! unpublished events, publishes them through any `tower::Service` (so the crate's deadline,
 //! retry, breaker and budget can sit in front of the broker), and marks them published.
@@ -70,6 +70,13 @@
 //! assert_eq!(outbox.stats_now().backlog, 0);
 //! # }
 //! ```
+#![cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "PostgresOutbox::enqueue",
+        "`PostgresOutbox`",
+    )
+)]
 
 use std::future::Future;
 use std::time::Duration;
@@ -174,6 +181,12 @@ pub enum Failed {
 /// Every duration a method takes (a lease, a wait, a hold, a retention) counts as at most
 /// [`MAX_DURATION`](crate::MAX_DURATION), ten years: a longer one, `Duration::MAX` included, is
 /// taken as ten years, never a panic nor a database's refusal.
+#[cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "`PostgresOutbox`",
+    )
+)]
 pub trait OutboxStore: Send + Sync + 'static {
     /// Claims up to `max` unpublished events that no live claim holds, oldest first, for
     /// `lease`.

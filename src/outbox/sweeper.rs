@@ -13,7 +13,7 @@ use crate::ConfigError;
 /// published first ([`OutboxStore::sweep_batch`]). Pending and quarantined events are never
 /// deleted: a quarantined one waits for a person, whatever its age.
 ///
-/// Made by [`PostgresOutbox::sweeper`](super::PostgresOutbox::sweeper) (named
+/// Made by [`PostgresOutbox::sweeper`][super::PostgresOutbox::sweeper] (named
 /// `outbox <table>`), [`MemoryOutbox::sweeper`], or [`new`](Self::new) for a store of your
 /// own. The retention is at least [`MIN_RETENTION`](maintenance::MIN_RETENTION), so that an
 /// event just published can still be looked up when a consumer says it never came. Without
@@ -35,6 +35,12 @@ use crate::ConfigError;
 /// # maintenance.shutdown().await;
 /// # Ok(()) }
 /// ```
+#[cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "super::PostgresOutbox::sweeper",
+    )
+)]
 pub struct OutboxSweeper<S> {
     store: S,
     name: String,

@@ -68,7 +68,7 @@ const DRAIN_TIME: Duration = Duration::from_secs(1);
 /// * `Idempotency-Key` is the event's [id](Event::id): the same on every attempt of the call and
 ///   on every later publish of the event (after a failure, a lost reply, a relay that crashed
 ///   before marking it). A receiver that honours keys (this crate's
-///   [`IdempotencyLayer`](crate::server::idempotency::IdempotencyLayer), or an inbox keyed by
+///   [`IdempotencyLayer`][crate::server::idempotency::IdempotencyLayer], or an inbox keyed by
 ///   it) drops the copies; this is how an at-least-once relay becomes effectively-once at the
 ///   receiver;
 /// * `surely-aggregate`, `surely-version` and `surely-kind` say what the event is about, and the
@@ -149,6 +149,12 @@ const DRAIN_TIME: Duration = Duration::from_secs(1);
 /// relay.run(std::future::pending()).await;
 /// # Ok(()) }
 /// ```
+#[cfg_attr(
+    not(feature = "server"),
+    doc = crate::docs::links::to_features!(
+        "crate::server::idempotency::IdempotencyLayer",
+    )
+)]
 #[derive(Clone)]
 pub struct WebhookPublisher<S> {
     inner: S,

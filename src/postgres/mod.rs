@@ -3,10 +3,10 @@
 //! migrations run with one call, and one reading of the database's errors.
 //!
 //! * **The pool** is deadpool-postgres's [`Pool`], re-exported, over tokio-postgres: the
-//!   idempotency [store](crate::server::store::PostgresStore) takes one, and a handler
+//!   idempotency [store][crate::server::store::PostgresStore] takes one, and a handler
 //!   that writes its business rows and completes its record in one transaction takes its
-//!   connection from the same pool; so do the [outbox](crate::outbox::PostgresOutbox), the
-//!   [inbox](crate::inbox::PostgresInbox) and the [ledger](crate::ledger::PostgresLedger) of
+//!   connection from the same pool; so do the [outbox][crate::outbox::PostgresOutbox], the
+//!   [inbox][crate::inbox::PostgresInbox] and the [ledger][crate::ledger::PostgresLedger] of
 //!   unknown calls. [`connect`] makes one.
 //! * **Migrations** are versioned and named, per component and per table, and recorded in the
 //!   table `surely_migrations`. [`migrate`] applies every one the crate has that the database
@@ -35,6 +35,20 @@
 //! let store = surely::server::store::PostgresStore::new(pool.clone());
 //! # let _ = store; Ok(()) }
 //! ```
+#![cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "crate::outbox::PostgresOutbox",
+        "crate::inbox::PostgresInbox",
+        "crate::ledger::PostgresLedger",
+    )
+)]
+#![cfg_attr(
+    not(all(feature = "server", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "crate::server::store::PostgresStore",
+    )
+)]
 
 use crate::storage::Component;
 use crate::ConfigError;

@@ -14,7 +14,7 @@ use crate::ConfigError;
 /// the longest done first ([`DifferenceStore::sweep_batch`]). An open, claimed or manual
 /// difference is never deleted, whatever its age: it still waits for its repair or a person.
 ///
-/// Made by [`PostgresDifferences::sweeper`](super::PostgresDifferences::sweeper) (named
+/// Made by [`PostgresDifferences::sweeper`][super::PostgresDifferences::sweeper] (named
 /// `reconcile <table>`), [`MemoryDifferences::sweeper`], or [`new`](Self::new) for a store of
 /// your own. The retention is at least [`MIN_RETENTION`](maintenance::MIN_RETENTION), so that
 /// a difference just repaired or resolved can still be read with its note and who did it.
@@ -34,6 +34,12 @@ use crate::ConfigError;
 /// # maintenance.shutdown().await;
 /// # Ok(()) }
 /// ```
+#[cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "super::PostgresDifferences::sweeper",
+    )
+)]
 pub struct DifferenceSweeper<S> {
     store: S,
     name: String,

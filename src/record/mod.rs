@@ -13,8 +13,9 @@
 //!   gives the call the [`CallId`] that its attempt records carry.
 //!
 //! A gRPC response that streams has its status in its trailers, which arrive after the head
-//! the record layers see. Over a transport that watches the body ([`GrpcTransport`], which the
-//! `grpc()` preset uses, or [`WatchTrailersLayer`] around any transport of `http` messages),
+//! the record layers see. Over a transport that watches the body
+//! ([`GrpcTransport`][crate::grpc::GrpcTransport], which the `grpc()` preset uses, or
+//! [`WatchTrailersLayer`] around any transport of `http` messages),
 //! such an attempt is recorded when its body ends, from the trailers, and its call right after;
 //! elsewhere the records classify at the head.
 //!
@@ -22,8 +23,6 @@
 //! OpenTelemetry names such as `http.request.resend_count`), [`InMemoryRecorder`] for tests, any
 //! closure `Fn(Record<'_>)`, or `()` for none. With `()`, the record layers read no clock and
 //! build nothing: they cost a branch.
-//!
-//! [`GrpcTransport`]: crate::grpc::GrpcTransport
 //!
 //! ```
 //! use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
@@ -48,6 +47,12 @@
 //! assert_eq!(recorder.attempts()[0].attempt, 1);
 //! # }
 //! ```
+#![cfg_attr(
+    not(feature = "tonic"),
+    doc = crate::docs::links::to_features!(
+        "crate::grpc::GrpcTransport",
+    )
+)]
 
 pub mod attempt;
 pub mod call;

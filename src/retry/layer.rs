@@ -212,8 +212,14 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
 
     /// Whether to tell the next hop that this layer owns retries, with [`RETRY_OWNER`](crate::headers::RETRY_OWNER) on every
     /// attempt (default true). With it, a request's [`Criticality`](crate::Criticality) extension is written too, as
-    /// the [`CRITICALITY`](crate::headers::CRITICALITY) header the next hop's [adaptive limit](crate::server::limit) sheds
+    /// the [`CRITICALITY`](crate::headers::CRITICALITY) header the next hop's [adaptive limit][crate::server::limit] sheds
     /// by (unless the request already has that header).
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!(
+            "crate::server::limit",
+        )
+    )]
     pub fn mark_owner(mut self, mark: bool) -> Self {
         self.settings.mark_owner = mark;
         self

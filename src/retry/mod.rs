@@ -34,12 +34,12 @@
 //!
 //! If every hop of a call chain retries three times, a failure at the bottom of five hops is
 //! tried 3⁵ = 243 times. So the layer marks each attempt with [`RETRY_OWNER`](crate::headers::RETRY_OWNER); the next hop's
-//! [`ServerDeadlineLayer`](crate::server::deadline::ServerDeadlineLayer) carries the mark into its
+//! [`ServerDeadlineLayer`][crate::server::deadline::ServerDeadlineLayer] carries the mark into its
 //! handler's context, and a retry layer inside that handler then retries only attempts that
 //! were provably not sent (refused before any byte left), stopping with
 //! [`UpstreamOwnsRetries`](crate::StopReason::UpstreamOwnsRetries) otherwise. Retries
 //! then happen once, at the top. The next hop honours the mark only if it trusts this caller
-//! ([`trust_retry_signals`](crate::server::deadline::ServerDeadlineLayerBuilder::trust_retry_signals));
+//! ([`trust_retry_signals`][crate::server::deadline::ServerDeadlineLayerBuilder::trust_retry_signals]);
 //! turn it off with [`mark_owner(false)`](RetryLayerBuilder::mark_owner) (or the client's
 //! [`no_internal_headers`](crate::client::ClientBuilder::no_internal_headers)) for a server that
 //! is not yours.
@@ -90,6 +90,13 @@
 //! assert_eq!(start.elapsed(), Duration::from_secs(2));
 //! # }
 //! ```
+#![cfg_attr(
+    not(feature = "server"),
+    doc = crate::docs::links::to_features!(
+        "crate::server::deadline::ServerDeadlineLayer",
+        "crate::server::deadline::ServerDeadlineLayerBuilder::trust_retry_signals",
+    )
+)]
 
 pub mod backoff;
 pub mod future;

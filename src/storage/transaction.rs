@@ -7,14 +7,27 @@ use tokio_postgres::Row;
 
 /// A connection inside a transaction that the caller holds open, which a write of the crate's
 /// joins so that it commits or rolls back with the caller's own writes (the outbox's
-/// [`enqueue`](crate::outbox::PostgresOutbox::enqueue), for one).
+/// [`enqueue`][crate::outbox::PostgresOutbox::enqueue], for one).
 ///
 /// Implemented for tokio-postgres's and deadpool-postgres's transactions; with the `server`
 /// feature, for the connection of the transaction in which the idempotency layer claimed a key
-/// ([`TransactionClient`](crate::server::store::TransactionClient)); and with the `durable`
+/// ([`TransactionClient`][crate::server::store::TransactionClient]); and with the `durable`
 /// feature, for the connection of the transaction in which the inbox processes an event
-/// ([`InboxTransaction`](crate::inbox::InboxTransaction)). Sealed: a plain client, outside any
+/// ([`InboxTransaction`][crate::inbox::InboxTransaction]). Sealed: a plain client, outside any
 /// transaction, is not one.
+#[cfg_attr(
+    not(all(feature = "durable", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "crate::outbox::PostgresOutbox::enqueue",
+        "crate::inbox::InboxTransaction",
+    )
+)]
+#[cfg_attr(
+    not(all(feature = "server", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "crate::server::store::TransactionClient",
+    )
+)]
 pub trait InTransaction: sealed::Sealed {}
 
 impl InTransaction for tokio_postgres::Transaction<'_> {}

@@ -5,7 +5,7 @@ use tower_layer::Layer;
 use super::WatchTrailers;
 
 /// Lets the record layers above settle gRPC attempts from their trailers, over a transport of
-/// `http` messages. [`GrpcTransport`](crate::grpc::GrpcTransport) does the same for tonic
+/// `http` messages. [`GrpcTransport`][crate::grpc::GrpcTransport] does the same for tonic
 /// channels, without this layer.
 ///
 /// Put it right around the transport, inside every record layer. A response gets a
@@ -59,6 +59,12 @@ use super::WatchTrailers;
 /// assert_eq!(recorder.attempts()[0].class(), AttemptClass::MaybeCommitted);
 /// # }
 /// ```
+#[cfg_attr(
+    not(feature = "tonic"),
+    doc = crate::docs::links::to_features!(
+        "crate::grpc::GrpcTransport",
+    )
+)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WatchTrailersLayer {
     _priv: (),

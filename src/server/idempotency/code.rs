@@ -86,9 +86,15 @@ pub enum ErrorCode {
     /// handler did not run again.
     ReplayFailed,
     /// `IDEMPOTENCY_COMMIT_UNKNOWN`, with `503` and `Retry-After`: with the key claimed
-    /// [in the handler's transaction](super::IdempotencyLayerBuilder::in_transaction), the
+    /// [in the handler's transaction][super::IdempotencyLayerBuilder::in_transaction], the
     /// connection failed while the commit was on its way, so the request may have taken effect.
     /// Send it again with the same key: it is replayed if it committed, and runs if it did not.
+    #[cfg_attr(
+        not(all(feature = "server", feature = "postgres")),
+        doc = crate::docs::links::to_features!(
+            "super::IdempotencyLayerBuilder::in_transaction",
+        )
+    )]
     CommitUnknown,
 }
 

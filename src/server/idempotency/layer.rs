@@ -603,7 +603,7 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// An owner whose handler is dropped before it answered releases its key at once, so the
     /// caller's retry runs the handler again instead of waiting out the lease. That is safe for
     /// a handler that writes in one transaction with its completion
-    /// ([`PostgresStore::complete_in`](crate::server::store::PostgresStore::complete_in)):
+    /// ([`PostgresStore::complete_in`][crate::server::store::PostgresStore::complete_in]):
     /// a dropped handler's transaction rolls back. A handler that is not transactional may have
     /// done part of its work when it was dropped, and the retry does it again: keep the
     /// default for those.
@@ -619,6 +619,12 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// # let _ = layer;
     /// # }
     /// ```
+    #[cfg_attr(
+        not(all(feature = "server", feature = "postgres")),
+        doc = crate::docs::links::to_features!(
+            "crate::server::store::PostgresStore::complete_in",
+        )
+    )]
     pub fn cancel_with_caller(mut self) -> Self {
         self.config.detach = false;
         self
@@ -626,8 +632,14 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
 
     /// Whether 5xx responses other than 503 are stored and replayed (default true; see the
     /// [module docs](super#what-is-stored)), or release the key. With
-    /// [`in_transaction`](IdempotencyLayerBuilder::in_transaction), a 5xx is never stored: its
+    /// [`in_transaction`][IdempotencyLayerBuilder::in_transaction], a 5xx is never stored: its
     /// transaction rolls back, and the key is free.
+    #[cfg_attr(
+        not(all(feature = "server", feature = "postgres")),
+        doc = crate::docs::links::to_features!(
+            "IdempotencyLayerBuilder::in_transaction",
+        )
+    )]
     pub fn store_server_errors(mut self, store: bool) -> Self {
         self.config.store_server_errors = store;
         self
@@ -930,7 +942,13 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
     /// abandoned-record grace) over ten years
     /// ([`MAX_DURATION`](crate::MAX_DURATION)), an in-flight `Retry-After` over ten years, or a
     /// zero body limit; a renewal
-    /// or a recovery or abandoned-record hook with [`in_transaction`](Self::in_transaction).
+    /// or a recovery or abandoned-record hook with [`in_transaction`][Self::in_transaction].
+    #[cfg_attr(
+        not(all(feature = "server", feature = "postgres")),
+        doc = crate::docs::links::to_features!(
+            "Self::in_transaction",
+        )
+    )]
     pub fn build(self) -> Result<IdempotencyLayer<St>, ConfigError> {
         let c = &self.config;
         ConfigError::positive_at_most_max("idempotency lease", c.lease)?;

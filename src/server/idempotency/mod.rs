@@ -103,7 +103,7 @@
 //! answers `400` ([`ErrorCode::RequestRejected`]), never "unavailable". If completing fails after the handler ran,
 //! the client still gets the handler's response and the failure is logged (`tracing`, `warn`);
 //! the record stays `PROCESSING` until its lease passes, and a retry after that runs again. A
-//! [`PostgresStore`](super::store::PostgresStore) closes that gap by completing inside the
+//! [`PostgresStore`][super::store::PostgresStore] closes that gap by completing inside the
 //! handler's own transaction.
 //!
 //! # Events
@@ -160,6 +160,12 @@
 //! [`IdempotencyKey`]: crate::idempotency::IdempotencyKey
 //! [`KEY_IN_FLIGHT`]: crate::headers::KEY_IN_FLIGHT
 //! [`NOT_PROCESSED`]: crate::headers::NOT_PROCESSED
+#![cfg_attr(
+    not(all(feature = "server", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "super::store::PostgresStore",
+    )
+)]
 
 use std::future::Future;
 use std::pin::Pin;
@@ -192,15 +198,15 @@ use crate::headers::IDEMPOTENCY_ERROR;
 /// and the steps earlier owners recorded.
 ///
 /// A handler guards its own writes with [`fence`](Self::fence), or, with a
-/// [`PostgresStore`](super::store::PostgresStore), completes the record inside its business
-/// transaction with [`PostgresStore::complete_in`](super::store::PostgresStore::complete_in).
+/// [`PostgresStore`][super::store::PostgresStore], completes the record inside its business
+/// transaction with [`PostgresStore::complete_in`][super::store::PostgresStore::complete_in].
 ///
 /// # Checkpoints
 ///
 /// A handler that calls a system outside its own transaction (a payment channel, a stock
 /// service) records the step on its record **before** it can be lost: the external request's
 /// id, say, with [`checkpoint`](Self::checkpoint) (or, in its PostgreSQL transaction,
-/// [`PostgresStore::checkpoint_in`](super::store::PostgresStore::checkpoint_in)). Should the
+/// [`PostgresStore::checkpoint_in`][super::store::PostgresStore::checkpoint_in]). Should the
 /// owner die after that, the request that takes its record over does not run the handler
 /// blindly: the layer's [recovery hook](IdempotencyLayerBuilder::recover) reads the checkpoints
 /// and asks the external system what became of the step; without a hook, the record becomes
@@ -233,6 +239,14 @@ use crate::headers::IDEMPOTENCY_ERROR;
 /// assert_eq!(svc.oneshot(req).await.unwrap().status(), 200);
 /// # }
 /// ```
+#[cfg_attr(
+    not(all(feature = "server", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "super::store::PostgresStore",
+        "super::store::PostgresStore::complete_in",
+        "super::store::PostgresStore::checkpoint_in",
+    )
+)]
 #[derive(Clone)]
 pub struct Ticket(Arc<TicketInner>);
 

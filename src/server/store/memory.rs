@@ -29,7 +29,7 @@ use std::sync::atomic::Ordering::{AcqRel, Relaxed};
 /// Time is [`tokio::time::Instant`], so tests can pause and advance it.
 ///
 /// Records live as long as the process: behind a load balancer with several instances, use a
-/// shared store ([`PostgresStore`](super::PostgresStore)) instead, or a duplicate that reaches
+/// shared store ([`PostgresStore`][super::PostgresStore]) instead, or a duplicate that reaches
 /// another instance runs again. Clones share the records.
 ///
 /// # Memory
@@ -58,6 +58,12 @@ use std::sync::atomic::Ordering::{AcqRel, Relaxed};
 /// assert!(matches!(store.acquire(&key, &digest, lease).await.unwrap(), Acquire::InFlight { .. }));
 /// # }
 /// ```
+#[cfg_attr(
+    not(all(feature = "server", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "super::PostgresStore",
+    )
+)]
 #[derive(Clone)]
 pub struct MemoryStore {
     shared: Arc<Shared>,

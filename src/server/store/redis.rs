@@ -25,7 +25,7 @@ use crate::ConfigError;
 /// # What it guarantees, and what it does not
 ///
 /// On one Redis server that keeps its data, it behaves as the
-/// [`PostgresStore`](super::PostgresStore) does, state for state: one owner per key, duplicates
+/// [`PostgresStore`][super::PostgresStore] does, state for state: one owner per key, duplicates
 /// answered 409 while the owner's lease runs, replays of the stored answer, fenced completions
 /// (a stale owner is refused), takeovers with a higher fence, checkpoints, `UNKNOWN` records,
 /// retention, the sweep. It does **not** promise what PostgreSQL promises, because Redis does
@@ -51,7 +51,7 @@ use crate::ConfigError;
 ///
 /// So: use it to spare a service duplicate work, and duplicate answers to most retries; do not
 /// use it where the effect must happen once (money, stock, anything a customer is charged
-/// for). There, use [`PostgresStore`](super::PostgresStore) and complete in the handler's
+/// for). There, use [`PostgresStore`][super::PostgresStore] and complete in the handler's
 /// transaction. See [`docs::server_states`](crate::docs::server_states#on-redis).
 ///
 /// # The keys, and what each call costs
@@ -118,6 +118,12 @@ use crate::ConfigError;
 /// # let _ = app;
 /// # Ok(()) }
 /// ```
+#[cfg_attr(
+    not(all(feature = "server", feature = "postgres")),
+    doc = crate::docs::links::to_features!(
+        "super::PostgresStore",
+    )
+)]
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Arc<Conn>,
