@@ -675,7 +675,7 @@ async fn a_post_whose_attempts_timed_out_while_connecting_failed_for_sure_with_p
 /// `Send`, so it boxes into tower's `BoxCloneService`.
 #[derive(Clone)]
 struct OrdersSdk {
-    http: surely::reqwest::Client,
+    http: surely::reqwest::ClientStack,
 }
 
 #[test]
