@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::routing::{get, post};
 use axum::Router;
@@ -32,7 +31,7 @@ use surely::server::idempotency::IdempotencyLayer;
 use surely::server::store::MemoryStore;
 use surely::OutcomeExt;
 use tokio::net::TcpListener;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceExt};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -64,21 +63,17 @@ async fn show(State(shop): State<Shop>, Path(id): Path<String>) -> (StatusCode, 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let shop = Shop::default();
-    // The write route's layers. The idempotency layer hands its handler a `Full<Bytes>` body
-    // (it read the body to hash it); axum's routes take its `Body`, hence the `map_request`.
-    let writes = ServiceBuilder::new()
-        .layer(
-            IdempotencyLayer::builder(MemoryStore::new())
-                .require_key_for([Method::POST])
-                .build()?,
-        )
-        .map_request(|req: Request<Full<Bytes>>| req.map(Body::new));
+    // The write route's layer. It reads the body to hash it and hands the handler a
+    // `Full<Bytes>` body, which an axum route takes as it takes its own `Body`.
+    let keys = IdempotencyLayer::builder(MemoryStore::new())
+        .require_key_for([Method::POST])
+        .build()?;
     let deadlines = ServerDeadlineLayer::builder()
         .max(Duration::from_secs(10))
         .min(Duration::from_millis(50))
         .build()?;
     let app = Router::new()
-        .route("/orders", post(create).layer(writes))
+        .route("/orders", post(create).layer(keys))
         .route("/orders/{id}", get(show))
         .layer(deadlines)
         .with_state(shop.clone());

@@ -215,6 +215,15 @@ pub mod server_states {
             "crate::server::store::PostgresStore::checkpoint_in",
             "crate::server::idempotency::IdempotencyLayerBuilder::in_transaction",
             "crate::server::store::PostgresStore",
+            "crate::server::store::PostgresStore::complete_in",
+        )
+    )]
+    #![cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!(
+            "crate::server::store::StoredResponse::buffer",
+            "crate::record::ServerEventKind::StoredAnswerDiffers",
+            "crate::server::idempotency::IdempotencyLayerBuilder::max_stored_bytes",
         )
     )]
     #![cfg_attr(

@@ -89,7 +89,8 @@ const DURATION_BOUNDS: [f64; 17] = [
 /// Its events share **one counter**,
 /// `surely.server.idempotency.events`, whose `surely.event` attribute is the
 /// [event's name][ServerEventKind::as_str]: `replayed`, `in_flight`, `key_mismatch`, `expired`,
-/// `lease_takeover`, `released`, `store_unavailable`, `not_stored`. One instrument rather than
+/// `lease_takeover`, `released`, `store_unavailable`, `not_stored`, `stored_answer_differs`,
+/// and the others of [`ServerEventKind::as_str`]. One instrument rather than
 /// one per kind, because a dashboard reads them together: one query stacks them by
 /// `surely.event`, the share of duplicates that came too early (`in_flight`) against those
 /// that found the answer (`replayed`) is a ratio of two series of the same metric, and a kind

@@ -57,6 +57,33 @@ pub enum ServerEventKind {
         /// The owner's fence.
         fence: Fence,
     },
+    /// The handler stored its own answer in its transaction
+    /// ([`PostgresStore::complete_in`][crate::server::store::PostgresStore::complete_in]) and
+    /// committed it, and the answer that left it is another: a header the framework or a layer
+    /// between the idempotency layer and the handler added (a `content-type` left out of a
+    /// [`StoredResponse`](crate::server::store::StoredResponse) built by hand), another status,
+    /// another body. Its client got the answer sent; every replay of the key gets the stored
+    /// one. The layer also logs it at `warn`, naming the headers. Store the response returned,
+    /// with [`StoredResponse::buffer`](crate::server::store::StoredResponse::buffer).
+    ///
+    /// The layer tells it when its own completion with the answer sent is refused because the
+    /// record is already completed: a handler whose transaction rolled back after its
+    /// `complete_in` makes no event, as the answer sent is then the one stored.
+    #[cfg_attr(
+        not(all(feature = "server", feature = "postgres")),
+        doc = crate::docs::links::to_features!("crate::server::store::PostgresStore::complete_in")
+    )]
+    StoredAnswerDiffers {
+        /// The owner's fence.
+        fence: Fence,
+        /// Whether the statuses differ.
+        status: bool,
+        /// How many of the headers the layer stores differ (a value, or one answer has it and
+        /// the other has not).
+        headers: usize,
+        /// Whether the bodies differ.
+        body: bool,
+    },
     /// After a takeover, the recovery decided what became of the previous owner's work (the
     /// layer's recovery hook, or without one the rule: rerun a record without checkpoints,
     /// mark one with checkpoints unknown).
@@ -179,8 +206,8 @@ impl RecoveryVerdict {
 impl ServerEventKind {
     /// A short snake-case name, for records, logs and metric attributes: `replayed`,
     /// `in_flight`, `key_mismatch`, `expired`, `lease_takeover`, `released`,
-    /// `store_unavailable`, `not_stored`, `recovered`, `unknown_answered`, `settled`, `stuck`,
-    /// `abandoned`, `abandoned_round_failed`.
+    /// `store_unavailable`, `not_stored`, `stored_answer_differs`, `recovered`,
+    /// `unknown_answered`, `settled`, `stuck`, `abandoned`, `abandoned_round_failed`.
     ///
     /// ```
     /// use surely::record::ServerEventKind;
@@ -196,6 +223,7 @@ impl ServerEventKind {
             ServerEventKind::Released { .. } => "released",
             ServerEventKind::StoreUnavailable => "store_unavailable",
             ServerEventKind::NotStored { .. } => "not_stored",
+            ServerEventKind::StoredAnswerDiffers { .. } => "stored_answer_differs",
             ServerEventKind::Recovered { .. } => "recovered",
             ServerEventKind::UnknownAnswered => "unknown_answered",
             ServerEventKind::Settled { .. } => "settled",
@@ -311,6 +339,16 @@ impl fmt::Display for ServerEvent {
                     None => Ok(()),
                 }
             }
+            ServerEventKind::StoredAnswerDiffers {
+                fence,
+                status,
+                headers,
+                body,
+            } => write!(
+                f,
+                " fence={} status-differs={status} headers-differ={headers} body-differs={body}",
+                fence.get()
+            ),
             ServerEventKind::Recovered { fence, verdict } => {
                 write!(f, " fence={} verdict={}", fence.get(), verdict.as_str())
             }

@@ -347,6 +347,19 @@ impl Recorder for TracingRecorder {
                 surely.fence = fence.get(),
                 "idempotency result not stored: the record stays processing until its lease passes"
             ),
+            ServerEventKind::StoredAnswerDiffers {
+                fence,
+                status,
+                headers,
+                body,
+            } => server_event!(
+                warn,
+                surely.fence = fence.get(),
+                surely.status_differs = status,
+                surely.headers_differ = headers,
+                surely.body_differs = body,
+                "idempotency answer sent differs from the one the handler stored: replays get the stored one"
+            ),
             ServerEventKind::Recovered { fence, verdict } => server_event!(
                 warn,
                 surely.fence = fence.get(),

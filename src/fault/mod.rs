@@ -15,7 +15,8 @@
 //! * **Answered, badly**: the server says no (503 with `Retry-After` from an overloaded
 //!   upstream, 429, a 502 or 504 from a gateway). The status and the pushback decide.
 //!
-//! An [`InjectFaultLayer`] wraps the real service (a transport, or a server's handler) and, for the
+//! An [`InjectFaultLayer`] wraps the real service (a transport, or a server's handler; in an
+//! axum router, [`InjectServerFaultLayer`]: see [below](#inside-an-axum-router)) and, for the
 //! requests its [`FaultPolicy`] picks, injects one [`Fault`]. The real service still runs
 //! where the fault says so, so "lost after commit" really commits, and a test can check that
 //! the order exists while the caller was told nothing:
@@ -136,6 +137,37 @@
 //! Clones of a [`Schedule`] (or of [`Seeded`]) share their state, so the script counts requests
 //! across connections.
 //!
+//! # Inside an axum router
+//!
+//! An axum `Router` (or any server stack whose services never fail) takes only layers whose
+//! error is `Infallible`: an [`InjectFault`]'s error carries the fault, so `Router::layer`
+//! refuses it. [`InjectServerFaultLayer`] takes the same policies and answers each fault as a
+//! server can instead: a reset lets the handler commit, then breaks its answer's body, which
+//! makes the server drop the connection (over HTTP/1 before any byte of the answer); a refusal
+//! does not run the handler and answers `503` with
+//! [`surely-not-processed`](crate::headers::NOT_PROCESSED), which the crate's client classifies
+//! *rejected*; the delays and made-up replies are as above. Its docs say why these two are the
+//! honest forms.
+//!
+//! ```
+//! use axum::routing::post;
+//! use axum::Router;
+//! use http::StatusCode;
+//! use surely::fault::{Fault, InjectServerFaultLayer, Seeded};
+//! use surely::server::idempotency::IdempotencyLayer;
+//! use surely::server::store::MemoryStore;
+//!
+//! // One request in ten commits its order and loses its answer, one in twenty is refused
+//! // unprocessed: the clients' keyed retries must end with one order each.
+//! let chaos = Seeded::new(7, [(0.1, Fault::ResetAfterSend), (0.05, Fault::RefuseBeforeSend)])
+//!     .unwrap();
+//! let keys = IdempotencyLayer::builder(MemoryStore::new()).build().unwrap();
+//! let app: Router = Router::new()
+//!     .route("/orders", post(|| async { (StatusCode::CREATED, "o-1") }).layer(keys))
+//!     .layer(InjectServerFaultLayer::new(chaos));
+//! # let _ = app;
+//! ```
+//!
 //! # How it differs from a mock
 //!
 //! A mock (`tower_test::mock`) replaces the service; a fault layer wraps the real one. The
@@ -149,11 +181,13 @@ pub mod future;
 mod layer;
 mod policy;
 mod reply;
+pub mod server;
 mod service;
 
 pub use self::layer::InjectFaultLayer;
 pub use self::policy::{FaultPolicy, Schedule, Seeded};
 pub use self::reply::{EmptyBody, MakeResponse, NoResponse, Reply};
+pub use self::server::{FaultBody, InjectServerFault, InjectServerFaultLayer};
 pub use self::service::InjectFault;
 pub use crate::error::InjectedFault;
 

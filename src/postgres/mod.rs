@@ -128,7 +128,11 @@ impl Migrations {
     ///
     /// # Errors
     ///
-    /// As for [`idempotency_table`](Self::idempotency_table).
+    /// As for [`idempotency_table`][Self::idempotency_table].
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!("Self::idempotency_table")
+    )]
     pub fn outbox_table(self, table: &str) -> Result<Self, ConfigError> {
         self.table_of(&crate::outbox::POSTGRES_COMPONENT, table)
     }
@@ -139,7 +143,11 @@ impl Migrations {
     ///
     /// # Errors
     ///
-    /// As for [`idempotency_table`](Self::idempotency_table).
+    /// As for [`idempotency_table`][Self::idempotency_table].
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!("Self::idempotency_table")
+    )]
     pub fn inbox_table(self, table: &str) -> Result<Self, ConfigError> {
         self.table_of(&crate::inbox::POSTGRES_COMPONENT, table)
     }
@@ -151,7 +159,11 @@ impl Migrations {
     ///
     /// # Errors
     ///
-    /// As for [`idempotency_table`](Self::idempotency_table).
+    /// As for [`idempotency_table`][Self::idempotency_table].
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!("Self::idempotency_table")
+    )]
     pub fn ledger_table(self, table: &str) -> Result<Self, ConfigError> {
         self.table_of(&crate::ledger::POSTGRES_COMPONENT, table)
     }
@@ -162,7 +174,11 @@ impl Migrations {
     ///
     /// # Errors
     ///
-    /// As for [`idempotency_table`](Self::idempotency_table).
+    /// As for [`idempotency_table`][Self::idempotency_table].
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!("Self::idempotency_table")
+    )]
     pub fn reconcile_table(self, table: &str) -> Result<Self, ConfigError> {
         self.table_of(&crate::reconcile::POSTGRES_COMPONENT, table)
     }
@@ -173,7 +189,11 @@ impl Migrations {
     ///
     /// # Errors
     ///
-    /// As for [`idempotency_table`](Self::idempotency_table).
+    /// As for [`idempotency_table`][Self::idempotency_table].
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!("Self::idempotency_table")
+    )]
     pub fn audit_table(self, table: &str) -> Result<Self, ConfigError> {
         self.table_of(&crate::admin::POSTGRES_COMPONENT, table)
     }
@@ -184,7 +204,11 @@ impl Migrations {
     ///
     /// # Errors
     ///
-    /// As for [`idempotency_table`](Self::idempotency_table).
+    /// As for [`idempotency_table`][Self::idempotency_table].
+    #[cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!("Self::idempotency_table")
+    )]
     pub fn leases_table(self, table: &str) -> Result<Self, ConfigError> {
         self.table_of(&crate::maintenance::POSTGRES_COMPONENT, table)
     }

@@ -715,3 +715,256 @@ async fn server_side_reset_after_send_closes_the_connection() {
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(commits.load(Ordering::SeqCst), 3);
 }
+
+/// The layer of an axum server: `Router::layer` takes `InjectServerFaultLayer`, served on
+/// 127.0.0.1. A reset lets the handler commit and closes the connection before any answer; a
+/// refusal never runs the handler and answers `503` not processed (classified *rejected*);
+/// made-up replies answer without the handler, or after it.
+#[tokio::test]
+async fn server_faults_inside_an_axum_router_on_loopback() {
+    use axum::routing::post;
+    use axum::Router;
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::TokioIo;
+    use surely::classify::HttpRequestClassifier;
+    use surely::fault::InjectServerFaultLayer;
+
+    let commits = Arc::new(AtomicUsize::new(0));
+    let counted = commits.clone();
+    let create = move || {
+        let counted = counted.clone();
+        async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::CREATED, "created")
+        }
+    };
+    let faults = Schedule::new()
+        .at(1, Fault::ResetAfterSend)
+        .at(2, Fault::RefuseBeforeSend)
+        .at(
+            3,
+            Fault::Respond(
+                Reply::new(StatusCode::TOO_MANY_REQUESTS).retry_after(Duration::from_secs(2)),
+            ),
+        )
+        .at(4, Fault::RespondAfterSend(StatusCode::BAD_GATEWAY.into()));
+    let app = Router::new()
+        .route("/orders", post(create))
+        .layer(InjectServerFaultLayer::new(faults));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let request = || {
+        http::Request::post("/orders")
+            .header(http::header::HOST, "localhost")
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+    let connect = || async {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        sender
+    };
+    let keyed = HttpRequestClassifier::new(surely::Semantics::Keyed, false);
+
+    let mut sender = connect().await;
+    let res = sender.send_request(request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(
+        res.into_body().collect().await.unwrap().to_bytes(),
+        "created"
+    );
+    assert_eq!(commits.load(Ordering::SeqCst), 1);
+
+    // The handler commits; the connection closes before any byte of its answer.
+    let err = sender.send_request(request()).await.unwrap_err();
+    assert!(err.is_incomplete_message(), "{err:?}");
+    assert_eq!(commits.load(Ordering::SeqCst), 2);
+
+    // Refused: the handler does not run, and the answer says so.
+    let mut sender = connect().await;
+    let res = sender.send_request(request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["surely-not-processed"], "injected-fault");
+    let class = keyed.classify_status(res.status(), res.headers()).class();
+    assert_eq!(class, AttemptClass::Rejected);
+    assert_eq!(commits.load(Ordering::SeqCst), 2);
+
+    // A made-up reply without the handler; then one after it.
+    let res = sender.send_request(request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["retry-after"], "2");
+    assert!(res
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .is_empty());
+    assert_eq!(commits.load(Ordering::SeqCst), 2);
+    let res = sender.send_request(request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(commits.load(Ordering::SeqCst), 3);
+
+    // Then the handler's own answers again, on the same connection.
+    let res = sender.send_request(request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(commits.load(Ordering::SeqCst), 4);
+}
+
+/// A keyed POST through the crate's client to an axum server whose idempotency layer sits on
+/// the route and whose fault layer wraps the router: the first attempt commits and loses its
+/// answer, the retry with the same key gets the replay, and the handler ran once.
+#[tokio::test]
+async fn a_reset_after_commit_in_an_axum_router_is_replayed_to_the_keyed_retry() {
+    use axum::routing::post;
+    use axum::Router;
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use surely::fault::InjectServerFaultLayer;
+    use surely::retry::ReplayBody;
+    use surely::server::idempotency::IdempotencyLayer;
+    use surely::server::store::MemoryStore;
+    use surely::OutcomeExt;
+
+    let commits = Arc::new(AtomicUsize::new(0));
+    let counted = commits.clone();
+    let create = move |body: Bytes| {
+        let counted = counted.clone();
+        async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::CREATED, body)
+        }
+    };
+    let keys = IdempotencyLayer::builder(MemoryStore::new())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/orders", post(create).layer(keys))
+        .layer(InjectServerFaultLayer::new(
+            Schedule::new().at(0, Fault::ResetAfterSend),
+        ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let hyper = Client::builder(TokioExecutor::new()).build_http::<ReplayBody<Full<Bytes>>>();
+    let mut client = surely::client::http()
+        .timeout(Duration::from_secs(5))
+        .server_honours_keys()
+        .build(hyper)
+        .unwrap();
+    let req = http::Request::post(format!("http://{addr}/orders"))
+        .body(Full::new(Bytes::from_static(b"o-1")))
+        .unwrap();
+    let res = client.ready().await.unwrap().call(req).await;
+    assert!(res.is_replayed(), "{:?}", res.call_outcome());
+    let res = res.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "o-1");
+    assert_eq!(commits.load(Ordering::SeqCst), 1, "the handler ran once");
+}
+
+/// The delays, inside a router called in process (paused time): `Delay` runs the handler after
+/// its wait, `DelayReply` runs it at once and answers after its wait.
+#[tokio::test(start_paused = true)]
+async fn server_delays_inside_an_axum_router() {
+    use axum::routing::post;
+    use axum::Router;
+    use surely::fault::InjectServerFaultLayer;
+
+    let ran_at = Arc::new(std::sync::Mutex::new(None));
+    let seen = ran_at.clone();
+    let create = move || {
+        let seen = seen.clone();
+        async move {
+            *seen.lock().unwrap() = Some(Instant::now());
+            StatusCode::CREATED
+        }
+    };
+    let d = Duration::from_millis(250);
+    let app = Router::new()
+        .route("/orders", post(create))
+        .layer(InjectServerFaultLayer::new(
+            Schedule::new()
+                .at(0, Fault::Delay(d))
+                .at(1, Fault::DelayReply(d)),
+        ));
+    let post = || {
+        http::Request::post("/orders")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+
+    let start = Instant::now();
+    let res = app.clone().oneshot(post()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(ran_at.lock().unwrap().unwrap() - start, d);
+    assert_eq!(start.elapsed(), d);
+
+    let start = Instant::now();
+    let res = app.clone().oneshot(post()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(ran_at.lock().unwrap().unwrap(), start);
+    assert_eq!(start.elapsed(), d);
+}
+
+/// Between the idempotency layer and the handler (in process, paused time): a reset leaves the
+/// answer unreadable to the idempotency layer (`500`, the record `PROCESSING`: a duplicate gets
+/// `409`); a refusal is not processed, so the key is released and the next request runs.
+#[tokio::test(start_paused = true)]
+async fn server_faults_inside_the_idempotency_layer() {
+    use axum::routing::post;
+    use axum::Router;
+    use surely::fault::InjectServerFaultLayer;
+    use surely::server::idempotency::IdempotencyLayer;
+    use surely::server::store::MemoryStore;
+
+    let commits = Arc::new(AtomicUsize::new(0));
+    let counted = commits.clone();
+    let create = move || {
+        let counted = counted.clone();
+        async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            StatusCode::CREATED
+        }
+    };
+    let keys = IdempotencyLayer::builder(MemoryStore::new())
+        .build()
+        .unwrap();
+    let faults = InjectServerFaultLayer::new(
+        Schedule::new()
+            .at(0, Fault::ResetAfterSend)
+            .at(1, Fault::RefuseBeforeSend),
+    );
+    let app = Router::new().route(
+        "/orders",
+        post(create).layer(ServiceBuilder::new().layer(keys).layer(faults)),
+    );
+    let post = |key: &str| {
+        http::Request::post("/orders")
+            .header("idempotency-key", key)
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+
+    let res = app.clone().oneshot(post("k-reset")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(commits.load(Ordering::SeqCst), 1);
+    let res = app.clone().oneshot(post("k-reset")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CONFLICT, "still processing");
+
+    let res = app.clone().oneshot(post("k-refused")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(commits.load(Ordering::SeqCst), 1);
+    let res = app.clone().oneshot(post("k-refused")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED, "released: runs now");
+    assert_eq!(commits.load(Ordering::SeqCst), 2);
+}

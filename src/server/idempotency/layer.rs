@@ -1037,8 +1037,10 @@ impl IdempotencyLayerBuilder<crate::server::store::PostgresStore> {
     /// and [recovery](Self::recover) are for. Each keyed request holds one of the store's
     /// connections until it answers: a handler must not wait for another connection from the
     /// same pool. `PostgresStore::complete_in` and checkpoints do not apply (there is no record
-    /// to update until the commit). `docs::server_states` ("In the handler's transaction")
-    /// has the whole protocol.
+    /// to update until the commit): the handler stores no answer itself, and the layer stores
+    /// the response that leaves its inner service, headers included (an axum handler's
+    /// `content-type` too). `docs::server_states` ("In the handler's transaction") has the
+    /// whole protocol.
     ///
     /// [`store_server_errors`]: Self::store_server_errors
     ///

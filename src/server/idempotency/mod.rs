@@ -261,9 +261,9 @@ struct TicketInner {
     checkpointed: AtomicBool,
     store: Arc<dyn TicketStore>,
     /// What the handler stored itself, in its transaction
-    /// ([`PostgresStore::complete_in`](super::store::PostgresStore::complete_in)): its status
-    /// and body, to tell whether the layer need not complete the record again.
-    completed_in: std::sync::OnceLock<(http::StatusCode, bytes::Bytes)>,
+    /// ([`PostgresStore::complete_in`](super::store::PostgresStore::complete_in)), before the
+    /// layer encoded it: compared with the answer it returns.
+    completed_in: std::sync::OnceLock<StoredResponse>,
 }
 
 /// What a ticket asks of the layer and its store, behind a pointer: the ticket does not name
@@ -367,28 +367,13 @@ impl Ticket {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn completed_in(&self, plain: &StoredResponse) {
         // A second completion in the same record would be refused as stale: the first stands.
-        let _ = self
-            .0
-            .completed_in
-            .set((plain.status(), plain.body().clone()));
+        let _ = self.0.completed_in.set(plain.clone());
     }
 
-    /// Whether the handler completed the record itself with this very answer: then the layer
-    /// does not complete it again. A different answer (the transaction failed after the
-    /// completion, say) leaves the completion to the layer, whose update the store refuses if
-    /// the handler's did commit.
-    pub(super) fn completed_with(&self, status: http::StatusCode, body: &bytes::Bytes) -> bool {
-        match self.0.completed_in.get() {
-            Some((s, b)) if *s == status && b == body => true,
-            Some(_) => {
-                tracing::warn!(
-                    key = ?self.0.key,
-                    "the handler stored an answer other than the one it returned: the stored one is replayed"
-                );
-                false
-            }
-            None => false,
-        }
+    /// The answer the handler stored itself, in its own transaction, as it gave it; `None` if
+    /// it stored none.
+    pub(super) fn stored_in(&self) -> Option<&StoredResponse> {
+        self.0.completed_in.get()
     }
 
     /// Notes that this owner recorded a step.

@@ -16,6 +16,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::layer::Config;
 use super::recovery::{self, Recovery, Takeover};
+use super::stored::Differences;
 use super::IdempotencyLayer;
 use super::{ErrorCode, Ticket, IDEMPOTENCY_ERROR, IDEMPOTENT_REPLAYED};
 use crate::classify::BoxError;
@@ -484,8 +485,13 @@ where
     let Ok(body) = collected else {
         return Ok(body_failed());
     };
-    let outcome = if ticket.completed_with(head.status, &body) {
-        // Completed in the handler's own transaction: nothing left to store.
+    // The answer the handler stored itself (in its own transaction), and how the one that left
+    // it differs.
+    let stored_in = ticket.stored_in();
+    let differs = stored_in.and_then(|stored| config.differences(stored, &head, &body));
+    let outcome = if stored_in.is_some() && differs.is_none() {
+        // Completed in the handler's own transaction with this very answer: nothing left to
+        // store.
         Ok(())
     } else if released(head.status, &head.headers, config.store_server_errors) {
         config.store.release(&key, fence).await
@@ -498,7 +504,13 @@ where
     if let Err(e) = outcome {
         // Refused when the handler completed the record itself (in its own transaction), or when
         // a later owner took over; either way this response is still this client's answer.
-        if e.is_stale() {
+        if let (true, Some(d)) = (e.is_stale(), &differs) {
+            // Another answer than the one the handler stored (its transaction failed after the
+            // completion, or the framework or a layer below changed the answer) is stored here,
+            // unless the handler's completion committed: then it stands, and every replay
+            // differs from what this client got.
+            stored_answer_differs(&config, &key, fence, &head, d, method.as_ref());
+        } else if e.is_stale() {
             tracing::debug!(
                 ?key,
                 fence = fence.get(),
@@ -517,6 +529,44 @@ where
         }
     }
     Ok(Response::from_parts(head, Full::new(body)))
+}
+
+/// Tells that the answer leaving the handler is not the one it stored itself and committed:
+/// once, at `warn`, naming what differs, and to the recorder. The client still gets the answer
+/// sent; replays get the stored one.
+fn stored_answer_differs<St>(
+    config: &Config<St>,
+    key: &RecordKey,
+    fence: Fence,
+    head: &http::response::Parts,
+    d: &Differences,
+    method: Option<&Method>,
+) {
+    let headers = d
+        .headers
+        .iter()
+        .map(http::HeaderName::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    tracing::warn!(
+        ?key,
+        fence = fence.get(),
+        stored_status = d.stored_status.map(|s| s.as_u16()),
+        sent_status = head.status.as_u16(),
+        headers = %headers,
+        body = d.body,
+        "the answer sent is not the one the handler stored for this idempotency key: replays \
+         get the stored one (store the response returned, e.g. with StoredResponse::buffer)"
+    );
+    if let Some(method) = method {
+        let kind = ServerEventKind::StoredAnswerDiffers {
+            fence,
+            status: d.stored_status.is_some(),
+            headers: d.headers.len(),
+            body: d.body,
+        };
+        config.emit(kind, method, key);
+    }
 }
 
 /// A keyed request whose key is claimed in the handler's transaction: the handler writes in it,

@@ -113,6 +113,18 @@ impl Reference {
     }
 }
 
+/// How the answer a handler returned differs from the one it stored itself.
+#[derive(Debug)]
+pub(super) struct Differences {
+    /// The stored status, if it is not the one returned.
+    pub(super) stored_status: Option<StatusCode>,
+    /// The headers (among those the layer stores) whose values differ, or that one of the two
+    /// has and the other has not.
+    pub(super) headers: Vec<http::HeaderName>,
+    /// Whether the bodies differ.
+    pub(super) body: bool,
+}
+
 /// The rebuild hook, boxed.
 pub(super) type RebuildFn = dyn Fn(RecordKey, StoredResponse) -> Pin<Box<dyn Future<Output = Response<Bytes>> + Send>>
     + Send
@@ -182,6 +194,46 @@ impl<St> Config<St> {
             flags,
             &self.never_store,
         ))
+    }
+
+    /// How the answer leaving the handler (`head`, `body`) differs from `stored`, the answer the
+    /// handler stored itself: the status, the headers the layer stores (every one but those it
+    /// never stores), and the body (already read whole, to store it); `None` if it does not.
+    /// A reference is compared by its status alone: it keeps no headers nor body.
+    pub(super) fn differences(
+        &self,
+        stored: &StoredResponse,
+        head: &http::response::Parts,
+        body: &Bytes,
+    ) -> Option<Differences> {
+        let status = (stored.status() != head.status).then_some(stored.status());
+        if stored.resource().is_some() {
+            return status.map(|stored| Differences {
+                stored_status: Some(stored),
+                headers: Vec::new(),
+                body: false,
+            });
+        }
+        let kept = |name: &http::HeaderName| {
+            crate::server::store::replayable(name) && !self.never_store.contains(name)
+        };
+        let (a, b) = (stored.headers(), &head.headers);
+        let mut headers: Vec<http::HeaderName> = Vec::new();
+        for name in a.keys().chain(b.keys()) {
+            if kept(name)
+                && !headers.contains(name)
+                && !a.get_all(name).iter().eq(b.get_all(name).iter())
+            {
+                headers.push(name.clone());
+            }
+        }
+        // A body the handler gave already encoded (compressed, sealed) is not comparable.
+        let body = stored.flags() == 0 && stored.body() != body;
+        (status.is_some() || !headers.is_empty() || body).then_some(Differences {
+            stored_status: status,
+            headers,
+            body,
+        })
     }
 
     /// The replay of `stored`: rebuilt from its reference, or its body read back.

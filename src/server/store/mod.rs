@@ -153,6 +153,16 @@ impl fmt::Debug for RequestDigest {
 ///   nothing the client sent or got lingers in the store; the replay shows the resource's
 ///   current state, not the first answer.
 ///
+/// A handler that stores its own answer
+/// ([`PostgresStore::complete_in`][crate::server::store::PostgresStore::complete_in]) stores
+/// the response it returns, exactly: [`buffer`](Self::buffer) takes that response (an axum
+/// handler's `into_response()`, with the `content-type` its `Json` or `String` set), and gives
+/// back the answer to store and the same response to return. Built by hand with
+/// [`new`](Self::new), the headers are whatever map it is given: an empty one stores an answer
+/// without the `content-type` the framework gave the first, and every replay of the key lacks
+/// it (the layer warns of such a difference: see
+/// [`StoredAnswerDiffers`](crate::record::ServerEventKind::StoredAnswerDiffers)).
+///
 /// [`new`](Self::new) drops the headers that describe one connection or one moment rather than
 /// the result: `connection`, `keep-alive`, `transfer-encoding`, `content-length` (the replay sets
 /// its own), `date`, `set-cookie` (a session belongs to the response that made it), and the
@@ -176,6 +186,10 @@ impl fmt::Debug for RequestDigest {
 /// assert_eq!(by_reference.result_code(), Some("created"));
 /// assert!(by_reference.body().is_empty());
 /// ```
+#[cfg_attr(
+    not(all(feature = "server", feature = "postgres")),
+    doc = crate::docs::links::to_features!("crate::server::store::PostgresStore::complete_in")
+)]
 #[derive(Clone)]
 pub struct StoredResponse(Arc<Stored>);
 
@@ -189,7 +203,7 @@ struct Stored {
 }
 
 /// Headers never stored for a replay.
-fn replayable(name: &HeaderName) -> bool {
+pub(crate) fn replayable(name: &HeaderName) -> bool {
     use http::header;
     !(name == header::CONNECTION
         || name == header::TRANSFER_ENCODING
@@ -220,6 +234,55 @@ impl StoredResponse {
     /// The full response to store: `status`, the replayable ones of `headers`, and `body`.
     pub fn new(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
         Self::encoded(status, headers, body, 0, &[])
+    }
+
+    /// The response `res` as it is sent, to store, and `res` itself to send: its status, its
+    /// headers (the replayable ones, as [`new`](Self::new) keeps them) and its whole body, read
+    /// into memory (the layer reads the handler's answer whole anyway, to store it). Its
+    /// trailers, if any, are neither stored nor returned, as the layer keeps none.
+    ///
+    /// For a handler that stores its own answer
+    /// ([`PostgresStore::complete_in`][crate::server::store::PostgresStore::complete_in]): build
+    /// the response as the handler returns it, store the first half, return the second. The
+    /// answer stored is then the answer sent, headers included, however the response was made.
+    ///
+    /// ```
+    /// use axum::response::IntoResponse;
+    /// use surely::server::store::StoredResponse;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // axum's `String` answer sets `content-type: text/plain; charset=utf-8`.
+    /// let res = (http::StatusCode::CREATED, String::from("o-1")).into_response();
+    /// let (stored, res) = StoredResponse::buffer(res).await.unwrap();
+    /// assert_eq!(stored.status(), 201);
+    /// assert_eq!(stored.headers()["content-type"], "text/plain; charset=utf-8");
+    /// assert_eq!(stored.body(), "o-1");
+    /// assert_eq!(res.headers()["content-type"], "text/plain; charset=utf-8");
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The body's own error, if reading it failed: nothing is stored, and the handler answers
+    /// as it would for any failure before its commit.
+    #[cfg_attr(
+        not(all(feature = "server", feature = "postgres")),
+        doc = crate::docs::links::to_features!("crate::server::store::PostgresStore::complete_in")
+    )]
+    pub async fn buffer<B>(
+        res: http::Response<B>,
+    ) -> Result<(StoredResponse, http::Response<http_body_util::Full<Bytes>>), B::Error>
+    where
+        B: http_body::Body,
+    {
+        use http_body_util::BodyExt as _;
+        let (head, body) = res.into_parts();
+        let body = body.collect().await?.to_bytes();
+        let stored = StoredResponse::new(head.status, &head.headers, body.clone());
+        Ok((
+            stored,
+            http::Response::from_parts(head, http_body_util::Full::new(body)),
+        ))
     }
 
     /// As [`new`](Self::new), with the body encoded as `flags` say, and also leaving out the

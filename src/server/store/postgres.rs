@@ -44,9 +44,13 @@ pub use self::claim::{KeyedTransaction, TransactionClient};
 /// completion leaves the record `PROCESSING`; after the lease, the retry runs the handler again
 /// and creates a second order. With it, the retry finds the completed record and replays it.
 /// The layer then does not complete the record again, provided the handler returns the answer
-/// it stored; if it returns another (its commit failed after the completion, say), the layer
-/// completes with that one, which the store refuses as stale if the handler's completion did
-/// commit: the stored answer is the one replayed.
+/// it stored: status, the headers the layer stores, and body. Store the response the handler
+/// returns with [`StoredResponse::buffer`], which keeps the headers its framework set (axum's
+/// `content-type`, say). If it returns another (its commit failed after the completion, or a
+/// layer between it and the idempotency layer added a header), the layer completes with that
+/// one, which the store refuses as stale if the handler's completion did commit: the stored
+/// answer is the one replayed, and the layer warns of the difference
+/// ([`StoredAnswerDiffers`](crate::record::ServerEventKind::StoredAnswerDiffers)).
 ///
 /// A handler whose every effect is a write to this database can go further: with
 /// [`in_transaction`](crate::server::idempotency::IdempotencyLayerBuilder::in_transaction) the
@@ -509,21 +513,63 @@ impl PostgresStore {
     /// it as it stores any answer (headers it never stores left out, size limit, compression,
     /// seal), and does not complete the record again when the handler returns this answer.
     ///
+    /// Store the response the handler returns, as it returns it:
+    /// [`StoredResponse::buffer`] takes it (headers its framework set included) and gives it
+    /// back to return. An answer that differs from the one returned (a `content-type` left
+    /// out) is replayed as stored, and the layer warns of it
+    /// ([`StoredAnswerDiffers`](crate::record::ServerEventKind::StoredAnswerDiffers)).
+    ///
     /// Takes a deadpool-postgres transaction (its statement is then prepared once per
     /// connection) or a tokio-postgres one (sent typed, unprepared): see
     /// [`HandlerTransaction`].
     ///
-    /// ```no_run
-    /// # async fn handler(store: surely::server::store::PostgresStore,
-    /// #     ticket: surely::server::idempotency::Ticket) -> Result<(), Box<dyn std::error::Error>> {
-    /// use surely::server::store::StoredResponse;
+    /// An axum handler behind the layer, which finds its [`Ticket`] in the request's
+    /// extensions:
     ///
-    /// let mut client = store.pool().get().await?;
-    /// let txn = client.transaction().await?;
-    /// txn.execute("INSERT INTO orders (id) VALUES ($1)", &[&"o-1"]).await?;
-    /// let response = StoredResponse::new(http::StatusCode::CREATED, &http::HeaderMap::new(), "o-1".into());
-    /// store.complete_in(&txn, &ticket, &response).await?;
-    /// txn.commit().await?;
+    /// ```no_run
+    /// use axum::extract::State;
+    /// use axum::response::{IntoResponse, Response};
+    /// use axum::{Extension, Router};
+    /// use http::StatusCode;
+    /// use surely::server::idempotency::{IdempotencyLayer, Ticket};
+    /// use surely::server::store::{PostgresStore, StoredResponse};
+    ///
+    /// type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    ///
+    /// async fn create_order(
+    ///     State(store): State<PostgresStore>,
+    ///     Extension(ticket): Extension<Ticket>,
+    /// ) -> Response {
+    ///     match write_order(&store, &ticket).await {
+    ///         Ok(res) => res.into_response(),
+    ///         // Rolled back: nothing of the order nor of its answer is stored.
+    ///         Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    ///     }
+    /// }
+    ///
+    /// async fn write_order(
+    ///     store: &PostgresStore,
+    ///     ticket: &Ticket,
+    /// ) -> Result<http::Response<http_body_util::Full<bytes::Bytes>>, BoxError> {
+    ///     let mut client = store.pool().get().await?;
+    ///     let txn = client.transaction().await?;
+    ///     txn.execute("INSERT INTO orders (id) VALUES ($1)", &[&"o-1"]).await?;
+    ///     // The answer as axum sends it (`content-type: text/plain; charset=utf-8` included),
+    ///     // stored as it is, in the order's transaction.
+    ///     let res = (StatusCode::CREATED, String::from("o-1")).into_response();
+    ///     let (stored, res) = StoredResponse::buffer(res).await?;
+    ///     store.complete_in(&txn, ticket, &stored).await?;
+    ///     txn.commit().await?;
+    ///     Ok(res)
+    /// }
+    ///
+    /// # fn main() -> Result<(), BoxError> {
+    /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1/test")?;
+    /// let keyed = IdempotencyLayer::builder(store.clone()).build()?;
+    /// let app: Router = Router::new()
+    ///     .route("/orders", axum::routing::post(create_order).layer(keyed))
+    ///     .with_state(store);
+    /// # let _ = app;
     /// # Ok(()) }
     /// ```
     ///

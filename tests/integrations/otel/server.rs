@@ -430,3 +430,53 @@ async fn limit_refusals_and_gauges_are_recorded() {
     limit.report();
     assert_eq!(metrics.gauge("surely.server.limit.in_flight", &[]), Some(0));
 }
+
+/// A handler on PostgreSQL that stores its own answer (`complete_in`) without the
+/// `content-type` it returns: counted once as `stored_answer_differs`, by name and method.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn an_answer_sent_other_than_the_one_the_handler_stored_is_counted() {
+    use surely::server::idempotency::Ticket;
+    use surely::server::store::PostgresStore;
+
+    use crate::support::names::suffix;
+    use crate::support::postgres::{did_not_answer, forget, url};
+
+    let table = format!("surely_idem_otel{}", suffix());
+    let store = PostgresStore::connect(&url())
+        .unwrap()
+        .with_table(&table)
+        .unwrap();
+    store
+        .migrate()
+        .await
+        .unwrap_or_else(|e| did_not_answer("otel: stored_answer_differs", e));
+    let metrics = Metrics::new();
+    let layer = IdempotencyLayer::builder(store.clone())
+        .recorder(metrics.recorder())
+        .build()
+        .unwrap();
+    let handler_store = store.clone();
+    let svc = layer.layer(service_fn(move |req: Req| {
+        let store = handler_store.clone();
+        async move {
+            let ticket = req.extensions().get::<Ticket>().cloned().unwrap();
+            let mut client = store.pool().get().await.unwrap();
+            let txn = client.transaction().await.unwrap();
+            let stored =
+                StoredResponse::new(StatusCode::CREATED, &http::HeaderMap::new(), "o-1".into());
+            store.complete_in(&txn, &ticket, &stored).await.unwrap();
+            txn.commit().await.unwrap();
+            let res = Response::builder()
+                .status(201)
+                .header("content-type", "text/plain")
+                .body(Full::new(Bytes::from("o-1")))
+                .unwrap();
+            Ok::<_, Infallible>(res)
+        }
+    }));
+    let res = svc.clone().oneshot(post("k-otel", "o")).await.unwrap();
+    assert_eq!(res.status(), 201);
+    assert_eq!(metrics.count(EVENTS, &event("stored_answer_differs")), 1);
+    forget(store.pool(), &[&table], &[&table]).await;
+}

@@ -25,6 +25,8 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 use crate::support::time::secs;
 
 mod abandoned;
+#[cfg(feature = "postgres")]
+mod axum_answer;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod disconnect;
 mod events;

@@ -523,3 +523,33 @@ async fn what_cannot_be_stored_or_read_back_fails_plainly() {
         );
     }
 }
+
+/// `StoredResponse::buffer` keeps the response as it is sent (status, headers but those never
+/// stored, body) and gives it back; a body that fails gives the body's own error.
+#[tokio::test]
+async fn a_response_is_buffered_as_sent_and_a_failing_body_gives_its_error() {
+    use surely::server::store::StoredResponse;
+
+    let res = Response::builder()
+        .status(StatusCode::CREATED)
+        .header("content-type", "application/json")
+        .header("location", "/orders/o-1")
+        .header("date", "Sun, 06 Nov 1994 08:49:37 GMT")
+        .body(Full::new(Bytes::from_static(b"{\"id\":\"o-1\"}")))
+        .unwrap();
+    let (stored, res) = StoredResponse::buffer(res).await.unwrap();
+    assert_eq!(stored.status(), StatusCode::CREATED);
+    assert_eq!(stored.headers().len(), 2, "date is never stored");
+    assert_eq!(stored.headers()["content-type"], "application/json");
+    assert_eq!(stored.body(), "{\"id\":\"o-1\"}");
+    assert_eq!(res.headers().len(), 3, "the response goes out as it was");
+    assert_eq!(body(res).await, "{\"id\":\"o-1\"}");
+
+    let frames: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = vec![
+        Ok(http_body::Frame::data(Bytes::from_static(b"{\"id\""))),
+        Err(std::io::Error::other("connection to the upstream lost")),
+    ];
+    let failing = Response::new(http_body_util::StreamBody::new(tokio_stream::iter(frames)));
+    let err = StoredResponse::buffer(failing).await.unwrap_err();
+    assert_eq!(err.to_string(), "connection to the upstream lost");
+}
