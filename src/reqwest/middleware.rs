@@ -38,7 +38,7 @@
 //! # Configuring the stack
 //!
 //! [`SurelyMiddleware::configure`] hands a closure the preset and takes it back with any
-//! [`ClientBuilder`](crate::client::ClientBuilder) setting (a per-try timeout, a recorder, a
+//! [`ClientBuilder`] setting (a per-try timeout, a recorder, a
 //! breaker shared with other clients, hedges); the middleware builds and checks it:
 //!
 //! ```
