@@ -211,7 +211,14 @@ pub use crate::time::MAX_DURATION;
 #[doc(hidden)]
 pub use crate::sync::model as __loom;
 
-/// The README's examples, compiled and run as doctests.
-#[cfg(doctest)]
+/// The README's examples, compiled and run as doctests (with every feature they name on;
+/// `tests/architecture`'s newcomer test compiles them in a crate of a user's, each with only its
+/// own).
+#[cfg(all(
+    doctest,
+    feature = "reqwest-middleware",
+    feature = "hyper",
+    feature = "server"
+))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

@@ -170,8 +170,6 @@ pub struct CallOutcome {
     pub(crate) replayed: bool,
     pub(crate) key: Option<HeaderValue>,
     pub(crate) budget_left: Option<Duration>,
-    /// How the last attempt ended, when the call ended with its error and the error said.
-    pub(crate) last: Option<(crate::classify::Cause, crate::classify::DeliveryPhase)>,
 }
 
 impl CallOutcome {
@@ -192,7 +190,6 @@ impl CallOutcome {
             replayed: false,
             key: None,
             budget_left: None,
-            last: None,
         }
     }
 
@@ -344,6 +341,35 @@ pub(crate) mod sealed {
     impl<B> Sealed for http::Response<B> {}
 }
 
+thread_local! {
+    /// While a `send` polls its call: the outcome handed back in that poll on an answer
+    /// without extensions (`Some(None)` until one is). `None` outside any `send`. Set and
+    /// restored around each poll only, like the call context.
+    static HANDED: std::cell::RefCell<Option<Option<CallOutcome>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Hands a call's outcome to the `send` polling it, if one is: for an answer that cannot carry
+/// it. `call` is asked only then.
+#[inline]
+pub(crate) fn hand_to_send(call: impl FnOnce() -> CallOutcome) {
+    HANDED.with(|h| {
+        if let Some(slot) = h.borrow_mut().as_mut() {
+            *slot = Some(call());
+        }
+    });
+}
+
+/// Runs `poll` (one poll of a call `send` made), and catches the outcome handed back in it on
+/// an answer without extensions.
+#[inline]
+pub(crate) fn catch_handed<R>(poll: impl FnOnce() -> R) -> (R, Option<CallOutcome>) {
+    let outer = HANDED.with(|h| h.replace(Some(None)));
+    let out = poll();
+    let handed = HANDED.with(|h| h.replace(outer)).flatten();
+    (out, handed)
+}
+
 /// Whether a response is a server's stored result (`idempotent-replayed: true`).
 pub(crate) fn is_replay<Res: Envelope + ?Sized>(res: &Res) -> bool {
     res.headers().is_some_and(|h| {
@@ -447,7 +473,6 @@ pub(crate) mod metadata {
             replayed,
             key,
             budget_left: left,
-            last: None,
         })
     }
 

@@ -3,9 +3,8 @@
 //!
 //! An HTTP response carries its [`CallOutcome`] in its extensions. A plain answer (a `u64`, a
 //! type of your own) has nowhere to carry one, so while `send` polls the call, the layer that
-//! folds the attempts hands the outcome to it here instead.
+//! folds the attempts hands the outcome to it instead (`outcome::catch_handed`).
 
-use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
@@ -16,24 +15,6 @@ use tower_service::Service;
 
 use crate::outcome::{sealed, CallOutcome, Outcome, OutcomeExt};
 use crate::{Envelope, Error};
-
-thread_local! {
-    /// While a `send` polls its call: the outcome handed back in that poll on an answer
-    /// without extensions (`Some(None)` until one is). `None` outside any `send`. Set and
-    /// restored around each poll only, like the call context.
-    static HANDED: RefCell<Option<Option<CallOutcome>>> = const { RefCell::new(None) };
-}
-
-/// Hands a call's outcome to the `send` polling it, if one is; for an answer that cannot
-/// carry it. `call` is asked only then.
-#[inline]
-pub(crate) fn hand_to_send(call: impl FnOnce() -> CallOutcome) {
-    HANDED.with(|h| {
-        if let Some(slot) = h.borrow_mut().as_mut() {
-            *slot = Some(call());
-        }
-    });
-}
 
 /// The answer of a call made with `send`, and what the call came to.
 ///
@@ -186,9 +167,7 @@ impl<F: Future> Future for Captured<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let outer = HANDED.with(|h| h.replace(Some(None)));
-        let out = this.inner.poll(cx);
-        let handed = HANDED.with(|h| h.replace(outer)).flatten();
+        let (out, handed) = crate::outcome::catch_handed(|| this.inner.poll(cx));
         match out {
             // Only the poll that ends the call: an outcome handed back earlier was a nested
             // call's, made inside an attempt.

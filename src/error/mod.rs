@@ -63,7 +63,28 @@ pub struct Error<E> {
     // What the call came to, when a layer that folds a call's attempts handed it back here.
     // Boxed: most errors are consumed by a retry layer before any caller sees them, and every
     // `Result` that carries an `Error` is moved between layers on every poll.
-    call: Option<Box<CallOutcome>>,
+    call: Option<Box<Handed>>,
+}
+
+/// What a layer that folds a call's attempts handed back with its error: the call's outcome, and
+/// what ended its last attempt and how far it got, when the error said.
+struct Handed {
+    call: CallOutcome,
+    last: Option<(crate::classify::Cause, DeliveryPhase)>,
+}
+
+impl std::ops::Deref for Handed {
+    type Target = CallOutcome;
+
+    fn deref(&self) -> &CallOutcome {
+        &self.call
+    }
+}
+
+impl fmt::Debug for Handed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.call, f)
+    }
 }
 
 enum Repr<E> {
@@ -115,7 +136,7 @@ impl<E> Error<E> {
     /// [`RetryLayer`](crate::retry::RetryLayer)) handed it back with this error. See
     /// [`CallOutcome`](crate::CallOutcome).
     pub fn call_outcome(&self) -> Option<&CallOutcome> {
-        self.call.as_deref()
+        self.call.as_deref().map(|h| &h.call)
     }
 
     /// The call's outcome: the one handed back with this error, else what the error alone
@@ -189,7 +210,7 @@ impl<E> Error<E> {
     pub fn cause(&self) -> Option<crate::classify::Cause> {
         self.call
             .as_ref()
-            .and_then(|c| c.last)
+            .and_then(|h| h.last)
             .map(|(cause, _)| cause)
     }
 
@@ -204,8 +225,13 @@ impl<E> Error<E> {
     /// Hands the call's outcome back with this error, replacing any a layer inside gave it.
     pub(crate) fn set_call_outcome(&mut self, outcome: CallOutcome) {
         match &mut self.call {
-            Some(call) => **call = outcome,
-            None => self.call = Some(Box::new(outcome)),
+            Some(handed) => handed.call = outcome,
+            None => {
+                self.call = Some(Box::new(Handed {
+                    call: outcome,
+                    last: None,
+                }))
+            }
         }
     }
 

@@ -73,7 +73,6 @@ impl CallOutcome {
             replayed,
             key,
             budget_left: left(),
-            last: None,
         }
     }
 
@@ -85,7 +84,7 @@ impl CallOutcome {
     fn put_on<Res: Envelope>(res: &mut Res, call: impl FnOnce(bool) -> CallOutcome) {
         let replayed = is_replay(&*res);
         let Some(extensions) = res.extensions_mut() else {
-            crate::send::hand_to_send(|| call(replayed));
+            crate::outcome::hand_to_send(|| call(replayed));
             return;
         };
         let call = call(replayed);

@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 
 /// Every public error is `Send + Sync + 'static`, checked against `public-api.txt`.
 mod errors;
+/// The README's snippets and the quickstarts, compiled in a user's crate.
+mod newcomer;
 
 /// Modules that hold no code of their own: text included as documentation.
 const TEXT_ONLY: &[&str] = &["docs"];
