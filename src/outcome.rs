@@ -303,6 +303,13 @@ pub(crate) fn fmt_verdict(f: &mut fmt::Formatter<'_>, outcome: Outcome, n: u32) 
 /// #     Err(Error::<std::io::Error>::from(surely::deadline::DeadlineExceeded::refused()));
 /// # assert_eq!(tell_user(&refused), "it did not happen; you may try again");
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` carries no call outcome to read",
+    label = "no `OutcomeExt` here",
+    note = "call with `client.send(req)`: the `surely::Reply` it hands back carries the outcome \
+            and the attempts of any answer, and `OutcomeExt` reads them on the whole `Result`; \
+            an error alone has them too (`err.outcome()`, `err.attempts()`)"
+)]
 pub trait OutcomeExt: sealed::Sealed {
     /// The outcome a surely call layer handed back, if one did.
     fn call_outcome(&self) -> Option<&CallOutcome>;
