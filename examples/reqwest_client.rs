@@ -99,17 +99,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let started = tokio::time::Instant::now();
         let (outcome, attempts, detail) = match client.clone().oneshot(req).await {
             Ok(res) => {
-                let (outcome, attempts) = (res.outcome(), res.call_outcome().unwrap().attempts());
+                let (outcome, attempts) = (res.outcome(), res.attempts());
                 // Read the body as reqwest would.
                 let res = reqwest::Response::from(res.map(reqwest::Body::wrap));
                 let detail = format!("HTTP {}, {:?}", res.status(), res.text().await?);
                 (outcome, attempts, detail)
             }
-            Err(err) => (
-                err.outcome(),
-                err.attempts(),
-                format!("{err}: {}", cause(&err)),
-            ),
+            // The message names what ended the last attempt and how far it got.
+            Err(err) => (err.outcome(), err.attempts(), err.to_string()),
         };
         println!(
             "{method:<4} {what:<36} {:<9} after {attempts} attempt(s) in {:.0?} ({detail})",
@@ -146,13 +143,4 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     println!("\nok: every outcome and every commit as expected");
     Ok(())
-}
-
-/// The innermost cause of an error: what reqwest's "error sending request" was about.
-fn cause(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut err = err;
-    while let Some(source) = err.source() {
-        err = source;
-    }
-    err.to_string()
 }
