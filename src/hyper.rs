@@ -1,6 +1,6 @@
 //! hyper-util as the transport: its legacy client made with the body type the
 //! [`client::http()`](crate::client::http) stack sends, and names for the result (feature
-//! `hyper`, on by default).
+//! `hyper`).
 //!
 //! The stack buffers every request body in a [`ReplayBody`] so that a retry sends the same
 //! bytes, so the hyper-util client inside must be built for `ReplayBody<B>`, not for `B`:

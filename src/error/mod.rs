@@ -12,6 +12,7 @@ mod timeout;
 
 pub use self::breaker::{BreakerState, CircuitOpen};
 pub use self::budget::BudgetExhausted;
+#[cfg(feature = "reqwest")]
 pub(crate) use self::classify::cause_in;
 pub(crate) use self::classify::classify_dyn as error_chain;
 

@@ -227,6 +227,9 @@ impl Migrations {
     /// Applies, in one transaction, every migration of the chosen tables that the database has
     /// not recorded yet, in version order, and records them; returns what it applied. Holds an
     /// advisory lock meanwhile, so that instances starting together apply each migration once.
+    /// The record is the table `surely_migrations` (one row per table and version), shared by
+    /// every component and made on the first run; with nothing to apply, a run logs nothing at
+    /// `INFO`.
     ///
     /// # Errors
     ///

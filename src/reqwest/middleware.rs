@@ -28,12 +28,21 @@
 //! // call failed for sure: the server never saw it.
 //! let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
 //! let err = client.post(format!("http://{addr}/orders")).body("o-1").send().await.unwrap_err();
-//! assert_eq!(err.outcome(), Outcome::Failed);
+//! assert_eq!((err.outcome(), err.attempts()), (Outcome::Failed, 3));
+//! assert!(err.to_string().starts_with("failed after 3 attempts (connection refused, not sent): "));
 //! let surely = surely::reqwest::middleware::surely_error(&err).unwrap();
 //! assert_eq!(surely.attempts(), 3);
 //! assert!(surely.transport_ref().is_some_and(|e| e.is_connect()));
 //! # }
 //! ```
+//!
+//! The error's message is the stack's (`reqwest_middleware::Error` shows it as it is): it names
+//! what ended the last attempt and how far it got, `failed after 3 attempts (connection refused,
+//! not sent): error sending request for url (...)`.
+//!
+//! The outcome is decided when the response's head arrives: `Succeeded` says the server
+//! answered. A body that then breaks off while it is read (`res.json().await` fails) is a reply
+//! lost after the server acted: for a write, treat it as `Unknown`, as the stack would have.
 //!
 //! # Configuring the stack
 //!
