@@ -568,7 +568,8 @@ impl<E> IntoError for Error<E> {
 /// whether it may be sent again and whether the call ends `Failed` or `Unknown`. The default,
 /// `impl TransportError for MyError {}`, knows nothing: a failure counts as far as the layer
 /// that saw it knows the request got (`phase`), so one after the request went out is *maybe
-/// committed*. Override [`classify`](Self::classify) to say more:
+/// committed*. For a service of your own (a `service_fn`), every failure is then *sent*: the
+/// service was called, and only the error can prove it did not reach the other side. Override [`classify`](Self::classify) to say more:
 ///
 /// | the failure | return | so |
 /// | --- | --- | --- |
