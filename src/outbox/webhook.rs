@@ -308,8 +308,8 @@ async fn drain<B: Body>(body: B) {
 /// (`webhook answered 400 Bad Request (failed after 1 attempt)`); the call's error, or what
 /// refused the event, is its [`source`](std::error::Error::source), once. The
 /// [`Relay`](super::Relay) keeps a failed publish's error with its sources
-/// (`webhook call failed: unknown after 2 attempts: client error (SendRequest): connection
-/// closed before message completed`), which is what an operator reads in a quarantined
+/// (`webhook call failed: unknown after 2 attempts (connection closed, sent): client error
+/// (SendRequest): connection closed before message completed`), which is what an operator reads in a quarantined
 /// event's last error.
 #[derive(Debug)]
 pub struct WebhookError {

@@ -313,7 +313,9 @@ async fn a_lost_response_is_published_again_with_the_same_key() {
     assert_eq!((first.published, first.failed), (0, 1));
     let error = outbox.last_error(event(1).id()).unwrap();
     assert!(
-        error.starts_with("webhook call failed: unknown after 2 attempts: "),
+        error.starts_with(
+            "webhook call failed: unknown after 2 attempts (connection closed, sent): "
+        ),
         "{error}"
     );
 
