@@ -20,63 +20,12 @@ use surely::server::idempotency::{IdempotencyLayer, IdempotencyLayerBuilder, Tic
 use surely::server::store::{KeyedTransaction, PostgresStore, StoredResponse};
 use tower::{ServiceBuilder, ServiceExt};
 
+use super::in_transaction::Db;
 use super::recovery::Captured;
 use super::support::Got;
-use crate::support::names::suffix;
-use crate::support::postgres::{did_not_answer, forget, url};
 
-/// A migrated store in a fresh table, and an orders table beside it.
-struct Db {
-    store: PostgresStore,
-    table: String,
-    orders: String,
-}
-
-impl Db {
-    async fn new(test: &str) -> Db {
-        let suffix = suffix();
-        let table = format!("surely_idem_ax{suffix}");
-        let orders = format!("surely_orders_ax{suffix}");
-        let store = PostgresStore::connect(&url())
-            .unwrap()
-            .with_table(&table)
-            .unwrap();
-        store
-            .migrate()
-            .await
-            .unwrap_or_else(|e| did_not_answer(test, e));
-        let client = store.pool().get().await.unwrap();
-        client
-            .batch_execute(&format!(
-                "CREATE TABLE {orders} (id bigserial PRIMARY KEY, key text NOT NULL)"
-            ))
-            .await
-            .unwrap();
-        Db {
-            store,
-            table,
-            orders,
-        }
-    }
-
-    async fn order_rows(&self) -> i64 {
-        let client = self.store.pool().get().await.unwrap();
-        client
-            .query_one(&format!("SELECT count(*) FROM {}", self.orders), &[])
-            .await
-            .unwrap()
-            .get(0)
-    }
-
-    async fn drop_tables(self) {
-        forget(
-            self.store.pool(),
-            &[&self.table, &self.orders],
-            &[&self.table],
-        )
-        .await;
-    }
-}
+/// The orders table's columns.
+const ORDERS: &str = "id bigserial PRIMARY KEY, key text NOT NULL";
 
 /// How the handler stores its answer.
 #[derive(Clone, Copy)]
@@ -213,7 +162,11 @@ fn unmarked(got: &Got) -> HeaderMap {
 /// `content-type` included, and nothing is told.
 #[tokio::test]
 async fn pg_axum_answer_stored_as_returned_replays_with_its_content_type() {
-    let db = Db::new("pg_axum_answer_stored_as_returned_replays_with_its_content_type").await;
+    let db = Db::new(
+        "pg_axum_answer_stored_as_returned_replays_with_its_content_type",
+        ORDERS,
+    )
+    .await;
     let events = Events::default();
     let keyed = events.recording(IdempotencyLayer::builder(db.store.clone()));
     let app = app(
@@ -234,7 +187,7 @@ async fn pg_axum_answer_stored_as_returned_replays_with_its_content_type() {
     assert_eq!(again.body, first.body);
     assert_eq!(again.body, "order o-1");
 
-    assert_eq!(db.order_rows().await, 1);
+    assert_eq!(db.orders().await, 1);
     assert_eq!(events.names(), ["replayed"]);
     db.drop_tables().await;
 }
@@ -245,14 +198,13 @@ async fn pg_axum_answer_stored_as_returned_replays_with_its_content_type() {
 #[tokio::test(flavor = "current_thread")]
 async fn pg_axum_answer_stored_without_its_content_type_is_told() {
     let out = Captured::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = tracing::subscriber::set_default(out.subscriber());
 
-    let db = Db::new("pg_axum_answer_stored_without_its_content_type_is_told").await;
+    let db = Db::new(
+        "pg_axum_answer_stored_without_its_content_type_is_told",
+        ORDERS,
+    )
+    .await;
     let events = Events::default();
     let keyed = events.recording(IdempotencyLayer::builder(db.store.clone()));
     let app = app(
@@ -270,7 +222,7 @@ async fn pg_axum_answer_stored_without_its_content_type_is_told() {
     assert!(again.replayed());
     assert_eq!(again.body, "order o-2");
     assert!(!again.headers.contains_key("content-type"), "{again:?}");
-    assert_eq!(db.order_rows().await, 1);
+    assert_eq!(db.orders().await, 1);
 
     let told = events.0.lock().unwrap().clone();
     assert_eq!(events.names(), ["stored_answer_differs", "replayed"]);
@@ -310,14 +262,13 @@ async fn pg_axum_answer_stored_without_its_content_type_is_told() {
 #[tokio::test(flavor = "current_thread")]
 async fn pg_a_header_added_below_the_layer_after_the_handler_stored_is_told() {
     let out = Captured::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = tracing::subscriber::set_default(out.subscriber());
 
-    let db = Db::new("pg_a_header_added_below_the_layer_after_the_handler_stored_is_told").await;
+    let db = Db::new(
+        "pg_a_header_added_below_the_layer_after_the_handler_stored_is_told",
+        ORDERS,
+    )
+    .await;
     let events = Events::default();
     let keyed = events.recording(IdempotencyLayer::builder(db.store.clone()));
     let served_by = tower::util::MapResponseLayer::new(|mut res: Response| {
@@ -350,7 +301,11 @@ async fn pg_a_header_added_below_the_layer_after_the_handler_stored_is_told() {
 /// answer is whole; the replay has its status and `content-type`, no body, and says so.
 #[tokio::test]
 async fn pg_axum_answer_over_the_stored_size_limit_replays_without_its_body() {
-    let db = Db::new("pg_axum_answer_over_the_stored_size_limit_replays_without_its_body").await;
+    let db = Db::new(
+        "pg_axum_answer_over_the_stored_size_limit_replays_without_its_body",
+        ORDERS,
+    )
+    .await;
     let events = Events::default();
     let keyed = events.recording(IdempotencyLayer::builder(db.store.clone()).max_stored_bytes(16));
     let app = app(
@@ -379,7 +334,7 @@ async fn pg_axum_answer_over_the_stored_size_limit_replays_without_its_body() {
 /// the layer stores the answer that leaves it, `content-type` included.
 #[tokio::test]
 async fn pg_axum_answer_claimed_in_the_handlers_transaction_replays_with_its_content_type() {
-    let db = Db::new("pg_axum_answer_in_transaction").await;
+    let db = Db::new("pg_axum_answer_in_transaction", ORDERS).await;
     let keyed = IdempotencyLayer::builder(db.store.clone())
         .in_transaction()
         .build()
@@ -406,7 +361,7 @@ async fn pg_axum_answer_claimed_in_the_handlers_transaction_replays_with_its_con
     assert!(again.replayed());
     assert_eq!(unmarked(&again), unmarked(&first));
     assert_eq!(again.body, first.body);
-    assert_eq!(db.order_rows().await, 1);
+    assert_eq!(db.orders().await, 1);
     db.drop_tables().await;
 }
 
@@ -415,7 +370,7 @@ async fn pg_axum_answer_claimed_in_the_handlers_transaction_replays_with_its_con
 /// stores the `500` (stored by default) and tells nothing.
 #[tokio::test]
 async fn pg_an_answer_stored_then_rolled_back_is_not_told() {
-    let db = Db::new("pg_an_answer_stored_then_rolled_back_is_not_told").await;
+    let db = Db::new("pg_an_answer_stored_then_rolled_back_is_not_told", ORDERS).await;
     let events = Events::default();
     let keyed = events.recording(IdempotencyLayer::builder(db.store.clone()));
     let app = app(
@@ -432,7 +387,7 @@ async fn pg_an_answer_stored_then_rolled_back_is_not_told() {
     assert_eq!(again.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(unmarked(&again), unmarked(&first));
     assert_eq!(again.body, "rolled back");
-    assert_eq!(db.order_rows().await, 0);
+    assert_eq!(db.orders().await, 0);
     assert_eq!(events.names(), ["replayed"]);
     db.drop_tables().await;
 }

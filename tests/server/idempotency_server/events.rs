@@ -460,12 +460,7 @@ async fn a_closure_recorder_sees_server_events() {
 #[tokio::test(start_paused = true)]
 async fn the_tracing_recorder_warns_of_a_takeover() {
     let out = super::recovery::Captured::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = tracing::subscriber::set_default(out.subscriber());
 
     let seen = Seen::default();
     let layer = IdempotencyLayer::builder(MemoryStore::new())

@@ -18,15 +18,17 @@ use super::support::{post, reply, send, Got, Req, Res, Seen};
 use crate::support::names::suffix;
 use crate::support::postgres::{did_not_answer, forget, url};
 
-/// A migrated store in a fresh table, and an orders table beside it.
-struct Db {
-    store: PostgresStore,
+/// A migrated store in a fresh table, and an orders table beside it (shared with
+/// `axum_answer.rs`).
+pub(super) struct Db {
+    pub(super) store: PostgresStore,
     table: String,
-    orders: String,
+    pub(super) orders: String,
 }
 
 impl Db {
-    async fn new(test: &str, orders_ddl: &str) -> Db {
+    /// The tables, the orders' with the columns `orders_ddl`.
+    pub(super) async fn new(test: &str, orders_ddl: &str) -> Db {
         let suffix = suffix();
         let table = format!("surely_idem_tx{suffix}");
         let orders = format!("surely_orders_tx{suffix}");
@@ -50,7 +52,8 @@ impl Db {
         }
     }
 
-    async fn orders(&self) -> i64 {
+    /// How many orders were written.
+    pub(super) async fn orders(&self) -> i64 {
         let client = self.store.pool().get().await.unwrap();
         client
             .query_one(&format!("SELECT count(*) FROM {}", self.orders), &[])
@@ -74,7 +77,7 @@ impl Db {
             .collect()
     }
 
-    async fn drop_tables(self) {
+    pub(super) async fn drop_tables(self) {
         forget(
             self.store.pool(),
             &[&self.table, &self.orders],

@@ -60,13 +60,8 @@ where
 
     // The report says it where an operator looks.
     let out = Captured::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
     let reported = {
-        let _guard = tracing::subscriber::set_default(subscriber);
+        let _guard = tracing::subscriber::set_default(out.subscriber());
         report_stuck(&store, scale).await.unwrap()
     };
     assert_eq!(reported.len(), 1);
@@ -159,6 +154,17 @@ async fn memory_retention_by_operation() {
 /// A writer for tracing-subscriber that keeps what it is given.
 #[derive(Clone, Default)]
 pub(crate) struct Captured(pub(crate) Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// A plain-text subscriber that writes into this capture.
+    pub(crate) fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish()
+    }
+}
 
 impl std::io::Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
