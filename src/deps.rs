@@ -2,7 +2,8 @@
 //! that a service builds against the same versions: async-nats (the outbox's JetStream
 //! publisher, feature `nats`), lapin (the outbox's RabbitMQ publisher, feature `rabbitmq`),
 //! deadpool-postgres and tokio-postgres (the pool and the transactions of the PostgreSQL
-//! stores, feature `postgres`), redis (the connection of the Redis idempotency store, feature
+//! stores, feature `postgres`), pgwire-replication (the log relay's replication connection,
+//! feature `postgres-log`), redis (the connection of the Redis idempotency store, feature
 //! `redis`).
 
 #[cfg(feature = "nats")]
@@ -11,6 +12,8 @@ pub use async_nats;
 pub use deadpool_postgres;
 #[cfg(feature = "rabbitmq")]
 pub use lapin;
+#[cfg(feature = "postgres-log")]
+pub use pgwire_replication;
 #[cfg(feature = "redis")]
 pub use redis;
 #[cfg(feature = "postgres")]

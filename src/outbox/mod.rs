@@ -85,6 +85,8 @@ use crate::classify::BoxError;
 use crate::record::OutboxStats;
 
 mod event;
+#[cfg(feature = "postgres-log")]
+mod log;
 mod memory;
 #[cfg(feature = "nats")]
 mod nats;
@@ -98,6 +100,8 @@ mod wakeup;
 mod webhook;
 
 pub use self::event::{Event, EventId, InvalidEvent};
+#[cfg(feature = "postgres-log")]
+pub use self::log::{LogError, LogRelay, LogRelayBuilder, LogSource, WalPosition};
 pub use self::memory::MemoryOutbox;
 #[cfg(feature = "nats")]
 pub use self::nats::{JetStreamPublisher, Published};

@@ -69,8 +69,53 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
                 )
             },
         },
+        Migration {
+            version: 3,
+            name: "log",
+            sql: log_migration,
+        },
     ],
 };
+
+/// The publication the crate's migrations create on an outbox table: its name with `.`
+/// written `_`, then `_publication` (at most 50 + 12 bytes: within PostgreSQL's 63).
+pub(crate) fn publication(table: &str) -> String {
+    format!("{}_publication", table.replace('.', "_"))
+}
+
+/// The table of the slots that read an outbox table, and where each stands.
+pub(crate) fn slots_table(table: &str) -> String {
+    format!("{table}_slots")
+}
+
+/// The statements the outbox's migration 3 runs: the column that names each row's
+/// transaction, the slots' table, and the publication (inserts and updates: an update that
+/// makes a row pending again is a requeue).
+fn log_migration(t: &str) -> String {
+    let slots = slots_table(t);
+    let publication = publication(t);
+    format!(
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS xact xid8;
+         ALTER TABLE {t} ALTER COLUMN xact SET DEFAULT pg_current_xact_id();
+         CREATE TABLE IF NOT EXISTS {slots} (
+             slot text PRIMARY KEY,
+             boundary pg_snapshot NOT NULL,
+             caught_up boolean NOT NULL DEFAULT false,
+             published_below xid8,
+             confirmed text,
+             confirmed_at timestamptz,
+             created_at timestamptz NOT NULL DEFAULT now()
+         );
+         SET LOCAL client_min_messages = error;
+         DO $$ BEGIN
+             IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = '{publication}') THEN
+                 CREATE PUBLICATION {publication} FOR TABLE {t}
+                     WITH (publish = 'insert, update');
+             END IF;
+         END $$;
+         SET LOCAL client_min_messages = warning;"
+    )
+}
 
 /// The outbox for a service whose state is in PostgreSQL: events are rows of a table (default
 /// `surely_outbox`), [enqueued](Self::enqueue) in the handler's own transaction, so that they

@@ -629,7 +629,7 @@ impl<'a, St: OutboxStore> Stages<'a, St> {
 /// hyper-util's: `client error (SendRequest)` is only what failed), would otherwise lose it; a
 /// source that the message already ends with (an error that also prints its source, as
 /// async-nats's do) is not said twice.
-fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
+pub(super) fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {

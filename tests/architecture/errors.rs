@@ -43,6 +43,7 @@ public_errors! {
     #[cfg(feature = "durable")] surely::outbox::InvalidEvent,
     #[cfg(feature = "durable")] surely::outbox::OutboxError,
     #[cfg(feature = "rabbitmq")] surely::outbox::RabbitError,
+    #[cfg(feature = "postgres-log")] surely::outbox::LogError,
     #[cfg(feature = "durable")] surely::outbox::WebhookError,
     #[cfg(feature = "postgres")] surely::postgres::ConnectError,
     #[cfg(feature = "postgres")] surely::postgres::MigrateError,

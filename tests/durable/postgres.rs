@@ -44,12 +44,13 @@ fn migrations(table: &str) -> Migrations {
 }
 
 /// How many migrations `migrations(table)` applies to a new database.
-const MIGRATIONS: usize = if cfg!(feature = "admin") { 18 } else { 16 };
+const MIGRATIONS: usize = if cfg!(feature = "admin") { 19 } else { 17 };
 
 /// Drops every table `migrations(table)` made, and forgets their migrations.
 async fn forget_all(pool: &Pool, table: &str) {
     let tables = [
         table.to_owned(),
+        format!("{table}_outbox_slots"),
         format!("{table}_outbox"),
         format!("{table}_inbox"),
         format!("{table}_inbox_versions"),
@@ -84,6 +85,7 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
             format!("idempotency {table} v6 (lease_index)"),
             format!("outbox {table}_outbox v1 (events)"),
             format!("outbox {table}_outbox v2 (quarantined index)"),
+            format!("outbox {table}_outbox v3 (log)"),
             format!("inbox {table}_inbox v1 (events and versions)"),
             format!("inbox {table}_inbox v2 (processed at index)"),
             format!("inbox {table}_inbox v3 (tasks and their steps)"),

@@ -45,10 +45,10 @@ pub(crate) async fn forget(pool: &Pool, tables: &[&str], targets: &[&str]) {
     let drops: String = tables
         .iter()
         // The idempotency store's table comes with its acquire function, an inbox's with its
-        // tasks' tables.
+        // tasks' tables, an outbox's with its slots' table.
         .map(|t| {
             format!(
-                "DROP TABLE IF EXISTS {t}_task_steps, {t}_tasks; DROP TABLE IF EXISTS {t};
+                "DROP TABLE IF EXISTS {t}_task_steps, {t}_tasks, {t}_slots; DROP TABLE IF EXISTS {t};
                  DROP FUNCTION IF EXISTS {t}_acquire;"
             )
         })
@@ -79,6 +79,15 @@ pub(crate) async fn forget_schema(client: &Object, schema: &str, targets: &[&str
 
 async fn forget_migrations(client: &Object, targets: &[&str]) {
     for target in targets {
+        // An outbox's table has the publication its log relay reads (a database's object:
+        // dropping the table or its schema leaves it, empty).
+        client
+            .batch_execute(&format!(
+                "DROP PUBLICATION IF EXISTS {}_publication",
+                target.replace('.', "_")
+            ))
+            .await
+            .unwrap();
         client
             .execute("DELETE FROM surely_migrations WHERE target = $1", &[target])
             .await

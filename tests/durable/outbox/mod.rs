@@ -3,6 +3,8 @@
 //! quarantined. On the memory outbox (paused time) and on PostgreSQL (real time, short waits on
 //! the database's clock; the tests fail if it does not answer).
 
+#[cfg(feature = "postgres-log")]
+mod log;
 #[cfg(feature = "nats")]
 mod nats;
 mod pipeline;
