@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, Stream};
+use futures_util::FutureExt as _;
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent};
 use tokio::time::Instant;
 use tower_service::Service;
@@ -320,6 +322,9 @@ struct Config {
     quarantine_after: u32,
     max_payload: usize,
     standby: Duration,
+    /// How long the server may say nothing before the relay stops publishing (`None`: three
+    /// heartbeats, at least 30 s).
+    fence: Option<Duration>,
     retention: Option<Duration>,
 }
 
@@ -348,6 +353,7 @@ impl<P> LogRelay<P> {
                     quarantine_after: 10,
                     max_payload: 1 << 20,
                     standby: Duration::from_secs(5),
+                    fence: None,
                     retention: Some(Duration::from_secs(24 * 3600)),
                 },
                 recorder: None,
@@ -403,9 +409,22 @@ impl<P> LogRelayBuilder<P> {
         self
     }
 
-    /// How often a relay whose slot another relay holds looks again (default 5 s).
+    /// How often a relay whose slot another relay holds looks again (default 5 s; the first
+    /// look comes after 100 ms, and the waits double up to this).
     pub fn standby(mut self, interval: Duration) -> Self {
         self.relay.config.standby = interval;
+        self
+    }
+
+    /// How long the stream may bring nothing before the relay stops publishing, lets the slot
+    /// go and connects again (default three heartbeats, at least 30 s; at least twice the
+    /// [heartbeat](Self::heartbeat), whose message comes back through the stream while all is
+    /// well). Keep it below the server's `wal_sender_timeout` (60 s by default), after which
+    /// PostgreSQL lets a standby take the slot of a relay it no longer hears: a relay cut off
+    /// from the database has then stopped publishing before another one starts, and events
+    /// do not go out from two relays at once.
+    pub fn fence_after(mut self, silence: Duration) -> Self {
+        self.relay.config.fence = Some(silence);
         self
     }
 
@@ -448,6 +467,12 @@ impl<P> LogRelayBuilder<P> {
                 "must be at least 10 ms",
             ));
         }
+        if c.fence.is_some_and(|f| f < c.heartbeat.saturating_mul(2)) {
+            return Err(ConfigError::new(
+                "log relay fence_after",
+                "must be at least twice the heartbeat",
+            ));
+        }
         if c.quarantine_after == 0 {
             return Err(ConfigError::new(
                 "log relay quarantine_after",
@@ -459,12 +484,15 @@ impl<P> LogRelayBuilder<P> {
         c.heartbeat = c.heartbeat.min(crate::MAX_DURATION);
         c.retry_after = c.retry_after.min(LONGEST_RETRY);
         c.standby = c.standby.min(crate::MAX_DURATION);
+        let three_beats = c.heartbeat.saturating_mul(3).max(Duration::from_secs(30));
+        c.fence = Some(c.fence.unwrap_or(three_beats).min(crate::MAX_DURATION));
         c.retention = c.retention.map(|r| r.min(crate::MAX_DURATION));
         let rc = &mut relay.source.config;
         rc.publication = super::postgres::publication(relay.outbox.table()).into();
         rc.start_lsn = Lsn::ZERO;
         rc.binary = true;
-        rc.status_interval = Duration::from_secs(1);
+        // The slot's confirmed position follows the broker's acknowledgements within 100 ms.
+        rc.status_interval = Duration::from_millis(100);
         rc.idle_wakeup_interval = Duration::from_secs(1);
         if rc.application_name.is_none() {
             rc.application_name = Some(format!("surely log relay {}", rc.slot));
@@ -545,14 +573,23 @@ where
     pub async fn run(mut self, stop: impl Future<Output = ()>) -> Result<(), LogError> {
         let mut stop = std::pin::pin!(stop);
         let mut wait = self.config.retry_after;
+        // A slot is held for a moment after its relay stopped (its walsender ends): a standby
+        // looks again after 100 ms, then less often, up to its interval.
+        let first_look = Duration::from_millis(100).min(self.config.standby);
+        let mut look = first_look;
         loop {
             let started = Instant::now();
             let ended = self.session(stop.as_mut()).await;
+            if !matches!(&ended, Err(e) if e.is_slot_in_use()) {
+                look = first_look;
+            }
             let pause = match ended {
                 Ok(Ended::Stopped) => return Ok(()),
                 Err(e) if e.is_slot_in_use() => {
                     tracing::debug!(slot = %self.source.slot(), "log relay standing by: another relay holds the slot");
-                    self.config.standby
+                    let w = look;
+                    look = look.saturating_mul(2).min(self.config.standby);
+                    w
                 }
                 Err(e) if e.is_transient() => {
                     tracing::warn!(error = &e as &dyn std::error::Error, slot = %self.source.slot(), "log relay lost its stream; connecting again");
@@ -581,7 +618,9 @@ where
     ///
     /// What is missing, with what to run ([`LogError::is_setup`]); or the database failed.
     pub async fn check(&self) -> Result<(), LogError> {
-        setup::check(&self.outbox, self.source.slot()).await
+        setup::check(&self.outbox, self.source.slot())
+            .await
+            .map(drop)
     }
 
     async fn session(
@@ -590,14 +629,36 @@ where
     ) -> Result<Ended, LogError> {
         // Not `self.check()`: that would hold `&self`, and the relay's future would need a
         // publisher that is `Sync`.
-        setup::check(&self.outbox, self.source.slot()).await?;
-        let mut client = ReplicationClient::connect_gated(self.source.config.clone())
-            .await
-            .map_err(LogError::stream)?;
-        client.start().await.map_err(LogError::stream)?;
-        if let Err(e) = client.wait_started().await {
-            return Err(setup::started_error(self.source.slot(), e));
-        }
+        let slot = self.source.slot();
+        let fence = self.config.fence;
+        let connect = async {
+            let timeout = setup::check(&self.outbox, slot).await?;
+            if let (Some(timeout), Some(fence)) = (timeout, fence) {
+                if fence >= timeout {
+                    tracing::warn!(
+                        slot, ?fence, wal_sender_timeout = ?timeout,
+                        "log relay's fence_after is not below the server's wal_sender_timeout: \
+                         a standby may take the slot before a relay cut off from the database \
+                         stops publishing"
+                    );
+                }
+            }
+            let mut client = ReplicationClient::connect_gated(self.source.config.clone())
+                .await
+                .map_err(LogError::stream)?;
+            client.start().await.map_err(LogError::stream)?;
+            match client.wait_started().await {
+                Ok(()) => Ok(client),
+                Err(e) => Err(setup::started_error(slot, e)),
+            }
+        };
+        // A connection that hangs (a server that does not answer) does not keep the relay
+        // from stopping.
+        let mut client = tokio::select! {
+            biased;
+            () = stop.as_mut() => return Ok(Ended::Stopped),
+            client = connect => client?,
+        };
         let slot = setup::slot_row(&self.outbox, self.source.slot()).await?;
         tracing::info!(slot = %self.source.slot(), table = %self.outbox.table(), "log relay reading its slot");
         let mut pipeline = Pipeline::new(self);
@@ -607,23 +668,26 @@ where
             }
         }
         let ended = pipeline.stream(&mut client, stop).await;
-        if ended.is_ok() {
-            // Stopped: the last confirmed position is sent before the stream ends (the
-            // client sends it within its status interval), so that the next relay does not
-            // publish again what this one had confirmed.
-            let confirmed = pipeline.confirmed.lsn();
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while client.metrics().last_applied_lsn() < confirmed && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+        // The last confirmed position is sent before the stream ends (the client sends it
+        // within its status interval), so that the next relay does not publish again what this
+        // one had confirmed; bounded, for a stream that is gone.
+        let confirmed = pipeline.confirmed.lsn();
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        while client.metrics().last_applied_lsn() < confirmed
+            && client.is_running()
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        client.stop();
+        // The stream is ended (bounded) before the relay returns, so that the slot is free for
+        // the next relay as soon as the server has seen the end.
+        let _ = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
         ended
     }
 }
 
 /// An event on its way to the broker.
-struct Publishing<F> {
+struct Publishing {
     event: Event,
     /// Where the log had it (or, from the table, where the log stood).
     position: WalPosition,
@@ -631,19 +695,20 @@ struct Publishing<F> {
     /// (before the slot, or requeued), whose row says it is pending.
     mark: Option<i64>,
     refusals: u32,
-    state: Sending<F>,
+    state: Sending,
 }
 
-enum Sending<F> {
-    Sent(Pin<Box<F>>),
+enum Sending {
+    /// Its publish is among the pipeline's futures.
+    Sent,
     Acked,
     Refused(String),
     /// Refused, waiting to go again.
     Waiting,
 }
 
-enum Entry<F> {
-    Publish(Box<Publishing<F>>),
+enum Entry {
+    Publish(Box<Publishing>),
     /// The log's position up to which everything before it is accounted for.
     Confirm(WalPosition),
 }
@@ -655,7 +720,12 @@ struct Pipeline<'a, P: Service<Event>> {
     publisher: &'a mut P,
     config: Config,
     recorder: Option<&'a (dyn Recorder + Send + Sync)>,
-    entries: VecDeque<Entry<P::Future>>,
+    entries: VecDeque<Entry>,
+    /// The number of the entry in front: each entry is numbered in the order it came.
+    base: u64,
+    /// The publishes sent and not answered, each with its entry's number: polled when woken,
+    /// a new one first, in the order sent.
+    inflight: FuturesUnordered<Tagged<P::Future>>,
     /// Entries whose publish is sent and not answered.
     sent: usize,
     /// Entries refused and not yet sent again.
@@ -684,6 +754,8 @@ where
             config: relay.config,
             recorder: relay.recorder.as_deref(),
             entries: VecDeque::new(),
+            base: 0,
+            inflight: FuturesUnordered::new(),
             sent: 0,
             refused: 0,
             retry_at: None,
@@ -737,18 +809,40 @@ where
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut watermark: Option<setup::Watermark> = None;
         let mut told = self.confirmed;
+        let fence = self.config.fence.unwrap_or(LONGEST_RETRY);
+        // When the server was last heard from; the fence's timer is moved only when it goes
+        // off early, not at each message.
+        let mut heard = Instant::now();
+        let fenced = tokio::time::sleep(fence);
+        tokio::pin!(fenced);
         loop {
             self.settle().await?;
             if self.confirmed > told {
                 told = self.confirmed;
                 client.update_applied_lsn(told.lsn());
             }
-            let open = self.refused == 0 && self.sent < self.config.max_in_flight;
+            if !self.open() {
+                // Not reading: the server's silence says nothing.
+                heard = Instant::now();
+            }
+            let open = self.open();
             let retry_at = self.retry_at;
             let sent = self.sent;
             tokio::select! {
                 biased;
                 () = stop.as_mut() => return Ok(Ended::Stopped),
+                () = &mut fenced => {
+                    let due = heard + fence;
+                    if open && Instant::now() >= due {
+                        return Err(LogError::stream(format!(
+                            "nothing from the server for {fence:?} while the heartbeat writes \
+                             into the log every {:?}: the relay stops publishing and reads the \
+                             slot again",
+                            self.config.heartbeat
+                        )));
+                    }
+                    fenced.as_mut().reset(due.max(Instant::now() + Duration::from_millis(1)));
+                }
                 () = std::future::poll_fn(|cx| self.poll_sent(cx)), if sent > 0 => {}
                 () = sleep_until(retry_at), if retry_at.is_some() => {
                     if let Some(ended) = self.resend(stop.as_mut()).await? {
@@ -757,30 +851,28 @@ where
                 }
                 _ = heartbeat.tick() => self.beat(&mut watermark).await,
                 event = client.recv(), if open => {
-                    let event = event
+                    let mut event = event
                         .map_err(LogError::stream)?
                         .ok_or_else(|| LogError::stream("the replication stream ended"))?;
-                    match event {
-                        ReplicationEvent::Begin { .. } => in_transaction = true,
-                        ReplicationEvent::Commit { end_lsn, .. } => {
-                            in_transaction = false;
-                            self.confirm_at(end_lsn.into());
+                    heard = Instant::now();
+                    // What the client holds already is taken at once, as far as the window
+                    // allows: one turn of the loop for many messages.
+                    loop {
+                        if let Some(ended) =
+                            self.message(event, &mut in_transaction, stop.as_mut()).await?
+                        {
+                            return Ok(ended);
                         }
-                        ReplicationEvent::XLogData { wal_start, data, .. } => {
-                            if let Some(ended) = self.row(wal_start.into(), &data, stop.as_mut()).await? {
-                                return Ok(ended);
+                        if !self.open() {
+                            break;
+                        }
+                        match client.recv().now_or_never() {
+                            Some(next) => {
+                                event = next
+                                    .map_err(LogError::stream)?
+                                    .ok_or_else(|| LogError::stream("the replication stream ended"))?;
                             }
-                        }
-                        // Everything the server sent before a keepalive or a message outside a
-                        // transaction is in the pipeline ahead of it.
-                        ReplicationEvent::KeepAlive { wal_end: at, .. }
-                        | ReplicationEvent::Message { lsn: at, .. } => {
-                            if !in_transaction {
-                                self.confirm_at(at.into());
-                            }
-                        }
-                        ReplicationEvent::StoppedAt { .. } => {
-                            return Err(LogError::stream("the replication stream stopped"))
+                            None => break,
                         }
                     }
                 }
@@ -788,11 +880,47 @@ where
         }
     }
 
+    /// Whether the relay reads the log: nothing refused waits, and the window has room.
+    fn open(&self) -> bool {
+        self.refused == 0 && self.sent < self.config.max_in_flight
+    }
+
+    /// One message of the stream.
+    async fn message(
+        &mut self,
+        event: ReplicationEvent,
+        in_transaction: &mut bool,
+        stop: Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<Option<Ended>, LogError> {
+        match event {
+            ReplicationEvent::Begin { .. } => *in_transaction = true,
+            ReplicationEvent::Commit { end_lsn, .. } => {
+                *in_transaction = false;
+                self.confirm_at(end_lsn.into());
+            }
+            ReplicationEvent::XLogData {
+                wal_start, data, ..
+            } => return self.row(wal_start.into(), &data, stop).await,
+            // Everything the server sent before a keepalive or a message outside a
+            // transaction is in the pipeline ahead of it.
+            ReplicationEvent::KeepAlive { wal_end: at, .. }
+            | ReplicationEvent::Message { lsn: at, .. } => {
+                if !*in_transaction {
+                    self.confirm_at(at.into());
+                }
+            }
+            ReplicationEvent::StoppedAt { .. } => {
+                return Err(LogError::stream("the replication stream stopped"))
+            }
+        }
+        Ok(None)
+    }
+
     /// A message of the log that carries a row.
     async fn row(
         &mut self,
         position: WalPosition,
-        data: &[u8],
+        data: &bytes::Bytes,
         stop: Pin<&mut impl Future<Output = ()>>,
     ) -> Result<Option<Ended>, LogError> {
         let message = pgoutput::decode(data).map_err(|e| {
@@ -815,7 +943,7 @@ where
             .tables
             .get(relation)
             .ok_or_else(|| table_error("a row of a table the log did not describe".to_owned()))?;
-        match rows::decode(layout, &values, self.config.max_payload).map_err(table_error)? {
+        match rows::decode(layout, &values, data, self.config.max_payload).map_err(table_error)? {
             Decoded::Event { event, claim } => {
                 // An update publishes a requeued event: it is marked published once sent.
                 let mark = update.then_some(claim);
@@ -857,10 +985,15 @@ where
                 self.publisher.poll_ready(cx)
             }) => ready,
         };
+        let seq = self.base + self.entries.len() as u64;
         let state = match ready {
             Ok(()) => {
                 self.sent += 1;
-                Sending::Sent(Box::pin(self.publisher.call(event.clone())))
+                self.inflight.push(Tagged {
+                    seq,
+                    inner: self.publisher.call(event.clone()),
+                });
+                Sending::Sent
             }
             Err(e) => {
                 self.refused += 1;
@@ -881,27 +1014,32 @@ where
     /// Drives the sent publishes: ready once one answered.
     fn poll_sent(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let mut answered = false;
-        for entry in &mut self.entries {
-            let Entry::Publish(p) = entry else { continue };
-            let Sending::Sent(f) = &mut p.state else {
+        while let Poll::Ready(Some((seq, out))) = Pin::new(&mut self.inflight).poll_next(cx) {
+            self.sent -= 1;
+            answered = true;
+            let at = usize::try_from(seq.wrapping_sub(self.base)).unwrap_or(usize::MAX);
+            let Some(Entry::Publish(p)) = self.entries.get_mut(at) else {
                 continue;
             };
-            if let Poll::Ready(out) = f.as_mut().poll(cx) {
-                p.state = match out {
-                    Ok(_) => Sending::Acked,
-                    Err(e) => {
-                        self.refused += 1;
-                        Sending::Refused(with_sources(&*e.into()))
-                    }
-                };
-                self.sent -= 1;
-                answered = true;
-            }
+            p.state = match out {
+                Ok(()) => Sending::Acked,
+                Err(error) => {
+                    self.refused += 1;
+                    Sending::Refused(error)
+                }
+            };
         }
         if answered {
             Poll::Ready(())
         } else {
             Poll::Pending
+        }
+    }
+
+    /// Takes the front entry off.
+    fn pop(&mut self) {
+        if self.entries.pop_front().is_some() {
+            self.base += 1;
         }
     }
 
@@ -923,7 +1061,7 @@ where
             match front {
                 Entry::Confirm(p) => {
                     confirm = Some(*p);
-                    self.entries.pop_front();
+                    self.pop();
                 }
                 Entry::Publish(p) => match &p.state {
                     Sending::Acked => {
@@ -931,7 +1069,7 @@ where
                         if let Some(claim) = p.mark {
                             self.marks.push((p.event.id().clone(), claim));
                         }
-                        self.entries.pop_front();
+                        self.pop();
                     }
                     Sending::Refused(error) => {
                         p.refusals = p.refusals.saturating_add(1);
@@ -942,7 +1080,7 @@ where
                             tracing::warn!(event = %p.event.id(), %reason, "outbox event quarantined");
                             let id = p.event.id().clone();
                             self.refused -= 1;
-                            self.entries.pop_front();
+                            self.pop();
                             setup::quarantine(self.outbox, id.as_str(), &reason).await?;
                             self.round.quarantined = self.round.quarantined.saturating_add(1);
                         } else {
@@ -957,7 +1095,7 @@ where
                             break;
                         }
                     }
-                    Sending::Sent(_) | Sending::Waiting => break,
+                    Sending::Sent | Sending::Waiting => break,
                 },
             }
         }
@@ -991,6 +1129,7 @@ where
                     self.publisher.poll_ready(cx)
                 }) => ready,
             };
+            let seq = self.base + i as u64;
             let Entry::Publish(p) = &mut self.entries[i] else {
                 continue;
             };
@@ -998,7 +1137,11 @@ where
                 Ok(()) => {
                     self.refused -= 1;
                     self.sent += 1;
-                    p.state = Sending::Sent(Box::pin(self.publisher.call(p.event.clone())));
+                    self.inflight.push(Tagged {
+                        seq,
+                        inner: self.publisher.call(p.event.clone()),
+                    });
+                    p.state = Sending::Sent;
                 }
                 Err(e) => {
                     p.state = Sending::Refused(with_sources(&*e.into()));
@@ -1077,6 +1220,33 @@ where
                 });
             }
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A publish, answering with its entry's number and, on failure, its error and sources.
+    struct Tagged<F> {
+        seq: u64,
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F, T, E> Future for Tagged<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = (u64, Result<(), String>);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        this.inner.poll(cx).map(|out| {
+            (
+                *this.seq,
+                out.map(drop).map_err(|e| with_sources(&*e.into())),
+            )
+        })
     }
 }
 

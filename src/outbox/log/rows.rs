@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use bytes::Bytes;
 use tokio_postgres::types::{FromSql, Type};
 
 use super::pgoutput::{Relation, Value};
@@ -96,6 +97,7 @@ pub(super) enum Decoded {
 pub(super) fn decode(
     layout: Layout,
     values: &[Value<'_>],
+    message: &Bytes,
     max_payload: usize,
 ) -> Result<Decoded, String> {
     let value = |i: usize| values.get(layout.0[i]).unwrap_or(&Value::Null);
@@ -125,14 +127,17 @@ pub(super) fn decode(
             Err(e) => bad(e.to_string()),
         });
     }
-    Ok(match event(&value, max_payload) {
+    Ok(match event(&value, message, max_payload) {
         Ok((event, claim)) => Decoded::Event { event, claim },
         Err(reason) => bad(reason),
     })
 }
 
+/// The event of a row whose values are slices of `message` (the payload is kept as one, not
+/// copied).
 fn event<'a>(
     value: &impl Fn(usize) -> &'a Value<'a>,
+    message: &Bytes,
     max_payload: usize,
 ) -> Result<(Event, i64), String> {
     let required = |i: usize, ty: &Type| -> Result<&'a [u8], String> {
@@ -173,12 +178,30 @@ fn event<'a>(
             values.len()
         ));
     }
-    let mut event = Event::new(id, text(1)?, number(2)?, text(3)?, payload.to_vec())
-        .map_err(|e| e.to_string())?;
+    let mut event = Event::new(
+        id,
+        text(1)?,
+        number(2)?,
+        text(3)?,
+        part_of(message, payload),
+    )
+    .map_err(|e| e.to_string())?;
     for (name, v) in names.into_iter().zip(values) {
         event = event.with_header(name, v).map_err(|e| e.to_string())?;
     }
     Ok((event, number(CLAIM)?))
+}
+
+/// `part` as a slice of `message` when it lies within it (as a value decoded from it does),
+/// else a copy: never the panic of `Bytes::slice_ref` on a slice from elsewhere.
+fn part_of(message: &Bytes, part: &[u8]) -> Bytes {
+    let whole = message.as_ptr_range();
+    let range = part.as_ptr_range();
+    if whole.start <= range.start && range.end <= whole.end {
+        message.slice_ref(part)
+    } else {
+        Bytes::copy_from_slice(part)
+    }
 }
 
 /// A value that may be null.
@@ -252,13 +275,13 @@ mod tests {
                 bin(4i64, &Type::INT8),
             ];
             let vals: Vec<Option<&[u8]>> = cols.iter().map(|c| Some(c.as_slice())).collect();
-            let m = wire::insert(9, &vals);
+            let m = Bytes::from(wire::insert(9, &vals));
             let Message::Insert { values, .. } = decode_message(&m).unwrap() else {
                 panic!()
             };
             let mut tables = Tables::default();
             tables.learn(&relation()).unwrap();
-            decode(tables.get(9).unwrap(), &values, max_payload)
+            decode(tables.get(9).unwrap(), &values, &m, max_payload)
         }
     }
 

@@ -34,8 +34,12 @@ async fn client(outbox: &PostgresOutbox) -> Result<deadpool_postgres::Object, Lo
     outbox.pool().get().await.map_err(LogError::backend)
 }
 
-/// `wal_level`, the publication, the slot and its plugin.
-pub(super) async fn check(outbox: &PostgresOutbox, slot: &str) -> Result<(), LogError> {
+/// `wal_level`, the publication, the slot and its plugin; returns the server's
+/// `wal_sender_timeout` (`None`: off).
+pub(super) async fn check(
+    outbox: &PostgresOutbox,
+    slot: &str,
+) -> Result<Option<Duration>, LogError> {
     let c = client(outbox).await?;
     let (schema, table) = match outbox.table().split_once('.') {
         Some((s, t)) => (s.to_owned(), t.to_owned()),
@@ -49,7 +53,8 @@ pub(super) async fn check(outbox: &PostgresOutbox, slot: &str) -> Result<(), Log
                             WHERE pubname = $1 AND tablename = $2
                               AND ($3 = '' OR schemaname = $3)),
                     (SELECT plugin::text FROM pg_replication_slots
-                     WHERE slot_name = $4 AND database = current_database())",
+                     WHERE slot_name = $4 AND database = current_database()),
+                    (SELECT setting::int8 FROM pg_settings WHERE name = 'wal_sender_timeout')",
             &[&publication, &table, &schema, &slot],
         )
         .await
@@ -70,7 +75,12 @@ pub(super) async fn check(outbox: &PostgresOutbox, slot: &str) -> Result<(), Log
             slot: slot.to_owned(),
             plugin,
         })),
-        Some(_) => Ok(()),
+        Some(_) => {
+            let timeout: Option<i64> = row.get(3);
+            Ok(timeout
+                .filter(|ms| *ms > 0)
+                .map(|ms| Duration::from_millis(ms.unsigned_abs())))
+        }
     }
 }
 

@@ -575,3 +575,63 @@ mod settings {
         assert!(LogSource::new("not a url", "slot").is_err());
     }
 }
+
+#[tokio::test]
+async fn pg_log_a_relay_that_hears_nothing_stops_publishing_before_a_standby_takes_over() {
+    use crate::support::proxy::Proxy;
+
+    let f = Fixture::new("fence").await;
+    f.create_slot().await;
+    // The first relay reads the slot through a proxy that can silence the server.
+    let proxy = Proxy::start("127.0.0.1:5432".to_owned()).await;
+    let through = format!("postgres://postgres@{}/test", proxy.addr());
+    let (a, b) = (Bus::default(), Bus::default());
+    let first = spawn(
+        LogRelay::builder(
+            f.outbox.clone(),
+            LogSource::new(&through, &f.slot).unwrap(),
+            a.service(),
+        )
+        .heartbeat(Duration::from_millis(100))
+        .fence_after(Duration::from_millis(600))
+        .build()
+        .unwrap(),
+    );
+    f.enqueue(&[event(1)]).await;
+    published(&a, 1).await;
+    let second = spawn(
+        f.relay(b.service())
+            .standby(Duration::from_millis(50))
+            .build()
+            .unwrap(),
+    );
+    // The server's words to the first relay are held: it hears nothing, fences itself, and
+    // lets the slot go; the standby takes over and publishes what follows.
+    proxy.hold_replies(true);
+    let held_at = tokio::time::Instant::now();
+    f.enqueue(&[event(2)]).await;
+    f.enqueue(&[event(3)]).await;
+    published(&b, 2).await;
+    let took = held_at.elapsed();
+    assert_eq!(
+        a.published(),
+        vec![event(1).id().clone()],
+        "the fenced relay published nothing more"
+    );
+    // The standby starts where the slot was confirmed: the first event again if its
+    // confirmation had not reached the server when the first relay fenced itself.
+    let seen = first_seen(b.published());
+    let (one, two, three) = (
+        event(1).id().clone(),
+        event(2).id().clone(),
+        event(3).id().clone(),
+    );
+    assert!(
+        seen == [two.clone(), three.clone()] || seen == [one, two, three],
+        "in order: {seen:?}"
+    );
+    assert!(took < Duration::from_secs(8), "took over after {took:?}");
+    second.stop().await;
+    first.task.abort();
+    f.drop().await;
+}

@@ -2,11 +2,13 @@
 //! JetStream: the figures of issue 16, printed as tables.
 //!
 //! ```sh
-//! cargo run --release --features postgres,nats --example outbox_perf
+//! cargo run --release --features postgres-log,nats --example outbox_perf
 //! # fewer events, for a quick look:
-//! cargo run --release --features postgres,nats --example outbox_perf -- --events 2000
+//! cargo run --release --features postgres-log,nats --example outbox_perf -- --events 2000
 //! # one part only, fewer rounds:
-//! cargo run --release --features postgres,nats --example outbox_perf -- --only inbox --rounds 3
+//! cargo run --release --features postgres-log,nats --example outbox_perf -- --only inbox --rounds 3
+//! # the log relay against the polling relay and raw publishing (`wal_level = logical`):
+//! cargo run --release --features postgres-log,nats --example outbox_perf -- --only log
 //! ```
 //!
 //! 1. **Relay throughput into JetStream.** A backlog of committed events (the table analyzed
@@ -40,6 +42,15 @@
 //!    round's baseline, and the CPU time per event of this process and of the `postgres`
 //!    processes (`/proc/<pid>/schedstat`, Linux; the server's other sessions included).
 //!
+//! 4. **The log relay** (`LogRelay`, the outbox read from the write-ahead log). A backlog of
+//!    committed events drained into JetStream by a log relay with 500 events in flight,
+//!    against raw publishing in batches of 500 and the polling relay (`Relay::run`, batches of
+//!    500, pipelined), taking turns in an order that rotates from round to round: events per
+//!    second, the ratios to raw publishing, and the CPU per event of this process, of
+//!    PostgreSQL (its walsender's decoding included) and of the NATS server. Then
+//!    commit-to-broker latency as in 2, the log relay beside the polling relay woken by
+//!    `LISTEN/NOTIFY`.
+//!
 //! `--rounds N` (default 5) sets the rounds; `--depth N` the pipelined relay's depth (default:
 //! the relay's own, 3).
 //!
@@ -62,6 +73,8 @@ use surely::outbox::{
 use surely::postgres::Pool;
 use surely::record::OutboxStats;
 use tower::ServiceExt;
+
+mod log;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -107,13 +120,21 @@ async fn main() -> Result<(), BoxError> {
         if args.runs("inbox") {
             inbox_throughput(&pool, &run, events / 5, args.rounds, &mut made).await?;
         }
+        if args.runs("log") {
+            log::throughput(&pool, &pg_url, &js, &run, &args, &mut made).await?;
+            log::latency(&pool, &pg_url, &nats, &js, &run, &mut made).await?;
+        }
         Ok::<_, BoxError>(())
     }
     .await;
     let client = pool.get().await?;
     for table in made {
+        // An outbox's table comes with its slots' table and its publication.
         client
-            .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table}_slots; DROP TABLE IF EXISTS {table};
+                 DROP PUBLICATION IF EXISTS {table}_publication"
+            ))
             .await?;
         client
             .execute("DELETE FROM surely_migrations WHERE target = $1", &[&table])
@@ -124,7 +145,7 @@ async fn main() -> Result<(), BoxError> {
 }
 
 /// What to run: `--events N` (default 10 000), `--rounds N` (default 5), `--only
-/// relay|latency|inbox` (default all), `--depth N` (default: the relay's).
+/// relay|latency|inbox|log` (default all), `--depth N` (default: the relay's).
 struct Args {
     events: usize,
     rounds: usize,
@@ -147,9 +168,9 @@ fn parse_args() -> Result<Args, BoxError> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--only" => {
-                let part = args.next().ok_or("--only needs relay, latency or inbox")?;
-                if !["relay", "latency", "inbox"].contains(&part.as_str()) {
-                    return Err(format!("--only: {part:?} is not relay, latency or inbox").into());
+                let part = args.next().ok_or("--only needs relay, latency, inbox or log")?;
+                if !["relay", "latency", "inbox", "log"].contains(&part.as_str()) {
+                    return Err(format!("--only: {part:?} is not relay, latency, inbox or log").into());
                 }
                 only = Some(part);
             }
@@ -183,7 +204,7 @@ fn parse_args() -> Result<Args, BoxError> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument {other:?} (try --events N, --rounds N, --depth N, --only relay|latency|inbox)"
+                    "unknown argument {other:?} (try --events N, --rounds N, --depth N, --only relay|latency|inbox|log)"
                 )
                 .into())
             }
