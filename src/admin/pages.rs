@@ -308,6 +308,10 @@ struct LedgerCounts {
 struct OutboxCounts {
     backlog: u64,
     quarantined: u64,
+    /// The slowest log relay's slot: write-ahead log kept for it, in bytes.
+    log_lag_bytes: Option<u64>,
+    /// How long ago that slot's relay last confirmed it, in seconds.
+    log_lag_secs: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -696,6 +700,8 @@ async fn counts(admin: &Admin, op: &Operator) -> Result<Counts, Refusal> {
             Some(OutboxCounts {
                 backlog: s.backlog,
                 quarantined: s.quarantined,
+                log_lag_bytes: s.log_lag_bytes,
+                log_lag_secs: s.log_lag.map(|d| d.as_secs()),
             })
         }
         None => None,

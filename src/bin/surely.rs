@@ -6,6 +6,7 @@
 //! surely ledger show ID
 //! surely ledger settle ID --verdict succeeded|failed --who NAME --why TEXT
 //! surely ledger retry ID --who NAME --why TEXT
+//! surely outbox stats
 //! surely outbox quarantine [--limit N]
 //! surely outbox requeue ID --who NAME --why TEXT
 //! surely outbox discard ID --who NAME --why TEXT
@@ -151,6 +152,9 @@ enum LedgerCommand {
 
 #[derive(Subcommand, Debug)]
 enum OutboxCommand {
+    /// The backlog, the oldest waiting event's age, the quarantine, and how far a log relay's
+    /// slot is behind.
+    Stats,
     /// The quarantined events, oldest first.
     Quarantine {
         /// At most this many.
@@ -486,6 +490,38 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
         Command::Ledger(LedgerCommand::Retry { id, why }) => {
             act(Action::RetryNow(entry_id(&id)?), why).await?;
             done(json, "sent back", &id)
+        }
+        Command::Outbox(OutboxCommand::Stats) => {
+            let s = outbox
+                .stats()
+                .await
+                .map_err(|e| Failure::backend(said(&e)))?;
+            if json {
+                return Ok(Some(json!({
+                    "backlog": s.backlog,
+                    "oldest_secs": s.oldest.map(secs),
+                    "quarantined": s.quarantined,
+                    "log_lag_bytes": s.log_lag_bytes,
+                    "log_lag_secs": s.log_lag.map(secs),
+                })));
+            }
+            println!("backlog\t{}", s.backlog);
+            println!(
+                "oldest\t{}",
+                s.oldest
+                    .map_or("none".to_owned(), |d| format!("{}s", secs(d)))
+            );
+            println!("quarantined\t{}", s.quarantined);
+            match (s.log_lag_bytes, s.log_lag) {
+                (Some(bytes), lag) => {
+                    println!("log lag\t{bytes} bytes");
+                    if let Some(lag) = lag {
+                        println!("log confirmed\t{}s ago", secs(lag));
+                    }
+                }
+                (None, _) => println!("log lag\tno log relay's slot"),
+            }
+            Ok(None)
         }
         Command::Outbox(OutboxCommand::Quarantine { limit }) => {
             let events = outbox

@@ -179,6 +179,8 @@ pub struct OtelRecorder {
     relay_quarantined: Counter<u64>,
     relay_stale: Counter<u64>,
     outbox_backlog: Gauge<u64>,
+    outbox_log_lag: Gauge<u64>,
+    outbox_log_lag_age: Gauge<f64>,
     outbox_oldest: Gauge<f64>,
     outbox_quarantine: Gauge<u64>,
     reconcile_open: Gauge<u64>,
@@ -329,6 +331,18 @@ impl OtelRecorder {
                 .u64_gauge("surely.outbox.backlog")
                 .with_unit("{event}")
                 .with_description("Outbox events waiting to be published.")
+                .build(),
+            outbox_log_lag: meter
+                .u64_gauge("surely.outbox.log.lag")
+                .with_unit("By")
+                .with_description(
+                    "Write-ahead log the server keeps for the slowest log relay's slot.",
+                )
+                .build(),
+            outbox_log_lag_age: meter
+                .f64_gauge("surely.outbox.log.lag_age")
+                .with_unit("s")
+                .with_description("How long ago the slowest log relay last confirmed its slot.")
                 .build(),
             outbox_oldest: meter
                 .f64_gauge("surely.outbox.oldest_age")
@@ -558,6 +572,12 @@ impl Recorder for OtelRecorder {
             self.outbox_oldest
                 .record(stats.oldest.map_or(0.0, |d| d.as_secs_f64()), &[]);
             self.outbox_quarantine.record(stats.quarantined, &[]);
+            if let Some(bytes) = stats.log_lag_bytes {
+                self.outbox_log_lag.record(bytes, &[]);
+            }
+            if let Some(age) = stats.log_lag {
+                self.outbox_log_lag_age.record(age.as_secs_f64(), &[]);
+            }
         }
     }
 

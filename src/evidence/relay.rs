@@ -13,6 +13,18 @@ pub struct OutboxStats {
     pub oldest: Option<Duration>,
     /// Events quarantined: their publish failed past the limit.
     pub quarantined: u64,
+    /// How far the slot of the slowest [log relay][crate::outbox::LogRelay] reading this
+    /// outbox is behind the end of PostgreSQL's write-ahead log, in bytes: the log the server
+    /// keeps for it. `None` without a log relay's slot.
+    #[cfg_attr(
+        not(feature = "postgres-log"),
+        doc = crate::docs::links::to_features!("crate::outbox::LogRelay")
+    )]
+    pub log_lag_bytes: Option<u64>,
+    /// How long ago that slot's relay last recorded that it had confirmed the log (at its
+    /// heartbeat, while the broker takes what it sends): it grows while the relay is down or
+    /// the broker refuses. `None` without a log relay's slot.
+    pub log_lag: Option<Duration>,
 }
 
 /// What one round of a relay did.

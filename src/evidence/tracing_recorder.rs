@@ -272,11 +272,14 @@ impl Recorder for TracingRecorder {
         }
         if let Some(stats) = &r.stats {
             let oldest_ms = stats.oldest.map(|d| d.as_millis() as u64);
+            let lag_ms = stats.log_lag.map(|d| d.as_millis() as u64);
             if stats.quarantined > 0 {
                 tracing::warn!(
                     surely.outbox.backlog = stats.backlog,
                     surely.outbox.oldest_ms = oldest_ms,
                     surely.outbox.quarantined = stats.quarantined,
+                    surely.outbox.log.lag_bytes = stats.log_lag_bytes,
+                    surely.outbox.log.lag_ms = lag_ms,
                     "outbox has quarantined events"
                 );
             } else {
@@ -284,6 +287,8 @@ impl Recorder for TracingRecorder {
                     surely.outbox.backlog = stats.backlog,
                     surely.outbox.oldest_ms = oldest_ms,
                     surely.outbox.quarantined = stats.quarantined,
+                    surely.outbox.log.lag_bytes = stats.log_lag_bytes,
+                    surely.outbox.log.lag_ms = lag_ms,
                     "outbox stats"
                 );
             }

@@ -74,6 +74,16 @@ pub(crate) static POSTGRES_COMPONENT: Component = Component {
             name: "log",
             sql: log_migration,
         },
+        Migration {
+            version: 4,
+            name: "log progress",
+            // How far each slot's relay has published in the order enqueued: the backlog
+            // counts the events after it.
+            sql: |t| {
+                let slots = slots_table(t);
+                format!("ALTER TABLE {slots} ADD COLUMN IF NOT EXISTS published_seq bigint;")
+            },
+        },
     ],
 };
 
@@ -224,10 +234,28 @@ impl Statements for Sql {
                 ))
             ),
             sweep: queue.sweep(),
+            // With a log relay's slot, the backlog is what follows the slowest slot's
+            // published events in the order enqueued (the rows it published stay pending
+            // until swept), and the slots' lag is read from the server.
             stats: format!(
-                "SELECT count(*), EXTRACT(EPOCH FROM (now() - min(enqueued_at)))::float8,
-                        (SELECT count(*) FROM {t} WHERE state = {QUARANTINED})
-                 FROM {t} WHERE state = {PENDING}"
+                "WITH s AS (
+                     SELECT x.published_seq, x.confirmed_at, x.created_at,
+                            pg_wal_lsn_diff(pg_current_wal_lsn(), r.confirmed_flush_lsn) AS lag
+                     FROM {slots} x JOIN pg_replication_slots r ON r.slot_name = x.slot
+                 ),
+                 after AS (
+                     SELECT CASE WHEN bool_and(published_seq IS NOT NULL)
+                                 THEN min(published_seq) END AS seq
+                     FROM s
+                 )
+                 SELECT count(*), EXTRACT(EPOCH FROM (now() - min(enqueued_at)))::float8,
+                        (SELECT count(*) FROM {t} WHERE state = {QUARANTINED}),
+                        (SELECT max(lag)::int8 FROM s),
+                        (SELECT EXTRACT(EPOCH FROM (now() - min(coalesce(confirmed_at, created_at))))::float8
+                         FROM s)
+                 FROM {t} WHERE state = {PENDING}
+                     AND seq > coalesce((SELECT seq FROM after), -1)",
+                slots = slots_table(t)
             ),
             quarantined: format!(
                 "SELECT {EVENT_COLUMNS}, last_error,
@@ -592,10 +620,14 @@ impl OutboxStore for PostgresOutbox {
         let backlog: i64 = row.try_get(0).map_err(e)?;
         let oldest: Option<f64> = row.try_get(1).map_err(e)?;
         let quarantined: i64 = row.try_get(2).map_err(e)?;
+        let lag_bytes: Option<i64> = row.try_get(3).map_err(e)?;
+        let lag: Option<f64> = row.try_get(4).map_err(e)?;
         Ok(OutboxStats {
             backlog: backlog.max(0) as u64,
             oldest: oldest.map(seconds),
             quarantined: quarantined.max(0) as u64,
+            log_lag_bytes: lag_bytes.map(|b| b.max(0) as u64),
+            log_lag: lag.map(seconds),
         })
     }
 

@@ -164,6 +164,9 @@ async fn cli_reads_and_acts_with_exit_codes_for_scripts() {
         t.json(&["outbox", "quarantine"]).as_array().unwrap().len(),
         2
     );
+    let stats = t.json(&["outbox", "stats"]);
+    assert_eq!(stats["quarantined"], 2);
+    assert!(stats["log_lag_bytes"].is_null(), "no log relay: {stats}");
     assert!(t
         .json(&["idempotency", "unknown"])
         .as_array()

@@ -44,7 +44,7 @@ fn migrations(table: &str) -> Migrations {
 }
 
 /// How many migrations `migrations(table)` applies to a new database.
-const MIGRATIONS: usize = if cfg!(feature = "admin") { 19 } else { 17 };
+const MIGRATIONS: usize = if cfg!(feature = "admin") { 20 } else { 18 };
 
 /// Drops every table `migrations(table)` made, and forgets their migrations.
 async fn forget_all(pool: &Pool, table: &str) {
@@ -86,6 +86,7 @@ async fn migrations_apply_once_in_order_and_are_recorded() {
             format!("outbox {table}_outbox v1 (events)"),
             format!("outbox {table}_outbox v2 (quarantined index)"),
             format!("outbox {table}_outbox v3 (log)"),
+            format!("outbox {table}_outbox v4 (log progress)"),
             format!("inbox {table}_inbox v1 (events and versions)"),
             format!("inbox {table}_inbox v2 (processed at index)"),
             format!("inbox {table}_inbox v3 (tasks and their steps)"),

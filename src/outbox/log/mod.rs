@@ -322,6 +322,8 @@ struct Config {
     quarantine_after: u32,
     max_payload: usize,
     standby: Duration,
+    /// Above which lag (bytes of log kept, time since the relay last confirmed) it warns.
+    warn_lag: (u64, Duration),
     /// How long the server may say nothing before the relay stops publishing (`None`: three
     /// heartbeats, at least 30 s).
     fence: Option<Duration>,
@@ -354,6 +356,7 @@ impl<P> LogRelay<P> {
                     max_payload: 1 << 20,
                     standby: Duration::from_secs(5),
                     fence: None,
+                    warn_lag: (1 << 30, Duration::from_secs(300)),
                     retention: Some(Duration::from_secs(24 * 3600)),
                 },
                 recorder: None,
@@ -425,6 +428,16 @@ impl<P> LogRelayBuilder<P> {
     /// do not go out from two relays at once.
     pub fn fence_after(mut self, silence: Duration) -> Self {
         self.relay.config.fence = Some(silence);
+        self
+    }
+
+    /// Above which lag the relay warns, at each heartbeat: when the server keeps more than
+    /// `bytes` of write-ahead log for the slot, or the relay last recorded a confirmation more
+    /// than `age` ago (defaults: 1 GiB, 5 minutes). The lag is in the outbox's
+    /// [stats](crate::record::OutboxStats::log_lag_bytes) too, for the OpenTelemetry gauges, the
+    /// admin's overview and `surely outbox stats`.
+    pub fn warn_lag(mut self, bytes: u64, age: Duration) -> Self {
+        self.relay.config.warn_lag = (bytes, age);
         self
     }
 
@@ -694,6 +707,8 @@ struct Publishing {
     /// The claim to mark it published with, once acknowledged: an event read from the table
     /// (before the slot, or requeued), whose row says it is pending.
     mark: Option<i64>,
+    /// Its row's place in the order enqueued, for an event of the log.
+    seq: Option<i64>,
     refusals: u32,
     state: Sending,
 }
@@ -735,6 +750,11 @@ struct Pipeline<'a, P: Service<Event>> {
     /// Acknowledged events read from the table, to be marked published.
     marks: Vec<(EventId, i64)>,
     confirmed: WalPosition,
+    /// The place in the order enqueued of the row being sent (set by `row`, taken by `send`).
+    seen_seq: Option<i64>,
+    /// The highest place in the order enqueued of an event published with every one before it
+    /// in the log.
+    published_seq: Option<i64>,
     /// What the last batch did, reported at the next confirm.
     round: RelayRound,
     tables: Tables,
@@ -761,6 +781,8 @@ where
             retry_at: None,
             marks: Vec::new(),
             confirmed: WalPosition::default(),
+            seen_seq: None,
+            published_seq: None,
             round: RelayRound::default(),
             tables: Tables::default(),
         }
@@ -944,9 +966,10 @@ where
             .get(relation)
             .ok_or_else(|| table_error("a row of a table the log did not describe".to_owned()))?;
         match rows::decode(layout, &values, data, self.config.max_payload).map_err(table_error)? {
-            Decoded::Event { event, claim } => {
+            Decoded::Event { event, claim, seq } => {
                 // An update publishes a requeued event: it is marked published once sent.
                 let mark = update.then_some(claim);
+                self.seen_seq = Some(seq);
                 self.send(event, position, mark, stop).await
             }
             Decoded::Unchanged { id } => {
@@ -1001,10 +1024,12 @@ where
             }
         };
         self.round.claimed = self.round.claimed.saturating_add(1);
+        let seq = self.seen_seq.take();
         self.entries.push_back(Entry::Publish(Box::new(Publishing {
             event,
             position,
             mark,
+            seq,
             refusals: 0,
             state,
         })));
@@ -1068,6 +1093,9 @@ where
                         self.round.published = self.round.published.saturating_add(1);
                         if let Some(claim) = p.mark {
                             self.marks.push((p.event.id().clone(), claim));
+                        }
+                        if let Some(seq) = p.seq {
+                            self.published_seq = self.published_seq.max(Some(seq));
                         }
                         self.pop();
                     }
@@ -1175,13 +1203,20 @@ where
     }
 
     /// The heartbeat: a message into the log (confirmed when it comes back, if nothing is
-    /// waiting before it), the table's published mark, the sweep and the report.
+    /// waiting before it), the table's published mark, the sweep, the stats and the report.
     async fn beat(&mut self, watermark: &mut Option<setup::Watermark>) {
         // The table's events are published below the mark once the log is confirmed past
         // where the mark was taken.
         if let Some(w) = watermark.take_if(|w| w.position <= self.confirmed) {
-            if let Err(e) = setup::published_below(self.outbox, self.slot, &w, self.confirmed).await
-            {
+            let recorded = setup::published_below(
+                self.outbox,
+                self.slot,
+                &w,
+                self.confirmed,
+                self.published_seq,
+            )
+            .await;
+            if let Err(e) = recorded {
                 tracing::warn!(
                     error = &e as &dyn std::error::Error,
                     "log relay could not record its progress"
@@ -1207,7 +1242,41 @@ where
                 }
             }
         }
-        self.report();
+        let stats = match super::OutboxStore::stats(self.outbox).await {
+            Ok(stats) => Some(stats),
+            Err(e) => {
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "outbox stats could not be read"
+                );
+                None
+            }
+        };
+        if let Some(stats) = stats {
+            let (bytes, age) = (
+                stats.log_lag_bytes.unwrap_or(0),
+                stats.log_lag.unwrap_or_default(),
+            );
+            let (most_bytes, most_age) = self.config.warn_lag;
+            if bytes > most_bytes || age > most_age {
+                tracing::warn!(
+                    slot = %self.slot,
+                    lag_bytes = bytes,
+                    lag_secs = age.as_secs(),
+                    warn_bytes = most_bytes,
+                    warn_secs = most_age.as_secs(),
+                    "a log relay's slot is behind: the server keeps the write-ahead log from its \
+                     confirmed position, and a slot that stays behind fills the disk"
+                );
+            }
+        }
+        let round = std::mem::take(&mut self.round);
+        if let Some(recorder) = self.recorder {
+            let round = (round != RelayRound::default()).then_some(round);
+            if round.is_some() || stats.is_some() {
+                recorder.record_relay(&RelayReport { round, stats });
+            }
+        }
     }
 
     fn report(&mut self) {

@@ -9,7 +9,7 @@ use super::pgoutput::{Relation, Value};
 use crate::outbox::{Event, EventId};
 
 /// The columns an event is read from, in this order.
-const COLUMNS: [(&str, Type); 9] = [
+const COLUMNS: [(&str, Type); 10] = [
     ("id", Type::TEXT),
     ("aggregate", Type::TEXT),
     ("version", Type::INT8),
@@ -19,11 +19,13 @@ const COLUMNS: [(&str, Type); 9] = [
     ("payload", Type::BYTEA),
     ("state", Type::INT2),
     ("claim", Type::INT8),
+    ("seq", Type::INT8),
 ];
 
 const ID: usize = 0;
 const STATE: usize = 7;
 const CLAIM: usize = 8;
+const SEQ: usize = 9;
 
 /// The outbox's pending state, as its table keeps it.
 const PENDING: i16 = 0;
@@ -78,8 +80,8 @@ impl Tables {
 /// What a row of the log is to the relay.
 #[derive(Debug)]
 pub(super) enum Decoded {
-    /// An event to publish, with the row's claim number.
-    Event { event: Event, claim: i64 },
+    /// An event to publish, with the row's claim number and its place in the order enqueued.
+    Event { event: Event, claim: i64, seq: i64 },
     /// A pending row whose values the log left out: read it from the table.
     Unchanged { id: EventId },
     /// A row that is not an event to publish: one no longer pending (a mark, a quarantine).
@@ -128,7 +130,7 @@ pub(super) fn decode(
         });
     }
     Ok(match event(&value, message, max_payload) {
-        Ok((event, claim)) => Decoded::Event { event, claim },
+        Ok((event, claim, seq)) => Decoded::Event { event, claim, seq },
         Err(reason) => bad(reason),
     })
 }
@@ -139,7 +141,7 @@ fn event<'a>(
     value: &impl Fn(usize) -> &'a Value<'a>,
     message: &Bytes,
     max_payload: usize,
-) -> Result<(Event, i64), String> {
+) -> Result<(Event, i64, i64), String> {
     let required = |i: usize, ty: &Type| -> Result<&'a [u8], String> {
         let name = COLUMNS[i].0;
         match value(i) {
@@ -189,7 +191,7 @@ fn event<'a>(
     for (name, v) in names.into_iter().zip(values) {
         event = event.with_header(name, v).map_err(|e| e.to_string())?;
     }
-    Ok((event, number(CLAIM)?))
+    Ok((event, number(CLAIM)?, number(SEQ)?))
 }
 
 /// `part` as a slice of `message` when it lies within it (as a value decoded from it does),
@@ -222,11 +224,7 @@ mod tests {
     use tokio_postgres::types::ToSql;
 
     fn relation() -> Relation {
-        let columns: Vec<(&str, u32)> = [("seq", Type::INT8)]
-            .iter()
-            .chain(COLUMNS.iter())
-            .map(|(n, t)| (*n, t.oid()))
-            .collect();
+        let columns: Vec<(&str, u32)> = COLUMNS.iter().map(|(n, t)| (*n, t.oid())).collect();
         let m = wire::relation(9, "public", "surely_outbox", &columns);
         let Message::Relation(r) = decode_message(&m).unwrap() else {
             panic!()
@@ -263,7 +261,6 @@ mod tests {
 
         fn decode(&self, max_payload: usize) -> Result<Decoded, String> {
             let cols = [
-                bin(1i64, &Type::INT8),
                 bin(&self.id, &Type::TEXT),
                 bin("order o-1", &Type::TEXT),
                 bin(3i64, &Type::INT8),
@@ -273,6 +270,7 @@ mod tests {
                 bin(&self.payload, &Type::BYTEA),
                 bin(self.state, &Type::INT2),
                 bin(4i64, &Type::INT8),
+                bin(1i64, &Type::INT8),
             ];
             let vals: Vec<Option<&[u8]>> = cols.iter().map(|c| Some(c.as_slice())).collect();
             let m = Bytes::from(wire::insert(9, &vals));
@@ -287,9 +285,10 @@ mod tests {
 
     #[test]
     fn a_row_reads_as_its_event() {
-        let Decoded::Event { event, claim } = Row::new().decode(1024).unwrap() else {
+        let Decoded::Event { event, claim, seq } = Row::new().decode(1024).unwrap() else {
             panic!()
         };
+        assert_eq!(seq, 1);
         assert_eq!(event.id().as_str(), "e-1");
         assert_eq!(event.aggregate(), "order o-1");
         assert_eq!(event.version(), 3);
@@ -328,7 +327,7 @@ mod tests {
         let err = Tables::default().learn(&r).unwrap_err();
         assert!(err.contains("`payload`"), "{err}");
         let mut r = relation();
-        r.columns[2].1 = Type::INT4.oid();
+        r.columns[1].1 = Type::INT4.oid();
         let err = Tables::default().learn(&r).unwrap_err();
         assert!(err.contains("of type int4, not text"), "{err}");
     }

@@ -349,6 +349,7 @@ pub(super) async fn published_below(
     slot: &str,
     mark: &Watermark,
     confirmed: WalPosition,
+    published_seq: Option<i64>,
 ) -> Result<(), LogError> {
     let slots = slots_table(outbox.table());
     client(outbox)
@@ -359,10 +360,11 @@ pub(super) async fn published_below(
                      published_below = CASE WHEN caught_up
                          THEN GREATEST(published_below, $2::text::xid8)
                          ELSE published_below END,
+                     published_seq = GREATEST(published_seq, $4),
                      confirmed = $3, confirmed_at = now()
                  WHERE slot = $1"
             ),
-            &[&slot, &mark.below, &confirmed.to_string()],
+            &[&slot, &mark.below, &confirmed.to_string(), &published_seq],
         )
         .await
         .map_err(LogError::backend)?;

@@ -503,6 +503,155 @@ async fn pg_log_durations_up_to_the_longest_run_without_a_panic_or_a_refusal() {
     f.drop().await;
 }
 
+#[tokio::test]
+async fn pg_log_the_slots_lag_and_the_backlog_after_it_are_in_the_outboxs_stats() {
+    let f = Fixture::new("lag").await;
+    let before = f.outbox.stats().await.unwrap();
+    assert_eq!(
+        (before.log_lag_bytes, before.log_lag),
+        (None, None),
+        "no slot"
+    );
+    f.create_slot().await;
+    let bus = Bus::default();
+    let running = spawn(f.relay(bus.service()).build().unwrap());
+    f.enqueue(&[event(1), event(2)]).await;
+    published(&bus, 2).await;
+    // Within a few heartbeats the relay records how far it published: the backlog is empty
+    // though the rows stay until swept, and the slot is close to the end of the log.
+    until("the backlog read as published", || async {
+        let s = f.outbox.stats().await.unwrap();
+        s.backlog == 0 && s.log_lag.is_some_and(|a| a < Duration::from_secs(5))
+    })
+    .await;
+    running.stop().await;
+    let s = f.outbox.stats().await.unwrap();
+    assert!(s.log_lag_bytes.is_some_and(|b| b < 1_000_000), "{s:?}");
+    // No relay reads the slot: new events wait, and the lag grows.
+    f.enqueue(&[event(3)]).await;
+    let client = f.pool.get().await.unwrap();
+    client
+        .batch_execute(&format!(
+            "UPDATE {}_slots SET confirmed_at = now() - interval '10 minutes'",
+            f.table
+        ))
+        .await
+        .unwrap();
+    let s = f.outbox.stats().await.unwrap();
+    assert_eq!(s.backlog, 1, "{s:?}");
+    assert!(
+        s.log_lag.is_some_and(|a| a >= Duration::from_secs(600)),
+        "{s:?}"
+    );
+    assert!(s.log_lag_bytes.is_some_and(|b| b > 0), "{s:?}");
+    #[cfg(feature = "admin")]
+    {
+        // The admin's overview says it, on its page and in its counts.
+        use surely::admin::{Access, Admin, Authorize};
+        use tower::ServiceExt;
+        let admin = Admin::builder()
+            .outbox(f.outbox.clone())
+            .authorize(Authorize::new(|_: &http::request::Parts| {
+                Access::read("test")
+            }))
+            .build();
+        for (path, says) in [
+            ("/api/counts", "\"log_lag_bytes\":"),
+            ("/", "the log relay's slot keeps"),
+        ] {
+            let answer = admin
+                .router()
+                .oneshot(
+                    http::Request::get(path)
+                        .body(axum::body::Body::empty())
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            let body = axum::body::to_bytes(answer.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            let body = String::from_utf8_lossy(&body);
+            assert!(body.contains(says), "{path}: {body}");
+        }
+    }
+    #[cfg(feature = "cli")]
+    {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_surely"))
+            .args(["--json", "--outbox-table", &f.table, "outbox", "stats"])
+            .env("SURELY_DATABASE_URL", url())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(stats["backlog"], 1, "{stats}");
+        assert!(stats["log_lag_secs"].as_u64().unwrap() >= 600, "{stats}");
+        assert!(stats["log_lag_bytes"].as_u64().unwrap() > 0, "{stats}");
+    }
+    f.drop().await;
+}
+
+#[tokio::test]
+async fn pg_log_published_events_are_swept_after_the_retention_and_the_table_stays_bounded() {
+    let f = Fixture::new("sweep").await;
+    f.create_slot().await;
+    let bus = Bus::default();
+    let running = spawn(
+        f.relay(bus.service())
+            .retention(Duration::ZERO)
+            .build()
+            .unwrap(),
+    );
+    for n in 0..5 {
+        f.enqueue(&[event(3 * n), event(3 * n + 1), event(3 * n + 2)])
+            .await;
+    }
+    published(&bus, 15).await;
+    // Swept once the relay has recorded them published (a heartbeat or two), without a mark.
+    until("the published rows swept", || async {
+        f.states().await.is_empty()
+    })
+    .await;
+    running.stop().await;
+    f.drop().await;
+}
+
+#[tokio::test]
+async fn pg_log_a_slot_dropped_and_made_again_resumes_from_the_table_and_loses_nothing() {
+    let f = Fixture::new("recreate").await;
+    f.create_slot().await;
+    let bus = Bus::default();
+    let running = spawn(f.relay(bus.service()).build().unwrap());
+    f.enqueue(&[event(1), event(2)]).await;
+    published(&bus, 2).await;
+    // Let a heartbeat record how far the table is published, then stop.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    running.stop().await;
+    // Committed while no relay reads, then the slot is lost (dropped by an operator whose disk
+    // filled), and more committed while there is none.
+    f.enqueue(&[event(3)]).await;
+    assert!(f.outbox.drop_slot(&f.slot).await.unwrap());
+    assert!(!f.outbox.drop_slot(&f.slot).await.unwrap(), "already gone");
+    f.enqueue(&[event(4)]).await;
+    // Made again: the relay publishes from the table what no slot carries, then the log.
+    f.create_slot().await;
+    f.enqueue(&[event(5)]).await;
+    let running = spawn(f.relay(bus.service()).build().unwrap());
+    published(&bus, 5).await;
+    running.stop().await;
+    let all: Vec<EventId> = (1..=5).map(|n| event(n).id().clone()).collect();
+    let seen = first_seen(bus.published());
+    assert_eq!(seen, all, "every event, in order");
+    // What went out twice went out with its id, for the broker's window or the inbox.
+    let twice = bus.published().len() - seen.len();
+    assert!(twice <= 2, "published twice: {twice}");
+    f.drop().await;
+}
+
 mod settings {
     use std::time::Duration;
 
