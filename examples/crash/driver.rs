@@ -117,6 +117,9 @@ pub(crate) struct Options {
     pub(crate) verbose: bool,
     /// Partition windows of the order service (0: none, and no namespace).
     pub(crate) partitions: u32,
+    /// The relay reads the outbox from PostgreSQL's write-ahead log (`LogRelay`) instead of
+    /// polling the table.
+    pub(crate) log_relay: bool,
 }
 
 const DEFAULT_PG: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -125,7 +128,7 @@ const DEFAULT_WORKERS: u32 = 4;
 const DEFAULT_HOOKLESS: f64 = 0.1;
 
 const USAGE: &str = "usage: crash [driver] [--kills N] [--seed S] [--timeout SECS] [--workers N] \
-    [--hookless SHARE] [--partitions N] [--postgres URL] [--nats URL] \
+    [--hookless SHARE] [--partitions N] [--relay poll|log] [--postgres URL] [--nats URL] \
     [--verbose]";
 
 impl Options {
@@ -140,6 +143,7 @@ impl Options {
             hookless: DEFAULT_HOOKLESS,
             verbose: false,
             partitions: 0,
+            log_relay: false,
         };
         let mut args = args.iter();
         while let Some(arg) = args.next() {
@@ -158,6 +162,15 @@ impl Options {
                 "--nats" => o.nats = value("--nats")?,
                 "--verbose" => o.verbose = true,
                 "--partitions" => o.partitions = value("--partitions")?.parse()?,
+                "--relay" => {
+                    o.log_relay = match value("--relay")?.as_str() {
+                        "log" => true,
+                        "poll" => false,
+                        other => {
+                            return Err(format!("--relay: {other:?} is not poll or log").into())
+                        }
+                    }
+                }
                 other => return Err(format!("unknown argument {other:?}; {USAGE}").into()),
             }
         }
@@ -187,6 +200,9 @@ impl Options {
         }
         if self.partitions > 0 {
             cmd.push_str(&format!(" --partitions {}", self.partitions));
+        }
+        if self.log_relay {
+            cmd.push_str(" --relay log");
         }
         cmd
     }
@@ -859,7 +875,10 @@ pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
         "  PostgreSQL {}, NATS {}; tables and stream {prefix}; {} kills; client: {} calls in flight, 70% keyed",
         opts.pg, opts.nats, opts.kills, opts.workers
     );
-    let world = World::new(&opts.pg, &opts.nats, &prefix)?;
+    let world = World::new(&opts.pg, &opts.nats, &prefix)?.with_log_relay(opts.log_relay);
+    if opts.log_relay {
+        println!("  the relay reads the outbox from the write-ahead log (slot {prefix})");
+    }
     let dir = std::env::temp_dir().join(&prefix);
     std::fs::create_dir_all(&dir)?;
     let oracle = dir.join("oracle.log");

@@ -72,7 +72,42 @@ impl OutboxStore for CrashingOutbox {
 }
 
 pub(crate) async fn run_relay() -> Result<(), BoxError> {
+    if World::from_env()?.log_relay {
+        return log_relay().await;
+    }
     relay(None).await
+}
+
+/// The log relay: the outbox read from the write-ahead log through the run's slot, with the
+/// crash point between an acknowledgement and the slot's confirmation (an event published,
+/// the slot not yet moved past it).
+async fn log_relay() -> Result<(), BoxError> {
+    use surely::outbox::{LogRelay, LogSource};
+    use tower::ServiceExt;
+
+    let stopped = crashpoint::control();
+    let world = World::from_env()?;
+    world.reach_postgres().await?;
+    let js = world.jetstream().await?;
+    let publisher = JetStreamPublisher::new(js, world.prefix.clone()).then(|published| async {
+        if published.is_ok() {
+            crashpoint::at(AFTER_PUBLISH).await;
+        }
+        published
+    });
+    let relay = LogRelay::builder(
+        world.outbox()?,
+        LogSource::new(&world.pg_url, &world.prefix)?,
+        publisher,
+    )
+    .heartbeat(Duration::from_millis(200))
+    .retry_after(Duration::from_millis(200))
+    .standby(Duration::from_millis(200))
+    .no_sweep()
+    .build()?;
+    crashpoint::ready();
+    relay.run(crashpoint::stop_of(stopped)).await?;
+    Ok(())
 }
 
 /// The relay; `quarantine_after` failed publishes of an event quarantine it (default: the

@@ -30,6 +30,8 @@ pub(crate) const ORDER_CREATED: &str = "OrderCreated";
 pub(crate) const ENV_PG: &str = "CRASH_PG";
 pub(crate) const ENV_NATS: &str = "CRASH_NATS";
 pub(crate) const ENV_PREFIX: &str = "CRASH_PREFIX";
+/// `log`: the relay is a log relay, reading the slot named as the run's prefix.
+pub(crate) const ENV_RELAY: &str = "CRASH_RELAY";
 
 /// Where things are, for one run.
 #[derive(Clone)]
@@ -38,6 +40,8 @@ pub(crate) struct World {
     pub(crate) nats_url: String,
     pub(crate) prefix: String,
     pub(crate) pool: Pool,
+    /// The relay reads the write-ahead log through the slot named as the prefix.
+    pub(crate) log_relay: bool,
 }
 
 impl World {
@@ -48,7 +52,14 @@ impl World {
             nats_url: nats_url.to_owned(),
             prefix: prefix.to_owned(),
             pool: surely::postgres::connect(pg_url)?,
+            log_relay: false,
         })
+    }
+
+    /// The same world, its relay reading the write-ahead log (`log`) or polling the table.
+    pub(crate) fn with_log_relay(mut self, log: bool) -> World {
+        self.log_relay = log;
+        self
     }
 
     /// The world a role is started in: from the driver's variables.
@@ -57,7 +68,10 @@ impl World {
             std::env::var(name)
                 .map_err(|_| format!("{name} is not set: roles are started by the driver"))
         };
-        World::new(&var(ENV_PG)?, &var(ENV_NATS)?, &var(ENV_PREFIX)?)
+        Ok(
+            World::new(&var(ENV_PG)?, &var(ENV_NATS)?, &var(ENV_PREFIX)?)?
+                .with_log_relay(std::env::var(ENV_RELAY).is_ok_and(|r| r == "log")),
+        )
     }
 
     /// The variables that give a role this world.
@@ -66,6 +80,10 @@ impl World {
             (ENV_PG, self.pg_url.clone()),
             (ENV_NATS, self.nats_url.clone()),
             (ENV_PREFIX, self.prefix.clone()),
+            (
+                ENV_RELAY,
+                if self.log_relay { "log" } else { "poll" }.to_owned(),
+            ),
         ]
     }
 
@@ -154,6 +172,9 @@ impl World {
             .await?;
         self.store()?.migrate().await?;
         self.outbox()?.migrate().await?;
+        if self.log_relay {
+            self.outbox()?.create_slot(&self.prefix).await?;
+        }
         self.inbox()?.migrate().await?;
         client.batch_execute(&crate::tasks::schema(self)).await?;
         self.ledger()?.migrate().await?;
@@ -183,6 +204,22 @@ impl World {
     /// them, and the stream (with its consumer); says what it dropped.
     pub(crate) async fn drop_all(&self) -> Result<String, BoxError> {
         let client = self.pool.get().await?;
+        // The log relay's slot (it keeps the log while it exists) and its publication.
+        if self.log_relay {
+            // A killed relay's connection may hold it for a moment.
+            for _ in 0..50 {
+                match self.outbox()?.drop_slot(&self.prefix).await {
+                    Ok(_) => break,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        }
+        client
+            .batch_execute(&format!(
+                "DROP PUBLICATION IF EXISTS {}_outbox_publication",
+                self.prefix
+            ))
+            .await?;
         let pattern = format!("{}\\_%", self.prefix);
         let rows = client
             .query(

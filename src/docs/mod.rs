@@ -127,6 +127,10 @@ pub mod records {
 pub mod boundary {
     #![doc = include_str!("boundary.md")]
     #![cfg_attr(
+        not(feature = "postgres"),
+        doc = crate::docs::links::to_features!("crate::postgres::connect")
+    )]
+    #![cfg_attr(
         not(all(feature = "durable", feature = "postgres")),
         doc = crate::docs::links::to_features!(
             "crate::inbox::PostgresInbox",
@@ -136,6 +140,7 @@ pub mod boundary {
         not(feature = "durable"),
         doc = crate::docs::links::to_features!(
             "crate::outbox",
+            "crate::outbox::Relay",
             "crate::outbox::EventId",
             "crate::inbox",
             "crate::outbox::WebhookPublisher",

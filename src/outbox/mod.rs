@@ -47,7 +47,11 @@
 //! safety net for a lost wake.
 //!
 //! [`MemoryOutbox`] is the embedded default and the one for tests; [`PostgresOutbox`] (feature
-//! `postgres`) shares the handler's database and transaction.
+//! `postgres`) shares the handler's database and transaction. On PostgreSQL, a [`LogRelay`]
+//! (feature `postgres-log`) reads the events from the write-ahead log instead of polling the
+//! table: in commit order, with nothing written to claim or mark them
+//! ([`docs::boundary`](crate::docs::boundary#two-relays-polling-the-table-or-reading-the-log)
+//! compares the two).
 //!
 //! ```
 //! use std::time::Duration;
@@ -76,6 +80,10 @@
         "PostgresOutbox::enqueue",
         "`PostgresOutbox`",
     )
+)]
+#![cfg_attr(
+    not(feature = "postgres-log"),
+    doc = crate::docs::links::to_features!("`LogRelay`")
 )]
 
 use std::future::Future;

@@ -652,6 +652,76 @@ async fn pg_log_a_slot_dropped_and_made_again_resumes_from_the_table_and_loses_n
     f.drop().await;
 }
 
+/// Into JetStream: a relay killed after the broker stored a transaction's events, before the
+/// slot was confirmed past them; the next relay publishes them again with the same ids, and
+/// the stream's duplicate window keeps one copy of each.
+#[cfg(feature = "nats")]
+#[tokio::test]
+async fn pg_log_into_jetstream_a_killed_relays_events_are_stored_once() {
+    use surely::outbox::JetStreamPublisher;
+    use tower::ServiceExt;
+
+    let f = Fixture::new("jetstream").await;
+    f.create_slot().await;
+    let js = crate::support::nats::jetstream("log relay into jetstream").await;
+    let name = unique("surely_log_js");
+    let mut stream = crate::support::nats::stream(&js, "log relay into jetstream", &name).await;
+    // The first relay: every publish reaches the stream, the last one's answer never comes.
+    let sent = Arc::new(Mutex::new(0usize));
+    let count = sent.clone();
+    let first = JetStreamPublisher::new(js.clone(), name.clone()).then(move |r| {
+        let n = {
+            let mut n = count.lock().unwrap();
+            *n += 1;
+            *n
+        };
+        async move {
+            if n == 5 {
+                std::future::pending::<()>().await;
+            }
+            r
+        }
+    });
+    let running = spawn(f.relay(first).build().unwrap());
+    f.enqueue(&(1..=5).map(event).collect::<Vec<_>>()).await;
+    until("five events stored", || async {
+        *sent.lock().unwrap() == 5
+    })
+    .await;
+    running.task.abort();
+    let _ = running.task.await;
+    // The next relay starts where the slot was confirmed: before the transaction.
+    let duplicates = Arc::new(Mutex::new(Vec::new()));
+    let seen = duplicates.clone();
+    let next = JetStreamPublisher::new(js.clone(), name.clone()).map_response(move |p| {
+        seen.lock().unwrap().push(p.duplicate);
+        p
+    });
+    let running = spawn(
+        f.relay(next)
+            .standby(Duration::from_millis(50))
+            .build()
+            .unwrap(),
+    );
+    until("five events published again", || async {
+        duplicates.lock().unwrap().len() == 5
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(
+        *duplicates.lock().unwrap(),
+        vec![true; 5],
+        "each one a duplicate"
+    );
+    assert_eq!(
+        stream.info().await.unwrap().state.messages,
+        5,
+        "one copy each"
+    );
+    js.delete_stream(&name).await.unwrap();
+    f.drop().await;
+}
+
 mod settings {
     use std::time::Duration;
 
