@@ -284,7 +284,7 @@ impl<St, P> RelayBuilder<St, P> {
 }
 
 /// How often a relay sweeps published events, at most.
-const SWEEP_EVERY: Duration = Duration::from_secs(60);
+pub(super) const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 impl<St, P> Relay<St, P>
 where

@@ -442,7 +442,7 @@ impl<P> LogRelayBuilder<P> {
     }
 
     /// How long events are kept in the table after the relay confirmed them (default 24
-    /// hours): swept at a heartbeat after that. Durations count up to
+    /// hours): swept after that, every sixth heartbeat (once a minute by default). Durations count up to
     /// [`MAX_DURATION`](crate::MAX_DURATION).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.relay.config.retention = Some(retention);
@@ -755,6 +755,8 @@ struct Pipeline<'a, P: Service<Event>> {
     /// The highest place in the order enqueued of an event published with every one before it
     /// in the log.
     published_seq: Option<i64>,
+    /// When the relay last swept.
+    last_sweep: Option<Instant>,
     /// What the last batch did, reported at the next confirm.
     round: RelayRound,
     tables: Tables,
@@ -783,6 +785,7 @@ where
             confirmed: WalPosition::default(),
             seen_seq: None,
             published_seq: None,
+            last_sweep: None,
             round: RelayRound::default(),
             tables: Tables::default(),
         }
@@ -1234,7 +1237,16 @@ where
                 )
             }
         }
-        if let Some(retention) = self.config.retention {
+        // The sweep every sixth heartbeat, and at most as often as the polling relay's (once a
+        // minute): it deletes in batches while the stream waits.
+        let every = self
+            .config
+            .heartbeat
+            .saturating_mul(6)
+            .min(super::relay::SWEEP_EVERY);
+        let sweep_due = self.last_sweep.is_none_or(|at| at.elapsed() >= every);
+        if let (Some(retention), true) = (self.config.retention, sweep_due) {
+            self.last_sweep = Some(Instant::now());
             match setup::sweep(self.outbox, self.slot, retention).await {
                 Ok(n) => self.round.swept = self.round.swept.saturating_add(n),
                 Err(e) => {

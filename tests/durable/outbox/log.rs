@@ -477,6 +477,27 @@ async fn pg_log_an_idle_outbox_beside_a_busy_table_keeps_the_slot_near_the_end_o
         || async { f.slot_lag().await.0 < written / 10 },
     )
     .await;
+    // And the log the server keeps for it (from its restart position, which moves at the next
+    // snapshot of running transactions the log carries: a checkpoint writes one, as the
+    // background writer does every 15 s on a busy server) shrinks with it.
+    client.batch_execute("CHECKPOINT").await.unwrap();
+    until("the idle slot's retained log bounded", || async {
+        let kept: i64 = f
+            .pool
+            .get()
+            .await
+            .unwrap()
+            .query_one(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&f.slot],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        kept < written / 10
+    })
+    .await;
     running.stop().await;
     client
         .batch_execute(&format!("DROP TABLE {busy}"))
