@@ -701,7 +701,11 @@ where
 
 /// An event on its way to the broker.
 struct Publishing {
-    event: Event,
+    id: EventId,
+    /// The event, until it is handed to the publisher: one that went out and was refused is
+    /// read again from the table (where it is pending) to go out again, so that the one
+    /// publish of the usual case costs no copy.
+    event: Option<Event>,
     /// Where the log had it (or, from the table, where the log stood).
     position: WalPosition,
     /// The claim to mark it published with, once acknowledged: an event read from the table
@@ -1011,24 +1015,26 @@ where
                 self.publisher.poll_ready(cx)
             }) => ready,
         };
-        let seq = self.base + self.entries.len() as u64;
-        let state = match ready {
+        let number = self.base + self.entries.len() as u64;
+        let id = event.id().clone();
+        let (state, event) = match ready {
             Ok(()) => {
                 self.sent += 1;
                 self.inflight.push(Tagged {
-                    seq,
-                    inner: self.publisher.call(event.clone()),
+                    seq: number,
+                    inner: self.publisher.call(event),
                 });
-                Sending::Sent
+                (Sending::Sent, None)
             }
             Err(e) => {
                 self.refused += 1;
-                Sending::Refused(with_sources(&*e.into()))
+                (Sending::Refused(with_sources(&*e.into())), Some(event))
             }
         };
         self.round.claimed = self.round.claimed.saturating_add(1);
         let seq = self.seen_seq.take();
         self.entries.push_back(Entry::Publish(Box::new(Publishing {
+            id,
             event,
             position,
             mark,
@@ -1095,7 +1101,7 @@ where
                     Sending::Acked => {
                         self.round.published = self.round.published.saturating_add(1);
                         if let Some(claim) = p.mark {
-                            self.marks.push((p.event.id().clone(), claim));
+                            self.marks.push((p.id.clone(), claim));
                         }
                         if let Some(seq) = p.seq {
                             self.published_seq = self.published_seq.max(Some(seq));
@@ -1105,11 +1111,11 @@ where
                     Sending::Refused(error) => {
                         p.refusals = p.refusals.saturating_add(1);
                         self.round.failed = self.round.failed.saturating_add(1);
-                        tracing::info!(event = %p.event.id(), refusals = p.refusals, %error, "outbox publish failed");
+                        tracing::info!(event = %p.id, refusals = p.refusals, %error, "outbox publish failed");
                         if p.refusals >= self.config.quarantine_after {
                             let reason = format!("log relay at {}: {error}", p.position);
-                            tracing::warn!(event = %p.event.id(), %reason, "outbox event quarantined");
-                            let id = p.event.id().clone();
+                            tracing::warn!(event = %p.id, %reason, "outbox event quarantined");
+                            let id = p.id.clone();
                             self.refused -= 1;
                             self.pop();
                             setup::quarantine(self.outbox, id.as_str(), &reason).await?;
@@ -1160,24 +1166,39 @@ where
                     self.publisher.poll_ready(cx)
                 }) => ready,
             };
-            let seq = self.base + i as u64;
+            let number = self.base + i as u64;
+            // The publisher's error is not kept across the wait below (it need not be `Send`).
+            if let Err(error) = ready.map_err(|e| with_sources(&*e.into())) {
+                if let Entry::Publish(p) = &mut self.entries[i] {
+                    p.state = Sending::Refused(error);
+                }
+                break;
+            }
             let Entry::Publish(p) = &mut self.entries[i] else {
                 continue;
             };
-            match ready {
-                Ok(()) => {
-                    self.refused -= 1;
+            let event = match p.event.take() {
+                Some(event) => Some(event),
+                None => setup::pending_event(self.outbox, &p.id)
+                    .await?
+                    .map(|(e, _)| e),
+            };
+            let Entry::Publish(p) = &mut self.entries[i] else {
+                continue;
+            };
+            self.refused -= 1;
+            match event {
+                Some(event) => {
                     self.sent += 1;
                     self.inflight.push(Tagged {
-                        seq,
-                        inner: self.publisher.call(p.event.clone()),
+                        seq: number,
+                        inner: self.publisher.call(event),
                     });
                     p.state = Sending::Sent;
                 }
-                Err(e) => {
-                    p.state = Sending::Refused(with_sources(&*e.into()));
-                    break;
-                }
+                // No longer pending (a person discarded or quarantined it meanwhile): nothing
+                // to publish.
+                None => p.state = Sending::Acked,
             }
         }
         Ok(None)
