@@ -1,11 +1,9 @@
 //! Part 4: the log relay, against raw publishing and the polling relay in the same rounds.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use surely::deps::async_nats::{self, jetstream};
 use surely::outbox::{JetStreamPublisher, LogRelay, LogSource, PostgresOutbox, Relay};
 use surely::postgres::Pool;
@@ -269,7 +267,7 @@ pub(super) async fn latency(
         let what = if log { "lat_log" } else { "lat_listen" };
         let name = format!("{run}_{what}");
         let subject = format!("{run}.{what}");
-        let mut subscriber = nats.subscribe(format!("{subject}.>")).await?;
+        let subscriber = nats.subscribe(format!("{subject}.>")).await?;
         nats.flush().await?;
         let publisher = JetStreamPublisher::new(js.clone(), subject);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -293,62 +291,18 @@ pub(super) async fn latency(
             });
             (outbox, task)
         };
-        let arrived: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-        let seen = arrived.clone();
-        let receiving = tokio::spawn(async move {
-            use tokio_stream::StreamExt;
-            while let Some(message) = subscriber.next().await {
-                let at = Instant::now();
-                let id = message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-                    .map(|v| v.as_str().to_owned());
-                let mut seen = seen.lock().unwrap();
-                if let Some(id) = id {
-                    seen.entry(id).or_insert(at);
-                }
-                if seen.len() == EVENTS {
-                    return;
-                }
-            }
-        });
-        let mut committed = HashMap::new();
-        let mut client = pool.get().await?;
-        let mut pace = tokio::time::interval(PACE);
-        for i in 0..EVENTS {
-            pace.tick().await;
-            let e = event(run, what, i, "order", 1)?;
-            let txn = client.transaction().await?;
-            outbox.enqueue(&txn, &e).await?;
-            txn.commit().await?;
-            committed.insert(e.id().as_str().to_owned(), Instant::now());
-        }
-        tokio::time::timeout(Duration::from_secs(30), receiving)
-            .await
-            .map_err(|_| "not every event reached the broker within 30 s")??;
+        let latency = super::paced(pool, &outbox, subscriber, run, what, EVENTS, PACE).await?;
         let _ = stop.send(());
         relaying.await??;
         if log {
             outbox.drop_slot(&name).await?;
         }
-        let mut latency = Histogram::<u64>::new(3)?;
-        for (id, at) in arrived.lock().unwrap().iter() {
-            let commit = committed.get(id).ok_or("an event nobody committed")?;
-            latency.record(at.saturating_duration_since(*commit).as_micros() as u64)?;
-        }
-        let ms = |us: u64| us as f64 / 1000.0;
-        println!(
-            "| {} | {:.1} ms | {:.1} ms | {:.1} ms |",
-            if log {
-                "log relay"
-            } else {
-                "polling relay woken by LISTEN/NOTIFY"
-            },
-            ms(latency.value_at_quantile(0.5)),
-            ms(latency.value_at_quantile(0.99)),
-            ms(latency.max())
-        );
+        let name = if log {
+            "log relay"
+        } else {
+            "polling relay woken by LISTEN/NOTIFY"
+        };
+        super::latency_row(name, &latency);
     }
     println!();
     Ok(())

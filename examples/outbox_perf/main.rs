@@ -646,7 +646,7 @@ async fn commit_to_broker(
         };
         let outbox = outbox(pool, &format!("{run}_{what}"), made).await?;
         let subject = format!("{run}.{what}");
-        let mut subscriber = nats.subscribe(format!("{subject}.>")).await?;
+        let subscriber = nats.subscribe(format!("{subject}.>")).await?;
         nats.flush().await?;
         let mut builder =
             Relay::builder(outbox.clone(), JetStreamPublisher::new(js.clone(), subject)).poll(poll);
@@ -658,57 +658,78 @@ async fn commit_to_broker(
         let relaying = tokio::spawn(relay.run(async {
             let _ = stopped.await;
         }));
-        let arrived: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-        let seen = arrived.clone();
-        let receiving = tokio::spawn(async move {
-            use tokio_stream::StreamExt;
-            while let Some(message) = subscriber.next().await {
-                let at = Instant::now();
-                let id = message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-                    .map(|v| v.as_str().to_owned());
-                let mut seen = seen.lock().unwrap();
-                if let Some(id) = id {
-                    seen.entry(id).or_insert(at);
-                }
-                if seen.len() == EVENTS {
-                    return;
-                }
-            }
-        });
-        let mut committed = HashMap::new();
-        let mut client = pool.get().await?;
-        let mut pace = tokio::time::interval(PACE);
-        for i in 0..EVENTS {
-            pace.tick().await;
-            let e = event(run, &what, i, "order", 1)?;
-            let txn = client.transaction().await?;
-            outbox.enqueue(&txn, &e).await?;
-            txn.commit().await?;
-            committed.insert(e.id().as_str().to_owned(), Instant::now());
-        }
-        tokio::time::timeout(Duration::from_secs(30), receiving)
-            .await
-            .map_err(|_| "not every event reached the broker within 30 s")??;
+        let latency = paced(pool, &outbox, subscriber, run, &what, EVENTS, PACE).await?;
         let _ = stop.send(());
         relaying.await?;
-        let mut latency = Histogram::<u64>::new(3)?;
-        for (id, at) in arrived.lock().unwrap().iter() {
-            let commit = committed.get(id).ok_or("an event nobody committed")?;
-            latency.record(at.saturating_duration_since(*commit).as_micros() as u64)?;
-        }
-        let ms = |us: u64| us as f64 / 1000.0;
-        println!(
-            "| {name} | {:.1} ms | {:.1} ms | {:.1} ms |",
-            ms(latency.value_at_quantile(0.5)),
-            ms(latency.value_at_quantile(0.99)),
-            ms(latency.max())
-        );
+        latency_row(name, &latency);
     }
     println!();
     Ok(())
+}
+
+/// Commits `events` events into `outbox` one by one, one every `pace`, while a relay publishes
+/// them, and times each from the return of its `COMMIT` to its arrival at `subscriber` (the
+/// first copy, by `Nats-Msg-Id`).
+async fn paced(
+    pool: &Pool,
+    outbox: &PostgresOutbox,
+    mut subscriber: async_nats::Subscriber,
+    run: &str,
+    what: &str,
+    events: usize,
+    pace: Duration,
+) -> Result<Histogram<u64>, BoxError> {
+    let arrived: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let seen = arrived.clone();
+    let receiving = tokio::spawn(async move {
+        use tokio_stream::StreamExt;
+        while let Some(message) = subscriber.next().await {
+            let at = Instant::now();
+            let id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                .map(|v| v.as_str().to_owned());
+            let mut seen = seen.lock().unwrap();
+            if let Some(id) = id {
+                seen.entry(id).or_insert(at);
+            }
+            if seen.len() == events {
+                return;
+            }
+        }
+    });
+    let mut committed = HashMap::new();
+    let mut client = pool.get().await?;
+    let mut pace = tokio::time::interval(pace);
+    for i in 0..events {
+        pace.tick().await;
+        let e = event(run, what, i, "order", 1)?;
+        let txn = client.transaction().await?;
+        outbox.enqueue(&txn, &e).await?;
+        txn.commit().await?;
+        committed.insert(e.id().as_str().to_owned(), Instant::now());
+    }
+    tokio::time::timeout(Duration::from_secs(30), receiving)
+        .await
+        .map_err(|_| "not every event reached the broker within 30 s")??;
+    let mut latency = Histogram::<u64>::new(3)?;
+    for (id, at) in arrived.lock().unwrap().iter() {
+        let commit = committed.get(id).ok_or("an event nobody committed")?;
+        latency.record(at.saturating_duration_since(*commit).as_micros() as u64)?;
+    }
+    Ok(latency)
+}
+
+/// A row of a latency table: the relay's name, p50, p99 and max.
+fn latency_row(name: &str, latency: &Histogram<u64>) {
+    let ms = |us: u64| us as f64 / 1000.0;
+    println!(
+        "| {name} | {:.1} ms | {:.1} ms | {:.1} ms |",
+        ms(latency.value_at_quantile(0.5)),
+        ms(latency.value_at_quantile(0.99)),
+        ms(latency.max())
+    );
 }
 
 /// The CPU time so far, in nanoseconds, of this process (its threads) and of the PostgreSQL
