@@ -91,6 +91,9 @@
 //! - `postgres`: `surely::postgres` (one pool, versioned migrations); with `server`, the
 //!   PostgreSQL idempotency store (`server::store::PostgresStore`); with `durable`, the
 //!   PostgreSQL outbox, inbox, ledger and differences; with either, `maintenance::PostgresLeases`.
+//! - `postgres-log`: `outbox::LogRelay`, the outbox's events read from PostgreSQL's write-ahead
+//!   log through a logical replication slot (turns on `durable` and `postgres`; needs
+//!   `wal_level = logical`).
 //! - `redis`: the idempotency store on Redis, `server::store::RedisStore` (turns on `server`).
 //! - `nats`: the outbox's JetStream publisher, `outbox::JetStreamPublisher`, and with `postgres`
 //!   the inbox's JetStream consumer (turns on `durable`).
