@@ -95,7 +95,8 @@ impl LogSource {
     ///
     /// # Errors
     ///
-    /// The URL does not parse or names no TCP host, or the slot's name is not 1 to 63
+    /// The URL does not parse, names no TCP host or user, or asks for TLS
+    /// (`sslmode=require`); or the slot's name is not 1 to 63
     /// lower-case letters, digits and `_` (what PostgreSQL accepts for a slot).
     pub fn new(url: &str, slot: &str) -> Result<Self, ConfigError> {
         let parsed: tokio_postgres::Config = url
@@ -110,6 +111,13 @@ impl LogSource {
                 _ => None,
             })
             .ok_or_else(|| ConfigError::new("log source URL", "must name a TCP host"))?;
+        if parsed.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(ConfigError::new(
+                "log source URL",
+                "asks for TLS (sslmode=require): turn on pgwire-replication's `tls-rustls` \
+                 feature and build the source with `LogSource::from_config`",
+            ));
+        }
         let port = parsed.get_ports().first().copied().unwrap_or(5432);
         let user = parsed
             .get_user()

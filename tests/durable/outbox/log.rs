@@ -813,6 +813,8 @@ mod settings {
         assert!(LogSource::new("postgres://u@h/db", "Not A Slot").is_err());
         assert!(LogSource::new("postgres://u@h/db", &"s".repeat(64)).is_err());
         assert!(LogSource::new("not a url", "slot").is_err());
+        let tls = LogSource::new("postgres://u@h/db?sslmode=require", "slot").unwrap_err();
+        assert!(tls.reason().contains("from_config"), "{tls}");
     }
 }
 
