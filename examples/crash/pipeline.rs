@@ -72,16 +72,17 @@ impl OutboxStore for CrashingOutbox {
 }
 
 pub(crate) async fn run_relay() -> Result<(), BoxError> {
-    if World::from_env()?.log_relay {
-        return log_relay().await;
-    }
-    relay(None).await
+    relay(None, None).await
 }
 
 /// The log relay: the outbox read from the write-ahead log through the run's slot, with the
 /// crash point between an acknowledgement and the slot's confirmation (an event published,
-/// the slot not yet moved past it).
-async fn log_relay() -> Result<(), BoxError> {
+/// the slot not yet moved past it); it sweeps what it published after `retention` (`None`:
+/// never).
+async fn log_relay(
+    quarantine_after: Option<u32>,
+    retention: Option<Duration>,
+) -> Result<(), BoxError> {
     use surely::outbox::{LogRelay, LogSource};
     use tower::ServiceExt;
 
@@ -95,24 +96,37 @@ async fn log_relay() -> Result<(), BoxError> {
         }
         published
     });
-    let relay = LogRelay::builder(
+    let mut relay = LogRelay::builder(
         world.outbox()?,
         LogSource::new(&world.pg_url, &world.prefix)?,
         publisher,
     )
     .heartbeat(Duration::from_millis(200))
     .retry_after(Duration::from_millis(200))
-    .standby(Duration::from_millis(200))
-    .no_sweep()
+    .standby(Duration::from_millis(200));
+    if let Some(refusals) = quarantine_after {
+        relay = relay.quarantine_after(refusals);
+    }
+    let relay = match retention {
+        Some(retention) => relay.retention(retention),
+        None => relay.no_sweep(),
+    }
     .build()?;
     crashpoint::ready();
     relay.run(crashpoint::stop_of(stopped)).await?;
     Ok(())
 }
 
-/// The relay; `quarantine_after` failed publishes of an event quarantine it (default: the
-/// relay's own).
-pub(crate) async fn relay(quarantine_after: Option<u32>) -> Result<(), BoxError> {
+/// The relay, polling the table or reading the log as the run says; `quarantine_after` failed
+/// publishes of an event quarantine it (default: the relay's own); a log relay sweeps what it
+/// published after `log_retention` (the polling relay's published events are swept by a chore).
+pub(crate) async fn relay(
+    quarantine_after: Option<u32>,
+    log_retention: Option<Duration>,
+) -> Result<(), BoxError> {
+    if World::from_env()?.log_relay {
+        return log_relay(quarantine_after, log_retention).await;
+    }
     let stopped = crashpoint::control();
     let world = World::from_env()?;
     world.reach_postgres().await?;

@@ -120,6 +120,8 @@ pub(crate) struct Options {
     pub(crate) pg: String,
     pub(crate) nats_server: PathBuf,
     pub(crate) verbose: bool,
+    /// The relay reads the outbox from the write-ahead log (`LogRelay`) instead of polling.
+    pub(crate) log_relay: bool,
     /// Whether the latency checks (3 and 5) count towards the verdict, or are reported only
     /// (`--timings report`: for CI's minute on a shared machine, where a p99 of a hundred calls
     /// is noise; the long runs check them).
@@ -128,7 +130,7 @@ pub(crate) struct Options {
 
 const USAGE: &str = "usage: soak [driver] [--minutes N] [--seed S] [--rate R] [--sample SECS] \
     [--retention SECS] [--warmup SECS] [--backlog N] [--workers N] [--batch N] [--duty D] [--postgres URL] \
-    [--nats-server PATH] [--timings check|report] [--verbose]";
+    [--nats-server PATH] [--timings check|report] [--relay poll|log] [--verbose]";
 
 impl Options {
     pub(crate) fn parse(args: &[String]) -> Result<Options, BoxError> {
@@ -145,6 +147,7 @@ impl Options {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
         let mut nats_server = PathBuf::from("/usr/sbin/nats-server");
         let mut verbose = false;
+        let mut log_relay = false;
         let mut args = args.iter();
         while let Some(arg) = args.next() {
             let mut value = |name: &str| {
@@ -166,6 +169,15 @@ impl Options {
                 "--postgres" => pg = value("--postgres")?,
                 "--nats-server" => nats_server = PathBuf::from(value("--nats-server")?),
                 "--verbose" => verbose = true,
+                "--relay" => {
+                    log_relay = match value("--relay")?.as_str() {
+                        "log" => true,
+                        "poll" => false,
+                        other => {
+                            return Err(format!("--relay: {other:?} is not poll or log").into())
+                        }
+                    }
+                }
                 "--timings" => {
                     timings_checked = match value("--timings")?.as_str() {
                         "check" => true,
@@ -223,6 +235,7 @@ impl Options {
             pg,
             nats_server,
             verbose,
+            log_relay,
             timings_checked,
         })
     }
@@ -250,7 +263,7 @@ impl Options {
             self.batch,
             self.duty,
             if self.timings_checked { "" } else { " --timings report" }
-        )
+        ) + if self.log_relay { " --relay log" } else { "" }
     }
 
     /// The faults' schedule, in seconds from the start: every 20 to 60 s (a run of less than
@@ -733,7 +746,7 @@ pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
     // Every connection of the run's names it, so that the samples count the run's alone.
     let sep = if opts.pg.contains('?') { '&' } else { '?' };
     let pg = format!("{}{sep}application_name={prefix}", opts.pg);
-    let world = World::new(&pg, &broker.url(), &prefix)?;
+    let world = World::new(&pg, &broker.url(), &prefix)?.with_log_relay(opts.log_relay);
     let broker = Arc::new(Mutex::new(broker));
     let created = async {
         world.create(ACK_WAIT).await?;

@@ -25,7 +25,7 @@ pub(crate) async fn order() -> Result<(), BoxError> {
 pub(crate) async fn relay() -> Result<(), BoxError> {
     let (world, s) = (World::from_env()?, Settings::from_env()?);
     let _maintenance = chores::start(&world, &s, chores::relay(&world, &s)?)?;
-    pipeline::relay(Some(QUARANTINE_AFTER)).await
+    pipeline::relay(Some(QUARANTINE_AFTER), Some(s.retention)).await
 }
 
 pub(crate) async fn consumer() -> Result<(), BoxError> {
