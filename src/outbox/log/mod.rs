@@ -762,8 +762,6 @@ struct Pipeline<'a, P: Service<Event>> {
     /// Acknowledged events read from the table, to be marked published.
     marks: Vec<(EventId, i64)>,
     confirmed: WalPosition,
-    /// The place in the order enqueued of the row being sent (set by `row`, taken by `send`).
-    seen_seq: Option<i64>,
     /// The highest place in the order enqueued of an event published with every one before it
     /// in the log.
     published_seq: Option<i64>,
@@ -795,7 +793,6 @@ where
             retry_at: None,
             marks: Vec::new(),
             confirmed: WalPosition::default(),
-            seen_seq: None,
             published_seq: None,
             last_sweep: None,
             round: RelayRound::default(),
@@ -821,7 +818,13 @@ where
             after = last;
             for (_, event, claim) in rows {
                 if let Some(ended) = self
-                    .send(event, WalPosition::default(), Some(claim), stop.as_mut())
+                    .send(
+                        event,
+                        WalPosition::default(),
+                        Some(claim),
+                        None,
+                        stop.as_mut(),
+                    )
                     .await?
                 {
                     return Ok(Some(ended));
@@ -984,14 +987,15 @@ where
             Decoded::Event { event, claim, seq } => {
                 // An update publishes a requeued event: it is marked published once sent.
                 let mark = update.then_some(claim);
-                self.seen_seq = Some(seq);
-                self.send(event, position, mark, stop).await
+                self.send(event, position, mark, Some(seq), stop).await
             }
             Decoded::Unchanged { id } => {
                 // A requeued event whose payload the log left out (TOASTed, unchanged): read
                 // from the table.
                 match setup::pending_event(self.outbox, &id).await? {
-                    Some((event, claim)) => self.send(event, position, Some(claim), stop).await,
+                    Some((event, claim)) => {
+                        self.send(event, position, Some(claim), None, stop).await
+                    }
                     None => Ok(None),
                 }
             }
@@ -1007,12 +1011,13 @@ where
     }
 
     /// Waits for the publisher to be ready (driving what is sent meanwhile), and sends
-    /// `event`.
+    /// `event` (`seq`: its row's place in the order enqueued, for an event of the log).
     async fn send(
         &mut self,
         event: Event,
         position: WalPosition,
         mark: Option<i64>,
+        seq: Option<i64>,
         mut stop: Pin<&mut impl Future<Output = ()>>,
     ) -> Result<Option<Ended>, LogError> {
         let ready = tokio::select! {
@@ -1040,7 +1045,6 @@ where
             }
         };
         self.round.claimed = self.round.claimed.saturating_add(1);
-        let seq = self.seen_seq.take();
         self.entries.push_back(Entry::Publish(Box::new(Publishing {
             id,
             event,
@@ -1276,7 +1280,7 @@ where
         let sweep_due = self.last_sweep.is_none_or(|at| at.elapsed() >= every);
         if let (Some(retention), true) = (self.config.retention, sweep_due) {
             self.last_sweep = Some(Instant::now());
-            match setup::sweep(self.outbox, self.slot, retention).await {
+            match setup::sweep(self.outbox, retention).await {
                 Ok(n) => self.round.swept = self.round.swept.saturating_add(n),
                 Err(e) => {
                     tracing::warn!(error = &e as &dyn std::error::Error, "outbox sweep failed")

@@ -373,11 +373,7 @@ pub(super) async fn published_below(
 
 /// Deletes, in bounded batches, the events published `retention` ago or more: those the
 /// slots carried (pending, below every slot's mark) and those marked published.
-pub(super) async fn sweep(
-    outbox: &PostgresOutbox,
-    _slot: &str,
-    retention: Duration,
-) -> Result<u64, LogError> {
+pub(super) async fn sweep(outbox: &PostgresOutbox, retention: Duration) -> Result<u64, LogError> {
     const BATCH: i64 = 1000;
     let t = outbox.table();
     let slots = slots_table(t);
