@@ -36,7 +36,7 @@ const NANOS_PER_SEC: u128 = 1_000_000_000;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(
     feature = "serde",
-    derive(serde::Deserialize),
+    derive(serde::Deserialize, serde::Serialize),
     serde(rename_all = "snake_case")
 )]
 #[non_exhaustive]

@@ -84,6 +84,7 @@ use crate::hedge::{HedgeLayer, HedgeLayerBuilder};
 use crate::idempotency::SetIdempotencyKeyLayer;
 use crate::record::{RecordAttemptLayer, RecordCallLayer, Recorder, WatchTrailersLayer};
 use crate::retry::{NoResolver, ReplayLayer, Retry, RetryLayer, RetryLayerBuilder};
+use crate::review::ClientSettings;
 use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer, BodyIdleTimeoutLayer};
 use crate::ConfigError;
 
@@ -874,6 +875,49 @@ impl<R, M, Z, K, P, H, B, W> ClientBuilder<R, M, Z, K, P, H, B, W> {
         self.breaker_part(Identity::new())
     }
 
+    /// The stack's effective settings, every default filled in: the input of a
+    /// [review](crate::review) of the services that use it. Describe the builder before
+    /// [`build`](Self::build) takes it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let builder = surely::client::http()
+    ///     .timeout(Duration::from_secs(2))
+    ///     .retry(|retry| retry.max_attempts(4));
+    /// let settings = builder.describe();
+    /// assert_eq!(settings.timeout, Some(Duration::from_secs(2)));
+    /// assert_eq!(settings.retry.max_attempts, 4);
+    /// assert!(settings.generates_keys && settings.replays_bodies);
+    /// assert!(settings.hedge.is_none() && settings.breaker.is_some());
+    /// ```
+    pub fn describe(&self) -> ClientSettings
+    where
+        K: Slot,
+        P: Slot,
+        H: Slot,
+        B: Slot,
+    {
+        let (timeout, propagates_deadline) = self.shared.deadline.described();
+        let retry = self.retry.describe();
+        let mut settings = ClientSettings {
+            timeout,
+            per_try_timeout: self.shared.per_try,
+            propagates_deadline,
+            generates_keys: false,
+            server_honours_keys: false,
+            replays_bodies: false,
+            retry,
+            hedge: None,
+            breaker: None,
+        };
+        self.key.describe(&mut settings);
+        self.replay.describe(&mut settings);
+        self.hedge.describe(&mut settings);
+        self.breaker.describe(&mut settings);
+        settings
+    }
+
     /// Validates every setting and makes the stack's layer, to apply to many transports.
     #[allow(clippy::type_complexity)]
     pub fn into_layer(self) -> Result<ClientLayer<R, M, Z, K, P, H, B, W>, ConfigError>
@@ -1251,6 +1295,43 @@ mod parts {
         }
     }
 
+    /// A slot of a [`ClientBuilder`] that says what it adds to the stack's
+    /// [`ClientSettings`]: the key, replay, hedge and breaker slots. An empty slot
+    /// (`Identity`) adds nothing.
+    pub trait Slot {
+        /// Writes its part of the settings.
+        fn describe(&self, settings: &mut ClientSettings);
+    }
+
+    impl Slot for Identity {
+        fn describe(&self, _: &mut ClientSettings) {}
+    }
+
+    impl<Q> Slot for SetIdempotencyKeyLayer<Q> {
+        fn describe(&self, settings: &mut ClientSettings) {
+            settings.generates_keys = true;
+            settings.server_honours_keys = self.honours_keys();
+        }
+    }
+
+    impl Slot for ReplayLayer {
+        fn describe(&self, settings: &mut ClientSettings) {
+            settings.replays_bodies = true;
+        }
+    }
+
+    impl<M0> Slot for HedgeLayerBuilder<M0> {
+        fn describe(&self, settings: &mut ClientSettings) {
+            settings.hedge = Some(HedgeLayerBuilder::describe(self));
+        }
+    }
+
+    impl Slot for CircuitBreaker {
+        fn describe(&self, settings: &mut ClientSettings) {
+            settings.breaker = Some(CircuitBreaker::describe(self));
+        }
+    }
+
     /// The recorder slot of a [`ClientBuilder`]: [`NoRecords`], or any [`Recorder`], which gets
     /// a [`RecordCallLayer`] around the deadline and a [`RecordAttemptLayer`] around each attempt.
     pub trait RecorderPart<M> {
@@ -1300,7 +1381,7 @@ mod parts {
     }
 }
 
-pub(crate) use self::parts::{BreakerPart, Part, RecorderPart};
+pub(crate) use self::parts::{BreakerPart, Part, RecorderPart, Slot};
 
 #[cfg(test)]
 mod tests {

@@ -114,9 +114,13 @@
 //!   (turns on `server`).
 //! - `serde`: `surely::config` and, with `server`, `surely::server::config`: the client presets
 //!   and the server layers configured from plain structs.
-//! - `admin`: `surely::admin`, the operator's surface as an axum router (turns on `server` and
-//!   `durable`).
-//! - `cli`: the `surely` command line (turns on `admin` and `postgres`).
+//! - `review`: `review::Chain::from_toml`, a call chain read from a TOML file for a review of
+//!   its settings (turns on `serde` and `server`; the review of a chain built in code needs no
+//!   feature).
+//! - `admin`: `surely::admin`, the operator's surface as an axum router (turns on `server`,
+//!   `durable` and `serde`).
+//! - `cli`: the `surely` command line, `surely review` among its commands (turns on `admin`,
+//!   `postgres` and `review`).
 #![cfg_attr(not(feature = "server"), doc = crate::docs::links::to_features!(
     "`server::deadline::ServerDeadlineLayer`",
     "`server::idempotency::IdempotencyLayer`",
@@ -149,6 +153,8 @@ pub mod admin;
 mod backoff;
 pub mod breaker;
 pub mod budget;
+#[cfg(feature = "review")]
+mod chainfile;
 pub mod classify;
 pub mod client;
 #[cfg(feature = "serde")]
@@ -191,6 +197,7 @@ pub mod record;
 pub mod reqwest;
 mod resolve;
 pub mod retry;
+pub mod review;
 mod semantics;
 mod send;
 #[cfg(feature = "server")]

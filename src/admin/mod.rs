@@ -192,6 +192,8 @@ struct Inner {
     authorize: Authorize,
     audit: AuditLog,
     csrf: csrf::Csrf,
+    /// The running service's chain, reviewed once when the admin is built.
+    review: Option<Result<crate::review::Review, crate::review::ReviewError>>,
 }
 
 impl fmt::Debug for Admin {
@@ -220,6 +222,7 @@ impl Admin {
             stuck_after: std::time::Duration::from_secs(300),
             authorize: None,
             audit: None,
+            review: None,
         }
     }
 
@@ -251,6 +254,7 @@ pub struct AdminBuilder {
     stuck_after: std::time::Duration,
     authorize: Option<Authorize>,
     audit: Option<AuditLog>,
+    review: Option<Result<crate::review::Review, crate::review::ReviewError>>,
 }
 
 impl fmt::Debug for AdminBuilder {
@@ -302,6 +306,15 @@ impl AdminBuilder {
         self
     }
 
+    /// The running service's chain, reviewed ([`Chain::review`](crate::review::Chain::review))
+    /// once, now: the Review page (`/review`, and `/api/review` as JSON) shows its seven
+    /// answers per operation, its worst paths and its findings, or why it could not be
+    /// reviewed. Build the chain from the stacks the service built, with their `describe()`.
+    pub fn review(mut self, chain: &crate::review::Chain) -> Self {
+        self.review = Some(chain.review());
+        self
+    }
+
     /// Who may read and act. Without it, every request is refused.
     pub fn authorize(mut self, authorize: Authorize) -> Self {
         self.authorize = Some(authorize);
@@ -334,6 +347,7 @@ impl AdminBuilder {
                 authorize: self.authorize.unwrap_or_else(Authorize::deny_all),
                 audit: self.audit.unwrap_or_else(AuditLog::memory),
                 csrf: csrf::Csrf::new(),
+                review: self.review,
             }),
         }
     }

@@ -45,6 +45,7 @@ pub(super) fn router(admin: Admin) -> Router {
         .route("/{kind}/{id}/{action}", post(form_post))
         .route("/idempotency", get(idempotency_page))
         .route("/audit", get(audit_page))
+        .route("/review", get(review_page))
         .route("/api/counts", get(api_counts))
         .route("/api/ledger", get(api_ledger_list))
         .route("/api/ledger/{id}", get(api_entry))
@@ -61,6 +62,7 @@ pub(super) fn router(admin: Admin) -> Router {
         .route("/api/{kind}/{id}/{action}", post(api_post))
         .route("/api/idempotency", get(api_idempotency))
         .route("/api/audit", get(api_audit))
+        .route("/api/review", get(api_review))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(admin.clone(), guard))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -1537,6 +1539,45 @@ async fn api_idempotency(
         .await?
         .ok_or_else(|| no_store(&op, "idempotency store"))
         .map(Json)
+}
+
+#[derive(Template)]
+#[template(path = "admin/review.html")]
+struct ReviewPage<'a> {
+    nav: Nav,
+    review: &'a crate::review::Review,
+}
+
+/// The running service's review, or why there is none.
+fn the_review<'a>(admin: &'a Admin, op: &Operator) -> Result<&'a crate::review::Review, Refusal> {
+    match &admin.inner.review {
+        None => Err(no_store(op, "chain to review")),
+        Some(Err(e)) => Err(Refusal::new(
+            op,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the chain could not be reviewed: {e}"),
+        )),
+        Some(Ok(review)) => Ok(review),
+    }
+}
+
+async fn review_page(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+) -> Result<Response, Refusal> {
+    let review = the_review(&admin, &op)?;
+    Ok(render(&ReviewPage {
+        nav: Nav::of(&admin, &op),
+        review,
+    }))
+}
+
+async fn api_review(
+    State(admin): State<Admin>,
+    Extension(op): Extension<Operator>,
+) -> Result<Response, Refusal> {
+    let review = the_review(&admin, &op)?;
+    Ok(Json(review).into_response())
 }
 
 #[derive(Template)]

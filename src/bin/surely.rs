@@ -18,6 +18,7 @@
 //! surely idempotency unknown [--limit N]
 //! surely idempotency stuck [--older-than SECS] [--limit N]
 //! surely audit [--limit N]
+//! surely review CHAIN.toml [--fail-on error|warning|info]
 //! ```
 //!
 //! The database is `--database-url` or `SURELY_DATABASE_URL`; `--json` prints JSON instead of
@@ -27,6 +28,12 @@
 //! reason with a control character); **2** no such entry, event or task (in the manual
 //! queue); **3** a conflict (the entry is settled or claimed, a task's stored reason is one
 //! this version does not know); **4** the database could not be reached or failed.
+//!
+//! `surely review` needs no database: it reads a chain file and prints the seven questions of
+//! every operation with the answers the settings give, the worst paths, and the findings
+//! ([`surely::docs::review`]). It exits **0** when no finding is at or above `--fail-on`
+//! (default `error`), **1** when one is, and **2** when the file cannot be read or is not a
+//! chain (the message says its line and column).
 //!
 //! Who acts is `--who`, as given: whoever can run this command with the database's
 //! credentials can act, so the audit log records the name they give. Keep those credentials
@@ -93,6 +100,15 @@ enum Command {
     /// The idempotency store's records that need a person.
     #[command(subcommand)]
     Idempotency(IdempotencyCommand),
+    /// Reviews a call chain's settings (a TOML chain file): the seven questions of every
+    /// operation, the worst paths, the findings. Needs no database.
+    Review {
+        /// The chain file.
+        file: std::path::PathBuf,
+        /// Exit 1 when a finding is at or above this severity: error, warning or info.
+        #[arg(long, default_value = "error")]
+        fail_on: String,
+    },
     /// The audit log, newest first.
     Audit {
         /// At most this many lines.
@@ -360,6 +376,45 @@ fn task_json(t: &Task) -> Value {
 
 fn opt(s: &Option<String>) -> String {
     plain(s.as_deref().unwrap_or("-"))
+}
+
+/// `surely review`: 0 clean, 1 a finding at or above `fail_on`, 2 a file that cannot be read
+/// or reviewed.
+fn review(file: &std::path::Path, fail_on: &str, json: bool) -> ExitCode {
+    let fail = |message: String| {
+        if json {
+            eprintln!("{}", json!({ "error": message, "exit": 2 }));
+        } else {
+            eprintln!("surely: {}", plain(&message));
+        }
+        ExitCode::from(2)
+    };
+    let Some(fail_on) = surely::review::Severity::parse(fail_on) else {
+        return fail(format!(
+            "--fail-on: `{fail_on}` is not error, warning or info"
+        ));
+    };
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) => return fail(format!("{}: {e}", file.display())),
+    };
+    let review = match surely::review::Chain::from_toml(&text).and_then(|c| c.review()) {
+        Ok(review) => review,
+        Err(e) => return fail(format!("{}: {e}", file.display())),
+    };
+    if json {
+        match serde_json::to_string_pretty(&review) {
+            Ok(text) => println!("{text}"),
+            Err(e) => return fail(format!("the review as JSON: {e}")),
+        }
+    } else {
+        print!("{review}");
+    }
+    if review.fails(fail_on) {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
@@ -749,6 +804,8 @@ async fn run(cli: Cli) -> Result<Option<Value>, Failure> {
             }
             Ok(None)
         }
+        // Answered in `main`, before any database.
+        Command::Review { .. } => Ok(None),
         Command::Audit { limit } => {
             let lines = audit
                 .list(limit)
@@ -802,6 +859,9 @@ async fn main() -> ExitCode {
         }
     };
     let json = cli.json;
+    if let Command::Review { file, fail_on } = &cli.command {
+        return review(file, fail_on, json);
+    }
     match run(cli).await {
         Ok(Some(value)) => {
             println!("{value}");

@@ -190,6 +190,18 @@ pub(crate) fn health(c: &Classification) -> Option<bool> {
 }
 
 impl CircuitBreaker {
+    /// The breaker's settings, for a [review](crate::review).
+    pub fn describe(&self) -> crate::review::BreakerSettings {
+        let c = &self.shared.config;
+        crate::review::BreakerSettings {
+            name: c.name.as_deref().map(str::to_owned),
+            failure_ratio: c.failure_ratio,
+            min_throughput: c.min_throughput,
+            break_duration: c.break_duration,
+            max_break: c.max_break,
+        }
+    }
+
     /// A breaker with the defaults (see [`CircuitBreakerBuilder`]).
     pub fn new() -> Self {
         // Assembled without checking: a test builds the same defaults through `build`.

@@ -122,6 +122,7 @@
 use std::sync::Arc;
 
 use crate::classify::AttemptClass;
+use crate::review::BudgetSettings;
 
 pub(crate) mod lend;
 mod ratio;
@@ -182,6 +183,13 @@ pub trait RetryBudget: std::fmt::Debug + Send + Sync {
     /// [health failures](AttemptClass::is_health_failure) and successes may change a budget;
     /// final answers and conflicts never do.
     fn record_outcome(&self, class: AttemptClass);
+
+    /// How this budget bounds retries, for a [review](crate::review) of the stack that spends
+    /// from it. The default says [`Custom`](BudgetSettings::Custom): a budget of your own that
+    /// does not say.
+    fn describe(&self) -> BudgetSettings {
+        BudgetSettings::Custom
+    }
 }
 
 macro_rules! forward {
@@ -201,6 +209,10 @@ macro_rules! forward {
 
             fn record_outcome(&self, class: AttemptClass) {
                 (**self).record_outcome(class)
+            }
+
+            fn describe(&self) -> BudgetSettings {
+                (**self).describe()
             }
         }
     )*};

@@ -483,6 +483,14 @@ impl RatioBudget {
 }
 
 impl RetryBudget for RatioBudget {
+    fn describe(&self) -> crate::review::BudgetSettings {
+        crate::review::BudgetSettings::Ratio {
+            ratio: self.ratio,
+            ttl: self.ttl,
+            min_per_sec: self.min_per_sec,
+        }
+    }
+
     /// Earns `ratio` retries, for `ttl`. Under steady traffic, one atomic add: see the
     /// [type's docs](RatioBudget).
     fn deposit(&self) {

@@ -136,6 +136,13 @@ impl TokenBucket {
 }
 
 impl RetryBudget for TokenBucket {
+    fn describe(&self) -> crate::review::BudgetSettings {
+        crate::review::BudgetSettings::TokenBucket {
+            max_tokens: u32::try_from(self.max / MILLI as u64).unwrap_or(u32::MAX),
+            token_ratio: self.ratio as f64 / MILLI as f64,
+        }
+    }
+
     /// Does nothing: the first attempt counts through its outcome.
     fn deposit(&self) {}
 

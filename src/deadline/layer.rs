@@ -133,6 +133,13 @@ impl<T> SetDeadlineLayer<T> {
 }
 
 impl<T> SetDeadlineLayerBuilder<T> {
+    /// The layer's own budget (`None`: only an inherited deadline) and whether the deadline
+    /// goes on the wire in its HTTP header, for a [review](crate::review). (A gRPC request
+    /// carries `grpc-timeout` either way.)
+    pub(crate) fn described(&self) -> (Option<Duration>, bool) {
+        (self.config.timeout, self.config.header.is_some())
+    }
+
     /// The call's own total budget. Must be greater than zero and at most
     /// [`MAX_DURATION`] (ten years).
     pub fn timeout(mut self, timeout: Duration) -> Self {

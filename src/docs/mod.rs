@@ -34,6 +34,8 @@
 //! 13. [The operator's surface](operators): seeing and settling what the system could not
 //!     (the manual queue, the outbox's quarantine), who may, and the audit log of what they
 //!     did.
+//! 14. [Reviewing a chain](review): the seven questions asked of every operation, answered
+//!     from the stacks' settings by `surely review`, and the findings it reports.
 //!
 //! Every example here is compiled and run as a test.
 
@@ -59,6 +61,36 @@ pub mod how_we_know {
             "crate::server::idempotency::Ticket::checkpoint",
             "crate::server::idempotency::Ticket",
             "crate::server::idempotency::Ticket::fence",
+        )
+    )]
+}
+
+pub mod review {
+    #![doc = include_str!("review.md")]
+    #![cfg_attr(
+        not(feature = "admin"),
+        doc = crate::docs::links::to_features!(
+            "crate::admin::AdminBuilder::review",
+        )
+    )]
+    #![cfg_attr(
+        not(feature = "server"),
+        doc = crate::docs::links::to_features!(
+            "crate::server::deadline::ServerDeadlineLayer::describe",
+            "crate::server::idempotency::IdempotencyLayer::describe",
+        )
+    )]
+    #![cfg_attr(
+        not(feature = "durable"),
+        doc = crate::docs::links::to_features!(
+            "crate::inbox::Consumer::describe",
+            "crate::ledger::Reconciler::describe",
+        )
+    )]
+    #![cfg_attr(
+        not(feature = "serde"),
+        doc = crate::docs::links::to_features!(
+            "crate::config::ClientConfig::apply",
         )
     )]
 }

@@ -266,6 +266,20 @@ impl Default for HedgeLayer {
 }
 
 impl<M> HedgeLayerBuilder<M> {
+    /// The hedge's settings, for a [review](crate::review).
+    pub(crate) fn describe(&self) -> crate::review::HedgeSettings {
+        crate::review::HedgeSettings {
+            max_attempts: self.max_attempts,
+            delay: match self.delay.repr {
+                DelayRepr::Fixed(delay) => Some(delay),
+                DelayRepr::Percentile { .. } => None,
+            },
+            hedges_idempotent: self.hedge_idempotent,
+        }
+    }
+}
+
+impl<M> HedgeLayerBuilder<M> {
     /// The classifier that decides what each attempt's answer means (default
     /// [`HttpClassifier`]): use the same one as the retry layer.
     pub fn classifier<M2>(self, classifier: M2) -> HedgeLayerBuilder<M2> {

@@ -555,6 +555,30 @@ impl Consumer {
         self.inner.versions
     }
 
+    /// Its settings, for a [review](crate::review) of the service. Whether its events are
+    /// changes of an aggregate or facts is the caller's to say
+    /// ([`InboxSettings::change_events`](crate::review::InboxSettings::change_events)).
+    ///
+    /// ```
+    /// use surely::inbox::{Consumer, Versions};
+    /// use surely::review::VersionPolicy;
+    ///
+    /// let consumer = Consumer::builder("shipping").versions(Versions::InOrder).build().unwrap();
+    /// assert_eq!(consumer.describe().versions, VersionPolicy::InOrder);
+    /// ```
+    pub fn describe(&self) -> crate::review::InboxSettings {
+        use crate::review::VersionPolicy;
+        crate::review::InboxSettings {
+            name: self.inner.name.clone(),
+            versions: match self.inner.versions {
+                Versions::Any => VersionPolicy::Any,
+                Versions::InOrder => VersionPolicy::InOrder,
+                Versions::Latest => VersionPolicy::Latest,
+            },
+            change_events: None,
+        }
+    }
+
     /// Its policy for `reason`, if the reason comes back.
     pub fn policy(&self, reason: Reason) -> Option<&WaitPolicy> {
         reason.slot().map(|i| &self.inner.policies[i])

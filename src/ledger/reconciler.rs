@@ -134,6 +134,17 @@ where
         &self.ledger
     }
 
+    /// Its settings, for a [review](crate::review) of the service: a resolver works the
+    /// ledger down, entries it cannot settle go to the manual queue, and old ones raise an
+    /// alert.
+    pub fn describe(&self) -> crate::review::LedgerSettings {
+        crate::review::LedgerSettings {
+            resolver: true,
+            alert_after: Some(self.config.alert_after),
+            manual_queue: true,
+        }
+    }
+
     /// One round: claims a batch, queries and settles each entry, and reports the overdue
     /// ones.
     ///

@@ -15,6 +15,7 @@ use crate::budget::{RatioBudget, RetryBudget};
 use crate::classify::HttpClassifier;
 use crate::journal::{IntentJournal, JournalHook};
 use crate::resolve::NoResolver;
+use crate::review::{BackoffSettings, BudgetSettings, RetrySettings};
 use crate::ConfigError;
 
 /// The default attempt limit, the first attempt included.
@@ -78,6 +79,8 @@ struct Settings {
     mark_owner: bool,
     breaker: Option<CircuitBreaker>,
     journal: Option<JournalHook>,
+    /// Whether a resolver was given (for [`describe`](RetryLayerBuilder::describe)).
+    resolver: bool,
 }
 
 impl RetryLayer {
@@ -108,6 +111,7 @@ impl RetryLayer {
                 mark_owner: true,
                 breaker: None,
                 journal: None,
+                resolver: false,
             },
         }
     }
@@ -176,7 +180,8 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
 
     /// Settles calls that would end with an unknown outcome by asking the server (see
     /// [`Resolve`](crate::retry::Resolve)); by default ([`NoResolver`]) an unknown outcome stays unknown.
-    pub fn resolver<Z2>(self, resolver: Z2) -> RetryLayerBuilder<M, Z2> {
+    pub fn resolver<Z2>(mut self, resolver: Z2) -> RetryLayerBuilder<M, Z2> {
+        self.settings.resolver = true;
         RetryLayerBuilder {
             classifier: self.classifier,
             resolver,
@@ -334,6 +339,33 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
         Ok(())
     }
 
+    /// The effective settings, as a [review](crate::review) reads them: the budget is
+    /// `fallback` (the client's shared one) when the layer was given none of its own.
+    pub(crate) fn describe(&self) -> RetrySettings {
+        let s = &self.settings;
+        let backoff = s.backoff.clone().unwrap_or_else(default_backoff);
+        let budget = match (&s.budget, s.own_budget) {
+            (_, true) => RatioBudget::default().describe(),
+            (Some(budget), false) => budget.describe(),
+            (None, false) => BudgetSettings::None,
+        };
+        RetrySettings {
+            max_attempts: s.max_attempts,
+            backoff: BackoffSettings {
+                base: backoff.base(),
+                max: backoff.cap(),
+                multiplier: backoff.multiplier(),
+                jitter: backoff.jitter(),
+            },
+            budget,
+            max_pushback: s.max_pushback,
+            min_attempt_time: s.min_attempt,
+            marks_owner: s.mark_owner,
+            journal: s.journal.is_some(),
+            resolver: s.resolver,
+        }
+    }
+
     /// The layer of these settings, which the caller has checked (or which are the defaults).
     pub(crate) fn assemble(self) -> RetryLayer<M, Z> {
         let Settings {
@@ -348,6 +380,7 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
             mark_owner,
             breaker,
             journal,
+            resolver: _,
         } = self.settings;
         let budget = if own_budget {
             Some(Arc::new(RatioBudget::default()) as Arc<dyn RetryBudget>)

@@ -11,3 +11,5 @@ mod browser;
 #[cfg(feature = "cli")]
 mod cli;
 mod http;
+#[cfg(feature = "review")]
+mod review;

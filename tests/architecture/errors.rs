@@ -51,6 +51,7 @@ public_errors! {
     #[cfg(feature = "durable")] surely::reconcile::RuleError,
     #[cfg(feature = "durable")] surely::reconcile::ReconcileError,
     surely::retry::BodyNotReplayable,
+    surely::review::ReviewError,
     #[cfg(feature = "server")] surely::server::idempotency::UnknownErrorCode,
     #[cfg(feature = "server")] surely::server::store::InvalidCheckpoint,
     #[cfg(feature = "server")] surely::server::store::StoreError,

@@ -1,5 +1,6 @@
 //! The layer and its builder.
 
+use crate::review::ServerDeadlineSettings;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +92,15 @@ pub(super) struct ServerConfig {
 /// Which callers' retry signals are honoured.
 type Trust = Arc<dyn Fn(&dyn Envelope) -> bool + Send + Sync>;
 
+impl ServerConfig {
+    fn describe(&self) -> ServerDeadlineSettings {
+        ServerDeadlineSettings {
+            max: self.max,
+            trusts_retry_signals: self.trust.is_some(),
+        }
+    }
+}
+
 impl fmt::Debug for ServerConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ServerConfig")
@@ -111,6 +121,21 @@ pub struct ServerDeadlineLayerBuilder {
 }
 
 impl ServerDeadlineLayer {
+    /// The layer's settings, for a [review](crate::review) of the service.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::server::deadline::ServerDeadlineLayer;
+    ///
+    /// let layer = ServerDeadlineLayer::builder().max(Duration::from_secs(5)).build().unwrap();
+    /// let settings = layer.describe();
+    /// assert_eq!(settings.max, Some(Duration::from_secs(5)));
+    /// assert!(!settings.trusts_retry_signals);
+    /// ```
+    pub fn describe(&self) -> ServerDeadlineSettings {
+        self.config.describe()
+    }
+
     /// A layer with the default settings: the default header, no maximum, no minimum, malformed
     /// headers rejected.
     pub fn new() -> Self {
@@ -140,6 +165,11 @@ impl Default for ServerDeadlineLayer {
 }
 
 impl ServerDeadlineLayerBuilder {
+    /// The layer's settings, for a [review](crate::review) of the service.
+    pub fn describe(&self) -> ServerDeadlineSettings {
+        self.config.describe()
+    }
+
     /// The HTTP header carrying the remaining milliseconds (default
     /// [`DEFAULT_HEADER`]).
     pub fn http_header(mut self, header: HeaderName) -> Self {

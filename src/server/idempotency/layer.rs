@@ -1,5 +1,6 @@
 //! The layer and its builder.
 
+use crate::review::{Boundary, IdempotencySettings};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +32,23 @@ use crate::ConfigError;
 type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type OperationFn = dyn Fn(&Parts) -> String + Send + Sync;
 type RetentionFn = dyn Fn(&Parts) -> Option<Duration> + Send + Sync;
+
+impl<St: IdempotencyStore> Config<St> {
+    fn describe(&self) -> IdempotencySettings {
+        let c = self;
+        IdempotencySettings {
+            store: c.store.kind().to_owned(),
+            boundary: if c.open.is_some() {
+                Boundary::InTransaction
+            } else {
+                Boundary::Separate
+            },
+            retention: c.retention,
+            require_key_for: c.required.iter().map(|m| m.as_str().to_owned()).collect(),
+            store_server_errors: c.store_server_errors,
+        }
+    }
+}
 
 /// The settings shared by every service a layer makes.
 #[derive(Clone)]
@@ -131,6 +149,13 @@ impl<St: IdempotencyStore> TicketStore for Config<St> {
 /// Clones share the store and the settings.
 pub struct IdempotencyLayer<St> {
     pub(super) config: Arc<Config<St>>,
+}
+
+impl<St: IdempotencyStore> IdempotencyLayer<St> {
+    /// The layer's settings, as [`IdempotencyLayerBuilder::describe`] says them.
+    pub fn describe(&self) -> IdempotencySettings {
+        self.config.describe()
+    }
 }
 
 impl<St> Clone for IdempotencyLayer<St> {
@@ -460,6 +485,34 @@ impl<St> fmt::Debug for IdempotencyLayerBuilder<St> {
 }
 
 impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
+    /// The layer's settings, for a [review](crate::review) of the service. The boundary is
+    /// [`InTransaction`](Boundary::InTransaction) after
+    /// [`in_transaction`][crate::server::idempotency::IdempotencyLayerBuilder::in_transaction], and
+    /// [`Separate`](Boundary::Separate) otherwise: a handler that completes the record in its
+    /// own transaction (`complete_in`) says so by setting the field to
+    /// [`CompleteIn`](Boundary::CompleteIn).
+    ///
+    /// ```
+    /// use surely::review::Boundary;
+    /// use surely::server::idempotency::IdempotencyLayer;
+    /// use surely::server::store::MemoryStore;
+    ///
+    /// let builder = IdempotencyLayer::builder(MemoryStore::new()).require_key_for([http::Method::POST]);
+    /// let settings = builder.describe();
+    /// assert_eq!(settings.store, "memory");
+    /// assert_eq!(settings.boundary, Boundary::Separate);
+    /// assert_eq!(settings.require_key_for, ["POST"]);
+    /// ```
+    #[cfg_attr(
+        not(feature = "postgres"),
+        doc = crate::docs::links::to_features!(
+            "crate::server::idempotency::IdempotencyLayerBuilder::in_transaction",
+        )
+    )]
+    pub fn describe(&self) -> IdempotencySettings {
+        self.config.describe()
+    }
+
     /// Defaults: lease 30 s, in-flight `Retry-After` at most 1 s, retention 24 h, body limit 1 MiB, no method requires a key, 5xx
     /// stored, one tenant, operation = method and path.
     pub fn new(store: St) -> Self {

@@ -580,6 +580,10 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl IdempotencyStore for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
     fn acquire(
         &self,
         key: &RecordKey,

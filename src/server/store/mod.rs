@@ -656,6 +656,12 @@ fn bounded(d: Duration) -> Duration {
 /// (its builder refuses it), and a caller of its own that does gets neither a panic nor a
 /// database's error for it.
 pub trait IdempotencyStore: Send + Sync + 'static {
+    /// The store's kind in a [review](crate::review) (`memory`, `postgres`, `redis`); the
+    /// default is `custom`.
+    fn kind(&self) -> &'static str {
+        "custom"
+    }
+
     /// Becomes the owner of `key`'s record, atomically, or reports what is there.
     ///
     /// A new record, or a taken-over one, gets a lease of `lease` from the store's clock.
@@ -1066,6 +1072,10 @@ pub async fn report_stuck<St: IdempotencyStore>(
 }
 
 impl<S: IdempotencyStore> IdempotencyStore for Arc<S> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+
     fn acquire(
         &self,
         key: &RecordKey,

@@ -1107,6 +1107,10 @@ fn full_or_stale(held: Option<Row>) -> Result<(), StoreError> {
 }
 
 impl IdempotencyStore for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
     fn acquire(
         &self,
         key: &RecordKey,

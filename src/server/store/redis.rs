@@ -1060,6 +1060,10 @@ fn completed(reply: &mut Reply<'_>) -> Result<StoredResponse, StoreError> {
 }
 
 impl IdempotencyStore for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
     async fn acquire(
         &self,
         key: &RecordKey,
