@@ -13,7 +13,7 @@ use toml::Spanned;
 
 use crate::config::{duration, ClientConfig};
 use crate::review::{
-    Boundary, Chain, InboxSettings, Kind, LedgerSettings, Operation, OutboxSettings, Relay,
+    Boundary, Chain, InboxSettings, Kind, LedgerSettings, Operation, OutboxSettings, RelayKind,
     ReviewError, ReviewErrorKind, ServerSettings, Service, VersionPolicy,
 };
 use crate::server::config::{DeadlineConfig, IdempotencyConfig};
@@ -136,7 +136,7 @@ struct InboxFile {
 #[serde(deny_unknown_fields)]
 struct OutboxFile {
     #[serde(default)]
-    relay: Relay,
+    relay: RelayKind,
 }
 
 #[derive(Deserialize)]

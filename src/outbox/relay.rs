@@ -113,6 +113,13 @@ pub struct RelayBuilder<St, P> {
 }
 
 impl<St, P> Relay<St, P> {
+    /// Its settings, for a [review](crate::review) of the service: the polling relay.
+    pub fn describe(&self) -> crate::review::OutboxSettings {
+        crate::review::OutboxSettings {
+            relay: crate::review::RelayKind::Polling,
+        }
+    }
+
     /// A builder over `store`, publishing through `publisher`. Defaults: batches of 100, claims
     /// held for 30 s, a failed event retried after 1 s and quarantined after 10 failures, an
     /// idle relay polling every second.

@@ -360,9 +360,26 @@ pub(super) fn review(chain: &Chain) -> Result<Review, ReviewError> {
     calls(&graph, &mut findings);
     parts(chain, &graph, &mut findings);
     findings.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.id.cmp(&b.id)));
+    // What every service's inbox does, said once for all the operations whose events it reads.
+    let inboxes: Vec<String> = chain
+        .services
+        .iter()
+        .filter_map(|s| {
+            let inbox = s.inbox.as_ref()?;
+            Some(format!(
+                "`{}`'s inbox deduplicates by event id; versions: {}",
+                s.name,
+                match inbox.versions {
+                    VersionPolicy::Any => "any (none checked)",
+                    VersionPolicy::InOrder => "in order (older ones no-ops, gaps parked)",
+                    VersionPolicy::Latest => "latest (older ones no-ops)",
+                }
+            ))
+        })
+        .collect();
     let operations = order
         .iter()
-        .map(|&i| answers(chain, &graph, i, &graph.nodes[i]))
+        .map(|&i| answers(&graph, &inboxes, i, &graph.nodes[i]))
         .collect();
     Ok(Review {
         operations,
@@ -1126,7 +1143,7 @@ fn parts(chain: &Chain, g: &Graph<'_>, findings: &mut Vec<Finding>) {
 }
 
 /// The seven answers for one operation.
-fn answers(chain: &Chain, g: &Graph<'_>, v: usize, node: &Node<'_>) -> OperationReview {
+fn answers(g: &Graph<'_>, inboxes: &[String], v: usize, node: &Node<'_>) -> OperationReview {
     let callers: Vec<&Edge<'_>> = g.into[v].iter().map(|&e| &g.edges[e]).collect();
     let caller = |e: &Edge<'_>| g.nodes[e.from].service.name.clone();
     let kind = node.op.kind;
@@ -1292,8 +1309,8 @@ fn answers(chain: &Chain, g: &Graph<'_>, v: usize, node: &Node<'_>) -> Operation
              an event twice, each time with its event id",
             service.name,
             match o.relay {
-                super::Relay::Polling => "polling",
-                super::Relay::Log => "log",
+                super::RelayKind::Polling => "polling",
+                super::RelayKind::Log => "log",
             }
         )),
         None => {
@@ -1304,19 +1321,7 @@ fn answers(chain: &Chain, g: &Graph<'_>, v: usize, node: &Node<'_>) -> Operation
         }
     }
     if service.outbox.is_some() {
-        for s in chain.services.iter().filter(|s| s.inbox.is_some()) {
-            if let Some(inbox) = &s.inbox {
-                given.push(format!(
-                    "`{}`'s inbox deduplicates by event id; versions: {}",
-                    s.name,
-                    match inbox.versions {
-                        VersionPolicy::Any => "any (none checked)",
-                        VersionPolicy::InOrder => "in order (older ones no-ops, gaps parked)",
-                        VersionPolicy::Latest => "latest (older ones no-ops)",
-                    }
-                ));
-            }
-        }
+        given.extend(inboxes.iter().cloned());
     }
     answers.push(answer(crate::review::Question::Events, given, open));
 

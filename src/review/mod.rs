@@ -53,7 +53,7 @@ pub use self::check::{
 };
 pub use self::settings::{
     BackoffSettings, Boundary, BreakerSettings, BudgetSettings, ClientSettings, HedgeSettings,
-    IdempotencySettings, InboxSettings, LedgerSettings, OutboxSettings, Relay, RetrySettings,
+    IdempotencySettings, InboxSettings, LedgerSettings, OutboxSettings, RelayKind, RetrySettings,
     ServerDeadlineSettings, ServerSettings, VersionPolicy,
 };
 

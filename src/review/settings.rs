@@ -207,9 +207,14 @@ pub struct IdempotencySettings {
     pub store: String,
     /// Where the record is kept against the business write.
     pub boundary: Boundary,
+    /// How long an owner's claim on a key lasts before another request may take it over.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "duration"))]
+    pub lease: Duration,
     /// How long a record is kept.
     #[cfg_attr(feature = "serde", serde(serialize_with = "duration"))]
     pub retention: Duration,
+    /// The largest response body stored for replay; a larger one is left out.
+    pub max_stored_bytes: usize,
     /// The methods that must carry a key.
     pub require_key_for: Vec<String>,
     /// Whether 5xx answers are stored and replayed.
@@ -256,7 +261,7 @@ pub struct InboxSettings {
     serde(rename_all = "snake_case")
 )]
 #[non_exhaustive]
-pub enum Relay {
+pub enum RelayKind {
     /// The relay that claims and marks rows.
     #[default]
     Polling,
@@ -270,7 +275,7 @@ pub enum Relay {
 #[non_exhaustive]
 pub struct OutboxSettings {
     /// The relay.
-    pub relay: Relay,
+    pub relay: RelayKind,
 }
 
 /// A service's UNKNOWN ledger and its reconciler.

@@ -420,6 +420,11 @@ fn the_server_and_durable_parts_describe_themselves() {
     assert_eq!(inbox.versions, VersionPolicy::Latest);
     inbox.change_events = Some(true);
 
+    let relay = surely::outbox::Relay::builder(surely::outbox::MemoryOutbox::new(), ())
+        .build()
+        .unwrap();
+    assert_eq!(relay.describe().relay, surely::review::RelayKind::Polling);
+
     let budget = surely::budget::TokenBucket::builder()
         .max_tokens(20)
         .build()

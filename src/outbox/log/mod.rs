@@ -345,6 +345,14 @@ pub struct LogRelayBuilder<P> {
 }
 
 impl<P> LogRelay<P> {
+    /// Its settings, for a [review](crate::review) of the service: the relay that reads the
+    /// write-ahead log.
+    pub fn describe(&self) -> crate::review::OutboxSettings {
+        crate::review::OutboxSettings {
+            relay: crate::review::RelayKind::Log,
+        }
+    }
+
     /// A builder of a relay that reads `source`'s slot for the rows of `outbox`'s table and
     /// publishes them through `publisher`. Defaults: 500 events in flight, a heartbeat every
     /// 10 s, a refused event sent again after 1 s (doubling to 30 s) and quarantined after 10

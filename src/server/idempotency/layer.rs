@@ -43,7 +43,9 @@ impl<St: IdempotencyStore> Config<St> {
             } else {
                 Boundary::Separate
             },
+            lease: c.lease,
             retention: c.retention,
+            max_stored_bytes: c.max_stored,
             require_key_for: c.required.iter().map(|m| m.as_str().to_owned()).collect(),
             store_server_errors: c.store_server_errors,
         }
