@@ -153,7 +153,7 @@ pub struct PathFigure {
     /// attempts (and hedge copies) of the hops that retry.
     pub worst: f64,
     /// The same, with each hop's retry budget's bound in a long outage: a ratio budget lets
-    /// `1 + ratio` through (plus its reserve at the chain's rate, when the chain says its
+    /// `1 + ratio` through (or `1 + reserve / rate` when that is more, if the chain says its
     /// rate), a token bucket runs dry.
     pub bounded: f64,
     /// The hops along it that retry.
@@ -780,8 +780,9 @@ fn budget_bound(budget: &BudgetSettings, rate: Option<f64>) -> f64 {
         BudgetSettings::Ratio {
             ratio, min_per_sec, ..
         } => {
+            // The reserve is what the budget allows when it is more than the ratio's share.
             let reserve = rate.map_or(0.0, |r| min_per_sec / r);
-            1.0 + ratio + reserve
+            1.0 + ratio.max(reserve)
         }
         BudgetSettings::TokenBucket { .. } => 1.0,
         BudgetSettings::None | BudgetSettings::Custom => f64::INFINITY,
