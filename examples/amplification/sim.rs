@@ -1,5 +1,5 @@
 //! The simulation core of the retry-amplification simulator, shared by the example
-//! (`examples/amplification/main.rs`) and its test (`tests/simulators/amplification.rs`).
+//! (`examples/amplification/main.rs`) and its test (`tests/models/amplification.rs`).
 //!
 //! A chain of `layers` retry layers, each in front of an in-process service built from
 //! `tower::Service`s over `http::Request<()>` / `http::Response<()>`, so that headers travel

@@ -1,5 +1,5 @@
 //! The simulation core of the overload-and-recovery simulator, shared by the example
-//! (`examples/overload/main.rs`) and its test (`tests/simulators/overload.rs`).
+//! (`examples/overload/main.rs`) and its test (`tests/models/overload.rs`).
 //!
 //! ```text
 //! Poisson arrivals → client stack (strategy) → "network" (a task of its own)

@@ -828,3 +828,29 @@ fn the_readmes_links_work_where_it_is_published() {
         "links that break on the registry's page: {relative:?}"
     );
 }
+
+/// The tests build at most eight binaries (each one links the crate and its dependencies
+/// again): a new suite goes into one of them as a module, not beside them.
+#[test]
+fn the_tests_are_at_most_eight_binaries() {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut binaries: Vec<String> = std::fs::read_dir(&tests)
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let name = path.file_name()?.to_str()?.to_owned();
+            let is_binary = if path.is_dir() {
+                path.join("main.rs").exists()
+            } else {
+                name.ends_with(".rs")
+            };
+            is_binary.then_some(name)
+        })
+        .collect();
+    binaries.sort();
+    assert!(
+        binaries.len() <= 8,
+        "{} test binaries, over 8: {binaries:?}",
+        binaries.len()
+    );
+}

@@ -14,9 +14,9 @@
 //!
 //! Each has mutations that break what it checks, and a test that the violation is found; and
 //! [`a_seed_replays_the_same_run`] runs seeds twice and compares what happened, attempt by
-//! attempt. What this proves and what it does not: `src/docs/how_we_know_sim.md`.
+//! attempt. What this proves and what it does not: the docs chapter `docs::how_we_know`.
 //!
-//! `cargo test --release --test sim`
+//! `cargo test --release --test models network::`
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;

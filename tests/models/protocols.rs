@@ -19,7 +19,7 @@
 //! the commit, ...), and a test per mutation asserts that the checker finds the counterexample.
 //!
 //! What the models prove, to which bounds, and what they do not cover: the docs chapter `docs::how_we_know` (`src/docs/how_we_know.md`).
-//! Run them with `cargo test --release --test models -- --nocapture`.
+//! Run them with `cargo test --release --test models protocols:: -- --nocapture`.
 
 use std::fmt::Debug;
 use std::hash::Hash;
