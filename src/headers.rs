@@ -60,8 +60,8 @@ pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-ret
 /// The header that marks a replayed response: `idempotent-replayed: true`.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// The header in which the idempotency layer's own error responses carry their code (also in the
-/// JSON body's `code`): one of the
+/// The header in which the idempotency layer's own error responses carry their code (also the
+/// `code` of their problem details): one of the
 /// [`ErrorCode`][crate::server::idempotency::ErrorCode]s, such as `IDEMPOTENCY_KEY_MISSING`.
 #[cfg_attr(
     not(feature = "server"),

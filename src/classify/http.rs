@@ -137,12 +137,28 @@ impl HttpRequestClassifier {
     }
 }
 
-/// Whether `headers` carry the server's "outcome unknown" code.
+/// Whether `headers` carry the server's "outcome unknown" code: in its header, or (when a
+/// gateway kept the problem details' link but not the header) as the problem type a
+/// `Link: <...idempotency-outcome-unknown>; rel="describedby"` names.
 fn is_outcome_unknown(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(IDEMPOTENCY_ERROR)
-        .is_some_and(|v| v.as_bytes() == crate::headers::OUTCOME_UNKNOWN_CODE.as_bytes())
+    if let Some(v) = headers.get(IDEMPOTENCY_ERROR) {
+        return v.as_bytes() == crate::headers::OUTCOME_UNKNOWN_CODE.as_bytes();
+    }
+    let is_problem = headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    is_problem
+        && headers.get_all(http::header::LINK).iter().any(|v| {
+            let v = v.as_bytes();
+            v.windows(OUTCOME_UNKNOWN_TYPE.len())
+                .any(|w| w == OUTCOME_UNKNOWN_TYPE)
+                && v.windows(DESCRIBED_BY.len()).any(|w| w == DESCRIBED_BY)
+        })
 }
+
+/// The end of the "outcome unknown" problem's type in a `Link`, and its relation.
+const OUTCOME_UNKNOWN_TYPE: &[u8] = b"idempotency-outcome-unknown>";
+const DESCRIBED_BY: &[u8] = b"rel=\"describedby\"";
 
 /// The `NOT_PROCESSED` value of a refusal for a spent deadline.
 pub(crate) const DEADLINE_REFUSAL: &str = "deadline";

@@ -317,6 +317,8 @@ pub mod server_states {
             "crate::record::ServerEventKind::Abandoned",
             "crate::server::store::Checkpoint",
             "crate::server::store::MemoryStore",
+            "crate::server::problem",
+            "crate::server::idempotency::IdempotencyLayerBuilder::problem_base",
         )
     )]
 }

@@ -35,6 +35,7 @@
 //! store_server_errors = false    # default true
 //! require_key_for = ["POST"]     # default none
 //! cancel_with_caller = false     # default false
+//! problem_base = "https://api.example.com/problems/"  # default: surely's docs
 //!
 //! [limit]
 //! algorithm = "gradient"         # or "aimd"; default gradient
@@ -319,6 +320,10 @@ pub struct IdempotencyConfig {
     /// `true` drops a keyed request's work when its caller goes away (default false: it
     /// finishes on a task of its own): [`IdempotencyLayerBuilder::cancel_with_caller`].
     pub cancel_with_caller: Option<bool>,
+    /// The base of the problem details' `type` URIs, such as
+    /// `https://api.example.com/problems/` (default: this crate's docs):
+    /// [`IdempotencyLayerBuilder::problem_base`].
+    pub problem_base: Option<String>,
 }
 
 impl DeadlineConfig {
@@ -419,6 +424,7 @@ impl IdempotencyConfig {
                 "idempotency.in_flight_retry_after",
             ),
             ("idempotency body limit", "idempotency.max_body_bytes"),
+            ("idempotency problem base", "idempotency.problem_base"),
         ]))?;
         Ok(self.settle(builder, required))
     }
@@ -454,6 +460,9 @@ impl IdempotencyConfig {
         }
         if self.cancel_with_caller == Some(true) {
             b = b.cancel_with_caller();
+        }
+        if let Some(base) = &self.problem_base {
+            b = b.problem_base(base.clone());
         }
         b
     }

@@ -27,4 +27,5 @@ pub mod config;
 pub mod deadline;
 pub mod idempotency;
 pub mod limit;
+pub mod problem;
 pub mod store;

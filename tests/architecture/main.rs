@@ -860,5 +860,8 @@ fn the_tests_are_at_most_eight_binaries() {
 fn the_readme_fits_on_a_page() {
     let readme = fs::read_to_string(root().join("README.md")).expect("README.md is readable");
     let lines = readme.lines().count();
-    assert!(lines <= 150, "README.md has {lines} lines, over 150: move depth to src/docs");
+    assert!(
+        lines <= 150,
+        "README.md has {lines} lines, over 150: move depth to src/docs"
+    );
 }

@@ -8,6 +8,7 @@ mod support;
 mod config;
 mod defaults;
 mod durations;
+mod idempotency_draft;
 mod idempotency_server;
 mod limit;
 mod maintenance;

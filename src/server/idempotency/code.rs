@@ -4,8 +4,9 @@ use std::fmt;
 use std::str::FromStr;
 
 /// The code of one of the [`IdempotencyLayer`](super::IdempotencyLayer)'s own error responses:
-/// sent in the [`IDEMPOTENCY_ERROR`](super::IDEMPOTENCY_ERROR) header and as the JSON body's
-/// `code`. Each code has one status, given below.
+/// sent in the [`IDEMPOTENCY_ERROR`](super::IDEMPOTENCY_ERROR) header and as the `code` of the
+/// answer's [problem details](crate::server::problem). Each code has one status, given below
+/// ([`status`](Self::status)), and one [`title`](Self::title).
 ///
 /// [`as_str`](Self::as_str) (and [`Display`](fmt::Display)) gives the code as it is on the
 /// wire; [`str::parse`] reads one back, and answers [`UnknownErrorCode`] for any other string
@@ -133,6 +134,52 @@ impl ErrorCode {
             ErrorCode::ReplayFailed => "IDEMPOTENCY_REPLAY_FAILED",
             ErrorCode::CommitUnknown => "IDEMPOTENCY_COMMIT_UNKNOWN",
         }
+    }
+}
+
+impl ErrorCode {
+    /// The problem's `title` in its [problem details](crate::server::problem): a short,
+    /// human-readable summary that does not change from one occurrence to the next.
+    pub fn title(&self) -> &'static str {
+        match self {
+            ErrorCode::KeyMissing => "Idempotency-Key is missing",
+            ErrorCode::KeyInvalid => "Idempotency-Key is invalid",
+            ErrorCode::KeyInFlight => "A request is outstanding for this Idempotency-Key",
+            ErrorCode::KeyMismatch => "Idempotency-Key is already used with another request",
+            ErrorCode::KeyExpired => "Idempotency-Key has expired",
+            ErrorCode::BodyTooLarge => "Request body too large to check",
+            ErrorCode::TenantMissing => "No tenant for the Idempotency-Key",
+            ErrorCode::StoreUnavailable => "Idempotency store unavailable",
+            ErrorCode::RequestRejected => "Request refused by the idempotency store",
+            ErrorCode::RequestBodyFailed => "Request body could not be read",
+            ErrorCode::OutcomeUnknown => "Outcome unknown",
+            ErrorCode::ReplayFailed => "Stored response could not be replayed",
+            ErrorCode::CommitUnknown => "Outcome of the commit unknown",
+        }
+    }
+
+    /// The status the layer answers this code with.
+    pub fn status(&self) -> http::StatusCode {
+        use http::StatusCode as S;
+        match self {
+            ErrorCode::KeyMissing
+            | ErrorCode::KeyInvalid
+            | ErrorCode::RequestRejected
+            | ErrorCode::RequestBodyFailed => S::BAD_REQUEST,
+            ErrorCode::KeyInFlight => S::CONFLICT,
+            ErrorCode::KeyMismatch => S::UNPROCESSABLE_ENTITY,
+            ErrorCode::KeyExpired => S::GONE,
+            ErrorCode::BodyTooLarge => S::PAYLOAD_TOO_LARGE,
+            ErrorCode::TenantMissing => S::UNAUTHORIZED,
+            ErrorCode::StoreUnavailable | ErrorCode::CommitUnknown => S::SERVICE_UNAVAILABLE,
+            ErrorCode::OutcomeUnknown => S::ACCEPTED,
+            ErrorCode::ReplayFailed => S::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Every code, in the order of the variants.
+    pub fn all() -> impl Iterator<Item = ErrorCode> {
+        ErrorCode::ALL.into_iter()
     }
 }
 

@@ -1,6 +1,7 @@
 //! The layer and its builder.
 
 use crate::review::{Boundary, IdempotencySettings};
+use crate::server::problem::Problems;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +94,8 @@ pub(super) struct Config<St> {
     /// Opens a claim in the handler's transaction; `None`: the store's `acquire`, before the
     /// handler, in a statement of its own.
     pub(super) open: Option<OpenFn<St>>,
+    /// Where the problem details' types point.
+    pub(super) problems: Problems,
 }
 
 /// Opens a claim in the handler's transaction on the store `St`.
@@ -468,6 +471,8 @@ impl<St> fmt::Debug for Config<St> {
 #[must_use]
 pub struct IdempotencyLayerBuilder<St> {
     config: Config<St>,
+    /// The problem types' base as given, checked when the layer is built.
+    problem_base: Option<String>,
 }
 
 /// A copy of the settings, sharing the store (a store is a handle: clones share its records)
@@ -476,6 +481,7 @@ impl<St: Clone> Clone for IdempotencyLayerBuilder<St> {
     fn clone(&self) -> Self {
         IdempotencyLayerBuilder {
             config: self.config.clone(),
+            problem_base: self.problem_base.clone(),
         }
     }
 }
@@ -544,8 +550,21 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 rebuild: None,
                 archive: None,
                 open: None,
+                problems: Problems::default(),
             },
+            problem_base: None,
         }
+    }
+
+    /// The base of the `type` URIs in the layer's problem details (RFC 9457): the service's
+    /// own documentation of its errors, such as `https://api.example.com/problems/`; each
+    /// answer's `type` is the base and the problem's name (`idempotency-key-missing`), and
+    /// the answer links to it (`Link: <type>; rel="describedby"`). By default the types point at
+    /// this crate's docs ([`server::problem`](crate::server::problem)) and no `Link` is sent.
+    /// [`build`](Self::build) refuses a base that is not an absolute URI.
+    pub fn problem_base(mut self, base: impl Into<String>) -> Self {
+        self.problem_base = Some(base.into());
+        self
     }
 
     /// How long an owner holds its record before another request may take over (default 30 s).
@@ -1053,8 +1072,12 @@ impl<St: IdempotencyStore> IdempotencyLayerBuilder<St> {
                 "has no use with in_transaction: no record is left processing to take over",
             ));
         }
+        let mut config = self.config;
+        if let Some(base) = &self.problem_base {
+            config.problems = Problems::at(base, "idempotency problem base")?;
+        }
         Ok(IdempotencyLayer {
-            config: Arc::new(self.config),
+            config: Arc::new(config),
         })
     }
 }

@@ -50,7 +50,8 @@
 //! sweep) is in [`docs::server_states`](crate::docs::server_states#what-is-stored).
 //!
 //! The layer never stores a response that it made itself (400, 409, 413, 422, ...). Those carry
-//! an [`ErrorCode`] in the [`IDEMPOTENCY_ERROR`] header and in their JSON body's `code`.
+//! an [`ErrorCode`] in the [`IDEMPOTENCY_ERROR`] header and their
+//! [problem details](crate::server::problem) (RFC 9457) as the body, with the code as `code`.
 //!
 //! # Leases and fencing
 //!

@@ -1,5 +1,6 @@
 //! The service.
 
+use crate::server::problem::Problems;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -208,14 +209,18 @@ fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
         .and_then(|v| v.parse::<u64>().ok())
     {
         if len > config.max_body as u64 {
-            return Plan::Answer(too_large(config.max_body));
+            return Plan::Answer(too_large(&config.problems, config.max_body));
         }
     }
     let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
     let Some(value) = values.next() else {
         if config.required.contains(&parts.method) {
-            let why = format!("{} requires an idempotency-key header", parts.method);
-            return Plan::Answer(error(StatusCode::BAD_REQUEST, ErrorCode::KeyMissing, &why));
+            return Plan::Answer(error(
+                &config.problems,
+                StatusCode::BAD_REQUEST,
+                ErrorCode::KeyMissing,
+                "this method requires an Idempotency-Key header",
+            ));
         }
         return Plan::PassThrough;
     };
@@ -226,11 +231,23 @@ fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
     let key = match key {
         Ok(key) => key,
         Err(e) => {
+            // What was wrong, without the key's bytes: a detail never repeats the request.
+            let detail = match e.len_over_limit() {
+                Some(len) => {
+                    format!("the Idempotency-Key is {len} bytes long, at most 255 allowed")
+                }
+                None if e.is_repeated() => {
+                    "the Idempotency-Key header appears more than once".to_owned()
+                }
+                None if e.is_empty() => "the Idempotency-Key is empty".to_owned(),
+                None => "the Idempotency-Key is not visible ASCII (0x21..=0x7e)".to_owned(),
+            };
             return Plan::Answer(error(
+                &config.problems,
                 StatusCode::BAD_REQUEST,
                 ErrorCode::KeyInvalid,
-                &e.to_string(),
-            ))
+                &detail,
+            ));
         }
     };
     let tenant = match &config.tenant {
@@ -239,6 +256,7 @@ fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
             Some(t) => t,
             None => {
                 return Plan::Answer(error(
+                    &config.problems,
                     StatusCode::UNAUTHORIZED,
                     ErrorCode::TenantMissing,
                     "no tenant for this request",
@@ -276,14 +294,16 @@ where
     let body = match Limited::new(body, config.max_body).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return Ok(too_large(config.max_body))
+            return Ok(too_large(&config.problems, config.max_body))
         }
         Err(e) => {
-            let why = format!("reading the request body failed: {e}");
+            // The error stays in the server's log: a detail never repeats the request.
+            tracing::debug!(error = %e, "reading the request body failed");
             return Ok(error(
+                &config.problems,
                 StatusCode::BAD_REQUEST,
                 ErrorCode::RequestBodyFailed,
-                &why,
+                "reading the request body failed; the request was not processed",
             ));
         }
     };
@@ -333,7 +353,10 @@ where
                 lease_left: retry_after,
             };
             config.emit(kind, method, &key);
-            return Ok(in_flight(retry_after.min(config.retry_after)));
+            return Ok(in_flight(
+                &config.problems,
+                retry_after.min(config.retry_after),
+            ));
         }
         Ok(Acquire::Completed(stored)) => {
             let status = stored.status();
@@ -342,11 +365,12 @@ where
         }
         Ok(Acquire::Unknown { .. }) => {
             config.emit(ServerEventKind::UnknownAnswered, method, &key);
-            return Ok(outcome_unknown());
+            return Ok(outcome_unknown(&config.problems));
         }
         Ok(Acquire::Mismatch) => {
             config.emit(ServerEventKind::KeyMismatch, method, &key);
             return Ok(error(
+                &config.problems,
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ErrorCode::KeyMismatch,
                 "this idempotency key was used with a different request body",
@@ -355,6 +379,7 @@ where
         Ok(Acquire::Expired) => {
             config.emit(ServerEventKind::Expired, method, &key);
             return Ok(error(
+                &config.problems,
                 StatusCode::GONE,
                 ErrorCode::KeyExpired,
                 "this idempotency key has expired; its result is no longer kept",
@@ -367,6 +392,7 @@ where
                 "idempotency store refused the request"
             );
             let mut res = error(
+                &config.problems,
                 StatusCode::BAD_REQUEST,
                 ErrorCode::RequestRejected,
                 "the idempotency store refused a value this request brought; the request was \
@@ -382,7 +408,7 @@ where
                 "idempotency store unavailable"
             );
             config.emit(ServerEventKind::StoreUnavailable, method, &key);
-            return Ok(unavailable());
+            return Ok(unavailable(&config.problems));
         }
     };
     let ticket = Ticket::new(key.clone(), fence, retention, previous, config.clone());
@@ -441,7 +467,7 @@ where
             Recovery::Unknown(evidence) => {
                 let evidence = recovery::bounded(evidence);
                 let marked = config.store.mark_unknown(&key, fence, &evidence).await;
-                Some((marked, outcome_unknown()))
+                Some((marked, outcome_unknown(&config.problems)))
             }
         };
         if let Some((stored, res)) = answer {
@@ -624,14 +650,14 @@ where
                 "idempotency record not stored: the handler's transaction is rolled back"
             );
             roll_back(claim, &key).await;
-            return Ok(unavailable());
+            return Ok(unavailable(&config.problems));
         }
     };
     let committed = claim.commit(&stored, retention).await;
     let (error, answer) = match committed {
         Ok(()) => return Ok(Response::from_parts(head, Full::new(body))),
-        Err(CommitError::NotCommitted(e)) => (e, unavailable()),
-        Err(CommitError::Unknown(e)) => (e, commit_unknown()),
+        Err(CommitError::NotCommitted(e)) => (e, unavailable(&config.problems)),
+        Err(CommitError::Unknown(e)) => (e, commit_unknown(&config.problems)),
     };
     tracing::warn!(
         ?key,
@@ -658,8 +684,9 @@ async fn roll_back(claim: Box<dyn Claim>, key: &RecordKey) {
 
 /// The answer when the connection failed with the claim's commit sent: the request may have
 /// taken effect, and the same key settles it.
-fn commit_unknown() -> Response<Full<Bytes>> {
+fn commit_unknown(problems: &Problems) -> Response<Full<Bytes>> {
     let mut res = error(
+        problems,
         StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::CommitUnknown,
         "the connection to the idempotency store failed during the commit; the request may have \
@@ -733,8 +760,9 @@ fn released(status: StatusCode, headers: &http::HeaderMap, store_5xx: bool) -> b
     }
 }
 
-fn in_flight(retry_after: Duration) -> Response<Full<Bytes>> {
+fn in_flight(problems: &Problems, retry_after: Duration) -> Response<Full<Bytes>> {
     let mut res = error(
+        problems,
         StatusCode::CONFLICT,
         ErrorCode::KeyInFlight,
         "a request with this idempotency key is in progress; retry later with the same key",
@@ -752,8 +780,9 @@ fn in_flight(retry_after: Duration) -> Response<Full<Bytes>> {
 }
 
 /// The answer for a record whose outcome is unknown: `202` and the code, never a retry hint.
-fn outcome_unknown() -> Response<Full<Bytes>> {
+fn outcome_unknown(problems: &Problems) -> Response<Full<Bytes>> {
     error(
+        problems,
         StatusCode::ACCEPTED,
         ErrorCode::OutcomeUnknown,
         "the outcome of the request with this idempotency key is unknown: it may have taken \
@@ -762,8 +791,9 @@ fn outcome_unknown() -> Response<Full<Bytes>> {
 }
 
 /// The answer when the store could not be asked: nothing ran.
-fn unavailable() -> Response<Full<Bytes>> {
+fn unavailable(problems: &Problems) -> Response<Full<Bytes>> {
     let mut res = error(
+        problems,
         StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::StoreUnavailable,
         "the idempotency store is unavailable; the request was not processed",
@@ -775,9 +805,14 @@ fn unavailable() -> Response<Full<Bytes>> {
     res
 }
 
-fn too_large(max: usize) -> Response<Full<Bytes>> {
+fn too_large(problems: &Problems, max: usize) -> Response<Full<Bytes>> {
     let why = format!("the request body is over the limit of {max} bytes");
-    error(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::BodyTooLarge, &why)
+    error(
+        problems,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::BodyTooLarge,
+        &why,
+    )
 }
 
 fn body_failed() -> Response<Full<Bytes>> {
@@ -786,34 +821,17 @@ fn body_failed() -> Response<Full<Bytes>> {
     res
 }
 
-/// One of the layer's own error answers, with its code.
-pub(super) fn error(status: StatusCode, code: ErrorCode, message: &str) -> Response<Full<Bytes>> {
-    answer(status, code.as_str(), message)
-}
-
-/// One of the layer's own answers: a small JSON body with the code and a message, and the code
-/// in [`IDEMPOTENCY_ERROR`].
-fn answer(status: StatusCode, code: &'static str, message: &str) -> Response<Full<Bytes>> {
-    let mut body = String::with_capacity(message.len() + code.len() + 24);
-    body.push_str("{\"code\":\"");
-    body.push_str(code);
-    body.push_str("\",\"message\":\"");
-    for c in message.chars() {
-        match c {
-            '"' => body.push_str("\\\""),
-            '\\' => body.push_str("\\\\"),
-            c if (c as u32) < 0x20 => body.push(' '),
-            c => body.push(c),
-        }
-    }
-    body.push_str("\"}");
-    let mut res = Response::new(Full::new(Bytes::from(body)));
-    *res.status_mut() = status;
-    let headers = res.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(IDEMPOTENCY_ERROR, HeaderValue::from_static(code));
+/// One of the layer's own error answers: its status, its problem details (RFC 9457, with
+/// `detail`, which never repeats the request's key, headers or body) and its code in
+/// [`IDEMPOTENCY_ERROR`].
+pub(super) fn error(
+    problems: &Problems,
+    status: StatusCode,
+    code: ErrorCode,
+    detail: &str,
+) -> Response<Full<Bytes>> {
+    let mut res = problems.respond(status, code.as_str(), code.title(), detail);
+    res.headers_mut()
+        .insert(IDEMPOTENCY_ERROR, HeaderValue::from_static(code.as_str()));
     res
 }

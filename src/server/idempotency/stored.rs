@@ -251,6 +251,7 @@ impl<St> Config<St> {
                     "stored idempotency response not replayed"
                 );
                 return super::service::error(
+                    &self.problems,
                     StatusCode::INTERNAL_SERVER_ERROR,
                     ErrorCode::ReplayFailed,
                     "the stored response for this idempotency key could not be read back",
