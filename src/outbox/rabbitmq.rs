@@ -835,6 +835,60 @@ enum Kind {
     Lost(&'static str),
 }
 
+/// What a failed publish means to a classifier (`RabbitError` is a
+/// [`TransportError`](crate::TransportError), so it is [`ClassifyError`](crate::classify::ClassifyError)
+/// too: the retry layer, a breaker or a relay's classifier around the publisher read it):
+///
+/// | the failure | class | phase |
+/// | --- | --- | --- |
+/// | a setting, a URI or an event RabbitMQ would never take | final | not sent |
+/// | returned: no queue takes its routing key (`312 NO_ROUTE`) | final | answered |
+/// | a negative confirm: refused, not stored | rejected (send it again) | answered |
+/// | no connection or channel, or the publish failed before it went out | rejected | not sent |
+/// | no channel in time | rejected | not sent |
+/// | no confirm in time, or the channel failed after the publish | maybe committed | sent |
+///
+/// A maybe-committed event goes out again with the same message id, and the consumer drops
+/// the copy.
+///
+/// ```
+/// use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
+/// use surely::outbox::RabbitPublisher;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // A URI that is not AMQP: final, never sent.
+/// let err = RabbitPublisher::builder("http://127.0.0.1:5672", "orders")
+///     .connect()
+///     .await
+///     .err()
+///     .unwrap();
+/// let c = err.classify_error(DeliveryPhase::Sent);
+/// assert_eq!((c.class(), c.phase()), (AttemptClass::Final, DeliveryPhase::NotSent));
+/// # }
+/// ```
+impl crate::TransportError for RabbitError {
+    fn classify(&self, _phase: crate::classify::DeliveryPhase) -> crate::classify::Classification {
+        use crate::classify::{AttemptClass, Classification, DeliveryPhase};
+        match &self.kind {
+            Kind::Config(_) | Kind::Uri(_) | Kind::Invalid(_) => {
+                Classification::new(AttemptClass::Final, DeliveryPhase::NotSent)
+            }
+            Kind::Returned { .. } => {
+                Classification::new(AttemptClass::Final, DeliveryPhase::ResponseStarted)
+            }
+            Kind::Nacked => {
+                Classification::new(AttemptClass::Rejected, DeliveryPhase::ResponseStarted)
+            }
+            Kind::Timeout { sent: false, .. } | Kind::Connect(_) | Kind::Send(_) => {
+                Classification::new(AttemptClass::Rejected, DeliveryPhase::NotSent)
+            }
+            Kind::Timeout { sent: true, .. } | Kind::Unconfirmed(_) | Kind::Lost(_) => {
+                Classification::new(AttemptClass::MaybeCommitted, DeliveryPhase::Sent)
+            }
+        }
+    }
+}
+
 fn timed_out(sent: bool) -> &'static str {
     if sent {
         "publish unknown: no confirm from RabbitMQ"

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use surely::classify::{AttemptClass, ClassifyError, DeliveryPhase};
 use surely::deps::lapin::message::Delivery;
 use surely::deps::lapin::types::{AMQPValue, FieldArray, FieldTable, LongString};
 use surely::deps::lapin::BasicProperties;
@@ -268,6 +269,7 @@ async fn an_event_no_queue_takes_is_retried_then_quarantined_never_published() {
     let err = publish(&mut publisher, event(9)).await.unwrap_err();
     assert!(err.is_returned(), "{err}");
     assert!(!err.is_unknown() && !err.is_timeout(), "{err}");
+    assert_classified(&err, AttemptClass::Final, DeliveryPhase::ResponseStarted);
     assert!(err.to_string().contains("no queue took it"), "{err}");
     let outbox = MemoryOutbox::new();
     let e = event(1);
@@ -417,6 +419,7 @@ async fn a_connection_cut_under_a_publish_fails_it_and_the_next_one_reconnects()
     let err = pending.await.unwrap().unwrap_err();
     assert!(started.elapsed() < timeout / 2, "failed at once: {err}");
     assert!(err.is_unknown() && !err.is_timeout(), "{err}");
+    assert_classified(&err, AttemptClass::MaybeCommitted, DeliveryPhase::Sent);
     proxy.hold_replies(false);
     publish(&mut publisher, event(3)).await.unwrap();
     let delivered = topology.drain().await;
@@ -440,6 +443,7 @@ async fn a_confirm_that_does_not_come_in_time_is_an_unknown_publish() {
     let err = publish(&mut publisher, event(1)).await.unwrap_err();
     assert!(err.is_timeout() && err.is_unknown(), "{err}");
     assert!(err.to_string().contains("no confirm"), "{err}");
+    assert_classified(&err, AttemptClass::MaybeCommitted, DeliveryPhase::Sent);
     proxy.hold_replies(false);
     publish(&mut publisher, event(2)).await.unwrap();
     assert_eq!(
@@ -589,6 +593,7 @@ async fn a_negative_confirm_fails_the_publish() {
     publish(&mut publisher, event(1)).await.unwrap();
     let err = publish(&mut publisher, event(2)).await.unwrap_err();
     assert!(err.is_nacked() && !err.is_returned(), "{err}");
+    assert_classified(&err, AttemptClass::Rejected, DeliveryPhase::ResponseStarted);
     let outbox = MemoryOutbox::new();
     outbox.enqueue(event(3));
     let mut relay = Relay::builder(outbox.clone(), publisher).build().unwrap();
@@ -689,4 +694,14 @@ async fn the_longest_timeout_accepted_is_no_panic() {
         .await
         .unwrap_err();
     assert!(!err.is_config() && !err.is_timeout(), "{err}");
+    assert_classified(&err, AttemptClass::Rejected, DeliveryPhase::NotSent);
+}
+
+/// `err` as a relay's classifier reads it (`RabbitError: ClassifyError`), whatever phase the
+/// caller thought the publish had reached.
+fn assert_classified(err: &RabbitError, class: AttemptClass, phase: DeliveryPhase) {
+    for assumed in [DeliveryPhase::NotSent, DeliveryPhase::Sent] {
+        let c = err.classify_error(assumed);
+        assert_eq!((c.class(), c.phase()), (class, phase), "{err}");
+    }
 }
