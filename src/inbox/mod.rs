@@ -100,6 +100,8 @@ mod jetstream;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(all(feature = "postgres", feature = "rabbitmq"))]
+mod rabbitmq;
 mod sweeper;
 mod tasks;
 mod wait;

@@ -6,6 +6,8 @@
 mod jetstream;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(all(feature = "postgres", feature = "rabbitmq"))]
+mod rabbitmq;
 #[cfg(all(feature = "postgres", feature = "nats"))]
 mod soak;
 mod waits;
@@ -34,7 +36,7 @@ pub(crate) fn stock_event(sku: &str, version: i64) -> Event {
 /// The end-to-end runs' (`jetstream`, `soak`) outbox and inbox, in tables
 /// `<prefix>_outbox_<s>` and `<prefix>_inbox_<s>` of the test server, migrated; fails `test`,
 /// naming the server, if it does not answer.
-#[cfg(all(feature = "postgres", feature = "nats"))]
+#[cfg(all(feature = "postgres", any(feature = "nats", feature = "rabbitmq")))]
 async fn outbox_and_inbox(
     test: &str,
     prefix: &str,
@@ -62,7 +64,7 @@ async fn outbox_and_inbox(
 }
 
 /// Drops the tables of [`outbox_and_inbox`], then `others`, and forgets their migrations.
-#[cfg(all(feature = "postgres", feature = "nats"))]
+#[cfg(all(feature = "postgres", any(feature = "nats", feature = "rabbitmq")))]
 async fn forget_outbox_and_inbox(
     outbox: &surely::outbox::PostgresOutbox,
     inbox: &surely::inbox::PostgresInbox,
