@@ -134,15 +134,26 @@ fn open() -> Arc<Semaphore> {
     Arc::new(Semaphore::new(Semaphore::MAX_PERMITS))
 }
 
+/// The layer `builder` builds around a [`handler`] that never waits, and its count of runs.
+fn service(
+    builder: IdempotencyLayerBuilder<MemoryStore>,
+) -> (
+    impl Service<Req, Response = Res, Error = Infallible, Future: Send> + Clone + Send + 'static,
+    Arc<AtomicUsize>,
+) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let svc = builder
+        .build()
+        .unwrap()
+        .layer(handler(runs.clone(), open()));
+    (svc, runs)
+}
+
 /// §2.1 Syntax: "Clients MUST NOT include more than one `Idempotency-Key` header field in the
 /// same request." The layer refuses such a request before the handler.
 #[tokio::test]
 async fn s2_1_a_request_with_two_keys_is_refused() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let svc = layer()
-        .build()
-        .unwrap()
-        .layer(handler(runs.clone(), open()));
+    let (svc, runs) = service(layer());
     let mut req = post(Some("k-1"), "o-1");
     req.headers_mut()
         .append("idempotency-key", "k-2".parse().unwrap());
@@ -155,11 +166,7 @@ async fn s2_1_a_request_with_two_keys_is_refused() {
 /// compared as sent.
 #[tokio::test]
 async fn s2_1_a_quoted_key_is_a_key() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let svc = layer()
-        .build()
-        .unwrap()
-        .layer(handler(runs.clone(), open()));
+    let (svc, runs) = service(layer());
     let key = "\"8e03978e-40d5-43e8-bc93-6894a57f9324\"";
     let first = send(&svc, post(Some(key), "o-1")).await;
     let again = send(&svc, post(Some(key), "o-1")).await;
@@ -195,11 +202,7 @@ async fn s2_3_a_key_past_its_retention_is_refused_with_its_problem() {
 /// normally and respond with an appropriate response and status code."
 #[tokio::test]
 async fn s2_6_a_first_request_is_processed_normally() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let svc = layer()
-        .build()
-        .unwrap()
-        .layer(handler(runs.clone(), open()));
+    let (svc, runs) = service(layer());
     let got = send(&svc, post(Some("k-1"), "o-1")).await;
     assert_eq!(got.status, StatusCode::CREATED);
     assert_eq!(&got.body[..], b"order 1");
@@ -210,11 +213,7 @@ async fn s2_6_a_first_request_is_processed_normally() {
 /// previously completed operation, success or an error."
 #[tokio::test]
 async fn s2_6_a_retry_after_completion_gets_the_first_result_success_or_error() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let svc = layer()
-        .build()
-        .unwrap()
-        .layer(handler(runs.clone(), open()));
+    let (svc, runs) = service(layer());
     for (key, body, status) in [("k-ok", "o-1", 201), ("k-no", "bad", 422)] {
         let first = send(&svc, post(Some(key), body)).await;
         let again = send(&svc, post(Some(key), body)).await;
@@ -266,11 +265,7 @@ async fn s2_6_and_s2_7_a_retry_while_the_first_runs_is_409_with_its_problem() {
 /// `400` status code with body containing a link pointing to relevant documentation."
 #[tokio::test]
 async fn s2_7_a_missing_key_is_400_with_a_link_to_the_docs() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let svc = layer()
-        .build()
-        .unwrap()
-        .layer(handler(runs.clone(), open()));
+    let (svc, runs) = service(layer());
     let got = send(&svc, post(None, "o-1")).await;
     assert_problem(&got, ErrorCode::KeyMissing);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
@@ -283,11 +278,7 @@ async fn s2_7_a_missing_key_is_400_with_a_link_to_the_docs() {
 /// body's digest.)
 #[tokio::test]
 async fn s2_7_a_key_reused_with_another_payload_is_422_with_a_link_to_the_docs() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let svc = layer()
-        .build()
-        .unwrap()
-        .layer(handler(runs.clone(), open()));
+    let (svc, runs) = service(layer());
     assert_eq!(
         send(&svc, post(Some("k-1"), "o-1")).await.status,
         StatusCode::CREATED
@@ -303,11 +294,7 @@ async fn s2_7_a_key_reused_with_another_payload_is_422_with_a_link_to_the_docs()
 /// corrected one goes through.
 #[tokio::test]
 async fn s2_7_an_uncorrected_retry_fails_again_and_a_corrected_one_passes() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let svc = layer()
-        .build()
-        .unwrap()
-        .layer(handler(runs.clone(), open()));
+    let (svc, runs) = service(layer());
     for _ in 0..2 {
         assert_problem(&send(&svc, post(None, "o-1")).await, ErrorCode::KeyMissing);
     }
@@ -331,11 +318,7 @@ async fn s2_7_an_uncorrected_retry_fails_again_and_a_corrected_one_passes() {
 /// handler, and the detail does not repeat it.
 #[tokio::test]
 async fn s5_a_key_is_validated_before_any_processing_and_not_repeated() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let svc = layer()
-        .build()
-        .unwrap()
-        .layer(handler(runs.clone(), open()));
+    let (svc, runs) = service(layer());
     let long = "secret".repeat(50);
     for key in [long.as_str(), "sec ret"] {
         let got = send(&svc, post(Some(key), "o-1")).await;
