@@ -207,6 +207,7 @@ async fn s2_6_a_first_request_is_processed_normally() {
     assert_eq!(got.status, StatusCode::CREATED);
     assert_eq!(&got.body[..], b"order 1");
     assert!(got.headers.get("idempotent-replayed").is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 /// §2.6 Enforcement, retry: "The resource server SHOULD respond with the result of the
