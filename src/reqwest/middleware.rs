@@ -124,11 +124,12 @@ use tower_service::Service;
 use crate::breaker::CircuitBreaker;
 use crate::classify::HttpClassifier;
 use crate::classify::{BoxError, Classification, ClassifyError, DeliveryPhase};
-use crate::client::{BreakerPart, ClientBuilder, ClientLayer, NoRecords, Part, RecorderPart};
+use crate::client::{BreakerPart, ClientBuilder, ClientLayer, NoRecords, Part, RecorderPart, Slot};
 use crate::idempotency::SetIdempotencyKeyLayer;
 use crate::outcome::sealed::Sealed;
 use crate::record::WatchTrailersLayer;
 use crate::retry::{NoResolver, NotReplayable, ReplayBody};
+use crate::review::ClientSettings;
 use crate::{CallOutcome, ConfigError, IntoError, Outcome, OutcomeExt, StopReason};
 
 /// The error of a stack built around [`Attempts`]: the crate's [`Error`](crate::Error) around
@@ -176,6 +177,8 @@ type Stack = dyn Fn(StackRequest) -> BoxFuture<'static, Result<Response<::reqwes
 #[derive(Clone)]
 pub struct SurelyMiddleware {
     stack: Arc<Stack>,
+    /// The stack's settings, when the middleware built it from the preset.
+    settings: Option<Arc<ClientSettings>>,
 }
 
 impl SurelyMiddleware {
@@ -193,8 +196,33 @@ impl SurelyMiddleware {
     /// # drop(client);
     /// ```
     pub fn new() -> Self {
-        let stack = crate::client::http().no_replay().assemble();
-        Self::from_stack(stack.layer(Attempts { _private: () }))
+        let preset = crate::client::http().no_replay();
+        let settings = preset.describe();
+        let stack = preset.assemble();
+        Self::from_stack(stack.layer(Attempts { _private: () })).described(settings)
+    }
+
+    /// The stack's effective settings, for a [review](crate::review) of the service: those of
+    /// [`new`](Self::new) and [`configure`](Self::configure), which build the stack from the
+    /// preset; `None` after [`with_stack`](Self::with_stack), whose stack the middleware did
+    /// not build (describe its builder there).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::reqwest::middleware::SurelyMiddleware;
+    ///
+    /// let middleware = SurelyMiddleware::configure(|stack| stack.timeout(Duration::from_secs(3))).unwrap();
+    /// let settings = middleware.describe().unwrap();
+    /// assert_eq!(settings.timeout, Some(Duration::from_secs(3)));
+    /// assert!(!settings.replays_bodies);
+    /// ```
+    pub fn describe(&self) -> Option<&ClientSettings> {
+        self.settings.as_deref()
+    }
+
+    fn described(mut self, settings: ClientSettings) -> Self {
+        self.settings = Some(Arc::new(settings));
+        self
     }
 
     /// The stack `make` builds around the [`Attempts`] transport: any client stack whose
@@ -273,8 +301,10 @@ impl SurelyMiddleware {
     where
         M: Clone,
         R: RecorderPart<M>,
-        H: Part<M>,
-        Br: BreakerPart<M, H>,
+        H: Part<M> + Slot,
+        Br: BreakerPart<M, H> + Slot,
+        K: Slot,
+        P: Slot,
         ClientLayer<R, M, Z, K, P, H, Br, W>: Layer<Attempts, Service = S>,
         S: Service<StackRequest, Response = Response<B>, Error = Error>
             + Clone
@@ -286,7 +316,9 @@ impl SurelyMiddleware {
         B::Data: Into<Bytes>,
         B::Error: Into<BoxError>,
     {
-        Self::with_stack(|attempts| settings(crate::client::http().no_replay()).build(attempts))
+        let builder = settings(crate::client::http().no_replay());
+        let described = builder.describe();
+        Self::with_stack(|attempts| builder.build(attempts)).map(|m| m.described(described))
     }
 
     /// The middleware around `stack`.
@@ -312,6 +344,7 @@ impl SurelyMiddleware {
         };
         SurelyMiddleware {
             stack: Arc::new(stack),
+            settings: None,
         }
     }
 }
