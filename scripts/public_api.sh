@@ -21,9 +21,11 @@
 # the main build would start over. Each release of cargo-public-api reads one version of the
 # JSON format: 0.52.0 reads version 57, Rust 1.95's. A new toolchain that writes another version
 # needs the release that reads it (the one whose `rustdoc-types` dependency is at that version):
-# the script stops and says so. The tool is installed by this script, pinned and `--locked`, into
-# `target/tools/` the first time (about two minutes on two cores), and reused after; one already
-# on the PATH at that version (`cargo install --locked cargo-public-api@0.52.0`) is used instead.
+# the script stops and says so. The tool is installed by this script, pinned and `--locked`, the
+# first time (about two minutes on two cores) into the machine's cache of tools
+# (`$SURELY_TOOLS_DIR`, or `~/.cache/surely/tools`), so that every clone on the machine reuses
+# it; one already on the PATH at that version (`cargo install --locked cargo-public-api@0.52.0`)
+# is used instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +42,7 @@ case "${1:-}" in
 esac
 
 target="${CARGO_TARGET_DIR:-target}"
-tools="$target/tools/cargo-public-api-$tool_version"
+tools="${SURELY_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/surely/tools}/cargo-public-api-$tool_version"
 tool="$tools/bin/cargo-public-api"
 is_pinned() { [ "$("$1" --version 2>/dev/null || true)" = "cargo-public-api $tool_version" ]; }
 if ! is_pinned "$tool"; then
