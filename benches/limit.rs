@@ -203,7 +203,7 @@ fn make(case: &str, shape: Shape, limit: Option<&AdaptiveLimitLayer>) -> Svc {
 
 /// One request through `svc`: ready, call, poll the ready future once.
 #[inline(always)]
-fn serve<S: Service<Req, Response = Res>>(svc: &mut S, cx: &mut Context<'_>) {
+fn serve<S: Service<Req>>(svc: &mut S, cx: &mut Context<'_>) {
     match svc.poll_ready(cx) {
         Poll::Ready(Ok(())) => {}
         _ => unreachable!("always ready"),

@@ -68,7 +68,10 @@ use surely::server::limit::AdaptiveLimitLayer;
 use surely::server::store::{
     AbandonedRecord, Checkpoint, KeyedTransaction, PostgresStore, StoredResponse,
 };
+use surely::server::ResponseBody;
 use tokio::net::TcpListener;
+use tower::util::Either;
+use tower::util::MapResponseLayer;
 use tower::{ServiceBuilder, ServiceExt};
 
 use crate::crashpoint::{self, AFTER_CLAIM_COMMIT, AFTER_COMMIT, AFTER_PAYMENT, IN_CLAIM};
@@ -602,7 +605,7 @@ pub(crate) async fn serve(extras: Extras) -> Result<(), BoxError> {
                 .max(Duration::from_secs(10))
                 .build()?,
         )
-        .option_layer(extras.limit.clone())
+        .layer(optional(extras.limit.clone()))
         .layer(claims)
         .service_fn(move |req| handle_in_claim(o.clone(), req));
     let plain = ServiceBuilder::new()
@@ -611,7 +614,7 @@ pub(crate) async fn serve(extras: Extras) -> Result<(), BoxError> {
                 .max(Duration::from_secs(10))
                 .build()?,
         )
-        .option_layer(extras.limit)
+        .layer(optional(extras.limit))
         .layer(layer)
         .service_fn(move |req| handle(orders.clone(), req));
     let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {
@@ -650,5 +653,19 @@ pub(crate) async fn serve(extras: Extras) -> Result<(), BoxError> {
                 });
             }
         }
+    }
+}
+
+/// The handler's body wrapped as the limit's.
+type Wrap<B> = MapResponseLayer<fn(Response<B>) -> Response<ResponseBody<B>>>;
+
+/// The limit when the run has one; without, the same answer type (the handler's body in a
+/// [`ResponseBody`]), so both services have one type.
+fn optional<B>(limit: Option<AdaptiveLimitLayer>) -> Either<AdaptiveLimitLayer, Wrap<B>> {
+    match limit {
+        Some(limit) => Either::Left(limit),
+        None => Either::Right(MapResponseLayer::new(|res: Response<B>| {
+            res.map(ResponseBody::new)
+        })),
     }
 }

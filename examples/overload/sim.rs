@@ -739,8 +739,17 @@ fn network(downstream: Downstream, metrics: Shared, limit: Option<AdaptiveLimitL
         }
     });
     let server: BoxCloneService<Req, Res, Infallible> = match limit {
-        Some(limit) => BoxCloneService::new(ServerDeadlineLayer::new().layer(limit.layer(handler))),
-        None => BoxCloneService::new(ServerDeadlineLayer::new().layer(handler)),
+        // The simulation's bodies are `()`: the layers' own problem bodies are dropped.
+        Some(limit) => BoxCloneService::new(
+            ServerDeadlineLayer::new()
+                .layer(limit.layer(handler))
+                .map_response(|res| res.map(|_| ())),
+        ),
+        None => BoxCloneService::new(
+            ServerDeadlineLayer::new()
+                .layer(handler)
+                .map_response(|res| res.map(|_| ())),
+        ),
     };
     BoxCloneService::new(service_fn(move |req: Req| {
         let id = req

@@ -261,6 +261,7 @@ pub mod server_states {
             "crate::server::store::StoredResponse::buffer",
             "crate::record::ServerEventKind::StoredAnswerDiffers",
             "crate::server::idempotency::IdempotencyLayerBuilder::max_stored_bytes",
+            "crate::server::ResponseBody",
         )
     )]
     #![cfg_attr(

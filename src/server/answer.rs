@@ -5,24 +5,27 @@
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
+use bytes::Bytes;
 use http::Response;
 use pin_project_lite::pin_project;
+
+use super::ResponseBody;
 
 pin_project! {
     /// The layer's own answer, or the handler's future with what the layer keeps beside it
     /// (`X`: the call context, a permit, nothing).
     #[project = AnswerProj]
-    pub(crate) enum Answer<F, B, X> {
+    pub(crate) enum Answer<F, X> {
         /// Answered by the layer; `None` once returned.
-        Now { response: Option<Response<B>> },
+        Now { response: Option<Response<Bytes>> },
         /// The handler's future, and the layer's part beside it.
         Handler { #[pin] inner: F, with: X },
     }
 }
 
-impl<F, B, X> Answer<F, B, X> {
+impl<F, X> Answer<F, X> {
     /// The layer's own answer.
-    pub(crate) fn now(response: Response<B>) -> Self {
+    pub(crate) fn now(response: Response<Bytes>) -> Self {
         Answer::Now {
             response: Some(response),
         }
@@ -33,9 +36,10 @@ impl<F, B, X> Answer<F, B, X> {
         Answer::Handler { inner, with }
     }
 
-    /// The layer's answer at once, or the handler's through `poll_handler`.
+    /// The layer's answer at once, or the handler's through `poll_handler`, its body passed
+    /// through.
     #[inline]
-    pub(crate) fn poll<E>(
+    pub(crate) fn poll<B, E>(
         self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
         poll_handler: impl FnOnce(
@@ -43,14 +47,15 @@ impl<F, B, X> Answer<F, B, X> {
             &mut X,
             &mut TaskContext<'_>,
         ) -> Poll<Result<Response<B>, E>>,
-    ) -> Poll<Result<Response<B>, E>> {
+    ) -> Poll<Result<Response<ResponseBody<B>>, E>> {
         match self.project() {
             AnswerProj::Now { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
+                Some(response) => Poll::Ready(Ok(response.map(ResponseBody::layers))),
                 // Polled after it returned: stays pending, as before.
                 None => Poll::Pending,
             },
-            AnswerProj::Handler { inner, with } => poll_handler(inner, with, cx),
+            AnswerProj::Handler { inner, with } => poll_handler(inner, with, cx)
+                .map(|result| result.map(|response| response.map(ResponseBody::new))),
         }
     }
 }

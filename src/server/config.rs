@@ -24,6 +24,7 @@
 //! min = "20ms"                   # refuse requests that arrive with less (default zero)
 //! http_header = "x-request-timeout-ms"
 //! malformed = "ignore"           # or "reject", the default
+//! problem_base = "https://api.example.com/problems/"  # default: surely's docs
 //!
 //! [idempotency]
 //! lease = "10s"                  # default 30 s
@@ -43,6 +44,7 @@
 //! min = 4                        # default 1
 //! max = 500                      # default 1000
 //! retry_after = "2s"             # default 1 s
+//! problem_base = "https://api.example.com/problems/"  # default: surely's docs
 //! tolerance = 2.5                # gradient only; default 2
 //! window = 32                    # gradient only; default 16 timed answers
 //! sample_every = 4               # gradient only; default: one answer in 8 timed
@@ -147,6 +149,9 @@ pub struct LimitConfig {
     /// AIMD: an answer slower than this is a drop (default none).
     #[serde(deserialize_with = "duration")]
     pub latency_target: Option<Duration>,
+    /// The base of the refusal's problem `type` URI (default: this crate's docs):
+    /// [`AdaptiveLimitLayerBuilder::problem_base`].
+    pub problem_base: Option<String>,
 }
 
 /// The share of the adaptive limit each [`Criticality`] may fill (`critical` is always the
@@ -245,6 +250,9 @@ impl LimitConfig {
         if let Some(d) = self.retry_after {
             builder = builder.retry_after(d);
         }
+        if let Some(base) = &self.problem_base {
+            builder = builder.problem_base(base.as_str());
+        }
         let shares = &self.criticality;
         for (level, share) in [
             (Criticality::Sheddable, shares.sheddable),
@@ -260,6 +268,7 @@ impl LimitConfig {
             ("limit maximum", "limit.max"),
             ("initial limit", "limit.initial"),
             ("limit retry-after", "limit.retry_after"),
+            ("limit problem base", "limit.problem_base"),
             ("criticality shares", "limit.criticality"),
             ("aimd backoff", "limit.backoff"),
             ("aimd latency target", "limit.latency_target"),
@@ -289,6 +298,9 @@ pub struct DeadlineConfig {
     pub http_header: Option<String>,
     /// `reject` (the default) or `ignore` a malformed header: [`Malformed`].
     pub malformed: Option<Malformed>,
+    /// The base of the refusals' problem `type` URIs (default: this crate's docs):
+    /// [`ServerDeadlineLayerBuilder::problem_base`].
+    pub problem_base: Option<String>,
 }
 
 /// The idempotency layer's settings: [`IdempotencyLayerBuilder`].
@@ -362,9 +374,13 @@ impl DeadlineConfig {
         if let Some(malformed) = self.malformed {
             builder = builder.on_malformed(malformed);
         }
+        if let Some(base) = &self.problem_base {
+            builder = builder.problem_base(base.as_str());
+        }
         builder.clone().build().map_err(of_field(&[
             ("server deadline maximum", "deadline.max"),
             ("server deadline minimum", "deadline.min"),
+            ("server deadline problem base", "deadline.problem_base"),
         ]))?;
         Ok(builder)
     }

@@ -22,6 +22,7 @@
 //! the client stack), and below the durable half (outbox, inbox, ledger).
 
 mod answer;
+mod body;
 #[cfg(feature = "serde")]
 pub mod config;
 pub mod deadline;
@@ -29,3 +30,5 @@ pub mod idempotency;
 pub mod limit;
 pub mod problem;
 pub mod store;
+
+pub use body::ResponseBody;

@@ -10,14 +10,44 @@
 //! * `status`: the status code, as in the response's head;
 //! * `detail`: what happened this time, never built from the request: it does not echo a key,
 //!   a header or a body;
-//! * `code`: the stable code, also in the [`IDEMPOTENCY_ERROR`](crate::headers::IDEMPOTENCY_ERROR)
-//!   header, which stays so that clients written against it keep working.
+//! * `code`: the stable code (`IDEMPOTENCY_KEY_MISSING`, `DEADLINE_EXCEEDED`, `OVERLOADED`,
+//!   ...); the idempotency layer's is also in the
+//!   [`IDEMPOTENCY_ERROR`](crate::headers::IDEMPOTENCY_ERROR) header, which stays so that
+//!   clients written against it keep working.
+//!
+//! The layers that answer this way are the idempotency layer (all its codes, and `202` for an
+//! outcome being settled), the deadline layers ([`ServerDeadlineLayer`] and [`RecheckLayer`]:
+//! a spent budget, a timeout header that does not parse) and the adaptive limit
+//! ([`AdaptiveLimitLayer`]: a refusal). The deadline and limit layers keep the handler's body
+//! type and wrap it in [`ResponseBody`](crate::server::ResponseBody), which is either the
+//! handler's body or the problem; gRPC refusals stay trailers-only (`grpc-status` and
+//! `grpc-message` in the head, no body), as gRPC clients expect.
 //!
 //! A service that documents its own errors sets its own base
-//! ([`IdempotencyLayerBuilder::problem_base`](crate::server::idempotency::IdempotencyLayerBuilder::problem_base)),
-//! and its answers then also carry `Link: <type>; rel="describedby"`, as the `Idempotency-Key`
-//! draft suggests. A base that is not an absolute URI (a scheme and an authority:
-//! `https://api.example.com/problems/`) is refused when the layer is built.
+//! ([`IdempotencyLayerBuilder::problem_base`](crate::server::idempotency::IdempotencyLayerBuilder::problem_base),
+//! [`ServerDeadlineLayerBuilder::problem_base`], [`RecheckLayer::problem_base`],
+//! [`AdaptiveLimitLayerBuilder::problem_base`], or `problem_base` in each layer's section of
+//! the server's configuration), and its answers then also carry
+//! `Link: <type>; rel="describedby"`, as the `Idempotency-Key` draft suggests. A base that is
+//! not an absolute URI (a scheme and an authority: `https://api.example.com/problems/`) is
+//! refused when the layer is built.
+//!
+//! # What a client reads
+//!
+//! The headers a client of this crate reads stay: `idempotency-error` with the code, and
+//! `surely-not-processed` on the refusals that did not run the handler. The problem details
+//! are for everyone else: a generic client, a gateway, a person reading a log. When a gateway
+//! drops the `idempotency-error` header, the classifier still finds the "outcome unknown" `202`
+//! by its problem type in the `Link`. It reads a `Link` only where that makes it more careful:
+//! "not processed" is believed from the `surely-not-processed` header alone, never from a
+//! problem's name, because a `504` wrongly read as "not processed" would send a write again.
+//!
+//! [`ServerDeadlineLayerBuilder::problem_base`]: crate::server::deadline::ServerDeadlineLayerBuilder::problem_base
+//! [`RecheckLayer::problem_base`]: crate::server::deadline::RecheckLayer::problem_base
+//! [`AdaptiveLimitLayerBuilder::problem_base`]: crate::server::limit::AdaptiveLimitLayerBuilder::problem_base
+//! [`ServerDeadlineLayer`]: crate::server::deadline::ServerDeadlineLayer
+//! [`RecheckLayer`]: crate::server::deadline::RecheckLayer
+//! [`AdaptiveLimitLayer`]: crate::server::limit::AdaptiveLimitLayer
 //!
 //! ```
 //! use bytes::Bytes;
@@ -103,6 +133,21 @@
 //! ### idempotency-commit-unknown
 //! `503`, with `Retry-After`: the commit's outcome is unknown. Send it again with the same key:
 //! it is replayed if it committed, and runs if it did not.
+//!
+//! ### deadline-exceeded
+//! `504`, with `surely-not-processed: deadline`: the request's deadline (its timeout header,
+//! capped by the server's maximum, or what was left when a [`RecheckLayer`] looked) was spent
+//! or under the server's minimum before the handler started; the handler did not run. A caller
+//! with budget left may send it again.
+//!
+//! ### deadline-invalid
+//! `400`: the request's timeout header does not parse (the `detail` says why, never what it
+//! held); the handler did not run.
+//!
+//! ### overloaded
+//! `503`, with `Retry-After` and `surely-not-processed: overload`: the adaptive limit is full
+//! and refused the request before processing it. Send it again after the wait, within the
+//! retry budget.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -183,6 +228,18 @@ impl Problems {
         title: &str,
         detail: &str,
     ) -> Response<Full<Bytes>> {
+        self.answer(status, code, title, detail).map(Full::new)
+    }
+
+    /// [`respond`](Self::respond)'s answer with its body as bytes, for a layer whose body type
+    /// is its own.
+    pub(crate) fn answer(
+        &self,
+        status: StatusCode,
+        code: &str,
+        title: &str,
+        detail: &str,
+    ) -> Response<Bytes> {
         let type_uri = self.type_uri(&name_of(code));
         let mut body = String::with_capacity(96 + type_uri.len() + title.len() + detail.len());
         body.push_str("{\"type\":");
@@ -195,7 +252,7 @@ impl Problems {
         body.push_str(",\"code\":");
         json_string(&mut body, code);
         body.push('}');
-        let mut res = Response::new(Full::new(Bytes::from(body)));
+        let mut res = Response::new(Bytes::from(body));
         *res.status_mut() = status;
         let headers = res.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
@@ -208,6 +265,47 @@ impl Problems {
         res
     }
 }
+
+impl Problems {
+    /// The deadline layers' refusal of a request whose budget was spent (or under the
+    /// server's minimum) before its handler started.
+    pub(crate) fn deadline_exceeded(&self) -> Response<Bytes> {
+        self.answer(
+            StatusCode::GATEWAY_TIMEOUT,
+            DEADLINE_EXCEEDED,
+            "Deadline exceeded before processing",
+            "The request's deadline left too little time to start it; the handler did not run.",
+        )
+    }
+
+    /// The deadline layer's refusal of a timeout header it cannot read; `why` is the parser's
+    /// message, which names the fault, never the value.
+    pub(crate) fn deadline_invalid(&self, why: &str) -> Response<Bytes> {
+        self.answer(
+            StatusCode::BAD_REQUEST,
+            DEADLINE_INVALID,
+            "Deadline header is invalid",
+            why,
+        )
+    }
+
+    /// The adaptive limit's refusal.
+    pub(crate) fn overloaded(&self) -> Response<Bytes> {
+        self.answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            OVERLOADED,
+            "Overloaded",
+            "The service is at its concurrency limit and refused the request before processing it.",
+        )
+    }
+}
+
+/// The code of the deadline layers' refusal (`504`).
+pub(crate) const DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
+/// The code of a timeout header that does not parse (`400`).
+pub(crate) const DEADLINE_INVALID: &str = "DEADLINE_INVALID";
+/// The code of the adaptive limit's refusal (`503`).
+pub(crate) const OVERLOADED: &str = "OVERLOADED";
 
 /// A code's problem name: `IDEMPOTENCY_KEY_MISSING` is `idempotency-key-missing`.
 pub(crate) fn name_of(code: &str) -> String {

@@ -87,9 +87,10 @@ fn fixed(limit: u32) -> surely::server::limit::AdaptiveLimitLayerBuilder {
 }
 
 /// Starts `n` requests through `svc` and lets them reach the handler.
-async fn start<S>(svc: &S, reqs: Vec<Request<()>>) -> Vec<tokio::task::JoinHandle<Res>>
+async fn start<S, T>(svc: &S, reqs: Vec<Request<()>>) -> Vec<tokio::task::JoinHandle<T>>
 where
-    S: Service<Request<()>, Response = Res, Error = Infallible> + Clone + Send + 'static,
+    S: Service<Request<()>, Response = T, Error = Infallible> + Clone + Send + 'static,
+    T: Send + 'static,
     S::Future: Send,
 {
     let mut out = Vec::new();

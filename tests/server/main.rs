@@ -12,4 +12,5 @@ mod idempotency_draft;
 mod idempotency_server;
 mod limit;
 mod maintenance;
+mod problems;
 mod shape;

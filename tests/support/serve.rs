@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
@@ -13,9 +12,11 @@ use tower::Service;
 
 /// Serves `svc` on 127.0.0.1 over HTTP/1 until the test ends. An error from `svc` makes hyper
 /// drop the connection without an answer, as a crashed or reset server would.
-pub(crate) async fn serve<S>(svc: S) -> SocketAddr
+pub(crate) async fn serve<S, B>(svc: S) -> SocketAddr
 where
-    S: Service<Request<Incoming>, Response = Response<Full<Bytes>>> + Clone + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     S::Future: Send + 'static,
 {

@@ -10,17 +10,19 @@ use pin_project_lite::pin_project;
 
 use crate::context::{CallTally, Context};
 use crate::server::answer::Answer;
+use crate::server::ResponseBody;
+use bytes::Bytes;
 
 pin_project! {
     /// The response future of [`ServerDeadline`](super::ServerDeadline): the handler's,
     /// polled in the request's call context (its deadline), or the layer's own refusal.
-    pub struct ResponseFuture<F, B> {
+    pub struct ResponseFuture<F> {
         #[pin]
-        answer: Answer<F, B, Context>,
+        answer: Answer<F, Context>,
     }
 }
 
-impl<F, B> ResponseFuture<F, B> {
+impl<F> ResponseFuture<F> {
     /// The handler's future, polled in `ctx`.
     pub(super) fn running(inner: F, ctx: Context) -> Self {
         ResponseFuture {
@@ -28,18 +30,18 @@ impl<F, B> ResponseFuture<F, B> {
         }
     }
 
-    pub(super) fn respond(response: Response<B>) -> Self {
+    pub(super) fn respond(response: Response<Bytes>) -> Self {
         ResponseFuture {
             answer: Answer::now(response),
         }
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F, B>
+impl<F, B, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         self.project().answer.poll(cx, |inner, ctx, cx| {
@@ -48,7 +50,7 @@ where
     }
 }
 
-impl<F, B> fmt::Debug for ResponseFuture<F, B> {
+impl<F> fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

@@ -10,6 +10,7 @@ use tower_layer::Layer;
 
 use super::{Malformed, ServerDeadline};
 use crate::headers::DEFAULT_HEADER;
+use crate::server::problem::Problems;
 use crate::{ConfigError, Envelope};
 
 /// The server half of deadline propagation.
@@ -87,6 +88,7 @@ pub(super) struct ServerConfig {
     pub(super) min: Duration,
     pub(super) malformed: Malformed,
     pub(super) trust: Option<Trust>,
+    pub(super) problems: Problems,
 }
 
 /// Which callers' retry signals are honoured.
@@ -109,6 +111,7 @@ impl fmt::Debug for ServerConfig {
             .field("min", &self.min)
             .field("malformed", &self.malformed)
             .field("trusts_retry_signals", &self.trust.is_some())
+            .field("problems", &self.problems)
             .finish()
     }
 }
@@ -118,6 +121,7 @@ impl fmt::Debug for ServerConfig {
 #[must_use]
 pub struct ServerDeadlineLayerBuilder {
     config: ServerConfig,
+    problem_base: Option<String>,
 }
 
 impl ServerDeadlineLayer {
@@ -146,6 +150,7 @@ impl ServerDeadlineLayer {
                 min: Duration::ZERO,
                 malformed: Malformed::Reject,
                 trust: None,
+                problems: Problems::default(),
             },
         }
     }
@@ -154,6 +159,7 @@ impl ServerDeadlineLayer {
     pub fn builder() -> ServerDeadlineLayerBuilder {
         ServerDeadlineLayerBuilder {
             config: Self::new().config,
+            problem_base: None,
         }
     }
 }
@@ -229,8 +235,32 @@ impl ServerDeadlineLayerBuilder {
         self
     }
 
+    /// Where the `type` of the layer's [problem details](crate::server::problem) points: the
+    /// base of the service's own documentation of its errors, such as
+    /// `https://api.example.com/problems/`, to which the problem's name
+    /// (`deadline-exceeded`, `deadline-invalid`) is appended. Its refusals then also carry
+    /// `Link: <type>; rel="describedby"`. By default the types point at the crate's
+    /// [problem page](crate::server::problem) and no `Link` is sent.
+    ///
+    /// [`build`](Self::build) refuses a base that is not an absolute URI.
+    ///
+    /// ```
+    /// use surely::server::deadline::ServerDeadlineLayer;
+    ///
+    /// assert!(ServerDeadlineLayer::builder().problem_base("https://api.example.com/problems/").build().is_ok());
+    /// let e = ServerDeadlineLayer::builder().problem_base("/problems/").build().unwrap_err();
+    /// assert_eq!(e.setting(), "server deadline problem base");
+    /// ```
+    pub fn problem_base(mut self, base: impl Into<String>) -> Self {
+        self.problem_base = Some(base.into());
+        self
+    }
+
     /// Validates and builds.
-    pub fn build(self) -> Result<ServerDeadlineLayer, ConfigError> {
+    pub fn build(mut self) -> Result<ServerDeadlineLayer, ConfigError> {
+        if let Some(base) = &self.problem_base {
+            self.config.problems = Problems::at(base, "server deadline problem base")?;
+        }
         if let Some(max) = self.config.max {
             ConfigError::positive_at_most_max("server deadline maximum", max)?;
         }

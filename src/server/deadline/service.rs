@@ -3,7 +3,8 @@
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -18,6 +19,8 @@ use crate::deadline::Deadline;
 use crate::headers::GRPC_TIMEOUT;
 use crate::headers::NOT_PROCESSED;
 use crate::headers::RETRY_OWNER;
+use crate::server::problem::Problems;
+use crate::server::ResponseBody;
 use crate::Envelope;
 use tower_layer::Layer;
 
@@ -53,11 +56,10 @@ impl<S> ServerDeadline<S> {
 impl<S, B, ResB> Service<Request<B>> for ServerDeadline<S>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
-    ResB: Default,
 {
-    type Response = Response<ResB>;
+    type Response = Response<ResponseBody<ResB>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResB>;
+    type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -69,7 +71,9 @@ where
         let inbound = match self.inbound_budget(&req, grpc) {
             Ok(budget) => budget,
             Err(_) if self.config.malformed == Malformed::Ignore => None,
-            Err(e) => return ResponseFuture::respond(malformed_response(grpc, &e)),
+            Err(e) => {
+                return ResponseFuture::respond(malformed_response(&self.config.problems, grpc, &e))
+            }
         };
         let mut budget = match (inbound, self.config.max) {
             (Some(b), Some(max)) => Some(b.min(max)),
@@ -82,7 +86,7 @@ where
         }
         let deadline = match budget {
             Some(b) if b.is_zero() || b < self.config.min => {
-                return ResponseFuture::respond(exceeded_response(grpc));
+                return ResponseFuture::respond(exceeded_response(&self.config.problems, grpc));
             }
             Some(b) => {
                 let deadline = Deadline::after_from(now, b);
@@ -150,8 +154,9 @@ impl<S> ServerDeadline<S> {
     }
 }
 
-fn grpc_response<B: Default>(code: &'static str, message: &str) -> Response<B> {
-    let mut res = Response::new(B::default());
+/// A gRPC answer of the layer's own: trailers-only, `code` and `message` in the head.
+pub(super) fn grpc_response(code: &'static str, message: &str) -> Response<Bytes> {
+    let mut res = Response::new(Bytes::new());
     let headers = res.headers_mut();
     headers.insert(
         http::header::CONTENT_TYPE,
@@ -167,13 +172,13 @@ fn grpc_response<B: Default>(code: &'static str, message: &str) -> Response<B> {
     res
 }
 
-pub(super) fn exceeded_response<B: Default>(grpc: bool) -> Response<B> {
+/// The refusal of a request whose budget is spent: `504` with its problem details, or gRPC
+/// `DEADLINE_EXCEEDED`; both say that the handler never ran.
+pub(crate) fn exceeded_response(problems: &Problems, grpc: bool) -> Response<Bytes> {
     let mut res = if grpc {
         grpc_response("4", "deadline exceeded before the handler started")
     } else {
-        let mut res = Response::new(B::default());
-        *res.status_mut() = StatusCode::GATEWAY_TIMEOUT;
-        res
+        problems.deadline_exceeded()
     };
     // The handler never ran: say so, or the client must assume it may have.
     res.headers_mut().insert(
@@ -183,11 +188,13 @@ pub(super) fn exceeded_response<B: Default>(grpc: bool) -> Response<B> {
     res
 }
 
-fn malformed_response<B: Default>(grpc: bool, error: &ParseTimeoutError) -> Response<B> {
+fn malformed_response(
+    problems: &Problems,
+    grpc: bool,
+    error: &ParseTimeoutError,
+) -> Response<Bytes> {
     if grpc {
         return grpc_response("3", &error.to_string());
     }
-    let mut res = Response::new(B::default());
-    *res.status_mut() = StatusCode::BAD_REQUEST;
-    res
+    problems.deadline_invalid(&error.to_string())
 }

@@ -224,6 +224,8 @@ pub(super) struct Config {
     pub(super) shares: [u64; 4],
     pub(super) partitions: Vec<PartitionConfig>,
     pub(super) retry_after: Duration,
+    /// Where the refusal's problem type points.
+    pub(super) problems: crate::server::problem::Problems,
     pub(super) trust: Option<Matcher>,
     pub(super) recorder: Option<Arc<dyn Recorder + Send + Sync>>,
 }

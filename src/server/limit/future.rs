@@ -9,17 +9,19 @@ use pin_project_lite::pin_project;
 use super::algorithm::Signal;
 use super::service::Permit;
 use crate::server::answer::Answer;
+use crate::server::ResponseBody;
+use bytes::Bytes;
 
 pin_project! {
     /// The response future of [`AdaptiveLimit`](super::AdaptiveLimit): the handler's, or a
     /// refusal.
-    pub struct ResponseFuture<F, B> {
+    pub struct ResponseFuture<F> {
         #[pin]
-        answer: Answer<F, B, Option<Permit>>,
+        answer: Answer<F, Option<Permit>>,
     }
 }
 
-impl<F, B> ResponseFuture<F, B> {
+impl<F> ResponseFuture<F> {
     /// An admitted request: the handler's future, and its place in the limit.
     pub(super) fn admitted(inner: F, permit: Permit) -> Self {
         ResponseFuture {
@@ -28,18 +30,18 @@ impl<F, B> ResponseFuture<F, B> {
     }
 
     /// A refused request: the refusal.
-    pub(super) fn refused(response: Response<B>) -> Self {
+    pub(super) fn refused(response: Response<Bytes>) -> Self {
         ResponseFuture {
             answer: Answer::now(response),
         }
     }
 }
 
-impl<F, B, E> std::future::Future for ResponseFuture<F, B>
+impl<F, B, E> std::future::Future for ResponseFuture<F>
 where
     F: std::future::Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         self.project().answer.poll(cx, |inner, permit, cx| {
@@ -56,7 +58,7 @@ where
     }
 }
 
-impl<F, B> std::fmt::Debug for ResponseFuture<F, B> {
+impl<F> std::fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

@@ -9,6 +9,7 @@ use tower_layer::Layer;
 use super::algorithm::{Algorithm, Config, Handle, PartitionConfig, Shared};
 use super::AdaptiveLimit;
 use crate::evidence::{Recorder, RefusalReason};
+use crate::server::problem::Problems;
 use crate::{ConfigError, Criticality, Envelope};
 
 /// An adaptive concurrency limit for a server: admit as many requests at once as the service
@@ -65,9 +66,11 @@ impl AdaptiveLimitLayer {
                 shares: [800, 900, 1000, 1100],
                 partitions: Vec::new(),
                 retry_after: Duration::from_secs(1),
+                problems: Problems::default(),
                 trust: None,
                 recorder: None,
             },
+            problem_base: None,
         }
     }
 
@@ -129,6 +132,7 @@ impl<S> Layer<S> for AdaptiveLimitLayer {
 #[must_use]
 pub struct AdaptiveLimitLayerBuilder {
     config: Config,
+    problem_base: Option<String>,
 }
 
 impl AdaptiveLimitLayerBuilder {
@@ -210,6 +214,16 @@ impl AdaptiveLimitLayerBuilder {
         self
     }
 
+    /// Where the `type` of the refusal's [problem details](crate::server::problem) points: the
+    /// base of the service's own documentation of its errors, to which `overloaded` is
+    /// appended; refusals then also carry `Link: <type>; rel="describedby"`. By default the type
+    /// points at the crate's [problem page](crate::server::problem) and no `Link` is sent.
+    /// [`build`](Self::build) refuses a base that is not an absolute URI (`limit problem base`).
+    pub fn problem_base(mut self, base: impl Into<String>) -> Self {
+        self.problem_base = Some(base.into());
+        self
+    }
+
     /// Honours the [`CRITICALITY`](crate::headers::CRITICALITY) header of the callers for which
     /// `trusted` returns true, whatever it says. From any other caller the header may lower a
     /// request's criticality (`sheddable`, `sheddable-plus`), never raise it above `critical`:
@@ -246,8 +260,11 @@ impl AdaptiveLimitLayerBuilder {
     ///     "invalid limit maximum: must not be less than the minimum"
     /// );
     /// ```
-    pub fn build(self) -> Result<AdaptiveLimitLayer, ConfigError> {
+    pub fn build(mut self) -> Result<AdaptiveLimitLayer, ConfigError> {
         self.config.validate()?;
+        if let Some(base) = &self.problem_base {
+            self.config.problems = Problems::at(base, "limit problem base")?;
+        }
         Ok(AdaptiveLimitLayer {
             shared: Handle::new(self.config),
         })
@@ -267,6 +284,7 @@ impl fmt::Debug for AdaptiveLimitLayerBuilder {
                 &c.partitions.iter().map(|p| &*p.name).collect::<Vec<_>>(),
             )
             .field("retry_after", &c.retry_after)
+            .field("problem_base", &self.problem_base)
             .finish_non_exhaustive()
     }
 }

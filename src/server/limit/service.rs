@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, Response};
 use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -15,6 +16,8 @@ use super::AdaptiveLimitLayer;
 use crate::classify::OVERLOAD_REFUSAL;
 use crate::deadline::Deadline;
 use crate::headers::{CRITICALITY, GRPC_RETRY_PUSHBACK_MS, NOT_PROCESSED};
+use crate::server::problem::Problems;
+use crate::server::ResponseBody;
 use crate::{Criticality, Envelope};
 
 /// The service made by [`AdaptiveLimitLayer`]: see the layer for what it does.
@@ -92,11 +95,10 @@ impl<S> AdaptiveLimit<S> {
 impl<S, B, ResB> Service<Request<B>> for AdaptiveLimit<S>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
-    ResB: Default,
 {
-    type Response = Response<ResB>;
+    type Response = Response<ResponseBody<ResB>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResB>;
+    type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -122,7 +124,8 @@ where
             }
             Err((reason, criticality)) => {
                 Shared::refuse(&self.shared, reason, criticality, partition);
-                let response = refusal(req.is_grpc(), self.shared.config.retry_after);
+                let config = &self.shared.config;
+                let response = refusal(&config.problems, req.is_grpc(), config.retry_after);
                 ResponseFuture::refused(response)
             }
         }
@@ -173,15 +176,12 @@ impl Drop for Permit {
     }
 }
 
-/// The refusal: `503` with `Retry-After`, or gRPC `UNAVAILABLE` with its pushback; both say
-/// that the handler never ran.
-fn refusal<B: Default>(grpc: bool, retry_after: Duration) -> Response<B> {
-    let mut res = Response::new(B::default());
-    if !grpc {
-        *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    }
-    let headers = res.headers_mut();
-    if grpc {
+/// The refusal: `503` with `Retry-After` and its problem details, or gRPC `UNAVAILABLE` with
+/// its pushback; both say that the handler never ran.
+fn refusal(problems: &Problems, grpc: bool, retry_after: Duration) -> Response<Bytes> {
+    let mut res = if grpc {
+        let mut res = Response::new(Bytes::new());
+        let headers = res.headers_mut();
         headers.insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/grpc"),
@@ -196,13 +196,18 @@ fn refusal<B: Default>(grpc: bool, retry_after: Duration) -> Response<B> {
         );
         let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
         headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
+        res
     } else {
+        let mut res = problems.overloaded();
         // Whole seconds, rounded up (the setting is at most an hour).
         let secs = retry_after
             .as_secs()
             .saturating_add(u64::from(retry_after.subsec_nanos() > 0));
-        headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-    headers.insert(NOT_PROCESSED, HeaderValue::from_static(OVERLOAD_REFUSAL));
+        res.headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+        res
+    };
+    res.headers_mut()
+        .insert(NOT_PROCESSED, HeaderValue::from_static(OVERLOAD_REFUSAL));
     res
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use http::{HeaderValue, Request, Response, StatusCode};
 use surely::deadline::Deadline;
 use surely::server::deadline::{Malformed, ServerDeadlineLayer};
+use surely::server::ResponseBody;
 use tokio::time::Instant;
 use tower::{service_fn, Layer};
 
@@ -36,12 +37,15 @@ fn layer_max(max: Duration) -> ServerDeadlineLayer {
     ServerDeadlineLayer::builder().max(max).build().unwrap()
 }
 
-fn header<'a>(res: &'a Response<String>, name: &str) -> Option<&'a str> {
+fn header<'a, B>(res: &'a Response<B>, name: &str) -> Option<&'a str> {
     res.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
 /// Calls the layer around a recording handler; returns the response and the log.
-async fn serve(layer: &ServerDeadlineLayer, req: Request<()>) -> (Response<String>, Log) {
+async fn serve(
+    layer: &ServerDeadlineLayer,
+    req: Request<()>,
+) -> (Response<ResponseBody<String>>, Log) {
     let log = Log::default();
     let mut svc = layer.layer(handler(log.clone()));
     let res = call(&mut svc, req).await.unwrap();
@@ -168,7 +172,11 @@ async fn a_zero_budget_gets_504_without_calling_the_handler() {
     for value in [&b"0"[..], b"000"] {
         let (res, log) = serve(&layer_max(secs(10)), http_with(value)).await;
         assert_eq!(res.status(), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(res.body(), "");
+        assert!(res.body().is_refusal());
+        assert_eq!(
+            header(&res, "content-type"),
+            Some("application/problem+json")
+        );
         assert_eq!(log.count(), 0);
     }
 }
@@ -184,6 +192,8 @@ async fn a_zero_grpc_budget_gets_deadline_exceeded_without_calling_the_handler()
             header(&res, "grpc-message"),
             Some("deadline exceeded before the handler started")
         );
+        // Trailers-only: the refusal is all in the head.
+        assert_eq!(http_body::Body::size_hint(res.body()).exact(), Some(0));
         assert_eq!(log.count(), 0);
     }
 }
@@ -220,7 +230,7 @@ async fn the_handler_is_not_cancelled_at_the_deadline() {
     let mut svc = layer.layer(handler);
     let start = Instant::now();
     let res = call(&mut svc, http_with(b"100")).await.unwrap();
-    assert_eq!(res.body(), "done");
+    assert_eq!(res.body().handler().unwrap(), "done");
     assert_eq!(Instant::now() - start, secs(1));
 }
 

@@ -21,6 +21,7 @@ use surely::record::{InMemoryRecorder, RecordAttemptLayer, RecordCallLayer};
 use surely::retry::backoff::Backoff;
 use surely::retry::RetryLayer;
 use surely::server::deadline::ServerDeadlineLayer;
+use surely::server::ResponseBody;
 use surely::StopReason;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 
@@ -69,7 +70,7 @@ fn server(
     handled: Counter,
     calls: Counter,
     recorder: InMemoryRecorder,
-) -> impl Service<Req, Response = Res, Error = Infallible> + Clone {
+) -> impl Service<Req, Response = Response<ResponseBody<String>>, Error = Infallible> + Clone {
     server_behind(internal(), down, handled, calls, recorder)
 }
 
@@ -80,7 +81,7 @@ fn server_behind(
     handled: Counter,
     calls: Counter,
     recorder: InMemoryRecorder,
-) -> impl Service<Req, Response = Res, Error = Infallible> + Clone {
+) -> impl Service<Req, Response = Response<ResponseBody<String>>, Error = Infallible> + Clone {
     let handler = service_fn(move |req: Req| {
         let owner = req.headers().contains_key(RETRY_OWNER);
         handled.hit();
@@ -121,9 +122,9 @@ fn internal() -> ServerDeadlineLayer {
         .unwrap()
 }
 
-async fn send<S>(svc: &mut S, req: Req) -> Result<Res, S::Error>
+async fn send<S, B>(svc: &mut S, req: Req) -> Result<Response<B>, S::Error>
 where
-    S: Service<Req, Response = Res>,
+    S: Service<Req, Response = Response<B>>,
 {
     svc.ready().await?.call(req).await
 }

@@ -53,9 +53,11 @@ impl Got {
 }
 
 /// One call.
-pub(crate) async fn send<S>(svc: &mut S, req: Req) -> Got
+pub(crate) async fn send<S, B>(svc: &mut S, req: Req) -> Got
 where
-    S: Service<Req, Response = Res, Error = Infallible>,
+    S: Service<Req, Response = http::Response<B>, Error = Infallible>,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
 {
     let res = svc.ready().await.unwrap().call(req).await.unwrap();
     let (head, body) = res.into_parts();

@@ -9,17 +9,19 @@ use http::Response;
 use pin_project_lite::pin_project;
 
 use crate::server::answer::Answer;
+use crate::server::ResponseBody;
+use bytes::Bytes;
 
 pin_project! {
     /// The response future of [`Recheck`](super::Recheck): the handler's, polled as it is, or
     /// the layer's refusal.
-    pub struct ResponseFuture<F, B> {
+    pub struct ResponseFuture<F> {
         #[pin]
-        answer: Answer<F, B, ()>,
+        answer: Answer<F, ()>,
     }
 }
 
-impl<F, B> ResponseFuture<F, B> {
+impl<F> ResponseFuture<F> {
     /// The handler's future, polled as it is.
     pub(super) fn passing(inner: F) -> Self {
         ResponseFuture {
@@ -27,18 +29,18 @@ impl<F, B> ResponseFuture<F, B> {
         }
     }
 
-    pub(super) fn respond(response: Response<B>) -> Self {
+    pub(super) fn respond(response: Response<Bytes>) -> Self {
         ResponseFuture {
             answer: Answer::now(response),
         }
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F, B>
+impl<F, B, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         self.project()
@@ -47,7 +49,7 @@ where
     }
 }
 
-impl<F, B> fmt::Debug for ResponseFuture<F, B> {
+impl<F> fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

@@ -7,6 +7,8 @@ use tower_layer::Layer;
 
 use super::Recheck;
 use crate::server::limit::AdaptiveLimitLayer;
+use crate::server::problem::Problems;
+use crate::ConfigError;
 
 /// Re-checks a request's deadline where its work starts, and refuses work that can no longer
 /// finish in time.
@@ -46,6 +48,7 @@ use crate::server::limit::AdaptiveLimitLayer;
 pub struct RecheckLayer {
     pub(super) needs: Duration,
     pub(super) limit: Option<AdaptiveLimitLayer>,
+    pub(super) problems: Problems,
 }
 
 impl RecheckLayer {
@@ -55,7 +58,20 @@ impl RecheckLayer {
         RecheckLayer {
             needs: needs.min(crate::MAX_DURATION),
             limit: None,
+            problems: Problems::default(),
         }
+    }
+
+    /// Where the `type` of the refusal's [problem details](crate::server::problem) points, as
+    /// [`ServerDeadlineLayerBuilder::problem_base`](crate::server::deadline::ServerDeadlineLayerBuilder::problem_base)
+    /// says: the refusal then also carries `Link: <type>; rel="describedby"`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] if `base` is not an absolute URI.
+    pub fn problem_base(mut self, base: &str) -> Result<Self, ConfigError> {
+        self.problems = Problems::at(base, "recheck problem base")?;
+        Ok(self)
     }
 
     /// Counts the refusals in `limit`'s [`refused`](AdaptiveLimitLayer::refused) (reason

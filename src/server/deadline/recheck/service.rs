@@ -13,6 +13,7 @@ use crate::deadline::Deadline;
 use crate::evidence::RefusalReason;
 use crate::server::deadline::service::exceeded_response;
 use crate::server::limit::Shared;
+use crate::server::ResponseBody;
 use crate::{Criticality, Envelope};
 
 /// The service made by [`RecheckLayer`]: see the layer for what it does.
@@ -48,11 +49,10 @@ impl<S> Recheck<S> {
 impl<S, B, ResB> Service<Request<B>> for Recheck<S>
 where
     S: Service<Request<B>, Response = Response<ResB>>,
-    ResB: Default,
 {
-    type Response = Response<ResB>;
+    type Response = Response<ResponseBody<ResB>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResB>;
+    type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -71,6 +71,6 @@ where
                 .unwrap_or_default();
             Shared::refuse(&limit.shared, RefusalReason::Deadline, criticality, None);
         }
-        ResponseFuture::respond(exceeded_response(req.is_grpc()))
+        ResponseFuture::respond(exceeded_response(&self.layer.problems, req.is_grpc()))
     }
 }
