@@ -288,6 +288,7 @@ pub mod server_states {
         doc = crate::docs::links::to_features!(
             "crate::server::store::RedisStore",
             "crate::server::store::RedisStore::with_backstop",
+            "crate::server::store::RedisStore::cluster",
         )
     )]
     #![cfg_attr(

@@ -7,6 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
 
 use super::{
@@ -84,9 +86,48 @@ use crate::ConfigError;
 /// whose sweeper never runs does not grow for ever. The sweeper, and the archive before it,
 /// see a record only until then.
 ///
-/// One Redis server (with replicas, or under Sentinel), not Redis Cluster: the scripts touch the
-/// store's index keys beside a record's, and the listings and the sweep read the records their
-/// index names, which a script may do only where every key lives on one server.
+/// # On a cluster
+///
+/// [`cluster`](Self::cluster) makes a store on Redis Cluster, through the `redis` crate's
+/// cluster connection. A script may touch only keys of one slot, so there the keys carry hash
+/// tags: the records are kept in [`CLUSTER_BUCKETS`](Self::CLUSTER_BUCKETS) (16) buckets, and
+/// bucket `7`'s records, leases and indexes are `surely:idem:{7}rec:...`,
+/// `surely:idem:{7}lease:...`, `surely:idem:{7}processing` and so on, all in the slot of `7`.
+/// A record's bucket is the FNV-1a (64-bit) hash of its name after `rec:`, modulo 16. So each
+/// move of a record is still one script in one slot, as on one server, and the buckets spread
+/// over the shards.
+///
+/// The listings work per bucket, and say so in their cost: [`stuck`](IdempotencyStore::stuck),
+/// [`unknowns`](IdempotencyStore::unknowns) and [`expired`](IdempotencyStore::expired) read
+/// each bucket's index (16 scripts, each on the shard that holds its slot) and keep the oldest
+/// `limit` of them all; [`sweep`](IdempotencyStore::sweep) sweeps bucket by bucket;
+/// [`take_abandoned`](IdempotencyStore::take_abandoned) takes from the buckets in turn,
+/// starting one further each round, so that no bucket waits behind a busy one;
+/// [`forget`](IdempotencyStore::forget) runs one script per bucket it names.
+///
+/// A redirect is followed by the connection: `MOVED` after a failover or a resharding, `ASK`
+/// while a slot migrates. A script that still cannot run (its bucket's keys split between two
+/// shards mid-migration, `TRYAGAIN`; a slot without a primary while a replica takes over) is a
+/// backend error after the connection's two retries: the layer answers `503`, not processed,
+/// when it was claiming the key, and "commit unknown" (`503`, `Retry-After`) when it was
+/// storing a handler's answer. Neither runs a handler twice by itself.
+///
+/// **What a failover can lose** is what the single-server warning above says, per shard: the
+/// replica that takes over a dead primary's slots has what replication carried before the
+/// primary died. A claim or a completion acknowledged in that window is gone, and the next
+/// request with its key runs the handler again, while the first run may still be going. A
+/// script sent again after its connection broke may have run on the old primary: sent again
+/// to the new one, a claim finds its own record there (`409` in flight, and the key waits for
+/// its lease) or nothing (it claims again). And a failover that outlasts a lease (the cluster
+/// needs its node timeout and an election: two to three seconds with a one-second node
+/// timeout) is a pause of every owner on that shard: the replica expires their leases, the
+/// next request with such a key takes it over and runs the handler again, and the first run's
+/// late completion is refused by its fence (its caller still gets its answer). The cluster's
+/// `WAIT` and `min-replicas-to-write` narrow the first window; a lease longer than a failover
+/// closes the last.
+///
+/// The single server's layout has no tags; a store moved from one server to a cluster starts
+/// with empty buckets and does not read the records left on the server.
 ///
 /// # Connections
 ///
@@ -130,16 +171,71 @@ pub struct RedisStore {
     keys: Arc<Keys>,
 }
 
-/// The connection: a manager the caller made, or one made from `client` on first use (and
-/// again on the next use if that failed).
+/// The connection: one the caller made, or one made from a client on first use (and again on
+/// the next use if that failed).
 struct Conn {
-    client: Option<redis::Client>,
-    manager: tokio::sync::OnceCell<ConnectionManager>,
+    client: Option<Source>,
+    link: tokio::sync::OnceCell<Link>,
+}
+
+/// What a connection is made from.
+enum Source {
+    Server(redis::Client),
+    Cluster(Box<ClusterClient>),
+}
+
+/// A connection to one server (reconnecting), or to a cluster (following its slots).
+#[derive(Clone)]
+enum Link {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Link::Server(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Link::Server(c) => c.req_packed_commands(cmd, offset, count),
+            Link::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Server(c) => c.get_db(),
+            Link::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 /// The store's prefix, and the key names made from it.
 struct Keys {
     prefix: Box<str>,
+    /// The indexes: one set for a single server; on a cluster, one per bucket, each under a
+    /// hash tag of its own, so that a record's keys and its bucket's indexes share a slot.
+    buckets: Vec<Index>,
+    /// Whether the keys carry hash tags (a cluster).
+    tagged: bool,
+    /// Where the next round of `take_abandoned` starts, so that no bucket waits for ever.
+    next: std::sync::atomic::AtomicUsize,
+    backstop: Duration,
+}
+
+/// One set of the indexes, and the start of its records' and leases' names.
+struct Index {
+    /// `prefix`, or `prefix{n}` on a cluster: what `rec:` and `lease:` follow.
+    base: String,
     processing: String,
     unknown: String,
     ended: String,
@@ -148,31 +244,76 @@ struct Keys {
     /// Where the walk through `processing` for records an earlier version left out of
     /// `leases` stands.
     leases_walked: String,
-    backstop: Duration,
+}
+
+impl Index {
+    fn new(base: String) -> Self {
+        Index {
+            processing: format!("{base}processing"),
+            unknown: format!("{base}unknown"),
+            ended: format!("{base}ended"),
+            leases: format!("{base}leases"),
+            leases_walked: format!("{base}leases:walked"),
+            base,
+        }
+    }
 }
 
 impl Keys {
-    fn new(prefix: &str, backstop: Duration) -> Self {
+    /// The keys under `prefix`: flat for one server, in `buckets` tagged buckets for a cluster.
+    fn new(prefix: &str, buckets: Option<u16>, backstop: Duration) -> Self {
+        let (tagged, buckets) = match buckets {
+            None => (false, vec![Index::new(prefix.to_owned())]),
+            Some(n) => (
+                true,
+                (0..n.max(1))
+                    .map(|b| Index::new(format!("{prefix}{{{b}}}")))
+                    .collect(),
+            ),
+        };
         Keys {
             prefix: prefix.into(),
-            processing: format!("{prefix}processing"),
-            unknown: format!("{prefix}unknown"),
-            ended: format!("{prefix}ended"),
-            leases: format!("{prefix}leases"),
-            leases_walked: format!("{prefix}leases:walked"),
+            buckets,
+            tagged,
+            next: std::sync::atomic::AtomicUsize::new(0),
             backstop,
         }
     }
 
-    /// The record's hash, and its lease.
-    fn record(&self, key: &RecordKey) -> (String, String) {
+    /// The number of buckets on a cluster, `None` on one server.
+    fn bucket_count(&self) -> Option<u16> {
+        self.tagged
+            .then(|| u16::try_from(self.buckets.len()).unwrap_or(u16::MAX))
+    }
+
+    /// The record's name after `rec:` or `lease:`.
+    fn rest(key: &RecordKey) -> String {
         let (t, o, k) = (key.tenant(), key.operation(), key.key().as_str());
-        let rest = format!("{}:{t}:{}:{o}:{k}", t.len(), o.len());
+        format!("{}:{t}:{}:{o}:{k}", t.len(), o.len())
+    }
+
+    /// The record's bucket, its hash and its lease.
+    fn record(&self, key: &RecordKey) -> (&Index, String, String) {
+        let rest = Self::rest(key);
+        let index = &self.buckets[bucket_of(&rest, self.buckets.len())];
         (
-            format!("{}rec:{rest}", self.prefix),
-            format!("{}lease:{rest}", self.prefix),
+            index,
+            format!("{}rec:{rest}", index.base),
+            format!("{}lease:{rest}", index.base),
         )
     }
+}
+
+/// The bucket of a record's name among `n`: FNV-1a, stable across versions and processes (the
+/// bucket is part of every key's name).
+fn bucket_of(rest: &str, n: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in rest.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    // `n` is at most `u16::MAX`: the remainder fits.
+    (h % n.max(1) as u64) as usize
 }
 
 /// The prefix of [`RedisStore::connect`] and [`RedisStore::new`].
@@ -189,21 +330,89 @@ const SWEEP_BATCH: u64 = 1000;
 const MAX_MILLIS: u64 = crate::MAX_DURATION.as_millis() as u64;
 
 impl RedisStore {
+    /// The number of buckets a store on a Redis Cluster keeps its records in: each is a hash
+    /// tag (`{0}` to `{15}`), so a bucket's records and indexes share one slot, and the buckets
+    /// spread over the cluster's shards.
+    pub const CLUSTER_BUCKETS: u16 = 16;
+
     /// A store over `manager`, a connection you made and configured, under the prefix
     /// `surely:idem:`.
     pub fn new(manager: ConnectionManager) -> Self {
-        Self::with_conn(Conn {
-            client: None,
-            manager: tokio::sync::OnceCell::new_with(Some(manager)),
-        })
+        Self::with_conn(
+            Conn {
+                client: None,
+                link: tokio::sync::OnceCell::new_with(Some(Link::Server(manager))),
+            },
+            None,
+        )
     }
 
     /// A store over `client`, connected on first use, as [`connect`](Self::connect) does.
     pub fn from_client(client: redis::Client) -> Self {
-        Self::with_conn(Conn {
-            client: Some(client),
-            manager: tokio::sync::OnceCell::new(),
-        })
+        Self::with_conn(
+            Conn {
+                client: Some(Source::Server(client)),
+                link: tokio::sync::OnceCell::new(),
+            },
+            None,
+        )
+    }
+
+    /// A store on a Redis Cluster, reached through any of `nodes` (`redis://host:port`; the
+    /// client learns the rest from the cluster), under the prefix `surely:idem:`, its records
+    /// in [`CLUSTER_BUCKETS`](Self::CLUSTER_BUCKETS) buckets. Nothing connects yet: the first call does, with a
+    /// one-second connection timeout, a five-second response timeout and two retries, and a
+    /// failed connection is tried again on the next call. See
+    /// [on a cluster](Self#on-a-cluster) for what changes.
+    ///
+    /// # Errors
+    ///
+    /// No node given, or one that does not parse ([`StoreError::is_backend`]).
+    ///
+    /// ```
+    /// use surely::server::store::RedisStore;
+    ///
+    /// let store = RedisStore::cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]).unwrap();
+    /// assert_eq!(store.buckets(), Some(16));
+    /// assert!(RedisStore::cluster(Vec::<String>::new()).unwrap_err().is_backend());
+    /// ```
+    pub fn cluster<I, T>(nodes: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: AsRef<str>,
+    {
+        let nodes: Vec<String> = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        let client = ClusterClient::builder(nodes)
+            .connection_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_secs(5))
+            .retries(2)
+            .build()
+            .map_err(StoreError::backend)?;
+        Ok(Self::from_cluster_client(client))
+    }
+
+    /// A store on a Redis Cluster through `client`, a client you configured, connected on first
+    /// use, as [`cluster`](Self::cluster) does.
+    pub fn from_cluster_client(client: ClusterClient) -> Self {
+        Self::with_conn(
+            Conn {
+                client: Some(Source::Cluster(Box::new(client))),
+                link: tokio::sync::OnceCell::new(),
+            },
+            Some(Self::CLUSTER_BUCKETS),
+        )
+    }
+
+    /// A store on a Redis Cluster over `connection`, a connection you made, as
+    /// [`cluster`](Self::cluster) does.
+    pub fn from_cluster_connection(connection: ClusterConnection) -> Self {
+        Self::with_conn(
+            Conn {
+                client: None,
+                link: tokio::sync::OnceCell::new_with(Some(Link::Cluster(connection))),
+            },
+            Some(Self::CLUSTER_BUCKETS),
+        )
     }
 
     /// A store on the Redis at `url` (`redis://host:6379/0`, `rediss://` for TLS when the
@@ -226,10 +435,10 @@ impl RedisStore {
         Ok(Self::from_client(client))
     }
 
-    fn with_conn(conn: Conn) -> Self {
+    fn with_conn(conn: Conn, buckets: Option<u16>) -> Self {
         RedisStore {
             conn: Arc::new(conn),
-            keys: Arc::new(Keys::new(DEFAULT_PREFIX, DEFAULT_BACKSTOP)),
+            keys: Arc::new(Keys::new(DEFAULT_PREFIX, buckets, DEFAULT_BACKSTOP)),
         }
     }
 
@@ -263,7 +472,11 @@ impl RedisStore {
         }
         Ok(RedisStore {
             conn: self.conn,
-            keys: Arc::new(Keys::new(prefix, self.keys.backstop)),
+            keys: Arc::new(Keys::new(
+                prefix,
+                self.keys.bucket_count(),
+                self.keys.backstop,
+            )),
         })
     }
 
@@ -286,7 +499,11 @@ impl RedisStore {
         ConfigError::at_most_max("redis backstop", backstop)?;
         Ok(RedisStore {
             conn: self.conn,
-            keys: Arc::new(Keys::new(&self.keys.prefix, backstop)),
+            keys: Arc::new(Keys::new(
+                &self.keys.prefix,
+                self.keys.bucket_count(),
+                backstop,
+            )),
         })
     }
 
@@ -295,26 +512,41 @@ impl RedisStore {
         &self.keys.prefix
     }
 
+    /// The number of buckets the records are kept in on a cluster ([`CLUSTER_BUCKETS`](Self::CLUSTER_BUCKETS)), `None`
+    /// on one server.
+    pub fn buckets(&self) -> Option<u16> {
+        self.keys.bucket_count()
+    }
+
     /// The connection, made on first use.
-    async fn manager(&self) -> Result<ConnectionManager, StoreError> {
-        if let Some(manager) = self.conn.manager.get() {
-            return Ok(manager.clone());
+    async fn manager(&self) -> Result<Link, StoreError> {
+        if let Some(link) = self.conn.link.get() {
+            return Ok(link.clone());
         }
         let Some(client) = &self.conn.client else {
             return Err(StoreError::backend("redis store without a connection"));
         };
-        // Made here, in the runtime, and lazy: it connects on its first command, which every
-        // request waiting meanwhile shares (one attempt for all, not one after the other).
+        // Made here, in the runtime. One server's is lazy: it connects on its first command,
+        // which every request waiting meanwhile shares (one attempt for all, not one after the
+        // other). A cluster's reads the slots first; the requests waiting share that too.
         self.conn
-            .manager
+            .link
             .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_secs(1)))
-                    .set_response_timeout(Some(Duration::from_secs(5)))
-                    .set_number_of_retries(2)
-                    .set_min_delay(Duration::from_millis(50))
-                    .set_max_delay(Duration::from_millis(500));
-                ConnectionManager::new_lazy_with_config(client.clone(), config)
+                match client {
+                    Source::Server(client) => {
+                        let config = ConnectionManagerConfig::new()
+                            .set_connection_timeout(Some(Duration::from_secs(1)))
+                            .set_response_timeout(Some(Duration::from_secs(5)))
+                            .set_number_of_retries(2)
+                            .set_min_delay(Duration::from_millis(50))
+                            .set_max_delay(Duration::from_millis(500));
+                        ConnectionManager::new_lazy_with_config(client.clone(), config)
+                            .map(Link::Server)
+                    }
+                    Source::Cluster(client) => {
+                        client.get_async_connection().await.map(Link::Cluster)
+                    }
+                }
             })
             .await
             .cloned()
@@ -329,15 +561,15 @@ impl RedisStore {
         key: &RecordKey,
         args: &[&[u8]],
     ) -> Result<(String, String, Value), StoreError> {
-        let (record, lease) = self.keys.record(key);
+        let (index, record, lease) = self.keys.record(key);
         let mut invocation = script.prepare_invoke();
         invocation
             .key(&record)
             .key(&lease)
-            .key(&self.keys.processing)
-            .key(&self.keys.unknown)
-            .key(&self.keys.ended)
-            .key(&self.keys.leases);
+            .key(&index.processing)
+            .key(&index.unknown)
+            .key(&index.ended)
+            .key(&index.leases);
         for arg in args {
             invocation.arg(*arg);
         }
@@ -368,12 +600,14 @@ impl RedisStore {
         }
     }
 
-    /// Reads up to `limit` records of `index` whose score is `older_than` ago or more, oldest
-    /// first, with `fields` after tenant, operation, key, fence and state; records in another
-    /// state than `states` (left behind by a hand-made change) are skipped.
+    /// Reads up to `limit` records of the index `which` picks whose score is `older_than` ago
+    /// or more, oldest first, with `fields` after tenant, operation, key, fence and state;
+    /// records in another state than `states` (left behind by a hand-made change) are skipped.
+    /// On a cluster, each bucket's index gives its oldest `limit`, and the oldest `limit` of
+    /// them all are kept.
     async fn list<T>(
         &self,
-        index: &str,
+        which: fn(&Index) -> &str,
         older_than: Duration,
         limit: usize,
         fields: &[&str],
@@ -383,40 +617,49 @@ impl RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let mut invocation = SCRIPTS.list.prepare_invoke();
-        invocation
-            .key(index)
-            .arg(millis(older_than))
-            .arg(limit.min(u32::MAX as usize));
-        for field in ["t", "o", "k", "f", "s"].iter().chain(fields) {
-            invocation.arg(*field);
-        }
         let mut conn = self.manager().await?;
-        let value: Value = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| at(index, e))?;
-        let mut reply = Reply::new(index, value)?;
-        let now = reply.int()?;
         let mut found = Vec::new();
-        while let Some(row) = reply.next_row()? {
-            let e = |why: BoxError| at(&row.key, why);
-            let (tenant, operation, k) = (row.text(0)?, row.text(1)?, row.text(2)?);
-            let fence = row.number(3)?;
-            let state = row.text(4)?;
-            if !states.contains(&state.as_str()) {
-                continue;
+        let mut now = i64::MIN;
+        let score_at = 5 + fields.len();
+        for bucket in &self.keys.buckets {
+            let index = which(bucket);
+            let mut invocation = SCRIPTS.list.prepare_invoke();
+            invocation
+                .key(index)
+                .arg(millis(older_than))
+                .arg(limit.min(u32::MAX as usize));
+            for field in ["t", "o", "k", "f", "s"].iter().chain(fields) {
+                invocation.arg(*field);
             }
-            let k = IdempotencyKey::new(k).map_err(|x| e(x.into()))?;
-            let fence = Fence::new(u64::try_from(fence).map_err(|x| e(x.into()))?);
-            found.push(read(
-                &row,
-                RecordKey::new(tenant, operation, k),
-                fence,
-                now,
-            )?);
+            let value: Value = invocation
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| at(index, e))?;
+            let mut reply = Reply::new(index, value)?;
+            now = now.max(reply.int()?);
+            while let Some(row) = reply.next_row()? {
+                let e = |why: BoxError| at(&row.key, why);
+                let (tenant, operation, k) = (row.text(0)?, row.text(1)?, row.text(2)?);
+                let fence = row.number(3)?;
+                let state = row.text(4)?;
+                if !states.contains(&state.as_str()) {
+                    continue;
+                }
+                let k = IdempotencyKey::new(k).map_err(|x| e(x.into()))?;
+                let fence = Fence::new(u64::try_from(fence).map_err(|x| e(x.into()))?);
+                let score = row.number(score_at)?;
+                found.push((score, row, RecordKey::new(tenant, operation, k), fence));
+            }
         }
-        Ok(found)
+        if self.keys.buckets.len() > 1 {
+            found.sort_by_key(|(score, ..)| *score);
+            found.truncate(limit);
+        }
+        // One time for all the buckets (the latest read), so that ages compare.
+        found
+            .into_iter()
+            .map(|(_, row, key, fence)| read(&row, key, fence, now))
+            .collect()
     }
 }
 
@@ -649,19 +892,21 @@ return {'record', r[1], r[2], r[3], redis.call('PTTL', KEYS[2]), now_ms(), r[4],
 "#;
 
 /// `KEYS[1]`: an index. `ARGV`: how old (ms), the most to read, the fields to read. Returns
-/// Redis's time, then each record's key and fields; a record gone (deleted by its time to
+/// Redis's time, then each record's key and fields, its score in the index last; a record gone (deleted by its time to
 /// live) leaves the index. A key that is not a record stops the listing, named.
 const LIST: &str = r#"
 local now = now_ms()
 local names = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]),
-  'LIMIT', 0, tonumber(ARGV[2]))
+  'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
 local out = {now}
-for _, name in ipairs(names) do
+for i = 1, #names, 2 do
+  local name = names[i]
   local r = redis.pcall('HMGET', name, unpack(ARGV, 3))
   if r.err then
     return {'corrupt', name, r.err}
   end
   if r[1] then
+    table.insert(r, names[i + 1])
     table.insert(out, name)
     table.insert(out, r)
   else
@@ -708,7 +953,8 @@ return n
 
 /// `KEYS`: the index of processing records by their lease's end, the index of processing
 /// records by when they were acquired, and where the walk through it stands. `ARGV`: the new
-/// lease (ms), the most to take, the store's prefix. Returns Redis's time, then each record
+/// lease (ms), the most to take, what the records' and leases' names start with (the prefix,
+/// and a cluster's bucket tag). Returns Redis's time, then each record
 /// taken: its key and its fields (tenant, operation, key, new fence, `p`, digest, checkpoints,
 /// age and overdue in ms).
 ///
@@ -722,7 +968,7 @@ return n
 const TAKE_ABANDONED: &str = r#"
 local now = now_ms()
 local lease = tonumber(ARGV[1])
-local prefix = ARGV[3]
+local base = ARGV[3]
 local from = redis.call('GET', KEYS[3]) or '-inf'
 local walked = redis.call('ZRANGEBYSCORE', KEYS[2], from, '+inf', 'WITHSCORES', 'LIMIT', 0, 100)
 for i = 1, #walked, 2 do
@@ -760,7 +1006,7 @@ for _, name in ipairs(due) do
     elseif not f then
       return {'corrupt', name, 'has no fence'}
     else
-      local held = prefix .. 'lease:' .. string.sub(name, #prefix + 5)
+      local held = base .. 'lease:' .. string.sub(name, #base + 5)
       if redis.call('SET', held, f + 1, 'NX', 'PX', lease) then
         redis.call('HSET', name, 'f', f + 1, 'lu', now + lease, 'at', now)
         redis.call('ZADD', KEYS[2], now, name)
@@ -1165,7 +1411,7 @@ impl IdempotencyStore for RedisStore {
 
     async fn unknowns(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
         self.list(
-            &self.keys.unknown,
+            |i| &i.unknown,
             Duration::ZERO,
             limit,
             &["ev", "cp", "ua"],
@@ -1192,7 +1438,7 @@ impl IdempotencyStore for RedisStore {
         limit: usize,
     ) -> Result<Vec<ExpiredRecord>, StoreError> {
         self.list(
-            &self.keys.ended,
+            |i| &i.ended,
             keep_expired_for,
             limit,
             &["st", "rs", "rc", "cp"],
@@ -1219,40 +1465,57 @@ impl IdempotencyStore for RedisStore {
         if records.is_empty() {
             return Ok(0);
         }
-        let mut invocation = SCRIPTS.forget.prepare_invoke();
-        invocation.key(&self.keys.ended);
+        // One script per bucket: a script's keys share one slot.
+        let mut by_bucket: Vec<(&Index, Vec<(String, u64)>)> = Vec::new();
         for record in records {
-            invocation.key(self.keys.record(&record.key).0);
-        }
-        for record in records {
-            invocation.arg(record.fence.get());
+            let (index, name, _) = self.keys.record(&record.key);
+            let entry = (name, record.fence.get());
+            match by_bucket.iter_mut().find(|(i, _)| std::ptr::eq(*i, index)) {
+                Some((_, names)) => names.push(entry),
+                None => by_bucket.push((index, vec![entry])),
+            }
         }
         let mut conn = self.manager().await?;
-        let n: i64 = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| at(&self.keys.ended, e))?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        let mut forgotten = 0;
+        for (index, names) in by_bucket {
+            let mut invocation = SCRIPTS.forget.prepare_invoke();
+            invocation.key(&index.ended);
+            for (name, _) in &names {
+                invocation.key(name);
+            }
+            for (_, fence) in &names {
+                invocation.arg(*fence);
+            }
+            let n: i64 = invocation
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| at(&index.ended, e))?;
+            forgotten += u64::try_from(n).unwrap_or(0);
+        }
+        Ok(forgotten)
     }
 
     async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {
         let mut conn = self.manager().await?;
         let mut deleted = 0;
-        loop {
-            let value: Value = SCRIPTS
-                .sweep
-                .key(&self.keys.ended)
-                .arg(millis(keep_expired_for))
-                .arg(SWEEP_BATCH)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| at(&self.keys.ended, e))?;
-            let mut reply = Reply::new(&self.keys.ended, value)?;
-            deleted += u64::try_from(reply.int()?).unwrap_or(0);
-            if u64::try_from(reply.int()?).unwrap_or(0) < SWEEP_BATCH {
-                return Ok(deleted);
+        for index in &self.keys.buckets {
+            loop {
+                let value: Value = SCRIPTS
+                    .sweep
+                    .key(&index.ended)
+                    .arg(millis(keep_expired_for))
+                    .arg(SWEEP_BATCH)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| at(&index.ended, e))?;
+                let mut reply = Reply::new(&index.ended, value)?;
+                deleted += u64::try_from(reply.int()?).unwrap_or(0);
+                if u64::try_from(reply.int()?).unwrap_or(0) < SWEEP_BATCH {
+                    break;
+                }
             }
         }
+        Ok(deleted)
     }
 
     async fn inspect(&self, key: &RecordKey) -> Result<Option<RecordView>, StoreError> {
@@ -1269,40 +1532,53 @@ impl IdempotencyStore for RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let mut invocation = SCRIPTS.take_abandoned.prepare_invoke();
-        invocation
-            .key(&self.keys.leases)
-            .key(&self.keys.processing)
-            .key(&self.keys.leases_walked)
-            .arg(lease_millis(lease))
-            .arg(limit.min(u32::MAX as usize))
-            .arg(&*self.keys.prefix)
-            .arg(lease_millis(overdue_by));
         let mut conn = self.manager().await?;
-        let value: Value = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| at(&self.keys.leases, e))?;
-        let mut reply = Reply::new(&self.keys.leases, value)?;
-        reply.int()?;
         let mut taken = Vec::new();
-        while let Some(row) = reply.next_row()? {
-            let e = |why: BoxError| at(&row.key, why);
-            let (tenant, operation, k) = (row.text(0)?, row.text(1)?, row.text(2)?);
-            let k = IdempotencyKey::new(k).map_err(|x| e(x.into()))?;
-            let fence = u64::try_from(row.number(3)?).map_err(|x| e(x.into()))?;
-            let digest = row.bytes(5)?.unwrap_or_default();
-            let digest =
-                <[u8; 32]>::try_from(digest).map_err(|_| row.fail("its digest is not 32 bytes"))?;
-            let steps = decode_checkpoints(&row.key, row.bytes(6)?.unwrap_or_default())?;
-            taken.push(AbandonedRecord::new(
-                RecordKey::new(tenant, operation, k),
-                Fence::new(fence),
-                duration(row.number(7)?),
-                duration(row.number(8)?),
-                RequestDigest::from_bytes(digest),
-                steps,
-            ));
+        // Each round starts at the next bucket, so that a busy one never starves the rest.
+        let n = self.keys.buckets.len();
+        let first = self
+            .keys
+            .next
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..n {
+            let left = limit - taken.len();
+            if left == 0 {
+                break;
+            }
+            let index = &self.keys.buckets[(first + i) % n];
+            let mut invocation = SCRIPTS.take_abandoned.prepare_invoke();
+            invocation
+                .key(&index.leases)
+                .key(&index.processing)
+                .key(&index.leases_walked)
+                .arg(lease_millis(lease))
+                .arg(left.min(u32::MAX as usize))
+                .arg(&index.base)
+                .arg(lease_millis(overdue_by));
+            let value: Value = invocation
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| at(&index.leases, e))?;
+            let mut reply = Reply::new(&index.leases, value)?;
+            reply.int()?;
+            while let Some(row) = reply.next_row()? {
+                let e = |why: BoxError| at(&row.key, why);
+                let (tenant, operation, k) = (row.text(0)?, row.text(1)?, row.text(2)?);
+                let k = IdempotencyKey::new(k).map_err(|x| e(x.into()))?;
+                let fence = u64::try_from(row.number(3)?).map_err(|x| e(x.into()))?;
+                let digest = row.bytes(5)?.unwrap_or_default();
+                let digest = <[u8; 32]>::try_from(digest)
+                    .map_err(|_| row.fail("its digest is not 32 bytes"))?;
+                let steps = decode_checkpoints(&row.key, row.bytes(6)?.unwrap_or_default())?;
+                taken.push(AbandonedRecord::new(
+                    RecordKey::new(tenant, operation, k),
+                    Fence::new(fence),
+                    duration(row.number(7)?),
+                    duration(row.number(8)?),
+                    RequestDigest::from_bytes(digest),
+                    steps,
+                ));
+            }
         }
         Ok(taken)
     }
@@ -1313,7 +1589,7 @@ impl IdempotencyStore for RedisStore {
         limit: usize,
     ) -> Result<Vec<StuckRecord>, StoreError> {
         self.list(
-            &self.keys.processing,
+            |i| &i.processing,
             older_than,
             limit,
             &["at"],

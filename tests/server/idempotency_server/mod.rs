@@ -39,6 +39,8 @@ mod postgres;
 mod recovery;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_cluster;
 mod scenarios;
 mod stored;
 mod support;
