@@ -7,6 +7,12 @@
 //! incarnation, with `CRASH_AT=NAME:N`: the `N`-th time the process reaches `NAME`, it prints
 //! `@@ crashpoint NAME` (flushed) and waits there forever; the driver reads the line and kills
 //! the process with SIGKILL. Nothing after the point runs.
+//!
+//! A point armed to pause (`pause NAME:N` on standard input) prints `@@ pausepoint NAME`
+//! instead and waits for `resume`: meanwhile the driver stops the process (SIGSTOP), lets
+//! another instance of the role take over past the lease, and continues it (SIGCONT). Then it
+//! goes on past the point, its writes now late, and [`resumed`] tells the role so, for the
+//! notes it prints when a fence refuses one.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -48,8 +54,23 @@ pub(crate) const ENV_CRASH_AT: &str = "CRASH_AT";
 struct Armed {
     /// The point and on which hit it fires.
     point: Option<(String, u32)>,
+    /// Whether it pauses there (waits for `resume`) rather than waiting to be killed.
+    pause: bool,
     hits: HashMap<String, u32>,
 }
+
+/// `resume` from the driver: wakes a paused point.
+fn resume() -> &'static tokio::sync::Notify {
+    static RESUME: OnceLock<tokio::sync::Notify> = OnceLock::new();
+    RESUME.get_or_init(tokio::sync::Notify::new)
+}
+
+/// Whether this process was paused at a point and resumed: what it writes now is late.
+pub(crate) fn resumed() -> bool {
+    RESUMED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+static RESUMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn armed() -> &'static Mutex<Armed> {
     static ARMED: OnceLock<Mutex<Armed>> = OnceLock::new();
@@ -60,6 +81,7 @@ fn armed() -> &'static Mutex<Armed> {
         });
         Mutex::new(Armed {
             point,
+            pause: false,
             hits: HashMap::new(),
         })
     })
@@ -69,16 +91,29 @@ fn lock() -> std::sync::MutexGuard<'static, Armed> {
     armed().lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Reaches `point`: if it is armed and this is its hit, says so and never returns.
+/// Reaches `point`: if it is armed and this is its hit, says so and never returns, or, armed to
+/// pause, waits for `resume` and goes on.
 pub(crate) async fn at(point: &str) {
-    let fire = {
+    let (fire, pause) = {
         let mut armed = lock();
         let hits = armed.hits.entry(point.to_owned()).or_default();
         *hits += 1;
         let hit = *hits;
-        matches!(&armed.point, Some((name, n)) if name == point && *n == hit)
+        let fire = matches!(&armed.point, Some((name, n)) if name == point && *n == hit);
+        let pause = fire && armed.pause;
+        if pause {
+            // Once: the point does not pause again.
+            armed.point = None;
+            armed.pause = false;
+        }
+        (fire, pause)
     };
-    if fire {
+    if pause {
+        let resumed = resume().notified();
+        say(&format!("pausepoint {point}"));
+        resumed.await;
+        say(&format!("note resumed {point}"));
+    } else if fire {
         say(&format!("crashpoint {point}"));
         std::future::pending::<()>().await;
     }
@@ -98,7 +133,8 @@ pub(crate) fn ready() {
 }
 
 /// Reads the driver's commands from standard input on a thread of its own: `disarm` clears the
-/// armed point; `arm NAME:N` arms one; the end of input (the driver closed it, or died) turns the returned watch true:
+/// armed point; `arm NAME:N` arms one; `pause NAME:N` arms one to pause, `resume` continues
+/// it; the end of input (the driver closed it, or died) turns the returned watch true:
 /// the role stops.
 pub(crate) fn control() -> watch::Receiver<bool> {
     let (stop, stopped) = watch::channel(false);
@@ -106,10 +142,22 @@ pub(crate) fn control() -> watch::Receiver<bool> {
         let stdin = std::io::stdin();
         for line in stdin.lock().lines() {
             match line {
-                Ok(l) if l.trim() == "disarm" => lock().point = None,
-                // `arm NAME:N`: the point fires on its N-th hit from now on.
-                Ok(l) if l.starts_with("arm ") => {
-                    let point = l[4..]
+                Ok(l) if l.trim() == "disarm" => {
+                    let mut armed = lock();
+                    armed.point = None;
+                    armed.pause = false;
+                }
+                Ok(l) if l.trim() == "resume" => {
+                    // Late from now on, whether the paused point goes on or the work around it
+                    // was given up meanwhile (a timeout that ran out while the process stood).
+                    RESUMED.store(true, std::sync::atomic::Ordering::SeqCst);
+                    resume().notify_one();
+                }
+                // `arm NAME:N` (`pause NAME:N`): the point fires (pauses) on its N-th hit from
+                // now on.
+                Ok(l) if l.starts_with("arm ") || l.starts_with("pause ") => {
+                    let (verb, rest) = l.split_once(' ').unwrap_or_default();
+                    let point = rest
                         .trim()
                         .split_once(':')
                         .and_then(|(name, n)| Some((name.to_owned(), n.parse().ok()?)));
@@ -118,6 +166,7 @@ pub(crate) fn control() -> watch::Receiver<bool> {
                         armed.hits.remove(name);
                     }
                     armed.point = point;
+                    armed.pause = verb == "pause";
                 }
                 Ok(_) => {}
                 Err(_) => break,

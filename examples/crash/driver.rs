@@ -92,6 +92,30 @@ impl Role {
         }
     }
 
+    /// Where it pauses when the driver pauses it (`--pauses`): mid-handler, mid-publish,
+    /// mid-apply, mid-settle. The client does not pause.
+    fn pause_point(self) -> Option<&'static str> {
+        match self {
+            Role::Order => Some(AFTER_PAYMENT),
+            Role::Relay => Some(AFTER_PUBLISH),
+            Role::Consumer => Some(AFTER_ANSWER),
+            Role::Reconciler => Some(MID_RECONCILE),
+            Role::Client => None,
+        }
+    }
+
+    /// How long a pause lasts: past the role's lease (and for the order service, past the
+    /// abandoned rounds that take its record over), so that another instance takes over.
+    fn pause_length(self) -> Duration {
+        match self {
+            Role::Order => abandoned_bound() + Duration::from_millis(500),
+            Role::Relay => crate::RELAY_LEASE * 2 + Duration::from_millis(500),
+            Role::Consumer => ACK_WAIT + Duration::from_secs(1),
+            Role::Reconciler => reconcile::CLAIM_LEASE + Duration::from_millis(1500),
+            Role::Client => Duration::ZERO,
+        }
+    }
+
     /// Its weight among the random kills.
     fn weight(self) -> f64 {
         match self {
@@ -117,6 +141,9 @@ pub(crate) struct Options {
     pub(crate) verbose: bool,
     /// Partition windows of the order service (0: none, and no namespace).
     pub(crate) partitions: u32,
+    /// Pauses: a role stopped (SIGSTOP) at its pause point past its lease while another
+    /// instance takes over, then continued (SIGCONT).
+    pub(crate) pauses: u32,
     /// The relay reads the outbox from PostgreSQL's write-ahead log (`LogRelay`) instead of
     /// polling the table.
     pub(crate) log_relay: bool,
@@ -128,7 +155,7 @@ const DEFAULT_WORKERS: u32 = 4;
 const DEFAULT_HOOKLESS: f64 = 0.1;
 
 const USAGE: &str = "usage: crash [driver] [--kills N] [--seed S] [--timeout SECS] [--workers N] \
-    [--hookless SHARE] [--partitions N] [--relay poll|log] [--postgres URL] [--nats URL] \
+    [--hookless SHARE] [--partitions N] [--pauses N] [--relay poll|log] [--postgres URL] [--nats URL] \
     [--verbose]";
 
 impl Options {
@@ -143,6 +170,7 @@ impl Options {
             hookless: DEFAULT_HOOKLESS,
             verbose: false,
             partitions: 0,
+            pauses: 0,
             log_relay: false,
         };
         let mut args = args.iter();
@@ -162,6 +190,7 @@ impl Options {
                 "--nats" => o.nats = value("--nats")?,
                 "--verbose" => o.verbose = true,
                 "--partitions" => o.partitions = value("--partitions")?.parse()?,
+                "--pauses" => o.pauses = value("--pauses")?.parse()?,
                 "--relay" => {
                     o.log_relay = match value("--relay")?.as_str() {
                         "log" => true,
@@ -201,16 +230,20 @@ impl Options {
         if self.partitions > 0 {
             cmd.push_str(&format!(" --partitions {}", self.partitions));
         }
+        if self.pauses > 0 {
+            cmd.push_str(&format!(" --pauses {}", self.pauses));
+        }
         if self.log_relay {
             cmd.push_str(" --relay log");
         }
         cmd
     }
 
-    /// The chaos phase's limit: given, or 4 s a kill and at least 2 minutes.
+    /// The chaos phase's limit: given, or 4 s a kill, 10 s a pause, and at least 2 minutes.
     fn chaos_limit(&self) -> Duration {
-        self.timeout
-            .unwrap_or(Duration::from_secs((u64::from(self.kills) * 4).max(120)))
+        self.timeout.unwrap_or(Duration::from_secs(
+            (u64::from(self.kills) * 4 + u64::from(self.pauses) * 10).max(120),
+        ))
     }
 }
 
@@ -265,12 +298,67 @@ pub(crate) struct Stats {
     /// Once the client and the reconciler stopped, before anything sent a key again: how long
     /// until no record was `PROCESSING`, and the records still `PROCESSING` at the bound.
     pub(crate) abandoned_cleared: Option<(Duration, Vec<String>)>,
+    /// Pauses, by role: stopped at the pause point, another instance started, continued.
+    pub(crate) pauses: BTreeMap<&'static str, u32>,
+    /// Pauses armed whose point was not reached in time (disarmed, tried again elsewhere).
+    pub(crate) pauses_missed: u32,
+    /// The time processes spent stopped.
+    pub(crate) paused_for: Duration,
+    /// The pauses asked for (`--pauses`).
+    pub(crate) pauses_wanted: u32,
+    /// Paused processes continued (SIGCONT and `resume`).
+    pub(crate) continued: u32,
 }
 
 impl Stats {
     pub(crate) fn kills(&self) -> u32 {
         self.kills_at_point.values().sum::<u32>() + self.kills_random.values().sum::<u32>()
     }
+
+    pub(crate) fn pauses(&self) -> u32 {
+        self.pauses.values().sum()
+    }
+}
+
+/// The pauses' schedule: a wait and a role, from the seed alone.
+struct PauseSchedule(SplitMix);
+
+impl PauseSchedule {
+    fn next(&mut self, roles: &[Role]) -> (Duration, Role) {
+        let wait = Duration::from_secs(1)
+            .mul_f64(self.0.exponential())
+            .clamp(Duration::from_millis(200), Duration::from_secs(3));
+        let role = roles[(self.0.next_u64() % roles.len() as u64) as usize];
+        (wait, role)
+    }
+}
+
+/// A process stopped at its pause point, and what comes next for it.
+struct Paused {
+    role: Role,
+    proc: Proc,
+    /// When it is continued.
+    resume_at: Instant,
+    /// Once continued: when it goes (SIGKILL), its late writes tried.
+    gone_at: Option<Instant>,
+}
+
+/// How long a continued process runs beside the one that took over before it goes.
+const RESUMED_FOR: Duration = Duration::from_secs(2);
+/// How long an armed pause may wait for its point.
+const PAUSE_ARMED_LIMIT: Duration = Duration::from_secs(6);
+
+/// Sends `signal` (`STOP`, `CONT`) to `pid`, with the system's `kill`.
+fn signal(pid: u32, signal: &str) -> Result<(), BoxError> {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(|e| format!("kill -{signal} {pid}: {e}"))?;
+    if !status.success() {
+        return Err(format!("kill -{signal} {pid}: {status}").into());
+    }
+    Ok(())
 }
 
 /// The random kills' schedule: a wait and a role, one after the other, from the seed alone.
@@ -329,6 +417,10 @@ struct Supervisor {
     /// Killed roles waiting to serve again: when, and at what.
     pending: HashMap<Role, (Instant, String)>,
     stats: Stats,
+    /// Processes stopped at their pause point, or continued and about to go.
+    paused: Vec<Paused>,
+    /// The pause armed now: the role, its incarnation, and until when it may wait.
+    pausing: Option<(Role, u64, Instant)>,
 }
 
 /// Figures a note carries: the `(word, number)` pairs of its line.
@@ -514,6 +606,9 @@ impl Supervisor {
                             })?;
                         self.kill(role, point);
                     }
+                    ["pausepoint", point] if current => {
+                        self.pause(role, point)?;
+                    }
                     ["note", "takeover", _key, verdict] => {
                         *self
                             .stats
@@ -594,6 +689,128 @@ impl Supervisor {
         Ok(())
     }
 
+    /// The role's process reached its pause point: stops it (SIGSTOP), sets it aside to be
+    /// continued past its lease, and starts another instance, which takes over.
+    fn pause(&mut self, role: Role, point: &str) -> Result<(), BoxError> {
+        if role.pause_point() != Some(point) {
+            return Err(format!("{} paused at an unknown point {point}", role.name()).into());
+        }
+        self.pausing = None;
+        let p = self.procs.remove(&role).ok_or("no process to pause")?;
+        signal(p.pid, "STOP")?;
+        let length = role.pause_length();
+        *self.stats.pauses.entry(role.name()).or_default() += 1;
+        self.stats.paused_for += length;
+        if self.opts.verbose {
+            println!(
+                "  pause      {} #{} (pid {}) at {point} for {}",
+                role.name(),
+                p.incarnation,
+                p.pid,
+                ms(length)
+            );
+        }
+        self.paused.push(Paused {
+            role,
+            proc: p,
+            resume_at: Instant::now() + length,
+            gone_at: None,
+        });
+        self.spawn(role, false)
+    }
+
+    /// The next thing due for a paused process, if any.
+    fn paused_due(&self) -> Option<Instant> {
+        self.paused
+            .iter()
+            .map(|p| p.gone_at.unwrap_or(p.resume_at))
+            .min()
+    }
+
+    /// Continues the paused processes whose time came (SIGCONT, then `resume`), and kills those
+    /// that ran their while beside the instance that took over.
+    async fn tend_paused(&mut self) -> Result<(), BoxError> {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.paused.len() {
+            let p = &mut self.paused[i];
+            match p.gone_at {
+                None if p.resume_at <= now => {
+                    signal(p.proc.pid, "CONT")?;
+                    if let Some(stdin) = p.proc.stdin.as_mut() {
+                        let _ = stdin.write_all(b"resume\n").await;
+                        let _ = stdin.flush().await;
+                    }
+                    p.gone_at = Some(now + RESUMED_FOR);
+                    self.stats.continued += 1;
+                    if self.opts.verbose {
+                        println!(
+                            "  continue   {} #{} (pid {})",
+                            p.role.name(),
+                            p.proc.incarnation,
+                            p.proc.pid
+                        );
+                    }
+                }
+                Some(gone) if gone <= now => {
+                    let mut p = self.paused.swap_remove(i);
+                    if let Some(kill) = p.proc.kill.take() {
+                        let _ = kill.send(());
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Arms `role`'s serving process to pause at its point.
+    async fn arm_pause(&mut self, role: Role) -> bool {
+        let Some(point) = role.pause_point() else {
+            return false;
+        };
+        if !self.is_up(role) || self.paused.iter().any(|p| p.role == role) {
+            return false;
+        }
+        let Some(p) = self.procs.get_mut(&role) else {
+            return false;
+        };
+        let Some(stdin) = p.stdin.as_mut() else {
+            return false;
+        };
+        let line = format!("pause {point}:1\n");
+        if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
+            return false;
+        }
+        p.armed = None;
+        self.pausing = Some((role, p.incarnation, Instant::now() + PAUSE_ARMED_LIMIT));
+        true
+    }
+
+    /// An armed pause whose point did not come in time: disarmed, counted, tried elsewhere.
+    async fn pause_missed(&mut self) {
+        let Some((role, incarnation, until)) = self.pausing else {
+            return;
+        };
+        if Instant::now() < until {
+            return;
+        }
+        self.pausing = None;
+        self.stats.pauses_missed += 1;
+        if let Some(p) = self
+            .procs
+            .get_mut(&role)
+            .filter(|p| p.incarnation == incarnation)
+        {
+            if let Some(stdin) = p.stdin.as_mut() {
+                let _ = stdin.write_all(b"disarm\n").await;
+                let _ = stdin.flush().await;
+            }
+        }
+    }
+
     /// A process that does not come up in time is an error.
     fn check_startup(&self) -> Result<(), BoxError> {
         for (role, p) in &self.procs {
@@ -650,9 +867,20 @@ impl Supervisor {
         let mut open: Option<Instant> = None;
         let windows = |s: &Stats| s.windows.values().sum::<u32>();
         let far = Duration::from_secs(3600);
+        // The pauses: the log relay has no claims to take over, so it is not paused.
+        let pausable: Vec<Role> = [Role::Order, Role::Relay, Role::Consumer, Role::Reconciler]
+            .into_iter()
+            .filter(|r| *r != Role::Relay || !self.opts.log_relay)
+            .collect();
+        let mut pauses = PauseSchedule(SplitMix::new(self.opts.seed ^ 0x9A05_E5ED));
+        let (wait, mut pause_target) = pauses.next(&pausable);
+        let mut pause_due = Instant::now() + wait;
         while self.stats.kills() < self.opts.kills
             || windows(&self.stats) < self.opts.partitions
             || open.is_some()
+            || self.stats.pauses() < self.opts.pauses
+            || self.pausing.is_some()
+            || !self.paused.is_empty()
         {
             if Instant::now() >= until {
                 return Err(format!(
@@ -668,6 +896,8 @@ impl Supervisor {
                 Ev(Option<Ev>),
                 Due,
                 Partition,
+                Pause,
+                Paused,
             }
             let kills_left = self.stats.kills() < self.opts.kills;
             if !kills_left && self.arm {
@@ -684,10 +914,21 @@ impl Supervisor {
                 (Some(_), None) if windows(&self.stats) < self.opts.partitions => partition_due,
                 _ => Instant::now() + far,
             };
+            // One pause at a time: armed, then stopped, then continued and gone.
+            let pause_at = match self.pausing {
+                Some((_, _, until)) => until,
+                None if self.paused.is_empty() && self.stats.pauses() < self.opts.pauses => {
+                    pause_due
+                }
+                None => Instant::now() + far,
+            };
+            let paused_at = self.paused_due().unwrap_or(Instant::now() + far);
             let step = tokio::select! {
                 ev = self.rx.recv() => Step::Ev(ev),
                 _ = tokio::time::sleep_until(kill_at) => Step::Due,
                 _ = tokio::time::sleep_until(partition_at) => Step::Partition,
+                _ = tokio::time::sleep_until(pause_at) => Step::Pause,
+                _ = tokio::time::sleep_until(paused_at) => Step::Paused,
             };
             match step {
                 Step::Ev(Some(ev)) => self.handle(ev)?,
@@ -722,6 +963,17 @@ impl Supervisor {
                 }
                 // The role is not serving yet: its kill waits for it.
                 Step::Due => due = Instant::now() + Duration::from_millis(20),
+                Step::Pause if self.pausing.is_some() => self.pause_missed().await,
+                Step::Pause => {
+                    if self.arm_pause(pause_target).await {
+                        let (wait, next) = pauses.next(&pausable);
+                        pause_target = next;
+                        pause_due = Instant::now() + wait;
+                    } else {
+                        pause_due = Instant::now() + Duration::from_millis(20);
+                    }
+                }
+                Step::Paused => self.tend_paused().await?,
             }
         }
         Ok(())
@@ -969,7 +1221,12 @@ async fn run(
         arm: true,
         incarnations: HashMap::new(),
         pending: HashMap::new(),
-        stats: Stats::default(),
+        stats: Stats {
+            pauses_wanted: opts.pauses,
+            ..Stats::default()
+        },
+        paused: Vec::new(),
+        pausing: None,
     };
     // The services first; the client once the order service serves.
     for role in [Role::Order, Role::Relay, Role::Consumer, Role::Reconciler] {
@@ -1034,6 +1291,19 @@ pub(crate) fn abandoned_bound() -> Duration {
     crate::LEASE * 2 + crate::ABANDONED_ROUND + crate::ABANDONED_TIMEOUT
 }
 
+/// The late writes the fences refused, by what was written: the roles' `late-write-refused:WHAT
+/// n N` notes, summed.
+pub(crate) fn late_writes_refused(stats: &Stats) -> BTreeMap<String, u64> {
+    stats
+        .notes
+        .iter()
+        .filter_map(|(k, n)| {
+            let what = k.strip_prefix("late-write-refused:")?.strip_suffix(" n")?;
+            Some((what.to_owned(), *n))
+        })
+        .collect()
+}
+
 fn summary(stats: &Stats, ops: &str, tasks: &[String], elapsed: Duration) {
     println!();
     println!("Summary:");
@@ -1062,6 +1332,29 @@ fn summary(stats: &Stats, ops: &str, tasks: &[String], elapsed: Duration) {
         stats.kills_random.values().sum::<u32>(),
         random.join(", ")
     );
+    if stats.pauses() > 0 || stats.pauses_missed > 0 {
+        let by_role: Vec<String> = stats
+            .pauses
+            .iter()
+            .map(|(r, n)| format!("{r} {n}"))
+            .collect();
+        let refused: Vec<String> = late_writes_refused(stats)
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        println!(
+            "  pauses     {} ({}), {} stopped in all, {} armed whose point did not come; late writes refused by their fence after a takeover: {}",
+            stats.pauses(),
+            by_role.join(", "),
+            ms(stats.paused_for),
+            stats.pauses_missed,
+            if refused.is_empty() {
+                "none".to_owned()
+            } else {
+                refused.join(", ")
+            }
+        );
+    }
     let restarts: Vec<String> = stats
         .restarts
         .iter()

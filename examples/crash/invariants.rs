@@ -427,6 +427,39 @@ pub(crate) async fn check(
     // 9 to 11. The consumer's tasks.
     let tasks = evidence.check(stats, &mut checks);
 
+    // 12. The pauses: each process stopped at its point past its lease while another instance
+    // took over, then continued; what it wrote late was refused by its fence, or would show
+    // above (a second payment or order: 1, 2; a second inventory change: 3; a settlement
+    // changed: 4, 8).
+    if stats.pauses_wanted > 0 {
+        let went_on = stats.notes.get("resumed").copied().unwrap_or(0);
+        let refused = crate::driver::late_writes_refused(stats);
+        checks.invariant(
+            stats.pauses() >= stats.pauses_wanted && stats.continued == stats.pauses(),
+            format!(
+                "12. paused past the lease and continued: {} of {} pauses ({}), {} continued, {went_on} of them past their point (the others' work timed out meanwhile); their late writes refused by the fence: {}",
+                stats.pauses(),
+                stats.pauses_wanted,
+                stats
+                    .pauses
+                    .iter()
+                    .map(|(r, n)| format!("{r} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                stats.continued,
+                if refused.is_empty() {
+                    "none tried".to_owned()
+                } else {
+                    refused
+                        .iter()
+                        .map(|(k, n)| format!("{k} {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+        );
+    }
+
     for u in &stats.unexpected {
         checks.check(false, format!("a process exited on its own: {u}"));
     }

@@ -97,9 +97,49 @@
 //! ```
 //!
 //! Options: `--kills N` (60), `--seed S` (from the clock if absent), `--workers N` (the client's
-//! calls in flight, 4), `--hookless SHARE` (0.1), `--timeout SECS` (the kills' limit: 4 s a kill,
-//! at least 2 minutes), `--verbose` (every start, kill and role's line), and
-//! `--partitions N`.
+//! calls in flight, 4), `--hookless SHARE` (0.1), `--timeout SECS` (the chaos's limit: 4 s a
+//! kill, 10 s a pause, at least 2 minutes), `--verbose` (every start, kill, pause and role's
+//! line), `--partitions N` and `--pauses N`.
+//!
+//! # Pauses
+//!
+//! A lease protects against an owner that died, and also against one that only stopped: a
+//! process stalled by its host (a long GC, a VM migration, SIGSTOP) wakes up after its lease
+//! believing it still owns the work. `--pauses N` does that to the services, one at a time at
+//! seeded moments: the driver arms a role's process to pause at its point (`pause POINT:1` on
+//! its standard input), and when it reaches it (`@@ pausepoint POINT`), stops it with SIGSTOP,
+//! starts another instance of the role beside it, waits past the lease, and continues it
+//! (SIGCONT and `resume`). The continued process goes on past the point for two seconds beside
+//! the instance that took over, then goes (SIGKILL). The points:
+//!
+//! * the order service **mid-handler**, `after-payment` (paid, the checkpoint not written),
+//!   stopped past twice its lease and an abandoned round: the other instance (both listen on
+//!   the port, `SO_REUSEPORT`, so the kernel gives the stalled one its share of connections, as
+//!   a load balancer would) takes the key over, and the stalled one's checkpoint is refused by
+//!   its fence (`late-write-refused:order-checkpoint`);
+//! * the relay **mid-publish**, `after-publish` (published, not marked), stopped past twice its
+//!   claim's lease: the other relay claims the events again, publishes them (JetStream drops
+//!   the duplicates by message id) and marks them; the stalled relay's marks are refused
+//!   (`late-write-refused:relay-mark`). The log relay has no claims and is not paused;
+//! * the consumer **mid-apply**, `after-answer` (the inventory change written, not
+//!   committed), stopped past the ack wait: JetStream delivers the event to the other instance,
+//!   which waits on the event's lock that the stalled transaction holds. Here the lock and the
+//!   inbox's key are the fence: when the stalled one commits, the other finds the event
+//!   recorded and applies nothing (a duplicate absorbed);
+//! * the reconciler **mid-settle**, `mid-reconcile` (an entry claimed and its answer found),
+//!   stopped past its claim's lease: the other reconciler claims and settles the entry, and
+//!   the stalled one's settlement is refused (`late-write-refused:reconciler-settle`), or its
+//!   query timed out while it stood and it gives the entry up, refused the same way.
+//!
+//! Invariant 12 says the pauses happened (each stopped at its point, continued) and counts the
+//! late writes their fences refused; a late write that was taken instead would break 1 to 4 or
+//! 8 (a second order or payment, a second inventory change, a settlement changed). A pause armed
+//! whose point does not come within six seconds (no order to pay, no entry to settle) is
+//! disarmed and tried on another role.
+//!
+//! ```sh
+//! cargo run --release --all-features --example crash -- --kills 60 --seed 7 --pauses 8
+//! ```
 //!
 //! # Partitions
 //!

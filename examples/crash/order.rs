@@ -246,10 +246,15 @@ impl Orders {
             }
             crashpoint::at(AFTER_PAYMENT).await;
         }
-        ticket
-            .checkpoint(PAID, &id)
-            .await
-            .map_err(|e| Refused::Failed(format!("the checkpoint {PAID}={id} failed: {e}")))
+        ticket.checkpoint(PAID, &id).await.map_err(|e| {
+            if e.is_stale() && crashpoint::resumed() {
+                // Paused past the lease while another owner took the key over: refused.
+                crashpoint::say(&format!(
+                    "note late-write-refused:order-checkpoint key {key} n 1"
+                ));
+            }
+            Refused::Failed(format!("the checkpoint {PAID}={id} failed: {e}"))
+        })
     }
 
     /// The checkpoint `payment` and the service's own request row, in one transaction. The
@@ -633,9 +638,7 @@ pub(crate) async fn serve(extras: Extras) -> Result<(), BoxError> {
             Ok(res)
         }
     });
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let listener = listen(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     crashpoint::ready();
     let stop = crashpoint::stop_of(stopped);
     tokio::pin!(stop);
@@ -668,4 +671,18 @@ fn optional<B>(limit: Option<AdaptiveLimitLayer>) -> Either<AdaptiveLimitLayer, 
             res.map(ResponseBody::new)
         })),
     }
+}
+
+/// The service's listener on `addr`, shared (`SO_REUSEPORT`) with another incarnation that
+/// still holds it: one paused by the driver while this one takes over. The kernel spreads new
+/// connections over both, as a load balancer would over a live instance and a stalled one.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
 }

@@ -47,7 +47,16 @@ impl OutboxStore for CrashingOutbox {
         if !claimed.is_empty() {
             crashpoint::at(AFTER_PUBLISH).await;
         }
-        self.0.published_all(claimed).await
+        let marked = self.0.published_all(claimed).await?;
+        if marked < claimed.len() && crashpoint::resumed() {
+            // Paused past the claim's lease while another relay took the events over: their
+            // marks are refused.
+            crashpoint::say(&format!(
+                "note late-write-refused:relay-mark n {}",
+                claimed.len() - marked
+            ));
+        }
+        Ok(marked)
     }
 
     async fn failed(

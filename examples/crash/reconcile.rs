@@ -37,7 +37,7 @@ use crate::world::{in_claim, is_keyed, World};
 use crate::{BoxError, GRACE};
 
 /// How long a reconciler holds what it claimed.
-const CLAIM_LEASE: Duration = Duration::from_secs(2);
+pub(crate) const CLAIM_LEASE: Duration = Duration::from_secs(2);
 /// One query's limit.
 const QUERY_TIMEOUT: Duration = Duration::from_millis(800);
 /// The wait before an entry left unknown is asked about again.
@@ -231,6 +231,14 @@ pub(crate) async fn run() -> Result<(), BoxError> {
     loop {
         match both.round().await {
             Ok((calls, records)) => {
+                if calls.stale > 0 && crashpoint::resumed() {
+                    // Paused past the claim's lease while another reconciler took the entries
+                    // over: their settlements are refused.
+                    crashpoint::say(&format!(
+                        "note late-write-refused:reconciler-settle n {}",
+                        calls.stale
+                    ));
+                }
                 let settled = calls.succeeded + calls.failed + calls.to_manual;
                 if settled + records.completed + records.released > 0 {
                     crashpoint::say(&format!(
