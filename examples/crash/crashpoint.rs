@@ -44,6 +44,10 @@ pub(crate) const AFTER_SCHEDULE: &str = "after-schedule";
 pub(crate) const AFTER_ANSWER: &str = "after-answer";
 /// The reconciler, with an entry or a record claimed and its answer found, before it settles.
 pub(crate) const MID_RECONCILE: &str = "mid-reconcile";
+/// The admin, settling an entry by hand: its audit line written, the settlement not made.
+pub(crate) const ADMIN_BEGUN: &str = "admin-begun";
+/// The admin, settling an entry by hand: the settlement made, its outcome not audited.
+pub(crate) const ADMIN_ACTED: &str = "admin-acted";
 /// The client, after a call ended unknown and before it knows the ledger has the entry.
 pub(crate) const IN_DOUBT: &str = "in-doubt";
 

@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 use crate::client::{ENV_INCARNATION, ENV_MODE, ENV_ORACLE, ENV_SEED, ENV_WORKERS};
 use crate::crashpoint::{
-    AFTER_ANSWER, AFTER_APPLY, AFTER_CLAIM_COMMIT, AFTER_COMMIT, AFTER_PAYMENT, AFTER_PUBLISH,
-    AFTER_SCHEDULE, ENV_CRASH_AT, IN_CLAIM, IN_DOUBT, MID_RECONCILE,
+    ADMIN_ACTED, ADMIN_BEGUN, AFTER_ANSWER, AFTER_APPLY, AFTER_CLAIM_COMMIT, AFTER_COMMIT,
+    AFTER_PAYMENT, AFTER_PUBLISH, AFTER_SCHEDULE, ENV_CRASH_AT, IN_CLAIM, IN_DOUBT, MID_RECONCILE,
 };
 use crate::order::{ENV_ADDR, ENV_HOOK};
 use crate::partition::{Net, Window};
@@ -48,14 +48,16 @@ pub(crate) enum Role {
     Consumer,
     Client,
     Reconciler,
+    Admin,
 }
 
-const ROLES: [Role; 5] = [
+const ROLES: [Role; 6] = [
     Role::Order,
     Role::Relay,
     Role::Consumer,
     Role::Client,
     Role::Reconciler,
+    Role::Admin,
 ];
 
 impl Role {
@@ -66,6 +68,7 @@ impl Role {
             Role::Consumer => "consumer",
             Role::Client => "client",
             Role::Reconciler => "reconciler",
+            Role::Admin => "admin",
         }
     }
 
@@ -77,6 +80,7 @@ impl Role {
             Role::Consumer => &[AFTER_APPLY, AFTER_SCHEDULE, AFTER_ANSWER],
             Role::Client => &[IN_DOUBT],
             Role::Reconciler => &[MID_RECONCILE],
+            Role::Admin => &[ADMIN_BEGUN, ADMIN_ACTED],
         }
     }
 
@@ -89,6 +93,8 @@ impl Role {
             Role::Consumer => (0.5, 15),
             Role::Client => (0.5, 3),
             Role::Reconciler => (0.5, 5),
+            // It acts a few times a minute: its first or second settlement.
+            Role::Admin => (0.6, 2),
         }
     }
 
@@ -100,7 +106,7 @@ impl Role {
             Role::Relay => Some(AFTER_PUBLISH),
             Role::Consumer => Some(AFTER_ANSWER),
             Role::Reconciler => Some(MID_RECONCILE),
-            Role::Client => None,
+            Role::Client | Role::Admin => None,
         }
     }
 
@@ -112,7 +118,7 @@ impl Role {
             Role::Relay => crate::RELAY_LEASE * 2 + Duration::from_millis(500),
             Role::Consumer => ACK_WAIT + Duration::from_secs(1),
             Role::Reconciler => reconcile::CLAIM_LEASE + Duration::from_millis(1500),
-            Role::Client => Duration::ZERO,
+            Role::Client | Role::Admin => Duration::ZERO,
         }
     }
 
@@ -124,6 +130,7 @@ impl Role {
             Role::Consumer => 0.2,
             Role::Client => 0.2,
             Role::Reconciler => 0.15,
+            Role::Admin => 0.1,
         }
     }
 }
@@ -696,8 +703,26 @@ impl Supervisor {
             return Err(format!("{} paused at an unknown point {point}", role.name()).into());
         }
         self.pausing = None;
+        if self
+            .procs
+            .get(&role)
+            .is_none_or(|p| p.killing || p.stopping)
+        {
+            // Killed (or told to stop) as it reached the point: nothing to pause.
+            self.stats.pauses_missed += 1;
+            return Ok(());
+        }
         let p = self.procs.remove(&role).ok_or("no process to pause")?;
-        signal(p.pid, "STOP")?;
+        if let Err(e) = signal(p.pid, "STOP") {
+            // Gone on its own meanwhile: its exit says so.
+            self.stats.failures.push(format!(
+                "{} #{} could not be paused: {e}",
+                role.name(),
+                p.incarnation
+            ));
+            self.procs.insert(role, p);
+            return Ok(());
+        }
         let length = role.pause_length();
         *self.stats.pauses.entry(role.name()).or_default() += 1;
         self.stats.paused_for += length;
@@ -736,7 +761,15 @@ impl Supervisor {
             let p = &mut self.paused[i];
             match p.gone_at {
                 None if p.resume_at <= now => {
-                    signal(p.proc.pid, "CONT")?;
+                    if let Err(e) = signal(p.proc.pid, "CONT") {
+                        // Nothing but the driver may end a stopped process.
+                        self.stats.failures.push(format!(
+                            "{} #{} (pid {}) was gone when it was to be continued: {e}",
+                            p.role.name(),
+                            p.proc.incarnation,
+                            p.proc.pid
+                        ));
+                    }
                     if let Some(stdin) = p.proc.stdin.as_mut() {
                         let _ = stdin.write_all(b"resume\n").await;
                         let _ = stdin.flush().await;
@@ -1229,15 +1262,21 @@ async fn run(
         pausing: None,
     };
     // The services first; the client once the order service serves.
-    for role in [Role::Order, Role::Relay, Role::Consumer, Role::Reconciler] {
+    let services = [
+        Role::Order,
+        Role::Relay,
+        Role::Consumer,
+        Role::Reconciler,
+        Role::Admin,
+    ];
+    for role in services {
         sup.spawn(role, false)?;
     }
-    sup.all_up(&[Role::Order, Role::Relay, Role::Consumer, Role::Reconciler])
-        .await?;
+    sup.all_up(&services).await?;
     sup.spawn(Role::Client, false)?;
     sup.all_up(&[Role::Client]).await?;
     println!(
-        "  all five roles serve after {}; the kills begin",
+        "  all six roles serve after {}; the kills begin",
         ms(started.elapsed())
     );
 
@@ -1253,6 +1292,7 @@ async fn run(
     sup.disarm().await;
     sup.stop(Role::Client).await?;
     sup.stop(Role::Reconciler).await?;
+    sup.stop(Role::Admin).await?;
     // Every role that was being restarted serves before the asking again.
     sup.all_up(&[Role::Order, Role::Relay, Role::Consumer])
         .await?;

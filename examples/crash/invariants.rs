@@ -460,6 +460,63 @@ pub(crate) async fn check(
         );
     }
 
+    // 13. The admin: every action audited before it was taken, its outcome after; a line
+    // without an outcome (killed between) means the action may have happened, and it did or
+    // did not, never half; no entry settled by the admin without a line.
+    let lines = crate::admin::audit_lines(world).await?;
+    let by_id: HashMap<String, &Entry> = entries
+        .iter()
+        .map(|e| (e.evidence.id.to_string(), e))
+        .collect();
+    let settles: Vec<_> = lines
+        .iter()
+        .filter(|l| l.action == surely::admin::AuditAction::Settle)
+        .collect();
+    let (mut done, mut refused, mut open_happened, mut open_not, mut wrong) =
+        (0, 0, 0, 0, Vec::new());
+    for l in &settles {
+        let entry = by_id.get(&l.target);
+        // A line killed before its outcome took the action if the entry is the admin's and no
+        // later line on it took or may have taken it (a later try of a taken one is refused).
+        let later_may = settles.iter().any(|m| {
+            m.target == l.target && m.id > l.id && m.outcome.as_deref().is_none_or(|o| o == "done")
+        });
+        let happened =
+            entry.is_some_and(|e| crate::admin::by_admin(e)) && (l.outcome.is_some() || !later_may);
+        match l.outcome.as_deref() {
+            Some("done") if happened => done += 1,
+            Some("done") => wrong.push(format!("{} done but not settled by the admin", l.target)),
+            Some(_) => refused += 1,
+            None if happened => open_happened += 1,
+            None => open_not += 1,
+        }
+    }
+    let lined: std::collections::HashSet<&str> = settles
+        .iter()
+        .filter(|l| l.outcome.as_deref().is_none_or(|o| o == "done"))
+        .map(|l| l.target.as_str())
+        .collect();
+    for e in entries.iter().filter(|e| crate::admin::by_admin(e)) {
+        let id = e.evidence.id.to_string();
+        if !lined.contains(id.as_str()) {
+            wrong.push(format!("{id} settled by the admin without an audit line"));
+        }
+    }
+    let discards = lines
+        .iter()
+        .filter(|l| l.action == surely::admin::AuditAction::DiscardTask)
+        .count();
+    checks.invariant(
+        wrong.is_empty(),
+        format!(
+            "13. the admin's actions audited before they were taken: {} settlements ({done} done, {refused} refused, {} killed between the line and its outcome: {open_happened} of them taken, {open_not} not), {discards} task discards; {} without their line or done yet not taken{}",
+            settles.len(),
+            open_happened + open_not,
+            wrong.len(),
+            some(&wrong)
+        ),
+    );
+
     for u in &stats.unexpected {
         checks.check(false, format!("a process exited on its own: {u}"));
     }

@@ -34,6 +34,9 @@
 //!   oracle file, each line synced: `started KEY` before a call, `ended KEY OUTCOME` after it.
 //! * **reconciler**: the ledger's `Reconciler`, and `Reconciler::settle_server` for the order
 //!   service's UNKNOWN idempotency records, both asking the order table by key.
+//! * **admin**: a person at surely's admin (`Admin::act`, audited in a table of the run's own),
+//!   settling ledger entries by hand from the order table, racing the reconciler, and
+//!   discarding the tasks whose refusal stands (`admin.rs`).
 //!
 //! # The kills
 //!
@@ -47,11 +50,14 @@
 //! wait committed, its `nak` not sent), `after-answer` (consumer: the handler's change written
 //! and its answer decided, not committed), `mid-reconcile` (reconciler: an entry
 //! or record claimed and its answer found, not settled), `in-doubt` (client: a call ended
-//! unknown, its ledger write not yet confirmed). Besides, the driver kills a role at random
+//! unknown, its ledger write not yet confirmed), `admin-begun` (admin: the audit line written,
+//! the settlement not made), `admin-acted` (admin: the settlement made, its outcome not
+//! audited). Besides, the driver kills a role at random
 //! times. A killed role is restarted at once; some order incarnations start without the recovery
 //! hook (`--hookless`, 10 % by default), as an older build in a rolling deploy would.
 //!
-//! After `--kills N` kills the driver stops killing: the client stops, the reconciler stops, a
+//! After `--kills N` kills the driver stops killing: the client stops, the reconciler and the
+//! admin stop, a
 //! client asks again (the same key) for every keyed order left in doubt whose ledger entries are
 //! not all settled, the relay and the consumer drain (every order's event recorded or in the
 //! manual queue), a person discards half of the tasks the fraud rule refused, and
@@ -81,7 +87,12 @@
 //!     to a person or its event was recorded;
 //! 11. attempts within the policies' bounds: numbered without a gap, no streak of a reason past
 //!     its attempts, every delay within its bounds and ending within its expiry, a pace never
-//!     shortened (but at the expiry), the manual queue reached only by the policy.
+//!     shortened (but at the expiry), the manual queue reached only by the policy;
+//! 12. with `--pauses`: the pauses happened, each process continued past its lease, and the
+//!     late writes their fences refused are counted (see below);
+//! 13. the admin's actions audited before they were taken: a settlement `done` in the log was
+//!     made; one whose line has no outcome (the admin killed between) was made or not, never
+//!     half; no entry settled by the admin without its line.
 //!
 //! Then a summary: the calls, the tasks (events by fate; waits by reason, with their attempts,
 //! clamped delays and those to a person; how they ended; handler runs, and early deliveries
@@ -179,6 +190,7 @@ mod http_client;
 #[path = "../support/splitmix.rs"]
 mod splitmix;
 
+mod admin;
 mod client;
 mod crashpoint;
 mod driver;
@@ -202,9 +214,9 @@ pub(crate) use settings::*;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (role, rest) = match args.first().map(String::as_str) {
-        Some(r @ ("driver" | "order" | "relay" | "consumer" | "client" | "reconciler")) => {
-            (r.to_owned(), &args[1..])
-        }
+        Some(
+            r @ ("driver" | "order" | "relay" | "consumer" | "client" | "reconciler" | "admin"),
+        ) => (r.to_owned(), &args[1..]),
         _ => ("driver".to_owned(), &args[..]),
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -225,6 +237,7 @@ fn main() -> ExitCode {
             "consumer" => pipeline::run_consumer().await.map(|()| true),
             "client" => client::run().await.map(|()| true),
             "reconciler" => reconcile::run().await.map(|()| true),
+            "admin" => admin::run().await.map(|()| true),
             _ => driver::main(rest).await,
         }
     });

@@ -55,7 +55,7 @@ const FINAL_LIMIT: Duration = Duration::from_secs(40);
 pub(crate) struct Facts {
     world: World,
     store: PostgresStore,
-    ledger: PostgresLedger,
+    pub(crate) ledger: PostgresLedger,
 }
 
 type Res = Response<Bytes>;
@@ -120,7 +120,7 @@ impl Facts {
     }
 
     /// The answer about a client's call.
-    async fn about_call(&self, key: &str) -> Result<Resolution<Res>, BoxError> {
+    pub(crate) async fn about_call(&self, key: &str) -> Result<Resolution<Res>, BoxError> {
         if self.orders(key).await? > 0 {
             return Ok(Resolution::Succeeded(created(key)));
         }

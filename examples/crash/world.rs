@@ -101,6 +101,11 @@ impl World {
         Ok(PostgresStore::new(self.pool.clone()).with_table(&self.t("idem"))?)
     }
 
+    /// The admin's audit log, in the run's table.
+    pub(crate) fn audit(&self) -> Result<surely::admin::AuditLog, BoxError> {
+        Ok(surely::admin::AuditLog::postgres(self.pool.clone()).with_table(&self.t("audit"))?)
+    }
+
     pub(crate) fn ledger(&self) -> Result<PostgresLedger, BoxError> {
         Ok(PostgresLedger::new(self.pool.clone()).with_table(&self.t("ledger"))?)
     }
@@ -178,6 +183,7 @@ impl World {
         self.inbox()?.migrate().await?;
         client.batch_execute(&crate::tasks::schema(self)).await?;
         self.ledger()?.migrate().await?;
+        self.audit()?.migrate().await?;
 
         let js = self.jetstream().await?;
         let stream = js
