@@ -119,6 +119,11 @@ pub(crate) async fn run() -> Result<(), BoxError> {
     world.reach_postgres().await?;
     let facts = Facts::new(&world)?;
     let fates = Fates::new(std::env::var(ENV_TASKS)?.parse()?);
+    let fates = if world.amqp_url.is_some() {
+        fates.all_at_once()
+    } else {
+        fates
+    };
     let inbox = world.inbox()?;
     let admin = Admin::builder()
         .ledger(CrashingLedger(world.ledger()?))

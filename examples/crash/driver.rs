@@ -154,15 +154,18 @@ pub(crate) struct Options {
     /// The relay reads the outbox from PostgreSQL's write-ahead log (`LogRelay`) instead of
     /// polling the table.
     pub(crate) log_relay: bool,
+    /// The events go through RabbitMQ at this URL (`--broker rabbitmq`) instead of JetStream.
+    pub(crate) amqp: Option<String>,
 }
 
 const DEFAULT_PG: &str = "postgres://postgres@127.0.0.1:5432/test";
 const DEFAULT_NATS: &str = "nats://127.0.0.1:4222";
+const DEFAULT_AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const DEFAULT_WORKERS: u32 = 4;
 const DEFAULT_HOOKLESS: f64 = 0.1;
 
 const USAGE: &str = "usage: crash [driver] [--kills N] [--seed S] [--timeout SECS] [--workers N] \
-    [--hookless SHARE] [--partitions N] [--pauses N] [--relay poll|log] [--postgres URL] [--nats URL] \
+    [--hookless SHARE] [--partitions N] [--pauses N] [--relay poll|log] [--broker nats|rabbitmq] [--postgres URL] [--nats URL] [--amqp URL] \
     [--verbose]";
 
 impl Options {
@@ -179,7 +182,11 @@ impl Options {
             partitions: 0,
             pauses: 0,
             log_relay: false,
+            amqp: None,
         };
+        let mut rabbitmq = false;
+        let mut amqp_url =
+            std::env::var("SURELY_AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP.to_owned());
         let mut args = args.iter();
         while let Some(arg) = args.next() {
             let mut value = |name: &str| {
@@ -198,6 +205,18 @@ impl Options {
                 "--verbose" => o.verbose = true,
                 "--partitions" => o.partitions = value("--partitions")?.parse()?,
                 "--pauses" => o.pauses = value("--pauses")?.parse()?,
+                "--broker" => {
+                    rabbitmq = match value("--broker")?.as_str() {
+                        "rabbitmq" => true,
+                        "nats" => false,
+                        other => {
+                            return Err(
+                                format!("--broker: {other:?} is not nats or rabbitmq").into()
+                            )
+                        }
+                    }
+                }
+                "--amqp" => amqp_url = value("--amqp")?,
                 "--relay" => {
                     o.log_relay = match value("--relay")?.as_str() {
                         "log" => true,
@@ -209,6 +228,12 @@ impl Options {
                 }
                 other => return Err(format!("unknown argument {other:?}; {USAGE}").into()),
             }
+        }
+        if rabbitmq {
+            if o.log_relay {
+                return Err("--broker rabbitmq takes the polling relay, not --relay log".into());
+            }
+            o.amqp = Some(amqp_url);
         }
         if o.kills == 0 || o.workers == 0 || !(0.0..=1.0).contains(&o.hookless) {
             return Err(format!(
@@ -242,6 +267,9 @@ impl Options {
         }
         if self.log_relay {
             cmd.push_str(" --relay log");
+        }
+        if self.amqp.is_some() {
+            cmd.push_str(" --broker rabbitmq");
         }
         cmd
     }
@@ -1160,9 +1188,16 @@ pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
         "  PostgreSQL {}, NATS {}; tables and stream {prefix}; {} kills; client: {} calls in flight, 70% keyed",
         opts.pg, opts.nats, opts.kills, opts.workers
     );
-    let world = World::new(&opts.pg, &opts.nats, &prefix)?.with_log_relay(opts.log_relay);
+    let world = World::new(&opts.pg, &opts.nats, &prefix)?
+        .with_log_relay(opts.log_relay)
+        .with_amqp(opts.amqp.clone());
     if opts.log_relay {
         println!("  the relay reads the outbox from the write-ahead log (slot {prefix})");
+    }
+    if let Some(url) = &opts.amqp {
+        println!(
+            "  the events go through RabbitMQ at {url} (exchange and queue {prefix}, dead letters {prefix}.dead), every one applied at once"
+        );
     }
     let dir = std::env::temp_dir().join(&prefix);
     std::fs::create_dir_all(&dir)?;
@@ -1304,7 +1339,12 @@ async fn run(
         sup.stop(role).await?;
     }
     // The person decides the refused tasks: discards some, leaves the others queued.
-    let (discarded, queued) = tasks::person(&world.inbox()?, Fates::new(opts.seed)).await?;
+    let fates = if opts.amqp.is_some() {
+        Fates::new(opts.seed).all_at_once()
+    } else {
+        Fates::new(opts.seed)
+    };
+    let (discarded, queued) = tasks::person(&world.inbox()?, fates).await?;
     println!(
         "  person: discarded {discarded} of the {queued} tasks in the manual queue (refused by the fraud rule, the refusal upheld)"
     );
@@ -1318,8 +1358,7 @@ async fn run(
         fin.rounds
     );
 
-    let (ok, ops, tasks) =
-        invariants::check(world, oracle, &sup.stats, &fin, Fates::new(opts.seed)).await?;
+    let (ok, ops, tasks) = invariants::check(world, oracle, &sup.stats, &fin, fates).await?;
     summary(&sup.stats, &ops, &tasks, started.elapsed());
     Ok(ok)
 }

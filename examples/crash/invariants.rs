@@ -517,6 +517,20 @@ pub(crate) async fn check(
         ),
     );
 
+    // 14. RabbitMQ in (`--broker rabbitmq`): every message was an event (none dead-lettered),
+    // and a consumer killed between its commit and its acknowledgement had its redelivery
+    // absorbed by the inbox (invariants 3 and 9: applied once, none lost).
+    if world.amqp_url.is_some() {
+        let dead = world.dead_lettered().await?;
+        checks.invariant(
+            dead == 0,
+            format!(
+                "14. RabbitMQ in: {dead} messages dead-lettered (none expected: every message an event); {} redeliveries absorbed by the inbox",
+                stats.notes.get("duplicate-absorbed").copied().unwrap_or(0)
+            ),
+        );
+    }
+
     for u in &stats.unexpected {
         checks.check(false, format!("a process exited on its own: {u}"));
     }

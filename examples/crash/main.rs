@@ -110,7 +110,7 @@
 //! Options: `--kills N` (60), `--seed S` (from the clock if absent), `--workers N` (the client's
 //! calls in flight, 4), `--hookless SHARE` (0.1), `--timeout SECS` (the chaos's limit: 4 s a
 //! kill, 10 s a pause, at least 2 minutes), `--verbose` (every start, kill, pause and role's
-//! line), `--partitions N` and `--pauses N`.
+//! line), `--partitions N`, `--pauses N` and `--broker nats|rabbitmq`.
 //!
 //! # Pauses
 //!
@@ -166,6 +166,26 @@
 //!
 //! ```sh
 //! cargo run --release --all-features --example crash -- --kills 60 --seed 7 --partitions 20
+//! ```
+//!
+//! # Through RabbitMQ
+//!
+//! `--broker rabbitmq` (and `--amqp URL`, or `SURELY_AMQP_URL`; by default the machine's
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`) sends the events through RabbitMQ instead of
+//! JetStream: the relay publishes with `RabbitPublisher` to a topic exchange named as the run's
+//! prefix (each event's confirm awaited), and the consumer takes them from the queue bound to it
+//! with `PostgresInbox::process_amqp` (acknowledged after the inbox's commit, requeued when the
+//! handler fails, dead-lettered to `<prefix>.dead` when a message is not an event; a prefetch
+//! of four). That consumer has no tasks: every event's fate is "at once". A consumer killed
+//! between its commit and its acknowledgement gets the message again (RabbitMQ redelivers
+//! what a closed channel left unacknowledged), and the inbox absorbs it. Invariant 14: nothing
+//! dead-lettered, and the redeliveries absorbed; 3 and 9 say each event applied once, none
+//! lost. RabbitMQ has no acknowledgement deadline, so a paused consumer keeps its messages
+//! until it goes: nothing takes its work over meanwhile. The log relay reads for JetStream
+//! only (`--relay log` with `--broker rabbitmq` is refused).
+//!
+//! ```sh
+//! cargo run --release --all-features --example crash -- --kills 60 --seed 7 --broker rabbitmq
 //! ```
 //!
 //! # Replaying a seed

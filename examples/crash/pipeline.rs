@@ -7,9 +7,12 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use surely::deps::async_nats::jetstream::{self, AckKind};
-use surely::inbox::{Consumer, InboxError, InboxTransaction, PostgresInbox, Processed, Wait};
+use surely::inbox::{
+    Consumer, InboxError, InboxTransaction, PostgresInbox, Processed, Versions, Wait,
+};
 use surely::outbox::{
-    Claimed, Event, Failed, JetStreamPublisher, OutboxError, OutboxStore, PostgresOutbox, Relay,
+    Claimed, Event, Failed, JetStreamPublisher, OutboxError, OutboxStore, PostgresOutbox,
+    RabbitPublisher, Relay,
 };
 use surely::postgres::Pool;
 use surely::record::OutboxStats;
@@ -18,7 +21,7 @@ use tokio_stream::StreamExt;
 
 use crate::crashpoint::{self, AFTER_ANSWER, AFTER_APPLY, AFTER_PUBLISH, AFTER_SCHEDULE};
 use crate::tasks::{self, Fates, Run};
-use crate::world::World;
+use crate::world::{World, CONSUMER};
 use crate::{chain, BoxError, RELAY_LEASE};
 
 /// The relay's poll when idle; a `LISTEN` wakes it sooner.
@@ -139,13 +142,37 @@ pub(crate) async fn relay(
     let stopped = crashpoint::control();
     let world = World::from_env()?;
     world.reach_postgres().await?;
-    let js = world.jetstream().await?;
+    match &world.amqp_url {
+        Some(url) => {
+            // The events go to the run's exchange, each with its subject as its routing key.
+            let publisher = RabbitPublisher::builder(url.clone(), world.prefix.clone())
+                .timeout(Duration::from_secs(5))
+                .connect()
+                .await?;
+            polling_relay(&world, publisher, quarantine_after, stopped).await
+        }
+        None => {
+            let js = world.jetstream().await?;
+            let publisher = JetStreamPublisher::new(js, world.prefix.clone());
+            polling_relay(&world, publisher, quarantine_after, stopped).await
+        }
+    }
+}
+
+/// The polling relay over `publisher`, until the driver says stop.
+async fn polling_relay<P>(
+    world: &World,
+    publisher: P,
+    quarantine_after: Option<u32>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), BoxError>
+where
+    P: tower::Service<Event>,
+    P::Error: Into<BoxError>,
+{
     let outbox = world.outbox()?;
     let wakeup = outbox.listen(&world.pg_url).await?;
-    let mut relay = Relay::builder(
-        CrashingOutbox(outbox),
-        JetStreamPublisher::new(js, world.prefix.clone()),
-    );
+    let mut relay = Relay::builder(CrashingOutbox(outbox), publisher);
     if let Some(failures) = quarantine_after {
         relay = relay.quarantine_after(failures);
     }
@@ -165,6 +192,9 @@ pub(crate) async fn run_consumer() -> Result<(), BoxError> {
     let stopped = crashpoint::control();
     let world = World::from_env()?;
     world.reach_postgres().await?;
+    if world.amqp_url.is_some() {
+        return amqp_consumer(world, stopped).await;
+    }
     let js = world.jetstream().await?;
     let durable = world.consumer(&js).await?;
     let task = Arc::new(Task {
@@ -207,6 +237,84 @@ pub(crate) async fn run_consumer() -> Result<(), BoxError> {
             Some(Err(e)) => eprintln!("consumer: the message stream failed: {e}"),
             None => messages = durable.messages().await?,
         }
+    }
+}
+
+/// The consumer on RabbitMQ: each delivery applied through the PostgreSQL inbox
+/// (`PostgresInbox::process_amqp`: acknowledged after the commit, requeued on a failure,
+/// dead-lettered when it is not an event), at most [`IN_FLIGHT`] unacknowledged (the channel's
+/// prefetch). No tasks here: every event is applied at once (`tasks::Fates` says so for the
+/// run), and the crash point `after-answer` sits in the handler, before the commit.
+async fn amqp_consumer(
+    world: World,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), BoxError> {
+    use surely::deps::lapin::options::{BasicConsumeOptions, BasicQosOptions};
+    use surely::deps::lapin::types::FieldTable;
+    let connection = world.amqp().await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(IN_FLIGHT as u16, BasicQosOptions::default())
+        .await?;
+    let mut deliveries = channel
+        .basic_consume(
+            world.prefix.clone().into(),
+            CONSUMER.into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let inbox = Arc::new(world.inbox()?);
+    let insert: Arc<str> = world
+        .sql("INSERT INTO {p}_inventory_changes (event_id, order_key, delta, pid) VALUES ($1, $2, -1, $3)")
+        .into();
+    let pid = std::process::id() as i32;
+    let mut running = JoinSet::new();
+    crashpoint::ready();
+    let stop = crashpoint::stop_of(stopped);
+    tokio::pin!(stop);
+    loop {
+        let delivery = tokio::select! {
+            _ = &mut stop => {
+                while running.join_next().await.is_some() {}
+                return Ok(());
+            }
+            Some(_) = running.join_next(), if !running.is_empty() => continue,
+            next = deliveries.next(), if running.len() < IN_FLIGHT => next,
+        };
+        let delivery = match delivery {
+            Some(Ok(delivery)) => delivery,
+            Some(Err(e)) => return Err(format!("the RabbitMQ consumer failed: {e}").into()),
+            None => return Err("the RabbitMQ consumer was cancelled".into()),
+        };
+        let (inbox, insert) = (inbox.clone(), insert.clone());
+        running.spawn(async move {
+            // The handler writes the event's id and key: read here (a delivery that is not an
+            // event is dead-lettered by the inbox before any handler runs).
+            let (id, key) = match Event::from_amqp(&delivery) {
+                Ok(e) => (
+                    e.id().as_str().to_owned(),
+                    String::from_utf8_lossy(e.payload()).into_owned(),
+                ),
+                Err(_) => (String::new(), String::new()),
+            };
+            let processed = inbox
+                .process_amqp(&delivery, CONSUMER, Versions::Any, |txn| {
+                    Box::pin(async move {
+                        txn.execute(&*insert, &[&id, &key, &pid]).await?;
+                        crashpoint::at(AFTER_ANSWER).await;
+                        Ok::<_, surely::deps::tokio_postgres::Error>(Bytes::from_static(
+                            b"reserved",
+                        ))
+                    })
+                })
+                .await;
+            match processed {
+                Ok(Processed::Duplicate(_)) => crashpoint::say("note duplicate-absorbed"),
+                Ok(_) => {}
+                Err(e) => eprintln!("consumer: {e}"),
+            }
+        });
     }
 }
 

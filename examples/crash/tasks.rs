@@ -149,11 +149,24 @@ impl Fate {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Fates {
     seed: u64,
+    /// Every event applied at once: a run whose consumer has no tasks (RabbitMQ's).
+    at_once: bool,
 }
 
 impl Fates {
     pub(crate) fn new(seed: u64) -> Fates {
-        Fates { seed }
+        Fates {
+            seed,
+            at_once: false,
+        }
+    }
+
+    /// The same seed, every event's fate [`Fate::AtOnce`]: the run's consumer has no tasks.
+    pub(crate) fn all_at_once(self) -> Fates {
+        Fates {
+            at_once: true,
+            ..self
+        }
     }
 
     /// The fates, if the driver turned them on for this process.
@@ -168,6 +181,9 @@ impl Fates {
 
     /// The fate of the event `event_id`: from the seed and the id alone.
     pub(crate) fn of(self, event_id: &str) -> Fate {
+        if self.at_once {
+            return Fate::AtOnce;
+        }
         // FNV-1a over the id, mixed with the seed: the same event has the same fate in every
         // process of the run.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;

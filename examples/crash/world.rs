@@ -32,6 +32,8 @@ pub(crate) const ENV_NATS: &str = "CRASH_NATS";
 pub(crate) const ENV_PREFIX: &str = "CRASH_PREFIX";
 /// `log`: the relay is a log relay, reading the slot named as the run's prefix.
 pub(crate) const ENV_RELAY: &str = "CRASH_RELAY";
+/// The RabbitMQ broker's URL when the events go through it (`--broker rabbitmq`); unset: NATS.
+pub(crate) const ENV_AMQP: &str = "CRASH_AMQP";
 
 /// Where things are, for one run.
 #[derive(Clone)]
@@ -42,6 +44,9 @@ pub(crate) struct World {
     pub(crate) pool: Pool,
     /// The relay reads the write-ahead log through the slot named as the prefix.
     pub(crate) log_relay: bool,
+    /// The events go through RabbitMQ at this URL (the exchange and queue named as the
+    /// prefix), not through JetStream.
+    pub(crate) amqp_url: Option<String>,
 }
 
 impl World {
@@ -53,7 +58,33 @@ impl World {
             prefix: prefix.to_owned(),
             pool: surely::postgres::connect(pg_url)?,
             log_relay: false,
+            amqp_url: None,
         })
+    }
+
+    /// The same world, its events going through RabbitMQ at `url` (`None`: JetStream).
+    pub(crate) fn with_amqp(mut self, url: Option<String>) -> World {
+        self.amqp_url = url;
+        self
+    }
+
+    /// The run's dead-letter exchange and queue (RabbitMQ): where a message that is not an
+    /// event goes.
+    pub(crate) fn dead_letters(&self) -> String {
+        format!("{}.dead", self.prefix)
+    }
+
+    /// A channel to the run's RabbitMQ, on a connection of its own (kept alive by the channel's
+    /// holder keeping the connection).
+    pub(crate) async fn amqp(&self) -> Result<surely::deps::lapin::Connection, BoxError> {
+        let url = self.amqp_url.as_deref().ok_or("the run has no RabbitMQ")?;
+        let connect = surely::deps::lapin::Connection::connect(
+            url,
+            surely::deps::lapin::ConnectionProperties::default(),
+        );
+        Ok(tokio::time::timeout(CONNECT, connect)
+            .await
+            .map_err(|_| format!("RabbitMQ at {url} did not answer within {CONNECT:?}"))??)
     }
 
     /// The same world, its relay reading the write-ahead log (`log`) or polling the table.
@@ -70,13 +101,14 @@ impl World {
         };
         Ok(
             World::new(&var(ENV_PG)?, &var(ENV_NATS)?, &var(ENV_PREFIX)?)?
-                .with_log_relay(std::env::var(ENV_RELAY).is_ok_and(|r| r == "log")),
+                .with_log_relay(std::env::var(ENV_RELAY).is_ok_and(|r| r == "log"))
+                .with_amqp(std::env::var(ENV_AMQP).ok()),
         )
     }
 
     /// The variables that give a role this world.
     pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut env = vec![
             (ENV_PG, self.pg_url.clone()),
             (ENV_NATS, self.nats_url.clone()),
             (ENV_PREFIX, self.prefix.clone()),
@@ -84,7 +116,11 @@ impl World {
                 ENV_RELAY,
                 if self.log_relay { "log" } else { "poll" }.to_owned(),
             ),
-        ]
+        ];
+        if let Some(url) = &self.amqp_url {
+            env.push((ENV_AMQP, url.clone()));
+        }
+        env
     }
 
     /// A table of the run's.
@@ -185,6 +221,9 @@ impl World {
         self.ledger()?.migrate().await?;
         self.audit()?.migrate().await?;
 
+        if self.amqp_url.is_some() {
+            return self.create_amqp().await;
+        }
         let js = self.jetstream().await?;
         let stream = js
             .get_or_create_stream(stream::Config {
@@ -204,6 +243,100 @@ impl World {
             })
             .await?;
         Ok(())
+    }
+
+    /// The run's RabbitMQ topology: the relay's exchange (topic) and the consumer's queue
+    /// bound to it, whose dead letters go to a fanout exchange and its queue.
+    async fn create_amqp(&self) -> Result<(), BoxError> {
+        use surely::deps::lapin::options::{
+            ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+        };
+        use surely::deps::lapin::types::{AMQPValue, FieldTable};
+        use surely::deps::lapin::ExchangeKind;
+        let connection = self.amqp().await?;
+        let channel = connection.create_channel().await?;
+        let dead = self.dead_letters();
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        for (name, kind) in [
+            (&self.prefix, ExchangeKind::Topic),
+            (&dead, ExchangeKind::Fanout),
+        ] {
+            channel
+                .exchange_declare(name.clone().into(), kind, durable, FieldTable::default())
+                .await?;
+        }
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(dead.clone().into()),
+        );
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        for (queue, args, exchange, key) in [
+            (&self.prefix, args, &self.prefix, "#"),
+            (&dead, FieldTable::default(), &dead, ""),
+        ] {
+            channel
+                .queue_declare(queue.clone().into(), durable, args)
+                .await?;
+            channel
+                .queue_bind(
+                    queue.clone().into(),
+                    exchange.clone().into(),
+                    key.into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+        }
+        let _ = connection.close(0, "created".into()).await;
+        Ok(())
+    }
+
+    /// Deletes the run's RabbitMQ queues and exchanges; says how many messages were dead.
+    async fn drop_amqp(&self) -> Result<u32, BoxError> {
+        use surely::deps::lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+        let connection = self.amqp().await?;
+        let channel = connection.create_channel().await?;
+        let dead = self.dead_letters();
+        let mut dead_messages = 0;
+        for queue in [&self.prefix, &dead] {
+            let n = channel
+                .queue_delete(queue.clone().into(), QueueDeleteOptions::default())
+                .await?;
+            if queue == &dead {
+                dead_messages = n;
+            }
+        }
+        for exchange in [&self.prefix, &dead] {
+            channel
+                .exchange_delete(exchange.clone().into(), ExchangeDeleteOptions::default())
+                .await?;
+        }
+        let _ = connection.close(0, "dropped".into()).await;
+        Ok(dead_messages)
+    }
+
+    /// Messages in the dead-letter queue now (RabbitMQ), without taking them.
+    pub(crate) async fn dead_lettered(&self) -> Result<u32, BoxError> {
+        use surely::deps::lapin::options::QueueDeclareOptions;
+        use surely::deps::lapin::types::FieldTable;
+        let connection = self.amqp().await?;
+        let channel = connection.create_channel().await?;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let queue = channel
+            .queue_declare(self.dead_letters().into(), passive, FieldTable::default())
+            .await?;
+        let _ = connection.close(0, "counted".into()).await;
+        Ok(queue.message_count())
     }
 
     /// Drops every table and function of the run's prefix, the crate's migration records of
@@ -262,6 +395,17 @@ impl World {
                 &[&pattern],
             )
             .await?;
+        if self.amqp_url.is_some() {
+            let queues = match self.drop_amqp().await {
+                Ok(_) => format!(" and the queues and exchanges {0}, {0}.dead", self.prefix),
+                Err(e) => format!(
+                    " (the queues {} could not be deleted: {})",
+                    self.prefix,
+                    chain(&*e)
+                ),
+            };
+            return Ok(format!("{} tables {}_*{queues}", tables.len(), self.prefix));
+        }
         let deleted = match self.jetstream().await {
             Ok(js) => js
                 .delete_stream(&self.prefix)
