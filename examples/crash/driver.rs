@@ -156,6 +156,9 @@ pub(crate) struct Options {
     pub(crate) log_relay: bool,
     /// The events go through RabbitMQ at this URL (`--broker rabbitmq`) instead of JetStream.
     pub(crate) amqp: Option<String>,
+    /// The order service keeps its keys on a Redis of the run's own (`--store redis`),
+    /// restarted without persistence every [`REDIS_RESTART_EVERY`] kills.
+    pub(crate) redis: bool,
 }
 
 const DEFAULT_PG: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -165,7 +168,7 @@ const DEFAULT_WORKERS: u32 = 4;
 const DEFAULT_HOOKLESS: f64 = 0.1;
 
 const USAGE: &str = "usage: crash [driver] [--kills N] [--seed S] [--timeout SECS] [--workers N] \
-    [--hookless SHARE] [--partitions N] [--pauses N] [--relay poll|log] [--broker nats|rabbitmq] [--postgres URL] [--nats URL] [--amqp URL] \
+    [--hookless SHARE] [--partitions N] [--pauses N] [--relay poll|log] [--broker nats|rabbitmq] [--store postgres|redis] [--postgres URL] [--nats URL] [--amqp URL] \
     [--verbose]";
 
 impl Options {
@@ -183,6 +186,7 @@ impl Options {
             pauses: 0,
             log_relay: false,
             amqp: None,
+            redis: false,
         };
         let mut rabbitmq = false;
         let mut amqp_url =
@@ -217,6 +221,17 @@ impl Options {
                     }
                 }
                 "--amqp" => amqp_url = value("--amqp")?,
+                "--store" => {
+                    o.redis = match value("--store")?.as_str() {
+                        "redis" => true,
+                        "postgres" => false,
+                        other => {
+                            return Err(
+                                format!("--store: {other:?} is not postgres or redis").into()
+                            )
+                        }
+                    }
+                }
                 "--relay" => {
                     o.log_relay = match value("--relay")?.as_str() {
                         "log" => true,
@@ -270,6 +285,9 @@ impl Options {
         }
         if self.amqp.is_some() {
             cmd.push_str(" --broker rabbitmq");
+        }
+        if self.redis {
+            cmd.push_str(" --store redis");
         }
         cmd
     }
@@ -343,6 +361,10 @@ pub(crate) struct Stats {
     pub(crate) pauses_wanted: u32,
     /// Paused processes continued (SIGCONT and `resume`).
     pub(crate) continued: u32,
+    /// Restarts of the run's Redis (`--store redis`), each losing every key it held.
+    pub(crate) redis_restarts: u32,
+    /// Whether the order service's keys were on Redis.
+    pub(crate) on_redis: bool,
 }
 
 impl Stats {
@@ -376,6 +398,52 @@ struct Paused {
     resume_at: Instant,
     /// Once continued: when it goes (SIGKILL), its late writes tried.
     gone_at: Option<Instant>,
+}
+
+/// With `--store redis`, the run's Redis restarts after every this many kills.
+pub(crate) const REDIS_RESTART_EVERY: u32 = 15;
+
+/// A Redis server of the run's own, without persistence, on a port of its own.
+pub(crate) struct OwnRedis {
+    port: u16,
+    child: std::process::Child,
+}
+
+impl OwnRedis {
+    async fn start(port: u16) -> Result<OwnRedis, BoxError> {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("redis-server (--store redis runs its own): {e}"))?;
+        let redis = OwnRedis { port, child };
+        let client = surely::deps::redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+        for _ in 0..100 {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                let pong: Result<String, _> = surely::deps::redis::cmd("PING")
+                    .query_async(&mut conn)
+                    .await;
+                if pong.is_ok() {
+                    return Ok(redis);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Err(format!("the run's Redis on port {port} did not answer within 2 s").into())
+    }
+
+    fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// How long a continued process runs beside the one that took over before it goes.
@@ -456,6 +524,8 @@ struct Supervisor {
     paused: Vec<Paused>,
     /// The pause armed now: the role, its incarnation, and until when it may wait.
     pausing: Option<(Role, u64, Instant)>,
+    /// The run's own Redis (`--store redis`).
+    redis: Option<OwnRedis>,
 }
 
 /// Figures a note carries: the `(word, number)` pairs of its line.
@@ -772,6 +842,22 @@ impl Supervisor {
         self.spawn(role, false)
     }
 
+    /// Restarts the run's Redis without persistence: every key it held is lost.
+    async fn restart_redis(&mut self) -> Result<(), BoxError> {
+        let Some(redis) = self.redis.take() else {
+            return Ok(());
+        };
+        let port = redis.port;
+        redis.stop();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.redis = Some(OwnRedis::start(port).await?);
+        self.stats.redis_restarts += 1;
+        if self.opts.verbose {
+            println!("  restart    Redis (127.0.0.1:{port}): every key lost");
+        }
+        Ok(())
+    }
+
     /// The next thing due for a paused process, if any.
     fn paused_due(&self) -> Option<Instant> {
         self.paused
@@ -1036,6 +1122,11 @@ impl Supervisor {
                 }
                 Step::Paused => self.tend_paused().await?,
             }
+            if self.redis.is_some()
+                && self.stats.kills() >= (self.stats.redis_restarts + 1) * REDIS_RESTART_EVERY
+            {
+                self.restart_redis().await?;
+            }
         }
         Ok(())
     }
@@ -1106,7 +1197,7 @@ impl Supervisor {
     /// [`abandoned_bound`]: an owner that died with its client is recovered without a request.
     /// What it found is checked with the invariants.
     async fn abandoned_recovered(&mut self, world: &World) -> Result<(), BoxError> {
-        let store = world.store()?;
+        let store = world.keys()?;
         let started = Instant::now();
         let until = started + abandoned_bound();
         loop {
@@ -1188,9 +1279,20 @@ pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
         "  PostgreSQL {}, NATS {}; tables and stream {prefix}; {} kills; client: {} calls in flight, 70% keyed",
         opts.pg, opts.nats, opts.kills, opts.workers
     );
+    // The run's own Redis, on a port of its own, when the keys go there.
+    let redis = opts
+        .redis
+        .then(|| free_port().map(|a| a.port()))
+        .transpose()?;
     let world = World::new(&opts.pg, &opts.nats, &prefix)?
         .with_log_relay(opts.log_relay)
-        .with_amqp(opts.amqp.clone());
+        .with_amqp(opts.amqp.clone())
+        .with_redis(redis.map(|port| format!("redis://127.0.0.1:{port}")));
+    if let Some(port) = redis {
+        println!(
+            "  the order service's keys on a Redis of the run's own (127.0.0.1:{port}, no persistence), restarted every {REDIS_RESTART_EVERY} kills"
+        );
+    }
     if opts.log_relay {
         println!("  the relay reads the outbox from the write-ahead log (slot {prefix})");
     }
@@ -1218,14 +1320,17 @@ pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
         _ => Ok(None),
     };
     let created = match (created, net) {
-        (Ok(()), Ok(net)) => Ok(net),
+        (Ok(()), Ok(net)) => match redis {
+            Some(redis) => OwnRedis::start(redis).await.map(|r| (net, Some(r))),
+            None => Ok((net, None)),
+        },
         (Err(e), _) | (_, Err(e)) => Err(e),
     };
     let ran = match created {
         // Interrupted: the roles go with the driver's handles (killed on drop), and the tables
         // and stream are dropped all the same.
-        Ok(net) => tokio::select! {
-            ran = run(&world, &opts, &oracle, net) => ran,
+        Ok((net, redis)) => tokio::select! {
+            ran = run(&world, &opts, &oracle, net, redis) => ran,
             _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
         },
         Err(e) => Err(e),
@@ -1263,6 +1368,7 @@ async fn run(
     opts: &Options,
     oracle: &std::path::Path,
     net: Option<Arc<Net>>,
+    redis: Option<OwnRedis>,
 ) -> Result<bool, BoxError> {
     let started = Instant::now();
     let (tx, rx) = mpsc::unbounded_channel();
@@ -1291,8 +1397,10 @@ async fn run(
         pending: HashMap::new(),
         stats: Stats {
             pauses_wanted: opts.pauses,
+            on_redis: redis.is_some(),
             ..Stats::default()
         },
+        redis,
         paused: Vec::new(),
         pausing: None,
     };

@@ -126,7 +126,7 @@ pub(crate) async fn check(
             by_key.entry(k).or_default().push(e);
         }
     }
-    let store = world.store()?;
+    let store = world.keys()?;
     let has_order = |k: &str| orders.get(k).copied().unwrap_or(0) > 0;
 
     let mut outcomes: BTreeMap<&str, usize> = BTreeMap::new();
@@ -527,6 +527,32 @@ pub(crate) async fn check(
             format!(
                 "14. RabbitMQ in: {dead} messages dead-lettered (none expected: every message an event); {} redeliveries absorbed by the inbox",
                 stats.notes.get("duplicate-absorbed").copied().unwrap_or(0)
+            ),
+        );
+    }
+
+    // 15. The keys on Redis (`--store redis`), restarted without persistence: what a restart
+    // lost ran again, and the downstream's idempotency (the order by its key, the payment by
+    // its id) kept one order and one payment per key (1, 2).
+    if stats.on_redis {
+        let reruns = counts(
+            world,
+            "SELECT key, count(*) FROM {p}_arrivals WHERE keyed GROUP BY key HAVING count(*) > 1",
+        )
+        .await?;
+        let absorbed = stats
+            .notes
+            .get("order-again-absorbed")
+            .copied()
+            .unwrap_or(0);
+        let wanted = stats.kills() / crate::driver::REDIS_RESTART_EVERY;
+        checks.invariant(
+            stats.redis_restarts >= wanted,
+            format!(
+                "15. the keys on Redis, restarted {} times without persistence (every {} kills): {} keys whose handler ran more than once, {absorbed} orders written again absorbed by their key; one order and one payment per key all the same (1, 2)",
+                stats.redis_restarts,
+                crate::driver::REDIS_RESTART_EVERY,
+                reruns.len()
             ),
         );
     }

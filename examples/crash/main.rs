@@ -110,7 +110,8 @@
 //! Options: `--kills N` (60), `--seed S` (from the clock if absent), `--workers N` (the client's
 //! calls in flight, 4), `--hookless SHARE` (0.1), `--timeout SECS` (the chaos's limit: 4 s a
 //! kill, 10 s a pause, at least 2 minutes), `--verbose` (every start, kill, pause and role's
-//! line), `--partitions N`, `--pauses N` and `--broker nats|rabbitmq`.
+//! line), `--partitions N`, `--pauses N`, `--broker nats|rabbitmq` and
+//! `--store postgres|redis`.
 //!
 //! # Pauses
 //!
@@ -186,6 +187,25 @@
 //!
 //! ```sh
 //! cargo run --release --all-features --example crash -- --kills 60 --seed 7 --broker rabbitmq
+//! ```
+//!
+//! # The keys on Redis
+//!
+//! `--store redis` keeps the order service's idempotency keys on a Redis of the run's own
+//! (`redis-server` on a free port, no persistence) instead of PostgreSQL, and restarts it
+//! every 15 kills: each restart loses every key, as the store's docs warn. Redis has no
+//! transaction with the order's write, so the service does what those docs ask of work on
+//! Redis: its effects are idempotent downstream. The order is written once per key (an
+//! advisory lock on the key and `INSERT ... WHERE NOT EXISTS`, its event with it), the payment
+//! provider takes one payment per payment id, and the payment's checkpoint follows its intent's
+//! row instead of sharing its transaction. `/orders-tx` is served by the same layer (no claim
+//! in a transaction on Redis). The reconciler's server records and the checks read the keys
+//! on Redis. Invariant 15 counts the restarts, the keys whose handler ran more than once, and
+//! the orders written again that their key absorbed; 1 and 2 still say one order and one
+//! payment per key.
+//!
+//! ```sh
+//! cargo run --release --all-features --example crash -- --kills 60 --seed 7 --store redis
 //! ```
 //!
 //! # Replaying a seed

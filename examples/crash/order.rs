@@ -75,7 +75,7 @@ use tower::util::MapResponseLayer;
 use tower::{ServiceBuilder, ServiceExt};
 
 use crate::crashpoint::{self, AFTER_CLAIM_COMMIT, AFTER_COMMIT, AFTER_PAYMENT, IN_CLAIM};
-use crate::world::{in_claim, is_keyed, order_created, payment_id, World};
+use crate::world::{in_claim, is_keyed, order_created, payment_id, RunStore, World};
 use crate::{chain, BoxError, ABANDONED_ROUND, ABANDONED_TIMEOUT, LEASE, RENEW_FOR};
 
 /// The address the order service listens on.
@@ -101,7 +101,12 @@ enum Found {
 
 struct Orders {
     world: World,
+    /// The PostgreSQL table of keys: the claims in the handler's transaction, and (unless the
+    /// keys are on Redis) the completions in it.
     store: PostgresStore,
+    /// The keys are on Redis (`--store redis`): no transaction with them, so the effects are
+    /// made idempotent downstream instead (the order by its key, the payment by its id).
+    on_redis: bool,
     outbox: PostgresOutbox,
     /// The hook's findings, by key and the new owner's fence: the hook runs in the request's
     /// task just before the handler.
@@ -144,6 +149,9 @@ impl Orders {
     /// partition holds its connection) cannot pay once a recovery found "not paid" and let
     /// another owner pay. Returns whether it paid.
     async fn pay(&self, id: &str, key: &str, pay_by: i64) -> Result<bool, BoxError> {
+        if self.on_redis {
+            return self.pay_idempotently(id, key, pay_by).await;
+        }
         let client = self.world.pool.get().await?;
         let n = client
             .execute(
@@ -156,6 +164,37 @@ impl Orders {
             )
             .await?;
         Ok(n == 1)
+    }
+
+    /// The payment provider as a service on Redis needs it: idempotent by the payment's id
+    /// (one per order key), so that a key whose record Redis lost, run again, pays nothing
+    /// twice. Returns whether the payment is made (now or before).
+    async fn pay_idempotently(&self, id: &str, key: &str, pay_by: i64) -> Result<bool, BoxError> {
+        let mut client = self.world.pool.get().await?;
+        let txn = client.transaction().await?;
+        txn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&id])
+            .await?;
+        let row = txn
+            .query_one(
+                &self.world.sql(
+                    "SELECT EXISTS (SELECT 1 FROM {p}_payments WHERE payment_id = $1),
+                            clock_timestamp() < to_timestamp($2::int8 / 1000000.0)",
+                ),
+                &[&id, &pay_by],
+            )
+            .await?;
+        let (paid, in_time): (bool, bool) = (row.get(0), row.get(1));
+        if !paid && in_time {
+            txn.execute(
+                &self.world.sql(
+                    "INSERT INTO {p}_payments (payment_id, order_key, pid) VALUES ($1, $2, $3)",
+                ),
+                &[&id, &key, &self.pid],
+            )
+            .await?;
+        }
+        txn.commit().await?;
+        Ok(paid || in_time)
     }
 
     /// What the provider says of `id`: how many payments it holds, and whether every call
@@ -275,10 +314,17 @@ impl Orders {
                     &[&id, &key, &self.pid, &within],
                 )
                 .await?;
-            self.store
-                .checkpoint_in(&txn, ticket, &Checkpoint::new(PAYMENT, id)?)
-                .await?;
-            txn.commit().await?;
+            if self.on_redis {
+                // No transaction with Redis: the intent's row first, then its checkpoint. A
+                // crash between the two leaves a row and no checkpoint: no payment was made.
+                txn.commit().await?;
+                ticket.checkpoint(PAYMENT, id).await?;
+            } else {
+                self.store
+                    .checkpoint_in(&txn, ticket, &Checkpoint::new(PAYMENT, id)?)
+                    .await?;
+                txn.commit().await?;
+            }
             Ok::<_, BoxError>(row.get::<_, i64>(0))
         };
         go.await.map_err(|e| chain(&*e))
@@ -296,16 +342,36 @@ impl Orders {
         let event = order_created(key)?;
         let mut client = self.world.pool.get().await?;
         let txn = client.transaction().await?;
-        txn.execute(
-            &self
-                .world
-                .sql("INSERT INTO {p}_orders (key, keyed, pid) VALUES ($1, $2, $3)"),
-            &[&key, &ticket.is_some(), &self.pid],
-        )
-        .await?;
-        self.outbox.enqueue(&txn, &event).await?;
-        if let Some(ticket) = ticket {
-            self.store.complete_in(&txn, ticket, stored).await?;
+        if self.on_redis && ticket.is_some() {
+            // Idempotent by the key: a run again after Redis lost the record writes nothing.
+            txn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key])
+                .await?;
+            let written = txn
+                .execute(
+                    &self.world.sql(
+                        "INSERT INTO {p}_orders (key, keyed, pid) SELECT $1, true, $2
+                         WHERE NOT EXISTS (SELECT 1 FROM {p}_orders WHERE key = $1)",
+                    ),
+                    &[&key, &self.pid],
+                )
+                .await?;
+            if written == 1 {
+                self.outbox.enqueue(&txn, &event).await?;
+            } else {
+                crashpoint::say(&format!("note order-again-absorbed {key}"));
+            }
+        } else {
+            txn.execute(
+                &self
+                    .world
+                    .sql("INSERT INTO {p}_orders (key, keyed, pid) VALUES ($1, $2, $3)"),
+                &[&key, &ticket.is_some(), &self.pid],
+            )
+            .await?;
+            self.outbox.enqueue(&txn, &event).await?;
+            if let Some(ticket) = ticket {
+                self.store.complete_in(&txn, ticket, stored).await?;
+            }
         }
         if deadline.is_some_and(Deadline::is_expired) {
             txn.rollback().await?;
@@ -499,7 +565,9 @@ async fn handle(
     req: Request<Full<Bytes>>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (parts, body) = req.into_parts();
-    if parts.method != Method::POST || parts.uri.path() != "/orders" {
+    // On Redis there is no claim in a transaction: `/orders-tx` is served here too.
+    let tx_path = orders.on_redis && parts.uri.path() == "/orders-tx";
+    if parts.method != Method::POST || (parts.uri.path() != "/orders" && !tx_path) {
         return Ok(reply(StatusCode::NOT_FOUND, ""));
     }
     let body = body
@@ -554,14 +622,16 @@ pub(crate) async fn serve(extras: Extras) -> Result<(), BoxError> {
     let addr: SocketAddr = std::env::var(ENV_ADDR)?.parse()?;
     let hook = std::env::var(ENV_HOOK).map_or(true, |v| v != "0");
     world.reach_postgres().await?;
+    let keys = world.keys()?;
     let orders = Arc::new(Orders {
         store: world.store()?,
+        on_redis: matches!(keys, RunStore::Redis(_)),
         outbox: world.outbox()?,
         world,
         found: Mutex::new(HashMap::new()),
         pid: std::process::id() as i32,
     });
-    let mut builder = IdempotencyLayer::builder(orders.store.clone())
+    let mut builder = IdempotencyLayer::builder(keys)
         .lease(LEASE)
         .renew_for(RENEW_FOR)
         .abandoned_timeout(ABANDONED_TIMEOUT);
@@ -613,6 +683,7 @@ pub(crate) async fn serve(extras: Extras) -> Result<(), BoxError> {
         .layer(optional(extras.limit.clone()))
         .layer(claims)
         .service_fn(move |req| handle_in_claim(o.clone(), req));
+    let orders_on_redis = orders.on_redis;
     let plain = ServiceBuilder::new()
         .layer(
             ServerDeadlineLayer::builder()
@@ -622,8 +693,9 @@ pub(crate) async fn serve(extras: Extras) -> Result<(), BoxError> {
         .layer(optional(extras.limit))
         .layer(layer)
         .service_fn(move |req| handle(orders.clone(), req));
+    let on_redis = orders_on_redis;
     let svc = tower::service_fn(move |req: Request<hyper::body::Incoming>| {
-        let claimed = req.method() == Method::POST && req.uri().path() == "/orders-tx";
+        let claimed = req.method() == Method::POST && req.uri().path() == "/orders-tx" && !on_redis;
         let (plain, in_claim) = (plain.clone(), in_claim.clone());
         async move {
             if !claimed {

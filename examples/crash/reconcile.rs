@@ -29,11 +29,11 @@ use surely::ledger::{Filter, Ledger, PostgresLedger, ReconcileRound, Reconciler,
 use surely::retry::backoff::Backoff;
 use surely::retry::{Query, Resolution, Resolve, Resolving};
 use surely::server::idempotency::{IdempotencyLayer, SettleRound};
-use surely::server::store::{IdempotencyStore, PostgresStore, RecordKey, RecordState};
+use surely::server::store::{IdempotencyStore, RecordKey, RecordState};
 use tokio::time::Instant;
 
 use crate::crashpoint::{self, MID_RECONCILE};
-use crate::world::{in_claim, is_keyed, World};
+use crate::world::{in_claim, is_keyed, RunStore, World};
 use crate::{BoxError, GRACE};
 
 /// How long a reconciler holds what it claimed.
@@ -54,7 +54,8 @@ const FINAL_LIMIT: Duration = Duration::from_secs(40);
 /// What the resolvers look at: the order service's tables and store, and the ledger.
 pub(crate) struct Facts {
     world: World,
-    store: PostgresStore,
+    /// The order service's keys: PostgreSQL's table, or Redis.
+    store: RunStore,
     pub(crate) ledger: PostgresLedger,
 }
 
@@ -69,7 +70,7 @@ fn created(key: &str) -> Res {
 impl Facts {
     pub(crate) fn new(world: &World) -> Result<Arc<Facts>, BoxError> {
         Ok(Arc::new(Facts {
-            store: world.store()?,
+            store: world.keys()?,
             ledger: world.ledger()?,
             world: world.clone(),
         }))
@@ -176,7 +177,7 @@ impl Resolve<Res> for Asks {
 pub(crate) struct Reconcilers {
     calls: CallReconciler,
     records: CallReconciler,
-    layer: IdempotencyLayer<PostgresStore>,
+    layer: IdempotencyLayer<RunStore>,
 }
 
 type CallReconciler = Reconciler<PostgresLedger, Asks, Res>;

@@ -11,7 +11,10 @@ use surely::inbox::PostgresInbox;
 use surely::ledger::PostgresLedger;
 use surely::outbox::{Event, EventId, PostgresOutbox};
 use surely::postgres::Pool;
-use surely::server::store::PostgresStore;
+use surely::server::store::{
+    AbandonedRecord, Acquire, Checkpoint, ExpiredRecord, Fence, IdempotencyStore, PostgresStore,
+    RecordKey, RecordView, RequestDigest, StoreError, StoredResponse, StuckRecord, UnknownRecord,
+};
 
 use crate::{chain, BoxError};
 
@@ -34,6 +37,9 @@ pub(crate) const ENV_PREFIX: &str = "CRASH_PREFIX";
 pub(crate) const ENV_RELAY: &str = "CRASH_RELAY";
 /// The RabbitMQ broker's URL when the events go through it (`--broker rabbitmq`); unset: NATS.
 pub(crate) const ENV_AMQP: &str = "CRASH_AMQP";
+/// The Redis server's URL when the order service keeps its keys there (`--store redis`);
+/// unset: PostgreSQL.
+pub(crate) const ENV_REDIS: &str = "CRASH_REDIS";
 
 /// Where things are, for one run.
 #[derive(Clone)]
@@ -47,6 +53,9 @@ pub(crate) struct World {
     /// The events go through RabbitMQ at this URL (the exchange and queue named as the
     /// prefix), not through JetStream.
     pub(crate) amqp_url: Option<String>,
+    /// The order service keeps its idempotency keys in the Redis at this URL (under the
+    /// prefix), not in PostgreSQL.
+    pub(crate) redis_url: Option<String>,
 }
 
 impl World {
@@ -59,6 +68,24 @@ impl World {
             pool: surely::postgres::connect(pg_url)?,
             log_relay: false,
             amqp_url: None,
+            redis_url: None,
+        })
+    }
+
+    /// The same world, the order service's keys in the Redis at `url` (`None`: PostgreSQL).
+    pub(crate) fn with_redis(mut self, url: Option<String>) -> World {
+        self.redis_url = url;
+        self
+    }
+
+    /// The order service's idempotency store: the run's Redis, or its PostgreSQL table.
+    pub(crate) fn keys(&self) -> Result<RunStore, BoxError> {
+        Ok(match &self.redis_url {
+            Some(url) => RunStore::Redis(
+                surely::server::store::RedisStore::connect(url)?
+                    .with_prefix(&format!("{}:", self.prefix))?,
+            ),
+            None => RunStore::Pg(self.store()?),
         })
     }
 
@@ -102,7 +129,8 @@ impl World {
         Ok(
             World::new(&var(ENV_PG)?, &var(ENV_NATS)?, &var(ENV_PREFIX)?)?
                 .with_log_relay(std::env::var(ENV_RELAY).is_ok_and(|r| r == "log"))
-                .with_amqp(std::env::var(ENV_AMQP).ok()),
+                .with_amqp(std::env::var(ENV_AMQP).ok())
+                .with_redis(std::env::var(ENV_REDIS).ok()),
         )
     }
 
@@ -119,6 +147,9 @@ impl World {
         ];
         if let Some(url) = &self.amqp_url {
             env.push((ENV_AMQP, url.clone()));
+        }
+        if let Some(url) = &self.redis_url {
+            env.push((ENV_REDIS, url.clone()));
         }
         env
     }
@@ -454,4 +485,118 @@ pub(crate) fn order_created(key: &str) -> Result<Event, BoxError> {
         ORDER_CREATED,
         key.to_owned(),
     )?)
+}
+
+/// The order service's idempotency store, PostgreSQL's or Redis's: one type for the layers, the
+/// reconciler and the checks, each call passed to the store the run uses.
+#[derive(Clone)]
+pub(crate) enum RunStore {
+    Pg(PostgresStore),
+    Redis(surely::server::store::RedisStore),
+}
+
+macro_rules! both {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            RunStore::Pg($s) => $e,
+            RunStore::Redis($s) => $e,
+        }
+    };
+}
+
+impl IdempotencyStore for RunStore {
+    fn kind(&self) -> &'static str {
+        both!(self, s => s.kind())
+    }
+
+    async fn acquire(
+        &self,
+        key: &RecordKey,
+        digest: &RequestDigest,
+        lease: Duration,
+    ) -> Result<Acquire, StoreError> {
+        both!(self, s => s.acquire(key, digest, lease).await)
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        both!(self, s => s.complete(key, fence, response, retention).await)
+    }
+
+    async fn release(&self, key: &RecordKey, fence: Fence) -> Result<(), StoreError> {
+        both!(self, s => s.release(key, fence).await)
+    }
+
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        both!(self, s => s.renew(key, fence, lease).await)
+    }
+
+    async fn checkpoint(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        checkpoint: &Checkpoint,
+    ) -> Result<(), StoreError> {
+        both!(self, s => s.checkpoint(key, fence, checkpoint).await)
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &RecordKey,
+        fence: Fence,
+        evidence: &str,
+    ) -> Result<(), StoreError> {
+        both!(self, s => s.mark_unknown(key, fence, evidence).await)
+    }
+
+    async fn unknowns(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+        both!(self, s => s.unknowns(limit).await)
+    }
+
+    async fn expired(
+        &self,
+        keep_expired_for: Duration,
+        limit: usize,
+    ) -> Result<Vec<ExpiredRecord>, StoreError> {
+        both!(self, s => s.expired(keep_expired_for, limit).await)
+    }
+
+    async fn forget(&self, records: &[ExpiredRecord]) -> Result<u64, StoreError> {
+        both!(self, s => s.forget(records).await)
+    }
+
+    async fn sweep(&self, keep_expired_for: Duration) -> Result<u64, StoreError> {
+        both!(self, s => s.sweep(keep_expired_for).await)
+    }
+
+    async fn stuck(
+        &self,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<Vec<StuckRecord>, StoreError> {
+        both!(self, s => s.stuck(older_than, limit).await)
+    }
+
+    async fn inspect(&self, key: &RecordKey) -> Result<Option<RecordView>, StoreError> {
+        both!(self, s => s.inspect(key).await)
+    }
+
+    async fn take_abandoned(
+        &self,
+        overdue_by: Duration,
+        lease: Duration,
+        limit: usize,
+    ) -> Result<Vec<AbandonedRecord>, StoreError> {
+        both!(self, s => s.take_abandoned(overdue_by, lease, limit).await)
+    }
 }
