@@ -202,9 +202,7 @@ pub(crate) async fn run_consumer() -> Result<(), BoxError> {
         consumer: tasks::consumer()?,
         fates: Fates::from_env()?,
         sql: Sql {
-            insert: world.sql(
-                "INSERT INTO {p}_inventory_changes (event_id, order_key, delta, pid) VALUES ($1, $2, -1, $3)",
-            ),
+            insert: world.sql(INSERT_CHANGE),
             record_run: world.sql(tasks::RECORD_RUN),
         },
         pid: std::process::id() as i32,
@@ -265,9 +263,7 @@ async fn amqp_consumer(
         )
         .await?;
     let inbox = Arc::new(world.inbox()?);
-    let insert: Arc<str> = world
-        .sql("INSERT INTO {p}_inventory_changes (event_id, order_key, delta, pid) VALUES ($1, $2, -1, $3)")
-        .into();
+    let insert: Arc<str> = world.sql(INSERT_CHANGE).into();
     let pid = std::process::id() as i32;
     let mut running = JoinSet::new();
     crashpoint::ready();
@@ -317,6 +313,10 @@ async fn amqp_consumer(
         });
     }
 }
+
+/// The consumer's write: one inventory change for an event.
+const INSERT_CHANGE: &str =
+    "INSERT INTO {p}_inventory_changes (event_id, order_key, delta, pid) VALUES ($1, $2, -1, $3)";
 
 /// The consumer's statements.
 struct Sql {

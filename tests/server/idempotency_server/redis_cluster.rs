@@ -124,6 +124,14 @@ impl Cluster {
         cluster
     }
 
+    /// A store on the cluster under a prefix of its own.
+    fn store(&self) -> RedisStore {
+        RedisStore::cluster(self.urls())
+            .unwrap()
+            .with_prefix(&format!("surely:test:{}:", suffix()))
+            .unwrap()
+    }
+
     fn urls(&self) -> Vec<String> {
         self.nodes
             .iter()
@@ -263,12 +271,7 @@ fn record(key: &str) -> RecordKey {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_the_store_works_across_shards() {
     let cluster = Cluster::start().await;
-    let store = || {
-        RedisStore::cluster(cluster.urls())
-            .unwrap()
-            .with_prefix(&format!("surely:test:{}:", suffix()))
-            .unwrap()
-    };
+    let store = || cluster.store();
     assert_eq!(store().buckets(), Some(RedisStore::CLUSTER_BUCKETS));
     scenarios::all(store()).await;
     scenarios::concurrent_first_requests(store()).await;
@@ -371,11 +374,7 @@ async fn redis_cluster_the_store_works_across_shards() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_a_slot_mid_migration_is_a_503_not_processed() {
     let cluster = Cluster::start().await;
-    let prefix = format!("surely:test:{}:", suffix());
-    let store = RedisStore::cluster(cluster.urls())
-        .unwrap()
-        .with_prefix(&prefix)
-        .unwrap();
+    let store = cluster.store();
     let seen = Seen::default();
     let mut svc = IdempotencyLayer::new(store).layer(handler(seen.clone(), 201));
 
@@ -450,11 +449,7 @@ async fn redis_cluster_a_slot_mid_migration_is_a_503_not_processed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_a_primary_killed_while_one_key_races() {
     let mut cluster = Cluster::start().await;
-    let prefix = format!("surely:test:{}:", suffix());
-    let store = RedisStore::cluster(cluster.urls())
-        .unwrap()
-        .with_prefix(&prefix)
-        .unwrap();
+    let store = cluster.store();
     let seen = Seen::default();
     let h = seen.clone();
     let slow = service_fn(move |req: Req| {
