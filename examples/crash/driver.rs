@@ -22,7 +22,7 @@ use crate::order::{ENV_ADDR, ENV_HOOK};
 use crate::partition::{Net, Window};
 use crate::splitmix::SplitMix;
 use crate::tasks::{self, Fates, ENV_TASKS};
-use crate::world::{World, CONSUMER, ENV_PG};
+use crate::world::{World, CONSUMER, ENV_PG, ENV_REDIS};
 use crate::{chain, invariants, reconcile, BoxError, ACK_WAIT};
 
 /// A role started later than this after its spawn is an error, not a hang.
@@ -406,18 +406,23 @@ pub(crate) const REDIS_RESTART_EVERY: u32 = 15;
 /// A Redis server of the run's own, without persistence, on a port of its own.
 pub(crate) struct OwnRedis {
     port: u16,
+    /// The addresses it listens on: 127.0.0.1, and the host's side of the order service's
+    /// veth pair when there is one (a cut window cuts the order service from Redis too).
+    binds: Vec<String>,
     child: std::process::Child,
 }
 
 impl OwnRedis {
-    async fn start(port: u16) -> Result<OwnRedis, BoxError> {
+    async fn start(port: u16, binds: Vec<String>) -> Result<OwnRedis, BoxError> {
         let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--port", &port.to_string(), "--bind"])
+            .args(&binds)
+            .args(["--protected-mode", "no"])
             .args(["--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
             .spawn()
             .map_err(|e| format!("redis-server (--store redis runs its own): {e}"))?;
-        let redis = OwnRedis { port, child };
+        let redis = OwnRedis { port, binds, child };
         let client = surely::deps::redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
         for _ in 0..100 {
             if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
@@ -575,8 +580,15 @@ impl Supervisor {
             None => cmd.env_remove(ENV_CRASH_AT),
         };
         if let Some(net) = self.net.as_ref().filter(|_| role == Role::Order) {
-            // Inside the namespace, PostgreSQL is reached through the driver's relay.
+            // Inside the namespace, PostgreSQL is reached through the driver's relay, and the
+            // run's Redis at the host's side of the veth pair.
             cmd.env(ENV_PG, &net.pg_url);
+            if let Some(redis) = &self.redis {
+                cmd.env(
+                    ENV_REDIS,
+                    format!("redis://{}:{}", net.outer_ip, redis.port),
+                );
+            }
         }
         let mut child = cmd
             .spawn()
@@ -847,10 +859,10 @@ impl Supervisor {
         let Some(redis) = self.redis.take() else {
             return Ok(());
         };
-        let port = redis.port;
+        let (port, binds) = (redis.port, redis.binds.clone());
         redis.stop();
         tokio::time::sleep(Duration::from_millis(200)).await;
-        self.redis = Some(OwnRedis::start(port).await?);
+        self.redis = Some(OwnRedis::start(port, binds).await?);
         self.stats.redis_restarts += 1;
         if self.opts.verbose {
             println!("  restart    Redis (127.0.0.1:{port}): every key lost");
@@ -1321,7 +1333,13 @@ pub(crate) async fn main(args: &[String]) -> Result<bool, BoxError> {
     };
     let created = match (created, net) {
         (Ok(()), Ok(net)) => match redis {
-            Some(redis) => OwnRedis::start(redis).await.map(|r| (net, Some(r))),
+            Some(port) => {
+                let mut binds = vec!["127.0.0.1".to_owned()];
+                if let Some(net) = &net {
+                    binds.push(net.outer_ip.to_string());
+                }
+                OwnRedis::start(port, binds).await.map(|r| (net, Some(r)))
+            }
             None => Ok((net, None)),
         },
         (Err(e), _) | (_, Err(e)) => Err(e),

@@ -56,6 +56,8 @@ pub(crate) struct Net {
     pub(crate) ns: String,
     inner_if: String,
     pub(crate) inner_ip: Ipv4Addr,
+    /// The host's side of the veth pair: what the order service reaches the host at.
+    pub(crate) outer_ip: Ipv4Addr,
     /// The URL of PostgreSQL as the order service reaches it: through the relay.
     pub(crate) pg_url: String,
     delay_ms: Arc<AtomicU64>,
@@ -117,6 +119,7 @@ impl Net {
             ns: ns.clone(),
             inner_if: inner_if.clone(),
             inner_ip,
+            outer_ip,
             pg_url: String::new(),
             delay_ms: Arc::new(AtomicU64::new(0)),
         };
