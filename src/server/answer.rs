@@ -1,12 +1,13 @@
 //! The state the server layers' futures share: an answer the layer gave at once (a refusal), or
 //! the handler's future, polled by each layer its own way. Written once here; each layer's
-//! `future::ResponseFuture` holds one and says how it polls the handler.
+//! `future::ResponseFuture` holds one and says how it polls the handler. And the gRPC answer the
+//! layers write themselves.
 
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
 use bytes::Bytes;
-use http::Response;
+use http::{HeaderName, HeaderValue, Response};
 use pin_project_lite::pin_project;
 
 use super::ResponseBody;
@@ -58,4 +59,22 @@ impl<F, X> Answer<F, X> {
                 .map(|result| result.map(|response| response.map(ResponseBody::new))),
         }
     }
+}
+
+/// A gRPC answer of the layer's own: trailers-only, `code` and `message` in the head.
+pub(crate) fn grpc_response(code: &'static str, message: &str) -> Response<Bytes> {
+    let mut res = Response::new(Bytes::new());
+    let headers = res.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert(
+        HeaderName::from_static("grpc-status"),
+        HeaderValue::from_static(code),
+    );
+    if let Ok(v) = HeaderValue::from_str(message) {
+        headers.insert(HeaderName::from_static("grpc-message"), v);
+    }
+    res
 }

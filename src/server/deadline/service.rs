@@ -4,7 +4,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -19,6 +19,7 @@ use crate::deadline::Deadline;
 use crate::headers::GRPC_TIMEOUT;
 use crate::headers::NOT_PROCESSED;
 use crate::headers::RETRY_OWNER;
+use crate::server::answer::grpc_response;
 use crate::server::problem::Problems;
 use crate::server::ResponseBody;
 use crate::Envelope;
@@ -152,24 +153,6 @@ impl<S> ServerDeadline<S> {
         };
         budget.map(|b| b.map(|b| b.min(crate::MAX_DURATION)))
     }
-}
-
-/// A gRPC answer of the layer's own: trailers-only, `code` and `message` in the head.
-pub(super) fn grpc_response(code: &'static str, message: &str) -> Response<Bytes> {
-    let mut res = Response::new(Bytes::new());
-    let headers = res.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/grpc"),
-    );
-    headers.insert(
-        HeaderName::from_static("grpc-status"),
-        HeaderValue::from_static(code),
-    );
-    if let Ok(v) = HeaderValue::from_str(message) {
-        headers.insert(HeaderName::from_static("grpc-message"), v);
-    }
-    res
 }
 
 /// The refusal of a request whose budget is spent: `504` with its problem details, or gRPC

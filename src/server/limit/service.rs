@@ -5,7 +5,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -16,6 +16,7 @@ use super::AdaptiveLimitLayer;
 use crate::classify::OVERLOAD_REFUSAL;
 use crate::deadline::Deadline;
 use crate::headers::{CRITICALITY, GRPC_RETRY_PUSHBACK_MS, NOT_PROCESSED};
+use crate::server::answer::grpc_response;
 use crate::server::problem::Problems;
 use crate::server::ResponseBody;
 use crate::{Criticality, Envelope};
@@ -180,22 +181,10 @@ impl Drop for Permit {
 /// its pushback; both say that the handler never ran.
 fn refusal(problems: &Problems, grpc: bool, retry_after: Duration) -> Response<Bytes> {
     let mut res = if grpc {
-        let mut res = Response::new(Bytes::new());
-        let headers = res.headers_mut();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/grpc"),
-        );
-        headers.insert(
-            HeaderName::from_static("grpc-status"),
-            HeaderValue::from_static("14"),
-        );
-        headers.insert(
-            HeaderName::from_static("grpc-message"),
-            HeaderValue::from_static("overloaded: refused before processing"),
-        );
+        let mut res = grpc_response("14", "overloaded: refused before processing");
         let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
-        headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
+        res.headers_mut()
+            .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
         res
     } else {
         let mut res = problems.overloaded();
