@@ -67,7 +67,8 @@
 //! * `surely_client` and `surely_deadline_attempt` add 0 allocations per call over `bare`.
 //!
 //! Run it with `cargo bench --bench assembly` (about two minutes); one family with e.g.
-//! `cargo bench --bench assembly -- ready`. The machine is noisy: judge the paired ratios, from
+//! `cargo bench --bench assembly -- ready`. `-- --calls N --case GROUP/NAME` runs `N` calls of
+//! one case and nothing else: what `scripts/instructions.sh` counts instructions over. The machine is noisy: judge the paired ratios, from
 //! more than one run.
 
 use std::alloc::System;
@@ -755,6 +756,30 @@ fn print_paired(rt: &Runtime, cases: &[Case], medians: &[Option<f64>]) {
     }
 }
 
+/// `--calls N --case GROUP/NAME`: runs `N` calls of one case and nothing else, for an
+/// instruction count under `valgrind --tool=callgrind` (`scripts/instructions.sh` runs two such
+/// loops and takes their difference, so that the setup cancels out).
+fn calls_only(rt: &Runtime, cases: &[Case]) -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+    };
+    let Some(n) = value("--calls") else {
+        return false;
+    };
+    let n: u64 = n.parse().expect("--calls takes a number");
+    let wanted = value("--case").expect("--calls needs --case GROUP/NAME");
+    let case = cases
+        .iter()
+        .find(|c| format!("{}/{}", c.group, c.name) == *wanted)
+        .unwrap_or_else(|| panic!("no case {wanted}"));
+    let mut drive = (case.make)();
+    black_box(drive.run(rt, n));
+    true
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -763,6 +788,9 @@ fn main() {
     // seatbelt's clock spawns the task that drives its timers when it is made.
     let _entered = rt.enter();
     let cases = cases();
+    if calls_only(&rt, &cases) {
+        return;
+    }
     print_sizes_and_allocations(&rt, &cases);
     let mut c = Criterion::default()
         .warm_up_time(WARM_UP)

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Instructions per call of the client stacks, counted by valgrind's callgrind: unlike time, they
+# repeat exactly for the same binary, whatever else the machine does. Each row runs two loops of
+# the bench's case (`benches/assembly.rs -- --calls N --case GROUP/NAME`), of 1 000 and 11 000
+# calls; the difference of their counts over 10 000 is the cost of one call, the setup (the
+# runtime, the stack's construction) cancelled out.
+#
+#   scripts/instructions.sh            prints each row's instructions per call
+#   scripts/instructions.sh --check    and fails when a row is more than 2 % over its baseline
+#                                      in benches/instructions.txt
+#   scripts/instructions.sh --update   rewrites benches/instructions.txt: a baseline changes
+#                                      only in a commit that says why
+#
+# Needs valgrind (`apt-get install -y valgrind`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode="${1:-print}"
+baseline=benches/instructions.txt
+case "$mode" in
+  print|--check|--update) ;;
+  *) echo "usage: scripts/instructions.sh [--check|--update]" >&2; exit 2 ;;
+esac
+
+rows=(
+  ready/small/bare
+  ready/small/surely_client
+  ready/small/tower_retry_tps_timeout
+  fail_once/small/bare
+  fail_once/small/surely_client
+  fail_once/small/tower_retry_tps_timeout
+  deadline/small/bare
+  deadline/small/surely_deadline_attempt
+  deadline/small/tower_timeout
+)
+
+command -v valgrind >/dev/null || { echo "error: valgrind is not installed" >&2; exit 1; }
+exe="$(cargo bench --bench assembly --no-run --message-format=json 2>/dev/null \
+  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n1)"
+[ -x "$exe" ] || { echo "error: the assembly bench did not build" >&2; exit 1; }
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+count() {  # count CASE CALLS: the instructions of one run
+  valgrind --tool=callgrind --callgrind-out-file="$out/cg" "$exe" --calls "$2" --case "$1" \
+    2>"$out/log" >/dev/null
+  sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/log"
+}
+
+: >"$out/now"
+for row in "${rows[@]}"; do
+  small="$(count "$row" 1000)"
+  large="$(count "$row" 11000)"
+  printf '%-45s %8d\n' "$row" $(( (large - small) / 10000 )) | tee -a "$out/now"
+done
+
+case "$mode" in
+  --update)
+    { echo "# Instructions per call (scripts/instructions.sh), on $(rustc --version)."
+      cat "$out/now"; } >"$baseline"
+    echo "rewrote $baseline" ;;
+  --check)
+    # A row over 2 % above its baseline fails; a row without a baseline fails too.
+    awk 'NR == FNR { if ($1 !~ /^#/) base[$1] = $2; next }
+         { if (!($1 in base)) { print "no baseline for " $1; bad = 1; next }
+           if ($2 > base[$1] * 1.02) {
+             printf "%s: %d instructions a call, %d in the baseline (+%.1f %%)\n",
+               $1, $2, base[$1], ($2 / base[$1] - 1) * 100; bad = 1 } }
+         END { exit bad }' "$baseline" "$out/now" \
+      || { echo "error: instructions per call grew past 2 % (see $baseline)" >&2; exit 1; }
+    echo "instructions per call: every row within 2 % of $baseline" ;;
+esac
