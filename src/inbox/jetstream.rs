@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 
+use super::delivered::Answer;
 use super::postgres::{Handler, InboxTransaction};
 use super::{Consumer, InboxError, PostgresInbox, Processed, Versions, Wait};
 use crate::outbox::Event;
@@ -72,20 +73,35 @@ impl PostgresInbox {
                 return Err(InboxError::Malformed(e));
             }
         };
-        let out = self
-            .process_and_commit(consumer, &event, versions, handler)
-            .await;
-        match &out {
-            Ok(processed) if processed.is_settled() => {
-                if let Err(e) = message.double_ack().await {
-                    // Committed: the redelivery will find the record.
-                    tracing::warn!(event = %event.id(), error = &*e as &dyn std::error::Error, "inbox: acknowledgement not confirmed");
-                }
-            }
-            Ok(_) => ack(message, AckKind::Nak(Some(PARKED_REDELIVERY))).await,
-            Err(_) => ack(message, AckKind::Nak(None)).await,
+        self.process_and_answer(
+            &JetStreamAnswer(message),
+            &event,
+            consumer,
+            versions,
+            handler,
+        )
+        .await
+    }
+}
+
+/// JetStream's answers: a confirmed acknowledgement, a `nak` with a delay for a parked event,
+/// one without for a failure.
+struct JetStreamAnswer<'a>(&'a jetstream::Message);
+
+impl Answer for JetStreamAnswer<'_> {
+    async fn settled(&self, event: &Event) {
+        if let Err(e) = self.0.double_ack().await {
+            // Committed: the redelivery will find the record.
+            tracing::warn!(event = %event.id(), error = &*e as &dyn std::error::Error, "inbox: acknowledgement not confirmed");
         }
-        out
+    }
+
+    async fn parked(&self) {
+        ack(self.0, AckKind::Nak(Some(PARKED_REDELIVERY))).await;
+    }
+
+    async fn failed(&self) {
+        ack(self.0, AckKind::Nak(None)).await;
     }
 }
 

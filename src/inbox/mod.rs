@@ -95,6 +95,8 @@ use bytes::Bytes;
 
 use crate::classify::BoxError;
 
+#[cfg(all(feature = "postgres", any(feature = "nats", feature = "rabbitmq")))]
+mod delivered;
 #[cfg(all(feature = "postgres", feature = "nats"))]
 mod jetstream;
 mod memory;

@@ -5,6 +5,7 @@ use std::time::Duration;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 
+use super::delivered::Answer;
 use super::postgres::{Handler, InboxTransaction};
 use super::{InboxError, PostgresInbox, Processed, Versions};
 use crate::outbox::Event;
@@ -83,23 +84,30 @@ impl PostgresInbox {
                 return Err(InboxError::Malformed(e));
             }
         };
-        let out = self
-            .process_and_commit(consumer, &event, versions, handler)
-            .await;
-        match &out {
-            Ok(processed) if processed.is_settled() => {
-                if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
-                    // Committed: the redelivery will find the record.
-                    tracing::warn!(event = %event.id(), error = &e as &dyn std::error::Error, "inbox: acknowledgement not sent");
-                }
-            }
-            Ok(_) => {
-                tokio::time::sleep(PARKED_REQUEUE).await;
-                nack(delivery, true).await;
-            }
-            Err(_) => nack(delivery, true).await,
+        self.process_and_answer(&AmqpAnswer(delivery), &event, consumer, versions, handler)
+            .await
+    }
+}
+
+/// RabbitMQ's answers: `basic.ack`, and `basic.nack` with requeue for a parked event (after
+/// [`PARKED_REQUEUE`]: RabbitMQ redelivers at once) or a failure.
+struct AmqpAnswer<'a>(&'a Delivery);
+
+impl Answer for AmqpAnswer<'_> {
+    async fn settled(&self, event: &Event) {
+        if let Err(e) = self.0.acker.ack(BasicAckOptions::default()).await {
+            // Committed: the redelivery will find the record.
+            tracing::warn!(event = %event.id(), error = &e as &dyn std::error::Error, "inbox: acknowledgement not sent");
         }
-        out
+    }
+
+    async fn parked(&self) {
+        tokio::time::sleep(PARKED_REQUEUE).await;
+        nack(self.0, true).await;
+    }
+
+    async fn failed(&self) {
+        nack(self.0, true).await;
     }
 }
 

@@ -219,6 +219,14 @@ impl AdaptiveLimitLayerBuilder {
     /// appended; refusals then also carry `Link: <type>; rel="describedby"`. By default the type
     /// points at the crate's [problem page](crate::server::problem) and no `Link` is sent.
     /// [`build`](Self::build) refuses a base that is not an absolute URI (`limit problem base`).
+    ///
+    /// ```
+    /// use surely::server::limit::AdaptiveLimitLayer;
+    ///
+    /// assert!(AdaptiveLimitLayer::builder().problem_base("https://api.example.com/problems/").build().is_ok());
+    /// let e = AdaptiveLimitLayer::builder().problem_base("problems").build().unwrap_err();
+    /// assert_eq!(e.setting(), "limit problem base");
+    /// ```
     pub fn problem_base(mut self, base: impl Into<String>) -> Self {
         self.problem_base = Some(base.into());
         self

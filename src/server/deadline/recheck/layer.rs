@@ -69,6 +69,15 @@ impl RecheckLayer {
     /// # Errors
     ///
     /// A [`ConfigError`] if `base` is not an absolute URI.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use surely::server::deadline::RecheckLayer;
+    ///
+    /// let layer = RecheckLayer::new(Duration::from_millis(100));
+    /// assert!(layer.clone().problem_base("https://api.example.com/problems/").is_ok());
+    /// assert_eq!(layer.problem_base("/problems/").unwrap_err().setting(), "recheck problem base");
+    /// ```
     pub fn problem_base(mut self, base: &str) -> Result<Self, ConfigError> {
         self.problems = Problems::at(base, "recheck problem base")?;
         Ok(self)
