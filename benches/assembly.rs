@@ -67,42 +67,29 @@
 //! * `surely_client` and `surely_deadline_attempt` add 0 allocations per call over `bare`.
 //!
 //! Run it with `cargo bench --bench assembly` (about two minutes); one family with e.g.
-//! `cargo bench --bench assembly -- ready`. `-- --calls N --case GROUP/NAME` runs `N` calls of
-//! one case and nothing else: what `scripts/instructions.sh` counts instructions over. The machine is noisy: judge the paired ratios, from
-//! more than one run.
+//! `cargo bench --bench assembly -- ready`. The machine is noisy: judge the paired ratios, from
+//! more than one run. The user's code (types, inner services, the caller's `async fn`, the
+//! stacks of tower and surely) is `benches/shared/user.rs`, which `benches/instructions` counts
+//! the instructions of.
 
 use std::alloc::System;
-use std::cell::Cell;
-use std::fmt::{self, Debug};
-use std::future::{ready, Ready};
+use std::fmt::Debug;
 use std::hint::black_box;
-use std::io;
 use std::mem::size_of_val;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use layered::{Execute, Stack};
 use seatbelt::{RecoveryInfo, ResilienceContext};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use surely::budget::{RatioBudget, RetryBudget};
-use surely::classify::{self, Attempted, Classification};
-use surely::deadline::SetDeadlineLayer;
-use surely::retry::backoff::Backoff;
-use surely::timeout::AttemptTimeoutLayer;
-use surely::{Envelope, IntoError, Semantics};
 use tokio::runtime::Runtime;
-use tower::retry::budget::{Budget, TpsBudget};
-use tower::retry::{Policy, Retry};
 use tower::timeout::Timeout;
-use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
+use tower::{service_fn, Layer, Service, ServiceBuilder};
 
 /// Counts every allocation of the process; the bench reads it around loops of calls.
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
-/// Every timeout and deadline: long enough never to fire.
-const LIMIT: Duration = Duration::from_secs(1);
 /// Criterion's settings: short, for a 2-core machine.
 const WARM_UP: Duration = Duration::from_secs(1);
 const MEASUREMENT: Duration = Duration::from_secs(2);
@@ -113,9 +100,6 @@ const ALLOC_WARM_UP: u64 = 100;
 /// Paired rounds, and how long one side of a round runs.
 const ROUNDS: usize = 41;
 const ROUND_SIDE: Duration = Duration::from_millis(5);
-/// Retries after the first attempt, for tower's policy and seatbelt's retry (surely's default
-/// attempt limit, 3, less the first).
-const RETRIES: u32 = 2;
 
 const BARE: &str = "bare";
 const TOWER_RETRY: &str = "tower_retry_tps_timeout";
@@ -127,195 +111,17 @@ const SEATBELT_TIMEOUT_TOWER: &str = "seatbelt_timeout_tower";
 const CLIENT: &str = "surely_client";
 const DEADLINE_ATTEMPT: &str = "surely_deadline_attempt";
 
-// ---- the user's types -----------------------------------------------------------------------
+// ---- the user's code, shared with the instruction counts' crate --------------------------
 
-/// The user's request: a read of item `n`, safe to send twice.
-#[derive(Clone, Debug)]
-struct Get(#[allow(dead_code)] u64);
+#[path = "shared/user.rs"]
+mod user;
+use user::*;
 
-impl Envelope for Get {
-    fn semantics(&self) -> Semantics {
-        Semantics::Safe
-    }
-}
-
-/// The user's response.
-#[derive(Debug)]
-struct Page;
-
-impl Envelope for Page {}
-
-/// The user's transport error of the `large` shape: what failed, and 64 bytes of detail kept
-/// inline (an address, a reason), as some clients keep theirs.
-#[derive(Debug)]
-struct FetchError {
-    kind: io::ErrorKind,
-    detail: [u8; 64],
-}
-
-impl fmt::Display for FetchError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "fetch failed: {} ({} bytes of detail)",
-            self.kind,
-            self.detail.len()
-        )
-    }
-}
-
-impl std::error::Error for FetchError {}
-
-impl IntoError for FetchError {
-    type Transport = FetchError;
-
-    fn into_error(self) -> surely::Error<FetchError> {
-        surely::Error::transport(self)
-    }
-}
-
-/// A shape of inner service: its error type.
-trait Shape: 'static {
-    type Error: std::error::Error + IntoError + Send + Sync + 'static;
-
-    /// The refusal of `fail_once`'s first attempts.
-    fn refused() -> Self::Error;
-
-    /// What seatbelt's timeout answers if it fires (never here; its layer asks for one).
-    fn timed_out() -> Self::Error;
-}
-
-/// `std::io::Error`, one pointer wide.
-enum Small {}
-
-impl Shape for Small {
-    type Error = io::Error;
-
-    fn refused() -> io::Error {
-        io::ErrorKind::ConnectionRefused.into()
-    }
-
-    fn timed_out() -> io::Error {
-        io::ErrorKind::TimedOut.into()
-    }
-}
-
-/// `FetchError`, 72 bytes.
-enum Large {}
-
-impl Shape for Large {
-    type Error = FetchError;
-
-    fn refused() -> FetchError {
-        FetchError {
-            kind: io::ErrorKind::ConnectionRefused,
-            detail: [0; 64],
-        }
-    }
-
-    fn timed_out() -> FetchError {
-        FetchError {
-            kind: io::ErrorKind::TimedOut,
-            detail: [0; 64],
-        }
-    }
-}
-
-thread_local! {
-    /// Inner calls on this thread (the runtime's) by the `fail_once` service.
-    static ATTEMPTS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// The inner service of `ready`: a page at once.
-fn answer<S: Shape>(_: Get) -> Ready<Result<Page, S::Error>> {
-    ready(Ok(Page))
-}
-
-/// The inner service of `fail_once`: even inner calls are refused, odd ones answered, so a call
-/// that retries once always starts on an even one.
-fn refuse_first<S: Shape>(_: Get) -> Ready<Result<Page, S::Error>> {
-    let n = ATTEMPTS.with(|a| a.replace(a.get() + 1));
-    ready(if n.is_multiple_of(2) {
-        Err(S::refused())
-    } else {
-        Ok(Page)
-    })
-}
-
-/// `fail_once`'s baseline: both inner answers of a call, and no layer.
-fn refuse_first_bare<S: Shape>(req: Get) -> Ready<Result<Page, S::Error>> {
-    let first = refuse_first::<S>(req.clone()).into_inner();
-    ready(first.or_else(|_| refuse_first::<S>(req).into_inner()))
-}
-
-// ---- the caller's code ----------------------------------------------------------------------
-
-/// How the user calls a tower service: a small `async fn` of theirs around `ready` and `call`.
-async fn get<S: Service<Get>>(svc: &mut S, n: u64) -> Result<S::Response, S::Error> {
-    svc.ready().await?.call(Get(n)).await
-}
+// ---- seatbelt --------------------------------------------------------------------------------
 
 /// How the user calls a seatbelt service through seatbelt's own API.
 async fn fetch<S: layered::Service<Get>>(svc: &S, n: u64) -> S::Out {
     svc.execute(Get(n)).await
-}
-
-/// The user's tower retry policy, as tower's budget docs lead one to write it: retry any error
-/// while retries are left and the budget allows, deposit on success.
-#[derive(Clone)]
-struct RetryErrors {
-    budget: Arc<TpsBudget>,
-    left: u32,
-}
-
-impl<E> Policy<Get, Page, E> for RetryErrors {
-    type Future = Ready<()>;
-
-    fn retry(&mut self, _: &mut Get, result: &mut Result<Page, E>) -> Option<Ready<()>> {
-        if result.is_ok() {
-            self.budget.deposit();
-            return None;
-        }
-        let go = self.left > 0 && self.budget.withdraw();
-        self.left = self.left.saturating_sub(1);
-        go.then(|| ready(()))
-    }
-
-    fn clone_request(&mut self, req: &Get) -> Option<Get> {
-        Some(req.clone())
-    }
-}
-
-/// The user's classifier: any answer a success; any error a failure at the phase the layer
-/// that saw it knows (`Get` is safe, so even a request that may have arrived is retried).
-fn classify_get<E>(attempt: Attempted<'_, Page, surely::Error<E>>, _: Semantics) -> Classification {
-    match attempt {
-        Attempted::Response(_) => Classification::success(),
-        Attempted::Error(_, phase) => Classification::failure_at(phase),
-    }
-}
-
-/// The budgets: at their defaults on `ready`; one retry per call on `fail_once`, where at
-/// their defaults both would run dry after about a hundred calls.
-fn tps(one_per_call: bool) -> Arc<TpsBudget> {
-    Arc::new(if one_per_call {
-        TpsBudget::new(Duration::from_secs(10), 10, 1.0)
-    } else {
-        TpsBudget::default()
-    })
-}
-
-fn ratio(one_per_call: bool) -> Arc<dyn RetryBudget> {
-    if one_per_call {
-        Arc::new(
-            RatioBudget::builder()
-                .ratio(1.0)
-                .build()
-                .expect("a valid budget"),
-        )
-    } else {
-        Arc::new(RatioBudget::default())
-    }
 }
 
 /// seatbelt's context, on tick's tokio clock (made inside the runtime).
@@ -438,14 +244,7 @@ macro_rules! retry_group {
             Case {
                 group: $group,
                 name: TOWER_RETRY,
-                make: || {
-                    let policy = RetryErrors {
-                        budget: tps($fail),
-                        left: RETRIES,
-                    };
-                    let inner = Timeout::new(service_fn($inner::<$shape>), LIMIT);
-                    tower_side(Retry::new(policy, inner))
-                },
+                make: || tower_side(tower_retry!(service_fn($inner::<$shape>), $fail)),
             },
             Case {
                 group: $group,
@@ -476,14 +275,11 @@ macro_rules! retry_group {
                 group: $group,
                 name: CLIENT,
                 make: || {
-                    let svc = surely::client()
-                        .no_breaker()
-                        .classifier(classify::from_fn(classify_get::<<$shape as Shape>::Error>))
-                        .retry(|r| r.backoff(Backoff::none()))
-                        .budget(ratio($fail))
-                        .build(service_fn($inner::<$shape>))
-                        .expect("a valid client");
-                    tower_side(svc)
+                    tower_side(surely_client!(
+                        service_fn($inner::<$shape>),
+                        <$shape as Shape>::Error,
+                        $fail
+                    ))
                 },
             },
         ]
@@ -527,19 +323,7 @@ macro_rules! deadline_group {
             Case {
                 group: $group,
                 name: DEADLINE_ATTEMPT,
-                make: || {
-                    let deadline = SetDeadlineLayer::builder()
-                        .timeout(LIMIT)
-                        .enforce_in_attempts()
-                        .build()
-                        .expect("a valid deadline");
-                    let attempt = AttemptTimeoutLayer::new(LIMIT);
-                    let svc = ServiceBuilder::new()
-                        .layer(deadline)
-                        .layer(attempt)
-                        .service(service_fn(answer::<$shape>));
-                    tower_side(svc)
-                },
+                make: || tower_side(surely_deadline_attempt!(service_fn(answer::<$shape>))),
             },
         ]
     };
@@ -756,30 +540,6 @@ fn print_paired(rt: &Runtime, cases: &[Case], medians: &[Option<f64>]) {
     }
 }
 
-/// `--calls N --case GROUP/NAME`: runs `N` calls of one case and nothing else, for an
-/// instruction count under `valgrind --tool=callgrind` (`scripts/instructions.sh` runs two such
-/// loops and takes their difference, so that the setup cancels out).
-fn calls_only(rt: &Runtime, cases: &[Case]) -> bool {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-    };
-    let Some(n) = value("--calls") else {
-        return false;
-    };
-    let n: u64 = n.parse().expect("--calls takes a number");
-    let wanted = value("--case").expect("--calls needs --case GROUP/NAME");
-    let case = cases
-        .iter()
-        .find(|c| format!("{}/{}", c.group, c.name) == *wanted)
-        .unwrap_or_else(|| panic!("no case {wanted}"));
-    let mut drive = (case.make)();
-    black_box(drive.run(rt, n));
-    true
-}
-
 fn main() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -788,9 +548,6 @@ fn main() {
     // seatbelt's clock spawns the task that drives its timers when it is made.
     let _entered = rt.enter();
     let cases = cases();
-    if calls_only(&rt, &cases) {
-        return;
-    }
     print_sizes_and_allocations(&rt, &cases);
     let mut c = Criterion::default()
         .warm_up_time(WARM_UP)

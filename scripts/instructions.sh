@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Instructions per call of the client stacks, counted by valgrind's callgrind: unlike time, they
-# repeat exactly for the same binary, whatever else the machine does. Each row runs two loops of
-# the bench's case (`benches/assembly.rs -- --calls N --case GROUP/NAME`), of 1 000 and 11 000
-# calls; the difference of their counts over 10 000 is the cost of one call, the setup (the
-# runtime, the stack's construction) cancelled out.
+# Instructions per call of surely's stacks and tower's, counted by valgrind's callgrind: unlike
+# time, they repeat exactly for the same binary, whatever else the machine does. Each row runs
+# two loops of one stack (`benches/instructions`: `--calls N --case GROUP/NAME`), of 1 000 and
+# 11 000 calls; the difference of their counts over 10 000 is the cost of one call, the setup
+# (the runtime, the stack's construction) cancelled out.
 #
 #   scripts/instructions.sh            prints each row's instructions per call
 #   scripts/instructions.sh --check    and fails when a row is more than 2 % over its baseline
@@ -22,22 +22,12 @@ case "$mode" in
   *) echo "usage: scripts/instructions.sh [--check|--update]" >&2; exit 2 ;;
 esac
 
-rows=(
-  ready/small/bare
-  ready/small/surely_client
-  ready/small/tower_retry_tps_timeout
-  fail_once/small/bare
-  fail_once/small/surely_client
-  fail_once/small/tower_retry_tps_timeout
-  deadline/small/bare
-  deadline/small/surely_deadline_attempt
-  deadline/small/tower_timeout
-)
-
 command -v valgrind >/dev/null || { echo "error: valgrind is not installed" >&2; exit 1; }
-exe="$(cargo bench --bench assembly --no-run --message-format=json 2>/dev/null \
-  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n1)"
-[ -x "$exe" ] || { echo "error: the assembly bench did not build" >&2; exit 1; }
+# A release build of its own, in target/instructions, away from the main build (and its lock).
+cargo build --release --locked --quiet -p surely-instructions --target-dir target/instructions
+exe=target/instructions/release/surely-instructions
+[ -x "$exe" ] || { echo "error: the instruction counts' crate did not build" >&2; exit 1; }
+mapfile -t rows < <("$exe" --list)
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 

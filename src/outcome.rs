@@ -354,12 +354,26 @@ thread_local! {
     /// restored around each poll only, like the call context.
     static HANDED: std::cell::RefCell<Option<Option<CallOutcome>>> =
         const { std::cell::RefCell::new(None) };
+    /// Whether a `send` is polling its call on this thread, so that [`HANDED`] has a slot: read
+    /// on every answer without extensions, and with nothing to drop, its read is one load
+    /// (`HANDED`'s, whose value has a destructor, first checks that it was registered).
+    static SENDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a `send` polls the call on this thread, to take an outcome [handed](hand_to_send)
+/// to it.
+#[inline]
+pub(crate) fn sending() -> bool {
+    SENDING.with(std::cell::Cell::get)
 }
 
 /// Hands a call's outcome to the `send` polling it, if one is: for an answer that cannot carry
 /// it. `call` is asked only then.
 #[inline]
 pub(crate) fn hand_to_send(call: impl FnOnce() -> CallOutcome) {
+    if !sending() {
+        return;
+    }
     HANDED.with(|h| {
         if let Some(slot) = h.borrow_mut().as_mut() {
             *slot = Some(call());
@@ -372,7 +386,9 @@ pub(crate) fn hand_to_send(call: impl FnOnce() -> CallOutcome) {
 #[inline]
 pub(crate) fn catch_handed<R>(poll: impl FnOnce() -> R) -> (R, Option<CallOutcome>) {
     let outer = HANDED.with(|h| h.replace(Some(None)));
+    let was_sending = SENDING.with(|s| s.replace(true));
     let out = poll();
+    SENDING.with(|s| s.set(was_sending));
     let handed = HANDED.with(|h| h.replace(outer)).flatten();
     (out, handed)
 }

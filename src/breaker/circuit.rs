@@ -255,9 +255,22 @@ impl CircuitBreaker {
     }
 
     /// Asks to pass one call: leave, or the error to refuse it with.
+    ///
+    /// Inlined into the caller's future for the closed circuit, a load and a test; the other
+    /// states take [`admit_slow`](Self::admit_slow). Kept apart so that whether the hot path
+    /// is inlined does not depend on where the compiler happens to split the crate.
+    #[inline]
     pub(crate) fn admit(&self) -> Result<Pass, CircuitOpen> {
+        let word = self.shared.word.load(Acquire);
+        if state_of(word) == CLOSED {
+            return Ok(Pass::Closed(gen_of(word)));
+        }
+        self.admit_slow(word)
+    }
+
+    #[inline(never)]
+    fn admit_slow(&self, mut word: u64) -> Result<Pass, CircuitOpen> {
         let shared = &*self.shared;
-        let mut word = shared.word.load(Acquire);
         loop {
             match state_of(word) {
                 CLOSED => return Ok(Pass::Closed(gen_of(word))),
@@ -307,6 +320,7 @@ impl CircuitBreaker {
 
     /// Counts a passed call's result, as [`complete`](Self::complete) does, after timing it
     /// against the slow-call threshold when the call was timed from `started` and succeeded.
+    #[inline]
     pub(crate) fn settle(&self, pass: Pass, failure: Option<bool>, started: Option<Instant>) {
         match (failure, started, self.shared.config.slow_call) {
             (Some(false), Some(started), Some(threshold)) => {
@@ -320,7 +334,27 @@ impl CircuitBreaker {
 
     /// Counts a passed call's result: `Some(true)` a failure, `Some(false)` a success, `None`
     /// neither (cancelled, or a refusal that says nothing about the server).
+    ///
+    /// A success through the closed circuit, the healthy dependency's path, is inlined into
+    /// the caller; everything else takes [`complete_slow`](Self::complete_slow).
+    #[inline]
     pub(crate) fn complete(&self, pass: Pass, failure: Option<bool>, now: Option<Instant>) {
+        if let (Pass::Closed(gen), Some(false)) = (pass, failure) {
+            let shared = &*self.shared;
+            let word = shared.word.load(Acquire);
+            if word & STATE_MASK != CLOSED || gen_of(word) != gen {
+                return;
+            }
+            if !shared.window.needs_clock() {
+                shared.window.record(false, now);
+                return;
+            }
+        }
+        self.complete_slow(pass, failure, now);
+    }
+
+    #[inline(never)]
+    fn complete_slow(&self, pass: Pass, failure: Option<bool>, now: Option<Instant>) {
         let shared = &*self.shared;
         match (pass, failure) {
             (Pass::Closed(gen), Some(failure)) => {

@@ -60,10 +60,12 @@ impl Window {
     }
 
     /// Whether recording needs the time.
+    #[inline]
     pub(super) fn needs_clock(&self) -> bool {
         matches!(self, Window::Time(_))
     }
 
+    #[inline]
     pub(super) fn record(&self, failure: bool, now: Option<Instant>) {
         match self {
             Window::Count(w) => w.record(failure),
@@ -106,18 +108,24 @@ pub(super) struct CountWindow {
 }
 
 impl CountWindow {
+    #[inline]
     fn record(&self, failure: bool) {
-        // The window's size is a `u32`.
-        let len = self.slots.len() as u32;
         // A full window without a failure stays so after a success, wherever the success would
         // go: nothing to write, nor to move (a failure after it moves the ring again). Two
-        // reads, the healthy dependency's path.
+        // reads, the healthy dependency's path, inlined into the caller.
         if !failure
             && self.failures.load(Relaxed) == 0
-            && self.calls.load(Relaxed) >= i64::from(len)
+            && self.calls.load(Relaxed) >= self.slots.len() as i64
         {
             return;
         }
+        self.record_slow(failure);
+    }
+
+    #[inline(never)]
+    fn record_slow(&self, failure: bool) {
+        // The window's size is a `u32`.
+        let len = self.slots.len() as u32;
         let slot = &self.slots[(self.next.fetch_add(1, Relaxed) % len) as usize];
         let new = if failure { FAILURE } else { SUCCESS };
         // A slot another call writes at the same time (the ring came round in between) is

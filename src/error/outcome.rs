@@ -84,7 +84,10 @@ impl CallOutcome {
     fn put_on<Res: Envelope>(res: &mut Res, call: impl FnOnce(bool) -> CallOutcome) {
         let replayed = is_replay(&*res);
         let Some(extensions) = res.extensions_mut() else {
-            crate::outcome::hand_to_send(|| call(replayed));
+            // Nobody to hand it to, the common case for such a response: nothing more to do.
+            if crate::outcome::sending() {
+                crate::outcome::hand_to_send(|| call(replayed));
+            }
             return;
         };
         let call = call(replayed);

@@ -82,7 +82,7 @@ pin_project! {
             let in_flight = match this.state.as_ref().get_ref() {
                 State::Done => return,
                 State::Attempt { .. } => this.classifier.is_some(),
-                State::Journaling { .. } => {
+                State::Journaling => {
                     // Nothing was sent: the intent, if it was written, may go.
                     end_intent(this.config, this.cold, Outcome::Failed);
                     false
@@ -113,8 +113,9 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F, Res> {
-        // The call's intent is being written; the request waits in the template.
-        Journaling { write: BeginFuture },
+        // The call's intent is being written (the write is in `Cold`, where it costs the
+        // calls that are not journaled nothing); the request waits in the template.
+        Journaling,
         Attempt { #[pin] future: F },
         // The layer's own breaker refused the attempt: it was not made.
         Refused { error: Option<CircuitOpen> },
@@ -141,8 +142,9 @@ struct Cold<Res, E> {
     idempotency_key: Option<HeaderValue>,
     // When the attempt in flight (or the resolver's query) started, when it is timed.
     started: Option<Instant>,
-    // The call's intent, when it was journaled.
+    // The call's intent, when it was journaled, and its write while it is under way.
     intent: Option<IntentId>,
+    write: Option<BeginFuture>,
     // Whether the first attempt of a journaled call sends a copy of the template (the
     // request can be retried) or the template itself.
     copy_first: bool,
@@ -159,6 +161,7 @@ impl<Res, E> Cold<Res, E> {
             idempotency_key: None,
             started: None,
             intent: None,
+            write: None,
             copy_first: false,
         })
     }
@@ -203,6 +206,7 @@ where
             // The first attempt waits for the intent; the request waits in the template.
             let mut cold = cold.unwrap_or_else(Cold::new);
             cold.intent = Some(intent);
+            cold.write = Some(write);
             cold.copy_first = template.is_some();
             let template = if cold.copy_first { template } else { Some(req) };
             return ResponseFuture {
@@ -214,7 +218,7 @@ where
                 sent: 0,
                 pass: None,
                 cold: Some(cold),
-                state: State::Journaling { write },
+                state: State::Journaling,
                 service,
             };
         }
@@ -272,8 +276,17 @@ where
         let mut this = self.project();
         loop {
             let out = match this.state.as_mut().project() {
-                StateProj::Journaling { write } => {
-                    if let Err(e) = ready!(write.as_mut().poll(cx)) {
+                StateProj::Journaling => {
+                    let write = this
+                        .cold
+                        .as_mut()
+                        .and_then(|cold| cold.write.as_mut())
+                        .expect("a journaled call keeps its intent's write");
+                    let written = ready!(write.as_mut().poll(cx));
+                    if let Some(cold) = this.cold.as_mut() {
+                        cold.write = None;
+                    }
+                    if let Err(e) = written {
                         // Not written: not sent.
                         this.state.set(State::Done);
                         let mut err: Error<T> = e.into();
@@ -530,8 +543,30 @@ fn end_intent<M, Z, R, E>(
 
 /// Hands the call's outcome back with its result, and with an error, how its last attempt
 /// (classified `last`) ended.
-#[inline]
+///
+/// An answer that cannot carry the outcome (no extensions), polled by no client's `send`, has
+/// nobody to hand it to: it is returned as it is, without a call (the outcome's making is
+/// [`hand_back_made`]).
+#[inline(always)]
 fn hand_back<Res: Envelope, T, R, E>(
+    mut out: Result<Res, Error<T>>,
+    outcome: Outcome,
+    stop: StopReason,
+    sent: u32,
+    cold: &mut Option<Box<Cold<R, E>>>,
+    last: Option<Classification>,
+) -> Result<Res, Error<T>> {
+    if let Ok(res) = &mut out {
+        if res.extensions_mut().is_none() && !crate::outcome::sending() {
+            return out;
+        }
+    }
+    hand_back_made(out, outcome, stop, sent, cold, last)
+}
+
+/// [`hand_back`], the outcome made and put on the answer or the error.
+#[inline(never)]
+fn hand_back_made<Res: Envelope, T, R, E>(
     out: Result<Res, Error<T>>,
     outcome: Outcome,
     stop: StopReason,

@@ -1,0 +1,248 @@
+//! Runs `N` calls of one stack and nothing else, for `scripts/instructions.sh`, which counts
+//! the instructions of two such runs under valgrind's callgrind (1 000 and 11 000 calls) and
+//! takes their difference over 10 000: the cost of one call, the setup cancelled out.
+//!
+//! ```text
+//! cargo run --release -p surely-instructions -- --calls 1000 --case ready/surely_client
+//! cargo run --release -p surely-instructions -- --list
+//! ```
+//!
+//! The stacks are the ones `benches/assembly.rs` times (`benches/shared/user.rs`: the user's
+//! request type, inner services, classifier and `async fn`), and these besides:
+//!
+//! * `breaker/surely_breaker`: `BreakerLayer` over `CircuitBreaker::new()` with the user's
+//!   classifier, the inner answering at once;
+//! * `hedge/surely_hedge`: `HedgeLayer` (learned delay, its own budget) that does not fire;
+//! * `http/…`: a GET (one header, an empty body) through the `client::http()` preset (its
+//!   defaults, no backoff), through tower's `Retry(TpsBudget)∘Timeout`, and bare; the inner
+//!   answers 200 with a whole body at once;
+//! * `replay/…`: a keyed POST answered by the idempotency layer from the memory store (the
+//!   key's first request ran before the count), and the handler alone (`bare`).
+
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::hint::black_box;
+use std::io;
+use std::process::ExitCode;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, ACCEPT};
+use http_body_util::{Empty, Full};
+use surely::breaker::{BreakerLayer, CircuitBreaker};
+use surely::hedge::HedgeLayer;
+use surely::retry::backoff::Backoff;
+use surely::server::idempotency::IdempotencyLayer;
+use surely::server::store::MemoryStore;
+use tokio::runtime::Runtime;
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+#[path = "../../shared/user.rs"]
+#[allow(dead_code)] // the timed bench's `large` shape is not counted here
+mod user;
+use user::*;
+
+/// One row: its name, and what makes its stack and runs `n` calls of it on the runtime.
+struct Row {
+    name: &'static str,
+    run: fn(&Runtime, u64),
+}
+
+/// `n` calls of `svc` through the user's `get`, every one a success.
+fn calls<S: Service<Get>>(rt: &Runtime, mut svc: S, n: u64)
+where
+    S::Error: std::fmt::Debug,
+{
+    rt.block_on(async {
+        for i in 0..n {
+            black_box(get(&mut svc, i).await.expect("every call succeeds"));
+        }
+    });
+}
+
+/// `n` requests made by `request` through `svc`, every one answered.
+fn requests<Rq, S: Service<Rq>>(rt: &Runtime, mut svc: S, request: fn(u64) -> Rq, n: u64)
+where
+    S::Error: std::fmt::Debug,
+{
+    rt.block_on(async {
+        for i in 0..n {
+            let svc = svc.ready().await.expect("ready");
+            black_box(svc.call(request(i)).await.expect("every call is answered"));
+        }
+    });
+}
+
+/// The GET of the `http` rows: one header, an empty body, as a client sends it.
+fn http_get(_: u64) -> http::Request<Empty<Bytes>> {
+    let mut req = http::Request::new(Empty::new());
+    req.headers_mut()
+        .insert(ACCEPT, HeaderValue::from_static("application/json"));
+    req
+}
+
+/// The transport of the `http` rows: 200 and a whole body at once, over any request body.
+fn http_ok<B>(_: http::Request<B>) -> Ready<io::Result<http::Response<Full<Bytes>>>> {
+    ready(Ok(http::Response::new(Full::new(Bytes::from_static(
+        b"{}",
+    )))))
+}
+
+/// The keyed POST of the `replay` rows: always the same key and body.
+fn keyed_post(_: u64) -> http::Request<Full<Bytes>> {
+    http::Request::post("/orders")
+        .header("idempotency-key", "order-1")
+        .body(Full::new(Bytes::from_static(b"{\"item\":\"book\"}")))
+        .expect("a request")
+}
+
+/// The handler of the `replay` rows: 201 and the order at once.
+fn create_order(
+    _: http::Request<Full<Bytes>>,
+) -> Ready<Result<http::Response<Full<Bytes>>, Infallible>> {
+    ready(Ok(http::Response::builder()
+        .status(201)
+        .body(Full::new(Bytes::from_static(b"{\"id\":\"o-1\"}")))
+        .expect("a response")))
+}
+
+fn rows() -> Vec<Row> {
+    vec![
+        Row {
+            name: "ready/bare",
+            run: |rt, n| calls(rt, service_fn(answer::<Small>), n),
+        },
+        Row {
+            name: "ready/surely_client",
+            run: |rt, n| {
+                let svc = surely_client!(service_fn(answer::<Small>), io::Error, false);
+                calls(rt, svc, n)
+            },
+        },
+        Row {
+            name: "ready/tower_retry_tps_timeout",
+            run: |rt, n| calls(rt, tower_retry!(service_fn(answer::<Small>), false), n),
+        },
+        Row {
+            name: "fail_once/bare",
+            run: |rt, n| calls(rt, service_fn(refuse_first_bare::<Small>), n),
+        },
+        Row {
+            name: "fail_once/surely_client",
+            run: |rt, n| {
+                let svc = surely_client!(service_fn(refuse_first::<Small>), io::Error, true);
+                calls(rt, svc, n)
+            },
+        },
+        Row {
+            name: "fail_once/tower_retry_tps_timeout",
+            run: |rt, n| calls(rt, tower_retry!(service_fn(refuse_first::<Small>), true), n),
+        },
+        Row {
+            name: "deadline/bare",
+            run: |rt, n| calls(rt, service_fn(answer::<Small>), n),
+        },
+        Row {
+            name: "deadline/surely_deadline_attempt",
+            run: |rt, n| calls(rt, surely_deadline_attempt!(service_fn(answer::<Small>)), n),
+        },
+        Row {
+            name: "deadline/tower_timeout",
+            run: |rt, n| {
+                let svc = tower::timeout::Timeout::new(service_fn(answer::<Small>), LIMIT);
+                calls(rt, svc, n)
+            },
+        },
+        Row {
+            name: "breaker/surely_breaker",
+            run: |rt, n| {
+                let layer = BreakerLayer::new(CircuitBreaker::new())
+                    .classifier(surely::classify::from_fn(classify_get::<io::Error>));
+                calls(rt, layer.layer(service_fn(answer::<Small>)), n)
+            },
+        },
+        Row {
+            name: "hedge/surely_hedge",
+            run: |rt, n| {
+                let layer = HedgeLayer::builder()
+                    .classifier(surely::classify::from_fn(classify_get::<io::Error>))
+                    .build()
+                    .expect("a valid hedge layer");
+                calls(rt, layer.layer(service_fn(answer::<Small>)), n)
+            },
+        },
+        Row {
+            name: "http/bare",
+            run: |rt, n| requests(rt, service_fn(http_ok), http_get, n),
+        },
+        Row {
+            name: "http/surely_client_http",
+            run: |rt, n| {
+                let svc = surely::client::http()
+                    .retry(|r| r.backoff(Backoff::none()))
+                    .budget(ratio(false))
+                    .build(service_fn(http_ok))
+                    .expect("a valid client");
+                requests(rt, svc, http_get, n)
+            },
+        },
+        Row {
+            name: "http/tower_retry_tps_timeout",
+            run: |rt, n| requests(rt, tower_retry!(service_fn(http_ok), false), http_get, n),
+        },
+        Row {
+            name: "replay/bare",
+            run: |rt, n| requests(rt, service_fn(create_order), keyed_post, n),
+        },
+        Row {
+            name: "replay/surely_key_layer",
+            run: |rt, n| {
+                let layer = IdempotencyLayer::builder(MemoryStore::new())
+                    .build()
+                    .expect("a valid layer");
+                let mut svc = layer.layer(service_fn(create_order));
+                // The key's first request runs the handler; every counted one is a replay.
+                rt.block_on(async {
+                    let ready = ServiceExt::<http::Request<Full<Bytes>>>::ready(&mut svc);
+                    let first = ready.await.expect("ready").call(keyed_post(0)).await;
+                    assert_eq!(first.expect("answered").status(), 201);
+                });
+                requests(rt, svc, keyed_post, n)
+            },
+        },
+    ]
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+    };
+    let rows = rows();
+    if args.iter().any(|a| a == "--list") {
+        for row in &rows {
+            println!("{}", row.name);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let (Some(n), Some(name)) = (value("--calls"), value("--case")) else {
+        eprintln!("usage: surely-instructions --calls N --case GROUP/NAME | --list");
+        return ExitCode::from(2);
+    };
+    let Ok(n) = n.parse::<u64>() else {
+        eprintln!("--calls takes a number of calls, not {n:?}");
+        return ExitCode::from(2);
+    };
+    let Some(row) = rows.iter().find(|r| r.name == name.as_str()) else {
+        eprintln!("no case {name:?} (--list lists them)");
+        return ExitCode::from(2);
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a current-thread runtime");
+    let _entered = rt.enter();
+    (row.run)(&rt, n);
+    ExitCode::SUCCESS
+}
