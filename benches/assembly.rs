@@ -25,6 +25,17 @@
 //!   and answers its retry;
 //! * `deadline/…`: timeouts alone, the inner answering at once.
 //!
+//! Shapes (`…/shape`): `small` and `large` are inner functions that capture nothing, failing
+//! with a small or a large error; the other three are inner services shaped like real
+//! transports (`benches/shared/user.rs`), answering `Page` or `io::Error` from what they hold,
+//! the same inner under every stack of a group (`ready` and `deadline` only):
+//!
+//! * `arc`: an `Arc` to shared state, read on every call, as hyper-util's client, tonic's
+//!   `Channel` and reqwest's `Client` hold theirs; every retry layer clones it per call;
+//! * `captured`: a flag captured by value, the answer depending on it;
+//! * `hyper_sized`: an `Arc` and settings inline, as large as hyper-util's legacy client (the
+//!   bench prints both sizes).
+//!
 //! Cases of `ready` and `fail_once`:
 //!
 //! * `bare`: the inner service alone, through `get` (both of its answers on `fail_once`);
@@ -329,6 +340,74 @@ macro_rules! deadline_group {
     };
 }
 
+/// The cases of a `ready` group and of a `deadline` group over the inner service `$inner` (a
+/// type of `benches/shared/user.rs` shaped like a real transport), the same inner under every
+/// stack: bare, tower's, seatbelt's through its own API (`Execute` calls the inner by
+/// reference, as a closure over the user's client does), surely's.
+macro_rules! transport_groups {
+    ($ready:literal, $deadline:literal, $inner:ty) => {
+        [
+            Case {
+                group: $ready,
+                name: BARE,
+                make: || tower_side(<$inner>::new()),
+            },
+            Case {
+                group: $ready,
+                name: TOWER_RETRY,
+                make: || tower_side(tower_retry!(<$inner>::new(), false)),
+            },
+            Case {
+                group: $ready,
+                name: SEATBELT_RETRY,
+                make: || {
+                    let ctx = seatbelt_ctx::<Small>();
+                    let inner = <$inner>::new();
+                    let stack = (
+                        seatbelt_retry::<Small>(&ctx),
+                        seatbelt_timeout::<Small>(&ctx),
+                        Execute::new(move |req| inner.answer(req)),
+                    );
+                    seatbelt_side(stack.into_service())
+                },
+            },
+            Case {
+                group: $ready,
+                name: CLIENT,
+                make: || tower_side(surely_client!(<$inner>::new(), std::io::Error, false)),
+            },
+            Case {
+                group: $deadline,
+                name: BARE,
+                make: || tower_side(<$inner>::new()),
+            },
+            Case {
+                group: $deadline,
+                name: TOWER_TIMEOUT,
+                make: || tower_side(Timeout::new(<$inner>::new(), LIMIT)),
+            },
+            Case {
+                group: $deadline,
+                name: SEATBELT_TIMEOUT,
+                make: || {
+                    let ctx = seatbelt_ctx::<Small>();
+                    let inner = <$inner>::new();
+                    let stack = (
+                        seatbelt_timeout::<Small>(&ctx),
+                        Execute::new(move |req| inner.answer(req)),
+                    );
+                    seatbelt_side(stack.into_service())
+                },
+            },
+            Case {
+                group: $deadline,
+                name: DEADLINE_ATTEMPT,
+                make: || tower_side(surely_deadline_attempt!(<$inner>::new())),
+            },
+        ]
+    };
+}
+
 fn cases() -> Vec<Case> {
     [
         retry_group!("ready/small", Small, answer, answer, false),
@@ -352,12 +431,23 @@ fn cases() -> Vec<Case> {
     .flatten()
     .chain(deadline_group!("deadline/small", Small))
     .chain(deadline_group!("deadline/large", Large))
+    .chain(transport_groups!("ready/arc", "deadline/arc", ArcInner))
+    .chain(transport_groups!(
+        "ready/captured",
+        "deadline/captured",
+        CapturedInner
+    ))
+    .chain(transport_groups!(
+        "ready/hyper_sized",
+        "deadline/hyper_sized",
+        HyperSizedInner
+    ))
     .collect()
 }
 
 /// The targets: group, case, reference, the largest ratio allowed.
 fn targets() -> Vec<(String, &'static str, &'static str, f64)> {
-    ["small", "large"]
+    ["small", "large", "arc", "captured", "hyper_sized"]
         .iter()
         .flat_map(|shape| {
             [
@@ -548,6 +638,17 @@ fn main() {
     // seatbelt's clock spawns the task that drives its timers when it is made.
     let _entered = rt.enter();
     let cases = cases();
+    println!(
+        "hyper-util's legacy Client<HttpConnector, Empty<Bytes>>: {} bytes; the bench's \
+         HyperSizedInner: {} bytes",
+        size_of::<
+            hyper_util::client::legacy::Client<
+                hyper_util::client::legacy::connect::HttpConnector,
+                http_body_util::Empty<bytes::Bytes>,
+            >,
+        >(),
+        size_of::<HyperSizedInner>()
+    );
     print_sizes_and_allocations(&rt, &cases);
     let mut c = Criterion::default()
         .warm_up_time(WARM_UP)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The loom models of the shared state (tests/loom.rs), then each deliberate mutation, which must
+# The loom models of the shared state (tests/loom/models.rs), then each deliberate mutation, which must
 # make its model fail.
 #
 # The build is `RUSTFLAGS="--cfg surely_loom"` in its own target directory (target/loom), so that
@@ -23,7 +23,7 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 unset SURELY_LOOM_MUTATION
 
 echo "== loom models"
-cargo test --profile loom --test loom
+cargo test --profile loom -p surely-loom --test loom
 
 # Each mutation and the tests that must find its counterexample.
 mutations=(
@@ -39,10 +39,10 @@ mutations=(
 
 # Every `mutation_*` test in the binary is run by one line above: a new one must be listed.
 listed=$(printf '%s\n' "${mutations[@]}" | tr ' ' '\n' | grep '^mutation_' | sort)
-present=$(cargo test -q --profile loom --test loom -- --ignored --list 2>/dev/null \
+present=$(cargo test -q --profile loom -p surely-loom --test loom -- --ignored --list 2>/dev/null \
   | sed -n 's/^\(mutation_[a-z_]*\): test$/\1/p' | sort)
 if [ "$listed" != "$present" ]; then
-  echo "error: the mutation tests in tests/loom.rs and the list in $0 differ:" >&2
+  echo "error: the mutation tests in tests/loom/models.rs and the list in $0 differ:" >&2
   diff <(echo "$listed") <(echo "$present") >&2 || true
   exit 1
 fi
@@ -51,7 +51,7 @@ for line in "${mutations[@]}"; do
   read -r name tests <<<"$line"
   for t in $tests; do
     echo "== mutation $name: $t must find its counterexample"
-    SURELY_LOOM_MUTATION="$name" cargo test -q --profile loom --test loom -- --ignored --exact "$t"
+    SURELY_LOOM_MUTATION="$name" cargo test -q --profile loom -p surely-loom --test loom -- --ignored --exact "$t"
   done
 done
 echo "== loom: every model passed, and every mutation was caught"

@@ -216,7 +216,8 @@ pub use crate::semantics::{Criticality, InvalidCriticality, Semantics};
 pub use crate::send::Reply;
 pub use crate::time::MAX_DURATION;
 
-/// Under `--cfg surely_loom` only: the model's clock and the mutation switch, for `tests/loom.rs`.
+/// Under `--cfg surely_loom` only: the model's clock and the mutation switch, for the loom
+/// models (`tests/loom/models.rs`, a crate of the workspace).
 #[cfg(surely_loom)]
 #[doc(hidden)]
 pub use crate::sync::model as __loom;

@@ -208,6 +208,122 @@ pub(crate) fn ratio(one_per_call: bool) -> Arc<dyn RetryBudget> {
     }
 }
 
+// ---- inner services shaped like real transports ---------------------------------------------
+
+/// What a transport's clones share: a pool's handle, its settings. The inner services below
+/// read it on every call, as a transport reads its pool.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub(crate) open: std::sync::atomic::AtomicBool,
+}
+
+fn shared() -> Arc<Shared> {
+    Arc::new(Shared {
+        open: std::sync::atomic::AtomicBool::new(true),
+    })
+}
+
+/// An inner service that holds an `Arc` to shared state, as hyper-util's client, tonic's
+/// `Channel` and reqwest's `Client` do: every retry layer clones it for each call.
+#[derive(Clone, Debug)]
+pub(crate) struct ArcInner {
+    shared: Arc<Shared>,
+}
+
+impl ArcInner {
+    pub(crate) fn new() -> Self {
+        ArcInner { shared: shared() }
+    }
+
+    /// The answer, by reference (what seatbelt's `Execute` calls).
+    pub(crate) fn answer(&self, _: Get) -> Ready<Result<Page, io::Error>> {
+        let open = self.shared.open.load(std::sync::atomic::Ordering::Relaxed);
+        ready(if open {
+            Ok(Page)
+        } else {
+            Err(Small::refused())
+        })
+    }
+}
+
+/// An inner service that captured a value (a flag of the user's), the answer depending on it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CapturedInner {
+    healthy: bool,
+}
+
+impl CapturedInner {
+    pub(crate) fn new() -> Self {
+        CapturedInner {
+            healthy: std::hint::black_box(true),
+        }
+    }
+
+    pub(crate) fn answer(&self, _: Get) -> Ready<Result<Page, io::Error>> {
+        ready(if self.healthy {
+            Ok(Page)
+        } else {
+            Err(Small::refused())
+        })
+    }
+}
+
+/// Bytes of settings beside the `Arc` in [`HyperSizedInner`], so that it is as large as
+/// hyper-util's legacy `Client<HttpConnector, Empty<Bytes>>` (`benches/assembly.rs` prints
+/// both sizes).
+pub(crate) const HYPER_SETTINGS: usize = 296;
+
+/// An inner service as large as hyper-util's client: an `Arc` to shared state, and its
+/// settings (timeouts, pool sizes, HTTP/1 and HTTP/2 options) inline, cloned with it.
+#[derive(Clone, Debug)]
+pub(crate) struct HyperSizedInner {
+    shared: Arc<Shared>,
+    settings: [u8; HYPER_SETTINGS],
+}
+
+impl HyperSizedInner {
+    pub(crate) fn new() -> Self {
+        HyperSizedInner {
+            shared: shared(),
+            settings: std::hint::black_box([1; HYPER_SETTINGS]),
+        }
+    }
+
+    pub(crate) fn answer(&self, _: Get) -> Ready<Result<Page, io::Error>> {
+        let open = self.shared.open.load(std::sync::atomic::Ordering::Relaxed);
+        ready(if open && self.settings[0] != 0 {
+            Ok(Page)
+        } else {
+            Err(Small::refused())
+        })
+    }
+}
+
+/// The three as tower services.
+macro_rules! inner_service {
+    ($inner:ty) => {
+        impl Service<Get> for $inner {
+            type Response = Page;
+            type Error = io::Error;
+            type Future = Ready<Result<Page, io::Error>>;
+
+            fn poll_ready(
+                &mut self,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Result<(), io::Error>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, req: Get) -> Self::Future {
+                self.answer(req)
+            }
+        }
+    };
+}
+inner_service!(ArcInner);
+inner_service!(CapturedInner);
+inner_service!(HyperSizedInner);
+
 /// surely's client as the user builds it over `$inner`, whose error is `$error`: no breaker,
 /// the user's `classify::from_fn` classifier, no backoff, and a `RatioBudget` behind
 /// `Arc<dyn RetryBudget>` (one retry per call when `$one_per_call`).

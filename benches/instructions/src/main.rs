@@ -10,6 +10,9 @@
 //! The stacks are the ones `benches/assembly.rs` times (`benches/shared/user.rs`: the user's
 //! request type, inner services, classifier and `async fn`), and these besides:
 //!
+//! * `arc/…`, `captured/…`, `hyper_sized/…`: the client, tower's stack and the deadline stack
+//!   over inner services shaped like real transports (an `Arc` to shared state, a captured
+//!   flag, an `Arc` and settings as large as hyper-util's client), which can fail;
 //! * `breaker/surely_breaker`: `BreakerLayer` over `CircuitBreaker::new()` with the user's
 //!   classifier, the inner answering at once;
 //! * `hedge/surely_hedge`: `HedgeLayer` (learned delay, its own budget) that does not fire;
@@ -151,6 +154,50 @@ fn rows() -> Vec<Row> {
                 let svc = tower::timeout::Timeout::new(service_fn(answer::<Small>), LIMIT);
                 calls(rt, svc, n)
             },
+        },
+        Row {
+            name: "arc/surely_client",
+            run: |rt, n| calls(rt, surely_client!(ArcInner::new(), io::Error, false), n),
+        },
+        Row {
+            name: "arc/tower_retry_tps_timeout",
+            run: |rt, n| calls(rt, tower_retry!(ArcInner::new(), false), n),
+        },
+        Row {
+            name: "arc/surely_deadline_attempt",
+            run: |rt, n| calls(rt, surely_deadline_attempt!(ArcInner::new()), n),
+        },
+        Row {
+            name: "captured/surely_client",
+            run: |rt, n| {
+                calls(
+                    rt,
+                    surely_client!(CapturedInner::new(), io::Error, false),
+                    n,
+                )
+            },
+        },
+        Row {
+            name: "captured/tower_retry_tps_timeout",
+            run: |rt, n| calls(rt, tower_retry!(CapturedInner::new(), false), n),
+        },
+        Row {
+            name: "captured/surely_deadline_attempt",
+            run: |rt, n| calls(rt, surely_deadline_attempt!(CapturedInner::new()), n),
+        },
+        Row {
+            name: "hyper_sized/surely_client",
+            run: |rt, n| {
+                calls(
+                    rt,
+                    surely_client!(HyperSizedInner::new(), io::Error, false),
+                    n,
+                )
+            },
+        },
+        Row {
+            name: "hyper_sized/tower_retry_tps_timeout",
+            run: |rt, n| calls(rt, tower_retry!(HyperSizedInner::new(), false), n),
         },
         Row {
             name: "breaker/surely_breaker",
