@@ -40,7 +40,7 @@
 //! no duration, `Duration::MAX` included, panics or takes the database out of a timestamp's
 //! range. A component documents this on the methods that take one.
 //!
-//! The protocol is modelled in `tests/models/protocols.rs` (the `queue` model: holders that pause past
+//! The protocol is modelled in `tests/protocols` (the `queue` model: holders that pause past
 //! their lease, a person's reopening and settlement, the sweep), with mutations that the
 //! checker catches; see [`docs::how_we_know`](crate::docs::how_we_know).
 //!

@@ -2,7 +2,8 @@
 //! rather than run against the real services (`docs::how_we_know`).
 //!
 //! * [`protocols`]: the server's key protocol, the relay and the inbox, and the leased work
-//!   queue as state machines, every reachable state checked with `stateright`;
+//!   queue as state machines, every reachable state checked with `stateright` (the models are
+//!   the workspace's crate `surely-protocols`, built optimised);
 //! * [`network`]: the real client stack against the real server layer over turmoil's simulated
 //!   network, seeded and replayable;
 //! * [`amplification`] and [`overload`]: the examples' simulators (`examples/amplification`,
