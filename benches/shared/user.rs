@@ -212,7 +212,7 @@ pub(crate) fn ratio(one_per_call: bool) -> Arc<dyn RetryBudget> {
 
 /// What a transport's clones share: a pool's handle, its settings. The inner services below
 /// read it on every call, as a transport reads its pool.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) open: std::sync::atomic::AtomicBool,
 }
