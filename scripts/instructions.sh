@@ -6,8 +6,8 @@
 # (the runtime, the stack's construction) cancelled out.
 #
 #   scripts/instructions.sh            prints each row's instructions per call
-#   scripts/instructions.sh --check    and fails when a row is more than 2 % over its baseline
-#                                      in benches/instructions.txt
+#   scripts/instructions.sh --check    and fails when a row of surely's is more than 2 % over
+#                                      its baseline in benches/instructions.txt
 #   scripts/instructions.sh --update   rewrites benches/instructions.txt: a baseline changes
 #                                      only in a commit that says why
 #
@@ -50,13 +50,18 @@ case "$mode" in
       cat "$out/now"; } >"$baseline"
     echo "rewrote $baseline" ;;
   --check)
-    # A row over 2 % above its baseline fails; a row without a baseline fails too.
+    # A row of surely's (`GROUP/surely_…`) over 2 % above its baseline fails, as does a row
+    # without a baseline. The references (`bare`, tower's stacks, the HTTP preset's `floor`) are
+    # not surely's code: their drift is printed, not judged (tower's rows move by 2 to 3 % when
+    # the binary around them changes, a row added elsewhere).
     awk 'NR == FNR { if ($1 !~ /^#/) base[$1] = $2; next }
          { if (!($1 in base)) { print "no baseline for " $1; bad = 1; next }
            if ($2 > base[$1] * 1.02) {
-             printf "%s: %d instructions a call, %d in the baseline (+%.1f %%)\n",
-               $1, $2, base[$1], ($2 / base[$1] - 1) * 100; bad = 1 } }
+             guarded = ($1 ~ /\/surely_/)
+             printf "%s: %d instructions a call, %d in the baseline (+%.1f %%)%s\n",
+               $1, $2, base[$1], ($2 / base[$1] - 1) * 100, guarded ? "" : " (a reference: shown)"
+             if (guarded) bad = 1 } }
          END { exit bad }' "$baseline" "$out/now" \
-      || { echo "error: instructions per call grew past 2 % (see $baseline)" >&2; exit 1; }
-    echo "instructions per call: every row within 2 % of $baseline" ;;
+      || { echo "error: instructions per call of surely's rows grew past 2 % (see $baseline)" >&2; exit 1; }
+    echo "instructions per call: every row of surely's within 2 % of $baseline" ;;
 esac

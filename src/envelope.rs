@@ -139,6 +139,7 @@ pub trait Envelope {
     /// trailers travel in the body, is not.
     fn is_grpc(&self) -> bool {
         self.headers()
+            .filter(|h| crate::headers::may_hold(h, &http::header::CONTENT_TYPE))
             .and_then(|h| h.get(http::header::CONTENT_TYPE))
             .and_then(|v| v.as_bytes().strip_prefix(b"application/grpc"))
             .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';')))

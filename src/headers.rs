@@ -4,7 +4,7 @@
 //! (the replay mark, the refusal marks), and the classifiers read both. Each constant is also
 //! re-exported by the module that uses it most.
 
-use http::HeaderName;
+use http::{HeaderMap, HeaderName};
 
 /// The header that carries an idempotency key (IETF `Idempotency-Key` draft).
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -101,3 +101,47 @@ pub const OUTCOME: HeaderName = HeaderName::from_static("surely-outcome");
 
 /// The default response header read as the downstream request id.
 pub const DEFAULT_REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Up to how many distinct names [`may_hold`] compares names instead of looking one up.
+const SCAN_UP_TO: usize = 8;
+
+/// Whether `headers` may hold `name`; `false` means it does not. `http` hashes a custom name
+/// byte by byte on every look-up (about a hundred instructions for `idempotency-key`), while a
+/// request carries few names: comparing those few costs less, and a name of another kind than
+/// `name` (a standard one against a custom one) differs at its first word. A map with more
+/// names says `true`, and the caller looks the name up as usual.
+#[inline]
+pub(crate) fn may_hold(headers: &HeaderMap, name: &HeaderName) -> bool {
+    headers.keys_len() > SCAN_UP_TO || headers.keys().any(|k| k == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use http::header::{ACCEPT, CONTENT_TYPE};
+    use http::HeaderValue;
+
+    use super::*;
+
+    #[test]
+    fn may_hold_is_false_only_for_a_name_that_is_not_there() {
+        let mut headers = HeaderMap::new();
+        assert!(!may_hold(&headers, &IDEMPOTENCY_KEY));
+        headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        assert!(!may_hold(&headers, &IDEMPOTENCY_KEY));
+        assert!(!may_hold(&headers, &CONTENT_TYPE));
+        headers.append(IDEMPOTENCY_KEY, HeaderValue::from_static("k-1"));
+        headers.append(IDEMPOTENCY_KEY, HeaderValue::from_static("k-2"));
+        assert!(may_hold(&headers, &IDEMPOTENCY_KEY));
+        assert!(may_hold(&headers, &ACCEPT));
+        // A name is found whatever case it was written in: names are lower case once parsed.
+        let parsed: HeaderName = "Idempotency-Key".parse().expect("a valid name");
+        assert!(may_hold(&headers, &parsed));
+        // Past the scan, the answer is "maybe", and the look-up decides.
+        for i in 0..SCAN_UP_TO {
+            let name: HeaderName = format!("x-h{i}").parse().expect("a valid name");
+            headers.insert(name, HeaderValue::from_static("v"));
+        }
+        assert!(may_hold(&headers, &RETRY_OWNER));
+        assert!(headers.get(RETRY_OWNER).is_none());
+    }
+}

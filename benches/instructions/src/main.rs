@@ -18,7 +18,12 @@
 //! * `hedge/surely_hedge`: `HedgeLayer` (learned delay, its own budget) that does not fire;
 //! * `http/…`: a GET (one header, an empty body) through the `client::http()` preset (its
 //!   defaults, no backoff), through tower's `Retry(TpsBudget)∘Timeout`, and bare; the inner
-//!   answers 200 with a whole body at once;
+//!   answers 200 with a whole body at once; and the preset's floor (`http/floor`,
+//!   `benches/shared/floor.rs`): the work on the wire and the return path any such stack must
+//!   do, by hand with no layer;
+//! * `http_info/…`: the same, over a transport whose responses carry an extension already, as
+//!   hyper-util's client's do (its `HttpInfo`), so that handing the outcome back adds one
+//!   allocation instead of three;
 //! * `replay/…`: a keyed POST answered by the idempotency layer from the memory store (the
 //!   key's first request ran before the count), and the handler alone (`bare`).
 
@@ -26,6 +31,7 @@ use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::hint::black_box;
 use std::io;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use bytes::Bytes;
@@ -43,6 +49,10 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 #[allow(dead_code)] // the timed bench's `large` shape is not counted here
 mod user;
 use user::*;
+
+#[path = "../../shared/floor.rs"]
+mod floor;
+use floor::Floor;
 
 /// One row: its name, and what makes its stack and runs `n` calls of it on the runtime.
 struct Row {
@@ -88,6 +98,30 @@ fn http_ok<B>(_: http::Request<B>) -> Ready<io::Result<http::Response<Full<Bytes
     ready(Ok(http::Response::new(Full::new(Bytes::from_static(
         b"{}",
     )))))
+}
+
+/// What hyper-util's legacy client puts in every response's extensions over its HTTP connector
+/// (`hyper_util::client::legacy::connect::HttpInfo`: the connection's two addresses).
+#[derive(Clone, Copy)]
+#[allow(dead_code)] // carried, as hyper-util's is, not read
+struct HttpInfo {
+    remote: SocketAddr,
+    local: SocketAddr,
+}
+
+/// The transport of the `http_info` rows: `http_ok`'s answer with an [`HttpInfo`] in its
+/// extensions, as hyper-util's client's answers have, so that the response has an extension map
+/// before any layer adds to it.
+fn http_ok_info<B>(req: http::Request<B>) -> Ready<io::Result<http::Response<Full<Bytes>>>> {
+    let mut res = http_ok(req).into_inner();
+    if let Ok(res) = &mut res {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 8080));
+        res.extensions_mut().insert(HttpInfo {
+            remote: addr,
+            local: addr,
+        });
+    }
+    ready(res)
 }
 
 /// The keyed POST of the `replay` rows: always the same key and body.
@@ -233,8 +267,42 @@ fn rows() -> Vec<Row> {
             },
         },
         Row {
+            name: "http/floor",
+            run: |rt, n| requests(rt, Floor(service_fn(http_ok)), http_get, n),
+        },
+        Row {
             name: "http/tower_retry_tps_timeout",
             run: |rt, n| requests(rt, tower_retry!(service_fn(http_ok), false), http_get, n),
+        },
+        Row {
+            name: "http_info/bare",
+            run: |rt, n| requests(rt, service_fn(http_ok_info), http_get, n),
+        },
+        Row {
+            name: "http_info/surely_client_http",
+            run: |rt, n| {
+                let svc = surely::client::http()
+                    .retry(|r| r.backoff(Backoff::none()))
+                    .budget(ratio(false))
+                    .build(service_fn(http_ok_info))
+                    .expect("a valid client");
+                requests(rt, svc, http_get, n)
+            },
+        },
+        Row {
+            name: "http_info/floor",
+            run: |rt, n| requests(rt, Floor(service_fn(http_ok_info)), http_get, n),
+        },
+        Row {
+            name: "http_info/tower_retry_tps_timeout",
+            run: |rt, n| {
+                requests(
+                    rt,
+                    tower_retry!(service_fn(http_ok_info), false),
+                    http_get,
+                    n,
+                )
+            },
         },
         Row {
             name: "replay/bare",
