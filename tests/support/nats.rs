@@ -27,13 +27,28 @@ pub(crate) async fn jetstream(test: &str) -> jetstream::Context {
 
 /// A stream `name` on the subjects `<name>.>`, that drops a message id it saw in the last two
 /// minutes; fails `test` if JetStream refuses it.
+///
+/// The server removes an account's store directory when the account's last stream is deleted,
+/// and a stream created in that moment fails with "error creating store for stream" (error code
+/// 10049, the server's log saying its `mkdir` found no parent): the tests delete their streams
+/// while others create theirs, so a create that meets this race is tried again, at most twice,
+/// 50 ms apart. Any other refusal fails at once.
 pub(crate) async fn stream(js: &jetstream::Context, test: &str, name: &str) -> stream::Stream {
-    js.create_stream(stream::Config {
+    let config = stream::Config {
         name: name.to_owned(),
         subjects: vec![format!("{name}.>")],
         duplicate_window: Duration::from_secs(120),
         ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{test}: JetStream at {} refused a stream: {e}", url()))
+    };
+    let mut retries = 0;
+    loop {
+        match js.create_stream(config.clone()).await {
+            Ok(stream) => return stream,
+            Err(e) if retries < 2 && e.to_string().contains("error creating store") => {
+                retries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{test}: JetStream at {} refused a stream: {e}", url()),
+        }
+    }
 }
