@@ -142,6 +142,18 @@ fn create_order(
         .expect("a response")))
 }
 
+/// The `client::http()` preset of the `http` and `http_info` rows over `$inner`: its defaults,
+/// no backoff, the bench's budget.
+macro_rules! http_preset {
+    ($inner:expr) => {
+        surely::client::http()
+            .retry(|r| r.backoff(Backoff::none()))
+            .budget(ratio(false))
+            .build($inner)
+            .expect("a valid client")
+    };
+}
+
 fn rows() -> Vec<Row> {
     vec![
         Row {
@@ -257,14 +269,7 @@ fn rows() -> Vec<Row> {
         },
         Row {
             name: "http/surely_client_http",
-            run: |rt, n| {
-                let svc = surely::client::http()
-                    .retry(|r| r.backoff(Backoff::none()))
-                    .budget(ratio(false))
-                    .build(service_fn(http_ok))
-                    .expect("a valid client");
-                requests(rt, svc, http_get, n)
-            },
+            run: |rt, n| requests(rt, http_preset!(service_fn(http_ok)), http_get, n),
         },
         Row {
             name: "http/floor",
@@ -280,14 +285,7 @@ fn rows() -> Vec<Row> {
         },
         Row {
             name: "http_info/surely_client_http",
-            run: |rt, n| {
-                let svc = surely::client::http()
-                    .retry(|r| r.backoff(Backoff::none()))
-                    .budget(ratio(false))
-                    .build(service_fn(http_ok_info))
-                    .expect("a valid client");
-                requests(rt, svc, http_get, n)
-            },
+            run: |rt, n| requests(rt, http_preset!(service_fn(http_ok_info)), http_get, n),
         },
         Row {
             name: "http_info/floor",
