@@ -51,8 +51,8 @@ pin_project! {
         classifier: Option<M::Classifier>,
         tally: OutcomeTally,
         template: Option<Req>,
-        service: S,
-        config: Arc<Config<M, Z>>,
+        // The layer's settings, and the copy of the inner service the retries are cloned from.
+        shared: Arc<Spare<S, M, Z>>,
         // The attempt number: the one in flight, or the last one made.
         attempts: u32,
         // Attempts that went out and ended (a breaker's refusal did not go out; a hedged
@@ -63,7 +63,7 @@ pin_project! {
         // What only some calls need (a wait before a retry, a resolver, a learned attempt
         // time), boxed and made the first time it is needed, so that every layer outside moves
         // a small future.
-        cold: Option<Box<Cold<S::Response, Error<<S::Error as IntoError>::Transport>>>>,
+        cold: Option<Box<Cold<S, S::Response, Error<<S::Error as IntoError>::Transport>>>>,
     }
 
     impl<S, Req, M, Z> PinnedDrop for ResponseFuture<S, Req, M, Z>
@@ -74,7 +74,7 @@ pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let (Some(pass), Some(breaker)) = (this.pass.take(), &this.config.breaker) {
+            if let (Some(pass), Some(breaker)) = (this.pass.take(), &this.shared.config.breaker) {
                 // An attempt cut short says nothing of the dependency; a probe's place is
                 // given back.
                 breaker.complete(pass, None, None);
@@ -84,7 +84,7 @@ pin_project! {
                 State::Attempt { .. } => this.classifier.is_some(),
                 State::Journaling => {
                     // Nothing was sent: the intent, if it was written, may go.
-                    end_intent(this.config, this.cold, Outcome::Failed);
+                    end_intent(&this.shared.config, this.cold, Outcome::Failed);
                     false
                 }
                 _ => false,
@@ -128,8 +128,24 @@ pin_project! {
     }
 }
 
+/// What a retry layer's service shares with its calls' futures: the layer's settings, and a
+/// copy of the inner service made at the first call, from which each retry clones the service
+/// it sends through (a call's future holds this `Arc`, not a clone of the inner service).
+///
+/// The copy is behind a lock, taken only to clone it for a retry, so that a call's future is
+/// `Send` whenever the inner service is, as it was when it held a clone: an inner service that
+/// is `Send` but not `Sync` (tower's `BoxCloneService`) is common.
+pub(super) struct Spare<S, M, Z> {
+    pub(super) service: std::sync::Mutex<S>,
+    pub(super) config: Arc<Config<M, Z>>,
+}
+
 /// The rarely used part of a retry future.
-struct Cold<Res, E> {
+struct Cold<S, Res, E> {
+    // The service of the attempt about to be made: the one the layer made ready, for a
+    // journaled call's first attempt (sent once the intent is written), or a retry's clone
+    // that was not ready at once.
+    service: Option<S>,
     delays: Option<Delays>,
     sleep: Option<Pin<Box<Sleep>>>,
     // The outcome of the last attempt while a resolver is asked: the call's outcome if
@@ -150,9 +166,10 @@ struct Cold<Res, E> {
     copy_first: bool,
 }
 
-impl<Res, E> Cold<Res, E> {
+impl<S, Res, E> Cold<S, Res, E> {
     fn new() -> Box<Self> {
         Box::new(Cold {
+            service: None,
             delays: None,
             sleep: None,
             last: None,
@@ -169,10 +186,12 @@ impl<Res, E> Cold<Res, E> {
 
 impl<S, Req, M, Z> ResponseFuture<S, Req, M, Z>
 where
-    S: Service<Req>,
+    S: Service<Req> + Clone,
     S::Error: IntoError,
     M: MakeClassifier<Req>,
 {
+    /// The call's future: its first attempt sent through `service` (made ready by the layer)
+    /// now, or, for a journaled call, once its intent is written.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(super) fn new(
@@ -183,12 +202,12 @@ where
         key: Option<BusinessKey>,
         operation: Option<Operation>,
         idempotency_key: Option<HeaderValue>,
-        mut service: S,
-        config: Arc<Config<M, Z>>,
+        service: &mut S,
+        shared: Arc<Spare<S, M, Z>>,
         gate: Option<Result<Pass, CircuitOpen>>,
         journaled: Option<(IntentId, BeginFuture)>,
     ) -> Self {
-        let timed = config.timed;
+        let (timed, lender) = (shared.config.timed, shared.config.lender);
         let cold = (key.is_some()
             || operation.is_some()
             || idempotency_key.is_some()
@@ -207,19 +226,21 @@ where
             let mut cold = cold.unwrap_or_else(Cold::new);
             cold.intent = Some(intent);
             cold.write = Some(write);
+            // The service made ready is kept for the first attempt; the layer keeps a clone.
+            let clone = service.clone();
+            cold.service = Some(std::mem::replace(service, clone));
             cold.copy_first = template.is_some();
             let template = if cold.copy_first { template } else { Some(req) };
             return ResponseFuture {
                 classifier: Some(classifier),
                 tally: OutcomeTally::new(semantics),
                 template,
-                config,
                 attempts: 1,
                 sent: 0,
                 pass: None,
                 cold: Some(cold),
                 state: State::Journaling,
-                service,
+                shared,
             };
         }
         let (pass, refused) = match gate {
@@ -228,13 +249,12 @@ where
             None => (None, None),
         };
         // The attempt's `call` runs with the budget lent, for a hedge layer inside.
-        let _lent = crate::context::lend(config.lender);
+        let _lent = crate::context::lend(lender);
         // The first attempt's future is made last, in its place, so that it is not copied.
         ResponseFuture {
             classifier: Some(classifier),
             tally: OutcomeTally::new(semantics),
             template,
-            config,
             attempts: 1,
             sent: 0,
             pass,
@@ -245,7 +265,7 @@ where
                 },
                 error => State::Refused { error },
             },
-            service,
+            shared,
         }
     }
 }
@@ -262,7 +282,7 @@ enum Next {
 
 impl<S, Req, M, Z, T> Future for ResponseFuture<S, Req, M, Z>
 where
-    S: Service<Req>,
+    S: Service<Req> + Clone,
     S::Error: IntoError<Transport = T>,
     S::Response: Envelope,
     Req: Envelope + Clone,
@@ -300,7 +320,7 @@ where
                         .cold
                         .as_mut()
                         .expect("a journaled call keeps its intent");
-                    if this.config.timed {
+                    if this.shared.config.timed {
                         cold.started = Some(Instant::now());
                     }
                     let req = if cold.copy_first {
@@ -309,13 +329,23 @@ where
                         this.template.take()
                     };
                     let req = req.expect("a journaled request waits in the template");
-                    match this.config.breaker.as_ref().map(CircuitBreaker::admit) {
+                    match this
+                        .shared
+                        .config
+                        .breaker
+                        .as_ref()
+                        .map(CircuitBreaker::admit)
+                    {
                         Some(Err(open)) => this.state.set(State::Refused { error: Some(open) }),
                         gate => {
                             *this.pass = gate.and_then(Result::ok);
-                            let _lent = crate::context::lend(this.config.lender);
+                            let mut service = cold
+                                .service
+                                .take()
+                                .expect("a journaled call keeps the service made ready");
+                            let _lent = crate::context::lend(this.shared.config.lender);
                             this.state.set(State::Attempt {
-                                future: this.service.call(req),
+                                future: service.call(req),
                             });
                         }
                     }
@@ -334,12 +364,30 @@ where
                     continue;
                 }
                 StateProj::Readying { retry } => {
-                    if let Err(e) = ready!(this.service.poll_ready(cx)) {
+                    // A clone of the shared copy, or the clone kept when it was not ready.
+                    let mut service = match this.cold.as_mut().and_then(|c| c.service.take()) {
+                        Some(service) => service,
+                        None => S::clone(
+                            &this
+                                .shared
+                                .service
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner),
+                        ),
+                    };
+                    let ready = match service.poll_ready(cx) {
+                        Poll::Ready(ready) => ready,
+                        Poll::Pending => {
+                            this.cold.get_or_insert_with(Cold::new).service = Some(service);
+                            return Poll::Pending;
+                        }
+                    };
+                    if let Err(e) = ready {
                         // The service failed before the retry went out: the call ends with its
                         // error, and the outcome of the attempts made.
                         let outcome = this.tally.outcome().unwrap_or(Outcome::Failed);
                         this.state.set(State::Done);
-                        end_intent(this.config, this.cold, outcome);
+                        end_intent(&this.shared.config, this.cold, outcome);
                         return Poll::Ready(hand_back(
                             Err(e.into_error()),
                             outcome,
@@ -355,7 +403,7 @@ where
                     // A retry is decided only for a replayable request (`decide`). The last
                     // attempt the limit allows takes the template itself: no copy of the
                     // request (for HTTP, of its headers) is made that no attempt could use.
-                    let template = if *this.attempts + 1 >= this.config.max_attempts {
+                    let template = if *this.attempts + 1 >= this.shared.config.max_attempts {
                         this.template.take()
                     } else {
                         this.template.clone()
@@ -363,19 +411,29 @@ where
                     let mut req = template.expect("a retried request has a template");
                     let previous = *this.attempts;
                     *this.attempts += 1;
-                    write_attempts(&mut req, previous, this.config.attempt_header.as_ref());
+                    write_attempts(
+                        &mut req,
+                        previous,
+                        this.shared.config.attempt_header.as_ref(),
+                    );
                     refresh_deadline(&mut req);
-                    *this.classifier = Some(this.config.classifier.make_classifier(&req));
-                    if this.config.timed {
+                    *this.classifier = Some(this.shared.config.classifier.make_classifier(&req));
+                    if this.shared.config.timed {
                         this.cold.get_or_insert_with(Cold::new).started = Some(Instant::now());
                     }
-                    match this.config.breaker.as_ref().map(CircuitBreaker::admit) {
+                    match this
+                        .shared
+                        .config
+                        .breaker
+                        .as_ref()
+                        .map(CircuitBreaker::admit)
+                    {
                         Some(Err(open)) => this.state.set(State::Refused { error: Some(open) }),
                         gate => {
                             *this.pass = gate.and_then(Result::ok);
-                            let _lent = crate::context::lend(this.config.lender);
+                            let _lent = crate::context::lend(this.shared.config.lender);
                             this.state.set(State::Attempt {
-                                future: this.service.call(req),
+                                future: service.call(req),
                             });
                         }
                     }
@@ -400,7 +458,7 @@ where
                     let started = cold.started.unwrap_or_else(Instant::now);
                     report_resolution(outcome, started);
                     this.state.set(State::Done);
-                    end_intent(this.config, this.cold, outcome);
+                    end_intent(&this.shared.config, this.cold, outcome);
                     return Poll::Ready(hand_back(out, outcome, stop, *this.sent, this.cold, None));
                 }
                 // Polled again after it returned.
@@ -416,7 +474,7 @@ where
                 Err(e) => classifier.classify_error(e, DeliveryPhase::Sent),
             };
             this.tally.observe(classification.class());
-            let config = &**this.config;
+            let config = &*this.shared.config;
             let started = this.cold.as_ref().and_then(|c| c.started);
             if let (Some(pass), Some(breaker)) = (this.pass.take(), &config.breaker) {
                 let failure = match &out {
@@ -494,7 +552,7 @@ where
             }
             let outcome = this.tally.outcome().unwrap_or(Outcome::Unknown);
             this.state.set(State::Done);
-            end_intent(this.config, this.cold, outcome);
+            end_intent(&this.shared.config, this.cold, outcome);
             return Poll::Ready(hand_back(
                 out,
                 outcome,
@@ -529,9 +587,9 @@ fn ended_by_deadline<Res, T>(out: &Result<Res, Error<T>>) -> bool {
 
 /// Tells the journal, if the call was journaled, how it ended.
 #[inline]
-fn end_intent<M, Z, R, E>(
+fn end_intent<M, Z, Sv, R, E>(
     config: &Config<M, Z>,
-    cold: &mut Option<Box<Cold<R, E>>>,
+    cold: &mut Option<Box<Cold<Sv, R, E>>>,
     outcome: Outcome,
 ) {
     if let (Some(journal), Some(intent)) =
@@ -548,12 +606,12 @@ fn end_intent<M, Z, R, E>(
 /// nobody to hand it to: it is returned as it is, without a call (the outcome's making is
 /// [`hand_back_made`]).
 #[inline(always)]
-fn hand_back<Res: Envelope, T, R, E>(
+fn hand_back<Res: Envelope, T, Sv, R, E>(
     mut out: Result<Res, Error<T>>,
     outcome: Outcome,
     stop: StopReason,
     sent: u32,
-    cold: &mut Option<Box<Cold<R, E>>>,
+    cold: &mut Option<Box<Cold<Sv, R, E>>>,
     last: Option<Classification>,
 ) -> Result<Res, Error<T>> {
     if let Ok(res) = &mut out {
@@ -566,12 +624,12 @@ fn hand_back<Res: Envelope, T, R, E>(
 
 /// [`hand_back`], the outcome made and put on the answer or the error.
 #[inline(never)]
-fn hand_back_made<Res: Envelope, T, R, E>(
+fn hand_back_made<Res: Envelope, T, Sv, R, E>(
     out: Result<Res, Error<T>>,
     outcome: Outcome,
     stop: StopReason,
     sent: u32,
-    cold: &mut Option<Box<Cold<R, E>>>,
+    cold: &mut Option<Box<Cold<Sv, R, E>>>,
     last: Option<Classification>,
 ) -> Result<Res, Error<T>> {
     let key = cold.as_mut().and_then(|c| c.idempotency_key.take());
@@ -587,12 +645,12 @@ fn hand_back_made<Res: Envelope, T, R, E>(
 }
 
 /// After a retryable attempt: retry after how long, or stop and why.
-fn decide<M, Z, Req: Envelope, Res, E>(
+fn decide<M, Z, Req: Envelope, Sv, Res, E>(
     config: &Config<M, Z>,
     classification: &Classification,
     attempts: u32,
     template: Option<&Req>,
-    cold: &mut Option<Box<Cold<Res, E>>>,
+    cold: &mut Option<Box<Cold<Sv, Res, E>>>,
 ) -> Next {
     if attempts >= config.max_attempts {
         return Next::Stop(StopReason::AttemptsExhausted);

@@ -425,6 +425,7 @@ impl<S, M, Z> Layer<S> for RetryLayer<M, Z> {
     fn layer(&self, inner: S) -> Retry<S, M, Z> {
         Retry {
             inner,
+            spare: None,
             config: self.config.clone(),
         }
     }

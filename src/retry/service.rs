@@ -8,7 +8,7 @@ use http::HeaderValue;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::future::ResponseFuture;
+use super::future::{ResponseFuture, Spare};
 use super::layer::Config;
 use super::replay::NotReplayable;
 use super::RetryLayer;
@@ -23,18 +23,28 @@ use crate::{Criticality, Envelope, Error, IntoError, Semantics};
 ///
 /// # Readiness
 ///
-/// `poll_ready` is the inner service's, for the first attempt. The inner service is cloned for
-/// each call (as tower's `Retry` does); a retry waits for the clone's readiness, so a
-/// concurrency limit or a buffer below sees every attempt.
+/// `poll_ready` is the inner service's, and the first attempt is sent through the service it
+/// made ready. A retry is sent through a clone of the inner service, and waits for that
+/// clone's readiness, so a concurrency limit or a buffer below sees every attempt.
+///
+/// The clones for the retries are made from one copy of the inner service, made at the first
+/// call and shared by the calls (and by this service's clones): a call's future holds that
+/// copy's `Arc`, not a clone of the inner service, so a large transport (hyper-util's client is
+/// about 300 bytes) is not copied into every call's future. [`get_mut`](Retry::get_mut) drops
+/// the copy, so that the retries after it see the change.
 pub struct Retry<S, M = HttpClassifier, Z = NoResolver> {
     pub(super) inner: S,
     pub(super) config: Arc<Config<M, Z>>,
+    // The settings and the copy of the inner service the calls' futures share, made at the
+    // first call.
+    pub(super) spare: Option<Arc<Spare<S, M, Z>>>,
 }
 
 impl<S: Clone, M, Z> Clone for Retry<S, M, Z> {
     fn clone(&self) -> Self {
         Retry {
             inner: self.inner.clone(),
+            spare: self.spare.clone(),
             config: self.config.clone(),
         }
     }
@@ -53,7 +63,22 @@ impl<S> Retry<S> {
 }
 
 impl<S, M, Z> Retry<S, M, Z> {
-    inner_accessors!();
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably. The copy the retries are cloned from is made again at the
+    /// next call, from the inner service as it is then.
+    pub fn get_mut(&mut self) -> &mut S {
+        self.spare = None;
+        &mut self.inner
+    }
+
+    /// Consumes the layer, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 impl<S, M, Z, Req, T> Service<Req> for Retry<S, M, Z>
@@ -123,10 +148,18 @@ where
             None => self.config.breaker.as_ref().map(CircuitBreaker::admit),
             Some(_) => None,
         };
-        // The service that was made ready is the one called; the future keeps a clone of it
-        // for the retries, which it makes ready itself.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
+        // The service that was made ready is the one called; the future keeps the shared copy,
+        // from which it clones a service for each retry and makes it ready itself.
+        let (inner, config) = (&self.inner, &self.config);
+        let shared = self
+            .spare
+            .get_or_insert_with(|| {
+                Arc::new(Spare {
+                    service: std::sync::Mutex::new(inner.clone()),
+                    config: config.clone(),
+                })
+            })
+            .clone();
         ResponseFuture::new(
             req,
             classifier,
@@ -135,8 +168,8 @@ where
             key,
             operation,
             idempotency_key,
-            ready,
-            self.config.clone(),
+            &mut self.inner,
+            shared,
             gate,
             journaled,
         )
