@@ -66,6 +66,16 @@ pin_project! {
     }
 }
 
+/// What a hedge layer's service shares with its hedged calls' futures: the layer's settings,
+/// and a copy of the inner service made at the first hedged call, from which each hedge clones
+/// the service it is sent through (a call's future holds this `Arc`, not a clone of the inner
+/// service). The copy is behind a lock, taken only to clone it, so that a call's future is
+/// `Send` whenever the inner service is.
+pub(super) struct Shared<S, M> {
+    pub(super) service: std::sync::Mutex<S>,
+    pub(super) config: Arc<Config<M>>,
+}
+
 /// A hedge in flight.
 struct Attempt<F, C> {
     future: Pin<Box<F>>,
@@ -83,8 +93,10 @@ where
     /// The first attempt's classifier, until it answers.
     classifier: Option<M::Classifier>,
     template: Req,
-    service: S,
-    config: Arc<Config<M>>,
+    /// The layer's settings, and the copy of the inner service the hedges are cloned from.
+    shared: Arc<Shared<S, M>>,
+    /// A hedge's clone of the service that was not ready at once.
+    readying: Option<Box<S>>,
     /// The budget a retry layer outside lent this call, for a layer given none of its own.
     lent: Option<Arc<dyn RetryBudget>>,
     /// When the first attempt was first seen pending; `None` while it never was.
@@ -98,8 +110,9 @@ where
     admitted: bool,
     /// No more hedges for this call: the limit, the budget or the deadline said so.
     stopped: bool,
-    /// The latest failure, the call's result if no attempt answers.
-    last: Option<(Output<S, Req>, AttemptClass)>,
+    /// The latest failure, the call's result if no attempt answers: boxed, since most calls
+    /// have none and every layer outside moves this future.
+    last: Option<Box<(Output<S, Req>, AttemptClass)>>,
     /// What the finished attempts add up to.
     tally: OutcomeTally,
 }
@@ -131,8 +144,7 @@ where
         classifier: M::Classifier,
         semantics: crate::Semantics,
         template: Req,
-        service: S,
-        config: Arc<Config<M>>,
+        shared: Arc<Shared<S, M>>,
         lent: Option<Arc<dyn RetryBudget>>,
     ) -> Self {
         ResponseFuture {
@@ -141,8 +153,8 @@ where
             race: Some(Race {
                 classifier: Some(classifier),
                 template,
-                service,
-                config,
+                shared,
+                readying: None,
                 lent,
                 first_started: None,
                 hedges: Vec::new(),
@@ -159,7 +171,7 @@ where
 
 impl<S, Req, M, T> Future for ResponseFuture<S, Req, M>
 where
-    S: Service<Req>,
+    S: Service<Req> + Clone,
     S::Error: IntoError<Transport = T>,
     S::Response: Envelope,
     Req: Envelope + Clone,
@@ -225,8 +237,8 @@ where
                 match race.send(cx) {
                     Poll::Ready(true) => {
                         // The next hedge, after the delay.
-                        if race.sent < race.config.max_attempts {
-                            let at = later(Instant::now(), race.config.delay.current());
+                        if race.sent < race.shared.config.max_attempts {
+                            let at = later(Instant::now(), race.shared.config.delay.current());
                             this.timer.set(Timer::Armed {
                                 sleep: tokio::time::sleep_until(at),
                             });
@@ -244,7 +256,7 @@ where
             if !in_flight {
                 let more = !race.stopped && (race.admitted || race.due || !this.timer.is_idle());
                 if !more {
-                    return match race.last.take() {
+                    return match race.last.take().map(|last| *last) {
                         Some((out, class)) => Poll::Ready(race.hand_back(out, class)),
                         // Polled again after it finished.
                         None => Poll::Pending,
@@ -263,7 +275,7 @@ where
                     }
                 }
                 if this.timer.is_idle() && !race.due && !race.stopped {
-                    let delay = race.config.delay.current();
+                    let delay = race.shared.config.delay.current();
                     // No timer for a hedge that could not be admitted when it fires.
                     let fits = race
                         .deadline_left(now)
@@ -297,7 +309,7 @@ impl Timer {
 
 impl<S, Req, M, T> Race<S, Req, M>
 where
-    S: Service<Req>,
+    S: Service<Req> + Clone,
     S::Error: IntoError<Transport = T>,
     S::Response: Envelope,
     Req: Envelope + Clone,
@@ -326,7 +338,7 @@ where
                 budget.record_outcome(class);
             }
         }
-        let config = &*self.config;
+        let config = &*self.shared.config;
         // An answer on the first poll is not learned from: the delay only ever applies to
         // attempts that did not answer at once, so it is their percentile that bounds the share
         // of them that get hedged (and the fast path reads no clock).
@@ -339,7 +351,7 @@ where
             return Verdict::Win(out);
         }
         self.forget_last();
-        self.last = Some((out, class));
+        self.last = Some(Box::new((out, class)));
         Verdict::Lose(classification.pushback())
     }
 
@@ -357,7 +369,7 @@ where
     /// A failure that will not be the call's result: a budget kept by a retry layer outside
     /// hears of it here (the retry layer hears only of the result).
     fn forget_last(&mut self) {
-        if let Some((_, class)) = self.last.take() {
+        if let Some(class) = self.last.take().map(|last| last.1) {
             if !self.owns_budget() {
                 if let Some(budget) = self.budget() {
                     budget.record_outcome(class);
@@ -411,8 +423,22 @@ where
             }
             self.admitted = true;
         }
-        match self.service.poll_ready(cx) {
-            Poll::Pending => return Poll::Pending,
+        // The clone kept when it was not ready, or a new one from the shared copy.
+        let mut service = match self.readying.take() {
+            Some(service) => *service,
+            None => S::clone(
+                &self
+                    .shared
+                    .service
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            ),
+        };
+        match service.poll_ready(cx) {
+            Poll::Pending => {
+                self.readying = Some(Box::new(service));
+                return Poll::Pending;
+            }
             Poll::Ready(Err(_)) => {
                 tracing::debug!(attempts = self.sent, "no hedge: the service failed");
                 self.stopped = true;
@@ -426,9 +452,8 @@ where
         self.due = false;
         self.sent += 1;
         let req = self.template.clone();
-        let classifier = self.config.classifier.make_classifier(&req);
+        let classifier = self.shared.config.classifier.make_classifier(&req);
         let started = Instant::now();
-        let service = &mut self.service;
         let future = crate::context::as_hedge(|| service.call(req));
         self.hedges.push(Attempt {
             future: Box::pin(future),
@@ -441,7 +466,7 @@ where
     /// Whether one more hedge may be sent: within the attempt limit, with enough of the
     /// deadline left, and with the budget's consent (withdrawn last, as it counts).
     fn admit(&self) -> Result<(), &'static str> {
-        let config = &*self.config;
+        let config = &*self.shared.config;
         if self.sent >= config.max_attempts {
             return Err("attempt limit reached");
         }
@@ -462,19 +487,19 @@ where
     /// layer's own.
     #[inline]
     fn budget(&self) -> Option<&Arc<dyn RetryBudget>> {
-        self.lent.as_ref().or(self.config.budget.as_ref())
+        self.lent.as_ref().or(self.shared.config.budget.as_ref())
     }
 
     /// Whether this layer deposits for the call and records every attempt's outcome (a budget
     /// of its own), or only withdraws (a budget a retry layer outside keeps, given or lent).
     #[inline]
     fn owns_budget(&self) -> bool {
-        self.lent.is_none() && self.config.owns_budget
+        self.lent.is_none() && self.shared.config.owns_budget
     }
 
     /// The least time a hedge needs: the configured minimum, or the learned median latency.
     fn need(&self) -> Duration {
-        let config = &*self.config;
+        let config = &*self.shared.config;
         config
             .delay
             .typical()

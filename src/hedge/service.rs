@@ -6,7 +6,7 @@ use std::task::{Context as TaskContext, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::future::ResponseFuture;
+use super::future::{ResponseFuture, Shared};
 use super::layer::Config;
 use super::HedgeLayer;
 use crate::classify::{Classify, HttpClassifier, MakeClassifier};
@@ -16,13 +16,20 @@ use crate::{Envelope, Error, IntoError, Semantics};
 ///
 /// # Readiness
 ///
-/// `poll_ready` is the inner service's, for the first attempt. The inner service is cloned for
-/// each call that may be hedged; a hedge waits for the clone's readiness (the other attempts
-/// keep running meanwhile), so a concurrency limit below sees every hedge. A clone that fails
-/// its readiness sends no hedge; the call goes on with the attempts already sent.
+/// `poll_ready` is the inner service's, and the first attempt is sent through the service it
+/// made ready. A hedge is sent through a clone of the inner service, and waits for that clone's
+/// readiness (the other attempts keep running meanwhile), so a concurrency limit below sees
+/// every hedge. A clone that fails its readiness sends no hedge; the call goes on with the
+/// attempts already sent.
+///
+/// The clones for the hedges are made from one copy of the inner service, made at the first
+/// call that may be hedged and shared by the calls (and by this service's clones): a call's
+/// future holds that copy's `Arc`, not a clone of the inner service. [`get_mut`](Hedge::get_mut)
+/// drops the copy, so that the hedges after it see the change.
 pub struct Hedge<S, M = HttpClassifier> {
     inner: S,
     config: Arc<Config<M>>,
+    spare: Option<Arc<Shared<S, M>>>,
 }
 
 impl<S> Hedge<S> {
@@ -40,10 +47,45 @@ impl<S> Hedge<S> {
 
 impl<S, M> Hedge<S, M> {
     pub(super) fn from_config(inner: S, config: Arc<Config<M>>) -> Self {
-        Hedge { inner, config }
+        Hedge {
+            inner,
+            config,
+            spare: None,
+        }
     }
 
-    inner_accessors!();
+    /// Makes the copy of the inner service the hedges are cloned from (once, out of the calls'
+    /// way).
+    #[cold]
+    #[inline(never)]
+    fn share(&mut self) -> Arc<Shared<S, M>>
+    where
+        S: Clone,
+    {
+        let shared = Arc::new(Shared {
+            service: std::sync::Mutex::new(self.inner.clone()),
+            config: self.config.clone(),
+        });
+        self.spare = Some(shared.clone());
+        shared
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably. The copy the hedges are cloned from is made again at the
+    /// next call that may be hedged, from the inner service as it is then.
+    pub fn get_mut(&mut self) -> &mut S {
+        self.spare = None;
+        &mut self.inner
+    }
+
+    /// Consumes the layer, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 impl<S: Clone, M> Clone for Hedge<S, M> {
@@ -51,6 +93,7 @@ impl<S: Clone, M> Clone for Hedge<S, M> {
         Hedge {
             inner: self.inner.clone(),
             config: self.config.clone(),
+            spare: self.spare.clone(),
         }
     }
 }
@@ -72,6 +115,7 @@ where
         self.inner.poll_ready(cx).map_err(IntoError::into_error)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let config = &*self.config;
         let semantics = req.semantics();
@@ -87,16 +131,12 @@ where
         let classifier = config.classifier.make_classifier(&req);
         let lent = config.lent();
         let template = req.clone();
+        let shared = match &self.spare {
+            Some(shared) => shared.clone(),
+            None => self.share(),
+        };
         let future = self.inner.call(req);
-        ResponseFuture::hedged(
-            future,
-            classifier,
-            semantics,
-            template,
-            self.inner.clone(),
-            self.config.clone(),
-            lent,
-        )
+        ResponseFuture::hedged(future, classifier, semantics, template, shared, lent)
     }
 }
 

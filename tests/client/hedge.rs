@@ -836,3 +836,109 @@ async fn hedging_cuts_the_tail_within_five_percent_of_extra_load() {
     assert!(surely.p99 <= surely.p50 * 3, "{report}");
     assert!(surely.extra_load <= 0.05, "{report}");
 }
+
+// ---- what each hedge is sent through ----------------------------------------------------------
+
+/// An inner service with a state of its own: a fresh clone is not ready until polled twice (it
+/// says `Pending` once, and wakes its task), `call` panics on a service not made ready, and
+/// each call records the label the service had. A call's first attempt (even calls) answers
+/// after 200 ms, a hedge (odd calls) at once.
+#[derive(Debug)]
+struct Gated {
+    label: u32,
+    ready: bool,
+    polled: bool,
+    calls: Arc<AtomicU32>,
+    labels: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Gated {
+    fn new(label: u32) -> Self {
+        Gated {
+            label,
+            ready: false,
+            polled: false,
+            calls: Arc::default(),
+            labels: Arc::default(),
+        }
+    }
+}
+
+impl Clone for Gated {
+    fn clone(&self) -> Self {
+        Gated {
+            label: self.label,
+            ready: false,
+            polled: false,
+            calls: self.calls.clone(),
+            labels: self.labels.clone(),
+        }
+    }
+}
+
+impl Service<Req> for Gated {
+    type Response = Res;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Res, std::io::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        if !self.polled {
+            self.polled = true;
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        self.ready = true;
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Req) -> Self::Future {
+        assert!(self.ready, "called without being made ready");
+        self.ready = false;
+        self.labels.lock().unwrap().push(self.label);
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            if n.is_multiple_of(2) {
+                tokio::time::sleep(ms(200)).await;
+            }
+            Ok(Response::new(()))
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_hedge_goes_through_a_clone_made_ready_and_the_hedges_see_get_mut() {
+    let inner = Gated::new(1);
+    let labels = inner.labels.clone();
+    let mut svc = hedge().build().unwrap().layer(inner);
+    // The first attempt is slow: a hedge is sent after 50 ms, through a clone made ready.
+    let start = Instant::now();
+    svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(start.elapsed(), ms(50));
+    assert_eq!(*labels.lock().unwrap(), vec![1, 1]);
+    // A change through `get_mut` reaches the first attempt and the hedge after it.
+    svc.get_mut().label = 2;
+    svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(*labels.lock().unwrap(), vec![1, 1, 2, 2]);
+    // A clone of the layer's service hedges through the same inner settings.
+    let mut other = svc.clone();
+    other.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(*labels.lock().unwrap(), vec![1, 1, 2, 2, 2, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedged_call_over_an_inner_that_is_send_but_not_sync_can_be_spawned() {
+    // tower's `BoxCloneService` is `Send` and not `Sync`: the hedged call's future must still
+    // be `Send`, as it was when it held a clone of the inner service.
+    let inner = Gated::new(7);
+    let labels = inner.labels.clone();
+    let mut svc = hedge()
+        .build()
+        .unwrap()
+        .layer(tower::util::BoxCloneService::new(inner));
+    let call = svc.ready().await.unwrap().call(get());
+    tokio::spawn(call).await.unwrap().unwrap();
+    assert_eq!(*labels.lock().unwrap(), vec![7, 7]);
+}
