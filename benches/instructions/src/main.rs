@@ -16,6 +16,7 @@
 //! * `breaker/surely_breaker`: `BreakerLayer` over `CircuitBreaker::new()` with the user's
 //!   classifier, the inner answering at once;
 //! * `hedge/surely_hedge`: `HedgeLayer` (learned delay, its own budget) that does not fire;
+//!   `hyper_sized/surely_hedge`: the same over the inner as large as hyper-util's client;
 //! * `http/…`: a GET (one header, an empty body) through the `client::http()` preset (its
 //!   defaults, no backoff), through tower's `Retry(TpsBudget)∘Timeout`, and bare; the inner
 //!   answers 200 with a whole body at once; and the preset's floor (`http/floor`,
@@ -154,6 +155,17 @@ macro_rules! http_preset {
     };
 }
 
+/// The hedge layer the `hedge` rows count: a learned delay, its own budget, the user's
+/// classifier.
+macro_rules! hedge {
+    () => {
+        HedgeLayer::builder()
+            .classifier(surely::classify::from_fn(classify_get::<io::Error>))
+            .build()
+            .expect("a valid hedge layer")
+    };
+}
+
 fn rows() -> Vec<Row> {
     vec![
         Row {
@@ -255,13 +267,11 @@ fn rows() -> Vec<Row> {
         },
         Row {
             name: "hedge/surely_hedge",
-            run: |rt, n| {
-                let layer = HedgeLayer::builder()
-                    .classifier(surely::classify::from_fn(classify_get::<io::Error>))
-                    .build()
-                    .expect("a valid hedge layer");
-                calls(rt, layer.layer(service_fn(answer::<Small>)), n)
-            },
+            run: |rt, n| calls(rt, hedge!().layer(service_fn(answer::<Small>)), n),
+        },
+        Row {
+            name: "hyper_sized/surely_hedge",
+            run: |rt, n| calls(rt, hedge!().layer(HyperSizedInner::new()), n),
         },
         Row {
             name: "http/bare",
