@@ -146,6 +146,26 @@ macro_rules! inner_accessors {
             self.inner
         }
     };
+    // A service that keeps a shared copy of its inner service in `spare` (`crate::spare`):
+    // `get_mut` drops it, so that the attempts after it are cloned from the changed service.
+    (spare) => {
+        /// The inner service.
+        pub fn get_ref(&self) -> &S {
+            &self.inner
+        }
+
+        /// The inner service, mutably. The copy the later attempts (retries, hedges) are cloned
+        /// from is made again at the next call, from the inner service as it is then.
+        pub fn get_mut(&mut self) -> &mut S {
+            self.spare = None;
+            &mut self.inner
+        }
+
+        /// Consumes the layer, returning the inner service.
+        pub fn into_inner(self) -> S {
+            self.inner
+        }
+    };
 }
 
 #[cfg(feature = "admin")]
@@ -202,6 +222,7 @@ mod semantics;
 mod send;
 #[cfg(feature = "server")]
 pub mod server;
+mod spare;
 #[cfg(feature = "postgres")]
 mod storage;
 mod sync;

@@ -21,6 +21,7 @@ use crate::context::CallTally;
 use crate::error::{lift, lift_poll};
 use crate::outcome::{CallOutcome, Outcome, StopReason};
 use crate::pushback::Pushback;
+use crate::spare::Spare;
 use crate::time::later;
 use crate::{Envelope, Error, IntoError};
 
@@ -67,12 +68,9 @@ pin_project! {
 }
 
 /// What a hedge layer's service shares with its hedged calls' futures: the layer's settings,
-/// and a copy of the inner service made at the first hedged call, from which each hedge clones
-/// the service it is sent through (a call's future holds this `Arc`, not a clone of the inner
-/// service). The copy is behind a lock, taken only to clone it, so that a call's future is
-/// `Send` whenever the inner service is.
+/// and the copy of the inner service each hedge clones the service it is sent through from.
 pub(super) struct Shared<S, M> {
-    pub(super) service: std::sync::Mutex<S>,
+    pub(super) service: Spare<S>,
     pub(super) config: Arc<Config<M>>,
 }
 
@@ -426,13 +424,7 @@ where
         // The clone kept when it was not ready, or a new one from the shared copy.
         let mut service = match self.readying.take() {
             Some(service) => *service,
-            None => S::clone(
-                &self
-                    .shared
-                    .service
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-            ),
+            None => self.shared.service.service(),
         };
         match service.poll_ready(cx) {
             Poll::Pending => {

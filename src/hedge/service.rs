@@ -10,6 +10,7 @@ use super::future::{ResponseFuture, Shared};
 use super::layer::Config;
 use super::HedgeLayer;
 use crate::classify::{Classify, HttpClassifier, MakeClassifier};
+use crate::spare::Spare;
 use crate::{Envelope, Error, IntoError, Semantics};
 
 /// The service made by [`HedgeLayer`].
@@ -63,29 +64,14 @@ impl<S, M> Hedge<S, M> {
         S: Clone,
     {
         let shared = Arc::new(Shared {
-            service: std::sync::Mutex::new(self.inner.clone()),
+            service: Spare::of(&self.inner),
             config: self.config.clone(),
         });
         self.spare = Some(shared.clone());
         shared
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably. The copy the hedges are cloned from is made again at the
-    /// next call that may be hedged, from the inner service as it is then.
-    pub fn get_mut(&mut self) -> &mut S {
-        self.spare = None;
-        &mut self.inner
-    }
-
-    /// Consumes the layer, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!(spare);
 }
 
 impl<S: Clone, M> Clone for Hedge<S, M> {

@@ -31,6 +31,7 @@ use crate::outcome::CallOutcome;
 use crate::pushback::Pushback;
 use crate::record::{BusinessKey, Operation, ResolutionRecord, RetryRecord};
 use crate::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};
+use crate::spare::Spare;
 use crate::time::later;
 use crate::Outcome;
 use crate::StopReason;
@@ -52,7 +53,7 @@ pin_project! {
         tally: OutcomeTally,
         template: Option<Req>,
         // The layer's settings, and the copy of the inner service the retries are cloned from.
-        shared: Arc<Spare<S, M, Z>>,
+        shared: Arc<Shared<S, M, Z>>,
         // The attempt number: the one in flight, or the last one made.
         attempts: u32,
         // Attempts that went out and ended (a breaker's refusal did not go out; a hedged
@@ -128,15 +129,10 @@ pin_project! {
     }
 }
 
-/// What a retry layer's service shares with its calls' futures: the layer's settings, and a
-/// copy of the inner service made at the first call, from which each retry clones the service
-/// it sends through (a call's future holds this `Arc`, not a clone of the inner service).
-///
-/// The copy is behind a lock, taken only to clone it for a retry, so that a call's future is
-/// `Send` whenever the inner service is, as it was when it held a clone: an inner service that
-/// is `Send` but not `Sync` (tower's `BoxCloneService`) is common.
-pub(super) struct Spare<S, M, Z> {
-    pub(super) service: std::sync::Mutex<S>,
+/// What a retry layer's service shares with its calls' futures: the layer's settings, and the
+/// copy of the inner service each retry clones the service it sends through from.
+pub(super) struct Shared<S, M, Z> {
+    pub(super) service: Spare<S>,
     pub(super) config: Arc<Config<M, Z>>,
 }
 
@@ -203,7 +199,7 @@ where
         operation: Option<Operation>,
         idempotency_key: Option<HeaderValue>,
         service: &mut S,
-        shared: Arc<Spare<S, M, Z>>,
+        shared: Arc<Shared<S, M, Z>>,
         gate: Option<Result<Pass, CircuitOpen>>,
         journaled: Option<(IntentId, BeginFuture)>,
     ) -> Self {
@@ -270,6 +266,32 @@ where
     }
 }
 
+/// Sends an attempt through the service `service` gives, unless the layer's own breaker
+/// refuses it (then the service is not asked for, and the attempt is not made).
+#[inline]
+fn send<S, Req, M, Z>(
+    config: &Config<M, Z>,
+    pass: &mut Option<Pass>,
+    mut state: Pin<&mut State<S::Future, S::Response>>,
+    service: impl FnOnce() -> S,
+    req: Req,
+) where
+    S: Service<Req>,
+{
+    match config.breaker.as_ref().map(CircuitBreaker::admit) {
+        Some(Err(open)) => state.set(State::Refused { error: Some(open) }),
+        gate => {
+            *pass = gate.and_then(Result::ok);
+            let mut service = service();
+            // The attempt's `call` runs with the budget lent, for a hedge layer inside.
+            let _lent = crate::context::lend(config.lender);
+            state.set(State::Attempt {
+                future: service.call(req),
+            });
+        }
+    }
+}
+
 /// What to do after a retryable attempt.
 enum Next {
     /// Wait this long (set by the server's pushback, or not), then try again.
@@ -329,26 +351,18 @@ where
                         this.template.take()
                     };
                     let req = req.expect("a journaled request waits in the template");
-                    match this
-                        .shared
-                        .config
-                        .breaker
-                        .as_ref()
-                        .map(CircuitBreaker::admit)
-                    {
-                        Some(Err(open)) => this.state.set(State::Refused { error: Some(open) }),
-                        gate => {
-                            *this.pass = gate.and_then(Result::ok);
-                            let mut service = cold
-                                .service
-                                .take()
-                                .expect("a journaled call keeps the service made ready");
-                            let _lent = crate::context::lend(this.shared.config.lender);
-                            this.state.set(State::Attempt {
-                                future: service.call(req),
-                            });
-                        }
-                    }
+                    let service = || {
+                        cold.service
+                            .take()
+                            .expect("a journaled call keeps the service made ready")
+                    };
+                    send(
+                        &this.shared.config,
+                        this.pass,
+                        this.state.as_mut(),
+                        service,
+                        req,
+                    );
                     continue;
                 }
                 StateProj::Attempt { future } => lift(ready!(future.poll(cx))),
@@ -367,13 +381,7 @@ where
                     // A clone of the shared copy, or the clone kept when it was not ready.
                     let mut service = match this.cold.as_mut().and_then(|c| c.service.take()) {
                         Some(service) => service,
-                        None => S::clone(
-                            &this
-                                .shared
-                                .service
-                                .lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner),
-                        ),
+                        None => this.shared.service.service(),
                     };
                     let ready = match service.poll_ready(cx) {
                         Poll::Ready(ready) => ready,
@@ -421,22 +429,13 @@ where
                     if this.shared.config.timed {
                         this.cold.get_or_insert_with(Cold::new).started = Some(Instant::now());
                     }
-                    match this
-                        .shared
-                        .config
-                        .breaker
-                        .as_ref()
-                        .map(CircuitBreaker::admit)
-                    {
-                        Some(Err(open)) => this.state.set(State::Refused { error: Some(open) }),
-                        gate => {
-                            *this.pass = gate.and_then(Result::ok);
-                            let _lent = crate::context::lend(this.shared.config.lender);
-                            this.state.set(State::Attempt {
-                                future: service.call(req),
-                            });
-                        }
-                    }
+                    send(
+                        &this.shared.config,
+                        this.pass,
+                        this.state.as_mut(),
+                        || service,
+                        req,
+                    );
                     continue;
                 }
                 StateProj::Resolving { query, stop } => {

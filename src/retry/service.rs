@@ -8,7 +8,7 @@ use http::HeaderValue;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::future::{ResponseFuture, Spare};
+use super::future::{ResponseFuture, Shared};
 use super::layer::Config;
 use super::replay::NotReplayable;
 use super::RetryLayer;
@@ -17,6 +17,7 @@ use crate::classify::{Classify, HttpClassifier, MakeClassifier};
 use crate::headers::{CRITICALITY, RETRY_OWNER};
 use crate::record::key_of;
 use crate::resolve::{NoResolver, Resolve};
+use crate::spare::Spare;
 use crate::{Criticality, Envelope, Error, IntoError, Semantics};
 
 /// The service made by [`RetryLayer`].
@@ -37,7 +38,7 @@ pub struct Retry<S, M = HttpClassifier, Z = NoResolver> {
     pub(super) config: Arc<Config<M, Z>>,
     // The settings and the copy of the inner service the calls' futures share, made at the
     // first call.
-    pub(super) spare: Option<Arc<Spare<S, M, Z>>>,
+    pub(super) spare: Option<Arc<Shared<S, M, Z>>>,
 }
 
 impl<S: Clone, M, Z> Clone for Retry<S, M, Z> {
@@ -63,22 +64,7 @@ impl<S> Retry<S> {
 }
 
 impl<S, M, Z> Retry<S, M, Z> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably. The copy the retries are cloned from is made again at the
-    /// next call, from the inner service as it is then.
-    pub fn get_mut(&mut self) -> &mut S {
-        self.spare = None;
-        &mut self.inner
-    }
-
-    /// Consumes the layer, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_accessors!(spare);
 }
 
 impl<S, M, Z, Req, T> Service<Req> for Retry<S, M, Z>
@@ -154,8 +140,8 @@ where
         let shared = self
             .spare
             .get_or_insert_with(|| {
-                Arc::new(Spare {
-                    service: std::sync::Mutex::new(inner.clone()),
+                Arc::new(Shared {
+                    service: Spare::of(inner),
                     config: config.clone(),
                 })
             })

@@ -26,6 +26,7 @@ use surely::StopReason;
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceBuilder, ServiceExt};
 
+use crate::support::gated::Gated;
 use crate::support::time::ms;
 
 type Req = Request<()>;
@@ -839,79 +840,23 @@ async fn hedging_cuts_the_tail_within_five_percent_of_extra_load() {
 
 // ---- what each hedge is sent through ----------------------------------------------------------
 
-/// An inner service with a state of its own: a fresh clone is not ready until polled twice (it
-/// says `Pending` once, and wakes its task), `call` panics on a service not made ready, and
-/// each call records the label the service had. A call's first attempt (even calls) answers
-/// after 200 ms, a hedge (odd calls) at once.
-#[derive(Debug)]
-struct Gated {
-    label: u32,
-    ready: bool,
-    polled: bool,
-    calls: Arc<AtomicU32>,
-    labels: Arc<Mutex<Vec<u32>>>,
-}
-
-impl Gated {
-    fn new(label: u32) -> Self {
-        Gated {
-            label,
-            ready: false,
-            polled: false,
-            calls: Arc::default(),
-            labels: Arc::default(),
-        }
-    }
-}
-
-impl Clone for Gated {
-    fn clone(&self) -> Self {
-        Gated {
-            label: self.label,
-            ready: false,
-            polled: false,
-            calls: self.calls.clone(),
-            labels: self.labels.clone(),
-        }
-    }
-}
-
-impl Service<Req> for Gated {
-    type Response = Res;
-    type Error = std::io::Error;
-    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Res, std::io::Error>> + Send>>;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        if !self.polled {
-            self.polled = true;
-            cx.waker().wake_by_ref();
-            return std::task::Poll::Pending;
-        }
-        self.ready = true;
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Req) -> Self::Future {
-        assert!(self.ready, "called without being made ready");
-        self.ready = false;
-        self.labels.lock().unwrap().push(self.label);
-        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+/// A service whose calls' first attempts (even calls) answer after 200 ms, their hedges (odd
+/// calls) at once.
+fn gated(label: u32) -> Gated<()> {
+    Gated::new(label, |n| {
         Box::pin(async move {
             if n.is_multiple_of(2) {
                 tokio::time::sleep(ms(200)).await;
             }
             Ok(Response::new(()))
         })
-    }
+    })
 }
 
 #[tokio::test(start_paused = true)]
 async fn each_hedge_goes_through_a_clone_made_ready_and_the_hedges_see_get_mut() {
-    let inner = Gated::new(1);
-    let labels = inner.labels.clone();
+    let inner = gated(1);
+    let labels = inner.labels();
     let mut svc = hedge().build().unwrap().layer(inner);
     // The first attempt is slow: a hedge is sent after 50 ms, through a clone made ready.
     let start = Instant::now();
@@ -932,8 +877,8 @@ async fn each_hedge_goes_through_a_clone_made_ready_and_the_hedges_see_get_mut()
 async fn a_hedged_call_over_an_inner_that_is_send_but_not_sync_can_be_spawned() {
     // tower's `BoxCloneService` is `Send` and not `Sync`: the hedged call's future must still
     // be `Send`, as it was when it held a clone of the inner service.
-    let inner = Gated::new(7);
-    let labels = inner.labels.clone();
+    let inner = gated(7);
+    let labels = inner.labels();
     let mut svc = hedge()
         .build()
         .unwrap()

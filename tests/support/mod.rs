@@ -1,6 +1,7 @@
 //! Helpers shared by the test binaries (`#[path = "../support/mod.rs"] mod support;`): a
 //! binary that uses only some of them allows the rest to go unused.
 
+pub(crate) mod gated;
 pub(crate) mod names;
 #[cfg(feature = "nats")]
 pub(crate) mod nats;

@@ -26,6 +26,8 @@ use surely::StopReason;
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
+use crate::support::gated::Gated;
+
 use self::support::{canonical, canonical_keyed, ms, secs, timed, Probe, Req, PER_TRY};
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -1230,62 +1232,20 @@ async fn the_last_attempt_takes_the_kept_request_instead_of_a_copy() {
     }
 }
 
-/// An inner service with a state of its own: a fresh clone is not ready until polled twice (it
-/// says `Pending` once, and wakes its task), `call` panics on a service not made ready, and
-/// each answer is the label the service had when it was called (failing while `refuse` lasts).
-#[derive(Debug)]
-struct Gated {
-    label: u32,
-    ready: bool,
-    polled: bool,
-    refuse: Arc<AtomicUsize>,
-    labels: Arc<Mutex<Vec<u32>>>,
-}
-
-impl Clone for Gated {
-    fn clone(&self) -> Self {
-        Gated {
-            label: self.label,
-            ready: false,
-            polled: false,
-            refuse: self.refuse.clone(),
-            labels: self.labels.clone(),
-        }
-    }
-}
-
-impl Service<Req> for Gated {
-    type Response = http::Response<()>;
-    type Error = std::io::Error;
-    type Future = std::future::Ready<Result<http::Response<()>, std::io::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        if !self.polled {
-            self.polled = true;
-            cx.waker().wake_by_ref();
-            return std::task::Poll::Pending;
-        }
-        self.ready = true;
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Req) -> Self::Future {
-        assert!(self.ready, "called without being made ready");
-        self.ready = false;
-        self.labels.lock().unwrap().push(self.label);
-        let refuse = self
-            .refuse
+/// A service that refuses its calls while `refuse` is above zero (counting it down), and
+/// answers the others.
+fn gated(label: u32, refuse: &Arc<AtomicUsize>) -> Gated<String> {
+    let refuse = refuse.clone();
+    Gated::new(label, move |_| {
+        let refused = refuse
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
-        std::future::ready(if refuse {
+        Box::pin(std::future::ready(if refused {
             Err(std::io::ErrorKind::ConnectionRefused.into())
         } else {
             Ok(http::Response::new(()))
-        })
-    }
+        }))
+    })
 }
 
 #[tokio::test(start_paused = true)]
@@ -1293,14 +1253,8 @@ async fn each_attempt_goes_through_a_service_made_ready_and_the_retries_see_get_
     use tower::Layer as _;
 
     let refuse = Arc::new(AtomicUsize::new(0));
-    let labels = Arc::new(Mutex::new(Vec::new()));
-    let inner = Gated {
-        label: 1,
-        ready: false,
-        polled: false,
-        refuse: refuse.clone(),
-        labels: labels.clone(),
-    };
+    let inner = gated(1, &refuse);
+    let labels = inner.labels();
     let mut svc = RetryLayer::builder()
         .backoff(Backoff::none())
         .no_budget()
@@ -1311,31 +1265,21 @@ async fn each_attempt_goes_through_a_service_made_ready_and_the_retries_see_get_
     // Two refusals, then an answer: three attempts, each through a service made ready (the
     // retries' clones say `Pending` first).
     refuse.store(2, Ordering::SeqCst);
-    svc.ready()
-        .await
-        .unwrap()
-        .call(request(Kind::Get))
+    crate::support::call(&mut svc, request(Kind::Get))
         .await
         .unwrap();
     assert_eq!(*labels.lock().unwrap(), vec![1, 1, 1]);
     // A change through `get_mut` reaches the first attempt and the retries after it.
     svc.get_mut().label = 2;
     refuse.store(1, Ordering::SeqCst);
-    svc.ready()
-        .await
-        .unwrap()
-        .call(request(Kind::Get))
+    crate::support::call(&mut svc, request(Kind::Get))
         .await
         .unwrap();
     assert_eq!(*labels.lock().unwrap(), vec![1, 1, 1, 2, 2]);
     // A clone of the layer's service retries through the same inner settings.
     let mut other = svc.clone();
     refuse.store(1, Ordering::SeqCst);
-    other
-        .ready()
-        .await
-        .unwrap()
-        .call(request(Kind::Get))
+    crate::support::call(&mut other, request(Kind::Get))
         .await
         .unwrap();
     assert_eq!(*labels.lock().unwrap(), vec![1, 1, 1, 2, 2, 2, 2]);
@@ -1347,15 +1291,9 @@ async fn a_call_over_an_inner_that_is_send_but_not_sync_can_be_spawned() {
 
     // tower's `BoxCloneService` is `Send` and not `Sync`: the call's future must still be
     // `Send`, as it was when it held a clone of the inner service.
-    let refuse = Arc::new(AtomicUsize::new(1));
-    let labels = Arc::new(Mutex::new(Vec::new()));
-    let inner = tower::util::BoxCloneService::new(Gated {
-        label: 7,
-        ready: false,
-        polled: false,
-        refuse: refuse.clone(),
-        labels: labels.clone(),
-    });
+    let inner = gated(7, &Arc::new(AtomicUsize::new(1)));
+    let labels = inner.labels();
+    let inner = tower::util::BoxCloneService::new(inner);
     let mut svc = RetryLayer::builder()
         .backoff(Backoff::none())
         .no_budget()

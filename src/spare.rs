@@ -1,0 +1,26 @@
+//! The copy of an inner service that a layer's calls share, from which each attempt after the
+//! first (a retry, a hedge) clones the service it is sent through. The design is in
+//! [`docs::retries`](crate::docs::retries).
+//!
+//! A call's future holds the copy's `Arc`, not a clone of the inner service, so a transport as
+//! large as hyper-util's client is neither cloned nor moved with every call. The copy is behind
+//! a lock taken only to clone it, so that a call's future is `Send` whenever the inner service
+//! is, `Sync` or not (tower's `BoxCloneService` is not).
+
+use std::sync::{Mutex, PoisonError};
+
+/// The shared copy of an inner service.
+pub(crate) struct Spare<S>(Mutex<S>);
+
+impl<S: Clone> Spare<S> {
+    /// A copy of `service`.
+    pub(crate) fn of(service: &S) -> Self {
+        Spare(Mutex::new(service.clone()))
+    }
+
+    /// A clone of the copy: a service of the attempt's own, to make ready and call. A clone that
+    /// panicked under the lock left the copy as it was, so a poisoned lock is taken as it is.
+    pub(crate) fn service(&self) -> S {
+        S::clone(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
