@@ -7,7 +7,7 @@
 //! a lock taken only to clone it, so that a call's future is `Send` whenever the inner service
 //! is, `Sync` or not (tower's `BoxCloneService` is not).
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The shared copy of an inner service.
 pub(crate) struct Spare<S>(Mutex<S>);
@@ -23,4 +23,11 @@ impl<S: Clone> Spare<S> {
     pub(crate) fn service(&self) -> S {
         S::clone(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
+}
+
+/// What a layer's service shares with its calls' futures (one `Arc` a call): the layer's
+/// settings `C`, and the copy of the inner service each later attempt is cloned from.
+pub(crate) struct Shared<S, C> {
+    pub(crate) service: Spare<S>,
+    pub(crate) config: Arc<C>,
 }

@@ -21,7 +21,6 @@ use crate::context::CallTally;
 use crate::error::{lift, lift_poll};
 use crate::outcome::{CallOutcome, Outcome, StopReason};
 use crate::pushback::Pushback;
-use crate::spare::Spare;
 use crate::time::later;
 use crate::{Envelope, Error, IntoError};
 
@@ -69,10 +68,7 @@ pin_project! {
 
 /// What a hedge layer's service shares with its hedged calls' futures: the layer's settings,
 /// and the copy of the inner service each hedge clones the service it is sent through from.
-pub(super) struct Shared<S, M> {
-    pub(super) service: Spare<S>,
-    pub(super) config: Arc<Config<M>>,
-}
+pub(super) type Shared<S, M> = crate::spare::Shared<S, Config<M>>;
 
 /// A hedge in flight.
 struct Attempt<F, C> {

@@ -31,7 +31,6 @@ use crate::outcome::CallOutcome;
 use crate::pushback::Pushback;
 use crate::record::{BusinessKey, Operation, ResolutionRecord, RetryRecord};
 use crate::resolve::{NoResolver, Query, Resolution, Resolve, Resolving};
-use crate::spare::Spare;
 use crate::time::later;
 use crate::Outcome;
 use crate::StopReason;
@@ -131,10 +130,7 @@ pin_project! {
 
 /// What a retry layer's service shares with its calls' futures: the layer's settings, and the
 /// copy of the inner service each retry clones the service it sends through from.
-pub(super) struct Shared<S, M, Z> {
-    pub(super) service: Spare<S>,
-    pub(super) config: Arc<Config<M, Z>>,
-}
+pub(super) type Shared<S, M, Z> = crate::spare::Shared<S, Config<M, Z>>;
 
 /// The rarely used part of a retry future.
 struct Cold<S, Res, E> {

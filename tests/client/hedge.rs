@@ -874,6 +874,29 @@ async fn each_hedge_goes_through_a_clone_made_ready_and_the_hedges_see_get_mut()
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_hedge_whose_service_fails_its_readiness_is_not_sent_and_the_first_attempt_answers() {
+    let inner = gated(1);
+    let (labels, gate) = (inner.labels(), inner.clone());
+    let mut svc = hedge().max_attempts(3).build().unwrap().layer(inner);
+    // The first attempt goes through the service made ready here; the hedge's clone fails its
+    // readiness at 50 ms: no hedge is sent then or later, and the slow first attempt answers.
+    let ready = svc.ready().await.unwrap();
+    gate.fail_readiness(1);
+    let start = Instant::now();
+    ready.call(get()).await.unwrap();
+    assert_eq!(start.elapsed(), ms(200));
+    assert_eq!(gate.readiness_failures_left(), 0);
+    assert_eq!(*labels.lock().unwrap(), vec![1]);
+    // The next calls hedge again, through fresh clones, which are ready: call 1 answers at
+    // once; call 2 is slow, and its hedge (call 3) answers at 50 ms.
+    svc.ready().await.unwrap().call(get()).await.unwrap();
+    let start = Instant::now();
+    svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(start.elapsed(), ms(50));
+    assert_eq!(*labels.lock().unwrap(), vec![1, 1, 1, 1]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_hedged_call_over_an_inner_that_is_send_but_not_sync_can_be_spawned() {
     // tower's `BoxCloneService` is `Send` and not `Sync`: the hedged call's future must still
     // be `Send`, as it was when it held a clone of the inner service.

@@ -15,14 +15,18 @@ use tower::Service;
 pub(crate) type Answer = Pin<Box<dyn Future<Output = Result<Response<()>, std::io::Error>> + Send>>;
 
 /// A fresh service (and every clone) is not ready until polled twice: it says `Pending` once,
-/// and wakes its task. `call` panics on a service not made ready, and records the `label` the
+/// and wakes its task; at the second poll it fails instead while [`fail_readiness`] has
+/// failures left. `call` panics on a service not made ready, and records the `label` the
 /// service had; the answer is the one `answer` makes of the call's number (from 0, across
 /// clones). `B` is the requests' body type.
+///
+/// [`fail_readiness`]: Gated::fail_readiness
 pub(crate) struct Gated<B> {
     pub(crate) label: u32,
     ready: bool,
     polled: bool,
     calls: Arc<AtomicU32>,
+    unready: Arc<AtomicU32>,
     labels: Arc<Mutex<Vec<u32>>>,
     answer: Arc<dyn Fn(u32) -> Answer + Send + Sync>,
     body: PhantomData<fn(B)>,
@@ -35,10 +39,22 @@ impl<B> Gated<B> {
             ready: false,
             polled: false,
             calls: Arc::default(),
+            unready: Arc::default(),
             labels: Arc::default(),
             answer: Arc::new(answer),
             body: PhantomData,
         }
+    }
+
+    /// The next `n` readiness checks that reach their second poll fail (across clones), with an
+    /// error of kind `NotConnected`.
+    pub(crate) fn fail_readiness(&self, n: u32) {
+        self.unready.store(n, Ordering::SeqCst);
+    }
+
+    /// The readiness failures still to come.
+    pub(crate) fn readiness_failures_left(&self) -> u32 {
+        self.unready.load(Ordering::SeqCst)
     }
 
     /// The labels of the calls so far, in order, across clones.
@@ -54,6 +70,7 @@ impl<B> Clone for Gated<B> {
             ready: false,
             polled: false,
             calls: self.calls.clone(),
+            unready: self.unready.clone(),
             labels: self.labels.clone(),
             answer: self.answer.clone(),
             body: PhantomData,
@@ -71,6 +88,15 @@ impl<B> Service<Request<B>> for Gated<B> {
             self.polled = true;
             cx.waker().wake_by_ref();
             return Poll::Pending;
+        }
+        if self
+            .unready
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            // A fresh start after the failure: the next check says `Pending` again.
+            self.polled = false;
+            return Poll::Ready(Err(std::io::ErrorKind::NotConnected.into()));
         }
         self.ready = true;
         Poll::Ready(Ok(()))

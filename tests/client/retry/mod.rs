@@ -1286,6 +1286,42 @@ async fn each_attempt_goes_through_a_service_made_ready_and_the_retries_see_get_
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_retry_whose_service_fails_its_readiness_ends_the_call_with_that_error() {
+    use tower::Layer as _;
+
+    let refuse = Arc::new(AtomicUsize::new(1));
+    let inner = gated(1, &refuse);
+    let (labels, gate) = (inner.labels(), inner.clone());
+    let mut svc = RetryLayer::builder()
+        .backoff(Backoff::none())
+        .no_budget()
+        .max_attempts(3)
+        .build()
+        .unwrap()
+        .layer(inner);
+    // The first attempt goes through the service made ready here, and is refused; the retry's
+    // clone then fails its readiness: no second attempt, and the call ends with that error.
+    let ready = svc.ready().await.unwrap();
+    gate.fail_readiness(1);
+    let err = ready.call(request(Kind::Get)).await.unwrap_err();
+    match err.kind() {
+        surely::ErrorKind::Transport(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotConnected),
+        other => panic!("the readiness error, not {other:?}"),
+    }
+    assert_eq!(gate.readiness_failures_left(), 0);
+    assert_eq!(*labels.lock().unwrap(), vec![1]);
+    let call = err.call_outcome().expect("the retry hands its call back");
+    assert_eq!(call.attempts(), 1);
+    assert_eq!(call.stop_reason(), StopReason::NotRetried);
+    // The next call retries through a fresh clone, which is ready.
+    refuse.store(1, Ordering::SeqCst);
+    crate::support::call(&mut svc, request(Kind::Get))
+        .await
+        .unwrap();
+    assert_eq!(*labels.lock().unwrap(), vec![1, 1, 1]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_call_over_an_inner_that_is_send_but_not_sync_can_be_spawned() {
     use tower::Layer as _;
 
