@@ -1166,7 +1166,7 @@ impl<W: World> Chain<W> {
     }
 
     /// The gateway's client for the order service.
-    fn gateway(&self) -> Result<impl HttpClient, BoxError> {
+    fn gateway(&self) -> Result<impl HttpClient + use<W>, BoxError> {
         Ok(surely::client::http()
             .server_honours_keys()
             .timeout(GATEWAY_DEADLINE)
@@ -1495,7 +1495,8 @@ impl<W: World> Chain<W> {
 
     fn reconciler(
         &self,
-    ) -> Result<Reconciler<W::Ledger, impl surely::retry::Resolve<Found>, Found>, BoxError> {
+    ) -> Result<Reconciler<W::Ledger, impl surely::retry::Resolve<Found> + use<W>, Found>, BoxError>
+    {
         Ok(Reconciler::builder(
             self.world.ledger(),
             resolver(self.orders, self.warehouse_addr),
@@ -1706,10 +1707,10 @@ async fn watch_stuck<St: IdempotencyStore>(store: St) -> Option<(String, Duratio
     let until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        if let Ok(stuck) = report_stuck(&store, STUCK_AFTER).await {
-            if let Some(s) = stuck.first() {
-                return Some((s.key.key().as_str().to_owned(), s.age));
-            }
+        if let Ok(stuck) = report_stuck(&store, STUCK_AFTER).await
+            && let Some(s) = stuck.first()
+        {
+            return Some((s.key.key().as_str().to_owned(), s.age));
         }
     }
     None

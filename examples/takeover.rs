@@ -576,7 +576,7 @@ where
         *lock(&self.live) = Live { name, addr };
     }
 
-    fn client(&self) -> Result<impl HttpClient, BoxError> {
+    fn client(&self) -> Result<impl HttpClient + use<St, F>, BoxError> {
         let balancer = Balancer {
             client: Client::builder(TokioExecutor::new()).build_http(),
             live: self.live.clone(),

@@ -444,11 +444,11 @@ pub(crate) mod metadata {
         if let Some(left) = call.budget_left {
             let _ = write!(s, "; left-ms={}", left.as_millis());
         }
-        if let Some(key) = call.key.as_ref().and_then(|k| k.to_str().ok()) {
-            if visible_key(key) {
-                s.push_str(KEY);
-                s.push_str(key);
-            }
+        if let Some(key) = call.key.as_ref().and_then(|k| k.to_str().ok())
+            && visible_key(key)
+        {
+            s.push_str(KEY);
+            s.push_str(key);
         }
         // Visible ASCII and spaces only: always a valid header value.
         HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("unknown"))

@@ -74,7 +74,10 @@ const RECOVER_PASSES: usize = 2;
 const RECOVER_WORKERS: usize = 8;
 
 /// The stack for keyed orders.
-fn keyed_stack(recorder: &LedgerRecorder, journal: &Journal) -> Result<impl HttpClient, BoxError> {
+fn keyed_stack(
+    recorder: &LedgerRecorder,
+    journal: &Journal,
+) -> Result<impl HttpClient + use<>, BoxError> {
     Ok(surely::client::http()
         .server_honours_keys()
         .timeout(CALL_DEADLINE)
@@ -96,7 +99,7 @@ fn keyed_stack(recorder: &LedgerRecorder, journal: &Journal) -> Result<impl Http
 fn unkeyed_stack(
     recorder: &LedgerRecorder,
     journal: &Journal,
-) -> Result<impl HttpClient, BoxError> {
+) -> Result<impl HttpClient + use<>, BoxError> {
     Ok(surely::client::http()
         .no_idempotency_keys()
         .timeout(CALL_DEADLINE)

@@ -962,11 +962,10 @@ impl Supervisor {
             .procs
             .get_mut(&role)
             .filter(|p| p.incarnation == incarnation)
+            && let Some(stdin) = p.stdin.as_mut()
         {
-            if let Some(stdin) = p.stdin.as_mut() {
-                let _ = stdin.write_all(b"disarm\n").await;
-                let _ = stdin.flush().await;
-            }
+            let _ = stdin.write_all(b"disarm\n").await;
+            let _ = stdin.flush().await;
         }
     }
 

@@ -363,10 +363,10 @@ impl Evidence {
                 if !own {
                     committed_nothing += 1;
                 }
-                if let Some((_, at)) = e.record {
-                    if r.txn_at > at {
-                        past_record.push(e.key.clone());
-                    }
+                if let Some((_, at)) = e.record
+                    && r.txn_at > at
+                {
+                    past_record.push(e.key.clone());
                 }
                 // The task's schedule when the run's transaction began: the one its last step
                 // before wrote.
@@ -506,17 +506,16 @@ impl Evidence {
                         ));
                     }
                 }
-                if s.reason == "paced" {
-                    if let Some(asked) = s.clamped_from.filter(|a| *a > s.delay) {
-                        if age + s.delay + TOLERANCE < p.expiry() {
-                            bad.push(format!(
-                                "{} paced {}ms sooner than asked ({}ms)",
-                                e.key,
-                                after_d(asked, s.delay).as_millis(),
-                                asked.as_millis()
-                            ));
-                        }
-                    }
+                if s.reason == "paced"
+                    && let Some(asked) = s.clamped_from.filter(|a| *a > s.delay)
+                    && age + s.delay + TOLERANCE < p.expiry()
+                {
+                    bad.push(format!(
+                        "{} paced {}ms sooner than asked ({}ms)",
+                        e.key,
+                        after_d(asked, s.delay).as_millis(),
+                        asked.as_millis()
+                    ));
                 }
             }
         }

@@ -97,9 +97,12 @@ impl Server {
         http::Request<()>,
         Response = http::Response<()>,
         Error = std::io::Error,
-        Future = impl std::future::Future<Output = Result<http::Response<()>, std::io::Error>> + Send,
+        Future = impl std::future::Future<Output = Result<http::Response<()>, std::io::Error>>
+                     + Send
+                     + use<>,
     > + Clone
-           + Send {
+           + Send
+           + use<> {
         let server = self.clone();
         service_fn(move |_req: http::Request<()>| {
             server.attempts.fetch_add(1, Ordering::Relaxed);

@@ -896,10 +896,10 @@ impl tower::retry::Policy<Req, Res, BoxError> for Attempts {
         if !failed || self.attempts >= self.max {
             return None;
         }
-        if let Some(budget) = &self.budget {
-            if !budget.withdraw() {
-                return None;
-            }
+        if let Some(budget) = &self.budget
+            && !budget.withdraw()
+        {
+            return None;
         }
         self.attempts += 1;
         Some(ready(()))

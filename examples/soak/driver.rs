@@ -520,11 +520,11 @@ impl Sup {
                         if let Some(p) = self.procs.get_mut(&role) {
                             p.ready = true;
                         }
-                        if role == Role::Order {
-                            if let Some(from) = self.order_down_since.take() {
-                                let to = self.now();
-                                self.windows.push((from, to, "order killed"));
-                            }
+                        if role == Role::Order
+                            && let Some(from) = self.order_down_since.take()
+                        {
+                            let to = self.now();
+                            self.windows.push((from, to, "order killed"));
                         }
                     }
                     ["crashpoint", point]
@@ -947,44 +947,44 @@ async fn run(
             }
         }
         // An order service armed to die that has not reached its point: killed all the same.
-        if let Some(armed) = sup.order_armed {
-            if armed.elapsed() >= ARMED_FOR {
-                sup.order_armed = None;
-                sup.order_down_since = Some(now);
-                sup.kill(
-                    Role::Order,
-                    ORDER_DOWN,
-                    "order killed (its point not reached)",
-                );
-            }
+        if let Some(armed) = sup.order_armed
+            && armed.elapsed() >= ARMED_FOR
+        {
+            sup.order_armed = None;
+            sup.order_down_since = Some(now);
+            sup.kill(
+                Role::Order,
+                ORDER_DOWN,
+                "order killed (its point not reached)",
+            );
         }
-        if let Some(&(t, fault)) = pending_faults.peek() {
-            if now >= t {
-                pending_faults.next();
-                fault_marks.push((now, fault.name()));
-                if opts.verbose {
-                    println!("  fault      {} at {now:.1}s", fault.name());
+        if let Some(&(t, fault)) = pending_faults.peek()
+            && now >= t
+        {
+            pending_faults.next();
+            fault_marks.push((now, fault.name()));
+            if opts.verbose {
+                println!("  fault      {} at {now:.1}s", fault.name());
+            }
+            match fault {
+                Fault::LostReplies => {
+                    drops.arm(LOST_REPLIES);
+                    lost = Some(now);
                 }
-                match fault {
-                    Fault::LostReplies => {
-                        drops.arm(LOST_REPLIES);
-                        lost = Some(now);
-                    }
-                    Fault::RelayKilled => sup.kill(Role::Relay, Duration::ZERO, "relay killed"),
-                    Fault::BrokerRestart if broker_restarting.is_none() => {
-                        broker_restarting = Some(now);
-                        let (broker, tx) = (broker.clone(), sup.tx.clone());
-                        tokio::spawn(async move {
-                            let back = broker.lock().await.restart(BROKER_DOWN).await;
-                            let _ = tx.send(Ev::BrokerBack(back.map_err(|e| chain(&*e))));
-                        });
-                    }
-                    Fault::BrokerRestart => {}
-                    Fault::OrderKilled => {
-                        sup.say(Role::Order, &format!("arm {AFTER_PAYMENT}:1"))
-                            .await;
-                        sup.order_armed = Some(Instant::now());
-                    }
+                Fault::RelayKilled => sup.kill(Role::Relay, Duration::ZERO, "relay killed"),
+                Fault::BrokerRestart if broker_restarting.is_none() => {
+                    broker_restarting = Some(now);
+                    let (broker, tx) = (broker.clone(), sup.tx.clone());
+                    tokio::spawn(async move {
+                        let back = broker.lock().await.restart(BROKER_DOWN).await;
+                        let _ = tx.send(Ev::BrokerBack(back.map_err(|e| chain(&*e))));
+                    });
+                }
+                Fault::BrokerRestart => {}
+                Fault::OrderKilled => {
+                    sup.say(Role::Order, &format!("arm {AFTER_PAYMENT}:1"))
+                        .await;
+                    sup.order_armed = Some(Instant::now());
                 }
             }
         }

@@ -161,10 +161,10 @@ impl<W: World> Story<'_, W> {
         self.say(&who, line);
         let run = self.ctx.runs(event).len().saturating_sub(1);
         let path = (self.paths.entry(id.to_owned())).or_insert_with(|| Path::new(event, consumer));
-        if let Processed::Waiting(w) = processed {
-            if ran {
-                path.waits.push((run, w.reason, w.delay));
-            }
+        if let Processed::Waiting(w) = processed
+            && ran
+        {
+            path.waits.push((run, w.reason, w.delay));
         }
         path.steps.extend(step);
         if let Some(end) = end {
@@ -242,15 +242,16 @@ impl<W: World> Story<'_, W> {
     }
 
     async fn supplier(&mut self) -> Result<(), BoxError> {
-        if let Some(at) = self.replenish_at {
-            if !self.replenished && Instant::now() >= at {
-                let stock = self.world.replenish(DELIVERY).await?;
-                self.replenished = true;
-                self.say(
-                    "supplier",
-                    format!("{DELIVERY} of {SKU} delivered: {stock} in stock"),
-                );
-            }
+        if let Some(at) = self.replenish_at
+            && !self.replenished
+            && Instant::now() >= at
+        {
+            let stock = self.world.replenish(DELIVERY).await?;
+            self.replenished = true;
+            self.say(
+                "supplier",
+                format!("{DELIVERY} of {SKU} delivered: {stock} in stock"),
+            );
         }
         Ok(())
     }

@@ -339,10 +339,10 @@ impl CircuitBreaker {
     /// the caller; everything else takes [`complete_slow`](Self::complete_slow).
     #[inline]
     pub(crate) fn complete(&self, pass: Pass, failure: Option<bool>, now: Option<Instant>) {
-        if let (Pass::Closed(gen), Some(false)) = (pass, failure) {
+        if let (Pass::Closed(generation), Some(false)) = (pass, failure) {
             let shared = &*self.shared;
             let word = shared.word.load(Acquire);
-            if word & STATE_MASK != CLOSED || gen_of(word) != gen {
+            if word & STATE_MASK != CLOSED || gen_of(word) != generation {
                 return;
             }
             if !shared.window.needs_clock() {
@@ -357,9 +357,9 @@ impl CircuitBreaker {
     fn complete_slow(&self, pass: Pass, failure: Option<bool>, now: Option<Instant>) {
         let shared = &*self.shared;
         match (pass, failure) {
-            (Pass::Closed(gen), Some(failure)) => {
+            (Pass::Closed(generation), Some(failure)) => {
                 let word = shared.word.load(Acquire);
-                if word & STATE_MASK != CLOSED || gen_of(word) != gen {
+                if word & STATE_MASK != CLOSED || gen_of(word) != generation {
                     return;
                 }
                 let now = now.or_else(|| shared.window.needs_clock().then(clock));
@@ -382,15 +382,15 @@ impl CircuitBreaker {
                 }
             }
             (Pass::Closed(_), None) => {}
-            (Pass::Probe(gen), Some(true)) => {
+            (Pass::Probe(generation), Some(true)) => {
                 let word = shared.word.load(Acquire);
-                if state_of(word) == HALF_OPEN && gen_of(word) == gen {
+                if state_of(word) == HALF_OPEN && gen_of(word) == generation {
                     shared.transition(word, BreakerState::Open, TransitionReason::ProbeFailed);
                 }
             }
-            (Pass::Probe(gen), Some(false)) => {
+            (Pass::Probe(generation), Some(false)) => {
                 let mut word = shared.word.load(Acquire);
-                while state_of(word) == HALF_OPEN && gen_of(word) == gen {
+                while state_of(word) == HALF_OPEN && gen_of(word) == generation {
                     let new = word + SUCCESS_ONE;
                     #[cfg(surely_loom)]
                     let new = if mutation("breaker_probe_counted_twice") {
@@ -416,10 +416,13 @@ impl CircuitBreaker {
                     }
                 }
             }
-            (Pass::Probe(gen), None) => {
+            (Pass::Probe(generation), None) => {
                 // The probe said nothing: give its place back for another.
                 let mut word = shared.word.load(Acquire);
-                while state_of(word) == HALF_OPEN && gen_of(word) == gen && admitted_of(word) > 0 {
+                while state_of(word) == HALF_OPEN
+                    && gen_of(word) == generation
+                    && admitted_of(word) > 0
+                {
                     match shared
                         .word
                         .compare_exchange_weak(word, word - ADMIT_ONE, AcqRel, Acquire)

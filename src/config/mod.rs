@@ -124,17 +124,21 @@
 //! use surely::config::ClientConfig;
 //!
 //! # fn main() -> Result<(), config::ConfigError> {
-//! # // A doctest is a process of its own: its environment is its own.
-//! # std::env::set_var("PAYMENTS_TIMEOUT", "2s");
-//! # std::env::set_var("PAYMENTS_RETRY__MAX_ATTEMPTS", "4");
-//! # std::env::set_var("PAYMENTS_RETRY__BACKOFF__BASE", "50ms");
+//! # // The variables as a map, not the process's own: setting a process's environment is
+//! # // `unsafe` (another thread may read it), and this crate has none.
+//! # let vars = [
+//! #     ("PAYMENTS_TIMEOUT", "2s"),
+//! #     ("PAYMENTS_RETRY__MAX_ATTEMPTS", "4"),
+//! #     ("PAYMENTS_RETRY__BACKOFF__BASE", "50ms"),
+//! # ];
 //! // PAYMENTS_TIMEOUT=2s PAYMENTS_RETRY__MAX_ATTEMPTS=4 PAYMENTS_RETRY__BACKOFF__BASE=50ms
 //! let config: ClientConfig = config::Config::builder()
 //!     .add_source(
 //!         config::Environment::with_prefix("PAYMENTS")
 //!             .prefix_separator("_")
 //!             .separator("__")
-//!             .try_parsing(true),
+//!             .try_parsing(true)
+//! #           .source(Some(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())),
 //!     )
 //!     .build()?
 //!     .try_deserialize()?;

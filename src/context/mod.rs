@@ -581,10 +581,10 @@ thread_local! {
 /// left is the outermost call's.
 pub(crate) fn leave_behind(f: impl FnOnce() -> CallOutcome) {
     LEFT_BEHIND.with(|cell| {
-        if let Ok(mut slot) = cell.try_borrow_mut() {
-            if slot.is_none() {
-                *slot = Some(f());
-            }
+        if let Ok(mut slot) = cell.try_borrow_mut()
+            && slot.is_none()
+        {
+            *slot = Some(f());
         }
     });
 }

@@ -111,14 +111,12 @@ where
         return Poll::Pending;
     };
     let armed = T::is_armed(&timer);
-    if !armed {
-        if let Some((now, ends_by)) = inside.packed() {
-            // The common case, in packed time: anchor the deadline at the clock reading of the
-            // layer inside, and if that layer ends the call by the deadline, one timer is
-            // enough.
-            if ctx.anchor_packed(now).is_some_and(|d| ends_by <= d) {
-                return Poll::Pending;
-            }
+    if !armed && let Some((now, ends_by)) = inside.packed() {
+        // The common case, in packed time: anchor the deadline at the clock reading of the
+        // layer inside, and if that layer ends the call by the deadline, one timer is
+        // enough.
+        if ctx.anchor_packed(now).is_some_and(|d| ends_by <= d) {
+            return Poll::Pending;
         }
     }
     let Some(deadline) = ctx.deadline() else {

@@ -99,14 +99,14 @@ impl<S, T> SetDeadline<S, T> {
         req: &mut Req,
         current: Option<CallDeadline>,
     ) -> Option<Option<CallDeadline>> {
-        if let (Some(own), None) = (self.config.timeout, current) {
-            if req.deadline().is_none() {
-                // The common case: no deadline from outside and none on the request, so the
-                // call has this layer's own budget (checked against the reserve when built).
-                return self
-                    .write_budget(req, own.saturating_sub(self.config.reserve), true)
-                    .then_some(Some(CallDeadline::Budget(own)));
-            }
+        if let (Some(own), None) = (self.config.timeout, current)
+            && req.deadline().is_none()
+        {
+            // The common case: no deadline from outside and none on the request, so the
+            // call has this layer's own budget (checked against the reserve when built).
+            return self
+                .write_budget(req, own.saturating_sub(self.config.reserve), true)
+                .then_some(Some(CallDeadline::Budget(own)));
         }
         let fixed = Deadline::earliest(req.deadline(), current.and_then(CallDeadline::fixed));
         let unanchored = match current {

@@ -102,13 +102,13 @@ fn classify_known(
     {
         // RFC 9113 §8.7: a stream reset with REFUSED_STREAM was not processed, and "can be
         // safely retried"; any other HTTP/2 error says nothing about the work.
-        if let Some(e) = e.downcast_ref::<h2::Error>() {
-            if e.reason() == Some(h2::Reason::REFUSED_STREAM) {
-                return Some(Classification::new(
-                    AttemptClass::Rejected,
-                    DeliveryPhase::Sent,
-                ));
-            }
+        if let Some(e) = e.downcast_ref::<h2::Error>()
+            && e.reason() == Some(h2::Reason::REFUSED_STREAM)
+        {
+            return Some(Classification::new(
+                AttemptClass::Rejected,
+                DeliveryPhase::Sent,
+            ));
         }
     }
     #[cfg(feature = "reqwest")]

@@ -60,10 +60,10 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        if req.extensions().get::<Semantics>().is_none() {
-            if let Some(s) = self.table.lookup(req.uri().path()) {
-                req.extensions_mut().insert(s);
-            }
+        if req.extensions().get::<Semantics>().is_none()
+            && let Some(s) = self.table.lookup(req.uri().path())
+        {
+            req.extensions_mut().insert(s);
         }
         ResponseFuture {
             inner: self.inner.call(req),

@@ -184,18 +184,18 @@ where
         };
         loop {
             // The first attempt.
-            if let SlotProj::Running { future } = this.first.as_mut().project() {
-                if let Poll::Ready(out) = future.poll(cx) {
-                    this.first.set(Slot::Done);
-                    let out = lift(out);
-                    let started = race.first_started;
-                    let classifier = race.classifier.take();
-                    match race.judge(out, classifier, started) {
-                        Verdict::Win(out) => return Poll::Ready(race.finish(out, this.first)),
-                        Verdict::Lose(pushback) => {
-                            let others = !race.hedges.is_empty();
-                            race.failed(pushback, others, this.timer.as_mut());
-                        }
+            if let SlotProj::Running { future } = this.first.as_mut().project()
+                && let Poll::Ready(out) = future.poll(cx)
+            {
+                this.first.set(Slot::Done);
+                let out = lift(out);
+                let started = race.first_started;
+                let classifier = race.classifier.take();
+                match race.judge(out, classifier, started) {
+                    Verdict::Win(out) => return Poll::Ready(race.finish(out, this.first)),
+                    Verdict::Lose(pushback) => {
+                        let others = !race.hedges.is_empty();
+                        race.failed(pushback, others, this.timer.as_mut());
                     }
                 }
             }
@@ -221,11 +221,11 @@ where
                 }
             }
             // The delay.
-            if let TimerProj::Armed { sleep } = this.timer.as_mut().project() {
-                if sleep.poll(cx).is_ready() {
-                    this.timer.set(Timer::Idle);
-                    race.due = true;
-                }
+            if let TimerProj::Armed { sleep } = this.timer.as_mut().project()
+                && sleep.poll(cx).is_ready()
+            {
+                this.timer.set(Timer::Idle);
+                race.due = true;
             }
             if race.due && !race.stopped {
                 match race.send(cx) {
@@ -263,10 +263,10 @@ where
                 race.first_started = Some(now);
                 // A budget of its own counts the calls that could be hedged: a call answered
                 // on its first poll never could.
-                if race.owns_budget() {
-                    if let Some(budget) = race.budget() {
-                        budget.deposit_at(now);
-                    }
+                if race.owns_budget()
+                    && let Some(budget) = race.budget()
+                {
+                    budget.deposit_at(now);
                 }
                 if this.timer.is_idle() && !race.due && !race.stopped {
                     let delay = race.shared.config.delay.current();
@@ -280,12 +280,12 @@ where
                             sleep: tokio::time::sleep_until(at),
                         });
                         // Register the timer's waker; a zero delay is due at once.
-                        if let TimerProj::Armed { sleep } = this.timer.as_mut().project() {
-                            if sleep.poll(cx).is_ready() {
-                                this.timer.set(Timer::Idle);
-                                race.due = true;
-                                continue;
-                            }
+                        if let TimerProj::Armed { sleep } = this.timer.as_mut().project()
+                            && sleep.poll(cx).is_ready()
+                        {
+                            this.timer.set(Timer::Idle);
+                            race.due = true;
+                            continue;
                         }
                     }
                 }
@@ -327,19 +327,19 @@ where
         };
         let class = classification.class();
         self.tally.observe(class);
-        if self.owns_budget() {
-            if let Some(budget) = self.budget() {
-                budget.record_outcome(class);
-            }
+        if self.owns_budget()
+            && let Some(budget) = self.budget()
+        {
+            budget.record_outcome(class);
         }
         let config = &*self.shared.config;
         // An answer on the first poll is not learned from: the delay only ever applies to
         // attempts that did not answer at once, so it is their percentile that bounds the share
         // of them that get hedged (and the fast path reads no clock).
-        if let (AttemptClass::Success, Some(started)) = (class, started) {
-            if let Some(learned) = config.delay.learns() {
-                learned.record(started.elapsed());
-            }
+        if let (AttemptClass::Success, Some(started)) = (class, started)
+            && let Some(learned) = config.delay.learns()
+        {
+            learned.record(started.elapsed());
         }
         if !class.is_health_failure() {
             return Verdict::Win(out);
@@ -363,12 +363,11 @@ where
     /// A failure that will not be the call's result: a budget kept by a retry layer outside
     /// hears of it here (the retry layer hears only of the result).
     fn forget_last(&mut self) {
-        if let Some(class) = self.last.take().map(|last| last.1) {
-            if !self.owns_budget() {
-                if let Some(budget) = self.budget() {
-                    budget.record_outcome(class);
-                }
-            }
+        if let Some(class) = self.last.take().map(|last| last.1)
+            && !self.owns_budget()
+            && let Some(budget) = self.budget()
+        {
+            budget.record_outcome(class);
         }
     }
 
@@ -458,15 +457,15 @@ where
         if self.sent >= config.max_attempts {
             return Err("attempt limit reached");
         }
-        if let Some(left) = crate::deadline::left_at(self.template.deadline(), Instant::now) {
-            if left < self.need() {
-                return Err("too little of the deadline left");
-            }
+        if let Some(left) = crate::deadline::left_at(self.template.deadline(), Instant::now)
+            && left < self.need()
+        {
+            return Err("too little of the deadline left");
         }
-        if let Some(budget) = self.budget() {
-            if budget.withdraw().is_err() {
-                return Err("the budget refused");
-            }
+        if let Some(budget) = self.budget()
+            && budget.withdraw().is_err()
+        {
+            return Err("the budget refused");
         }
         Ok(())
     }

@@ -201,10 +201,10 @@ impl<M> Config<M> {
         if id == 0 {
             return None;
         }
-        if let Some((cached, budget)) = self.lent.get() {
-            if *cached == id {
-                return Some(budget.clone());
-            }
+        if let Some((cached, budget)) = self.lent.get()
+            && *cached == id
+        {
+            return Some(budget.clone());
         }
         let budget = crate::budget::lend::lender(id)?;
         let _ = self.lent.set((id, budget.clone()));

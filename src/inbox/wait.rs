@@ -1071,11 +1071,10 @@ mod tests {
                     Reason::Paced => Wait::paced(asked.unwrap_or(Duration::ZERO)),
                     _ => Wait::business("x"),
                 };
-                if reason != Reason::Paced {
-                    if let Some(a) = asked {
+                if reason != Reason::Paced
+                    && let Some(a) = asked {
                         wait = Wait::new(reason, "x").after(a);
                     }
-                }
                 let prior = prior.map(|(reason, attempts, streak)| Prior { reason, attempts, streak });
                 match decide(&consumer, prior, age, &wait) {
                     Decision::Retry { delay, clamped_from, reason: r, .. } => {

@@ -318,13 +318,11 @@ where
             let due = self
                 .last_alert
                 .is_none_or(|t| t.elapsed() >= self.config.alert_every);
-            if due {
-                if let Err(e) = self.alert().await {
-                    tracing::warn!(
-                        error = &e as &dyn std::error::Error,
-                        "ledger reconciler could not read the ledger's stats"
-                    );
-                }
+            if due && let Err(e) = self.alert().await {
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "ledger reconciler could not read the ledger's stats"
+                );
             }
             if let Some(retention) = self.config.retention {
                 let now = Instant::now();

@@ -406,29 +406,29 @@ where
             }
             loop {
                 let mut moved = false;
-                if let Some(finish) = finishing.as_mut().as_pin_mut() {
-                    if let Poll::Ready((t, round)) = finish.poll(cx) {
-                        finishing.set(None);
-                        *timers = t;
-                        held -= 1;
-                        moved = true;
-                        if let Err(e) = round {
-                            tracing::warn!(
-                                error = &e as &dyn std::error::Error,
-                                "outbox relay round failed"
-                            );
-                            // The store is failing: nothing more is claimed or published. A
-                            // batch already published is still marked, if the store answers.
-                            claim_more = false;
-                            publish_more = false;
-                        }
+                if let Some(finish) = finishing.as_mut().as_pin_mut()
+                    && let Poll::Ready((t, round)) = finish.poll(cx)
+                {
+                    finishing.set(None);
+                    *timers = t;
+                    held -= 1;
+                    moved = true;
+                    if let Err(e) = round {
+                        tracing::warn!(
+                            error = &e as &dyn std::error::Error,
+                            "outbox relay round failed"
+                        );
+                        // The store is failing: nothing more is claimed or published. A
+                        // batch already published is still marked, if the store answers.
+                        claim_more = false;
+                        publish_more = false;
                     }
                 }
-                if finishing.is_none() {
-                    if let Some(next) = published.pop_front() {
-                        finishing.set(Some(stages.finish(*timers, next)));
-                        moved = true;
-                    }
+                if finishing.is_none()
+                    && let Some(next) = published.pop_front()
+                {
+                    finishing.set(Some(stages.finish(*timers, next)));
+                    moved = true;
                 }
                 if let Some(mut p) = publishing.take() {
                     if p.poll(publisher, cx).is_ready() {
@@ -456,16 +456,16 @@ where
                         None => {}
                     }
                 }
-                if let Some(claim) = claiming.as_mut().as_pin_mut() {
-                    if let Poll::Ready(out) = claim.poll(cx) {
-                        claiming.set(None);
-                        moved = true;
-                        if !matches!(&out, Ok(batch) if batch.len() >= config.batch) {
-                            // Short (nothing more to do now) or failed: the burst ends here.
-                            claim_more = false;
-                        }
-                        claimed.push_back(out);
+                if let Some(claim) = claiming.as_mut().as_pin_mut()
+                    && let Poll::Ready(out) = claim.poll(cx)
+                {
+                    claiming.set(None);
+                    moved = true;
+                    if !matches!(&out, Ok(batch) if batch.len() >= config.batch) {
+                        // Short (nothing more to do now) or failed: the burst ends here.
+                        claim_more = false;
                     }
+                    claimed.push_back(out);
                 }
                 if claim_more && claiming.is_none() && held < config.depth {
                     claiming.set(Some(stages.claim()));

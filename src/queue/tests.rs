@@ -346,13 +346,12 @@ proptest! {
                         prop_assert!(claimed.len() <= max);
                         drop(items);
                         for (k, fence) in fences.iter_mut().enumerate().take(inserted) {
-                            if let Some(item) = q.lock().get(&k) {
-                                if item.fence() > *fence {
+                            if let Some(item) = q.lock().get(&k)
+                                && item.fence() > *fence {
                                     prop_assert_eq!(item.fence(), *fence + 1);
                                     got.push((k as u64, item.fence()));
                                     *fence = item.fence();
                                 }
-                            }
                         }
                         prop_assert_eq!(got.len(), claimed.len());
                         for (k, _) in &got {
@@ -381,12 +380,11 @@ proptest! {
                     }
                     Op::Reopen(k) => {
                         let mut items = q.lock();
-                        if let Some(item) = items.get_mut(&k) {
-                            if item.state() == S::Manual {
+                        if let Some(item) = items.get_mut(&k)
+                            && item.state() == S::Manual {
                                 item.reopen(S::Waiting);
                                 fences[k] = item.fence();
                             }
-                        }
                     }
                     Op::Sweep(retention) => {
                         let unsettled = q.lock().iter().filter(|i| !i.state().settled()).count();

@@ -328,13 +328,13 @@ pub(crate) fn check(sources: &[String], rules: &[Rule]) -> Result<Vec<Vec<usize>
                     index,
                 });
             }
-            if let Some(action) = &case.repair {
-                if !valid_name(action) {
-                    return Err(RuleError::InvalidName {
-                        what: "action",
-                        name: shown(action),
-                    });
-                }
+            if let Some(action) = &case.repair
+                && !valid_name(action)
+            {
+                return Err(RuleError::InvalidName {
+                    what: "action",
+                    name: shown(action),
+                });
             }
         }
         indexes.push(own);

@@ -609,10 +609,11 @@ fn hand_back<Res: Envelope, T, Sv, R, E>(
     cold: &mut Option<Box<Cold<Sv, R, E>>>,
     last: Option<Classification>,
 ) -> Result<Res, Error<T>> {
-    if let Ok(res) = &mut out {
-        if res.extensions_mut().is_none() && !crate::outcome::sending() {
-            return out;
-        }
+    if let Ok(res) = &mut out
+        && res.extensions_mut().is_none()
+        && !crate::outcome::sending()
+    {
+        return out;
     }
     hand_back_made(out, outcome, stop, sent, cold, last)
 }
@@ -692,10 +693,10 @@ fn decide<M, Z, Req: Envelope, Sv, Res, E>(
             });
         }
     }
-    if let Some(budget) = &config.budget {
-        if budget.withdraw().is_err() {
-            return Next::Stop(StopReason::BudgetExhausted);
-        }
+    if let Some(budget) = &config.budget
+        && budget.withdraw().is_err()
+    {
+        return Next::Stop(StopReason::BudgetExhausted);
     }
     Next::Retry(wait, pushback)
 }

@@ -322,13 +322,13 @@ impl<M, Z> RetryLayerBuilder<M, Z> {
                 "must be at least 1 (the first attempt)",
             ));
         }
-        if let Some(q) = self.settings.learn {
-            if !(q > 0.0 && q <= 1.0) {
-                return Err(ConfigError::new(
-                    "learned minimum attempt time",
-                    "the quantile must be greater than 0 and at most 1",
-                ));
-            }
+        if let Some(q) = self.settings.learn
+            && !(q > 0.0 && q <= 1.0)
+        {
+            return Err(ConfigError::new(
+                "learned minimum attempt time",
+                "the quantile must be greater than 0 and at most 1",
+            ));
         }
         ConfigError::at_most_max("retry max pushback", self.settings.max_pushback)?;
         ConfigError::at_most_max("retry minimum attempt time", self.settings.min_attempt)?;

@@ -98,10 +98,10 @@ where
             if let Some(headers) = req.headers_mut() {
                 headers.insert(RETRY_OWNER, HeaderValue::from_static("1"));
                 // The caller's criticality for the next hop's limit, unless it set the header.
-                if let Some(c) = criticality {
-                    if !headers.contains_key(CRITICALITY) {
-                        headers.insert(CRITICALITY, HeaderValue::from_static(c.as_str()));
-                    }
+                if let Some(c) = criticality
+                    && !headers.contains_key(CRITICALITY)
+                {
+                    headers.insert(CRITICALITY, HeaderValue::from_static(c.as_str()));
                 }
             }
         }

@@ -345,13 +345,13 @@ pub(super) fn review(chain: &Chain) -> Result<Review, ReviewError> {
             format!("max_amplification must be a finite number of at least 1, not {limit}"),
         ));
     }
-    if let Some(rate) = chain.rate {
-        if !(rate.is_finite() && rate > 0.0) {
-            return Err(ReviewError::new(
-                ReviewErrorKind::Invalid,
-                format!("rate must be a finite number above 0, not {rate}"),
-            ));
-        }
+    if let Some(rate) = chain.rate
+        && !(rate.is_finite() && rate > 0.0)
+    {
+        return Err(ReviewError::new(
+            ReviewErrorKind::Invalid,
+            format!("rate must be a finite number above 0, not {rate}"),
+        ));
     }
     let graph = graph(chain)?;
     let order = topological(&graph)?;

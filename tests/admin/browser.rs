@@ -110,10 +110,10 @@ async fn an_operator_settles_an_entry_in_a_real_browser() {
     let (mut driver, url) = chromedriver().await;
     let client = browser(&url).await;
     let run = settle_in(&client, addr).await;
-    if run.is_err() {
-        if let Ok(png) = client.screenshot().await {
-            let _ = std::fs::write(artifacts().join("admin-failed.png"), png);
-        }
+    if run.is_err()
+        && let Ok(png) = client.screenshot().await
+    {
+        let _ = std::fs::write(artifacts().join("admin-failed.png"), png);
     }
     let _ = client.close().await;
     let _ = driver.kill().await;

@@ -163,7 +163,7 @@ fn client(
     Request<Full<Bytes>>,
     Response = Response<Incoming>,
     Error = surely::Error<hyper_util::client::legacy::Error>,
-> {
+> + use<> {
     ServiceBuilder::new()
         .layer(RecordCallLayer::new(recorder.clone()))
         .layer(SetDeadlineLayer::new(Duration::from_secs(30)))

@@ -158,7 +158,8 @@ fn guarded(
     breaker: &CircuitBreaker,
     failing: Arc<AtomicU32>,
 ) -> impl Service<Request<String>, Response = Response<String>, Error = surely::Error<std::io::Error>>
-       + Clone {
+       + Clone
+       + use<> {
     BreakerLayer::new(breaker.clone()).layer(service_fn(move |_: Request<String>| {
         let status = if failing.load(Ordering::SeqCst) > 0 {
             503

@@ -43,8 +43,9 @@ impl Backend {
         Req,
         Response = Res,
         Error = Infallible,
-        Future = impl std::future::Future<Output = Result<Res, Infallible>> + Send,
-    > + Clone {
+        Future = impl std::future::Future<Output = Result<Res, Infallible>> + Send + use<>,
+    > + Clone
+           + use<> {
         let this = self.clone();
         service_fn(move |_req: Req| {
             let this = this.clone();

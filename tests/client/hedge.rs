@@ -65,8 +65,9 @@ impl Server {
         Req,
         Response = Res,
         Error = std::io::Error,
-        Future = impl Future<Output = Result<Res, std::io::Error>>,
-    > + Clone {
+        Future = impl Future<Output = Result<Res, std::io::Error>> + use<>,
+    > + Clone
+           + use<> {
         let server = self.clone();
         service_fn(move |_req: Req| {
             server.calls.fetch_add(1, Ordering::SeqCst);

@@ -49,8 +49,9 @@ fn flaky<Req: Send + 'static, Res: Clone + Send + 'static>(
     Req,
     Response = Res,
     Error = io::Error,
-    Future = impl std::future::Future<Output = io::Result<Res>> + Send,
-> + Clone {
+    Future = impl std::future::Future<Output = io::Result<Res>> + Send + use<Req, Res>,
+> + Clone
+       + use<Req, Res> {
     let attempts = attempts.clone();
     service_fn(move |_req: Req| {
         let n = attempts.fetch_add(1, Ordering::SeqCst);

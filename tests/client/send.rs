@@ -69,8 +69,9 @@ fn shop(
     PlaceOrder,
     Response = Placed,
     Error = ShopError,
-    Future = impl std::future::Future<Output = Result<Placed, ShopError>> + Send,
-> + Clone {
+    Future = impl std::future::Future<Output = Result<Placed, ShopError>> + Send + use<>,
+> + Clone
+       + use<> {
     let attempts = attempts.clone();
     let answers = Arc::new(answers);
     service_fn(move |req: PlaceOrder| {

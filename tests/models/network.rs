@@ -159,7 +159,10 @@ struct DbStore {
 }
 
 impl DbStore {
-    fn run<T, F, Fut>(&self, f: F) -> impl Future<Output = Result<T, StoreError>> + Send
+    fn run<T, F, Fut>(
+        &self,
+        f: F,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + use<T, F, Fut>
     where
         T: Send + 'static,
         F: FnOnce(MemoryStore) -> Fut + Send + 'static,
@@ -484,11 +487,11 @@ async fn handle(
         .map(|t| t.record_key().key().as_str().to_owned());
     ledger.arrived(&order, key.as_deref());
     let fence = ticket.as_ref().map(|t| t.fence().get());
-    if let Some(ticket) = &ticket {
-        if ticket.checkpoint("order", &order).await.is_err() {
-            // Taken over already, or the store is gone: the work is someone else's.
-            return Ok(status(409));
-        }
+    if let Some(ticket) = &ticket
+        && ticket.checkpoint("order", &order).await.is_err()
+    {
+        // Taken over already, or the store is gone: the work is someone else's.
+        return Ok(status(409));
     }
     let draw = mix_str(seed ^ fence.unwrap_or(0).wrapping_mul(0x51), &order);
     let before = if stalls && draw.is_multiple_of(3) {

@@ -62,7 +62,8 @@ impl Held {
 
     fn service<B: Send + 'static>(
         &self,
-    ) -> impl Service<Request<B>, Response = Res, Error = Infallible, Future: Send> + Clone {
+    ) -> impl Service<Request<B>, Response = Res, Error = Infallible, Future: Send> + Clone + use<B>
+    {
         let this = self.clone();
         service_fn(move |_req: Request<B>| {
             let this = this.clone();

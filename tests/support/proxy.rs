@@ -74,10 +74,10 @@ async fn pipe(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if let Some(held) = held.as_mut() {
-            if held.wait_for(|held| !held).await.is_err() {
-                return;
-            }
+        if let Some(held) = held.as_mut()
+            && held.wait_for(|held| !held).await.is_err()
+        {
+            return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

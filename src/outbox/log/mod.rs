@@ -662,15 +662,15 @@ where
         let fence = self.config.fence;
         let connect = async {
             let timeout = setup::check(&self.outbox, slot).await?;
-            if let (Some(timeout), Some(fence)) = (timeout, fence) {
-                if fence >= timeout {
-                    tracing::warn!(
-                        slot, ?fence, wal_sender_timeout = ?timeout,
-                        "log relay's fence_after is not below the server's wal_sender_timeout: \
-                         a standby may take the slot before a relay cut off from the database \
-                         stops publishing"
-                    );
-                }
+            if let (Some(timeout), Some(fence)) = (timeout, fence)
+                && fence >= timeout
+            {
+                tracing::warn!(
+                    slot, ?fence, wal_sender_timeout = ?timeout,
+                    "log relay's fence_after is not below the server's wal_sender_timeout: \
+                     a standby may take the slot before a relay cut off from the database \
+                     stops publishing"
+                );
             }
             let mut client = ReplicationClient::connect_gated(self.source.config.clone())
                 .await
@@ -691,10 +691,10 @@ where
         let slot = setup::slot_row(&self.outbox, self.source.slot()).await?;
         tracing::info!(slot = %self.source.slot(), table = %self.outbox.table(), "log relay reading its slot");
         let mut pipeline = Pipeline::new(self);
-        if !slot.caught_up {
-            if let Some(ended) = pipeline.catch_up(stop.as_mut()).await? {
-                return Ok(ended);
-            }
+        if !slot.caught_up
+            && let Some(ended) = pipeline.catch_up(stop.as_mut()).await?
+        {
+            return Ok(ended);
         }
         let ended = pipeline.stream(&mut client, stop).await;
         // The last confirmed position is sent before the stream ends (the client sends it
@@ -1334,13 +1334,13 @@ where
 
     fn report(&mut self) {
         let round = std::mem::take(&mut self.round);
-        if let Some(recorder) = self.recorder {
-            if round != RelayRound::default() {
-                recorder.record_relay(&RelayReport {
-                    round: Some(round),
-                    stats: None,
-                });
-            }
+        if let Some(recorder) = self.recorder
+            && round != RelayRound::default()
+        {
+            recorder.record_relay(&RelayReport {
+                round: Some(round),
+                stats: None,
+            });
         }
     }
 }

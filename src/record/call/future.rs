@@ -307,29 +307,29 @@ where
             Poll::Pending => return Poll::Pending,
         };
         state.replayed = matches!(&out, Ok(res) if crate::outcome::is_replay(res));
-        if let (Some(_), Ok(res)) = (state.tally.deferred, &out) {
-            if res.extensions().and_then(|e| e.get::<Watch>()).is_some() {
-                // The last attempt is recorded when its body ends: so is the call, after it.
-                // The caller gets the outcome as it stands at the head.
-                if CallOutcome::of(&out).is_none() {
-                    let (attempts, outcome, _, stop) = state.verdict(&out);
-                    state.hand_back(&mut out, attempts, outcome, stop);
-                }
-                let mut state = this.state.take().expect("checked above");
-                if let Ok(res) = &out {
-                    if let Some(watch) = res.extensions().and_then(|e| e.get::<Watch>()) {
-                        watch.then_call(Box::new(move |settled: Settled| {
-                            state.tally.observe(settled.attempt, settled.classification);
-                            if settled.cancelled {
-                                state.tally.stop.get_or_insert(StopReason::Cancelled);
-                            }
-                            let (attempts, outcome, last, stop) = state.settled();
-                            state.finish(attempts, outcome, last, stop);
-                        }));
-                    }
-                }
-                return Poll::Ready(out);
+        if let (Some(_), Ok(res)) = (state.tally.deferred, &out)
+            && res.extensions().and_then(|e| e.get::<Watch>()).is_some()
+        {
+            // The last attempt is recorded when its body ends: so is the call, after it.
+            // The caller gets the outcome as it stands at the head.
+            if CallOutcome::of(&out).is_none() {
+                let (attempts, outcome, _, stop) = state.verdict(&out);
+                state.hand_back(&mut out, attempts, outcome, stop);
             }
+            let mut state = this.state.take().expect("checked above");
+            if let Ok(res) = &out
+                && let Some(watch) = res.extensions().and_then(|e| e.get::<Watch>())
+            {
+                watch.then_call(Box::new(move |settled: Settled| {
+                    state.tally.observe(settled.attempt, settled.classification);
+                    if settled.cancelled {
+                        state.tally.stop.get_or_insert(StopReason::Cancelled);
+                    }
+                    let (attempts, outcome, last, stop) = state.settled();
+                    state.finish(attempts, outcome, last, stop);
+                }));
+            }
+            return Poll::Ready(out);
         }
         state.finish_with(&mut out);
         *this.state = None;

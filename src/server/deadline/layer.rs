@@ -265,13 +265,13 @@ impl ServerDeadlineLayerBuilder {
             ConfigError::positive_at_most_max("server deadline maximum", max)?;
         }
         ConfigError::at_most_max("server deadline minimum", self.config.min)?;
-        if let Some(max) = self.config.max {
-            if self.config.min >= max {
-                return Err(ConfigError::new(
-                    "server deadline minimum",
-                    "must be less than the maximum, or every request would be refused",
-                ));
-            }
+        if let Some(max) = self.config.max
+            && self.config.min >= max
+        {
+            return Err(ConfigError::new(
+                "server deadline minimum",
+                "must be less than the maximum, or every request would be refused",
+            ));
         }
         Ok(ServerDeadlineLayer {
             config: self.config,

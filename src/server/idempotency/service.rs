@@ -207,10 +207,9 @@ fn plan<St>(config: &Config<St>, parts: &Parts) -> Plan {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
+        && len > config.max_body as u64
     {
-        if len > config.max_body as u64 {
-            return Plan::Answer(too_large(&config.problems, config.max_body));
-        }
+        return Plan::Answer(too_large(&config.problems, config.max_body));
     }
     let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
     let Some(value) = values.next() else {

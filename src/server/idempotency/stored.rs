@@ -148,14 +148,14 @@ impl<St> Config<St> {
         head: &http::response::Parts,
         body: &Bytes,
     ) -> Result<StoredResponse, BoxError> {
-        if self.rebuild.is_some() {
-            if let Some(reference) = head.extensions.get::<Reference>() {
-                return Ok(StoredResponse::reference(
-                    head.status,
-                    reference.resource.clone(),
-                    reference.code.clone(),
-                ));
-            }
+        if self.rebuild.is_some()
+            && let Some(reference) = head.extensions.get::<Reference>()
+        {
+            return Ok(StoredResponse::reference(
+                head.status,
+                reference.resource.clone(),
+                reference.code.clone(),
+            ));
         }
         self.encode(key, head.status, &head.headers, body)
     }
@@ -173,13 +173,13 @@ impl<St> Config<St> {
         if body.len() > self.max_stored {
             (bytes, flags) = (Bytes::new(), flag::OMITTED);
         } else {
-            if let Some(over) = self.compress_over {
-                if bytes.len() >= over {
-                    let packed = compress(&bytes)?;
-                    if packed.len() < bytes.len() {
-                        bytes = packed;
-                        flags |= flag::COMPRESSED;
-                    }
+            if let Some(over) = self.compress_over
+                && bytes.len() >= over
+            {
+                let packed = compress(&bytes)?;
+                if packed.len() < bytes.len() {
+                    bytes = packed;
+                    flags |= flag::COMPRESSED;
                 }
             }
             if let Some(seal) = &self.seal {

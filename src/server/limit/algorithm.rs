@@ -694,16 +694,16 @@ impl Shared {
         };
         let cap = next.floor() as u64;
         let from = this.cap.swap(cap, AcqRel);
-        if from != cap {
-            if let Some(recorder) = this.config.recorder.as_ref().filter(|r| r.enabled()) {
-                recorder.record_limit(&LimitEvent::new(
-                    LimitEventKind::Changed {
-                        from: u32::try_from(from).unwrap_or(u32::MAX),
-                    },
-                    u32::try_from(cap).unwrap_or(u32::MAX),
-                    Shared::in_flight(this),
-                ));
-            }
+        if from != cap
+            && let Some(recorder) = this.config.recorder.as_ref().filter(|r| r.enabled())
+        {
+            recorder.record_limit(&LimitEvent::new(
+                LimitEventKind::Changed {
+                    from: u32::try_from(from).unwrap_or(u32::MAX),
+                },
+                u32::try_from(cap).unwrap_or(u32::MAX),
+                Shared::in_flight(this),
+            ));
         }
     }
 

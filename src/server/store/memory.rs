@@ -445,10 +445,10 @@ impl MemoryStore {
         let mut due: Vec<(Instant, RecordKey, u64)> = Vec::new();
         for shard in self.shared.shards.iter() {
             for (key, record) in lock(shard).iter() {
-                if let State::Processing { lease_until, .. } = record.state {
-                    if due_by(lease_until) {
-                        due.push((lease_until, key.clone(), record.fence));
-                    }
+                if let State::Processing { lease_until, .. } = record.state
+                    && due_by(lease_until)
+                {
+                    due.push((lease_until, key.clone(), record.fence));
                 }
             }
         }

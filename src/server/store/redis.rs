@@ -1058,13 +1058,13 @@ impl<'a> Reply<'a> {
             key,
             values: values.into_iter(),
         };
-        if let Some(Value::BulkString(tag)) = reply.values.as_slice().first() {
-            if tag.as_slice() == b"corrupt" {
-                reply.values.next();
-                let name = reply.text()?;
-                let why = reply.text()?;
-                return Err(at(&name, why));
-            }
+        if let Some(Value::BulkString(tag)) = reply.values.as_slice().first()
+            && tag.as_slice() == b"corrupt"
+        {
+            reply.values.next();
+            let name = reply.text()?;
+            let why = reply.text()?;
+            return Err(at(&name, why));
         }
         Ok(reply)
     }

@@ -51,9 +51,10 @@ impl Scripted {
         Request<()>,
         Response = Response<()>,
         Error = std::io::Error,
-        Future = impl std::future::Future<Output = std::io::Result<Response<()>>> + Send,
+        Future = impl std::future::Future<Output = std::io::Result<Response<()>>> + Send + use<>,
     > + Clone
-           + Send {
+           + Send
+           + use<> {
         let s = self.clone();
         tower::service_fn(move |_req: Request<()>| {
             let n = s.calls.fetch_add(1, SeqCst);

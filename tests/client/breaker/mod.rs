@@ -64,9 +64,10 @@ impl Backend {
         Request<()>,
         Response = Response<()>,
         Error = std::io::Error,
-        Future = impl std::future::Future<Output = std::io::Result<Response<()>>> + Send,
+        Future = impl std::future::Future<Output = std::io::Result<Response<()>>> + Send + use<>,
     > + Clone
-           + Send {
+           + Send
+           + use<> {
         let b = self.clone();
         tower::service_fn(move |_req: Request<()>| {
             let b = b.clone();

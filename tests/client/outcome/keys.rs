@@ -40,10 +40,12 @@ fn orders<B: Send + 'static>(
     Request<B>,
     Response = Response<Full<Bytes>>,
     Error = Infallible,
-    Future = impl Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send,
-> + Clone
+    Future = impl Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + use<B>,
+>
+       + Clone
        + Send
-       + 'static {
+       + 'static
+       + use<B> {
     let commits = commits.clone();
     service_fn(move |_req: Request<B>| {
         let commits = commits.clone();

@@ -52,8 +52,9 @@ fn answers(
     Request<String>,
     Response = Res,
     Error = std::io::Error,
-    Future = impl Future<Output = Result<Res, std::io::Error>> + Send,
-> + Clone {
+    Future = impl Future<Output = Result<Res, std::io::Error>> + Send + use<>,
+> + Clone
+       + use<> {
     let count = count.clone();
     service_fn(move |_req: Request<String>| {
         count.fetch_add(1, Ordering::SeqCst);

@@ -57,7 +57,7 @@ impl Script {
         status: u16,
         headers: &[(&'static str, &'static str)],
         delay: Duration,
-    ) -> impl Service<Req, Response = Res, Error = io::Error> + Clone {
+    ) -> impl Service<Req, Response = Res, Error = io::Error> + Clone + use<> {
         let calls = self.calls.clone();
         let headers = headers.to_vec();
         service_fn(move |_req: Req| {
@@ -75,7 +75,9 @@ impl Script {
     }
 
     /// Never answers.
-    pub(crate) fn hang(&self) -> impl Service<Req, Response = Res, Error = io::Error> + Clone {
+    pub(crate) fn hang(
+        &self,
+    ) -> impl Service<Req, Response = Res, Error = io::Error> + Clone + use<> {
         let calls = self.calls.clone();
         service_fn(move |_req: Req| {
             calls.fetch_add(1, Ordering::SeqCst);
@@ -94,7 +96,7 @@ pub(crate) fn canonical<T>(
     budget: Duration,
     per_try: Duration,
     transport: T,
-) -> impl Service<Req, Response = Res, Error = surely::Error<io::Error>>
+) -> impl Service<Req, Response = Res, Error = surely::Error<io::Error>> + use<T>
 where
     T: Service<Req, Response = Res, Error = io::Error>,
 {

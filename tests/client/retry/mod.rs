@@ -132,7 +132,7 @@ impl Log {
         }
     }
 
-    fn policy(&self, fault: Fault) -> impl Fn(&Req) -> Option<Fault> + Clone {
+    fn policy(&self, fault: Fault) -> impl Fn(&Req) -> Option<Fault> + Clone + use<> {
         let log = self.at.clone();
         move |req: &Req| {
             log.lock()

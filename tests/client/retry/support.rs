@@ -57,7 +57,9 @@ impl Probe {
         self.seen.lock().unwrap().clone()
     }
 
-    pub(crate) fn service(&self) -> impl Service<Req, Response = Res, Error = io::Error> + Clone {
+    pub(crate) fn service(
+        &self,
+    ) -> impl Service<Req, Response = Res, Error = io::Error> + Clone + use<> {
         let probe = self.clone();
         service_fn(move |req: Req| {
             let probe = probe.clone();
@@ -88,7 +90,7 @@ pub(crate) fn canonical<P>(
     deadline: Option<Duration>,
     probe: &Probe,
     recorder: &InMemoryRecorder,
-) -> impl Service<Req, Response = Res, Error = Err>
+) -> impl Service<Req, Response = Res, Error = Err> + use<P>
 where
     P: FaultPolicy<Req> + Clone,
 {
@@ -109,7 +111,7 @@ pub(crate) fn canonical_keyed<P>(
     policy: P,
     probe: &Probe,
     recorder: &InMemoryRecorder,
-) -> impl Service<Req, Response = Res, Error = Err>
+) -> impl Service<Req, Response = Res, Error = Err> + use<P>
 where
     P: FaultPolicy<Req> + Clone,
 {

@@ -132,9 +132,9 @@ fn body_client(
     answer: fn() -> Answer,
 ) -> impl tower::Service<
     Request<Full<Bytes>>,
-    Response = Response<impl Body<Data = Bytes, Error = surely::classify::BoxError>>,
-    Error = impl std::fmt::Debug,
-> {
+    Response = Response<impl Body<Data = Bytes, Error = surely::classify::BoxError> + use<>>,
+    Error = impl std::fmt::Debug + use<>,
+> + use<> {
     let transport =
         service_fn(move |_req: Sent| async move { Ok::<_, io::Error>(Response::new(answer())) });
     surely::client::http()

@@ -354,7 +354,7 @@ impl Relays {
     }
 
     /// Tells the supervisor, then hangs until it kills the relay.
-    fn crash<T>(&self, slot: usize, kind: RelayCrash) -> impl Future<Output = T> {
+    fn crash<T>(&self, slot: usize, kind: RelayCrash) -> impl Future<Output = T> + use<T> {
         let _ = self.crashes.send((slot, kind));
         std::future::pending()
     }

@@ -58,9 +58,11 @@ impl Bus {
         Event,
         Response = (),
         Error = std::io::Error,
-        Future = impl Future<Output = Result<(), std::io::Error>> + Send,
-    > + Send
-           + 'static {
+        Future = impl Future<Output = Result<(), std::io::Error>> + Send + use<>,
+    >
+           + Send
+           + 'static
+           + use<> {
         let bus = self.clone();
         service_fn(move |event: Event| {
             let step = bus

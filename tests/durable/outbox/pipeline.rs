@@ -155,7 +155,8 @@ fn broker(
        + 'static {
     let attempts: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
     let log = published.clone();
-    let service = service_fn(move |event: Event| {
+
+    service_fn(move |event: Event| {
         let n: u32 = std::str::from_utf8(event.payload())
             .unwrap()
             .trim_start_matches("o-")
@@ -187,8 +188,7 @@ fn broker(
                 Ok(())
             }
         }
-    });
-    service
+    })
 }
 
 fn backlog(n: u32) -> MemoryOutbox {

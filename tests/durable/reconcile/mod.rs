@@ -127,9 +127,11 @@ impl Target {
         RepairRequest,
         Response = RepairAnswer,
         Error = std::io::Error,
-        Future = impl Send,
-    > + Send
-           + 'static {
+        Future = impl Send + use<>,
+    >
+           + Send
+           + 'static
+           + use<> {
         let me = self.clone();
         tower::service_fn(move |req: RepairRequest| {
             let me = me.clone();

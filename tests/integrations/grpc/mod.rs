@@ -587,7 +587,7 @@ async fn a_refused_connection_is_not_sent_and_retried() {
 async fn watch(
     shop: &Shop,
     recorder: &InMemoryRecorder,
-) -> (impl Sized, tonic::codec::Streaming<String>) {
+) -> (impl Sized + use<>, tonic::codec::Streaming<String>) {
     let base = serve(shop.clone(), ServerDeadlineLayer::new()).await;
     let stack = surely::client::grpc()
         .retry(|r| r.backoff(Backoff::none()))

@@ -46,9 +46,11 @@ impl Runs {
         Response = Response<Full<Bytes>>,
         Error = Infallible,
         Future: Send,
-    > + Clone
+    >
+           + Clone
            + Send
-           + 'static {
+           + 'static
+           + use<> {
         let runs = self.clone();
         service_fn(move |_req: Request<Full<Bytes>>| {
             let runs = runs.clone();

@@ -157,7 +157,7 @@ pub(crate) struct Captured(pub(crate) Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl Captured {
     /// A plain-text subscriber that writes into this capture.
-    pub(crate) fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync {
+    pub(crate) fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + use<> {
         let writer = self.clone();
         tracing_subscriber::fmt()
             .with_ansi(false)
