@@ -31,3 +31,44 @@ pub(crate) struct Shared<S, C> {
     pub(crate) service: Spare<S>,
     pub(crate) config: Arc<C>,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A service whose next clone panics while `panic_next` is set.
+    struct Fragile {
+        panic_next: Arc<AtomicBool>,
+        label: u32,
+    }
+
+    impl Clone for Fragile {
+        fn clone(&self) -> Self {
+            assert!(
+                !self.panic_next.swap(false, Ordering::SeqCst),
+                "the clone fails"
+            );
+            Fragile {
+                panic_next: self.panic_next.clone(),
+                label: self.label,
+            }
+        }
+    }
+
+    #[test]
+    fn a_clone_that_panicked_under_the_lock_leaves_the_copy_usable() {
+        let panic_next = Arc::new(AtomicBool::new(false));
+        let spare = Spare::of(&Fragile {
+            panic_next: panic_next.clone(),
+            label: 7,
+        });
+        panic_next.store(true, Ordering::SeqCst);
+        assert!(catch_unwind(AssertUnwindSafe(|| spare.service())).is_err());
+        // The lock is poisoned; the copy is as it was, and the next attempt gets its clone.
+        assert!(spare.0.is_poisoned());
+        assert_eq!(spare.service().label, 7);
+    }
+}
